@@ -1,0 +1,75 @@
+// fajit kernel ABI: the parameter blocks shared by the host runtime (C++) and the
+// run-time compiled kernels (NVRTC). Plain C, fixed-size types only, no includes, so the
+// same header compiles on both sides and the byte layout agrees by construction.
+// Bump FAJIT_ABI_VERSION whenever a field changes (it is part of the cache key).
+#ifndef FAJIT_PARAMS_H
+#define FAJIT_PARAMS_H
+
+#define FAJIT_ABI_VERSION 1
+
+#define FA_MAX_BUFFERS 16
+#define FA_MAX_BUFFER_RANK 4
+#define FA_MAX_SCALARS 32
+
+// A captured buffer read by score_mod/mask_mod (fa.load): device pointer plus element
+// strides of each dimension (rank <= FA_MAX_BUFFER_RANK; unused strides are 0).
+typedef struct FaBuffer {
+  const void* ptr;
+  long long stride[FA_MAX_BUFFER_RANK];
+} FaBuffer;
+
+// A runtime scalar (fa.scalar): its value is a kernel argument, so changing it never
+// produces a new kernel.
+typedef union FaScalar {
+  float f;
+  int i;
+} FaScalar;
+
+// Captures are addressed by slot: codegen assigns each captured buffer/scalar a slot in
+// declaration order and the host fills the same slots.
+typedef struct FaCaptures {
+  FaBuffer buffers[FA_MAX_BUFFERS];
+  FaScalar scalars[FA_MAX_SCALARS];
+} FaCaptures;
+
+// Block-sparse tables (int32, contiguous):
+//   kv_num_blocks      [Bm, Hm, num_q_blocks]
+//   kv_indices         [Bm, Hm, num_q_blocks, num_kv_blocks]
+//   full_kv_num_blocks [Bm, Hm, num_q_blocks]             (null: no full blocks)
+//   full_kv_indices    [Bm, Hm, num_q_blocks, num_kv_blocks]
+// Bm is 1 or B, Hm is 1 or Hq; row(b, h, qb) = b*row_stride_b + h*row_stride_h + qb,
+// with row_stride_b/h = 0 where the table is broadcast.
+typedef struct FaBlockTables {
+  const int* kv_num_blocks;
+  const int* kv_indices;
+  const int* full_kv_num_blocks;
+  const int* full_kv_indices;
+  long long row_stride_b;
+  long long row_stride_h;
+  int num_q_blocks;
+  int num_kv_blocks;
+  int q_block;    // sparse block size along q (a multiple of the kernel's BLOCK_M)
+  int kv_block;   // sparse block size along kv (a multiple of the kernel's BLOCK_N)
+} FaBlockTables;
+
+// Forward attention. Element strides; the last (head) dimension is contiguous.
+//   Q [B, Hq, Lq, Dqk]  K [B, Hkv, Lkv, Dqk]  V [B, Hkv, Lkv, Dv]  O [B, Hq, Lq, Dv]
+//   LSE [B, Hq, Lq] fp32, natural log, null when not wanted.
+// Scores handed to score_mod are already multiplied by `scale` (as in flex_attention).
+typedef struct FaFwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;
+  long long q_stride_b, q_stride_h, q_stride_m;
+  long long k_stride_b, k_stride_h, k_stride_n;
+  long long v_stride_b, v_stride_h, v_stride_n;
+  long long o_stride_b, o_stride_h, o_stride_m;
+  long long lse_stride_b, lse_stride_h;
+  int batch, heads_q, heads_kv, len_q, len_kv;
+  float scale;
+  FaBlockTables mask;
+} FaFwdParams;
+
+#endif  // FAJIT_PARAMS_H
