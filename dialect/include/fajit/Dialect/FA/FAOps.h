@@ -1,0 +1,26 @@
+#pragma once
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Interfaces/ControlFlowInterfaces.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "fajit/Dialect/FA/FADialect.h"
+#include "fajit/Dialect/FA/FATypes.h"
+
+#define GET_OP_CLASSES
+#include "fajit/Dialect/FA/FAOps.h.inc"
+
+namespace mlir::fa {
+
+/// Whether `op` may appear in a score_mod / mask_mod body (arith/math ops that codegen, the
+/// interpreter and the range analysis all implement, plus fa.load / fa.scalar / fa.yield).
+bool isSupportedBodyOp(Operation *op);
+
+/// Registers the fa dialect and what its bodies use (arith, math) with `registry`.
+void registerFADialects(DialectRegistry &registry);
+
+}  // namespace mlir::fa

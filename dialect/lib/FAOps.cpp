@@ -1,0 +1,250 @@
+#include "fajit/Dialect/FA/FAOps.h"
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallSet.h"
+#include "llvm/ADT/StringSet.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+
+using namespace mlir;
+using namespace mlir::fa;
+
+#define GET_OP_CLASSES
+#include "fajit/Dialect/FA/FAOps.cpp.inc"
+
+namespace {
+
+constexpr llvm::StringLiteral kScoreArgNames[] = {"score", "b", "h", "q", "kv"};
+constexpr llvm::StringLiteral kMaskArgNames[] = {"b", "h", "q", "kv"};
+
+bool isIdentifier(StringRef s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_'))
+    return false;
+  return llvm::all_of(s, [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+bool isBodyType(Type t) { return t.isF32() || t.isSignlessInteger(32) || t.isSignlessInteger(1); }
+
+//===----------------------------------------------------------------------===//
+// Shared custom syntax of fa.score_mod / fa.mask_mod:
+//   fa.score_mod @name(%score: f32, %b: i32, ...) captures(%buf: !fa.buffer<f32, 1>) -> f32
+//       attributes {...} { body }
+//===----------------------------------------------------------------------===//
+
+template <typename ModOp>
+ParseResult parseModOp(OpAsmParser &parser, OperationState &result) {
+  StringAttr symName;
+  if (parser.parseSymbolName(symName, SymbolTable::getSymbolAttrName(), result.attributes))
+    return failure();
+  SmallVector<OpAsmParser::Argument> args;
+  if (parser.parseArgumentList(args, OpAsmParser::Delimiter::Paren, /*allowType=*/true))
+    return failure();
+  SmallVector<Attribute> captureNames;
+  if (succeeded(parser.parseOptionalKeyword("captures"))) {
+    SmallVector<OpAsmParser::Argument> captures;
+    llvm::SMLoc loc = parser.getCurrentLocation();
+    if (parser.parseArgumentList(captures, OpAsmParser::Delimiter::Paren, /*allowType=*/true))
+      return failure();
+    for (OpAsmParser::Argument &c : captures) {
+      StringRef name = c.ssaName.name.drop_front();  // drop '%'
+      if (!isIdentifier(name))
+        return parser.emitError(loc) << "capture '" << c.ssaName.name
+                                     << "' needs a name (an identifier), not a number";
+      captureNames.push_back(parser.getBuilder().getStringAttr(name));
+      args.push_back(c);
+    }
+  }
+  Type resultType;
+  if (parser.parseArrow() || parser.parseType(resultType))
+    return failure();
+  if (parser.parseOptionalAttrDictWithKeyword(result.attributes))
+    return failure();
+  result.addAttribute(ModOp::getResultTypeAttrName(result.name), TypeAttr::get(resultType));
+  result.addAttribute(ModOp::getCaptureNamesAttrName(result.name),
+                      parser.getBuilder().getArrayAttr(captureNames));
+  Region *body = result.addRegion();
+  return parser.parseRegion(*body, args);
+}
+
+template <typename ModOp>
+void printModOp(ModOp op, OpAsmPrinter &p) {
+  p << ' ';
+  p.printSymbolName(op.getSymName());
+  Block &entry = op.getBody().front();
+  unsigned fixed = std::min<unsigned>(ModOp::getNumFixedArgs(), entry.getNumArguments());
+  p << '(';
+  llvm::interleaveComma(entry.getArguments().take_front(fixed), p,
+                        [&](BlockArgument a) { p.printRegionArgument(a); });
+  p << ')';
+  if (entry.getNumArguments() > fixed) {
+    p << " captures(";
+    llvm::interleaveComma(entry.getArguments().drop_front(fixed), p,
+                          [&](BlockArgument a) { p.printRegionArgument(a); });
+    p << ')';
+  }
+  p << " -> " << op.getResultType();
+  p.printOptionalAttrDictWithKeyword(
+      op->getAttrs(), {SymbolTable::getSymbolAttrName(), op.getResultTypeAttrName(),
+                       op.getCaptureNamesAttrName()});
+  p << ' ';
+  p.printRegion(op.getBody(), /*printEntryBlockArgs=*/false, /*printBlockTerminators=*/true);
+}
+
+template <typename ModOp>
+void nameBlockArgs(ModOp op, Region &region, OpAsmSetValueNameFn setNameFn,
+                   ArrayRef<llvm::StringLiteral> fixedNames) {
+  if (region.empty())
+    return;
+  Block &entry = region.front();
+  for (auto [i, arg] : llvm::enumerate(entry.getArguments())) {
+    if (i < fixedNames.size())
+      setNameFn(arg, fixedNames[i]);
+    else if (i - fixedNames.size() < op.getCaptureNames().size())
+      setNameFn(arg, op.getCaptureName(i - fixedNames.size()));
+  }
+}
+
+/// The checks both mod ops share: signature, captures, and what the body may contain.
+template <typename ModOp>
+LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames,
+                          ArrayRef<Type> fixedTypes, Type expectedResult) {
+  StringRef opName = op->getName().getStringRef();
+  if (op.getResultType() != expectedResult)
+    return op.emitOpError() << "must return " << expectedResult << ", not "
+                            << op.getResultType();
+  Block &entry = op.getBody().front();
+  unsigned fixed = fixedNames.size();
+  if (entry.getNumArguments() < fixed) {
+    std::string sig;
+    llvm::raw_string_ostream os(sig);
+    llvm::interleaveComma(llvm::zip(fixedNames, fixedTypes), os,
+                          [&](auto nt) { os << std::get<0>(nt) << ": " << std::get<1>(nt); });
+    return op.emitOpError() << "expects arguments (" << sig << "), got "
+                            << entry.getNumArguments() << " arguments";
+  }
+  for (unsigned i = 0; i < fixed; ++i)
+    if (entry.getArgument(i).getType() != fixedTypes[i])
+      return op.emitOpError() << "argument #" << i << " ('" << fixedNames[i] << "') must be "
+                              << fixedTypes[i] << ", got " << entry.getArgument(i).getType();
+  auto captures = entry.getArguments().drop_front(fixed);
+  if (captures.size() != op.getCaptureNames().size())
+    return op.emitOpError() << "has " << captures.size() << " captures but "
+                            << op.getCaptureNames().size() << " capture names";
+  llvm::StringSet<> seen;
+  for (auto [i, c] : llvm::enumerate(captures)) {
+    StringRef name = op.getCaptureName(i);
+    if (!isIdentifier(name))
+      return op.emitOpError() << "capture name '" << name << "' must be an identifier";
+    if (!seen.insert(name).second)
+      return op.emitOpError() << "captures '" << name << "' twice";
+    if (!llvm::isa<BufferType>(c.getType()))
+      return op.emitOpError() << "capture '" << name << "' must be a !fa.buffer, got "
+                              << c.getType();
+  }
+  for (Operation &inner : entry) {
+    if (!isSupportedBodyOp(&inner))
+      return inner.emitOpError() << "is not supported in a " << opName
+                                 << " body (allowed: pure arith and math ops on i1/i32/f32, "
+                                    "fa.load, fa.scalar, fa.yield)";
+    if (!isMemoryEffectFree(&inner))
+      return inner.emitOpError() << "has side effects; " << opName << " bodies must be pure";
+    for (Type t : inner.getResultTypes())
+      if (!isBodyType(t))
+        return inner.emitOpError() << "produces unsupported type " << t << "; " << opName
+                                   << " bodies compute on i1, i32 and f32";
+    for (Value v : inner.getOperands())
+      if (!isBodyType(v.getType()) && !llvm::isa<BufferType>(v.getType()))
+        return inner.emitOpError() << "uses unsupported type " << v.getType() << "; "
+                                   << opName << " bodies compute on i1, i32 and f32";
+  }
+  return success();
+}
+
+}  // namespace
+
+//===----------------------------------------------------------------------===//
+// Supported body ops: keep in sync with the interpreter, codegen and range analysis.
+//===----------------------------------------------------------------------===//
+
+bool mlir::fa::isSupportedBodyOp(Operation *op) {
+  if (op->getNumRegions() != 0)
+    return false;
+  return isa<LoadOp, ScalarOp, YieldOp,
+             // arith
+             arith::ConstantOp, arith::AddIOp, arith::SubIOp, arith::MulIOp, arith::DivSIOp,
+             arith::DivUIOp, arith::CeilDivSIOp, arith::FloorDivSIOp, arith::RemSIOp,
+             arith::RemUIOp, arith::MaxSIOp, arith::MinSIOp, arith::MaxUIOp, arith::MinUIOp,
+             arith::AndIOp, arith::OrIOp, arith::XOrIOp, arith::ShLIOp, arith::ShRSIOp,
+             arith::ShRUIOp, arith::CmpIOp, arith::AddFOp, arith::SubFOp, arith::MulFOp,
+             arith::DivFOp, arith::RemFOp, arith::NegFOp, arith::MaximumFOp,
+             arith::MinimumFOp, arith::MaxNumFOp, arith::MinNumFOp, arith::CmpFOp,
+             arith::SelectOp, arith::SIToFPOp, arith::UIToFPOp, arith::FPToSIOp,
+             arith::FPToUIOp, arith::ExtUIOp, arith::ExtSIOp, arith::TruncIOp,
+             // math
+             math::ExpOp, math::Exp2Op, math::LogOp, math::Log2Op, math::TanhOp, math::SqrtOp,
+             math::RsqrtOp, math::AbsFOp, math::AbsIOp, math::SinOp, math::CosOp,
+             math::PowFOp, math::FloorOp, math::CeilOp, math::ErfOp>(op);
+}
+
+//===----------------------------------------------------------------------===//
+// ScoreModOp / MaskModOp
+//===----------------------------------------------------------------------===//
+
+unsigned ScoreModOp::getNumFixedArgs() { return 5; }
+unsigned MaskModOp::getNumFixedArgs() { return 4; }
+
+ParseResult ScoreModOp::parse(OpAsmParser &parser, OperationState &result) {
+  return parseModOp<ScoreModOp>(parser, result);
+}
+void ScoreModOp::print(OpAsmPrinter &p) { printModOp(*this, p); }
+ParseResult MaskModOp::parse(OpAsmParser &parser, OperationState &result) {
+  return parseModOp<MaskModOp>(parser, result);
+}
+void MaskModOp::print(OpAsmPrinter &p) { printModOp(*this, p); }
+
+void ScoreModOp::getAsmBlockArgumentNames(Region &region, OpAsmSetValueNameFn setNameFn) {
+  nameBlockArgs(*this, region, setNameFn, kScoreArgNames);
+}
+void MaskModOp::getAsmBlockArgumentNames(Region &region, OpAsmSetValueNameFn setNameFn) {
+  nameBlockArgs(*this, region, setNameFn, kMaskArgNames);
+}
+
+LogicalResult ScoreModOp::verifyRegions() {
+  Builder b(getContext());
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
+  return verifyModOp(*this, kScoreArgNames, {f32, i32, i32, i32, i32}, f32);
+}
+
+LogicalResult MaskModOp::verifyRegions() {
+  Builder b(getContext());
+  Type i32 = b.getI32Type();
+  return verifyModOp(*this, kMaskArgNames, {i32, i32, i32, i32}, b.getI1Type());
+}
+
+//===----------------------------------------------------------------------===//
+// LoadOp / ScalarOp / YieldOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult LoadOp::verify() {
+  unsigned rank = getBuffer().getType().getRank();
+  if (getIndices().size() != rank)
+    return emitOpError() << "expects " << rank << (rank == 1 ? " index" : " indices")
+                         << " for a rank-" << rank << " buffer, got " << getIndices().size();
+  return success();
+}
+
+LogicalResult ScalarOp::verify() {
+  if (!isIdentifier(getName()))
+    return emitOpError() << "name '" << getName() << "' must be an identifier";
+  return success();
+}
+
+LogicalResult YieldOp::verify() {
+  Operation *parent = (*this)->getParentOp();
+  Type expected = isa<ScoreModOp>(parent) ? cast<ScoreModOp>(parent).getResultType()
+                                           : cast<MaskModOp>(parent).getResultType();
+  if (getValue().getType() != expected)
+    return emitOpError() << "yields " << getValue().getType() << " but '"
+                         << parent->getName() << "' returns " << expected;
+  return success();
+}
