@@ -1,0 +1,391 @@
+// fajit forward attention kernel (FlashAttention-2 structure, mma.sync, sm_80+).
+//
+// ---- How codegen uses it ------------------------------------------------------------------
+//   #include "fajit/params.h"
+//   #include "fajit/prelude.cuh"
+//   struct FaMods { ... };                                   // see templates/README.md
+//   #include "fajit/forward.cuh"
+//   using FaConfig = fa::DefaultFwdConfig<fa::bf16_t, 128, 128>;   // or fa::FwdConfig<...>
+//   FAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)
+// The macro arguments must be single identifiers (macros split on commas): name the config
+// with a `using` first. The kernel is `extern "C"`, so the host looks it up by `name`.
+//
+// ---- Element type -----------------------------------------------------------------------
+//   fa::f16_t (IEEE half) or fa::bf16_t; Q, K, V and O share it. LSE is fp32.
+//
+// ---- Config (fa::FwdConfig<Element, DQK, DV, BLOCK_M, BLOCK_N, WARPS, STAGES, MIN_BLOCKS>)
+//   Element      storage type of Q/K/V/O (fa::f16_t or fa::bf16_t)
+//   DQK, DV      head dims of Q·Kᵀ and of V/O: 64 or 128, independently
+//   BLOCK_M      query rows per CTA; each warp owns BLOCK_M / WARPS rows (16 or 32)
+//   BLOCK_N      key/value rows per pipeline tile (32, 64 or 128)
+//   WARPS        warps per CTA (4 or 8)
+//   STAGES       K/V shared-memory stages of the cp.async pipeline (2..4)
+//   MIN_BLOCKS   __launch_bounds__ min blocks per SM (1 = no register cap)
+// The sparse block sizes of FaBlockTables must be multiples of BLOCK_M (q_block) and BLOCK_N
+// (kv_block); the kernel walks kv_block / BLOCK_N sub-tiles of each sparse block.
+//
+// ---- Launch (host mirrors these formulas; Config constants are spelled out below) --------
+//   grid  = ( ceil(len_q / BLOCK_M), batch * heads_q, 1 )
+//   block = ( WARPS * 32, 1, 1 )                               == Config::kThreads
+//   dynamic shared memory bytes                                == Config::kSmemBytes
+//         = 2 * ( BLOCK_M * max(DQK, DV) + STAGES * BLOCK_N * (DQK + DV) )
+//   when > 48 KiB: cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n).
+//   Kernel arguments: (const FaFwdParams p, const FaCaptures cap), by value.
+//   Host-validated preconditions: scale > 0; heads_q % heads_kv == 0; len_q, len_kv >= 1;
+//   head dim contiguous; Q/K/V/O base pointers and row strides 16-byte aligned
+//   (row strides multiples of 8 elements); mask.q_block % BLOCK_M == 0,
+//   mask.kv_block % BLOCK_N == 0; table indices < ceil(len_kv / kv_block).
+//
+// ---- Semantics (flex_attention) ----------------------------------------------------------
+//   score = q·k · scale, then FaMods::score_mod(score, b, h, q, kv); for partial blocks also
+//   FaMods::mask_mod(b, h, q, kv) (false -> -inf). Partial blocks first, then full blocks
+//   (score_mod only); empty blocks are never read. Any tile whose kv range crosses len_kv is
+//   bounds-masked, whatever its class. Query rows past len_q are computed with a clamped q
+//   index (mods never see q >= len_q or kv >= len_kv) and never stored. GQA: q head h reads
+//   kv head h / (heads_q / heads_kv). A row with no unmasked score gets O = 0, LSE = -inf.
+#ifndef FAJIT_FORWARD_CUH
+#define FAJIT_FORWARD_CUH
+
+#include "fajit/params.h"
+#include "fajit/prelude.cuh"
+#include "fajit/mma.cuh"
+
+namespace fa {
+
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kBlockN_,
+          int kWarps_, int kStages_, int kMinBlocksPerSM_ = 1>
+struct FwdConfig {
+  using Element = Element_;
+  static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocksPerSM = kMinBlocksPerSM_;
+
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMaxHeadDim = kHeadDimQK > kHeadDimV ? kHeadDimQK : kHeadDimV;
+  static constexpr int kSmemQOBytes = kBlockM * kMaxHeadDim * 2;   // Q tile, then O staging
+  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;     // one K stage
+  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;      // one V stage
+  static constexpr int kSmemBytes = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
+
+  static_assert(kHeadDimQK == 64 || kHeadDimQK == 128, "DQK must be 64 or 128");
+  static_assert(kHeadDimV == 64 || kHeadDimV == 128, "DV must be 64 or 128");
+  static_assert(kWarps == 4 || kWarps == 8, "WARPS must be 4 or 8");
+  static_assert(kBlockM % kWarps == 0 && (kRowsPerWarp == 16 || kRowsPerWarp == 32),
+                "BLOCK_M / WARPS (rows per warp) must be 16 or 32");
+  static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "BLOCK_N must be 32, 64 or 128");
+  static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
+  static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
+};
+
+// Defaults per head dim (tuned on H100, see tests/kernel/kernel_check.cpp --bench).
+template <typename Element, int kHeadDimQK, int kHeadDimV>
+using DefaultFwdConfig = FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, 64, 8, 2>;
+
+namespace detail {
+
+// cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
+// `stride` elements) into a swizzled shared tile; rows >= len are zero-filled.
+template <int kRows, int kChunks, int kThreads, typename Element>
+__device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, long long stride,
+                                                int row0, int len, int tid) {
+  constexpr int kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < len;
+    const Element* g = src + (valid ? (long long)(row0 + r) * stride : 0ll) + c * 8;
+    cp_async_16(dst + swizzle_offset<kChunks>(r, c), g, valid);
+  }
+}
+
+// The score_mod / mask_mod hook on an S accumulator fragment: element (mi, j, i) of this
+// thread is (row q_idx[mi][i/2], column kv0 + 8j + i%2), kv0 = tile start + 2*(lane%4).
+// kMask: also apply mask_mod (unless the block is full) and the kv < len_kv bound.
+template <typename Mods, bool kMask, int kMT, int kNT>
+__device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2],
+                                           int kv0, int len_kv, bool is_full, float scale, int b,
+                                           int h, const FaCaptures& cap) {
+  if constexpr (Mods::kHasScoreMod || kMask) {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kv = kv0 + j * 8 + (i & 1);
+        const int kv_c = kv < len_kv ? kv : len_kv - 1;   // mods never see kv >= len_kv
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          float x = s[mi][j][i];
+          if constexpr (Mods::kHasScoreMod)
+            x = Mods::score_mod(x * scale, b, h, q_idx[mi][i >> 1], kv_c, cap);
+          if constexpr (kMask) {
+            bool keep = kv < len_kv;
+            if constexpr (Mods::kHasMaskMod)
+              keep = keep & (is_full | Mods::mask_mod(b, h, q_idx[mi][i >> 1], kv_c, cap));
+            if (!keep) x = -INFINITY;
+          }
+          s[mi][j][i] = x;
+        }
+      }
+  }
+}
+
+}  // namespace detail
+
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap) {
+  using E = typename Cfg::Element;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kRW = Cfg::kRowsPerWarp;
+  constexpr int kMT = kRW / 16;                 // 16-row m-tiles per warp
+  constexpr int kNT = kBN / 8;                  // 8-column n-tiles of S
+  constexpr int kKQ = Cfg::kHeadDimQK / 16;     // k-steps of Q·Kᵀ
+  constexpr int kKP = kBN / 16;                 // k-steps of P·V
+  constexpr int kDT = Cfg::kHeadDimV / 8;       // 8-column n-tiles of O
+  constexpr int kCQ = Cfg::kHeadDimQK / 8;      // 16-byte chunks per Q/K row
+  constexpr int kCV = Cfg::kHeadDimV / 8;       // 16-byte chunks per V/O row
+  constexpr int kThreads = Cfg::kThreads;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+
+  const int q0 = blockIdx.x * kBM;
+  const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
+  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int len_q = p.len_q, len_kv = p.len_kv;
+
+  const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+  const E* kg = static_cast<const E*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
+  const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+
+  const u32 sQ = smem_addr(smem);
+  const u32 sK = sQ + Cfg::kSmemQOBytes;
+  const u32 sV = sK + kStages * Cfg::kSmemKBytes;
+
+  // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
+  const FaBlockTables& bt = p.mask;
+  const long long row = b * bt.row_stride_b + h * bt.row_stride_h + q0 / bt.q_block;
+  const int n_partial = bt.kv_num_blocks[row];
+  const int n_full = bt.full_kv_num_blocks ? bt.full_kv_num_blocks[row] : 0;
+  const int* partial_idx = bt.kv_indices + row * bt.num_kv_blocks;
+  const int* full_idx = bt.full_kv_indices + row * bt.num_kv_blocks;
+  const int tiles_per_block = bt.kv_block / kBN;
+  const int n_tiles = (n_partial + n_full) * tiles_per_block;
+  auto tile_start = [&](int it) {
+    const int sb = it / tiles_per_block, sub = it - sb * tiles_per_block;
+    const int blk = sb < n_partial ? partial_idx[sb] : full_idx[sb - n_partial];
+    return blk * bt.kv_block + sub * kBN;
+  };
+  auto load_kv = [&](int it) {
+    const int start = tile_start(it);
+    if (start >= len_kv) return;   // a sub-tile past the end of a tail block: never read
+    const int s = it % kStages;
+    detail::load_tile_async<kBN, kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n,
+                                                start, len_kv, tid);
+    detail::load_tile_async<kBN, kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n,
+                                                start, len_kv, tid);
+  };
+
+  // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
+  detail::load_tile_async<kBM, kCQ, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) load_kv(s);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+
+  // Q fragments stay in registers for the whole walk (each warp reads only its own rows).
+  const int warp_row0 = warp * kRW;
+  u32 qf[kMT][kKQ][4];
+  {
+    const int r = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int x = (lane >> 4) ^ (lane & 7);
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+      for (int kk = 0; kk < kKQ; ++kk)
+        ldmatrix_x4(qf[mi][kk], sQ + (warp_row0 + mi * 16 + r) * (kCQ * 16) + (((kk * 2) ^ x) << 4));
+  }
+
+  // Each thread's accumulator rows: row(mi, hh) = q0 + warp_row0 + mi*16 + g + 8*hh, clamped
+  // so score_mod/mask_mod never see an index past the end.
+  int q_idx[kMT][2];
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = q0 + warp_row0 + mi * 16 + g + 8 * hh;
+      q_idx[mi][hh] = q < len_q ? q : len_q - 1;
+    }
+
+  // Softmax works in base 2: x * sl2 is the exponent. Without score_mod the raw q·k is kept
+  // and scale·log2(e) folds into the exp2's FFMA; with it, the modded score gets log2(e).
+  const float sl2 = Mods::kHasScoreMod ? kLog2e : p.scale * kLog2e;
+  float o[kMT][kDT][4];
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int dj = 0; dj < kDT; ++dj)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mi][dj][i] = 0.f;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) m[mi][hh] = -INFINITY, l[mi][hh] = 0.f;
+  }
+
+  // Per-lane ldmatrix byte offsets. The swizzle XOR (chunk ^ row%8, row%8 == lane%8 here)
+  // only touches the low 3 chunk bits, so chunk 2c+8a -> ((2c ^ x) + 8a): four lane offsets
+  // per operand, the rest (a, row block) are immediates.
+  u32 k_off[4], v_off[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    k_off[c] = ((lane & 7) + (lane >> 4) * 8) * (kCQ * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    v_off[c] = ((lane & 7) + ((lane >> 3) & 1) * 8) * (kCV * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
+  }
+
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();   // tile `it` visible to all; stage (it-1) % STAGES free for reuse
+    if (it + kStages - 1 < n_tiles) load_kv(it + kStages - 1);
+    cp_async_commit();
+
+    const int start = tile_start(it);
+    if (start >= len_kv) continue;
+    const bool is_full = it / tiles_per_block >= n_partial;
+    const u32 sKs = sK + (it % kStages) * Cfg::kSmemKBytes;
+    const u32 sVs = sV + (it % kStages) * Cfg::kSmemVBytes;
+
+    // ---- S = Q · Kᵀ
+    float s[kMT][kNT][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mi][j][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk)
+#pragma unroll
+      for (int jp = 0; jp < kNT / 2; ++jp) {
+        u32 kf[4];
+        ldmatrix_x4(kf, sKs + k_off[kk % 4] + (kk / 4) * 128 + jp * 16 * (kCQ * 16));
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          mma_16816<E>(s[mi][2 * jp], qf[mi][kk], kf[0], kf[1]);
+          mma_16816<E>(s[mi][2 * jp + 1], qf[mi][kk], kf[2], kf[3]);
+        }
+      }
+
+    // ---- score_mod on every element; mask_mod on partial tiles; bounds on tail tiles
+    if ((Mods::kHasMaskMod && !is_full) || start + kBN > len_kv)
+      detail::apply_mods<Mods, true>(s, q_idx, start + 2 * t, len_kv, is_full, p.scale, b, h, cap);
+    else
+      detail::apply_mods<Mods, false>(s, q_idx, start + 2 * t, len_kv, is_full, p.scale, b, h, cap);
+
+    // ---- online softmax (base 2); P packed in registers as the A operand of P·V
+    u32 pf[kMT][kKP][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = m[mi][hh];
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * hh], s[mi][j][2 * hh + 1]));
+        mx = quad_max(mx);
+        // A row with nothing unmasked yet keeps m = -inf: subtract 0, not -inf (no NaN).
+        const float sub = mx == -INFINITY ? 0.f : mx * sl2;
+        const float alpha = ex2(m[mi][hh] * sl2 - sub);
+        m[mi][hh] = mx;
+        float rs = 0.f;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = ex2(fmaf(s[mi][j][2 * hh + e], sl2, -sub));
+            s[mi][j][2 * hh + e] = pv;
+            rs += pv;
+          }
+        l[mi][hh] = l[mi][hh] * alpha + rs;   // per-thread partial; quad-reduced at the end
+#pragma unroll
+        for (int dj = 0; dj < kDT; ++dj) {
+          o[mi][dj][2 * hh] *= alpha;
+          o[mi][dj][2 * hh + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKP; ++kk) {
+        pf[mi][kk][0] = pack2<E>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+        pf[mi][kk][1] = pack2<E>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+        pf[mi][kk][2] = pack2<E>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+        pf[mi][kk][3] = pack2<E>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+      }
+    }
+
+    // ---- O += P · V
+#pragma unroll
+    for (int kk = 0; kk < kKP; ++kk)
+#pragma unroll
+      for (int jp = 0; jp < kDT / 2; ++jp) {
+        u32 vf[4];
+        ldmatrix_x4_trans(vf, sVs + v_off[jp % 4] + (jp / 4) * 128 + kk * 16 * (kCV * 16));
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          mma_16816<E>(o[mi][2 * jp], pf[mi][kk], vf[0], vf[1]);
+          mma_16816<E>(o[mi][2 * jp + 1], pf[mi][kk], vf[2], vf[3]);
+        }
+      }
+  }
+  cp_async_wait<0>();
+  __syncthreads();   // every warp is done with Q before O overwrites the Q/O region
+
+  // ---- epilogue: O / l through shared memory (16-byte global stores), LSE in natural log
+  E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float lsum = quad_sum(l[mi][hh]);
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      const int r = warp_row0 + mi * 16 + g + 8 * hh;
+#pragma unroll
+      for (int dj = 0; dj < kDT; ++dj)
+        st_shared_b32(sQ + swizzle_offset<kCV>(r, dj) + t * 4,
+                      pack2<E>(o[mi][dj][2 * hh] * inv, o[mi][dj][2 * hh + 1] * inv));
+      if (p.lse != nullptr && t == 0 && q0 + r < len_q) {
+        const float lse = lsum > 0.f ? (m[mi][hh] * sl2 + lg2(lsum)) * kLn2 : -INFINITY;
+        p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q0 + r] = lse;
+      }
+    }
+  __syncwarp();
+  constexpr int kOutChunks = kRW * kCV;
+  static_assert(kOutChunks % 32 == 0, "output rows of a warp must split evenly over lanes");
+#pragma unroll
+  for (int i = 0; i < kOutChunks / 32; ++i) {
+    const int idx = lane + i * 32;
+    const int r = warp_row0 + idx / kCV, c = idx % kCV;
+    if (q0 + r < len_q)
+      st_global_v4(og + (long long)(q0 + r) * p.o_stride_m + c * 8,
+                   ld_shared_v4(sQ + swizzle_offset<kCV>(r, c)));
+  }
+}
+
+}  // namespace fa
+
+// Defines the extern "C" kernel `name` for a config and mods struct (single identifiers).
+#define FAJIT_DEFINE_FORWARD(name, Config, Mods)                                          \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM) \
+      name(const FaFwdParams p, const FaCaptures cap) {                                   \
+    fa::forward_kernel<Config, Mods>(p, cap);                                             \
+  }
+
+#endif  // FAJIT_FORWARD_CUH

@@ -1,0 +1,133 @@
+// fajit device prelude: element types, conversions, fast math, warp shuffles and global /
+// shared-memory movement as small inline-PTX primitives. NVRTC compiles this with no CUDA
+// toolkit header, so nothing here includes anything; every primitive is one job, destination
+// first. sm_80+ (cp.async, cvt.*x2.f32, bf16 mma).
+#ifndef FAJIT_PRELUDE_CUH
+#define FAJIT_PRELUDE_CUH
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+namespace fa {
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// ---- element types -----------------------------------------------------------------------
+// 16-bit storage types selected by a kernel config (`using Element = fa::bf16_t;`). They are
+// only bit containers: arithmetic happens in fp32 or inside mma.sync.
+struct f16_t { unsigned short bits; };
+struct bf16_t { unsigned short bits; };
+
+constexpr float kLog2e = 1.4426950408889634f;   // log2(e): exp(x) = exp2(x * kLog2e)
+constexpr float kLn2 = 0.6931471805599453f;     // ln(2):   log(x) = log2(x) * kLn2
+
+// ---- conversions -------------------------------------------------------------------------
+// Two fp32 values rounded to nearest-even and packed: `lo` in bits 0..15, `hi` in 16..31.
+__device__ __forceinline__ u32 pack2(f16_t*, float lo, float hi) {
+  u32 d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ u32 pack2(bf16_t*, float lo, float hi) {
+  u32 d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+template <typename Element>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  return pack2(static_cast<Element*>(nullptr), lo, hi);
+}
+
+// ---- math --------------------------------------------------------------------------------
+// 2^x, approximate (2 ulp); ex2(-inf) = +0, so masked scores vanish without a branch.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// log2(x), approximate; lg2(0) = -inf.
+__device__ __forceinline__ float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// tanh(x), hardware approximation (sm_75+, rel. error ~2^-11): enough for bf16/fp16 softcap.
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- warp shuffles -----------------------------------------------------------------------
+__device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+// Max / sum over the 4 lanes of an mma quad (lanes 4g..4g+3 hold one accumulator row).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, shfl_xor(v, 1));
+  return fmaxf(v, shfl_xor(v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += shfl_xor(v, 1);
+  return v + shfl_xor(v, 2);
+}
+
+// ---- shared memory -----------------------------------------------------------------------
+// Shared-window address of a generic pointer (what ldmatrix/cp.async/st.shared take).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v));
+}
+struct u32x4 { u32 x, y, z, w; };
+__device__ __forceinline__ u32x4 ld_shared_v4(u32 addr) {
+  u32x4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_global_v4(void* p, u32x4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+               ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+// ---- cp.async (global -> shared, 16 bytes, L2 only) ------------------------------------
+// Copies 16 bytes when `valid`, else writes 16 zero bytes and reads nothing (src-size 0);
+// callers still pass an in-bounds `src` so no address is ever formed out of range.
+__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Wait until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---- swizzled tiles ----------------------------------------------------------------------
+// A shared tile of `rows` x `kChunks` 16-byte chunks (8 elements each). Chunk c of row r is
+// stored at chunk (c ^ (r % 8)): the 8 rows an ldmatrix phase reads (same logical chunk)
+// land in 8 distinct 16-byte bank groups, so ldmatrix, cp.async and the epilogue's 4-byte
+// stores are conflict-free. Needs kChunks >= 8 (head dim >= 64).
+template <int kChunks>
+__device__ __forceinline__ u32 swizzle_offset(int row, int chunk) {
+  static_assert(kChunks >= 8 && (kChunks & (kChunks - 1)) == 0,
+                "swizzled tiles need a power-of-two row of >= 8 chunks (head dim >= 64)");
+  return static_cast<u32>((row * kChunks + (chunk ^ (row & 7))) * 16);
+}
+
+}  // namespace fa
+
+#endif  // FAJIT_PRELUDE_CUH

@@ -1,0 +1,131 @@
+// Test helper: compile a forward-kernel variant with NVRTC, handing the fajit device headers
+// over as named in-memory headers (no -I, no toolkit header), the way libfajit does.
+#pragma once
+
+#include <nvrtc.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifndef FAJIT_TEMPLATE_DIR
+#define FAJIT_TEMPLATE_DIR "templates"
+#endif
+
+namespace fa_test {
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Headers {
+  std::vector<std::string> names, texts;
+  explicit Headers(const std::string& dir = FAJIT_TEMPLATE_DIR) {
+    for (const char* n : {"fajit/params.h", "fajit/prelude.cuh", "fajit/mma.cuh", "fajit/forward.cuh"}) {
+      names.push_back(n);
+      texts.push_back(read_text(dir + "/" + n));
+    }
+  }
+};
+
+// Mods: a complete `struct FaMods {...};` definition. Config: the template arguments of
+// fa::FwdConfig after the element type and head dims ("" = fa::DefaultFwdConfig).
+inline std::string variant_source(const std::string& mods, const std::string& element, int dqk,
+                                  int dv, const std::string& config = "") {
+  std::ostringstream s;
+  s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
+    << mods << "\n#include \"fajit/forward.cuh\"\n";
+  if (config.empty())
+    s << "using FaConfig = fa::DefaultFwdConfig<fa::" << element << ", " << dqk << ", " << dv << ">;\n";
+  else
+    s << "using FaConfig = fa::FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
+      << config << ">;\n";
+  s << "FAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)\n"
+    << "extern \"C\" __global__ void fajit_fwd_smem_bytes(int* out) { *out = FaConfig::kSmemBytes;"
+       " out[1] = FaConfig::kThreads; out[2] = FaConfig::kBlockM; out[3] = FaConfig::kBlockN; }\n";
+  return s.str();
+}
+
+struct Compiled {
+  std::vector<char> cubin;
+  std::string log;
+  double seconds = 0;
+  int regs = -1, spill_stores = -1, spill_loads = -1;
+};
+
+// Parses ptxas -v lines for the kernel `fajit_fwd` ("Used N registers", "N bytes spill ...").
+inline void parse_ptxas(Compiled& c) {
+  size_t pos = c.log.find("Compiling entry function 'fajit_fwd'");
+  if (pos == std::string::npos) return;
+  std::smatch m;
+  std::string tail = c.log.substr(pos, 600);
+  if (std::regex_search(tail, m, std::regex("(\\d+) bytes spill stores, (\\d+) bytes spill loads")))
+    c.spill_stores = std::stoi(m[1]), c.spill_loads = std::stoi(m[2]);
+  if (std::regex_search(tail, m, std::regex("Used (\\d+) registers"))) c.regs = std::stoi(m[1]);
+}
+
+inline Compiled compile(const Headers& h, const std::string& src, const std::string& arch,
+                        bool verbose_ptxas = true) {
+  std::vector<const char*> hn, ht;
+  for (size_t i = 0; i < h.names.size(); ++i) {
+    hn.push_back(h.names[i].c_str());
+    ht.push_back(h.texts[i].c_str());
+  }
+  nvrtcProgram prog;
+  if (nvrtcCreateProgram(&prog, src.c_str(), "fajit_variant.cu", (int)hn.size(), ht.data(), hn.data()) !=
+      NVRTC_SUCCESS)
+    throw std::runtime_error("nvrtcCreateProgram failed");
+  std::string arch_opt = "--gpu-architecture=" + arch;
+  std::vector<const char*> opts = {arch_opt.c_str(), "-std=c++17", "-default-device"};
+  if (verbose_ptxas) opts.push_back("--ptxas-options=-v");
+  Compiled c;
+  auto t0 = std::chrono::steady_clock::now();
+  nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  size_t n = 0;
+  nvrtcGetProgramLogSize(prog, &n);
+  c.log.resize(n);
+  if (n) nvrtcGetProgramLog(prog, &c.log[0]);
+  if (r != NVRTC_SUCCESS) {
+    nvrtcDestroyProgram(&prog);
+    throw std::runtime_error("nvrtc compile failed:\n" + c.log);
+  }
+  nvrtcGetCUBINSize(prog, &n);
+  c.cubin.resize(n);
+  nvrtcGetCUBIN(prog, c.cubin.data());
+  nvrtcDestroyProgram(&prog);
+  parse_ptxas(c);
+  return c;
+}
+
+// Mods used by the compile test and the GPU check.
+inline const char* mods_noop() {
+  return R"(struct FaMods {
+  static constexpr bool kHasScoreMod = false;
+  static constexpr bool kHasMaskMod = false;
+  static __device__ __forceinline__ float score_mod(float s, int, int, int, int, const FaCaptures&) { return s; }
+  static __device__ __forceinline__ bool mask_mod(int, int, int, int, const FaCaptures&) { return true; }
+};)";
+}
+inline const char* mods_alibi_causal() {
+  return R"(struct FaMods {
+  static constexpr bool kHasScoreMod = true;
+  static constexpr bool kHasMaskMod = true;
+  static __device__ __forceinline__ float score_mod(float s, int b, int h, int q, int kv, const FaCaptures& cap) {
+    const float slope = static_cast<const float*>(cap.buffers[0].ptr)[h * cap.buffers[0].stride[0]];
+    return s + slope * static_cast<float>(kv - q);
+  }
+  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv, const FaCaptures& cap) { return q >= kv; }
+};)";
+}
+
+}  // namespace fa_test
