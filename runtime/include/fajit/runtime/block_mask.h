@@ -1,0 +1,123 @@
+// fa::BlockMask: flex_attention's block-sparse tables.
+//
+// The (Lq x Lkv) score matrix is cut into q_block x kv_block tiles. A tile is FULL when
+// mask_mod holds for every in-range element, EMPTY when it holds for none, PARTIAL otherwise
+// (elements past Lq / Lkv in a tail tile are ignored; kernels bounds-check tail tiles).
+// Tables (int32, contiguous), with Bm in {1, B} and Hm in {1, H} (1 = broadcast):
+//   kv_num_blocks [Bm, Hm, nq]      kv_indices [Bm, Hm, nq, nkv]   partial tiles of a q row
+//   full_kv_num_blocks, full_kv_indices (same shapes)               full tiles of a q row
+//   q_num_blocks  [Bm, Hm, nkv]     q_indices  [Bm, Hm, nkv, nq]   partial tiles of a kv col
+//   full_q_num_blocks, full_q_indices (same shapes)                 (for the backward)
+// Index rows list block numbers in ascending order and are padded with 0 after their count.
+//
+//   auto m = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds);   // 0 empty 1 partial 2 full
+//   m.check_compatible(B, H, Lq, Lkv);
+//   std::cout << m.to_string();
+//   FaBlockTables t; m.fill(t);                                    // device tables
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fajit/export.h"
+
+struct FaBlockTables;
+
+namespace fa {
+
+enum class BlockKind : uint8_t { kEmpty = 0, kPartial = 1, kFull = 2 };
+
+struct BlockMaskDensity {
+  double fraction = 0;  // non-empty tiles / all tiles
+  int64_t full = 0, partial = 0, empty = 0;
+};
+
+// Device addresses of all eight tables in one context (valid while the mask lives).
+struct BlockMaskDeviceTables {
+  const int* kv_num_blocks = nullptr;
+  const int* kv_indices = nullptr;
+  const int* full_kv_num_blocks = nullptr;
+  const int* full_kv_indices = nullptr;
+  const int* q_num_blocks = nullptr;
+  const int* q_indices = nullptr;
+  const int* full_q_num_blocks = nullptr;
+  const int* full_q_indices = nullptr;
+};
+
+class FA_API BlockMask {
+ public:
+  static constexpr int kDefaultBlock = 128;
+
+  // An unusable mask (valid() is false); every other member throws.
+  BlockMask() = default;
+
+  // From a dense per-tile classification `kinds` [Bm, Hm, nq, nkv] (values of BlockKind),
+  // nq = ceil(len_q / q_block), nkv = ceil(len_kv / kv_block). This is what the GPU builder
+  // and a symbolic analysis produce.
+  static BlockMask from_kinds(int batch, int heads, int64_t len_q, int64_t len_kv,
+                              const std::vector<uint8_t>& kinds, int q_block = kDefaultBlock,
+                              int kv_block = kDefaultBlock);
+
+  // From host kv tables in flex's layout (see above); full_* may be empty (no full tiles).
+  // Each row's first kv_num_blocks entries are used, in any order; the q_* transposes are
+  // computed. Throws on out-of-range counts or indices and on tiles listed twice.
+  static BlockMask from_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                  const std::vector<int32_t>& kv_num_blocks,
+                                  const std::vector<int32_t>& kv_indices,
+                                  const std::vector<int32_t>& full_kv_num_blocks,
+                                  const std::vector<int32_t>& full_kv_indices,
+                                  int q_block = kDefaultBlock, int kv_block = kDefaultBlock);
+
+  // Every tile full (no mask_mod).
+  static BlockMask all_full(int batch, int heads, int64_t len_q, int64_t len_kv,
+                            int q_block = kDefaultBlock, int kv_block = kDefaultBlock);
+
+  bool valid() const { return state_ != nullptr; }
+  int batch() const;  // Bm: 1 (broadcast) or B
+  int heads() const;  // Hm: 1 (broadcast) or H
+  int64_t len_q() const;
+  int64_t len_kv() const;
+  int q_block() const;
+  int kv_block() const;
+  int num_q_blocks() const;
+  int num_kv_blocks() const;
+
+  BlockKind kind(int b, int h, int q_blk, int kv_blk) const;
+  const std::vector<uint8_t>& kinds() const;  // [Bm, Hm, nq, nkv]
+
+  const std::vector<int32_t>& kv_num_blocks() const;
+  const std::vector<int32_t>& kv_indices() const;
+  const std::vector<int32_t>& full_kv_num_blocks() const;
+  const std::vector<int32_t>& full_kv_indices() const;
+  const std::vector<int32_t>& q_num_blocks() const;
+  const std::vector<int32_t>& q_indices() const;
+  const std::vector<int32_t>& full_q_num_blocks() const;
+  const std::vector<int32_t>& full_q_indices() const;
+
+  BlockMaskDensity density() const;
+
+  // A header line, then one line per q block with one character per kv block:
+  // '#' full, '+' partial, '.' empty (of the tables of batch b, head h).
+  std::string to_string(int b = 0, int h = 0) const;
+
+  // Throws fa::Error unless the mask was built for these lengths and Bm/Hm are 1 or B/H:
+  // "block mask was built for Lq=1024, Lkv=1024; got Lq=2048, Lkv=1024".
+  void check_compatible(int batch, int heads, int64_t len_q, int64_t len_kv) const;
+
+  // Device tables in the current (or primary) context, uploaded on first use per context.
+  BlockMaskDeviceTables device_tables() const;
+  // The forward's FaBlockTables (params.h) from device_tables().
+  void fill(FaBlockTables& tables) const;
+
+  struct State;
+
+ private:
+  explicit BlockMask(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  const State& state() const;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace fa

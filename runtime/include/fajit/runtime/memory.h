@@ -1,0 +1,54 @@
+// DeviceBuffer: a move-only owner of cuMemAlloc'ed memory in one context.
+//
+//   fa::rt::DeviceBuffer buf(n * sizeof(int));        // in the current (or primary) context
+//   buf.upload(host.data(), n * sizeof(int));
+//   buf.download(host.data(), n * sizeof(int));
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fa::rt {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // Allocates `bytes` (0 allocates nothing) in the context ContextGuard selects.
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();  // frees in its own context; failures are reported, never thrown
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  CUdeviceptr ptr() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(static_cast<uintptr_t>(ptr_));
+  }
+  size_t size() const { return size_; }
+  CUcontext context() const { return ctx_; }
+  explicit operator bool() const { return ptr_ != 0; }
+
+  // Copies; with a stream they are asynchronous (host memory must stay alive until the
+  // stream reaches them), without one they are synchronous. Throw on out-of-range bytes.
+  void upload(const void* host, size_t bytes, size_t offset = 0);
+  void download(void* host, size_t bytes, size_t offset = 0) const;
+  void upload_async(const void* host, size_t bytes, CUstream stream, size_t offset = 0);
+  void download_async(void* host, size_t bytes, CUstream stream, size_t offset = 0) const;
+  void memset8(unsigned char value);
+  void memset32(unsigned value);  // size() must be a multiple of 4
+
+  void reset() noexcept;  // frees now
+
+ private:
+  void check_range(size_t bytes, size_t offset, const char* what) const;
+
+  CUdeviceptr ptr_ = 0;
+  size_t size_ = 0;
+  CUcontext ctx_ = nullptr;
+};
+
+}  // namespace fa::rt

@@ -1,0 +1,67 @@
+// fa::TensorView: a non-owning view of a device tensor (pointer, dtype, shape, element
+// strides), and the checks attention runs on its inputs before any launch.
+//
+//   fa::TensorView q(q_ptr, fa::DType::bf16, {B, H, L, 128});            // contiguous
+//   fa::TensorView k(k_ptr, fa::DType::bf16, {B, H, L, 128}, {s0, s1, s2, 1});
+//   fa::AttentionShape s = fa::validate_attention(q, k, v, o, &lse);   // throws fa::Error
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "fajit/export.h"
+
+struct CUstream_st;
+
+namespace fa {
+
+// A CUDA stream as the driver API spells it (CUstream); nullptr is the default stream.
+using Stream = CUstream_st*;
+
+enum class DType : uint8_t { f16, bf16, f32, i32, i64, u8, boolean };
+
+FA_API const char* dtype_name(DType t);  // "f16", "bf16", "f32", "i32", "i64", "u8", "bool"
+FA_API int dtype_size(DType t);          // bytes per element
+
+constexpr int kMaxTensorRank = 4;
+
+struct FA_API TensorView {
+  void* data = nullptr;  // device address
+  DType dtype = DType::f32;
+  int rank = 0;
+  int64_t shape[kMaxTensorRank] = {0, 0, 0, 0};
+  int64_t stride[kMaxTensorRank] = {0, 0, 0, 0};  // in elements
+
+  TensorView() = default;
+  // Contiguous (row-major) strides. Throws fa::Error for more than 4 dimensions.
+  TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape);
+  // Explicit element strides (must have as many entries as shape).
+  TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape,
+             std::initializer_list<int64_t> strides);
+  TensorView(const void* data, DType dtype, std::initializer_list<int64_t> shape)
+      : TensorView(const_cast<void*>(data), dtype, shape) {}
+  TensorView(const void* data, DType dtype, std::initializer_list<int64_t> shape,
+             std::initializer_list<int64_t> strides)
+      : TensorView(const_cast<void*>(data), dtype, shape, strides) {}
+
+  int64_t numel() const;
+  std::string to_string() const;  // "bf16[2, 8, 1024, 64] strides [524288, 65536, 64, 1]"
+};
+
+// Sizes of one attention call, after validation.
+struct AttentionShape {
+  int batch = 0, heads_q = 0, heads_kv = 0, len_q = 0, len_kv = 0, dim_qk = 0, dim_v = 0;
+  DType dtype = DType::bf16;
+};
+
+// Checks Q [B,Hq,Lq,Dqk], K [B,Hkv,Lkv,Dqk], V [B,Hkv,Lkv,Dv], O [B,Hq,Lq,Dv] and the optional
+// LSE [B,Hq,Lq] (f32): ranks, matching sizes, dtypes (q/k/v/o equal, f16 or bf16),
+// Hq % Hkv == 0, non-null 16-byte aligned pointers, contiguous last dimensions, row strides
+// and head dims that keep 16-byte rows, positive sizes that fit int32. Throws fa::Error
+// (kInvalidArgument) naming the tensor and the dimension.
+FA_API AttentionShape validate_attention(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& o,
+                                         const TensorView* lse = nullptr);
+
+}  // namespace fa

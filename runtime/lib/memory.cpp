@@ -1,0 +1,136 @@
+#include "fajit/runtime/memory.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "fajit/error.h"
+#include "fajit/runtime/device.h"
+#include "fajit/runtime/driver.h"
+
+namespace fa::rt {
+namespace {
+
+// Makes `ctx` current for a scope when it is not already.
+class ScopedCurrent {
+ public:
+  explicit ScopedCurrent(CUcontext ctx) {
+    CUcontext cur = nullptr;
+    FA_CU(cuCtxGetCurrent, &cur);
+    if (cur != ctx) {
+      FA_CU(cuCtxPushCurrent, ctx);
+      pushed_ = true;
+    }
+  }
+  ~ScopedCurrent() {
+    CUcontext popped = nullptr;
+    if (pushed_) driver().cuCtxPopCurrent(&popped);
+  }
+
+ private:
+  bool pushed_ = false;
+};
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(size_t bytes) {
+  if (bytes == 0) return;
+  ContextGuard guard;
+  CUresult r = driver().cuMemAlloc(&ptr_, bytes);
+  if (r != CUDA_SUCCESS)
+    throw Error(fmt::format("cuMemAlloc failed: {} ({} bytes)", describe(r), bytes),
+                ErrorCode::kCuda);
+  size_ = bytes;
+  ctx_ = guard.context();
+}
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, 0)),
+      size_(std::exchange(other.size_, 0)),
+      ctx_(std::exchange(other.ctx_, nullptr)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    ptr_ = std::exchange(other.ptr_, 0);
+    size_ = std::exchange(other.size_, 0);
+    ctx_ = std::exchange(other.ctx_, nullptr);
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() noexcept {
+  if (!ptr_) return;
+  try {
+    const DriverApi& d = driver();
+    CUcontext cur = nullptr;
+    bool pushed = false;
+    if (d.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx_)
+      pushed = d.cuCtxPushCurrent(ctx_) == CUDA_SUCCESS;
+    CUresult r = d.cuMemFree(ptr_);
+    if (pushed) d.cuCtxPopCurrent(&cur);
+    // At process exit the driver may already be torn down; that is not worth a message.
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
+      std::fprintf(stderr, "fajit: cuMemFree failed: %s\n", describe(r).c_str());
+  } catch (...) {
+  }
+  ptr_ = 0;
+  size_ = 0;
+  ctx_ = nullptr;
+}
+
+void DeviceBuffer::check_range(size_t bytes, size_t offset, const char* what) const {
+  if (offset > size_ || bytes > size_ - offset)
+    throw Error(fmt::format("device buffer {}: {} bytes at offset {} exceed its {} bytes", what,
+                            bytes, offset, size_));
+}
+
+void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
+  check_range(bytes, offset, "upload");
+  if (bytes == 0) return;
+  ScopedCurrent scope(ctx_);
+  FA_CU(cuMemcpyHtoD, ptr_ + offset, host, bytes);
+}
+
+void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
+  check_range(bytes, offset, "download");
+  if (bytes == 0) return;
+  ScopedCurrent scope(ctx_);
+  FA_CU(cuMemcpyDtoH, host, ptr_ + offset, bytes);
+}
+
+void DeviceBuffer::upload_async(const void* host, size_t bytes, CUstream stream,
+                                size_t offset) {
+  check_range(bytes, offset, "upload");
+  if (bytes == 0) return;
+  ScopedCurrent scope(ctx_);
+  FA_CU(cuMemcpyHtoDAsync, ptr_ + offset, host, bytes, stream);
+}
+
+void DeviceBuffer::download_async(void* host, size_t bytes, CUstream stream,
+                                  size_t offset) const {
+  check_range(bytes, offset, "download");
+  if (bytes == 0) return;
+  ScopedCurrent scope(ctx_);
+  FA_CU(cuMemcpyDtoHAsync, host, ptr_ + offset, bytes, stream);
+}
+
+void DeviceBuffer::memset8(unsigned char value) {
+  if (!ptr_) return;
+  ScopedCurrent scope(ctx_);
+  FA_CU(cuMemsetD8, ptr_, value, size_);
+}
+
+void DeviceBuffer::memset32(unsigned value) {
+  if (!ptr_) return;
+  if (size_ % 4 != 0)
+    throw Error(fmt::format("device buffer memset32: size {} is not a multiple of 4", size_));
+  ScopedCurrent scope(ctx_);
+  FA_CU(cuMemsetD32, ptr_, value, size_ / 4);
+}
+
+}  // namespace fa::rt

@@ -1,0 +1,210 @@
+#include "fajit/runtime/tensor.h"
+
+#include <climits>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+#include "fajit/error.h"
+
+namespace fa {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f32: return "f32";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
+    case DType::boolean: return "bool";
+  }
+  return "unknown";
+}
+
+int dtype_size(DType t) {
+  switch (t) {
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8:
+    case DType::boolean: return 1;
+  }
+  return 1;
+}
+
+TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t> shape_)
+    : data(data_), dtype(dtype_) {
+  if (shape_.size() > static_cast<size_t>(kMaxTensorRank))
+    throw Error(fmt::format("tensor view: at most {} dimensions are supported, got {}",
+                            kMaxTensorRank, shape_.size()));
+  rank = static_cast<int>(shape_.size());
+  int i = 0;
+  for (int64_t s : shape_) shape[i++] = s;
+  int64_t running = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    stride[d] = running;
+    running *= shape[d] > 0 ? shape[d] : 1;
+  }
+}
+
+TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t> shape_,
+                       std::initializer_list<int64_t> strides_)
+    : TensorView(data_, dtype_, shape_) {
+  if (strides_.size() != shape_.size())
+    throw Error(fmt::format("tensor view: {} strides given for {} dimensions", strides_.size(),
+                            shape_.size()));
+  int i = 0;
+  for (int64_t s : strides_) stride[i++] = s;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < rank; ++d) n *= shape[d];
+  return n;
+}
+
+std::string TensorView::to_string() const {
+  std::string dims, strides;
+  for (int d = 0; d < rank; ++d) {
+    dims += fmt::format("{}{}", d ? ", " : "", shape[d]);
+    strides += fmt::format("{}{}", d ? ", " : "", stride[d]);
+  }
+  return fmt::format("{}[{}] strides [{}]", dtype_name(dtype), dims, strides);
+}
+
+namespace {
+
+constexpr int kRowBytes = 16;  // vectorised loads: every row starts on a 16-byte boundary
+
+struct Named {
+  const char* tensor;     // "q"
+  const TensorView& t;
+  const char* const* dims;  // {"B", "Hq", "Lq", "Dqk"}
+  int rank;
+};
+
+std::string dim_list(const Named& n) {
+  std::string s = "[";
+  for (int d = 0; d < n.rank; ++d) s += fmt::format("{}{}", d ? ", " : "", n.dims[d]);
+  return s + "]";
+}
+
+// Rank, pointer, sizes and strides of one tensor on its own.
+void check_basic(const Named& n) {
+  const TensorView& t = n.t;
+  if (t.rank != n.rank)
+    throw Error(fmt::format("{}: expected {} dimensions {}, got {}", n.tensor, n.rank,
+                            dim_list(n), t.rank));
+  if (!t.data) throw Error(fmt::format("{}: data pointer is null", n.tensor));
+  for (int d = 0; d < n.rank; ++d) {
+    if (t.shape[d] <= 0)
+      throw Error(fmt::format("{}: {} must be positive, got {}", n.tensor, n.dims[d],
+                              t.shape[d]));
+    if (t.shape[d] > INT_MAX)
+      throw Error(fmt::format("{}: {} = {} exceeds the int32 range", n.tensor, n.dims[d],
+                              t.shape[d]));
+  }
+  for (int d = 0; d < n.rank; ++d) {
+    if (t.stride[d] < 0)
+      throw Error(fmt::format("{}: stride of {} must be non-negative, got {}", n.tensor,
+                              n.dims[d], t.stride[d]));
+  }
+  const int last = n.rank - 1;
+  if (t.stride[last] != 1 && t.shape[last] != 1)
+    throw Error(fmt::format("{}: last dimension ({}) must be contiguous (stride 1), got stride {}",
+                            n.tensor, n.dims[last], t.stride[last]));
+}
+
+void check_same(const Named& n, int d, const Named& ref, int ref_d) {
+  if (n.t.shape[d] != ref.t.shape[ref_d])
+    throw Error(fmt::format("{}: {} must match {} ({}), got {}", n.tensor, n.dims[d], ref.tensor,
+                            ref.t.shape[ref_d], n.t.shape[d]));
+}
+
+// 16-byte aligned base and rows: pointer, head dim and the strides of every dimension that
+// has more than one entry.
+void check_rows_aligned(const Named& n) {
+  const TensorView& t = n.t;
+  const int elem = dtype_size(t.dtype);
+  const int per_row = kRowBytes / elem;
+  if (reinterpret_cast<uintptr_t>(t.data) % kRowBytes != 0)
+    throw Error(fmt::format("{}: data pointer must be {}-byte aligned", n.tensor, kRowBytes));
+  const int last = n.rank - 1;
+  if (t.shape[last] % per_row != 0)
+    throw Error(fmt::format("{}: {} must be a multiple of {} for {}-byte rows, got {}", n.tensor,
+                            n.dims[last], per_row, kRowBytes, t.shape[last]));
+  for (int d = 0; d < last; ++d) {
+    if (t.shape[d] > 1 && t.stride[d] % per_row != 0)
+      throw Error(fmt::format("{}: stride of {} must be a multiple of {} elements ({} bytes), got {}",
+                              n.tensor, n.dims[d], per_row, kRowBytes, t.stride[d]));
+  }
+}
+
+}  // namespace
+
+AttentionShape validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& o, const TensorView* lse) {
+  static const char* const kQ[] = {"B", "Hq", "Lq", "Dqk"};
+  static const char* const kK[] = {"B", "Hkv", "Lkv", "Dqk"};
+  static const char* const kV[] = {"B", "Hkv", "Lkv", "Dv"};
+  static const char* const kO[] = {"B", "Hq", "Lq", "Dv"};
+  static const char* const kLse[] = {"B", "Hq", "Lq"};
+  const Named nq{"q", q, kQ, 4}, nk{"k", k, kK, 4}, nv{"v", v, kV, 4}, no{"o", o, kO, 4};
+
+  check_basic(nq);
+  check_basic(nk);
+  check_basic(nv);
+  check_basic(no);
+  if (lse) check_basic(Named{"lse", *lse, kLse, 3});
+
+  if (q.dtype != DType::f16 && q.dtype != DType::bf16)
+    throw Error(fmt::format("q: dtype must be f16 or bf16, got {}", dtype_name(q.dtype)));
+  for (const Named* n : {&nk, &nv, &no}) {
+    if (n->t.dtype != q.dtype)
+      throw Error(fmt::format("{}: dtype must match q ({}), got {}", n->tensor,
+                              dtype_name(q.dtype), dtype_name(n->t.dtype)));
+  }
+  if (lse && lse->dtype != DType::f32)
+    throw Error(fmt::format("lse: dtype must be f32, got {}", dtype_name(lse->dtype)));
+
+  check_same(nk, 0, nq, 0);  // B
+  check_same(nk, 3, nq, 3);  // Dqk
+  check_same(nv, 0, nq, 0);  // B
+  check_same(nv, 1, nk, 1);  // Hkv
+  check_same(nv, 2, nk, 2);  // Lkv
+  check_same(no, 0, nq, 0);  // B
+  check_same(no, 1, nq, 1);  // Hq
+  check_same(no, 2, nq, 2);  // Lq
+  check_same(no, 3, nv, 3);  // Dv
+  if (lse) {
+    const Named nl{"lse", *lse, kLse, 3};
+    for (int d = 0; d < 3; ++d) check_same(nl, d, nq, d);
+  }
+  if (q.shape[1] % k.shape[1] != 0)
+    throw Error(fmt::format("q: Hq ({}) must be a multiple of Hkv ({})", q.shape[1], k.shape[1]));
+  if (q.shape[0] * q.shape[1] > INT_MAX)
+    throw Error(fmt::format("q: B*Hq = {} exceeds the int32 range", q.shape[0] * q.shape[1]));
+
+  check_rows_aligned(nq);
+  check_rows_aligned(nk);
+  check_rows_aligned(nv);
+  check_rows_aligned(no);
+  if (lse && reinterpret_cast<uintptr_t>(lse->data) % 4 != 0)
+    throw Error("lse: data pointer must be 4-byte aligned");
+
+  AttentionShape s;
+  s.batch = static_cast<int>(q.shape[0]);
+  s.heads_q = static_cast<int>(q.shape[1]);
+  s.heads_kv = static_cast<int>(k.shape[1]);
+  s.len_q = static_cast<int>(q.shape[2]);
+  s.len_kv = static_cast<int>(k.shape[2]);
+  s.dim_qk = static_cast<int>(q.shape[3]);
+  s.dim_v = static_cast<int>(v.shape[3]);
+  s.dtype = q.dtype;
+  return s;
+}
+
+}  // namespace fa
