@@ -5,7 +5,7 @@
 #ifndef FAJIT_PARAMS_H
 #define FAJIT_PARAMS_H
 
-#define FAJIT_ABI_VERSION 1
+#define FAJIT_ABI_VERSION 2
 
 #define FA_MAX_BUFFERS 16
 #define FA_MAX_BUFFER_RANK 4
@@ -71,5 +71,22 @@ typedef struct FaFwdParams {
   float scale;
   FaBlockTables mask;
 } FaFwdParams;
+
+// Block-mask builder (fajit/block_mask.cuh): classifies every (b, h, q-block, kv-block) tile
+// of the score matrix by evaluating mask_mod on each in-range element:
+//   kinds [Bm, Hm, num_q_blocks, num_kv_blocks] uint8: 0 empty, 1 partial, 2 full.
+// Tile t = ((b * heads + h) * num_q_blocks + qb) * num_kv_blocks + kb; mask_mod sees b = 0
+// when batch (Bm) is 1 and h = 0 when heads (Hm) is 1 (broadcast masks).
+// `known` (optional, same layout) holds kinds decided beforehand (e.g. by range analysis):
+// entries 0..2 are copied, any other value (use 255) means "evaluate".
+typedef struct FaBlockMaskParams {
+  unsigned char* kinds;
+  const unsigned char* known;
+  long long num_tiles;  // batch * heads * num_q_blocks * num_kv_blocks
+  int batch, heads;     // Bm, Hm
+  int len_q, len_kv;
+  int num_q_blocks, num_kv_blocks;
+  int q_block, kv_block;
+} FaBlockMaskParams;
 
 #endif  // FAJIT_PARAMS_H
