@@ -1,0 +1,247 @@
+#include "fajit/runtime/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fajit/error.h"
+#include "fajit/params.h"
+#include "fajit/runtime/fwd_params.h"
+
+namespace {
+
+using fa::DType;
+using fa::TensorView;
+
+// Fake, 256-byte aligned device addresses: validation never dereferences them.
+void* addr(uintptr_t i) { return reinterpret_cast<void*>(0x10000000 + i * 0x1000000); }
+
+struct Views {
+  TensorView q{addr(0), DType::bf16, {2, 8, 100, 64}};
+  TensorView k{addr(1), DType::bf16, {2, 2, 300, 64}};
+  TensorView v{addr(2), DType::bf16, {2, 2, 300, 32}};
+  TensorView o{addr(3), DType::bf16, {2, 8, 100, 32}};
+  TensorView lse{addr(4), DType::f32, {2, 8, 100}};
+};
+
+std::string error_of(const Views& t, bool with_lse = true) {
+  try {
+    fa::validate_attention(t.q, t.k, t.v, t.o, with_lse ? &t.lse : nullptr);
+  } catch (const fa::Error& e) {
+    EXPECT_EQ(e.code(), fa::ErrorCode::kInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TensorView, ContiguousStrides) {
+  TensorView t(addr(0), DType::f16, {2, 3, 4, 8});
+  EXPECT_EQ(t.rank, 4);
+  EXPECT_EQ(t.stride[0], 96);
+  EXPECT_EQ(t.stride[1], 32);
+  EXPECT_EQ(t.stride[2], 8);
+  EXPECT_EQ(t.stride[3], 1);
+  EXPECT_EQ(t.numel(), 192);
+  EXPECT_EQ(t.to_string(), "f16[2, 3, 4, 8] strides [96, 32, 8, 1]");
+}
+
+TEST(TensorView, RejectsRankAboveFour) {
+  try {
+    TensorView t(addr(0), DType::f16, {1, 2, 3, 4, 5});
+    FAIL();
+  } catch (const fa::Error& e) {
+    EXPECT_STREQ(e.what(), "tensor view: at most 4 dimensions are supported, got 5");
+  }
+  try {
+    TensorView t(addr(0), DType::f16, {1, 2}, {2});
+    FAIL();
+  } catch (const fa::Error& e) {
+    EXPECT_STREQ(e.what(), "tensor view: 1 strides given for 2 dimensions");
+  }
+}
+
+TEST(DType, NamesAndSizes) {
+  EXPECT_STREQ(fa::dtype_name(DType::bf16), "bf16");
+  EXPECT_STREQ(fa::dtype_name(DType::boolean), "bool");
+  EXPECT_EQ(fa::dtype_size(DType::f16), 2);
+  EXPECT_EQ(fa::dtype_size(DType::i64), 8);
+  EXPECT_EQ(fa::dtype_size(DType::u8), 1);
+}
+
+TEST(ValidateAttention, AcceptsGqaShapes) {
+  Views t;
+  fa::AttentionShape s = fa::validate_attention(t.q, t.k, t.v, t.o, &t.lse);
+  EXPECT_EQ(s.batch, 2);
+  EXPECT_EQ(s.heads_q, 8);
+  EXPECT_EQ(s.heads_kv, 2);
+  EXPECT_EQ(s.len_q, 100);
+  EXPECT_EQ(s.len_kv, 300);
+  EXPECT_EQ(s.dim_qk, 64);
+  EXPECT_EQ(s.dim_v, 32);
+  EXPECT_EQ(s.dtype, DType::bf16);
+  EXPECT_EQ(error_of(t, false), "");
+}
+
+TEST(ValidateAttention, Ranks) {
+  Views t;
+  t.q = TensorView(addr(0), DType::bf16, {8, 100, 64});
+  EXPECT_EQ(error_of(t), "q: expected 4 dimensions [B, Hq, Lq, Dqk], got 3");
+  t = Views();
+  t.k = TensorView(addr(1), DType::bf16, {2, 2, 300});
+  EXPECT_EQ(error_of(t), "k: expected 4 dimensions [B, Hkv, Lkv, Dqk], got 3");
+  t = Views();
+  t.v = TensorView(addr(2), DType::bf16, {300, 32});
+  EXPECT_EQ(error_of(t), "v: expected 4 dimensions [B, Hkv, Lkv, Dv], got 2");
+  t = Views();
+  t.o = TensorView();
+  EXPECT_EQ(error_of(t), "o: expected 4 dimensions [B, Hq, Lq, Dv], got 0");
+  t = Views();
+  t.lse = TensorView(addr(4), DType::f32, {2, 8, 100, 1});
+  EXPECT_EQ(error_of(t), "lse: expected 3 dimensions [B, Hq, Lq], got 4");
+}
+
+TEST(ValidateAttention, NullPointers) {
+  Views t;
+  t.v.data = nullptr;
+  EXPECT_EQ(error_of(t), "v: data pointer is null");
+  t = Views();
+  t.lse.data = nullptr;
+  EXPECT_EQ(error_of(t), "lse: data pointer is null");
+}
+
+TEST(ValidateAttention, ZeroAndHugeSizes) {
+  Views t;
+  t.q = TensorView(addr(0), DType::bf16, {2, 8, 0, 64});
+  EXPECT_EQ(error_of(t), "q: Lq must be positive, got 0");
+  t = Views();
+  t.k = TensorView(addr(1), DType::bf16, {2, 2, 300, 64}, {0, 0, 64, 1});
+  t.k.shape[2] = 3000000000LL;
+  EXPECT_EQ(error_of(t), "k: Lkv = 3000000000 exceeds the int32 range");
+  t = Views();
+  t.q = TensorView(addr(0), DType::bf16, {70000, 40000, 1, 64}, {0, 0, 0, 1});
+  t.o = TensorView(addr(3), DType::bf16, {70000, 40000, 1, 32}, {0, 0, 0, 1});
+  t.k = TensorView(addr(1), DType::bf16, {70000, 2, 300, 64});
+  t.v = TensorView(addr(2), DType::bf16, {70000, 2, 300, 32});
+  EXPECT_EQ(error_of(t, false), "q: B*Hq = 2800000000 exceeds the int32 range");
+}
+
+TEST(ValidateAttention, Strides) {
+  Views t;
+  t.q = TensorView(addr(0), DType::bf16, {2, 8, 100, 64}, {51200, 6400, 64, 2});
+  EXPECT_EQ(error_of(t), "q: last dimension (Dqk) must be contiguous (stride 1), got stride 2");
+  t = Views();
+  t.o = TensorView(addr(3), DType::bf16, {2, 8, 100, 32}, {25600, -3200, 32, 1});
+  EXPECT_EQ(error_of(t), "o: stride of Hq must be non-negative, got -3200");
+  t = Views();
+  t.lse = TensorView(addr(4), DType::f32, {2, 8, 100}, {800, 100, 2});
+  EXPECT_EQ(error_of(t), "lse: last dimension (Lq) must be contiguous (stride 1), got stride 2");
+}
+
+TEST(ValidateAttention, Dtypes) {
+  Views t;
+  t.q.dtype = t.k.dtype = t.v.dtype = t.o.dtype = DType::f32;
+  EXPECT_EQ(error_of(t), "q: dtype must be f16 or bf16, got f32");
+  t = Views();
+  t.v.dtype = DType::f16;
+  EXPECT_EQ(error_of(t), "v: dtype must match q (bf16), got f16");
+  t = Views();
+  t.lse.dtype = DType::bf16;
+  EXPECT_EQ(error_of(t), "lse: dtype must be f32, got bf16");
+}
+
+TEST(ValidateAttention, MatchingDimensions) {
+  Views t;
+  t.k = TensorView(addr(1), DType::bf16, {3, 2, 300, 64});
+  EXPECT_EQ(error_of(t), "k: B must match q (2), got 3");
+  t = Views();
+  t.k = TensorView(addr(1), DType::bf16, {2, 2, 300, 128});
+  EXPECT_EQ(error_of(t), "k: Dqk must match q (64), got 128");
+  t = Views();
+  t.v = TensorView(addr(2), DType::bf16, {2, 4, 300, 32});
+  EXPECT_EQ(error_of(t), "v: Hkv must match k (2), got 4");
+  t = Views();
+  t.v = TensorView(addr(2), DType::bf16, {2, 2, 200, 32});
+  EXPECT_EQ(error_of(t), "v: Lkv must match k (300), got 200");
+  t = Views();
+  t.o = TensorView(addr(3), DType::bf16, {2, 4, 100, 32});
+  EXPECT_EQ(error_of(t), "o: Hq must match q (8), got 4");
+  t = Views();
+  t.o = TensorView(addr(3), DType::bf16, {2, 8, 99, 32});
+  EXPECT_EQ(error_of(t), "o: Lq must match q (100), got 99");
+  t = Views();
+  t.o = TensorView(addr(3), DType::bf16, {2, 8, 100, 64});
+  EXPECT_EQ(error_of(t), "o: Dv must match v (32), got 64");
+  t = Views();
+  t.lse = TensorView(addr(4), DType::f32, {2, 8, 101});
+  EXPECT_EQ(error_of(t), "lse: Lq must match q (100), got 101");
+}
+
+TEST(ValidateAttention, GroupedHeads) {
+  Views t;
+  t.k = TensorView(addr(1), DType::bf16, {2, 3, 300, 64});
+  t.v = TensorView(addr(2), DType::bf16, {2, 3, 300, 32});
+  EXPECT_EQ(error_of(t), "q: Hq (8) must be a multiple of Hkv (3)");
+}
+
+TEST(ValidateAttention, Alignment) {
+  Views t;
+  t.k.data = static_cast<char*>(addr(1)) + 8;
+  EXPECT_EQ(error_of(t), "k: data pointer must be 16-byte aligned");
+  t = Views();
+  t.q = TensorView(addr(0), DType::bf16, {2, 8, 100, 60});
+  t.k = TensorView(addr(1), DType::bf16, {2, 2, 300, 60});
+  EXPECT_EQ(error_of(t), "q: Dqk must be a multiple of 8 for 16-byte rows, got 60");
+  t = Views();
+  t.v = TensorView(addr(2), DType::bf16, {2, 2, 300, 36});
+  t.o = TensorView(addr(3), DType::bf16, {2, 8, 100, 36});
+  EXPECT_EQ(error_of(t), "v: Dv must be a multiple of 8 for 16-byte rows, got 36");
+  t = Views();
+  t.q = TensorView(addr(0), DType::bf16, {2, 8, 100, 64}, {51200, 6400, 68, 1});
+  EXPECT_EQ(error_of(t), "q: stride of Lq must be a multiple of 8 elements (16 bytes), got 68");
+  t = Views();
+  // A size-1 dimension's stride is never used, so it need not be aligned.
+  t.q = TensorView(addr(0), DType::bf16, {2, 1, 100, 64}, {6400, 3, 64, 1});
+  t.o = TensorView(addr(3), DType::bf16, {2, 1, 100, 32});
+  t.lse = TensorView(addr(4), DType::f32, {2, 1, 100});
+  t.k = TensorView(addr(1), DType::bf16, {2, 1, 300, 64});
+  t.v = TensorView(addr(2), DType::bf16, {2, 1, 300, 32});
+  EXPECT_EQ(error_of(t), "");
+  t = Views();
+  t.lse.data = static_cast<char*>(addr(4)) + 2;
+  EXPECT_EQ(error_of(t), "lse: data pointer must be 4-byte aligned");
+}
+
+TEST(FwdParams, FillsStridesSizesAndTables) {
+  Views t;
+  t.k = TensorView(addr(1), DType::bf16, {2, 2, 300, 64}, {76800, 64, 128, 1});  // [B, L, H, D]
+  FaBlockTables tables{};
+  tables.num_q_blocks = 1;
+  tables.num_kv_blocks = 3;
+  tables.q_block = tables.kv_block = 128;
+  FaFwdParams p = fa::rt::make_fwd_params(t.q, t.k, t.v, t.o, &t.lse, 0.125f, tables);
+  EXPECT_EQ(p.q, t.q.data);
+  EXPECT_EQ(p.lse, t.lse.data);
+  EXPECT_EQ(p.q_stride_b, 51200);
+  EXPECT_EQ(p.q_stride_h, 6400);
+  EXPECT_EQ(p.q_stride_m, 64);
+  EXPECT_EQ(p.k_stride_b, 76800);
+  EXPECT_EQ(p.k_stride_h, 64);
+  EXPECT_EQ(p.k_stride_n, 128);
+  EXPECT_EQ(p.v_stride_n, 32);
+  EXPECT_EQ(p.o_stride_h, 3200);
+  EXPECT_EQ(p.lse_stride_b, 800);
+  EXPECT_EQ(p.lse_stride_h, 100);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.heads_q, 8);
+  EXPECT_EQ(p.heads_kv, 2);
+  EXPECT_EQ(p.len_q, 100);
+  EXPECT_EQ(p.len_kv, 300);
+  EXPECT_FLOAT_EQ(p.scale, 0.125f);
+  EXPECT_EQ(p.mask.num_kv_blocks, 3);
+  FaFwdParams no_lse = fa::rt::make_fwd_params(t.q, t.k, t.v, t.o, nullptr, 1.0f, tables);
+  EXPECT_EQ(no_lse.lse, nullptr);
+  EXPECT_EQ(no_lse.lse_stride_b, 0);
+}
+
+}  // namespace
