@@ -85,6 +85,39 @@ TEST(Nvrtc, CompileErrorQuotesGeneratedLine) {
   }
 }
 
+TEST(Nvrtc, ErrorInsideAnEmbeddedHeaderIsQuotedFromIt) {
+  CompileOptions opt;
+  opt.arch = "sm_80";
+  // A macro that breaks the header's own text: the error is reported in fajit/params.h.
+  const char* src = "#define FaScalar 42\n#include \"fajit/params.h\"\n";
+  try {
+    Nvrtc::get().compile(src, "fa_hdr.cu", opt);
+    FAIL();
+  } catch (const fa::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("offending lines:\n  fajit/params.h:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(" | "), std::string::npos) << msg;
+  }
+}
+
+TEST(Nvrtc, MissingIncludeIsQuoted) {
+  CompileOptions opt;
+  opt.arch = "sm_80";
+  try {
+    Nvrtc::get().compile("#include \"fajit/nope.cuh\"  // fa: template\n", "fa_inc.cu", opt);
+    FAIL();
+  } catch (const fa::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("fa_inc.cu(1): catastrophic error: cannot open source file "
+                       "\"fajit/nope.cuh\""),
+              std::string::npos)
+        << msg;
+    const std::string tail = "offending lines:\n  1 | #include \"fajit/nope.cuh\"  // fa: template";
+    ASSERT_GE(msg.size(), tail.size());
+    EXPECT_EQ(msg.substr(msg.size() - tail.size()), tail) << msg;
+  }
+}
+
 TEST(Nvrtc, BadArchIsRejectedBeforeCompiling) {
   CompileOptions opt;
   opt.arch = "sm_7";

@@ -1,0 +1,39 @@
+// The JIT path in one call: key the generated source, look it up in the cache, compile with
+// NVRTC on a miss.
+//
+//   fa::jit::KernelRequest req;
+//   req.source = generated_cuda;          // from codegen
+//   req.name = "fa_fwd.cu";
+//   req.spec = spec.to_string();          // KernelSpec text: variant, analyses, options
+//   req.meta = "fajit_fwd bf16 hd128 causal";
+//   req.options.arch = fa::jit::arch_for_device(9, 0);
+//   fa::jit::Lookup l = fa::jit::compile_cached(req);   // l.entry->cubin, l.origin
+#pragma once
+
+#include <string>
+
+#include "fajit/export.h"
+#include "fajit/jit/cache.h"
+#include "fajit/jit/nvrtc.h"
+
+namespace fa::jit {
+
+struct KernelRequest {
+  std::string source;             // the generated translation unit
+  std::string name = "fa_kernel.cu";  // NVRTC program name (appears in error messages)
+  std::string spec;               // KernelSpec text; part of the key
+  std::string meta;               // stored beside the cubin, shown by `fajit cache ls`
+  CompileOptions options;         // arch, -lineinfo, extra flags; all part of the key
+};
+
+// The cache key of `req` when compiled by `nvrtc`: kernel_key() over the source, the
+// embedded templates' version, the spec plus the NVRTC options, the arch and NVRTC's
+// version.
+FA_API std::string request_key(const KernelRequest& req, const Nvrtc& nvrtc);
+
+// Looks `req` up in `cache` (memory, then disk) and compiles it on a miss. `nvrtc` null
+// means Nvrtc::get(). Compile errors throw fa::Error (kCompile) and cache nothing.
+FA_API Lookup compile_cached(const KernelRequest& req, Cache& cache = Cache::global(),
+                             const Nvrtc* nvrtc = nullptr);
+
+}  // namespace fa::jit
