@@ -201,7 +201,7 @@ bool Program::mask_is_noop() const {
   auto y = llvm::dyn_cast<mlir::fa::YieldOp>(mlir::fa::MaskModOp(impl_->mask).getEntryBlock().getTerminator());
   if (!y) return false;
   auto c = y.getValue().getDefiningOp<mlir::arith::ConstantIntOp>();
-  return c && c.value() == 1;
+  return c && c.value() != 0;
 }
 
 const std::vector<Program::Capture>& Program::captures() const { return impl_->captures; }
