@@ -6,6 +6,8 @@
 #include <nvrtc.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -385,6 +387,26 @@ TEST_F(Gpu, KnownKindsAreNotEvaluated) {
   } catch (const fa::Error& e) {
     EXPECT_STREQ(e.what(), "build_block_mask: known kinds: expected 64 entries, got 3");
   }
+}
+
+TEST_F(Gpu, BuildLargeCausalAndTime) {
+  // 32768^2 causal, blocks of 128: 256 partial diagonal tiles, 32640 full, 32640 empty.
+  FaCaptures cap{};
+  CUfunction fn = kernel("fa_bm_causal");
+  fa::rt::build_block_mask(fn, cap, 1, 1, 1024, 1024);  // warm up
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<uint8_t> kinds = fa::rt::classify_blocks(fn, cap, 1, 1, 32768, 32768);
+  const double classify_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  fa::BlockMask m = fa::BlockMask::from_kinds(1, 1, 32768, 32768, kinds);
+  const double total_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const fa::BlockMaskDensity d = m.density();
+  EXPECT_EQ(d.partial, 256);
+  EXPECT_EQ(d.full, 32640);
+  EXPECT_EQ(d.empty, 32640);
+  std::printf("causal 32768x32768 block mask: classify %.2f ms, with host tables %.2f ms\n",
+              classify_ms, total_ms);
 }
 
 TEST_F(Gpu, BuildOnAStream) {
