@@ -124,9 +124,16 @@ void collect_captures(Program::Impl& impl) {
 
 }  // namespace
 
-Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx, mlir::OwningOpRef<mlir::ModuleOp> module,
-                       std::string_view what) {
-  DiagnosticCollector diags(ctx.get());
+Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in,
+                       mlir::OwningOpRef<mlir::ModuleOp> module_in, std::string_view what) {
+  // Own both at once, module destroyed before its context whatever the way out (the
+  // order in which the caller destroys these parameters is unspecified).
+  auto impl = std::make_shared<Program::Impl>();
+  impl->context = std::move(ctx_in);
+  impl->module = std::move(module_in);
+  mlir::MLIRContext* ctx = impl->context.get();
+  mlir::OwningOpRef<mlir::ModuleOp>& module = impl->module;
+  DiagnosticCollector diags(ctx);
   auto fail = [&](std::string_view stage) {
     throw Error(fmt::format("{} {}:\n{}", what, stage, diags.message()));
   };
@@ -144,16 +151,13 @@ Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx, mlir::OwningOpRef
     throw Error(fmt::format("{} defines {} fa.score_mod and {} fa.mask_mod ops; expected at most one of each",
                             what, scores, masks));
   add_missing_mods(*module);
-  mlir::PassManager pm(ctx.get());
+  mlir::PassManager pm(ctx);
   pm.addPass(mlir::createCanonicalizerPass());
   pm.addPass(mlir::createCSEPass());
   if (mlir::failed(pm.run(*module))) fail("failed to simplify");
 
-  auto impl = std::make_shared<Program::Impl>();
   impl->score = *module->getOps<mlir::fa::ScoreModOp>().begin();
   impl->mask = *module->getOps<mlir::fa::MaskModOp>().begin();
-  impl->module = std::move(module);
-  impl->context = std::move(ctx);
   collect_captures(*impl);
   return Program(std::move(impl));
 }
