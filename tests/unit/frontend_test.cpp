@@ -207,7 +207,7 @@ TEST(FrontendErrors, UserExceptionLeavesNoTraceBehind) {
                            throw std::runtime_error("user failure");
                          })),
                std::runtime_error);
-  EXPECT_EQ(error_of([] { Index i(3); }).substr(0, 43), "fa::Index constant used outside of a trace");
+  EXPECT_EQ(error_of([] { Index i(3); }).substr(0, 42), "fa::Index constant used outside of a trace");
 }
 
 // ---- presets ---------------------------------------------------------------------------
