@@ -13,7 +13,8 @@
 // ---- Element type -----------------------------------------------------------------------
 //   fa::f16_t (IEEE half) or fa::bf16_t; Q, K, V and O share it. LSE is fp32.
 //
-// ---- Config (fa::FwdConfig<Element, DQK, DV, BLOCK_M, BLOCK_N, WARPS, STAGES, MIN_BLOCKS>)
+// ---- Config (fa::FwdConfig<Element, DQK, DV, BLOCK_M, BLOCK_N, WARPS, STAGES, MIN_BLOCKS,
+//                            Q_IN_REGS>)
 //   Element      storage type of Q/K/V/O (fa::f16_t or fa::bf16_t)
 //   DQK, DV      head dims of Q·Kᵀ and of V/O: 64 or 128, independently
 //   BLOCK_M      query rows per CTA; each warp owns BLOCK_M / WARPS rows (16 or 32)
@@ -21,6 +22,9 @@
 //   WARPS        warps per CTA (4 or 8)
 //   STAGES       K/V shared-memory stages of the cp.async pipeline (2..4)
 //   MIN_BLOCKS   __launch_bounds__ min blocks per SM (1 = no register cap)
+//   Q_IN_REGS    keep Q fragments in registers for the whole KV walk (default: when a warp
+//                owns 16 rows); false re-reads them from the shared Q tile at each k-step,
+//                which frees registers for 32-row warps (better K/V fragment reuse)
 // The sparse block sizes of FaBlockTables must be multiples of BLOCK_M (q_block) and BLOCK_N
 // (kv_block); the kernel walks kv_block / BLOCK_N sub-tiles of each sparse block.
 //
@@ -53,7 +57,8 @@
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kBlockN_,
-          int kWarps_, int kStages_, int kMinBlocksPerSM_ = 1>
+          int kWarps_, int kStages_, int kMinBlocksPerSM_ = 1,
+          bool kQInRegisters_ = (kBlockM_ / kWarps_ == 16)>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -63,6 +68,7 @@ struct FwdConfig {
   static constexpr int kWarps = kWarps_;
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocksPerSM = kMinBlocksPerSM_;
+  static constexpr bool kQInRegisters = kQInRegisters_;
 
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
@@ -204,17 +210,26 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   cp_async_wait<kStages - 1>();
   __syncthreads();
 
-  // Q fragments stay in registers for the whole walk (each warp reads only its own rows).
+  // Q fragments: ldmatrix geometry of this lane (row (lane%8) + 8*bit3, chunk bit = lane/16),
+  // four swizzled chunk offsets as for K/V below. With Q_IN_REGS they are loaded once and stay
+  // in registers for the whole walk; otherwise re-read per k-step (each warp reads only its
+  // own rows, so no barrier is involved either way).
   const int warp_row0 = warp * kRW;
-  u32 qf[kMT][kKQ][4];
-  {
-    const int r = (lane & 7) + ((lane >> 3) & 1) * 8;
-    const int x = (lane >> 4) ^ (lane & 7);
+  u32 q_off[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    q_off[c] = sQ + (warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * (kCQ * 16) +
+               (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
+  auto load_q = [&](u32 (&a)[4], int mi, int kk) {
+    ldmatrix_x4(a, q_off[kk % 4] + (kk / 4) * 128 + mi * 16 * (kCQ * 16));
+  };
+  constexpr bool kQRegs = Cfg::kQInRegisters;
+  u32 qf[kQRegs ? kMT : 1][kQRegs ? kKQ : 1][4];
+  if constexpr (kQRegs) {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk)
-        ldmatrix_x4(qf[mi][kk], sQ + (warp_row0 + mi * 16 + r) * (kCQ * 16) + (((kk * 2) ^ x) << 4));
+      for (int kk = 0; kk < kKQ; ++kk) load_q(qf[mi][kk], mi, kk);
   }
 
   // Each thread's accumulator rows: row(mi, hh) = q0 + warp_row0 + mi*16 + g + 8*hh, clamped
@@ -274,17 +289,28 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mi][j][i] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < kKQ; ++kk)
+    for (int kk = 0; kk < kKQ; ++kk) {
+      u32 qa[kMT][4];
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[mi][i] = qf[mi][kQRegs ? kk : 0][i];
+        } else {
+          load_q(qa[mi], mi, kk);
+        }
+      }
 #pragma unroll
       for (int jp = 0; jp < kNT / 2; ++jp) {
         u32 kf[4];
         ldmatrix_x4(kf, sKs + k_off[kk % 4] + (kk / 4) * 128 + jp * 16 * (kCQ * 16));
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
-          mma_16816<E>(s[mi][2 * jp], qf[mi][kk], kf[0], kf[1]);
-          mma_16816<E>(s[mi][2 * jp + 1], qf[mi][kk], kf[2], kf[3]);
+          mma_16816<E>(s[mi][2 * jp], qa[mi], kf[0], kf[1]);
+          mma_16816<E>(s[mi][2 * jp + 1], qa[mi], kf[2], kf[3]);
         }
       }
+    }
 
     // ---- score_mod on every element; mask_mod on partial tiles; bounds on tail tiles
     if ((Mods::kHasMaskMod && !is_full) || start + kBN > len_kv)

@@ -552,6 +552,9 @@ int main(int argc, char** argv) {
         {M::Causal, BF, 2, 4, 4, 1000, 1000, 64, 64, true, false, true, "128,64,4,2"},
         {M::Causal, F16, 1, 4, 1, 333, 4097, 128, 128, true, true, true, "64,64,4,3"},
         {M::Sliding, BF, 1, 8, 2, 1000, 1700, 128, 128, true},
+        {M::Causal, BF, 1, 4, 2, 1000, 1000, 128, 128, true, true, true, "128,64,4,2"},
+        {M::AlibiCausal, F16, 1, 4, 4, 1000, 1000, 128, 64, false, false, true, "256,64,8,2", 256, 128},
+        {M::RowsMasked, BF, 1, 2, 2, 1000, 1000, 64, 128, true, false, true, "128,64,8,2,1,false"},
         {M::Sliding, F16, 1, 4, 4, 2000, 2000, 128, 64, true, false, true, "128,128,8,2"},
         {M::RowsMasked, F16, 2, 4, 1, 1000, 777, 128, 128, true, true},
         {M::RowsMasked, BF, 1, 4, 4, 600, 600, 64, 64, false},
@@ -566,8 +569,10 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) fails += !run_case(env, c, rng).ok;
   if (!cases.empty()) std::printf("correctness: %zu cases, %d failed\n", cases.size(), fails);
   if (do_bench) {
-    const char* cfgs64[] = {"", "128,128,8,2", "128,64,4,2", "128,64,8,3", "128,64,8,2,2", "64,64,4,2", "128,128,8,3"};
-    const char* cfgs128[] = {"", "128,64,8,3", "128,128,8,2", "128,32,8,2", "128,64,4,2", "64,64,4,2", "128,64,8,4"};
+    const char* cfgs64[] = {"", "128,64,4,2", "128,64,4,2,1,true", "128,128,4,2", "256,64,8,2", "128,64,4,3",
+                            "128,32,4,2", "128,64,8,2,1,false"};
+    const char* cfgs128[] = {"", "128,64,4,2", "128,32,4,2", "256,64,8,2", "128,64,4,3", "128,128,8,2",
+                             "128,64,8,2,1,false", "256,32,8,2"};
     for (bool causal : {false, true}) {
       for (const char* cfg : cfgs64) bench(env, 64, causal, cfg, rng);
       for (const char* cfg : cfgs128) bench(env, 128, causal, cfg, rng);
