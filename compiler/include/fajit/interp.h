@@ -1,0 +1,199 @@
+// fa::ModProgram: a score_mod / mask_mod compiled once into a flat, MLIR-free program that the
+// host evaluates exactly as the generated CUDA does. It is the oracle of every test that checks
+// a kernel's mods, and what fa::reference_attention calls for every (b, h, q, kv).
+//
+//   fa::ModProgram alibi = fa::ModProgram::compile(scoreModOp);   // a verified fa.score_mod
+//   fa::Bindings env;
+//   env.buffer("slopes", fa::HostBuffer::f32(slopes.data(), {16}));
+//   float s = alibi.eval_score(0.5f, /*b=*/0, /*h=*/3, /*q=*/7, /*kv=*/2, env);
+//
+//   fa::BoundMod fast = alibi.bind(env);         // checks the bindings once, for hot loops
+//   for (...) acc += fast.score(s, b, h, q, kv);
+//
+// Semantics (what codegen must reproduce; pinned by tests/unit/interp_test.cpp):
+//  - i32 (and i1) integer ops wrap around in two's complement; nsw/nuw flags are ignored.
+//    i1 values are 0/1; signed i1 ops read true as -1, as arith does.
+//  - divsi/divui/remsi/remui/ceildivsi/floordivsi by zero, and the signed overflow
+//    INT_MIN / -1 (also INT_MIN % -1), are undefined behaviour on the GPU: evaluating one
+//    throws fa::Error ("division by zero in arith.divsi", "signed division overflow
+//    (-2147483648 / -1) in arith.divsi"). divsi/remsi truncate toward zero (C semantics);
+//    floordivsi rounds toward -inf, ceildivsi toward +inf.
+//  - shli/shrsi/shrui by an amount >= the bit width (amount read unsigned) is poison in arith:
+//    throws fa::Error ("shift amount 32 is out of range for i32 in arith.shli").
+//  - f32 arithmetic is done in float, one rounding per op (no fused multiply-add), as
+//    __fadd_rn / __fmul_rn / IEEE division do. remf is fmodf.
+//  - maximumf/minimumf propagate NaN; maxnumf/minnumf return the non-NaN operand. All four
+//    order -0 below +0.
+//  - cmpf: all 16 predicates, o* false and u* true when an operand is NaN.
+//  - fptosi/fptoui truncate toward zero and saturate to the result type's range; NaN gives 0
+//    (CUDA's cvt.rzi.{s32,u32}.f32, i.e. __float2int_rz / __float2uint_rz). sitofp/uitofp
+//    round to nearest even (__int2float_rn / __uint2float_rn).
+//  - math ops call the host's float libm (expf, exp2f, logf, log2f, tanhf, sqrtf, 1/sqrtf,
+//    fabsf, sinf, cosf, powf, floorf, ceilf, erff): exact for sqrt/abs/floor/ceil, within a
+//    few ulp of CUDA's for the transcendental ones. math.absi of INT_MIN is INT_MIN.
+//  - fa.load checks every index against its dimension and throws fa::Error when it is out
+//    of bounds ("capture 'slopes' index 16 is out of bounds for dimension 0 of size 16").
+// Evaluation allocates nothing and never touches MLIR; a ModProgram and a BoundMod may be
+// used from many threads at once. A ModProgram is immutable and cheap to copy.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fajit/export.h"
+
+namespace mlir {
+class Operation;
+}
+
+namespace fa {
+
+// The value types of a mod body: i1, i32, f32 (buffers and scalars are i32 or f32).
+enum class ScalarType : uint8_t { kI1, kI32, kF32 };
+FA_API const char* scalar_type_name(ScalarType t);  // "i1", "i32", "f32"
+
+enum class ModKind : uint8_t { kScore, kMask };
+
+// A host buffer bound to a capture: element type, sizes and element strides (empty strides =
+// contiguous row-major). Not owned.
+struct FA_API HostBuffer {
+  ScalarType dtype = ScalarType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements; empty = contiguous
+  const void* data = nullptr;
+
+  static HostBuffer f32(const float* data, std::vector<int64_t> shape,
+                        std::vector<int64_t> strides = {});
+  static HostBuffer i32(const int32_t* data, std::vector<int64_t> shape,
+                        std::vector<int64_t> strides = {});
+};
+
+// A named runtime scalar's value.
+struct ScalarValue {
+  ScalarType type = ScalarType::kF32;
+  union {
+    float f;
+    int32_t i;
+  };
+  ScalarValue() : f(0) {}
+};
+
+// What a mod's captures and runtime scalars are bound to, by name. Names are shared by the
+// score_mod and mask_mod of one module, so one Bindings serves both.
+class FA_API Bindings {
+ public:
+  Bindings& buffer(std::string name, HostBuffer buf);
+  Bindings& scalar_f32(std::string name, float value);
+  Bindings& scalar_i32(std::string name, int32_t value);
+
+  const HostBuffer* find_buffer(std::string_view name) const;  // nullptr when unbound
+  const ScalarValue* find_scalar(std::string_view name) const;
+
+ private:
+  std::map<std::string, HostBuffer, std::less<>> buffers_;
+  std::map<std::string, ScalarValue, std::less<>> scalars_;
+};
+
+struct CaptureInfo {
+  std::string name;
+  ScalarType dtype;
+  int rank;
+};
+
+struct ScalarInfo {
+  std::string name;
+  ScalarType type;
+};
+
+namespace detail {
+
+union Reg {
+  int32_t i;
+  uint32_t u;
+  float f;
+};
+
+struct Inst {
+  uint8_t op;      // detail::Op
+  uint8_t width;   // integer bit width (1 or 32) of the op / its source / its result
+  uint16_t aux;    // cmp predicate, or capture slot of a load
+  uint32_t dst;    // register written
+  uint32_t src[4];  // registers read (load: its indices)
+};
+
+struct BoundBuffer {
+  const char* data;
+  int64_t shape[4];
+  int64_t stride[4];  // in bytes
+};
+
+// What ModProgram::compile produces.
+struct ModFields {
+  ModKind kind = ModKind::kScore;
+  std::string name;
+  std::vector<CaptureInfo> captures;
+  std::vector<ScalarInfo> scalars;
+  std::vector<uint32_t> scalar_regs;  // register of scalars[i]
+  std::vector<Reg> init;              // initial register file: args, constants, scalars
+  std::vector<Inst> code;
+  uint32_t result = 0;  // register yielded
+};
+
+}  // namespace detail
+
+class BoundMod;
+
+class FA_API ModProgram {
+ public:
+  // Compiles a verified fa.score_mod / fa.mask_mod. Throws fa::Error naming the op when the
+  // body holds something the interpreter does not implement.
+  static ModProgram compile(mlir::Operation* mod);
+
+  ModKind kind() const { return f_->kind; }
+  const std::string& name() const { return f_->name; }  // symbol name, without '@'
+  const std::vector<CaptureInfo>& captures() const { return f_->captures; }
+  const std::vector<ScalarInfo>& scalars() const { return f_->scalars; }  // unique, in first-use order
+  size_t num_instructions() const { return f_->code.size(); }
+  size_t num_registers() const { return f_->init.size(); }
+
+  // Checks `env` against the captures and scalars and resolves them (throws fa::Error:
+  // "missing capture 'slopes' (a f32 buffer of rank 1)", "capture 'slopes' must be a f32
+  // buffer, got i32", "capture 'slopes' must have rank 1, got 2", "missing scalar 'cap'
+  // (f32)", "scalar 'cap' must be f32, got i32"). The result refers to this program and to
+  // the buffers' data, which must outlive it (the program is shared, so it may not).
+  BoundMod bind(const Bindings& env) const;
+
+  // One-off evaluation (binds `env` on every call: use bind() in loops). eval_score needs a
+  // score_mod, eval_mask a mask_mod (fa::Error otherwise).
+  float eval_score(float score, int b, int h, int q, int kv, const Bindings& env) const;
+  bool eval_mask(int b, int h, int q, int kv, const Bindings& env) const;
+
+ private:
+  friend class BoundMod;
+  explicit ModProgram(std::shared_ptr<const detail::ModFields> f) : f_(std::move(f)) {}
+  std::shared_ptr<const detail::ModFields> f_;  // immutable once compiled; copies share it
+};
+
+// A ModProgram with its bindings checked and resolved: evaluation is a straight run over the
+// instructions.
+class FA_API BoundMod {
+ public:
+  float score(float score, int b, int h, int q, int kv) const;  // a score_mod's result
+  bool mask(int b, int h, int q, int kv) const;                  // a mask_mod's result
+  const ModProgram& program() const { return prog_; }
+
+ private:
+  friend class ModProgram;
+  explicit BoundMod(ModProgram prog) : prog_(std::move(prog)) {}
+  detail::Reg run(const int32_t* args, float score) const;
+
+  ModProgram prog_;
+  std::vector<detail::BoundBuffer> buffers_;
+  std::vector<detail::Reg> scalar_values_;
+};
+
+}  // namespace fa

@@ -1,0 +1,64 @@
+// fa::reference_attention: flex_attention's forward, computed on the CPU in double. The oracle
+// every kernel test compares against.
+//
+//   fa::ReferenceShape shape{/*batch=*/2, /*heads_q=*/4, /*heads_kv=*/2, /*len_q=*/5,
+//                            /*len_kv=*/7, /*dim_qk=*/8, /*dim_v=*/4};
+//   fa::ReferenceOptions opt;
+//   opt.mask_mod = &causal;               // a fa::ModProgram of an fa.mask_mod
+//   opt.bindings = &env;                  // captures and scalars of both mods
+//   fa::ReferenceResult r = fa::reference_attention(shape, q, k, v, opt);
+//   // r.out [B, Hq, Lq, Dv], r.lse [B, Hq, Lq]
+//
+// Semantics: s = (q . k) * scale in double; the score_mod sees s rounded to float and its
+// (float) result is widened back to double; masked pairs get -inf (the score_mod is evaluated
+// only for pairs the mask keeps); out = softmax(s) . v and lse = log(sum(exp(s))) (natural
+// log) in double. A row with no finite score (fully masked) gives out 0 and lse -inf, never
+// NaN. GQA: query head h reads kv head h / (heads_q / heads_kv).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "fajit/export.h"
+#include "fajit/interp.h"
+
+namespace fa {
+
+struct ReferenceShape {
+  int batch = 0, heads_q = 0, heads_kv = 0, len_q = 0, len_kv = 0, dim_qk = 0, dim_v = 0;
+};
+
+struct ReferenceOptions {
+  std::optional<double> scale;              // default 1 / sqrt(dim_qk)
+  const ModProgram* score_mod = nullptr;    // null: identity
+  const ModProgram* mask_mod = nullptr;     // null: keep everything
+  const Bindings* bindings = nullptr;       // for both mods; null = no bindings
+  // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
+  // unset = contiguous.
+  std::optional<std::array<int64_t, 4>> q_strides, k_strides, v_strides;
+};
+
+struct ReferenceResult {
+  std::vector<double> out;  // [B, Hq, Lq, Dv]
+  std::vector<double> lse;  // [B, Hq, Lq]
+};
+
+// q, k, v hold values already rounded to the run's dtype. Throws fa::Error for bad shapes
+// ("heads_q (6) is not a multiple of heads_kv (4)"), mods of the wrong kind, bad bindings,
+// and anything a mod throws while evaluated (out-of-bounds loads, division by zero).
+FA_API ReferenceResult reference_attention(const ReferenceShape& shape, const float* q,
+                                           const float* k, const float* v,
+                                           const ReferenceOptions& options = {});
+
+// Classifies every q_block x kv_block tile of every (b, h) by evaluating `mask` on each
+// in-range element: 0 empty (false everywhere), 1 partial, 2 full (true everywhere); elements
+// past len_q / len_kv are ignored. Result [batch, heads, ceil(len_q / q_block),
+// ceil(len_kv / kv_block)], the layout fa::BlockMask::from_kinds takes.
+FA_API std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask,
+                                                      const Bindings& bindings, int batch,
+                                                      int heads, int len_q, int len_kv,
+                                                      int q_block, int kv_block);
+
+}  // namespace fa
