@@ -1,0 +1,144 @@
+// fa::compile and fa::Kernel: one attention variant, compiled (or fetched from the cache) and
+// ready to launch.
+//
+//   auto k = fa::compile(fa::mods::alibi(), fa::mods::causal(), fa::Options{});
+//   fa::Captures cap;
+//   cap.scalar("num_heads", 16);
+//   fa::BlockMask mask = k.block_mask(B, H, L, L, cap);
+//   k.forward(q, k_, v, o, mask, cap);                // TensorViews of device memory
+//
+// Lambdas work too: fa::compile([](fa::Score s, fa::Index b, fa::Index h, fa::Index q,
+// fa::Index kv) { return s; }, [](auto b, auto h, auto q, auto kv) { return q >= kv; }).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fajit/codegen.h"
+#include "fajit/frontend.h"
+#include "fajit/kernel_spec.h"
+#include "fajit/runtime/block_mask.h"
+#include "fajit/runtime/tensor.h"
+
+namespace fa {
+
+struct Options {
+  DType dtype = DType::bf16;
+  int head_dim_qk = 128;
+  int head_dim_v = 128;
+  TileConfig tile;        // default: per head dims
+  std::string arch;       // "" = the current GPU's; sm_90a when there is no GPU
+  bool line_info = false;  // NVRTC -lineinfo (for profilers)
+};
+
+// Where a kernel's binary came from.
+enum class CacheOrigin { kMemory, kDisk, kCompiled };
+FA_API const char* to_string(CacheOrigin o);
+
+// The run-time values of a kernel's captured buffers (device tensors) and scalars, by name.
+class FA_API Captures {
+ public:
+  Captures& buffer(const std::string& name, const TensorView& t);
+  Captures& scalar(const std::string& name, float value);
+  Captures& scalar(const std::string& name, int32_t value);
+  Captures& scalar(const std::string& name, double value) { return scalar(name, static_cast<float>(value)); }
+
+  struct Scalar {
+    bool is_float;
+    float f;
+    int32_t i;
+  };
+  const std::map<std::string, TensorView>& buffers() const { return buffers_; }
+  const std::map<std::string, Scalar>& scalars() const { return scalars_; }
+
+ private:
+  std::map<std::string, TensorView> buffers_;
+  std::map<std::string, Scalar> scalars_;
+};
+
+struct ForwardOptions {
+  float scale = 0.0f;               // 0 = 1 / sqrt(head_dim_qk)
+  const TensorView* lse = nullptr;  // optional fp32 [B, Hq, Lq] log-sum-exp output
+};
+
+struct BlockMaskOptions {
+  int q_block = BlockMask::kDefaultBlock;
+  int kv_block = BlockMask::kDefaultBlock;
+};
+
+class FA_API Kernel {
+ public:
+  struct Impl;
+  explicit Kernel(std::shared_ptr<Impl> impl);
+
+  const KernelSpec& spec() const;
+  const Program& program() const;
+  const std::string& cuda_source() const;
+  const std::string& cubin() const;
+  std::string ptx() const;  // compiled on first request (not cached on disk)
+  const std::string& cache_key() const;
+  CacheOrigin origin() const;
+  const std::vector<CaptureSlot>& capture_slots() const;
+
+  // The block-sparse tables of this kernel's mask_mod for [B, H, Lq, Lkv], built on the GPU
+  // by a kernel generated from the same mask_mod (B or H become 1 when the mask ignores them).
+  BlockMask block_mask(int batch, int heads, int64_t len_q, int64_t len_kv,
+                       const Captures& captures = {}, const BlockMaskOptions& options = {},
+                       Stream stream = nullptr) const;
+
+  // O = attention(Q, K, V) with this kernel's mods. Shapes, dtypes, strides, the mask and the
+  // captures are validated before launch; errors name the offending argument.
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const BlockMask& mask, const Captures& captures = {},
+               const ForwardOptions& options = {}, Stream stream = nullptr) const;
+
+  // The FaCaptures block for `captures`, checked against what the mods capture (exposed for
+  // tests and embedders).
+  std::vector<unsigned char> pack_captures(const Captures& captures) const;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+FA_API Kernel compile(const Program& program, const Options& options = {});
+FA_API Kernel compile(const ScoreMod& score, const MaskMod& mask, const Options& options = {});
+
+namespace detail {
+inline ScoreMod as_score_mod(const ScoreMod& s) { return s; }
+template <typename F>
+ScoreMod as_score_mod(F&& f) {
+  return ScoreMod{"score_mod", ScoreModFn(std::forward<F>(f))};
+}
+inline MaskMod as_mask_mod(const MaskMod& m) { return m; }
+template <typename F>
+MaskMod as_mask_mod(F&& f) {
+  return MaskMod{"mask_mod", MaskModFn(std::forward<F>(f))};
+}
+
+template <typename S>
+constexpr bool is_score_mod_like_v = std::is_same_v<std::decay_t<S>, ScoreMod> ||
+                                     std::is_invocable_r_v<Score, S, Score, Index, Index, Index, Index>;
+template <typename M>
+constexpr bool is_mask_mod_like_v = std::is_same_v<std::decay_t<M>, MaskMod> ||
+                                    std::is_invocable_r_v<Bool, M, Index, Index, Index, Index>;
+}  // namespace detail
+
+template <typename S, typename M,
+          typename = std::enable_if_t<detail::is_score_mod_like_v<S> && detail::is_mask_mod_like_v<M> &&
+                                      !(std::is_same_v<std::decay_t<S>, ScoreMod> &&
+                                        std::is_same_v<std::decay_t<M>, MaskMod>)>>
+Kernel compile(S&& score, M&& mask, const Options& options = {}) {
+  return compile(detail::as_score_mod(std::forward<S>(score)),
+                 detail::as_mask_mod(std::forward<M>(mask)), options);
+}
+
+// fa::create_block_mask(mask, B, H, Lq, Lkv): the block mask alone (compiles only the builder).
+FA_API BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q,
+                                   int64_t len_kv, const Captures& captures = {},
+                                   const BlockMaskOptions& options = {}, const Options& compile_options = {},
+                                   Stream stream = nullptr);
+
+}  // namespace fa

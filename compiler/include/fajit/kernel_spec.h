@@ -1,0 +1,48 @@
+// fa::KernelSpec: a plain value naming everything that selects a kernel besides the mods.
+// Its canonical text plus the generated source form the cache key.
+#pragma once
+
+#include <string>
+
+#include "fajit/export.h"
+#include "fajit/runtime/tensor.h"  // fa::DType (plain enum, no CUDA headers)
+
+namespace fa {
+
+enum class KernelKind : uint8_t {
+  kForward,    // attention forward (templates/fajit/forward.cuh)
+  kBlockMask,  // block classification from the mask_mod (templates/fajit/block_mask.cuh)
+};
+
+// The forward kernel's tile: BLOCK_M query rows per CTA, BLOCK_N key rows per pipeline
+// stage, warps per CTA, cp.async stages. All zero = the default for the head dims.
+struct TileConfig {
+  int block_m = 0, block_n = 0, warps = 0, stages = 0;
+  bool is_default() const { return block_m == 0 && block_n == 0 && warps == 0 && stages == 0; }
+  bool operator==(const TileConfig& o) const {
+    return block_m == o.block_m && block_n == o.block_n && warps == o.warps && stages == o.stages;
+  }
+};
+
+struct FA_API KernelSpec {
+  KernelKind kind = KernelKind::kForward;
+  DType dtype = DType::bf16;  // Q/K/V/O element type: f16 or bf16
+  int head_dim_qk = 128;      // 64 or 128
+  int head_dim_v = 128;       // 64 or 128
+  TileConfig tile;            // resolved by resolved(); default picks per head dims
+  std::string arch = "sm_90a";
+
+  // The same spec with the tile filled in and every field checked; throws fa::Error naming
+  // the bad field ("head_dim_qk must be 64 or 128, got 96").
+  KernelSpec resolved() const;
+  // Canonical one-line text: "forward bf16 qk128 v128 tile128x64w8s2 sm_90a".
+  std::string to_string() const;
+  bool operator==(const KernelSpec& o) const {
+    return kind == o.kind && dtype == o.dtype && head_dim_qk == o.head_dim_qk &&
+           head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch;
+  }
+};
+
+FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v);
+
+}  // namespace fa

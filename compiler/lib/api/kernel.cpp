@@ -1,0 +1,272 @@
+// fa::compile / fa::Kernel: trace -> codegen -> cache/NVRTC -> launch.
+#include "fajit/kernel.h"
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "fajit/Dialect/FA/Passes.h"
+#include "fajit/detail/program_impl.h"
+#include "fajit/jit/arch.h"
+#include "fajit/jit/compile.h"
+#include "fajit/params.h"
+#include "fajit/runtime/block_mask_builder.h"
+#include "fajit/runtime/device.h"
+#include "fajit/runtime/driver.h"
+#include "fajit/runtime/fwd_params.h"
+
+namespace fa {
+
+const char* to_string(CacheOrigin o) {
+  switch (o) {
+    case CacheOrigin::kMemory: return "memory";
+    case CacheOrigin::kDisk: return "disk";
+    case CacheOrigin::kCompiled: return "compiled";
+  }
+  return "?";
+}
+
+Captures& Captures::buffer(const std::string& name, const TensorView& t) {
+  buffers_[name] = t;
+  return *this;
+}
+Captures& Captures::scalar(const std::string& name, float value) {
+  scalars_[name] = Scalar{true, value, 0};
+  return *this;
+}
+Captures& Captures::scalar(const std::string& name, int32_t value) {
+  scalars_[name] = Scalar{false, 0.0f, value};
+  return *this;
+}
+
+namespace {
+
+CacheOrigin origin_of(jit::Origin o) {
+  switch (o) {
+    case jit::Origin::kMemory: return CacheOrigin::kMemory;
+    case jit::Origin::kDisk: return CacheOrigin::kDisk;
+    case jit::Origin::kCompiled: return CacheOrigin::kCompiled;
+  }
+  return CacheOrigin::kCompiled;
+}
+
+std::string resolve_arch(const std::string& requested) {
+  if (!requested.empty()) return jit::validate_arch(requested);
+  if (rt::cuda_available()) {
+    rt::ContextGuard guard;
+    const rt::DeviceInfo& d = rt::current_device_info();
+    return jit::arch_for_device(d.cc_major, d.cc_minor);
+  }
+  return "sm_90a";
+}
+
+struct Compiled {
+  GeneratedKernel gen;
+  std::string key;
+  std::shared_ptr<const jit::Entry> entry;
+  CacheOrigin origin = CacheOrigin::kCompiled;
+  jit::CompileOptions options;
+};
+
+Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view what) {
+  Compiled c;
+  jit::KernelRequest req;
+  req.source = gen.source;
+  req.name = gen.kernel_name + ".cu";
+  req.spec = gen.spec.to_string();
+  req.meta = fmt::format("{} {}", gen.spec.to_string(), what);
+  req.options.arch = gen.spec.arch;
+  req.options.line_info = line_info;
+  jit::Lookup l = jit::compile_cached(req);
+  c.key = l.entry->key;
+  c.entry = l.entry;
+  c.origin = origin_of(l.origin);
+  c.options = req.options;
+  c.gen = std::move(gen);
+  return c;
+}
+
+}  // namespace
+
+struct Kernel::Impl {
+  explicit Impl(Program p) : program(std::move(p)) {}
+  Program program;
+  Options options;
+  Compiled fwd;
+  bool mask_reads_b = true, mask_reads_h = true;
+  std::mutex builder_mutex;
+  std::unique_ptr<Compiled> builder;  // the block-mask classifier, compiled on first use
+
+  const Compiled& block_mask_kernel() {
+    std::lock_guard<std::mutex> lock(builder_mutex);
+    if (!builder) {
+      KernelSpec s;
+      s.kind = KernelKind::kBlockMask;
+      s.dtype = fwd.gen.spec.dtype;
+      s.head_dim_qk = fwd.gen.spec.head_dim_qk;
+      s.head_dim_v = fwd.gen.spec.head_dim_v;
+      s.arch = fwd.gen.spec.arch;
+      builder = std::make_unique<Compiled>(
+          compile_generated(generate(program, s), false, "mask_mod @" + program.mask_mod_name()));
+    }
+    return *builder;
+  }
+};
+
+Kernel::Kernel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+const KernelSpec& Kernel::spec() const { return impl_->fwd.gen.spec; }
+const Program& Kernel::program() const { return impl_->program; }
+const std::string& Kernel::cuda_source() const { return impl_->fwd.gen.source; }
+const std::string& Kernel::cubin() const { return impl_->fwd.entry->cubin; }
+const std::string& Kernel::cache_key() const { return impl_->fwd.key; }
+CacheOrigin Kernel::origin() const { return impl_->fwd.origin; }
+const std::vector<CaptureSlot>& Kernel::capture_slots() const { return impl_->fwd.gen.slots; }
+
+std::string Kernel::ptx() const {
+  jit::CompileOptions o = impl_->fwd.options;
+  o.want_ptx = true;
+  return jit::Nvrtc::get().compile(impl_->fwd.gen.source, impl_->fwd.gen.kernel_name + ".cu", o).ptx;
+}
+
+std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const {
+  FaCaptures cap;
+  std::memset(&cap, 0, sizeof cap);
+  const auto& slots = capture_slots();
+  auto known = [&]() {
+    std::string names;
+    for (const CaptureSlot& s : slots) names += (names.empty() ? "" : ", ") + s.name;
+    return names.empty() ? std::string("the mods capture nothing") : "the mods capture: " + names;
+  };
+  for (const auto& [name, _] : captures.buffers())
+    if (std::none_of(slots.begin(), slots.end(), [&](const CaptureSlot& s) { return s.is_buffer && s.name == name; }))
+      throw Error(fmt::format("unknown buffer capture '{}'; {}", name, known()));
+  for (const auto& [name, _] : captures.scalars())
+    if (std::none_of(slots.begin(), slots.end(), [&](const CaptureSlot& s) { return !s.is_buffer && s.name == name; }))
+      throw Error(fmt::format("unknown scalar '{}'; {}", name, known()));
+  for (const CaptureSlot& s : slots) {
+    const char* type = s.is_float ? "f32" : "i32";
+    if (s.is_buffer) {
+      auto it = captures.buffers().find(s.name);
+      if (it == captures.buffers().end())
+        throw Error(fmt::format("missing capture '{}' (a {} buffer of rank {})", s.name, type, s.rank));
+      const TensorView& t = it->second;
+      DType want = s.is_float ? DType::f32 : DType::i32;
+      if (t.dtype != want)
+        throw Error(fmt::format("capture '{}' must be a {} buffer, got {}", s.name, type, dtype_name(t.dtype)));
+      if (t.rank != s.rank)
+        throw Error(fmt::format("capture '{}' must have rank {}, got {}", s.name, s.rank, t.rank));
+      if (t.data == nullptr) throw Error(fmt::format("capture '{}' has a null data pointer", s.name));
+      cap.buffers[s.slot].ptr = t.data;
+      for (int d = 0; d < t.rank; ++d) cap.buffers[s.slot].stride[d] = t.stride[d];
+    } else {
+      auto it = captures.scalars().find(s.name);
+      if (it == captures.scalars().end())
+        throw Error(fmt::format("missing scalar '{}' ({})", s.name, type));
+      const Captures::Scalar& v = it->second;
+      if (s.is_float)
+        cap.scalars[s.slot].f = v.is_float ? v.f : static_cast<float>(v.i);  // ints widen exactly enough
+      else if (v.is_float)
+        throw Error(fmt::format("scalar '{}' must be i32, got f32", s.name));
+      else
+        cap.scalars[s.slot].i = v.i;
+    }
+  }
+  std::vector<unsigned char> bytes(sizeof cap);
+  std::memcpy(bytes.data(), &cap, sizeof cap);
+  return bytes;
+}
+
+BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
+                             const BlockMaskOptions& options, Stream stream) const {
+  if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
+    throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
+                            len_kv));
+  const TileConfig& t = spec().tile;
+  if (options.q_block % t.block_m != 0 || options.kv_block % t.block_n != 0)
+    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the kernel tile {}x{}",
+                            options.q_block, options.kv_block, t.block_m, t.block_n));
+  int bm = impl_->mask_reads_b ? batch : 1;
+  int hm = impl_->mask_reads_h ? heads : 1;
+  if (program().mask_is_noop())
+    return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
+  std::vector<unsigned char> cap = pack_captures(captures);
+  FaCaptures fc;
+  std::memcpy(&fc, cap.data(), sizeof fc);
+  const Compiled& b = impl_->block_mask_kernel();
+  rt::ContextGuard guard;
+  CUfunction fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name);
+  rt::BlockMaskBuildOptions o;
+  o.q_block = options.q_block;
+  o.kv_block = options.kv_block;
+  o.stream = reinterpret_cast<CUstream>(stream);
+  return rt::build_block_mask(fn, fc, bm, hm, len_q, len_kv, o);
+}
+
+void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                     const BlockMask& mask, const Captures& captures, const ForwardOptions& options,
+                     Stream stream) const {
+  AttentionShape shape = validate_attention(q, k, v, o, options.lse);
+  const KernelSpec& s = spec();
+  if (shape.dtype != s.dtype)
+    throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype), dtype_name(shape.dtype)));
+  if (shape.dim_qk != s.head_dim_qk)
+    throw Error(fmt::format("q: the kernel was compiled for head_dim_qk={}, got {}", s.head_dim_qk, shape.dim_qk));
+  if (shape.dim_v != s.head_dim_v)
+    throw Error(fmt::format("v: the kernel was compiled for head_dim_v={}, got {}", s.head_dim_v, shape.dim_v));
+  if (!mask.valid()) throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
+  mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
+  if (mask.q_block() % s.tile.block_m != 0 || mask.kv_block() % s.tile.block_n != 0)
+    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the kernel tile {}x{}", mask.q_block(),
+                            mask.kv_block(), s.tile.block_m, s.tile.block_n));
+  float scale = options.scale;
+  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
+  if (!(scale > 0.0f) || !std::isfinite(scale))
+    throw Error(fmt::format("scale must be positive and finite, got {}", scale));
+  std::vector<unsigned char> cap = pack_captures(captures);
+
+  rt::ContextGuard guard;
+  CUfunction fn = rt::load_function(impl_->fwd.key, impl_->fwd.entry->cubin, impl_->fwd.gen.kernel_name);
+  FaFwdParams p = rt::make_fwd_params(q, k, v, o, options.lse, scale, mask);
+  const TileConfig& t = s.tile;
+  unsigned grid_x = static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m);
+  unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);
+  int dmax = std::max(s.head_dim_qk, s.head_dim_v);
+  unsigned smem = 2u * static_cast<unsigned>(t.block_m * dmax + t.stages * t.block_n * (s.head_dim_qk + s.head_dim_v));
+  void* args[] = {&p, cap.data()};
+  rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(t.warps * 32)), smem,
+             reinterpret_cast<CUstream>(stream), args);
+}
+
+Kernel compile(const Program& program, const Options& options) {
+  KernelSpec spec;
+  spec.kind = KernelKind::kForward;
+  spec.dtype = options.dtype;
+  spec.head_dim_qk = options.head_dim_qk;
+  spec.head_dim_v = options.head_dim_v;
+  spec.tile = options.tile;
+  spec.arch = resolve_arch(options.arch);
+  auto impl = std::make_shared<Kernel::Impl>(program);
+  impl->options = options;
+  std::string what = fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
+  impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
+  mlir::fa::ModUses uses = mlir::fa::computeUses(mlir::fa::MaskModOp(program.impl().mask).getOperation());
+  impl->mask_reads_b = uses.b;
+  impl->mask_reads_h = uses.h;
+  return Kernel(std::move(impl));
+}
+
+Kernel compile(const ScoreMod& score, const MaskMod& mask, const Options& options) {
+  return compile(trace(score, mask), options);
+}
+
+BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q, int64_t len_kv,
+                            const Captures& captures, const BlockMaskOptions& options,
+                            const Options& compile_options, Stream stream) {
+  Kernel k = compile(identity_score(), mask, compile_options);
+  return k.block_mask(batch, heads, len_q, len_kv, captures, options, stream);
+}
+
+}  // namespace fa

@@ -1,0 +1,336 @@
+// fa IR -> CUDA C++ for NVRTC. One SSA value per line, each tagged with its originating op.
+#include "fajit/codegen.h"
+
+#include <cstring>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "llvm/ADT/TypeSwitch.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include "fajit/detail/program_impl.h"
+#include "fajit/params.h"
+
+namespace fa {
+namespace {
+
+namespace arith = mlir::arith;
+namespace math = mlir::math;
+using mlir::Operation;
+using mlir::Value;
+
+const char* c_type(mlir::Type t) {
+  if (t.isF32()) return "float";
+  if (t.isSignlessInteger(1)) return "bool";
+  return "int";
+}
+
+std::string float_literal(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return fmt::format("__int_as_float(0x{:08x}) /* {} */", bits, f);
+}
+
+class ModEmitter {
+ public:
+  ModEmitter(mlir::AsmState& state, const std::vector<CaptureSlot>& slots) : state_(state), slots_(slots) {}
+
+  // Emits `static __device__ ... name(args) { ... }` for a score_mod or mask_mod op.
+  std::string emit(Operation* mod, bool is_score) {
+    mlir::Block& entry = mod->getRegion(0).front();
+    static const char* kScoreArgs[] = {"score", "b", "h", "q", "kv"};
+    static const char* kMaskArgs[] = {"b", "h", "q", "kv"};
+    unsigned fixed = is_score ? 5 : 4;
+    names_.clear();
+    for (unsigned i = 0; i < fixed; ++i) names_[entry.getArgument(i).getAsOpaquePointer()] = is_score ? kScoreArgs[i] : kMaskArgs[i];
+    auto capture_names = mod->getAttrOfType<mlir::ArrayAttr>("capture_names");
+    for (unsigned i = fixed; i < entry.getNumArguments(); ++i)
+      captures_[entry.getArgument(i).getAsOpaquePointer()] =
+          llvm::cast<mlir::StringAttr>(capture_names[i - fixed]).getValue().str();
+    std::ostringstream os;
+    os << (is_score ? "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,\n"
+                      "                                                  const FaCaptures& cap) {\n"
+                    : "  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,\n"
+                      "                                                const FaCaptures& cap) {\n");
+    os << "    (void)score_unused_guard; (void)cap;\n";
+    for (Operation& op : entry) {
+      std::string origin;
+      llvm::raw_string_ostream ros(origin);
+      op.print(ros, state_);
+      for (char& c : origin)
+        if (c == '\n') c = ' ';
+      if (auto y = llvm::dyn_cast<mlir::fa::YieldOp>(op)) {
+        os << "    return " << name(y.getValue()) << ";  // fa: " << origin << "\n";
+        continue;
+      }
+      Value r = op.getResult(0);
+      std::string n = fresh_name(r);
+      os << "    const " << c_type(r.getType()) << " " << n << " = " << expr(op) << ";  // fa: " << origin << "\n";
+    }
+    os << "  }\n";
+    std::string s = os.str();
+    // Block args that are unused would warn; keep the signature fixed and silence them.
+    std::string guard = is_score ? "(void)score; (void)b; (void)h; (void)q; (void)kv;"
+                                 : "(void)b; (void)h; (void)q; (void)kv;";
+    size_t pos = s.find("(void)score_unused_guard;");
+    s.replace(pos, std::strlen("(void)score_unused_guard;"), guard);
+    return s;
+  }
+
+ private:
+  std::string name(Value v) {
+    auto it = names_.find(v.getAsOpaquePointer());
+    if (it == names_.end()) throw Error("codegen: value used before its definition");
+    return it->second;
+  }
+
+  std::string fresh_name(Value v) {
+    std::string printed;
+    llvm::raw_string_ostream os(printed);
+    v.printAsOperand(os, state_);
+    std::string n = "v_";
+    for (char c : printed.substr(1)) n += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    names_[v.getAsOpaquePointer()] = n;
+    return n;
+  }
+
+  const CaptureSlot& slot_of(Value buffer) {
+    const std::string& cap = captures_.at(buffer.getAsOpaquePointer());
+    for (const CaptureSlot& s : slots_)
+      if (s.is_buffer && s.name == cap) return s;
+    throw Error(fmt::format("codegen: capture '{}' has no slot", cap));
+  }
+
+  int scalar_slot(const std::string& n) {
+    for (const CaptureSlot& s : slots_)
+      if (!s.is_buffer && s.name == n) return s.slot;
+    throw Error(fmt::format("codegen: scalar '{}' has no slot", n));
+  }
+
+  // An i1 operand read as a signed integer: true is -1 in arith.
+  std::string as_signed(Value v) {
+    return v.getType().isSignlessInteger(1) ? fmt::format("({} ? -1 : 0)", name(v)) : name(v);
+  }
+
+  std::string bin(Operation& op, const char* fmt_str) {
+    return fmt::format(fmt::runtime(fmt_str), name(op.getOperand(0)), name(op.getOperand(1)));
+  }
+
+  // Integer ops on i1 are done in 32 bits then truncated to the low bit.
+  std::string int_bin(Operation& op, const char* fn) {
+    if (op.getResult(0).getType().isSignlessInteger(1))
+      return fmt::format("(bool)(fa::mod::{}((int){}, (int){}) & 1)", fn, name(op.getOperand(0)),
+                         name(op.getOperand(1)));
+    return fmt::format("fa::mod::{}({}, {})", fn, name(op.getOperand(0)), name(op.getOperand(1)));
+  }
+
+  std::string expr(Operation& op) {
+    using P = arith::CmpIPredicate;
+    using F = arith::CmpFPredicate;
+    return llvm::TypeSwitch<Operation*, std::string>(&op)
+        .Case([&](arith::ConstantOp c) -> std::string {
+          mlir::Attribute a = c.getValue();
+          if (auto f = llvm::dyn_cast<mlir::FloatAttr>(a)) return float_literal(f.getValue().convertToFloat());
+          auto i = llvm::cast<mlir::IntegerAttr>(a);
+          if (i.getType().isSignlessInteger(1)) return i.getValue().isZero() ? "false" : "true";
+          int32_t v = static_cast<int32_t>(i.getValue().getSExtValue());
+          return v == INT32_MIN ? "(-2147483647 - 1)" : std::to_string(v);
+        })
+        .Case([&](arith::AddIOp) { return int_bin(op, "add"); })
+        .Case([&](arith::SubIOp) { return int_bin(op, "sub"); })
+        .Case([&](arith::MulIOp) { return int_bin(op, "mul"); })
+        .Case([&](arith::DivSIOp) { return bin(op, "({} / {})"); })
+        .Case([&](arith::RemSIOp) { return bin(op, "({} % {})"); })
+        .Case([&](arith::DivUIOp) { return bin(op, "fa::mod::divu({}, {})"); })
+        .Case([&](arith::RemUIOp) { return bin(op, "fa::mod::remu({}, {})"); })
+        .Case([&](arith::FloorDivSIOp) { return bin(op, "fa::mod::floordiv({}, {})"); })
+        .Case([&](arith::CeilDivSIOp) { return bin(op, "fa::mod::ceildiv({}, {})"); })
+        .Case([&](arith::MaxSIOp) { return bin(op, "fa::mod::smax({}, {})"); })
+        .Case([&](arith::MinSIOp) { return bin(op, "fa::mod::smin({}, {})"); })
+        .Case([&](arith::MaxUIOp) { return bin(op, "fa::mod::umax({}, {})"); })
+        .Case([&](arith::MinUIOp) { return bin(op, "fa::mod::umin({}, {})"); })
+        .Case([&](arith::AndIOp) { return bin(op, "({} & {})"); })
+        .Case([&](arith::OrIOp) { return bin(op, "({} | {})"); })
+        .Case([&](arith::XOrIOp) { return bin(op, "({} ^ {})"); })
+        .Case([&](arith::ShLIOp) { return bin(op, "fa::mod::shl({}, {})"); })
+        .Case([&](arith::ShRSIOp) { return bin(op, "fa::mod::shrs({}, {})"); })
+        .Case([&](arith::ShRUIOp) { return bin(op, "fa::mod::shru({}, {})"); })
+        .Case([&](arith::CmpIOp c) -> std::string {
+          Value a = c.getLhs(), b = c.getRhs();
+          auto s = [&](const char* o) { return fmt::format("({} {} {})", as_signed(a), o, as_signed(b)); };
+          auto u = [&](const char* o) {
+            return fmt::format("((unsigned){} {} (unsigned){})", name(a), o, name(b));
+          };
+          switch (c.getPredicate()) {
+            case P::eq: return fmt::format("({} == {})", name(a), name(b));
+            case P::ne: return fmt::format("({} != {})", name(a), name(b));
+            case P::slt: return s("<");
+            case P::sle: return s("<=");
+            case P::sgt: return s(">");
+            case P::sge: return s(">=");
+            case P::ult: return u("<");
+            case P::ule: return u("<=");
+            case P::ugt: return u(">");
+            case P::uge: return u(">=");
+          }
+          return "false";
+        })
+        .Case([&](arith::AddFOp) { return bin(op, "__fadd_rn({}, {})"); })
+        .Case([&](arith::SubFOp) { return bin(op, "__fsub_rn({}, {})"); })
+        .Case([&](arith::MulFOp) { return bin(op, "__fmul_rn({}, {})"); })
+        .Case([&](arith::DivFOp) { return bin(op, "__fdiv_rn({}, {})"); })
+        .Case([&](arith::RemFOp) { return bin(op, "fmodf({}, {})"); })
+        .Case([&](arith::NegFOp) { return fmt::format("(-{})", name(op.getOperand(0))); })
+        .Case([&](arith::MaximumFOp) { return bin(op, "fa::mod::maximumf({}, {})"); })
+        .Case([&](arith::MinimumFOp) { return bin(op, "fa::mod::minimumf({}, {})"); })
+        .Case([&](arith::MaxNumFOp) { return bin(op, "fmaxf({}, {})"); })
+        .Case([&](arith::MinNumFOp) { return bin(op, "fminf({}, {})"); })
+        .Case([&](arith::CmpFOp c) -> std::string {
+          std::string a = name(c.getLhs()), b = name(c.getRhs());
+          auto f = [&](const char* s) { return fmt::format(fmt::runtime(s), a, b); };
+          switch (c.getPredicate()) {
+            case F::AlwaysFalse: return "false";
+            case F::OEQ: return f("({0} == {1})");
+            case F::OGT: return f("({0} > {1})");
+            case F::OGE: return f("({0} >= {1})");
+            case F::OLT: return f("({0} < {1})");
+            case F::OLE: return f("({0} <= {1})");
+            case F::ONE: return f("({0} < {1} || {0} > {1})");
+            case F::ORD: return f("({0} == {0} && {1} == {1})");
+            case F::UEQ: return f("!({0} < {1} || {0} > {1})");
+            case F::UGT: return f("!({0} <= {1})");
+            case F::UGE: return f("!({0} < {1})");
+            case F::ULT: return f("!({0} >= {1})");
+            case F::ULE: return f("!({0} > {1})");
+            case F::UNE: return f("({0} != {1})");
+            case F::UNO: return f("({0} != {0} || {1} != {1})");
+            case F::AlwaysTrue: return "true";
+          }
+          return "false";
+        })
+        .Case([&](arith::SelectOp s) {
+          return fmt::format("({} ? {} : {})", name(s.getCondition()), name(s.getTrueValue()),
+                             name(s.getFalseValue()));
+        })
+        .Case([&](arith::SIToFPOp) -> std::string {
+          Value a = op.getOperand(0);
+          if (a.getType().isSignlessInteger(1)) return fmt::format("({} ? -1.0f : 0.0f)", name(a));
+          return fmt::format("__int2float_rn({})", name(a));
+        })
+        .Case([&](arith::UIToFPOp) -> std::string {
+          Value a = op.getOperand(0);
+          if (a.getType().isSignlessInteger(1)) return fmt::format("({} ? 1.0f : 0.0f)", name(a));
+          return fmt::format("__uint2float_rn((unsigned){})", name(a));
+        })
+        .Case([&](arith::FPToSIOp) -> std::string {
+          if (op.getResult(0).getType().isSignlessInteger(1))
+            throw Error("codegen: arith.fptosi to i1 is not supported");
+          return fmt::format("fa::mod::f2i({})", name(op.getOperand(0)));
+        })
+        .Case([&](arith::FPToUIOp) -> std::string {
+          if (op.getResult(0).getType().isSignlessInteger(1))
+            throw Error("codegen: arith.fptoui to i1 is not supported");
+          return fmt::format("fa::mod::f2u({})", name(op.getOperand(0)));
+        })
+        .Case([&](arith::ExtUIOp) { return fmt::format("((int){})", name(op.getOperand(0))); })
+        .Case([&](arith::ExtSIOp) { return fmt::format("({} ? -1 : 0)", name(op.getOperand(0))); })
+        .Case([&](arith::TruncIOp) { return fmt::format("(bool)({} & 1)", name(op.getOperand(0))); })
+        .Case([&](math::ExpOp) { return fmt::format("expf({})", name(op.getOperand(0))); })
+        .Case([&](math::Exp2Op) { return fmt::format("exp2f({})", name(op.getOperand(0))); })
+        .Case([&](math::LogOp) { return fmt::format("logf({})", name(op.getOperand(0))); })
+        .Case([&](math::Log2Op) { return fmt::format("log2f({})", name(op.getOperand(0))); })
+        .Case([&](math::TanhOp) { return fmt::format("tanhf({})", name(op.getOperand(0))); })
+        .Case([&](math::SqrtOp) { return fmt::format("__fsqrt_rn({})", name(op.getOperand(0))); })
+        .Case([&](math::RsqrtOp) { return fmt::format("__fdiv_rn(1.0f, __fsqrt_rn({}))", name(op.getOperand(0))); })
+        .Case([&](math::AbsFOp) { return fmt::format("fabsf({})", name(op.getOperand(0))); })
+        .Case([&](math::AbsIOp) { return fmt::format("fa::mod::iabs({})", name(op.getOperand(0))); })
+        .Case([&](math::SinOp) { return fmt::format("sinf({})", name(op.getOperand(0))); })
+        .Case([&](math::CosOp) { return fmt::format("cosf({})", name(op.getOperand(0))); })
+        .Case([&](math::PowFOp) { return bin(op, "powf({}, {})"); })
+        .Case([&](math::FloorOp) { return fmt::format("floorf({})", name(op.getOperand(0))); })
+        .Case([&](math::CeilOp) { return fmt::format("ceilf({})", name(op.getOperand(0))); })
+        .Case([&](math::ErfOp) { return fmt::format("erff({})", name(op.getOperand(0))); })
+        .Case([&](mlir::fa::ScalarOp s) {
+          return fmt::format("cap.scalars[{}].{}", scalar_slot(s.getName().str()), s.getType().isF32() ? "f" : "i");
+        })
+        .Case([&](mlir::fa::LoadOp l) {
+          const CaptureSlot& s = slot_of(l.getBuffer());
+          std::string args = fmt::format("cap.buffers[{}]", s.slot);
+          for (Value i : l.getIndices()) args += ", " + name(i);
+          return fmt::format("fa::mod::load_{}({})", s.is_float ? "f32" : "i32", args);
+        })
+        .Default([&](Operation* o) -> std::string {
+          throw Error(fmt::format("codegen: unsupported op '{}'", o->getName().getStringRef().str()));
+        });
+  }
+
+  mlir::AsmState& state_;
+  const std::vector<CaptureSlot>& slots_;
+  std::map<const void*, std::string> names_;
+  std::map<const void*, std::string> captures_;
+};
+
+const char* element_type(DType t) { return t == DType::f16 ? "fa::f16_t" : "fa::bf16_t"; }
+
+}  // namespace
+
+std::vector<CaptureSlot> capture_slots(const Program& program) {
+  std::vector<CaptureSlot> slots;
+  int buffers = 0, scalars = 0;
+  for (const Program::Capture& c : program.captures()) {
+    CaptureSlot s{c.name, c.is_buffer, c.is_float, c.rank, c.is_buffer ? buffers++ : scalars++};
+    slots.push_back(s);
+  }
+  if (buffers > FA_MAX_BUFFERS)
+    throw Error(fmt::format("the mods capture {} buffers; at most {} are supported", buffers, FA_MAX_BUFFERS));
+  if (scalars > FA_MAX_SCALARS)
+    throw Error(fmt::format("the mods use {} runtime scalars; at most {} are supported", scalars, FA_MAX_SCALARS));
+  return slots;
+}
+
+std::string emit_mods(const Program& program) {
+  const Program::Impl& impl = program.impl();
+  std::vector<CaptureSlot> slots = capture_slots(program);
+  mlir::AsmState state(impl.module.get());
+  ModEmitter emitter(state, slots);
+  std::ostringstream os;
+  os << "// score_mod @" << program.score_mod_name() << ", mask_mod @" << program.mask_mod_name() << "\n";
+  for (const CaptureSlot& s : slots)
+    os << "// capture '" << s.name << "': " << (s.is_buffer ? "buffers[" : "scalars[") << s.slot << "] ("
+       << (s.is_float ? "f32" : "i32") << (s.is_buffer ? fmt::format(", rank {})", s.rank) : ")") << "\n";
+  os << "struct FaMods {\n";
+  os << "  static constexpr bool kHasScoreMod = " << (program.score_is_identity() ? "false" : "true") << ";\n";
+  os << "  static constexpr bool kHasMaskMod = " << (program.mask_is_noop() ? "false" : "true") << ";\n";
+  os << emitter.emit(mlir::fa::ScoreModOp(impl.score).getOperation(), true);
+  os << emitter.emit(mlir::fa::MaskModOp(impl.mask).getOperation(), false);
+  os << "};\n";
+  return os.str();
+}
+
+GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
+  GeneratedKernel g;
+  g.spec = spec_in.resolved();
+  g.slots = capture_slots(program);
+  std::ostringstream os;
+  os << "// fajit generated: " << g.spec.to_string() << "\n";
+  os << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n\n";
+  os << emit_mods(program) << "\n";
+  if (g.spec.kind == KernelKind::kForward) {
+    const TileConfig& t = g.spec.tile;
+    g.kernel_name = "fajit_forward";
+    os << "#include \"fajit/forward.cuh\"\n";
+    os << fmt::format("using FaConfig = fa::FwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
+                      g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.block_n, t.warps, t.stages);
+    os << "FAJIT_DEFINE_FORWARD(" << g.kernel_name << ", FaConfig, FaMods)\n";
+  } else {
+    g.kernel_name = "fajit_block_mask";
+    os << "#include \"fajit/block_mask.cuh\"\n";
+    os << "FAJIT_DEFINE_BLOCK_MASK(" << g.kernel_name << ", FaMods)\n";
+  }
+  g.source = os.str();
+  return g;
+}
+
+}  // namespace fa

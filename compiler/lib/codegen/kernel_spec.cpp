@@ -1,0 +1,45 @@
+#include "fajit/kernel_spec.h"
+
+#include <fmt/format.h>
+
+#include "fajit/error.h"
+#include "fajit/jit/arch.h"
+
+namespace fa {
+
+TileConfig default_tile(int head_dim_qk, int head_dim_v) {
+  // FA-2 style: 128 query rows over 8 warps (16 rows each, Q kept in registers), 64-row
+  // K/V tiles double-buffered; fits 48-96 KiB of shared memory for d64-d128.
+  (void)head_dim_qk;
+  (void)head_dim_v;
+  return TileConfig{128, 64, 8, 2};
+}
+
+KernelSpec KernelSpec::resolved() const {
+  KernelSpec s = *this;
+  if (s.dtype != DType::f16 && s.dtype != DType::bf16)
+    throw Error(fmt::format("kernel dtype must be f16 or bf16, got {}", dtype_name(s.dtype)));
+  for (auto [name, v] : {std::pair<const char*, int>{"head_dim_qk", s.head_dim_qk}, {"head_dim_v", s.head_dim_v}})
+    if (v != 64 && v != 128) throw Error(fmt::format("{} must be 64 or 128, got {}", name, v));
+  s.arch = jit::validate_arch(s.arch);
+  if (s.tile.is_default()) s.tile = default_tile(s.head_dim_qk, s.head_dim_v);
+  const TileConfig& t = s.tile;
+  if (t.block_m != 64 && t.block_m != 128)
+    throw Error(fmt::format("tile block_m must be 64 or 128, got {}", t.block_m));
+  if (t.block_n != 32 && t.block_n != 64 && t.block_n != 128)
+    throw Error(fmt::format("tile block_n must be 32, 64 or 128, got {}", t.block_n));
+  if (t.warps != 4 && t.warps != 8) throw Error(fmt::format("tile warps must be 4 or 8, got {}", t.warps));
+  if (t.block_m / t.warps != 16 && t.block_m / t.warps != 32)
+    throw Error(fmt::format("tile block_m / warps must be 16 or 32 rows per warp, got {}/{}", t.block_m, t.warps));
+  if (t.stages < 2 || t.stages > 4) throw Error(fmt::format("tile stages must be 2 to 4, got {}", t.stages));
+  return s;
+}
+
+std::string KernelSpec::to_string() const {
+  const char* k = kind == KernelKind::kForward ? "forward" : "block_mask";
+  if (kind == KernelKind::kBlockMask) return fmt::format("{} {}", k, arch);
+  return fmt::format("{} {} qk{} v{} tile{}x{}w{}s{} {}", k, dtype_name(dtype), head_dim_qk, head_dim_v,
+                     tile.block_m, tile.block_n, tile.warps, tile.stages, arch);
+}
+
+}  // namespace fa

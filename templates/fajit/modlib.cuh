@@ -1,0 +1,83 @@
+// fajit mod library: the named device primitives generated score_mod / mask_mod code calls
+// for arith/math ops whose semantics C++ does not give directly (wrap-around, floor/ceil
+// division, NaN-propagating min/max, saturating casts, captured-buffer loads). Semantics
+// match the host interpreter (compiler/include/fajit/interp.h). No includes but params.h.
+#ifndef FAJIT_MODLIB_CUH
+#define FAJIT_MODLIB_CUH
+
+#include "fajit/params.h"
+
+namespace fa {
+namespace mod {
+
+// Two's-complement wrap-around (signed overflow is UB in C++, defined in arith).
+__device__ __forceinline__ int add(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
+__device__ __forceinline__ int sub(int a, int b) { return (int)((unsigned)a - (unsigned)b); }
+__device__ __forceinline__ int mul(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
+
+__device__ __forceinline__ int divu(int a, int b) { return (int)((unsigned)a / (unsigned)b); }
+__device__ __forceinline__ int remu(int a, int b) { return (int)((unsigned)a % (unsigned)b); }
+// Division rounding toward -inf / +inf.
+__device__ __forceinline__ int floordiv(int a, int b) {
+  int q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ int ceildiv(int a, int b) {
+  int q = a / b;
+  return (q * b != a && ((a < 0) == (b < 0))) ? q + 1 : q;
+}
+
+__device__ __forceinline__ int smax(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ int smin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int umax(int a, int b) { return (unsigned)a > (unsigned)b ? a : b; }
+__device__ __forceinline__ int umin(int a, int b) { return (unsigned)a < (unsigned)b ? a : b; }
+__device__ __forceinline__ int iabs(int a) { return a < 0 ? (int)(0u - (unsigned)a) : a; }
+
+// Shifts: amounts >= 32 are poison in arith (the interpreter rejects them); mask like PTX.
+__device__ __forceinline__ int shl(int a, int b) { return (int)((unsigned)a << (b & 31)); }
+__device__ __forceinline__ int shrs(int a, int b) { return a >> (b & 31); }
+__device__ __forceinline__ int shru(int a, int b) { return (int)((unsigned)a >> (b & 31)); }
+
+// arith.maximumf / minimumf: NaN wins; -0 < +0.
+__device__ __forceinline__ float maximumf(float a, float b) {
+  if (a != a || b != b) return __int_as_float(0x7fc00000);
+  if (a == b) return __int_as_float(__float_as_int(a) & __float_as_int(b));
+  return a > b ? a : b;
+}
+__device__ __forceinline__ float minimumf(float a, float b) {
+  if (a != a || b != b) return __int_as_float(0x7fc00000);
+  if (a == b) return __int_as_float(__float_as_int(a) | __float_as_int(b));
+  return a < b ? a : b;
+}
+
+// arith.fptosi / fptoui: truncate, saturate, NaN -> 0 (cvt.rzi).
+__device__ __forceinline__ int f2i(float a) { return __float2int_rz(a); }
+__device__ __forceinline__ int f2u(float a) { return (int)__float2uint_rz(a); }
+
+// fa.load: element [i0, i1, ...] of a captured buffer (read-only for the kernel's lifetime).
+__device__ __forceinline__ long long offset(const FaBuffer& b, int i0) {
+  return (long long)i0 * b.stride[0];
+}
+__device__ __forceinline__ long long offset(const FaBuffer& b, int i0, int i1) {
+  return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1];
+}
+__device__ __forceinline__ long long offset(const FaBuffer& b, int i0, int i1, int i2) {
+  return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1] + (long long)i2 * b.stride[2];
+}
+__device__ __forceinline__ long long offset(const FaBuffer& b, int i0, int i1, int i2, int i3) {
+  return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1] + (long long)i2 * b.stride[2] +
+         (long long)i3 * b.stride[3];
+}
+template <typename... I>
+__device__ __forceinline__ float load_f32(const FaBuffer& b, I... idx) {
+  return __ldg(static_cast<const float*>(b.ptr) + offset(b, idx...));
+}
+template <typename... I>
+__device__ __forceinline__ int load_i32(const FaBuffer& b, I... idx) {
+  return __ldg(static_cast<const int*>(b.ptr) + offset(b, idx...));
+}
+
+}  // namespace mod
+}  // namespace fa
+
+#endif  // FAJIT_MODLIB_CUH
