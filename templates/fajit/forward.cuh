@@ -88,9 +88,11 @@ struct FwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
-// Defaults per head dim (tuned on H100, see tests/kernel/kernel_check.cpp --bench).
+// Default tiles (measured on H200 with tests/kernel/kernel_check.cpp's benchmark): 4 warps of
+// 32 query rows reuse each K/V fragment for two m-tiles, which beats 8 warps of 16 rows;
+// BLOCK_M = 128 keeps the default 128 sparse q_block valid.
 template <typename Element, int kHeadDimQK, int kHeadDimV>
-using DefaultFwdConfig = FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, 64, 8, 2>;
+using DefaultFwdConfig = FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, 64, 4, 2>;
 
 namespace detail {
 
@@ -318,8 +320,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     else
       detail::apply_mods<Mods, false>(s, q_idx, start + 2 * t, len_kv, is_full, p.scale, b, h, cap);
 
-    // ---- online softmax (base 2); P packed in registers as the A operand of P·V
-    u32 pf[kMT][kKP][4];
+    // ---- online softmax (base 2); P stays in registers as the A operand of P·V
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) {
 #pragma unroll
@@ -348,28 +349,30 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           o[mi][dj][2 * hh + 1] *= alpha;
         }
       }
-#pragma unroll
-      for (int kk = 0; kk < kKP; ++kk) {
-        pf[mi][kk][0] = pack2<E>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-        pf[mi][kk][1] = pack2<E>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-        pf[mi][kk][2] = pack2<E>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-        pf[mi][kk][3] = pack2<E>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-      }
     }
 
-    // ---- O += P · V
+    // ---- O += P · V, P packed to 16-bit per k-step (A fragment = two adjacent S n-tiles)
 #pragma unroll
-    for (int kk = 0; kk < kKP; ++kk)
+    for (int kk = 0; kk < kKP; ++kk) {
+      u32 pa[kMT][4];
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+        pa[mi][0] = pack2<E>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+        pa[mi][1] = pack2<E>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+        pa[mi][2] = pack2<E>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+        pa[mi][3] = pack2<E>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int jp = 0; jp < kDT / 2; ++jp) {
         u32 vf[4];
         ldmatrix_x4_trans(vf, sVs + v_off[jp % 4] + (jp / 4) * 128 + kk * 16 * (kCV * 16));
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
-          mma_16816<E>(o[mi][2 * jp], pf[mi][kk], vf[0], vf[1]);
-          mma_16816<E>(o[mi][2 * jp + 1], pf[mi][kk], vf[2], vf[3]);
+          mma_16816<E>(o[mi][2 * jp], pa[mi], vf[0], vf[1]);
+          mma_16816<E>(o[mi][2 * jp + 1], pa[mi], vf[2], vf[3]);
         }
       }
+    }
   }
   cp_async_wait<0>();
   __syncthreads();   // every warp is done with Q before O overwrites the Q/O region
