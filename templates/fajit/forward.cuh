@@ -5,7 +5,8 @@
 //   #include "fajit/prelude.cuh"
 //   struct FaMods { ... };                                   // see templates/README.md
 //   #include "fajit/forward.cuh"
-//   using FaConfig = fa::DefaultFwdConfig<fa::bf16_t, 128, 128>;   // or fa::FwdConfig<...>
+//   using FaConfig = fa::DefaultFwdConfig<fa::bf16_t, 128, 128, FaMods::kHasScoreMod>;
+//                                                              // or fa::FwdConfig<...>
 //   FAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)
 // The macro arguments must be single identifiers (macros split on commas): name the config
 // with a `using` first. The kernel is `extern "C"`, so the host looks it up by `name`.
@@ -89,10 +90,15 @@ struct FwdConfig {
 };
 
 // Default tiles (measured on H200 with tests/kernel/kernel_check.cpp's benchmark): 4 warps of
-// 32 query rows reuse each K/V fragment for two m-tiles, which beats 8 warps of 16 rows;
-// BLOCK_M = 128 keeps the default 128 sparse q_block valid.
-template <typename Element, int kHeadDimQK, int kHeadDimV>
-using DefaultFwdConfig = FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, 64, 4, 2>;
+// 32 query rows reuse each K/V fragment for two m-tiles, which beats 8 warps of 16 rows
+// (d128: 292 vs 260 TFLOP/s full); with a score_mod and a 128 head dim that config runs out
+// of registers (spills; softcap 98 vs 121 TFLOP/s), so it falls back to 8 warps of 16 rows
+// with Q in registers. BLOCK_M = 128 keeps the default 128 sparse q_block valid.
+// Codegen: fa::DefaultFwdConfig<Element, DQK, DV, FaMods::kHasScoreMod>.
+template <typename Element, int kHeadDimQK, int kHeadDimV, bool kHasScoreMod = false>
+using DefaultFwdConfig =
+    FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, 64,
+              (kHasScoreMod && (kHeadDimQK > 64 || kHeadDimV > 64)) ? 8 : 4, 2>;
 
 namespace detail {
 

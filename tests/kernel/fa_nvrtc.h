@@ -45,7 +45,7 @@ inline std::string variant_source(const std::string& mods, const std::string& el
   s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
     << mods << "\n#include \"fajit/forward.cuh\"\n";
   if (config.empty())
-    s << "using FaConfig = fa::DefaultFwdConfig<fa::" << element << ", " << dqk << ", " << dv << ">;\n";
+    s << "using FaConfig = fa::DefaultFwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", FaMods::kHasScoreMod>;\n";
   else
     s << "using FaConfig = fa::FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
       << config << ">;\n";
