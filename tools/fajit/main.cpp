@@ -1,7 +1,13 @@
 // fajit: the command line.
-//   fajit dump --mlir --mask causal --score alibi     print the traced, simplified fa IR
-//   fajit dump --mlir variant.mlir                    verify + simplify a fa module from a file
+//   fajit dump --mlir --mask causal --score alibi      the traced, simplified fa IR
+//   fajit dump --cuda --mask-mod 'q >= kv'             the generated CUDA translation unit
+//   fajit dump --ptx --arch sm_90a variant.mlir        PTX from NVRTC
+//   fajit dump --sass ...                              SASS (needs cuobjdump or nvdisasm)
+//   fajit cache ls | stats | clear                     the on-disk cubin cache
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -9,16 +15,22 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "fajit/codegen.h"
+#include "fajit/expr.h"
 #include "fajit/frontend.h"
+#include "fajit/jit/cache.h"
+#include "fajit/jit/nvrtc.h"
+#include "fajit/kernel.h"
 #include "fajit/mods.h"
 
 namespace {
 
 struct DumpOptions {
-  bool mlir = false;
-  std::string mask;
-  std::string score;
-  std::string file;
+  bool mlir = false, cuda = false, ptx = false, sass = false;
+  std::string mask, score, mask_expr, score_expr, file, arch, dtype = "bf16";
+  std::vector<std::string> capture_types;
+  int head_dim_qk = 128, head_dim_v = 128;
+  bool block_mask = false;
 };
 
 std::string read_file(const std::string& path) {
@@ -29,20 +41,113 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+fa::ExprCaptureTypes capture_types(const std::vector<std::string>& decls) {
+  fa::ExprCaptureTypes t;
+  for (const std::string& d : decls) {
+    size_t colon = d.find(':');
+    std::string name = d.substr(0, colon), type = colon == std::string::npos ? "" : d.substr(colon + 1);
+    if (name.empty() || (type != "f32" && type != "i32"))
+      throw fa::Error(fmt::format("--capture '{}': expected NAME:f32 or NAME:i32", d));
+    t.types[name] = type == "f32";
+  }
+  return t;
+}
+
 fa::Program program_for(const DumpOptions& o) {
+  bool any_mod = !o.mask.empty() || !o.score.empty() || !o.mask_expr.empty() || !o.score_expr.empty();
   if (!o.file.empty()) {
-    if (!o.mask.empty() || !o.score.empty())
-      throw fa::Error("give either an .mlir file or --mask/--score presets, not both");
+    if (any_mod) throw fa::Error("give either an .mlir file or --mask/--score/--mask-mod/--score-mod, not both");
     return fa::Program::parse(read_file(o.file), o.file);
   }
-  fa::MaskMod mask = o.mask.empty() ? fa::noop_mask() : fa::mods::mask_preset(o.mask).mod;
-  fa::ScoreMod score = o.score.empty() ? fa::identity_score() : fa::mods::score_preset(o.score).mod;
+  if (!o.mask.empty() && !o.mask_expr.empty()) throw fa::Error("give --mask or --mask-mod, not both");
+  if (!o.score.empty() && !o.score_expr.empty()) throw fa::Error("give --score or --score-mod, not both");
+  fa::ExprCaptureTypes types = capture_types(o.capture_types);
+  fa::MaskMod mask = !o.mask_expr.empty() ? fa::parse_mask_mod(o.mask_expr, types)
+                     : !o.mask.empty()    ? fa::mods::mask_preset(o.mask).mod
+                                          : fa::noop_mask();
+  fa::ScoreMod score = !o.score_expr.empty() ? fa::parse_score_mod(o.score_expr, types)
+                       : !o.score.empty()    ? fa::mods::score_preset(o.score).mod
+                                             : fa::identity_score();
   return fa::trace(score, mask);
+}
+
+fa::KernelSpec spec_for(const DumpOptions& o) {
+  fa::KernelSpec s;
+  s.kind = o.block_mask ? fa::KernelKind::kBlockMask : fa::KernelKind::kForward;
+  if (o.dtype == "bf16") s.dtype = fa::DType::bf16;
+  else if (o.dtype == "f16" || o.dtype == "fp16") s.dtype = fa::DType::f16;
+  else throw fa::Error(fmt::format("--dtype '{}': expected bf16 or f16", o.dtype));
+  s.head_dim_qk = o.head_dim_qk;
+  s.head_dim_v = o.head_dim_v;
+  s.arch = o.arch.empty() ? "sm_90a" : o.arch;
+  return s.resolved();
+}
+
+// The first of `names` found on PATH or in the CUDA toolkit's bin directory.
+std::string find_tool(std::initializer_list<const char*> names) {
+  std::vector<std::string> dirs;
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    for (std::string d; std::getline(ss, d, ':');) dirs.push_back(d);
+  }
+  dirs.push_back("/usr/local/cuda/bin");
+  for (const char* n : names)
+    for (const std::string& d : dirs) {
+      std::string p = d + "/" + n;
+      if (::access(p.c_str(), X_OK) == 0) return p;
+    }
+  return "";
 }
 
 int run_dump(const DumpOptions& o) {
   fa::Program p = program_for(o);
-  std::cout << p.to_mlir();
+  if (o.mlir) {
+    std::cout << p.to_mlir();
+    return 0;
+  }
+  fa::GeneratedKernel g = fa::generate(p, spec_for(o));
+  if (o.cuda) {
+    std::cout << g.source;
+    return 0;
+  }
+  fa::jit::CompileOptions copts;
+  copts.arch = g.spec.arch;
+  copts.want_ptx = o.ptx;
+  fa::jit::CompileResult r = fa::jit::Nvrtc::get().compile(g.source, g.kernel_name + ".cu", copts);
+  if (o.ptx) {
+    std::cout << r.ptx;
+    return 0;
+  }
+  std::string tool = find_tool({"cuobjdump", "nvdisasm"});
+  if (tool.empty())
+    throw fa::Error("--sass needs cuobjdump or nvdisasm (from the CUDA toolkit) on PATH or in /usr/local/cuda/bin; "
+                    "neither was found");
+  char tmpl[] = "/tmp/fajit-sass-XXXXXX.cubin";
+  int fd = ::mkstemps(tmpl, 6);
+  if (fd < 0) throw fa::Error("cannot create a temporary file for --sass");
+  ssize_t written = ::write(fd, r.cubin.data(), r.cubin.size());
+  ::close(fd);
+  if (written != static_cast<ssize_t>(r.cubin.size())) throw fa::Error("cannot write the cubin for --sass");
+  bool is_cuobjdump = tool.find("cuobjdump") != std::string::npos;
+  std::string cmd = fmt::format("'{}' {} '{}'", tool, is_cuobjdump ? "--dump-sass" : "", tmpl);
+  int rc = std::system(cmd.c_str());
+  ::unlink(tmpl);
+  return rc == 0 ? 0 : 1;
+}
+
+int run_cache(const std::string& what) {
+  fa::jit::Cache& cache = fa::jit::Cache::global();
+  if (what == "ls") {
+    for (const fa::jit::ListedEntry& e : cache.list())
+      std::cout << fmt::format("{}  {:>9}  {}  {}\n", e.key, e.size, e.valid ? "ok     " : "corrupt", e.meta);
+  } else if (what == "stats") {
+    fa::jit::CacheStats s = cache.stats();
+    std::cout << fmt::format("directory: {}{}\nentries:   {}\nbytes:     {}\n", cache.dir(),
+                             s.disk_enabled ? "" : " (not writable: memory only)", s.disk_entries, s.disk_bytes);
+  } else {
+    size_t n = cache.clear();
+    std::cout << fmt::format("removed {} entr{} from {}\n", n, n == 1 ? "y" : "ies", cache.dir());
+  }
   return 0;
 }
 
@@ -51,14 +156,31 @@ int run_dump(const DumpOptions& o) {
 int main(int argc, char** argv) {
   CLI::App app{"fajit: a just-in-time kernel compiler for FlexAttention-style attention", "fajit"};
   app.require_subcommand(1);
+
   DumpOptions dump;
-  CLI::App* dump_cmd = app.add_subcommand("dump", "print the generated code of one attention variant");
-  auto* what = dump_cmd->add_option_group("what", "what to print");
+  CLI::App* dump_cmd = app.add_subcommand("dump", "print the IR, CUDA, PTX or SASS of one attention variant");
+  auto* what = dump_cmd->add_option_group("what", "what to print (exactly one)");
   what->add_flag("--mlir", dump.mlir, "the verified, simplified fa-dialect IR");
+  what->add_flag("--cuda", dump.cuda, "the generated CUDA translation unit");
+  what->add_flag("--ptx", dump.ptx, "PTX compiled by NVRTC");
+  what->add_flag("--sass", dump.sass, "SASS (disassembled with cuobjdump or nvdisasm)");
   what->require_option(1);
   dump_cmd->add_option("--mask", dump.mask, "mask preset: " + fa::mods::mask_preset_help());
   dump_cmd->add_option("--score", dump.score, "score preset: " + fa::mods::score_preset_help());
+  dump_cmd->add_option("--mask-mod", dump.mask_expr, "mask_mod expression over b h q kv, e.g. 'q >= kv && q - kv < window'");
+  dump_cmd->add_option("--score-mod", dump.score_expr, "score_mod expression over score b h q kv, e.g. 'score + slopes[h] * (kv - q)'");
+  dump_cmd->add_option("--capture", dump.capture_types, "type of a capture in expressions: NAME:f32 or NAME:i32");
+  dump_cmd->add_option("--arch", dump.arch, "target: sm_80, sm_86, sm_89, sm_90a, ... (default sm_90a)");
+  dump_cmd->add_option("--dtype", dump.dtype, "element type: bf16 (default) or f16");
+  dump_cmd->add_option("--head-dim", dump.head_dim_qk, "QK head dim: 64 or 128 (default 128)");
+  dump_cmd->add_option("--head-dim-v", dump.head_dim_v, "V head dim: 64 or 128 (default 128)");
+  dump_cmd->add_flag("--block-mask", dump.block_mask, "the block-mask builder kernel instead of the forward kernel");
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
+
+  std::string cache_what;
+  CLI::App* cache_cmd = app.add_subcommand("cache", "inspect or clear the on-disk cubin cache ($FAJIT_CACHE_DIR)");
+  cache_cmd->add_option("command", cache_what, "ls, stats or clear")->required()->check(CLI::IsMember({"ls", "stats", "clear"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -66,9 +188,13 @@ int main(int argc, char** argv) {
   }
   try {
     if (*dump_cmd) return run_dump(dump);
+    if (*cache_cmd) return run_cache(cache_what);
   } catch (const fa::Error& e) {
     std::fprintf(stderr, "fajit: error: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fajit: internal error: %s\n", e.what());
+    return 2;
   }
   return 0;
 }

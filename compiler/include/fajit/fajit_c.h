@@ -1,0 +1,120 @@
+/* fajit C API: a stable ABI for embedding fajit in other frameworks' graph compilers and in
+ * Python (ctypes). Every call returns a status; on failure fajit_last_error() holds the
+ * message (thread-local, valid until the next failing call on this thread).
+ *
+ *   fajit_kernel* k;
+ *   fajit_options o = fajit_default_options();
+ *   if (fajit_compile_mlir(mlir_text, &o, &k) != FAJIT_OK) puts(fajit_last_error());
+ *   fajit_block_mask* m;
+ *   fajit_kernel_block_mask(k, B, H, L, L, NULL, stream, &m);
+ *   fajit_kernel_forward(k, &q, &k_, &v, &o, NULL, 0.0f, m, NULL, stream);
+ */
+#ifndef FAJIT_C_H
+#define FAJIT_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fajit/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fajit_status {
+  FAJIT_OK = 0,
+  FAJIT_ERROR_INVALID_ARGUMENT = 1,
+  FAJIT_ERROR_COMPILE = 2,
+  FAJIT_ERROR_CUDA = 3,
+  FAJIT_ERROR_IO = 4,
+  FAJIT_ERROR_INTERNAL = 5
+} fajit_status;
+
+/* Element types; values match fa::DType. */
+typedef enum fajit_dtype {
+  FAJIT_F16 = 0,
+  FAJIT_BF16 = 1,
+  FAJIT_F32 = 2,
+  FAJIT_I32 = 3
+} fajit_dtype;
+
+typedef struct fajit_options {
+  fajit_dtype dtype; /* FAJIT_BF16 or FAJIT_F16 */
+  int head_dim_qk;   /* 64 or 128 */
+  int head_dim_v;    /* 64 or 128 */
+  const char* arch;  /* NULL or "" = the current GPU's (sm_90a without one) */
+} fajit_options;
+
+/* A device tensor: rank <= 4, element strides, last stride 1. */
+typedef struct fajit_tensor {
+  void* data;
+  fajit_dtype dtype;
+  int rank;
+  int64_t shape[4];
+  int64_t stride[4];
+} fajit_tensor;
+
+typedef struct fajit_buffer_capture {
+  const char* name;
+  fajit_tensor tensor; /* f32 or i32 */
+} fajit_buffer_capture;
+
+typedef struct fajit_scalar_capture {
+  const char* name;
+  int is_float;
+  float f;
+  int32_t i;
+} fajit_scalar_capture;
+
+typedef struct fajit_captures {
+  const fajit_buffer_capture* buffers;
+  int num_buffers;
+  const fajit_scalar_capture* scalars;
+  int num_scalars;
+} fajit_captures;
+
+typedef struct fajit_kernel fajit_kernel;
+typedef struct fajit_block_mask fajit_block_mask;
+
+FA_API const char* fajit_last_error(void);
+FA_API fajit_options fajit_default_options(void);
+
+/* Compile from fa-dialect MLIR text (at most one fa.score_mod and one fa.mask_mod). */
+FA_API fajit_status fajit_compile_mlir(const char* mlir_text, const fajit_options* options,
+                                       fajit_kernel** out);
+/* Compile from CLI presets ("causal", "sliding:W", ...; NULL = noop / identity). */
+FA_API fajit_status fajit_compile_preset(const char* mask_preset, const char* score_preset,
+                                         const fajit_options* options, fajit_kernel** out);
+FA_API void fajit_kernel_destroy(fajit_kernel* kernel);
+
+FA_API const char* fajit_kernel_cuda_source(const fajit_kernel* kernel);
+FA_API const char* fajit_kernel_mlir(const fajit_kernel* kernel);
+FA_API const char* fajit_kernel_cache_key(const fajit_kernel* kernel);
+/* "memory", "disk" or "compiled". */
+FA_API const char* fajit_kernel_origin(const fajit_kernel* kernel);
+FA_API const void* fajit_kernel_cubin(const fajit_kernel* kernel, size_t* size);
+/* PTX, compiled on first request; owned by the kernel. */
+FA_API fajit_status fajit_kernel_ptx(fajit_kernel* kernel, const char** ptx);
+
+FA_API fajit_status fajit_kernel_block_mask(const fajit_kernel* kernel, int batch, int heads,
+                                            int64_t len_q, int64_t len_kv,
+                                            const fajit_captures* captures, void* cu_stream,
+                                            fajit_block_mask** out);
+FA_API void fajit_block_mask_destroy(fajit_block_mask* mask);
+/* Fraction of non-empty blocks, and the counts of full / partial / empty ones (any may be NULL). */
+FA_API fajit_status fajit_block_mask_density(const fajit_block_mask* mask, double* fraction,
+                                             int64_t* full, int64_t* partial, int64_t* empty);
+
+/* O = attention(Q, K, V); lse may be NULL; scale 0 = 1/sqrt(head_dim_qk). Asynchronous on
+ * cu_stream (a CUstream; NULL = the default stream). */
+FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit_tensor* q,
+                                         const fajit_tensor* k, const fajit_tensor* v,
+                                         const fajit_tensor* o, const fajit_tensor* lse,
+                                         float scale, const fajit_block_mask* mask,
+                                         const fajit_captures* captures, void* cu_stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FAJIT_C_H */
