@@ -80,7 +80,7 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
   s.head_dim_qk = o.head_dim_qk;
   s.head_dim_v = o.head_dim_v;
   s.arch = o.arch.empty() ? "sm_90a" : o.arch;
-  return s.resolved();
+  return s;  // generate() resolves it (the default tile depends on the mods)
 }
 
 // The first of `names` found on PATH or in the CUDA toolkit's bin directory.

@@ -34,7 +34,8 @@ struct FA_API KernelSpec {
 
   // The same spec with the tile filled in and every field checked; throws fa::Error naming
   // the bad field ("head_dim_qk must be 64 or 128, got 96").
-  KernelSpec resolved() const;
+  // The default tile depends on whether the score_mod does anything (register pressure).
+  KernelSpec resolved(bool has_score_mod = false) const;
   // Canonical one-line text: "forward bf16 qk128 v128 tile128x64w8s2 sm_90a".
   std::string to_string() const;
   bool operator==(const KernelSpec& o) const {
@@ -43,6 +44,9 @@ struct FA_API KernelSpec {
   }
 };
 
-FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v);
+// Measured on an H200 (templates/fajit/forward.cuh): 128x64 tiles, 2 stages; 4 warps (32 rows
+// each, Q re-read from shared memory) in general, 8 warps with Q in registers when a score_mod
+// runs on d128, where 4 warps spill.
+FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod);
 
 }  // namespace fa

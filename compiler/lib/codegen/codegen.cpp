@@ -311,7 +311,7 @@ std::string emit_mods(const Program& program) {
 
 GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   GeneratedKernel g;
-  g.spec = spec_in.resolved();
+  g.spec = spec_in.resolved(!program.score_is_identity());
   g.slots = capture_slots(program);
   std::ostringstream os;
   os << "// fajit generated: " << g.spec.to_string() << "\n";

@@ -7,22 +7,19 @@
 
 namespace fa {
 
-TileConfig default_tile(int head_dim_qk, int head_dim_v) {
-  // FA-2 style: 128 query rows over 8 warps (16 rows each, Q kept in registers), 64-row
-  // K/V tiles double-buffered; fits 48-96 KiB of shared memory for d64-d128.
-  (void)head_dim_qk;
-  (void)head_dim_v;
-  return TileConfig{128, 64, 8, 2};
+TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod) {
+  bool wide = head_dim_qk == 128 || head_dim_v == 128;
+  return TileConfig{128, 64, has_score_mod && wide ? 8 : 4, 2};
 }
 
-KernelSpec KernelSpec::resolved() const {
+KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   KernelSpec s = *this;
   if (s.dtype != DType::f16 && s.dtype != DType::bf16)
     throw Error(fmt::format("kernel dtype must be f16 or bf16, got {}", dtype_name(s.dtype)));
   for (auto [name, v] : {std::pair<const char*, int>{"head_dim_qk", s.head_dim_qk}, {"head_dim_v", s.head_dim_v}})
     if (v != 64 && v != 128) throw Error(fmt::format("{} must be 64 or 128, got {}", name, v));
   s.arch = jit::validate_arch(s.arch);
-  if (s.tile.is_default()) s.tile = default_tile(s.head_dim_qk, s.head_dim_v);
+  if (s.tile.is_default()) s.tile = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod);
   const TileConfig& t = s.tile;
   if (t.block_m != 64 && t.block_m != 128)
     throw Error(fmt::format("tile block_m must be 64 or 128, got {}", t.block_m));
