@@ -49,7 +49,7 @@ ParseResult parseModOp(OpAsmParser &parser, OperationState &result) {
       StringRef name = c.ssaName.name.drop_front();  // drop '%'
       if (!isIdentifier(name))
         return parser.emitError(loc) << "capture '" << c.ssaName.name
-                                     << "' needs a name (an identifier), not a number";
+                                     << "' needs an identifier as its name";
       captureNames.push_back(parser.getBuilder().getStringAttr(name));
       args.push_back(c);
     }
@@ -137,6 +137,9 @@ LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames,
       return op.emitOpError() << "capture name '" << name << "' must be an identifier";
     if (!seen.insert(name).second)
       return op.emitOpError() << "captures '" << name << "' twice";
+    if (llvm::is_contained(kScoreArgNames, name))
+      return op.emitOpError() << "capture name '" << name
+                              << "' is reserved (score, b, h, q and kv name the fixed arguments)";
     if (!llvm::isa<BufferType>(c.getType()))
       return op.emitOpError() << "capture '" << name << "' must be a !fa.buffer, got "
                               << c.getType();

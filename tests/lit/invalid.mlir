@@ -107,7 +107,7 @@ fa.mask_mod @dup_custom(%b: i32, %h: i32, %q: i32, %kv: i32)
 
 // A capture is bound by its SSA name, so a numbered value cannot be a capture.
 fa.mask_mod @numeric_capture(%b: i32, %h: i32, %q: i32, %kv: i32)
-    // expected-error @+1 {{capture '%0' needs a name (an identifier), not a number}}
+    // expected-error @+1 {{capture '%0' needs an identifier as its name}}
     captures(%0: !fa.buffer<i32, 1>) -> i1 {
   %c = arith.cmpi sge, %q, %kv : i32
   fa.yield %c : i1
@@ -116,7 +116,7 @@ fa.mask_mod @numeric_capture(%b: i32, %h: i32, %q: i32, %kv: i32)
 // -----
 
 fa.mask_mod @dotted_capture(%b: i32, %h: i32, %q: i32, %kv: i32)
-    // expected-error @+1 {{capture '%doc.ids' needs a name (an identifier)}}
+    // expected-error @+1 {{capture '%doc.ids' needs an identifier as its name}}
     captures(%doc.ids: !fa.buffer<i32, 1>) -> i1 {
   %c = arith.cmpi sge, %q, %kv : i32
   fa.yield %c : i1
@@ -479,4 +479,15 @@ module {
     %c = arith.cmpi sgt, %q, %kv : i32
     fa.yield %c : i1
   }
+}
+
+// -----
+
+// A capture may not take a fixed argument's name: the printer names block arguments by
+// position, so such a capture would not survive a round trip.
+// expected-error @+1 {{capture name 'b' is reserved (score, b, h, q and kv name the fixed arguments)}}
+fa.score_mod @shadow_b(%s: f32, %bb: i32, %hh: i32, %qq: i32, %kk: i32)
+    captures(%b: !fa.buffer<f32, 1>) -> f32 {
+  %x = fa.load %b[%hh] : !fa.buffer<f32, 1>
+  fa.yield %x : f32
 }

