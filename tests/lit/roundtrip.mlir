@@ -171,6 +171,6 @@ fa.score_mod @load_attrs(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
 // GENERIC-LABEL: "fa.mask_mod"() <{capture_names = ["doc"], result_type = i1, sym_name = "doc_window"}> ({
 // GENERIC-NEXT:  ^bb0(%{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: i32, %{{.+}}: !fa.buffer<i32, 2>):
 // GENERIC-NEXT:    "fa.scalar"() <{name = "window"}> : () -> i32
-// GENERIC-LABEL: "fa.mask_mod"() <{capture_names = ["score", "_doc_ids2"], result_type = i1, sym_name = "names"}> ({
+// GENERIC-LABEL: "fa.mask_mod"() <{capture_names = ["scores", "_doc_ids2"], result_type = i1, sym_name = "names"}> ({
 // GENERIC-LABEL: "fa.mask_mod"() <{capture_names = [], result_type = i1, sym_name = "attrs"}> ({
 // GENERIC:       }) {fa.uses = ["q", "kv"], note = "kept", weight = 3 : i64} : () -> ()
