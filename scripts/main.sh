@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # The main job: builds when needed, then compiles the default variant (causal mask with the
-# ALiBi score_mod) and prints its IR.
+# ALiBi score_mod) and shows every stage: fa IR, generated CUDA, PTX; where a GPU exists it
+# runs the kernel, checks it against the float64 reference and times it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 BUILD="${FAJIT_BUILD_DIR:-build}"
 FAJIT="$BUILD/tools/fajit/fajit"
+VARIANT=(--mask causal --score alibi)
 echo "== fa IR: causal mask + ALiBi score_mod =="
-"$FAJIT" dump --mlir --mask causal --score alibi
+"$FAJIT" dump --mlir "${VARIANT[@]}"
+echo
+echo "== generated CUDA (the mods; the kernel body comes from templates/fajit/forward.cuh) =="
+"$FAJIT" dump --cuda "${VARIANT[@]}"
+echo
+echo "== PTX (sm_90a) =="
+ptx=$("$FAJIT" dump --ptx --arch sm_90a "${VARIANT[@]}")
+echo "$ptx" | grep -m1 "^.entry" || true
+echo "$(echo "$ptx" | wc -l) lines, $(echo "$ptx" | grep -c 'mma.sync') mma.sync, $(echo "$ptx" | grep -c 'ldmatrix') ldmatrix, $(echo "$ptx" | grep -c 'cp.async.cg') cp.async"
+echo
+echo "== run on the GPU =="
+"$FAJIT" run "${VARIANT[@]}"

@@ -22,6 +22,7 @@
 #include "fajit/jit/nvrtc.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
+#include "run_cmd.h"
 
 namespace {
 
@@ -177,6 +178,18 @@ int main(int argc, char** argv) {
   dump_cmd->add_flag("--block-mask", dump.block_mask, "the block-mask builder kernel instead of the forward kernel");
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 
+  fajit_cli::RunOptions run;
+  std::string run_dtype = "bf16";
+  CLI::App* run_cmd = app.add_subcommand("run", "run one variant on the GPU, check it against the float64 reference, time it");
+  run_cmd->add_option("--mask", run.mask, "mask preset: " + fa::mods::mask_preset_help());
+  run_cmd->add_option("--score", run.score, "score preset: " + fa::mods::score_preset_help());
+  run_cmd->add_option("--dtype", run_dtype, "bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
+  run_cmd->add_option("--batch", run.batch, "B (default 2)")->check(CLI::Range(1, 64));
+  run_cmd->add_option("--heads", run.heads, "H (default 8)")->check(CLI::Range(1, 128));
+  run_cmd->add_option("--len", run.len, "Lq = Lkv (default 1024)")->check(CLI::Range(1, 8192));
+  run_cmd->add_option("--head-dim", run.head_dim, "64 or 128 (default 128)")->check(CLI::IsMember({64, 128}));
+  run_cmd->add_option("--iters", run.iters, "timed launches (default 20)")->check(CLI::Range(1, 10000));
+
   std::string cache_what;
   CLI::App* cache_cmd = app.add_subcommand("cache", "inspect or clear the on-disk cubin cache ($FAJIT_CACHE_DIR)");
   cache_cmd->add_option("command", cache_what, "ls, stats or clear")->required()->check(CLI::IsMember({"ls", "stats", "clear"}));
@@ -189,6 +202,10 @@ int main(int argc, char** argv) {
   try {
     if (*dump_cmd) return run_dump(dump);
     if (*cache_cmd) return run_cache(cache_what);
+    if (*run_cmd) {
+      run.dtype = run_dtype == "f16" ? fa::DType::f16 : fa::DType::bf16;
+      return fajit_cli::run_variant(run);
+    }
   } catch (const fa::Error& e) {
     std::fprintf(stderr, "fajit: error: %s\n", e.what());
     return 1;

@@ -18,8 +18,9 @@ namespace fa {
 struct Program::Impl {
   std::unique_ptr<mlir::MLIRContext> context;
   mlir::OwningOpRef<mlir::ModuleOp> module;
-  mlir::fa::ScoreModOp score;  // never null (an identity one is synthesised when missing)
-  mlir::fa::MaskModOp mask;    // never null (a noop one is synthesised when missing)
+  // Op handles are cheap views; `mutable` lets const Programs hand out mlir::Operation*.
+  mutable mlir::fa::ScoreModOp score;  // never null (an identity one is synthesised when missing)
+  mutable mlir::fa::MaskModOp mask;    // never null (a noop one is synthesised when missing)
   std::vector<Program::Capture> captures;
 };
 

@@ -1,0 +1,18 @@
+#pragma once
+
+#include <string>
+
+#include "fajit/runtime/tensor.h"
+
+namespace fajit_cli {
+
+struct RunOptions {
+  std::string mask, score;
+  fa::DType dtype = fa::DType::bf16;
+  int batch = 2, heads = 8, len = 1024, head_dim = 128, iters = 20;
+};
+
+// Compile, run on random data, check against the float64 reference, time. 0 = OK or no GPU.
+int run_variant(const RunOptions& options);
+
+}  // namespace fajit_cli
