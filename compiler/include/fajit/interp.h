@@ -52,6 +52,8 @@ class Operation;
 
 namespace fa {
 
+class Program;
+
 // The value types of a mod body: i1, i32, f32 (buffers and scalars are i32 or f32).
 enum class ScalarType : uint8_t { kI1, kI32, kF32 };
 FA_API const char* scalar_type_name(ScalarType t);  // "i1", "i32", "f32"
@@ -151,7 +153,11 @@ class FA_API ModProgram {
  public:
   // Compiles a verified fa.score_mod / fa.mask_mod. Throws fa::Error naming the op when the
   // body holds something the interpreter does not implement.
-  static ModProgram compile(mlir::Operation* mod);
+  // Internal (takes MLIR): hidden from libfajit.so's exports; use score_of / mask_of.
+  __attribute__((visibility("hidden"))) static ModProgram compile(mlir::Operation* mod);
+  // The score_mod / mask_mod of a traced or parsed program.
+  static ModProgram score_of(const Program& program);
+  static ModProgram mask_of(const Program& program);
 
   ModKind kind() const { return f_->kind; }
   const std::string& name() const { return f_->name; }  // symbol name, without '@'

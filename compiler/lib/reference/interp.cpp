@@ -1,6 +1,8 @@
 // fa::ModProgram: compile an fa.score_mod / fa.mask_mod body into flat register code, and run it.
 #include "fajit/interp.h"
 
+#include "fajit/detail/program_impl.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -639,4 +641,13 @@ detail::Reg BoundMod::run(const int32_t* args, float score) const {
   return r[f.result];
 }
 
+}  // namespace fa
+
+namespace fa {
+ModProgram ModProgram::score_of(const Program& program) {
+  return compile(program.impl().score.getOperation());
+}
+ModProgram ModProgram::mask_of(const Program& program) {
+  return compile(program.impl().mask.getOperation());
+}
 }  // namespace fa
