@@ -154,6 +154,9 @@ int run_cache(const std::string& what) {
 
 }  // namespace
 
+CLI::App* add_mask_command(CLI::App& app);  // tools/fajit/mask_cmd.cpp
+int run_mask_command();
+
 int main(int argc, char** argv) {
   CLI::App app{"fajit: a just-in-time kernel compiler for FlexAttention-style attention", "fajit"};
   app.require_subcommand(1);
@@ -194,6 +197,8 @@ int main(int argc, char** argv) {
   CLI::App* cache_cmd = app.add_subcommand("cache", "inspect or clear the on-disk cubin cache ($FAJIT_CACHE_DIR)");
   cache_cmd->add_option("command", cache_what, "ls, stats or clear")->required()->check(CLI::IsMember({"ls", "stats", "clear"}));
 
+  CLI::App* mask_cmd = add_mask_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -202,6 +207,7 @@ int main(int argc, char** argv) {
   try {
     if (*dump_cmd) return run_dump(dump);
     if (*cache_cmd) return run_cache(cache_what);
+    if (*mask_cmd) return run_mask_command();
     if (*run_cmd) {
       run.dtype = run_dtype == "f16" ? fa::DType::f16 : fa::DType::bf16;
       return fajit_cli::run_variant(run);

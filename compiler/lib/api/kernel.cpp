@@ -11,6 +11,7 @@
 #include "fajit/detail/program_impl.h"
 #include "fajit/jit/arch.h"
 #include "fajit/jit/compile.h"
+#include "fajit/mask_analysis.h"
 #include "fajit/params.h"
 #include "fajit/runtime/block_mask_builder.h"
 #include "fajit/runtime/device.h"
@@ -179,6 +180,17 @@ std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const
   return bytes;
 }
 
+namespace {
+
+// The symbolic block classification of `program`'s mask_mod with the captures' scalars bound
+// ([bm, hm, nq, nkv], 255 = undecided). Builders use it to skip decided blocks.
+MaskAnalysis analyze_mask_blocks(const Program& program, int bm, int hm, int64_t len_q, int64_t len_kv,
+                                 const BlockMaskOptions& options, const Captures& captures) {
+  return analyze_block_mask(program, bm, hm, len_q, len_kv, options.q_block, options.kv_block, captures);
+}
+
+}  // namespace
+
 BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
                              const BlockMaskOptions& options, Stream stream) const {
   if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
@@ -193,6 +205,10 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   if (program().mask_is_noop())
     return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
   std::vector<unsigned char> cap = pack_captures(captures);
+  // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
+  MaskAnalysis a = analyze_mask_blocks(program(), bm, hm, len_q, len_kv, options, captures);
+  if (a.undecided == 0)
+    return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, a.kinds, options.q_block, options.kv_block);
   FaCaptures fc;
   std::memcpy(&fc, cap.data(), sizeof fc);
   const Compiled& b = impl_->block_mask_kernel();
@@ -202,7 +218,8 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   o.q_block = options.q_block;
   o.kv_block = options.kv_block;
   o.stream = reinterpret_cast<CUstream>(stream);
-  return rt::build_block_mask(fn, fc, bm, hm, len_q, len_kv, o);
+  o.known = std::move(a.kinds);  // 255: evaluate element by element on the GPU
+  return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
 }
 
 void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,

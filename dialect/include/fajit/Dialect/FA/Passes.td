@@ -14,4 +14,35 @@ def FAAnnotateDeps : Pass<"fa-annotate-deps", "::mlir::ModuleOp"> {
   }];
 }
 
+def FAMaskBlockRange : Pass<"fa-mask-block-range", "::mlir::ModuleOp"> {
+  let summary = "classify one block of every mask_mod with integer range analysis";
+  let description = [{
+    For the block b in [b0, b1], h in [h0, h1], q in [q0, q1], kv in [k0, k1], runs MLIR's
+    dataflow IntegerRangeAnalysis over each fa.mask_mod (the arguments clamped to their
+    ranges, bound runtime scalars as constants, fa.load and unbound scalars as any value)
+    and attaches `fa.block = "full"` when the result is true for every element, `"empty"`
+    when it is false for every element, `"partial?"` when the analysis cannot tell (the
+    block may still be all one kind: only full and empty are claims).
+
+    ```
+    fajit-opt --fa-mask-block-range="q0=0 q1=127 k0=128 k1=255 scalars=window=64" in.mlir
+    ```
+    fa::analyze_block_mask decides the same blocks with an MLIR-free interval program at
+    block-mask build time (and then settles the "partial?" ones with a witness search).
+  }];
+  let options = [
+    Option<"q0", "q0", "int64_t", "0", "first query index of the block">,
+    Option<"q1", "q1", "int64_t", "0", "last query index of the block (inclusive)">,
+    Option<"k0", "k0", "int64_t", "0", "first key index of the block">,
+    Option<"k1", "k1", "int64_t", "0", "last key index of the block (inclusive)">,
+    Option<"b0", "b0", "int64_t", "0", "first batch index">,
+    Option<"b1", "b1", "int64_t", "2147483647", "last batch index (default: any)">,
+    Option<"h0", "h0", "int64_t", "0", "first head index">,
+    Option<"h1", "h1", "int64_t", "2147483647", "last head index (default: any)">,
+    ListOption<"scalars", "scalars", "std::string",
+               "runtime scalar values, NAME=VALUE (unbound scalars take any value)">
+  ];
+  let dependentDialects = ["::mlir::arith::ArithDialect"];
+}
+
 #endif // FAJIT_DIALECT_FA_PASSES_TD

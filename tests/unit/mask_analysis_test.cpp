@@ -1,0 +1,294 @@
+// Tests of fa::analyze_block_mask (compiler/include/fajit/mask_analysis.h): analysis plus the
+// CPU fallback equals fa::brute_force_block_classes exactly; the affine library masks are
+// decided completely; the fa-mask-block-range pass agrees with the interval program.
+#include "fajit/mask_analysis.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fajit/Dialect/FA/FAOps.h"
+#include "fajit/Dialect/FA/Passes.h"
+#include "fajit/detail/program_impl.h"
+#include "fajit/error.h"
+#include "fajit/kernel.h"
+#include "fajit/mods.h"
+#include "fajit/reference.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+
+namespace {
+
+fa::ModProgram mask_program(const fa::Program& p) {
+  return fa::ModProgram::compile(p.impl().mask.getOperation());
+}
+
+struct Case {
+  int batch = 1, heads = 1, len_q = 0, len_kv = 0, q_block = 128, kv_block = 128;
+};
+
+// Analysis (+ CPU fallback for what it leaves undecided) vs brute force, on the reduced
+// [Bm, Hm] the analysis chose.
+fa::MaskAnalysis check_exact(const fa::Program& p, const fa::Bindings& env, const fa::Captures& cap,
+                             const Case& c, const std::string& what) {
+  fa::MaskAnalysis a =
+      fa::analyze_block_mask(p, c.batch, c.heads, c.len_q, c.len_kv, c.q_block, c.kv_block, cap);
+  // Every decided block is right before the fallback runs.
+  std::vector<uint8_t> want = fa::brute_force_block_classes(
+      mask_program(p), env, a.batch, a.heads, c.len_q, c.len_kv, c.q_block, c.kv_block);
+  EXPECT_EQ(a.kinds.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size() && i < a.kinds.size(); ++i)
+    if (a.kinds[i] != fa::kUndecidedBlock && a.kinds[i] != want[i]) {
+      ADD_FAILURE() << what << ": block " << i << " decided " << int(a.kinds[i]) << ", brute force "
+                    << int(want[i]) << " (Lq " << c.len_q << " Lkv " << c.len_kv << " blocks "
+                    << c.q_block << "x" << c.kv_block << ")\n" << p.to_mlir();
+      break;
+    }
+  fa::MaskAnalysis done = a;
+  fa::evaluate_undecided_blocks(done, mask_program(p), env, c.len_q, c.len_kv, c.q_block, c.kv_block);
+  EXPECT_EQ(done.undecided, 0) << what;
+  EXPECT_EQ(done.kinds, want) << what;
+  return a;
+}
+
+TEST(MaskAnalysis, LibraryMasksAreDecidedCompletely) {
+  struct Lib {
+    fa::MaskMod mod;
+    const char* scalar;
+    std::vector<int> values;
+  };
+  std::vector<Lib> libs = {{fa::mods::causal(), nullptr, {0}},
+                           {fa::mods::sliding_window(), "window", {0, 1, 5, 100, 127, 128, 300, 5000}},
+                           {fa::mods::prefix_lm(), "prefix", {0, 1, 64, 200, 1000, 5000}},
+                           {fa::mods::padding(), "n_pad", {0, 3, 128, 250, 5000}},
+                           {fa::noop_mask(), nullptr, {0}}};
+  const Case cases[] = {{1, 1, 1024, 1024, 128, 128}, {1, 1, 1000, 1000, 128, 128},
+                        {1, 1, 300, 1100, 64, 128},   {1, 1, 1100, 300, 128, 32},
+                        {1, 1, 1, 1, 128, 128},       {1, 1, 777, 777, 16, 48}};
+  for (const Lib& l : libs) {
+    fa::Program p = fa::trace(fa::identity_score(), l.mod);
+    for (int v : l.values)
+      for (const Case& c : cases) {
+        fa::Bindings env;
+        fa::Captures cap;
+        if (l.scalar) {
+          env.scalar_i32(l.scalar, v);
+          cap.scalar(l.scalar, v);
+        }
+        std::string what = l.mod.name + (l.scalar ? ":" + std::to_string(v) : "");
+        fa::MaskAnalysis a = check_exact(p, env, cap, c, what);
+        EXPECT_EQ(a.undecided, 0) << what << " Lq " << c.len_q << " Lkv " << c.len_kv;
+        EXPECT_EQ(a.batch, 1);
+        EXPECT_EQ(a.heads, 1);
+      }
+  }
+}
+
+// ---- random and/or trees of affine atoms ----------------------------------------------------
+
+struct Node {
+  int op = 0;  // 0 atom, 1 and, 2 or, 3 not
+  int atom = 0, x = 0, y = 0;
+  std::vector<std::shared_ptr<Node>> kids;
+};
+
+fa::Bool eval_node(const Node& n, fa::Index q, fa::Index kv) {
+  using fa::Index;
+  switch (n.op) {
+    case 1: return eval_node(*n.kids[0], q, kv) && eval_node(*n.kids[1], q, kv);
+    case 2: return eval_node(*n.kids[0], q, kv) || eval_node(*n.kids[1], q, kv);
+    case 3: return !eval_node(*n.kids[0], q, kv);
+    default: break;
+  }
+  switch (n.atom) {
+    case 0: return q + Index(n.x) >= kv;                     // causal with an offset (Lkv - Lq)
+    case 1: return q - kv <= Index(n.x);                     // window bound
+    case 2: return kv - q <= Index(n.x);                     // look-ahead bound
+    case 3: return kv < Index(n.x);                          // prefix / kv length
+    case 4: return q >= Index(n.x);                          // padding of q
+    case 5: return kv >= Index(n.x);                         // padding of kv
+    case 6: return fa::abs(q - kv + Index(n.y)) <= Index(n.x);  // symmetric band
+    case 7: return q < Index(n.x);                           // q length
+    case 8: return fa::min(q, Index(n.y)) - kv > Index(n.x);  // clamped
+    case 9: return q * Index(2) - kv * Index(3) < Index(n.x);  // other slopes
+    case 10: return q / Index(64) == kv / Index(64);          // block-diagonal (non-affine)
+    case 11: return (q - kv) % Index(n.y) == Index(0);        // dilated (non-affine)
+    default: return fa::where(q > kv, Index(n.x), Index(n.y)) < q - kv;  // select
+  }
+}
+
+std::shared_ptr<Node> random_tree(std::mt19937& rng, int depth) {
+  auto n = std::make_shared<Node>();
+  std::uniform_int_distribution<int> op(0, depth > 0 ? 3 : 0);
+  n->op = op(rng);
+  if (n->op == 0) {
+    n->atom = std::uniform_int_distribution<int>(0, 12)(rng);
+    n->x = std::uniform_int_distribution<int>(-300, 900)(rng);
+    n->y = std::uniform_int_distribution<int>(1, 9)(rng);
+    return n;
+  }
+  n->kids.push_back(random_tree(rng, depth - 1));
+  if (n->op != 3) n->kids.push_back(random_tree(rng, depth - 1));
+  return n;
+}
+
+TEST(MaskAnalysis, RandomCompositionsMatchBruteForce) {
+  std::mt19937 rng(20261121);
+  int64_t decided = 0, total = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    std::shared_ptr<Node> tree = random_tree(rng, 3);
+    fa::MaskMod m{"random", [tree](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                    return eval_node(*tree, q, kv);
+                  }};
+    fa::Program p = fa::trace(fa::identity_score(), m);
+    const int blocks[] = {16, 32, 64, 128};
+    Case c;
+    c.len_q = std::uniform_int_distribution<int>(1, 900)(rng);
+    c.len_kv = std::uniform_int_distribution<int>(1, 900)(rng);
+    c.q_block = blocks[rng() % 4];
+    c.kv_block = blocks[rng() % 4];
+    fa::MaskAnalysis a = check_exact(p, fa::Bindings{}, fa::Captures{}, c, "random #" + std::to_string(iter));
+    decided += a.decided;
+    total += int64_t(a.kinds.size());
+    if (HasFailure()) break;
+  }
+  // Most blocks of these (mostly affine) masks are decided without element evaluation.
+  EXPECT_GT(double(decided) / double(total), 0.9) << decided << " of " << total;
+}
+
+TEST(MaskAnalysis, DataDependentMasksFallBack) {
+  // document: every block reads doc_ids; with causal the upper triangle is still decided.
+  std::vector<int32_t> doc(1000);
+  for (int i = 0; i < 1000; ++i) doc[i] = i / 137;
+  fa::Bindings env;
+  env.buffer("doc_ids", fa::HostBuffer::i32(doc.data(), {1000}));
+  fa::Program plain = fa::trace(fa::identity_score(), fa::mods::document());
+  fa::MaskAnalysis a = check_exact(plain, env, fa::Captures{}, {1, 1, 1000, 1000, 128, 128}, "document");
+  EXPECT_GT(a.undecided, 0);
+  EXPECT_TRUE(a.reads_buffers);
+  fa::Program causal_doc =
+      fa::trace(fa::identity_score(), fa::and_masks({fa::mods::causal(), fa::mods::document()}));
+  fa::MaskAnalysis b = check_exact(causal_doc, env, fa::Captures{}, {1, 1, 1000, 1000, 128, 128}, "causal document");
+  EXPECT_GE(b.decided, 8 * 7 / 2);  // the empty upper triangle
+  // dilated sliding window: no buffers, non-affine; the analysis is still exact where it decides.
+  fa::Program dil = fa::trace(fa::identity_score(), fa::mods::dilated_sliding_window());
+  for (int w : {0, 50, 300})
+    for (int d : {1, 2, 3, 7}) {
+      fa::Bindings e;
+      e.scalar_i32("window", w).scalar_i32("dilation", d);
+      fa::Captures cap;
+      cap.scalar("window", w).scalar("dilation", d);
+      check_exact(dil, e, cap, {1, 1, 700, 900, 64, 32}, "dilated");
+    }
+}
+
+TEST(MaskAnalysis, DependenceKeepsOnlyWhatTheMaskReads) {
+  fa::MaskMod per_head{"per_head", [](fa::Index, fa::Index h, fa::Index q, fa::Index kv) {
+                         return q - kv <= h * fa::Index(100) && q >= kv;
+                       }};
+  fa::Program p = fa::trace(fa::identity_score(), per_head);
+  fa::MaskAnalysis a = check_exact(p, fa::Bindings{}, fa::Captures{}, {3, 4, 500, 500, 64, 64}, "per_head");
+  EXPECT_EQ(a.batch, 1);
+  EXPECT_EQ(a.heads, 4);
+  EXPECT_EQ(a.undecided, 0);
+  fa::MaskMod per_batch{"per_batch", [](fa::Index b, fa::Index, fa::Index q, fa::Index kv) {
+                          return kv < (b + fa::Index(1)) * fa::Index(77) || q >= kv;
+                        }};
+  fa::Program pb = fa::trace(fa::identity_score(), per_batch);
+  fa::MaskAnalysis c = check_exact(pb, fa::Bindings{}, fa::Captures{}, {3, 4, 300, 300, 32, 64}, "per_batch");
+  EXPECT_EQ(c.batch, 3);
+  EXPECT_EQ(c.heads, 1);
+}
+
+TEST(MaskAnalysis, FloatAndUnsignedArithmeticIsSound) {
+  fa::MaskMod f{"float_band", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                  fa::Score d = fa::to_float(q - kv) * fa::Score(0.5f);
+                  return d >= fa::Score(0.0f) && d < fa::scalar<float>("half_window").value();
+                }};
+  fa::Program p = fa::trace(fa::identity_score(), f);
+  fa::Bindings env;
+  env.scalar_f32("half_window", 40.5f);
+  fa::Captures cap;
+  cap.scalar("half_window", 40.5f);
+  fa::MaskAnalysis a = check_exact(p, env, cap, {1, 1, 600, 600, 32, 32}, "float_band");
+  EXPECT_EQ(a.undecided, 0);
+  // Without the scalar bound the analysis must not claim anything the value could change.
+  fa::MaskAnalysis u = fa::analyze_block_mask(p, 1, 1, 600, 600, 32, 32, fa::Captures{});
+  for (uint8_t k : u.kinds) EXPECT_TRUE(k == 0 || k == fa::kUndecidedBlock || k == 1);
+  // Wrap-around: q * 2^30 overflows; the analysis must widen, not decide wrongly.
+  fa::MaskMod wrap{"wrap", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                     return q * fa::Index(1 << 30) + kv >= fa::Index(0);
+                   }};
+  check_exact(fa::trace(fa::identity_score(), wrap), fa::Bindings{}, fa::Captures{}, {1, 1, 300, 300, 16, 16}, "wrap");
+}
+
+TEST(MaskAnalysis, Errors) {
+  fa::Program p = fa::trace(fa::identity_score(), fa::mods::causal());
+  EXPECT_THROW(fa::analyze_block_mask(p, 0, 1, 10, 10, 128, 128, fa::Captures{}), fa::Error);
+  EXPECT_THROW(fa::analyze_block_mask(p, 1, 1, 10, 10, 0, 128, fa::Captures{}), fa::Error);
+}
+
+// ---- the MLIR pass agrees with the interval program on the library masks --------------------
+
+std::string pass_verdict(const fa::Program& p, int64_t q0, int64_t k0, int64_t size,
+                         const std::vector<std::string>& scalars) {
+  std::unique_ptr<mlir::MLIRContext> ctx = fa::detail::make_context();
+  mlir::OwningOpRef<mlir::ModuleOp> m = mlir::parseSourceString<mlir::ModuleOp>(p.to_mlir(), ctx.get());
+  if (!m) return "parse error";
+  mlir::PassManager pm(ctx.get());
+  mlir::fa::FAMaskBlockRangeOptions o;
+  o.q0 = q0;
+  o.q1 = q0 + size - 1;
+  o.k0 = k0;
+  o.k1 = k0 + size - 1;
+  o.b1 = 0;
+  o.h1 = 0;
+  o.scalars = scalars;
+  pm.addPass(mlir::fa::createFAMaskBlockRange(o));
+  if (mlir::failed(pm.run(*m))) return "pass failed";
+  for (auto mask : m->getBody()->getOps<mlir::fa::MaskModOp>())
+    if (auto a = mask->getAttrOfType<mlir::StringAttr>("fa.block")) return a.getValue().str();
+  return "no attribute";
+}
+
+TEST(MaskAnalysis, PassAgreesWithIntervalProgram) {
+  struct Lib {
+    fa::MaskMod mod;
+    const char* scalar;
+    int value;
+  };
+  std::vector<Lib> libs = {{fa::mods::causal(), nullptr, 0},
+                           {fa::mods::sliding_window(), "window", 100},
+                           {fa::mods::prefix_lm(), "prefix", 200},
+                           {fa::mods::padding(), "n_pad", 150}};
+  for (const Lib& l : libs) {
+    fa::Program p = fa::trace(fa::identity_score(), l.mod);
+    fa::MaskRangeProgram rp = fa::MaskRangeProgram::compile(p);
+    fa::ScalarValues sv;
+    if (l.scalar) {
+      fa::ScalarValue v;
+      v.type = fa::ScalarType::kI32;
+      v.i = l.value;
+      sv[l.scalar] = v;
+    }
+    int checked = 0;
+    for (int qb = 0; qb < 4; ++qb)
+      for (int kb = 0; kb < 4; ++kb) {
+        int64_t q0 = qb * 128, k0 = kb * 128;
+        fa::MaskVerdict v = rp.eval({0, 0}, {0, 0}, {q0, q0 + 127}, {k0, k0 + 127}, sv);
+        std::vector<std::string> scalars;
+        if (l.scalar) scalars.push_back(std::string(l.scalar) + "=" + std::to_string(l.value));
+        std::string want = v == fa::MaskVerdict::kTrue ? "full" : v == fa::MaskVerdict::kFalse ? "empty" : "partial?";
+        EXPECT_EQ(pass_verdict(p, q0, k0, 128, scalars), want) << l.mod.name << " q0=" << q0 << " k0=" << k0;
+        ++checked;
+      }
+    EXPECT_EQ(checked, 16);
+  }
+}
+
+}  // namespace
