@@ -168,6 +168,7 @@ int run_mask_command() {
     std::cout << fmt::format("time: analysis {:.3f} ms, CPU evaluation {:.3f} ms\n", ms_analysis, ms_cpu);
   }
   if (a.undecided > 0) {
+    std::cout.flush();
     std::fprintf(stderr,
                  "fajit: error: %lld blocks depend on data (buffer %s); evaluating them needs the buffer "
                  "values, which only a program building the mask has (fa::create_block_mask on a GPU)\n",

@@ -605,6 +605,7 @@ struct Classifier {
   int64_t len_q, len_kv;
   int q_block, kv_block, nkv;
   uint8_t* kinds;  // [nq, nkv] of this (b, h)
+  int64_t undecided = 0;
 
   IndexRange qrange(int qb0, int qb1) const {
     return {int64_t(qb0) * q_block, std::min<int64_t>(int64_t(qb1) * q_block, len_q) - 1};
@@ -613,6 +614,7 @@ struct Classifier {
     return {int64_t(kb0) * kv_block, std::min<int64_t>(int64_t(kb1) * kv_block, len_kv) - 1};
   }
   void fill(int qb0, int qb1, int kb0, int kb1, uint8_t kind) {
+    if (kind == kUndecidedBlock) undecided += int64_t(qb1 - qb0) * (kb1 - kb0);
     for (int qb = qb0; qb < qb1; ++qb) std::memset(kinds + size_t(qb) * nkv + kb0, kind, size_t(kb1 - kb0));
   }
 
@@ -625,7 +627,9 @@ struct Classifier {
       return;
     }
     if (qb1 - qb0 == 1 && kb1 - kb0 == 1) {
-      kinds[size_t(qb0) * nkv + kb0] = leaf(qrange(qb0, qb1), krange(kb0, kb1));
+      const uint8_t k = leaf(qrange(qb0, qb1), krange(kb0, kb1));
+      kinds[size_t(qb0) * nkv + kb0] = k;
+      undecided += k == kUndecidedBlock;
       return;
     }
     const int qm = qb1 - qb0 > 1 ? (qb0 + qb1) / 2 : qb1;
@@ -796,15 +800,15 @@ MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int 
   a.num_kv_blocks = static_cast<int>((len_kv + kv_block - 1) / kv_block);
   a.reads_buffers = f.reads_buffers;
   const size_t per = size_t(a.num_q_blocks) * a.num_kv_blocks;
-  a.kinds.assign(size_t(a.batch) * a.heads * per, 0);
+  a.kinds.resize(size_t(a.batch) * a.heads * per);  // every block is written below
   detail::Evaluator ev(f, scalars);
   for (int bi = 0; bi < a.batch; ++bi)
     for (int hi = 0; hi < a.heads; ++hi) {
       detail::Classifier c{ev, f, {bi, bi}, {hi, hi}, len_q, len_kv, q_block, kv_block,
                            a.num_kv_blocks, a.kinds.data() + (size_t(bi) * a.heads + hi) * per};
       c.region(0, a.num_q_blocks, 0, a.num_kv_blocks);
+      a.undecided += c.undecided;
     }
-  a.undecided = std::count(a.kinds.begin(), a.kinds.end(), kUndecidedBlock);
   a.decided = int64_t(a.kinds.size()) - a.undecided;
   a.evaluations = ev.evaluations;
   return a;
