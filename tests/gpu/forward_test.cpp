@@ -1,0 +1,445 @@
+// fa::compile'd forward kernels on the GPU against fa::reference_attention (float64) over the
+// interpreter programs of the same fa IR, with host copies of the same captures.
+//
+// Inputs are random (seeded per case by its name), rounded to the kernel's dtype on the host,
+// so the reference reads exactly what the GPU reads. O and LSE are poisoned (NaN) before every
+// launch; every element must be written, nothing may be NaN, fully masked rows must be O = 0,
+// LSE = -inf, and the error must stay under:
+//   ||O - ref|| / ||ref|| (whole tensor)  < 1e-2 bf16, 5e-3 f16
+//   the same per row                      < 4e-2 bf16, 2e-2 f16 (a row-local bug, e.g. in the
+//                                           last q tile, barely moves the global norm)
+//   |LSE - ref| where finite               < 2e-2
+// A global environment compiles the kernels and computes the references of the selected cases
+// in parallel before the first test (the host reference is single-threaded and dominates).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "fajit/runtime/device.h"
+#include "gpu_harness.h"
+
+namespace fa_gpu_test {
+namespace {
+
+struct FwdCase {
+  std::string variant;
+  fa::DType dtype;
+  int dqk, dv;
+  int B, Hq, Hkv, Lq, Lkv;
+  int param = -1;            // the variant's knob (window, prefix, n_pad, ...); < 0: default
+  std::string tag;           // appended to the name
+  bool noncontig = false;    // Q/K/V slices of one [B, L, Hq + 2 Hkv, D] buffer; O [B, Lq, Hq + 1, Dv]
+  float scale = 0.0f;        // 0: default 1/sqrt(dqk)
+  fa::TileConfig tile{};     // default: per head dims
+  int q_block = 128, kv_block = 128;
+  bool no_lse = false;       // launch without the LSE output
+  bool own_stream = false;   // launch on a non-blocking stream of our own
+
+  std::string name() const {
+    std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
+                    std::to_string(dv) + "_b" + std::to_string(B) + "h" + std::to_string(Hq) + "g" +
+                    std::to_string(Hq / Hkv) + "_" + std::to_string(Lq) + "x" + std::to_string(Lkv);
+    if (!tag.empty()) n += "_" + tag;
+    return n;
+  }
+  fa::Options options() const {
+    fa::Options o;
+    o.dtype = dtype, o.head_dim_qk = dqk, o.head_dim_v = dv, o.tile = tile;
+    return o;
+  }
+};
+
+// gtest prints a case by its name (ctest shows it beside the test name).
+void PrintTo(const FwdCase& c, std::ostream* os) { *os << c.name(); }
+
+constexpr fa::DType bf16 = fa::DType::bf16, f16 = fa::DType::f16;
+
+FwdCase with(FwdCase c, const std::string& tag, std::function<void(FwdCase&)> f) {
+  c.tag = tag;
+  f(c);
+  return c;
+}
+
+// A covering set, not the cross product: every library mod at both dtypes, every head-dim pair
+// at both dtypes, lengths 1 / 17 / 1000 / 4097 (Lq != Lkv both ways), GQA groups 1, 2, 4, 8.
+const std::vector<FwdCase>& cases() {
+  static const std::vector<FwdCase> all = {
+      //  variant              dtype dqk  dv  B  Hq Hkv   Lq    Lkv  param
+      {"none",                 bf16, 128, 128, 2, 2, 2,  1000, 1000},
+      {"none",                 f16,   64,  64, 1, 8, 1,    17,   17},
+      with({"none",            f16,   64,  64, 1, 2, 2,  1000, 1000}, "scale", [](FwdCase& c) { c.scale = 0.3f; }),
+      {"causal",               bf16,  64,  64, 1, 2, 2,  4097, 4097},
+      {"causal",               f16,  128,  64, 2, 4, 1,  1000, 4097},
+      {"causal",               bf16, 128, 128, 1, 4, 1,     1,    1},
+      {"causal_alibi",         bf16, 128, 128, 1, 8, 1,  1000, 1000},
+      {"causal_alibi",         f16,   64, 128, 2, 4, 4,    17, 1000},
+      with({"causal_alibi",    bf16, 128, 128, 1, 2, 1,  1000, 1000}, "tile64x32w4s3",
+           [](FwdCase& c) { c.tile = fa::TileConfig{64, 32, 4, 3}; }),
+      {"alibi_slopes",         f16,  128, 128, 1, 4, 1,  1000,   17},
+      {"alibi_slopes",         bf16,  64,  64, 2, 8, 2,     1, 4097},
+      {"alibi_slopes",         bf16, 128,  64, 1, 4, 4,  4097, 1000},
+      {"document_softcap",     bf16,  64, 128, 1, 4, 1,  4097, 4097},
+      {"document_softcap",     f16,  128, 128, 1, 2, 2,    17, 1000},
+      {"document2d_causal",    bf16,  64,  64, 3, 2, 2,  1000, 1000},
+      {"sliding",              bf16, 128, 128, 1, 8, 1,  4097, 4097, 200},
+      {"sliding",              f16,   64,  64, 2, 4, 1,  1000, 1000, 100},
+      {"sliding",              bf16,  64, 128, 1, 4, 4,    17,   17, 5},
+      with({"sliding",         f16,   64,  64, 1, 2, 2,  1000, 1000, 100}, "blocks256x64",
+           [](FwdCase& c) { c.q_block = 256, c.kv_block = 64; }),
+      {"head_sliding",         f16,  128, 128, 1, 4, 2,  1000, 1000},
+      {"prefix_lm",            f16,  128, 128, 1, 4, 2,  1000, 1000, 300},
+      {"prefix_lm",            bf16, 128,  64, 2, 8, 1,    17,   17, 5},
+      {"padding",              bf16,  64,  64, 2, 4, 4,  1000, 1000, 333},
+      {"padding",              f16,  128, 128, 1, 8, 1,    17,   17, 5},
+      with({"padding",         f16,  128,  64, 1, 4, 4,    17, 1000, 17}, "allmasked", [](FwdCase&) {}),
+      {"dilated",              f16,   64, 128, 1, 4, 1,  4097, 1000, 200},
+      {"dilated",              bf16, 128, 128, 1, 2, 2,  1000, 1000, 150},
+      {"relative_bias",        bf16, 128,  64, 1, 2, 1,    17, 4097},
+      {"relative_bias",        f16,   64,  64, 2, 4, 4,  1000, 1000},
+      with({"sliding",         bf16, 128, 128, 2, 4, 2,  1000, 1000, 300}, "noncontig",
+           [](FwdCase& c) { c.noncontig = true; }),
+      with({"relative_bias",   f16,   64,  64, 1, 8, 1,    17,   17}, "noncontig",
+           [](FwdCase& c) { c.noncontig = true; }),
+      with({"causal",          f16,   64,  64, 1, 2, 1,  1000, 1000}, "nolse_stream",
+           [](FwdCase& c) { c.no_lse = true, c.own_stream = true; }),
+  };
+  return all;
+}
+
+// Element offset and strides of one [B, H, L, D] operand inside a case's input buffer.
+struct Operand {
+  int64_t offset = 0;
+  std::array<int64_t, 4> stride{};
+};
+
+struct Prepared {
+  std::optional<fa::Kernel> kernel;
+  CaptureSet caps;
+  fa::Captures captures;
+  fa::BlockMask mask;
+  std::vector<uint16_t> in_bits;  // Q, K and V, rounded to the dtype
+  std::vector<float> in_vals;     // the same values as float
+  Operand q, k, v;
+  fa::ReferenceResult ref;
+  double compile_s = 0, ref_s = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::shared_ptr<Prepared> prepare(const FwdCase& c) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto p = std::make_shared<Prepared>();
+  const Variant& var = variant(c.variant);
+  p->kernel.emplace(fa::compile(var.score(), var.mask(), c.options()));
+  p->compile_s = seconds_since(t0);
+
+  std::mt19937 rng(static_cast<uint32_t>(fnv1a(c.name())));
+  var.fill(p->caps, Dims{c.B, c.Hq, c.Lq, c.Lkv}, c.param, rng);
+  p->caps.upload();
+  p->captures = p->caps.captures();
+  fa::BlockMaskOptions bo;
+  bo.q_block = c.q_block, bo.kv_block = c.kv_block;
+  p->mask = p->kernel->block_mask(c.B, c.Hq, c.Lq, c.Lkv, p->captures, bo);
+
+  // Inputs.
+  int64_t total = 0;
+  if (c.noncontig) {
+    const int64_t L = std::max(c.Lq, c.Lkv), Ht = c.Hq + 2 * c.Hkv, D = c.dqk;
+    const std::array<int64_t, 4> s{L * Ht * D, D, Ht * D, 1};
+    p->q = {0, s}, p->k = {c.Hq * D, s}, p->v = {(c.Hq + c.Hkv) * D, s};
+    total = c.B * L * Ht * D;
+  } else {
+    auto contiguous = [&](int H, int L, int D) {
+      Operand o{total, {int64_t(H) * L * D, int64_t(L) * D, D, 1}};
+      total += int64_t(c.B) * H * L * D;
+      total = (total + 63) / 64 * 64;  // keep each operand 128-byte aligned
+      return o;
+    };
+    p->q = contiguous(c.Hq, c.Lq, c.dqk);
+    p->k = contiguous(c.Hkv, c.Lkv, c.dqk);
+    p->v = contiguous(c.Hkv, c.Lkv, c.dv);
+  }
+  p->in_bits.resize(size_t(total));
+  p->in_vals.resize(size_t(total));
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (int64_t i = 0; i < total; ++i) {
+    p->in_bits[size_t(i)] = to_bits(c.dtype, u(rng));
+    p->in_vals[size_t(i)] = from_bits(c.dtype, p->in_bits[size_t(i)]);
+  }
+
+  // Reference.
+  auto t1 = std::chrono::steady_clock::now();
+  ModPrograms progs = mod_programs(p->kernel->program());
+  fa::Bindings env = p->caps.bindings();
+  fa::ReferenceShape shape{c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv};
+  fa::ReferenceOptions ro;
+  if (c.scale != 0.0f) ro.scale = double(c.scale);
+  ro.score_mod = &progs.score, ro.mask_mod = &progs.mask, ro.bindings = &env;
+  ro.q_strides = p->q.stride, ro.k_strides = p->k.stride, ro.v_strides = p->v.stride;
+  p->ref = fa::reference_attention(shape, p->in_vals.data() + p->q.offset, p->in_vals.data() + p->k.offset,
+                                   p->in_vals.data() + p->v.offset, ro);
+  p->ref_s = seconds_since(t1);
+  return p;
+}
+
+// Cases prepared (or being prepared) by name.
+std::mutex g_mu;
+std::map<std::string, std::shared_future<std::shared_ptr<Prepared>>> g_prepared;
+
+std::shared_future<std::shared_ptr<Prepared>> start(const FwdCase& c) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_prepared.find(c.name());
+  if (it != g_prepared.end()) return it->second;
+  auto f = std::async(std::launch::async, [c] { return prepare(c); }).share();
+  g_prepared.emplace(c.name(), f);
+  return f;
+}
+
+struct Summary {
+  std::string name;
+  double rel, row_rel, lse_err, max_abs, compile_s, ref_s, gpu_ms;
+  long masked_rows;
+};
+std::vector<Summary> g_summary;
+
+// Starts every selected forward case at once, and prints the error summary at the end.
+class PrepareEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!fa::rt::cuda_available()) return;
+    {
+      fa::rt::ContextGuard guard;
+      const fa::rt::DeviceInfo& d = fa::rt::current_device_info();
+      std::printf("[ device   ] %s (%s, %d SMs)\n", d.name.c_str(), d.arch().c_str(), d.sm_count);
+    }
+    auto* ut = ::testing::UnitTest::GetInstance();
+    int n = 0;
+    for (int i = 0; i < ut->total_test_suite_count(); ++i) {
+      const ::testing::TestSuite* ts = ut->GetTestSuite(i);
+      for (int j = 0; j < ts->total_test_count(); ++j) {
+        const ::testing::TestInfo* ti = ts->GetTestInfo(j);
+        if (!ti->should_run()) continue;
+        const std::string full = std::string(ts->name()) + "." + ti->name();
+        for (const FwdCase& c : cases()) {
+          const std::string suffix = "/" + c.name();
+          if (full.size() >= suffix.size() && full.compare(full.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            start(c);
+            ++n;
+          }
+        }
+      }
+    }
+    std::printf("[ prepare  ] compiling kernels and computing references of %d forward cases in the background\n", n);
+  }
+  void TearDown() override {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      for (auto& [name, f] : g_prepared) f.wait();
+      g_prepared.clear();  // device buffers freed before static destruction
+    }
+    if (g_summary.empty()) return;
+    std::printf("\nforward summary (rel = ||O-ref||/||ref||, row = worst row of the same, lse = max |LSE-ref|)\n");
+    std::printf("%-52s %9s %9s %9s %9s %6s %8s %7s %8s\n", "case", "rel", "row", "lse", "max_abs", "masked",
+                "compile", "ref", "gpu_ms");
+    for (const Summary& s : g_summary)
+      std::printf("%-52s %9.2e %9.2e %9.2e %9.2e %6ld %7.1fs %6.1fs %8.3f\n", s.name.c_str(), s.rel, s.row_rel,
+                  s.lse_err, s.max_abs, s.masked_rows, s.compile_s, s.ref_s, s.gpu_ms);
+  }
+};
+const auto* const g_env = ::testing::AddGlobalTestEnvironment(new PrepareEnvironment);
+
+struct Stats {
+  double rel = 0, row_rel = 0, lse_err = 0, max_abs = 0;
+  long nan_o = 0, nan_lse = 0, masked_rows = 0, bad_masked = 0, bad_lse = 0, gap_written = 0;
+  std::string first_bad;
+};
+
+// Launches c's kernel once (O and LSE poisoned first) and compares with `ref`.
+Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepared& in, const fa::BlockMask& mask,
+                       const fa::Captures& captures, const fa::ReferenceResult& ref, double* gpu_ms = nullptr) {
+  fa::rt::ContextGuard guard;
+  fa::rt::DeviceBuffer d_in(in.in_bits.size() * 2);
+  d_in.upload(in.in_bits.data(), in.in_bits.size() * 2);
+  auto* base = d_in.as<uint16_t>();
+  auto view = [&](const Operand& o, int H, int L, int D) {
+    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D}, {o.stride[0], o.stride[1], o.stride[2], 1});
+  };
+  const fa::TensorView q = view(in.q, c.Hq, c.Lq, c.dqk), k = view(in.k, c.Hkv, c.Lkv, c.dqk),
+                       v = view(in.v, c.Hkv, c.Lkv, c.dv);
+  // O: contiguous, or [B, Lq, Hq + 1, Dv] whose extra head is a gap that must stay poisoned.
+  const int64_t oh = c.noncontig ? c.Hq + 1 : c.Hq;
+  const std::array<int64_t, 4> os = c.noncontig
+                                        ? std::array<int64_t, 4>{c.Lq * oh * c.dv, c.dv, oh * c.dv, 1}
+                                        : std::array<int64_t, 4>{c.Hq * int64_t(c.Lq) * c.dv, int64_t(c.Lq) * c.dv, c.dv, 1};
+  const size_t o_elems = size_t(c.B) * c.Lq * oh * c.dv, rows = size_t(c.B) * c.Hq * c.Lq;
+  fa::rt::DeviceBuffer d_o(o_elems * 2), d_lse(rows * 4);
+  d_o.memset8(0xFF);  // kPoison16
+  d_lse.memset32(kPoison32);
+  const fa::TensorView o(d_o.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv}, {os[0], os[1], os[2], 1});
+  const fa::TensorView lse(d_lse.as<void>(), fa::DType::f32, {c.B, c.Hq, c.Lq});
+  fa::ForwardOptions fo;
+  fo.scale = c.scale;
+  fo.lse = c.no_lse ? nullptr : &lse;
+  fa::rt::synchronize(nullptr);  // the poison memsets are asynchronous
+  CUstream stream = nullptr;
+  if (c.own_stream) FA_CU(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);
+  auto t0 = std::chrono::steady_clock::now();
+  kernel.forward(q, k, v, o, mask, captures, fo, reinterpret_cast<fa::Stream>(stream));
+  fa::rt::synchronize(stream);
+  if (gpu_ms) *gpu_ms = seconds_since(t0) * 1e3;
+  if (stream) FA_CU(cuStreamDestroy, stream);
+
+  std::vector<uint16_t> h_o(o_elems);
+  std::vector<float> h_lse(rows);
+  d_o.download(h_o.data(), o_elems * 2);
+  d_lse.download(h_lse.data(), rows * 4);
+
+  Stats s;
+  double err2 = 0, ref2 = 0;
+  auto note = [&](const std::string& what) {
+    if (s.first_bad.empty()) s.first_bad = what;
+  };
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < c.Lq; ++i) {
+        const size_t ri = (size_t(b) * c.Hq + h) * c.Lq + i;
+        const std::string where = "b=" + std::to_string(b) + " h=" + std::to_string(h) + " q=" + std::to_string(i);
+        const double rl = ref.lse[ri];
+        const float gl = h_lse[ri];
+        const uint16_t* orow = h_o.data() + b * os[0] + h * os[1] + int64_t(i) * os[2];
+        const double* rrow = ref.out.data() + ri * c.dv;
+        if (c.no_lse) {
+          // Nothing may be written to the LSE buffer the kernel was not given.
+          uint32_t bits;
+          std::memcpy(&bits, &gl, 4);
+          if (bits != kPoison32) ++s.bad_lse, note("LSE buffer written without an LSE output at " + where);
+        } else if (std::isnan(gl)) {
+          ++s.nan_lse, note("LSE NaN at " + where);
+        }
+        if (std::isinf(rl)) {  // fully masked row: O exactly 0, LSE -inf
+          ++s.masked_rows;
+          bool ok = c.no_lse || gl == -std::numeric_limits<float>::infinity();
+          for (int d = 0; d < c.dv; ++d) ok = ok && (orow[d] & 0x7fff) == 0;
+          if (!ok) ++s.bad_masked, note("fully masked row not O=0/LSE=-inf at " + where);
+          continue;
+        }
+        if (!c.no_lse && !std::isnan(gl)) {
+          const double e = std::isfinite(gl) ? std::abs(double(gl) - rl) : std::numeric_limits<double>::infinity();
+          if (e > s.lse_err) s.lse_err = e;
+          if (!(e < 2e-2)) ++s.bad_lse, note("LSE " + std::to_string(gl) + " vs " + std::to_string(rl) + " at " + where);
+        }
+        double re2 = 0, rr2 = 0;
+        for (int d = 0; d < c.dv; ++d) {
+          const float g = from_bits(c.dtype, orow[d]);
+          if (std::isnan(g)) {
+            ++s.nan_o, note("O NaN (bits " + std::to_string(orow[d]) + ") at " + where + " d=" + std::to_string(d));
+            continue;
+          }
+          const double e = double(g) - rrow[d];
+          re2 += e * e, rr2 += rrow[d] * rrow[d];
+          s.max_abs = std::max(s.max_abs, std::abs(e));
+        }
+        err2 += re2, ref2 += rr2;
+        const double row = std::sqrt(re2) / std::max(std::sqrt(rr2), 1e-6);
+        if (row > s.row_rel) {
+          s.row_rel = row;
+          if (row > (c.dtype == bf16 ? 4e-2 : 2e-2)) note("row error " + std::to_string(row) + " at " + where);
+        }
+      }
+  s.rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  if (c.noncontig)
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < c.Lq; ++i)
+        for (int d = 0; d < c.dv; ++d)
+          if (h_o[size_t(b * os[0] + c.Hq * os[1] + int64_t(i) * os[2] + d)] != kPoison16) ++s.gap_written;
+  return s;
+}
+
+void expect_good(const FwdCase& c, const Stats& s) {
+  const double tol = c.dtype == bf16 ? 1e-2 : 5e-3, row_tol = c.dtype == bf16 ? 4e-2 : 2e-2;
+  EXPECT_EQ(s.nan_o, 0) << "O elements NaN / never written; first: " << s.first_bad;
+  EXPECT_EQ(s.nan_lse, 0) << "LSE NaN / never written; first: " << s.first_bad;
+  EXPECT_EQ(s.bad_masked, 0) << "fully masked rows wrong; first: " << s.first_bad;
+  EXPECT_EQ(s.bad_lse, 0) << "LSE off by >= 2e-2; first: " << s.first_bad;
+  EXPECT_EQ(s.gap_written, 0) << "O elements outside the view were written";
+  EXPECT_LT(s.rel, tol) << s.first_bad;
+  EXPECT_LT(s.row_rel, row_tol) << s.first_bad;
+}
+
+class ForwardTest : public ::testing::TestWithParam<FwdCase> {};
+
+TEST_P(ForwardTest, MatchesReference) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const FwdCase& c = GetParam();
+  std::shared_ptr<Prepared> p = start(c).get();
+  const Variant& var = variant(c.variant);
+  EXPECT_EQ(p->mask.batch(), var.mask_batch ? c.B : 1);
+  EXPECT_EQ(p->mask.heads(), var.mask_heads ? c.Hq : 1);
+  double ms = 0;
+  Stats s = launch_and_check(c, *p->kernel, *p, p->mask, p->captures, p->ref, &ms);
+  std::printf("[ stats    ] rel %.2e  row %.2e  lse %.2e  max_abs %.2e  masked rows %ld  (compile %.1f s, ref %.1f s,%s)\n",
+              s.rel, s.row_rel, s.lse_err, s.max_abs, s.masked_rows, p->compile_s, p->ref_s, p->caps.describe().c_str());
+  g_summary.push_back({c.name(), s.rel, s.row_rel, s.lse_err, s.max_abs, p->compile_s, p->ref_s, ms, s.masked_rows});
+  expect_good(c, s);
+  if (c.variant == "padding" && c.param >= c.Lq) EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.Lq);
+  if (c.variant == "padding" && c.param < c.Lq) EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ForwardTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<FwdCase>& i) { return i.param.name(); });
+
+// Runtime scalars are kernel arguments: two windows, one compiled kernel (one cache key), both
+// launches right.
+TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  FwdCase c{"sliding", bf16, 64, 64, 1, 2, 2, 1000, 1000};
+  const Variant& var = variant(c.variant);
+  std::shared_ptr<Prepared> base;
+  {
+    FwdCase c7 = c;
+    c7.param = 7;
+    base = prepare(c7);
+  }
+  const fa::Kernel again = fa::compile(var.score(), var.mask(), c.options());
+  EXPECT_EQ(again.cache_key(), base->kernel->cache_key());
+  EXPECT_EQ(again.origin(), fa::CacheOrigin::kMemory);
+
+  CaptureSet caps300;
+  caps300.scalar_i32("window", 300);
+  const fa::Captures cap300 = caps300.captures();
+  const fa::BlockMask mask300 = again.block_mask(c.B, c.Hq, c.Lq, c.Lkv, cap300);
+  EXPECT_NE(mask300.density().fraction, base->mask.density().fraction);
+  ModPrograms progs = mod_programs(again.program());
+  fa::Bindings env = caps300.bindings();
+  fa::ReferenceOptions ro;
+  ro.score_mod = &progs.score, ro.mask_mod = &progs.mask, ro.bindings = &env;
+  ro.q_strides = base->q.stride, ro.k_strides = base->k.stride, ro.v_strides = base->v.stride;
+  const fa::ReferenceResult ref300 = fa::reference_attention(
+      {c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, base->in_vals.data() + base->q.offset,
+      base->in_vals.data() + base->k.offset, base->in_vals.data() + base->v.offset, ro);
+
+  // window 7 with the first kernel, then window 300 with the second handle (same module).
+  Stats s7 = launch_and_check(c, *base->kernel, *base, base->mask, base->captures, base->ref);
+  expect_good(c, s7);
+  Stats s300 = launch_and_check(c, again, *base, mask300, cap300, ref300);
+  expect_good(c, s300);
+  // And the two references really differ (the scalar changed the result).
+  double diff = 0;
+  for (size_t i = 0; i < ref300.out.size(); ++i) diff = std::max(diff, std::abs(ref300.out[i] - base->ref.out[i]));
+  EXPECT_GT(diff, 1e-2);
+  std::printf("[ stats    ] window 7: rel %.2e row %.2e; window 300: rel %.2e row %.2e\n", s7.rel, s7.row_rel,
+              s300.rel, s300.row_rel);
+}
+
+}  // namespace
+}  // namespace fa_gpu_test

@@ -1,0 +1,296 @@
+// Shared pieces of fajit_gpu_tests: host 16-bit rounding, the mod variants under test with
+// the captures they need (device copies for the kernel, host copies for the reference), and
+// small device helpers. Everything here is header-only and test-only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fajit/detail/program_impl.h"
+#include "fajit/error.h"
+#include "fajit/interp.h"
+#include "fajit/kernel.h"
+#include "fajit/mods.h"
+#include "fajit/reference.h"
+#include "fajit/runtime/driver.h"
+#include "fajit/runtime/memory.h"
+
+namespace fa_gpu_test {
+
+// ---- host 16-bit conversions (round to nearest even, as the reference must see the exact
+// values the GPU reads) -----------------------------------------------------------------------
+inline uint16_t f2bf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float bf2f(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f2h(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return sign | 0x7e00u;              // NaN
+  if (x >= 0x477ff000u) return sign | 0x7c00u;             // rounds to inf (>= 65520)
+  if (x < 0x38800000u) {                                   // subnormal half (< 2^-14)
+    float a;
+    std::memcpy(&a, &x, 4);
+    return sign | uint16_t(std::nearbyint(a * 16777216.0f));  // exact scaling, RNE
+  }
+  uint32_t r = x - 0x38000000u;  // rebias exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);
+  return sign | uint16_t(r >> 13);
+}
+inline float h2f(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  float v;
+  if (e == 0)
+    v = std::ldexp(float(m), -24);
+  else if (e == 31)
+    v = m ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  else
+    v = std::ldexp(float(1024 + m), e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+inline uint16_t to_bits(fa::DType t, float f) { return t == fa::DType::bf16 ? f2bf(f) : f2h(f); }
+inline float from_bits(fa::DType t, uint16_t b) { return t == fa::DType::bf16 ? bf2f(b) : h2f(b); }
+
+// Poison patterns: every element a launch must write is set to these first.
+constexpr uint16_t kPoison16 = 0xFFFF;        // NaN in f16 and bf16
+constexpr uint32_t kPoison32 = 0x7fc00000u;   // f32 quiet NaN
+
+inline uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// ---- captures: one set of values, bound to the kernel (device) and the reference (host) ----
+class CaptureSet {
+ public:
+  void buffer_f32(const std::string& name, std::vector<int64_t> shape, std::vector<float> v) {
+    auto b = std::make_unique<Buf>();
+    b->name = name, b->is_float = true, b->shape = std::move(shape), b->f = std::move(v);
+    bufs_.push_back(std::move(b));
+  }
+  void buffer_i32(const std::string& name, std::vector<int64_t> shape, std::vector<int32_t> v) {
+    auto b = std::make_unique<Buf>();
+    b->name = name, b->is_float = false, b->shape = std::move(shape), b->i = std::move(v);
+    bufs_.push_back(std::move(b));
+  }
+  void scalar_i32(const std::string& name, int32_t v) { si_[name] = v; }
+  void scalar_f32(const std::string& name, float v) { sf_[name] = v; }
+
+  // Copies every buffer to the device (once); needs a GPU.
+  void upload() {
+    for (auto& b : bufs_) {
+      if (b->dev) continue;
+      const size_t bytes = b->numel() * 4;
+      b->dev = fa::rt::DeviceBuffer(bytes);
+      b->dev.upload(b->is_float ? static_cast<const void*>(b->f.data()) : b->i.data(), bytes);
+    }
+  }
+  fa::Captures captures() const {
+    fa::Captures c;
+    for (const auto& b : bufs_) {
+      const fa::DType t = b->is_float ? fa::DType::f32 : fa::DType::i32;
+      void* p = b->dev ? b->dev.as<void>() : nullptr;
+      if (b->shape.size() == 1)
+        c.buffer(b->name, fa::TensorView(p, t, {b->shape[0]}));
+      else
+        c.buffer(b->name, fa::TensorView(p, t, {b->shape[0], b->shape[1]}));
+    }
+    for (const auto& [n, v] : si_) c.scalar(n, v);
+    for (const auto& [n, v] : sf_) c.scalar(n, v);
+    return c;
+  }
+  fa::Bindings bindings() const {
+    fa::Bindings env;
+    for (const auto& b : bufs_) {
+      if (b->is_float)
+        env.buffer(b->name, fa::HostBuffer::f32(b->f.data(), b->shape));
+      else
+        env.buffer(b->name, fa::HostBuffer::i32(b->i.data(), b->shape));
+    }
+    for (const auto& [n, v] : si_) env.scalar_i32(n, v);
+    for (const auto& [n, v] : sf_) env.scalar_f32(n, v);
+    return env;
+  }
+  std::string describe() const {
+    std::string s;
+    for (const auto& [n, v] : si_) s += " " + n + "=" + std::to_string(v);
+    for (const auto& [n, v] : sf_) s += " " + n + "=" + std::to_string(v);
+    return s;
+  }
+
+ private:
+  struct Buf {
+    std::string name;
+    bool is_float = true;
+    std::vector<int64_t> shape;
+    std::vector<float> f;
+    std::vector<int32_t> i;
+    fa::rt::DeviceBuffer dev;
+    size_t numel() const {
+      size_t n = 1;
+      for (int64_t d : shape) n *= size_t(d);
+      return n;
+    }
+  };
+  std::vector<std::unique_ptr<Buf>> bufs_;
+  std::map<std::string, int32_t> si_;
+  std::map<std::string, float> sf_;
+};
+
+// ---- the mod variants under test --------------------------------------------------------
+struct Dims {
+  int B = 1, H = 1, Lq = 1, Lkv = 1;
+};
+
+struct Variant {
+  std::string name;
+  std::function<fa::ScoreMod()> score;
+  std::function<fa::MaskMod()> mask;
+  // Fills the captures for these sizes; `param` (< 0: a default) is the variant's main knob.
+  std::function<void(CaptureSet&, const Dims&, int param, std::mt19937&)> fill;
+  int mask_batch = 0;  // expected BlockMask::batch(): 0 = 1 (broadcast), 1 = B
+  int mask_heads = 0;  // expected BlockMask::heads(): 0 = 1 (broadcast), 1 = H
+};
+
+// Random document ids: consecutive documents of 1..max_len tokens, `n` ids.
+inline std::vector<int32_t> random_docs(int n, int max_len, std::mt19937& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::uniform_int_distribution<int> len(1, max_len);
+  int doc = 0, left = len(rng);
+  for (int i = 0; i < n; ++i) {
+    if (left == 0) ++doc, left = len(rng);
+    ids[size_t(i)] = doc, --left;
+  }
+  return ids;
+}
+
+inline const Variant& variant(const std::string& name) {
+  static const std::vector<Variant> all = [] {
+    using namespace fa;
+    std::vector<Variant> v;
+    auto none = [](CaptureSet&, const Dims&, int, std::mt19937&) {};
+    v.push_back({"none", identity_score, noop_mask, none});
+    v.push_back({"causal", identity_score, mods::causal, none});
+    v.push_back({"causal_alibi", [] { return mods::alibi(); }, mods::causal,
+                 [](CaptureSet& c, const Dims& d, int, std::mt19937&) { c.scalar_i32("num_heads", d.H); }});
+    v.push_back({"alibi_slopes", [] { return mods::alibi(buffer<float>("slopes", 1)); }, noop_mask,
+                 [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
+                   std::uniform_real_distribution<float> u(0.005f, 0.3f);
+                   std::vector<float> s(size_t(d.H));
+                   for (float& x : s) x = u(rng);
+                   c.buffer_f32("slopes", {d.H}, s);
+                 }});
+    v.push_back({"document_softcap", [] { return mods::softcap(); }, [] { return mods::document(); },
+                 [](CaptureSet& c, const Dims& d, int p, std::mt19937& rng) {
+                   // doc_ids[q] and doc_ids[kv] index one buffer: exactly max(Lq, Lkv) long, so
+                   // any read of an out-of-range q or kv is out of bounds (memcheck sees it).
+                   c.buffer_i32("doc_ids", {std::max(d.Lq, d.Lkv)},
+                                random_docs(std::max(d.Lq, d.Lkv), p > 0 ? p : 300, rng));
+                   c.scalar_f32("softcap", 2.5f);
+                 }});
+    // Causal packing with per-batch documents: doc_ids [B, max(Lq, Lkv)] (b-dependent mask).
+    v.push_back({"document2d_causal", identity_score,
+                 [] {
+                   return MaskMod{"document2d_causal", [](Index b, Index, Index q, Index kv) {
+                                    auto doc = buffer<int32_t>("doc_ids", 2);
+                                    return q >= kv && doc(b, q) == doc(b, kv);
+                                  }};
+                 },
+                 [](CaptureSet& c, const Dims& d, int p, std::mt19937& rng) {
+                   const int n = std::max(d.Lq, d.Lkv);
+                   std::vector<int32_t> ids;
+                   for (int b = 0; b < d.B; ++b) {
+                     auto row = random_docs(n, p > 0 ? p : 200 + 150 * b, rng);
+                     ids.insert(ids.end(), row.begin(), row.end());
+                   }
+                   c.buffer_i32("doc_ids", {d.B, n}, ids);
+                 },
+                 1, 0});
+    v.push_back({"sliding", identity_score, [] { return mods::sliding_window(); },
+                 [](CaptureSet& c, const Dims&, int p, std::mt19937&) { c.scalar_i32("window", p >= 0 ? p : 200); }});
+    // Sliding window whose width grows with the head (h-dependent mask).
+    v.push_back({"head_sliding", identity_score,
+                 [] {
+                   return MaskMod{"head_sliding", [](Index, Index h, Index q, Index kv) {
+                                    Index w = scalar<int32_t>("window");
+                                    return q >= kv && q - kv <= w + h * 37;
+                                  }};
+                 },
+                 [](CaptureSet& c, const Dims&, int p, std::mt19937&) { c.scalar_i32("window", p >= 0 ? p : 50); },
+                 0, 1});
+    v.push_back({"prefix_lm", identity_score, [] { return mods::prefix_lm(); },
+                 [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
+                   c.scalar_i32("prefix", p >= 0 ? p : std::max(1, d.Lkv / 3));
+                 }});
+    v.push_back({"padding", identity_score, [] { return mods::padding(); },
+                 [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
+                   c.scalar_i32("n_pad", p >= 0 ? p : d.Lq / 3);
+                 }});
+    v.push_back({"dilated", identity_score, [] { return mods::dilated_sliding_window(); },
+                 [](CaptureSet& c, const Dims&, int p, std::mt19937&) {
+                   c.scalar_i32("window", p >= 0 ? p : 200);
+                   c.scalar_i32("dilation", 3);
+                 }});
+    v.push_back({"relative_bias", [] { return mods::relative_bias(); }, noop_mask,
+                 [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
+                   // Exactly Lq + Lkv - 1 entries: an out-of-range q or kv reads out of bounds.
+                   std::uniform_real_distribution<float> u(-1.5f, 1.5f);
+                   std::vector<float> bias(size_t(d.Lq + d.Lkv - 1));
+                   for (float& x : bias) x = u(rng);
+                   c.buffer_f32("rel_bias", {d.Lq + d.Lkv - 1}, bias);
+                   c.scalar_i32("rel_offset", d.Lkv - 1);
+                 }});
+    return v;
+  }();
+  for (const Variant& x : all)
+    if (x.name == name) return x;
+  throw std::runtime_error("no variant " + name);
+}
+
+// The interpreter programs of a kernel's own mods (the same fa IR the CUDA came from).
+struct ModPrograms {
+  fa::ModProgram score, mask;
+};
+inline ModPrograms mod_programs(const fa::Program& p) {
+  return {fa::ModProgram::compile(p.impl().score.getOperation()),
+          fa::ModProgram::compile(p.impl().mask.getOperation())};
+}
+
+// Calls `f` and returns fa::Error's message ("" when it does not throw, "<other>: ..." for
+// any other exception).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const fa::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not fa::Error>: ") + e.what();
+  }
+  return "";
+}
+
+}  // namespace fa_gpu_test
