@@ -151,6 +151,8 @@ LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames,
                                     "fa.load, fa.scalar, fa.yield)";
     if (!isMemoryEffectFree(&inner))
       return inner.emitOpError() << "has side effects; " << opName << " bodies must be pure";
+    if (isa<arith::FPToSIOp, arith::FPToUIOp>(inner) && inner.getResult(0).getType().isSignlessInteger(1))
+      return inner.emitOpError() << "converts a float to i1; compare the float instead";
     for (Type t : inner.getResultTypes())
       if (!isBodyType(t))
         return inner.emitOpError() << "produces unsupported type " << t << "; " << opName

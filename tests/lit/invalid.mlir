@@ -491,3 +491,12 @@ fa.score_mod @shadow_b(%s: f32, %bb: i32, %hh: i32, %qq: i32, %kk: i32)
   %x = fa.load %b[%hh] : !fa.buffer<f32, 1>
   fa.yield %x : f32
 }
+
+// -----
+
+fa.mask_mod @float_to_bool(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {
+  %f = fa.scalar "x" : f32
+  // expected-error @+1 {{'arith.fptosi' op converts a float to i1; compare the float instead}}
+  %r = arith.fptosi %f : f32 to i1
+  fa.yield %r : i1
+}

@@ -631,7 +631,7 @@ namespace {
 // Codegen emits `fa::mod::smax(v_0, v_1)` on the raw bools (0/1), which gives true: the kernel
 // and the oracle disagree. The fix would read both operands through as_signed() as cmpi's
 // signed predicates do. Enable once fixed.
-TEST(Codegen, DISABLED_SignedMinMaxOnI1ReadTrueAsMinusOne) {
+TEST(Codegen, SignedMinMaxOnI1ReadTrueAsMinusOne) {
   fa::Program p = fa::Program::parse(
       "fa.mask_mod @m(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
       "  %c = arith.cmpi slt, %q, %kv : i32\n  %d = arith.cmpi slt, %h, %b : i32\n"

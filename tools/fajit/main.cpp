@@ -30,7 +30,7 @@ struct DumpOptions {
   bool mlir = false, cuda = false, ptx = false, sass = false;
   std::string mask, score, mask_expr, score_expr, file, arch, dtype = "bf16";
   std::vector<std::string> capture_types;
-  int head_dim_qk = 128, head_dim_v = 128;
+  int head_dim_qk = 128, head_dim_v = 0;  // 0: same as head_dim_qk
   bool block_mask = false;
 };
 
@@ -79,7 +79,7 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
   else if (o.dtype == "f16" || o.dtype == "fp16") s.dtype = fa::DType::f16;
   else throw fa::Error(fmt::format("--dtype '{}': expected bf16 or f16", o.dtype));
   s.head_dim_qk = o.head_dim_qk;
-  s.head_dim_v = o.head_dim_v;
+  s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim_qk;
   s.arch = o.arch.empty() ? "sm_90a" : o.arch;
   return s;  // generate() resolves it (the default tile depends on the mods)
 }
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--arch", dump.arch, "target: sm_80, sm_86, sm_89, sm_90a, ... (default sm_90a)");
   dump_cmd->add_option("--dtype", dump.dtype, "element type: bf16 (default) or f16");
   dump_cmd->add_option("--head-dim", dump.head_dim_qk, "QK head dim: 64 or 128 (default 128)");
-  dump_cmd->add_option("--head-dim-v", dump.head_dim_v, "V head dim: 64 or 128 (default 128)");
+  dump_cmd->add_option("--head-dim-v", dump.head_dim_v, "V head dim: 64 or 128 (default: the QK head dim)");
   dump_cmd->add_flag("--block-mask", dump.block_mask, "the block-mask builder kernel instead of the forward kernel");
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 

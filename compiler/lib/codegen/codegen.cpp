@@ -126,6 +126,12 @@ class ModEmitter {
     return fmt::format("fa::mod::{}({}, {})", fn, name(op.getOperand(0)), name(op.getOperand(1)));
   }
 
+  // maxsi/minsi read i1 true as -1, like the signed compares.
+  std::string signed_minmax(Operation& op, const char* fn) {
+    std::string e = fmt::format("fa::mod::{}({}, {})", fn, as_signed(op.getOperand(0)), as_signed(op.getOperand(1)));
+    return op.getResult(0).getType().isSignlessInteger(1) ? fmt::format("(bool)({} & 1)", e) : e;
+  }
+
   std::string expr(Operation& op) {
     using P = arith::CmpIPredicate;
     using F = arith::CmpFPredicate;
@@ -147,8 +153,8 @@ class ModEmitter {
         .Case([&](arith::RemUIOp) { return bin(op, "fa::mod::remu({}, {})"); })
         .Case([&](arith::FloorDivSIOp) { return bin(op, "fa::mod::floordiv({}, {})"); })
         .Case([&](arith::CeilDivSIOp) { return bin(op, "fa::mod::ceildiv({}, {})"); })
-        .Case([&](arith::MaxSIOp) { return bin(op, "fa::mod::smax({}, {})"); })
-        .Case([&](arith::MinSIOp) { return bin(op, "fa::mod::smin({}, {})"); })
+        .Case([&](arith::MaxSIOp) { return signed_minmax(op, "smax"); })
+        .Case([&](arith::MinSIOp) { return signed_minmax(op, "smin"); })
         .Case([&](arith::MaxUIOp) { return bin(op, "fa::mod::umax({}, {})"); })
         .Case([&](arith::MinUIOp) { return bin(op, "fa::mod::umin({}, {})"); })
         .Case([&](arith::AndIOp) { return bin(op, "({} & {})"); })
