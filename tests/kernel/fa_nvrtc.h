@@ -30,7 +30,8 @@ inline std::string read_text(const std::string& path) {
 struct Headers {
   std::vector<std::string> names, texts;
   explicit Headers(const std::string& dir = FAJIT_TEMPLATE_DIR) {
-    for (const char* n : {"fajit/params.h", "fajit/prelude.cuh", "fajit/mma.cuh", "fajit/forward.cuh"}) {
+    for (const char* n : {"fajit/params.h", "fajit/prelude.cuh", "fajit/mma.cuh", "fajit/forward.cuh",
+                          "fajit/wgmma_sm90.cuh", "fajit/forward_sm90.cuh"}) {
       names.push_back(n);
       texts.push_back(read_text(dir + "/" + n));
     }
@@ -50,6 +51,25 @@ inline std::string variant_source(const std::string& mods, const std::string& el
     s << "using FaConfig = fa::FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
       << config << ">;\n";
   s << "FAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)\n"
+    << "extern \"C\" __global__ void fajit_fwd_smem_bytes(int* out) { *out = FaConfig::kSmemBytes;"
+       " out[1] = FaConfig::kThreads; out[2] = FaConfig::kBlockM; out[3] = FaConfig::kBlockN; }\n";
+  return s.str();
+}
+
+// The sm_90a kernel (forward_sm90.cuh). Config: the template arguments of fa::Sm90FwdConfig
+// after the element type and head dims ("BLOCK_N,STAGES,OVERLAP"; "" = fa::DefaultSm90FwdConfig).
+inline std::string variant_source_sm90(const std::string& mods, const std::string& element, int dqk,
+                                       int dv, const std::string& config = "") {
+  std::ostringstream s;
+  s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
+    << mods << "\n#include \"fajit/forward_sm90.cuh\"\n";
+  if (config.empty())
+    s << "using FaConfig = fa::DefaultSm90FwdConfig<fa::" << element << ", " << dqk << ", " << dv
+      << ", FaMods::kHasScoreMod>;\n";
+  else
+    s << "using FaConfig = fa::Sm90FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
+      << config << ">;\n";
+  s << "FAJIT_DEFINE_FORWARD_SM90(fajit_fwd, FaConfig, FaMods)\n"
     << "extern \"C\" __global__ void fajit_fwd_smem_bytes(int* out) { *out = FaConfig::kSmemBytes;"
        " out[1] = FaConfig::kThreads; out[2] = FaConfig::kBlockM; out[3] = FaConfig::kBlockN; }\n";
   return s.str();

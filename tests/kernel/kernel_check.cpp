@@ -2,7 +2,10 @@
 // the CUDA Driver API with block-sparse tables built on the host by brute force from the
 // same mask (a C++ twin of each FaMods), and compares O and LSE with a float64 reference.
 // Outputs are poisoned (NaN) before every run; padding between rows must stay poisoned.
-//   usage: kernel_check [--quick] [--no-bench] [--bench-only] [--compile-only] [template_dir]
+// A config string "sm90" or "sm90:<BLOCK_N,STAGES,OVERLAP>" selects the Hopper kernel
+// (forward_sm90.cuh); anything else is a fa::FwdConfig argument list of forward.cuh.
+//   usage: kernel_check [--quick] [--no-bench] [--bench-only] [--compile-only]
+//                       [--sm80-only | --sm90-only] [template_dir]
 // Built by scripts/gpu-kernel-check.sh; runs on the GPU machine from the repository root.
 #include <cuda.h>
 
@@ -149,7 +152,11 @@ struct Env {
   explicit Env(const std::string& dir) : headers(dir) {}
 
   Kernel& get(Mod m, bool bf16, int dqk, int dv, const std::string& cfg) {
-    const std::string src = fa_test::variant_source(mod_source(m), bf16 ? "bf16_t" : "f16_t", dqk, dv, cfg);
+    const char* elem = bf16 ? "bf16_t" : "f16_t";
+    const std::string src =
+        cfg.rfind("sm90", 0) == 0
+            ? fa_test::variant_source_sm90(mod_source(m), elem, dqk, dv, cfg.size() > 5 ? cfg.substr(5) : "")
+            : fa_test::variant_source(mod_source(m), elem, dqk, dv, cfg);
     auto it = cache.find(src);
     if (it != cache.end()) return *it->second;
     auto k = std::make_unique<Kernel>();
@@ -496,6 +503,7 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
 
 int main(int argc, char** argv) {
   bool quick = false, do_bench = true, only_bench = false, compile_only = false;
+  bool sm80 = true, sm90 = true, sm90_only = false;
   std::string dir = FAJIT_TEMPLATE_DIR;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -503,10 +511,21 @@ int main(int argc, char** argv) {
     else if (a == "--no-bench") do_bench = false;
     else if (a == "--bench-only") only_bench = true;
     else if (a == "--compile-only") compile_only = true;
+    else if (a == "--sm80-only") sm90 = false;
+    else if (a == "--sm90-only") sm80 = false, sm90_only = true;
     else dir = a;
   }
   if (compile_only) {   // no GPU: compile the benchmark variants for sm_90a, show regs/spills
     fa_test::Headers headers(dir);
+    for (int D : {64, 128})
+      for (Mod m : {Mod::Noop, Mod::AlibiCausal, Mod::SoftcapCausal})
+        for (const char* cfg : {"", "128,2,false", "128,3,true", "64,2,true"}) {
+          fa_test::Compiled c = fa_test::compile(
+              headers, fa_test::variant_source_sm90(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
+          std::printf("sm90 d%-3d %-15s cfg=%-18s %.3f s regs=%d spills=%d/%d\n", D, mod_name(m), cfg, c.seconds,
+                      c.regs, c.spill_stores, c.spill_loads);
+        }
+    if (sm90_only) return 0;
     for (int D : {64, 128})
       for (Mod m : {Mod::Noop, Mod::AlibiCausal})
         for (const char* cfg : {"", "128,64,4,2", "128,32,4,2", "256,64,8,2", "256,32,8,2", "128,64,4,2,1,true"}) {
@@ -532,6 +551,7 @@ int main(int argc, char** argv) {
   env.device_name = name;
   env.arch = "sm_" + std::to_string(major * 10 + minor) + (major == 9 ? "a" : "");
   std::printf("device: %s (%s, %d SMs)\n", name, env.arch.c_str(), env.num_sms);
+  if (major != 9) sm90 = false;   // sm_90a code runs on compute capability 9.0 only
   std::mt19937 rng(1234);
   const bool BF = true, F16 = false;
   using M = Mod;
@@ -543,6 +563,16 @@ int main(int argc, char** argv) {
         {M::AlibiCausal, BF, 1, 2, 2, 130, 130, 128, 128, false, false},
         {M::Noop, F16, 1, 2, 1, 70, 33, 64, 128, true, true, true, "128,64,8,2"},
     };
+    if (!sm80) cases.clear();
+    if (sm90) {
+      const std::vector<Case> c90 = {
+          {M::Causal, BF, 1, 2, 1, 17, 200, 64, 64, true, true, true, "sm90"},
+          {M::RowsMasked, F16, 1, 2, 2, 300, 150, 128, 64, true, false, true, "sm90:64,2,true"},
+          {M::AlibiCausal, BF, 1, 2, 2, 130, 330, 128, 128, false, false, true, "sm90"},
+          {M::Noop, F16, 1, 2, 1, 70, 33, 64, 128, true, true, true, "sm90:128,2,false"},
+      };
+      cases.insert(cases.end(), c90.begin(), c90.end());
+    }
   } else if (!only_bench) {
     // mod, bf16, B, Hq, Hkv, Lq, Lkv, Dqk, Dv, full_blocks, noncontig, lse, cfg, q_block, kv_block, in_scale
     cases = {
@@ -569,11 +599,54 @@ int main(int argc, char** argv) {
         {M::SoftcapCausal, BF, 1, 2, 2, 4097, 4097, 128, 128, true, false, true, "", 128, 128, 3.f},
         {M::SoftcapCausal, F16, 1, 4, 4, 1000, 1200, 64, 128, true, true, true, "", 128, 128, 3.f},
     };
+    if (!sm80) cases.clear();
+    if (sm90) {
+      // The same coverage for the Hopper kernel: lengths 1/17/1000/4097 with Lq != Lkv, GQA
+      // 1/4/8, strided, partial/full/empty blocks, fully masked rows, alibi (buffer), softcap
+      // (scalar), all head-dim pairs, both element types, every config knob, sparse blocks of
+      // 256 (q) and 256 (kv, 2-4 sub-tiles), sub-tiles past the end of a tail block (4097).
+      const std::vector<Case> c90 = {
+          {M::Noop, BF, 2, 4, 4, 1000, 1000, 128, 128, true, false, true, "sm90"},
+          {M::Noop, F16, 1, 8, 2, 17, 4097, 64, 64, false, false, true, "sm90"},
+          {M::Noop, BF, 1, 8, 1, 1, 4097, 128, 128, true, false, true, "sm90:64,2,true"},
+          {M::Noop, F16, 2, 2, 2, 17, 1, 128, 128, true, false, false, "sm90"},
+          {M::Noop, BF, 1, 4, 4, 4097, 4097, 64, 64, true, true, true, "sm90:128,3,true"},
+          {M::Causal, BF, 2, 8, 1, 1000, 1000, 128, 64, true, false, true, "sm90"},
+          {M::Causal, F16, 1, 2, 2, 4097, 4097, 64, 128, true, true, true, "sm90"},
+          {M::Causal, BF, 1, 4, 4, 4097, 1000, 64, 128, false, false, true, "sm90:128,2,false"},
+          {M::Causal, BF, 1, 4, 2, 1000, 1000, 128, 128, true, false, true, "sm90", 256, 256},
+          {M::Causal, F16, 1, 4, 1, 333, 4097, 128, 128, true, true, true, "sm90:64,3,true"},
+          {M::Causal, BF, 1, 4, 2, 1000, 1000, 128, 128, true, true, true, "sm90:128,2,false"},
+          {M::Sliding, BF, 1, 8, 2, 1000, 1700, 128, 128, true, false, true, "sm90"},
+          {M::Sliding, F16, 1, 4, 4, 2000, 2000, 128, 64, true, false, true, "sm90:64,2,false", 128, 256},
+          {M::RowsMasked, BF, 1, 2, 2, 1000, 1000, 64, 128, true, false, true, "sm90"},
+          {M::RowsMasked, F16, 2, 4, 1, 1000, 777, 128, 128, true, true, true, "sm90"},
+          {M::RowsMasked, BF, 1, 4, 4, 600, 600, 64, 64, false, false, true, "sm90:64,4,true"},
+          {M::AlibiCausal, BF, 2, 8, 8, 1000, 1000, 128, 128, true, false, true, "sm90"},
+          {M::AlibiCausal, F16, 1, 4, 4, 1000, 1000, 128, 64, false, false, true, "sm90", 256, 128},
+          {M::AlibiCausal, F16, 1, 4, 2, 17, 17, 64, 64, false, false, true, "sm90"},
+          {M::SoftcapCausal, BF, 1, 2, 2, 4097, 4097, 128, 128, true, false, true, "sm90", 128, 128, 3.f},
+          {M::SoftcapCausal, F16, 1, 4, 4, 1000, 1200, 64, 128, true, true, true, "sm90", 128, 128, 3.f},
+      };
+      cases.insert(cases.end(), c90.begin(), c90.end());
+    }
   }
   int fails = 0;
   for (const Case& c : cases) fails += !run_case(env, c, rng).ok;
   if (!cases.empty()) std::printf("correctness: %zu cases, %d failed\n", cases.size(), fails);
-  if (do_bench) {
+  if (do_bench && sm90) {
+    // Hopper kernel first (the numbers that matter), then the sm_80 defaults for comparison.
+    const char* cfgs90[] = {"sm90", "sm90:128,2,false", "sm90:128,3,true", "sm90:64,2,true"};
+    for (Mod m : {Mod::Noop, Mod::Causal})
+      for (int D : {64, 128})
+        for (const char* cfg : cfgs90) bench(env, D, m, cfg, rng);
+    for (Mod m : {Mod::AlibiCausal, Mod::SoftcapCausal})
+      for (int D : {64, 128})
+        for (const char* cfg : {"sm90", "sm90:128,3,true"}) bench(env, D, m, cfg, rng);
+    for (Mod m : {Mod::Noop, Mod::Causal, Mod::AlibiCausal, Mod::SoftcapCausal})
+      for (int D : {64, 128}) bench(env, D, m, "", rng);
+  }
+  if (do_bench && sm80 && !sm90) {
     const char* cfgs64[] = {"", "128,64,4,2,1,true", "128,64,8,2", "128,128,4,2"};
     const char* cfgs128[] = {"", "128,32,4,2", "128,64,8,2", "256,64,8,2", "256,32,8,2", "128,128,8,2"};
     for (Mod m : {Mod::Noop, Mod::Causal}) {

@@ -1,10 +1,12 @@
 // Compiles every forward-kernel variant with NVRTC (no GPU needed): fp16/bf16 x head dims
-// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi} mods, from in-memory headers only.
+// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi} mods, from in-memory headers only;
+// then the Hopper kernel (forward_sm90.cuh, sm_90a) over the same grid plus its config knobs.
 // Prints compile time, registers and spills; fails on any compile error.
 //   usage: fajit_kernel_compile_test [template_dir]
 #include "fa_nvrtc.h"
 
 #include <cstdio>
+#include <vector>
 
 int main(int argc, char** argv) {
   try {
@@ -31,6 +33,40 @@ int main(int argc, char** argv) {
                           mods ? "alibi+cau" : "noop", c.seconds, c.regs, c.spill_stores,
                           c.spill_loads, spills ? "  <-- SPILLS" : "");
             }
+    // Hopper kernel: default config over the grid, then the non-default knobs once each.
+    struct V90 { const char* elem; int dqk, dv, mods; const char* cfg; };
+    std::vector<V90> v90;
+    for (const char* elem : {"f16_t", "bf16_t"})
+      for (int dqk : {64, 128})
+        for (int dv : {64, 128})
+          for (int mods = 0; mods < 2; ++mods) v90.push_back({elem, dqk, dv, mods, ""});
+    for (const char* cfg : {"128,2,false", "128,3,true", "64,2,true", "64,4,false"})
+      v90.push_back({"bf16_t", 128, 128, 1, cfg});
+    for (const V90& v : v90) {
+      const std::string src = fa_test::variant_source_sm90(
+          v.mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), v.elem, v.dqk, v.dv, v.cfg);
+      fa_test::Compiled c = fa_test::compile(headers, src, "sm_90a");
+      ++count;
+      total += c.seconds;
+      worst = c.seconds > worst ? c.seconds : worst;
+      const bool spills = c.spill_stores > 0 || c.spill_loads > 0;
+      if (c.cubin.empty()) ++failures;
+      if (spills) ++spilling;
+      std::printf("%-7s %-6s %4d %4d %-10s %8.3f %5d %d/%d%s  cfg=%s\n", "sm90", v.elem, v.dqk, v.dv,
+                  v.mods ? "alibi+cau" : "noop", c.seconds, c.regs, c.spill_stores, c.spill_loads,
+                  spills ? "  <-- SPILLS" : "", *v.cfg ? v.cfg : "default");
+    }
+    try {
+      fa_test::compile(headers, fa_test::variant_source_sm90(fa_test::mods_noop(), "bf16_t", 128, 128, "96,2,true"),
+                       "sm_90a", false);
+      std::printf("FAIL: sm90 BLOCK_N 96 compiled\n");
+      ++failures;
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("BLOCK_N must be 64 or 128") == std::string::npos) {
+        std::printf("FAIL: unexpected message for sm90 BLOCK_N 96:\n%s\n", e.what());
+        ++failures;
+      }
+    }
     // Misuse is rejected at compile time with a readable message.
     try {
       fa_test::compile(headers, fa_test::variant_source(fa_test::mods_noop(), "bf16_t", 96, 64), "sm_80",
