@@ -68,7 +68,8 @@ struct RangeFields;
 class FA_API MaskRangeProgram {
  public:
   static MaskRangeProgram compile(const Program& program);  // its mask_mod
-  static MaskRangeProgram compile(mlir::Operation* mask_mod);
+  // Internal (takes MLIR): hidden from libfajit.so's exports.
+  __attribute__((visibility("hidden"))) static MaskRangeProgram compile(mlir::Operation* mask_mod);
 
   // The mask's value over the box b x h x q x kv with `scalars` bound (exact on points of
   // programs without loads and transcendental float ops).
