@@ -13,13 +13,15 @@
 // NVRTC: --gpu-architecture=sm_90a (wgmma and setmaxnreg exist only there). Macro arguments
 // must be single identifiers (name the config with a `using` first). The kernel is extern "C".
 //
-// ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP>) ---------------
+// ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG>) -----
 //   Element   fa::f16_t or fa::bf16_t (Q, K, V, O); LSE is fp32
 //   DQK, DV   head dims of Q·Kᵀ and of V/O: 64 or 128, independently
 //   BLOCK_N   key/value rows per pipeline tile: 64 or 128 (the wgmma N of S = Q·Kᵀ)
 //   STAGES    K/V shared-memory stages (2..4, within 227 KiB)
 //   OVERLAP   issue S_{j+1} = Q·K_{j+1}ᵀ before the softmax of S_{j+1} runs against P_j·V_j
 //             (FA-3 intra-warpgroup pipelining); false: S, softmax, P·V strictly in turn
+//   PINGPONG  the two consumer warpgroups take turns issuing their GEMMs (named barriers 3, 4),
+//             so one's softmax runs while the other's GEMMs use the tensor cores
 //   BLOCK_M is fixed at 128: 2 consumer warpgroups of 64 query rows each.
 //
 // ---- Launch (host mirrors these; the constants are spelled out) --------------------------
@@ -64,7 +66,7 @@
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockN_ = 128, int kStages_ = 2,
-          bool kOverlap_ = true>
+          bool kOverlap_ = true, bool kPingPong_ = false>
 struct Sm90FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -73,6 +75,7 @@ struct Sm90FwdConfig {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kOverlap = kOverlap_;
+  static constexpr bool kPingPong = kPingPong_;
 
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -93,9 +96,15 @@ struct Sm90FwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
-// Default tiles (see templates/NOTES-sm90.md for the measurements behind them).
+// Default tiles, measured on H200 (templates/NOTES-sm90.md): BLOCK_N 128, overlap and
+// ping-pong on; 3 stages when a head dim is 128 (d128 full 531 vs 501 TFLOP/s with 2),
+// 2 at 64/64 (same speed, 83 KB less shared memory). kHasScoreMod does not change the choice
+// (alibi/softcap were fastest or within 1 % on the same config); it is kept for symmetry with
+// fa::DefaultFwdConfig.
 template <typename Element, int kHeadDimQK, int kHeadDimV, bool kHasScoreMod = false>
-using DefaultSm90FwdConfig = Sm90FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, 2, true>;
+using DefaultSm90FwdConfig =
+    Sm90FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, (kHeadDimQK > 64 || kHeadDimV > 64) ? 3 : 2, true,
+                  true>;
 
 namespace sm90 {
 namespace detail {
@@ -342,6 +351,18 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(bar_empty(stage));
     };
+    // Ping-pong: a warpgroup waits for its turn (barrier 3 + cw) before issuing a block of
+    // GEMMs and hands the turn over (arrive on the other's barrier) after issuing it. Both
+    // warpgroups issue the same number of blocks (same tiles); warpgroup 1 hands the first
+    // turn over up front and warpgroup 0 takes one extra turn at the end, so every bar.sync
+    // of 256 meets exactly one bar.arrive of the other warpgroup.
+    auto turn_wait = [&]() {
+      if constexpr (Cfg::kPingPong) sm90::named_barrier(3 + cw, 256);
+    };
+    auto turn_pass = [&]() {
+      if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(4 - cw, 256);
+    };
+    if (Cfg::kPingPong && cw == 1) sm90::named_barrier_arrive(3, 256);
     auto next_tile = [&](int it) {   // first tile >= it that starts inside len_kv
       while (it < n_tiles && tile_start(it) >= len_kv) ++it;
       return it;
@@ -357,9 +378,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         sm90::mbar_wait(bar_full_k(stage), phase);
         sm90::fence_proxy_async();
         float s[kNT][4];
+        turn_wait();
         sm90::wgmma_fence();
         s_gemm(s, stage);
         sm90::wgmma_commit();
+        turn_pass();
         sm90::wgmma_wait<0>();
         sm90::pin(s);
         mods(s, start, is_full);
@@ -369,9 +392,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         sm90::detail::pack_p<E>(pa, s);
         sm90::mbar_wait(bar_full_v(stage), phase);
         sm90::fence_proxy_async();
+        turn_wait();
         sm90::wgmma_fence();
         pv_gemm(stage);
         sm90::wgmma_commit();
+        turn_pass();
         sm90::wgmma_wait<0>();
         sm90::pin(o);
         sm90::pin(pa);
@@ -385,9 +410,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           float s[kNT][4];
           sm90::mbar_wait(bar_full_k(stage), phase);
           sm90::fence_proxy_async();
+          turn_wait();
           sm90::wgmma_fence();
           s_gemm(s, stage);
           sm90::wgmma_commit();
+          turn_pass();
           sm90::wgmma_wait<0>();
           sm90::pin(s);
           mods(s, tile_start(it), it / tiles_per_block >= n_partial);
@@ -402,15 +429,18 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           const int start = tile_start(it);
           const bool is_full = it / tiles_per_block >= n_partial;
           float s[kNT][4];
+          // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers
+          // all of that thread's earlier copies, so both waits pass together: one fence.
           sm90::mbar_wait(bar_full_k(stage), phase);
+          sm90::mbar_wait(bar_full_v(prev_stage), prev_phase);
           sm90::fence_proxy_async();
+          turn_wait();
           sm90::wgmma_fence();
           s_gemm(s, stage);                 // S_j = Q·K_jᵀ
           sm90::wgmma_commit();
-          sm90::mbar_wait(bar_full_v(prev_stage), prev_phase);
-          sm90::fence_proxy_async();
           pv_gemm(prev_stage);              // O += P_{j-1}·V_{j-1}, overlapping the softmax below
           sm90::wgmma_commit();
+          turn_pass();
           sm90::wgmma_wait<1>();            // S_j done
           sm90::pin(s);
           mods(s, start, is_full);
@@ -426,15 +456,19 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         }
         sm90::mbar_wait(bar_full_v(prev_stage), prev_phase);
         sm90::fence_proxy_async();
+        turn_wait();
         sm90::wgmma_fence();
         pv_gemm(prev_stage);
         sm90::wgmma_commit();
+        turn_pass();
         sm90::wgmma_wait<0>();
         sm90::pin(o);
         sm90::pin(pa);
         release(prev_stage);
       }
     }
+
+    if (Cfg::kPingPong && cw == 0) turn_wait();   // the turn warpgroup 1 handed over last
 
     // ---- epilogue: O / l staged in this warpgroup's rows of the Q region (same blocked
     // swizzled layout as Q, so the other warpgroup's Q rows are untouched), 16-byte stores.

@@ -568,7 +568,8 @@ int main(int argc, char** argv) {
       const std::vector<Case> c90 = {
           {M::Causal, BF, 1, 2, 1, 17, 200, 64, 64, true, true, true, "sm90"},
           {M::RowsMasked, F16, 1, 2, 2, 300, 150, 128, 64, true, false, true, "sm90:64,2,true"},
-          {M::AlibiCausal, BF, 1, 2, 2, 130, 330, 128, 128, false, false, true, "sm90"},
+          {M::AlibiCausal, BF, 1, 2, 2, 130, 330, 128, 128, false, false, true, "sm90:128,2,true,true"},
+          {M::Causal, F16, 1, 2, 2, 300, 200, 64, 128, true, false, true, "sm90:128,2,false,true"},
           {M::Noop, F16, 1, 2, 1, 70, 33, 64, 128, true, true, true, "sm90:128,2,false"},
       };
       cases.insert(cases.end(), c90.begin(), c90.end());
@@ -627,6 +628,13 @@ int main(int argc, char** argv) {
           {M::AlibiCausal, F16, 1, 4, 2, 17, 17, 64, 64, false, false, true, "sm90"},
           {M::SoftcapCausal, BF, 1, 2, 2, 4097, 4097, 128, 128, true, false, true, "sm90", 128, 128, 3.f},
           {M::SoftcapCausal, F16, 1, 4, 4, 1000, 1200, 64, 128, true, true, true, "sm90", 128, 128, 3.f},
+          // ping-pong scheduling (PINGPONG = true), with and without the intra-warpgroup overlap
+          {M::Noop, BF, 1, 4, 1, 1000, 4097, 128, 128, true, true, true, "sm90:128,3,true,true"},
+          {M::Causal, F16, 1, 4, 4, 4097, 4097, 64, 64, true, false, true, "sm90:128,3,false,true"},
+          {M::RowsMasked, BF, 2, 4, 2, 1000, 777, 64, 128, true, false, true, "sm90:64,2,true,true"},
+          {M::AlibiCausal, BF, 1, 8, 8, 1000, 1000, 128, 128, false, false, true, "sm90:128,2,false,true"},
+          {M::SoftcapCausal, BF, 1, 2, 1, 17, 4097, 128, 64, true, false, true, "sm90:128,3,true,true", 128, 128, 3.f},
+          {M::Noop, F16, 1, 2, 2, 1, 1, 64, 64, true, false, true, "sm90:128,2,true,true"},
       };
       cases.insert(cases.end(), c90.begin(), c90.end());
     }
@@ -636,13 +644,16 @@ int main(int argc, char** argv) {
   if (!cases.empty()) std::printf("correctness: %zu cases, %d failed\n", cases.size(), fails);
   if (do_bench && sm90) {
     // Hopper kernel first (the numbers that matter), then the sm_80 defaults for comparison.
-    const char* cfgs90[] = {"sm90", "sm90:128,2,false", "sm90:128,3,true", "sm90:64,2,true"};
+    const char* cfgs90[] = {"sm90",           "sm90:128,2,false",      "sm90:128,3,true",
+                            "sm90:128,3,false", "sm90:128,2,true,true",  "sm90:128,3,true,true",
+                            "sm90:128,2,false,true", "sm90:128,3,false,true"};
     for (Mod m : {Mod::Noop, Mod::Causal})
       for (int D : {64, 128})
         for (const char* cfg : cfgs90) bench(env, D, m, cfg, rng);
     for (Mod m : {Mod::AlibiCausal, Mod::SoftcapCausal})
       for (int D : {64, 128})
-        for (const char* cfg : {"sm90", "sm90:128,3,true"}) bench(env, D, m, cfg, rng);
+        for (const char* cfg : {"sm90", "sm90:128,3,true", "sm90:128,3,true,true", "sm90:128,3,false,true"})
+          bench(env, D, m, cfg, rng);
     for (Mod m : {Mod::Noop, Mod::Causal, Mod::AlibiCausal, Mod::SoftcapCausal})
       for (int D : {64, 128}) bench(env, D, m, "", rng);
   }
