@@ -6,6 +6,8 @@
 #   .device-build/kernel_check              all correctness cases + benchmark
 #   .device-build/kernel_check --quick      small subset (for compute-sanitizer)
 #   .device-build/kernel_check --no-bench | --bench-only
+#   .device-build/kernel_check --sm90-only | --sm80-only   one kernel (sm90 = forward_sm90.cuh,
+#                                           compute capability 9.0 only; both by default there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA=${CUDA_HOME:-/usr/local/cuda}
