@@ -39,6 +39,7 @@ struct FwdCase {
   bool noncontig = false;    // Q/K/V slices of one [B, L, Hq + 2 Hkv, D] buffer; O [B, Lq, Hq + 1, Dv]
   float scale = 0.0f;        // 0: default 1/sqrt(dqk)
   fa::TileConfig tile{};     // default: per head dims
+  fa::KernelFamily family = fa::KernelFamily::kAuto;  // wgmma on sm_90a devices, else mma.sync
   int q_block = 128, kv_block = 128;
   bool no_lse = false;       // launch without the LSE output
   bool own_stream = false;   // launch on a non-blocking stream of our own
@@ -52,7 +53,7 @@ struct FwdCase {
   }
   fa::Options options() const {
     fa::Options o;
-    o.dtype = dtype, o.head_dim_qk = dqk, o.head_dim_v = dv, o.tile = tile;
+    o.dtype = dtype, o.head_dim_qk = dqk, o.head_dim_v = dv, o.tile = tile, o.family = family;
     return o;
   }
 };
@@ -93,7 +94,7 @@ const std::vector<FwdCase>& cases() {
       {"sliding",              f16,   64,  64, 2, 4, 1,  1000, 1000, 100},
       {"sliding",              bf16,  64, 128, 1, 4, 4,    17,   17, 5},
       with({"sliding",         f16,   64,  64, 1, 2, 2,  1000, 1000, 100}, "blocks256x64",
-           [](FwdCase& c) { c.q_block = 256, c.kv_block = 64; }),
+           [](FwdCase& c) { c.q_block = 256, c.kv_block = 64, c.family = fa::KernelFamily::kMmaSync; }),
       {"head_sliding",         f16,  128, 128, 1, 4, 2,  1000, 1000},
       {"prefix_lm",            f16,  128, 128, 1, 4, 2,  1000, 1000, 300},
       {"prefix_lm",            bf16, 128,  64, 2, 8, 1,    17,   17, 5},
@@ -110,6 +111,12 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.noncontig = true; }),
       with({"causal",          f16,   64,  64, 1, 2, 1,  1000, 1000}, "nolse_stream",
            [](FwdCase& c) { c.no_lse = true, c.own_stream = true; }),
+      // The mma.sync kernel on the same device (the default above is wgmma on Hopper).
+      with({"causal_alibi",    bf16, 128, 128, 1, 8, 1,  1000, 1000}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"document_softcap", f16,  64, 128, 1, 4, 1,  4097, 4097}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"padding",         bf16,  64,  64, 2, 4, 4,  1000, 1000, 333}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"sliding",         f16,  128,  64, 2, 4, 2,    17, 4097, 100}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"relative_bias",   bf16, 128, 128, 1, 2, 1,  4097,   17}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
   };
   return all;
 }

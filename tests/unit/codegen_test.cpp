@@ -48,6 +48,7 @@ fa::KernelSpec spec(fa::DType dt = fa::DType::bf16, int dqk = 128, int dv = 128,
   s.head_dim_qk = dqk;
   s.head_dim_v = dv;
   s.arch = std::move(arch);
+  s.family = fa::KernelFamily::kMmaSync;  // most tests here pin the mma.sync kernel's config
   return s;
 }
 
@@ -56,7 +57,7 @@ fa::KernelSpec spec(fa::DType dt = fa::DType::bf16, int dqk = 128, int dv = 128,
 TEST(Codegen, IdentityAndNoopHaveNoMods) {
   fa::GeneratedKernel g = fa::generate(fa::trace(fa::identity_score(), fa::noop_mask()), spec());
   const std::string& s = g.source;
-  EXPECT_HAS(s, "// fajit generated: forward bf16 qk128 v128 tile128x64w4s2 sm_90a\n");
+  EXPECT_HAS(s, "// fajit generated: forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a\n");
   EXPECT_HAS(s, "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n");
   EXPECT_HAS(s, "// score_mod @identity, mask_mod @noop\n");
   EXPECT_HAS(s, "struct FaMods {\n");
@@ -177,7 +178,7 @@ TEST(Codegen, DtypeAndHeadDimsReachTheConfig) {
   custom.tile = {64, 32, 4, 3};
   fa::GeneratedKernel g = fa::generate(p, custom);
   EXPECT_HAS(g.source, "using FaConfig = fa::FwdConfig<fa::f16_t, 128, 64, 64, 32, 4, 3>;\n");
-  EXPECT_HAS(g.source, "// fajit generated: forward f16 qk128 v64 tile64x32w4s3 sm_80\n");
+  EXPECT_HAS(g.source, "// fajit generated: forward f16 qk128 v64 mma tile64x32w4s3 sm_80\n");
 }
 
 // ---- (b) errors --------------------------------------------------------------------------
@@ -255,9 +256,39 @@ TEST(Codegen, DefaultTiles) {
   EXPECT_EQ(fa::default_tile(128, 128, true), (fa::TileConfig{128, 64, 8, 2}));
   EXPECT_EQ(fa::default_tile(64, 128, true), (fa::TileConfig{128, 64, 8, 2}));
   EXPECT_EQ(fa::default_tile(128, 64, true), (fa::TileConfig{128, 64, 8, 2}));
-  EXPECT_EQ(spec().resolved(true).to_string(), "forward bf16 qk128 v128 tile128x64w8s2 sm_90a");
+  EXPECT_EQ(spec().resolved(true).to_string(), "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a");
   EXPECT_EQ(spec(fa::DType::bf16, 128, 128, "sm_80", fa::KernelKind::kBlockMask).resolved().to_string(),
             "block_mask sm_80");
+}
+
+TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
+  fa::KernelSpec s = spec();
+  s.family = fa::KernelFamily::kAuto;
+  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
+  s.head_dim_qk = s.head_dim_v = 64;
+  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 wgmma tile128x128w12s2 sm_90a");
+  s.arch = "sm_80";
+  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 mma tile128x64w4s2 sm_80");
+  s.arch = "sm_90a";
+  s.tile = {64, 32, 4, 3};  // an explicit tile selects the mma.sync kernel
+  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 mma tile64x32w4s3 sm_90a");
+  fa::KernelSpec w = spec();
+  w.family = fa::KernelFamily::kWgmma;
+  w.arch = "sm_80";
+  EXPECT_EQ(error_of([&] { w.resolved(); }), "the wgmma kernel needs arch sm_90a, got sm_80");
+  w.arch = "sm_90a";
+  w.tile = {64, 32, 4, 3};
+  EXPECT_EQ(error_of([&] { w.resolved(); }), "the wgmma kernel has a fixed tile 128x128w12s3; leave the tile empty");
+
+  fa::KernelSpec d = spec();
+  d.family = fa::KernelFamily::kAuto;
+  fa::GeneratedKernel g = fa::generate(fa::trace(fa::mods::alibi(), fa::mods::causal()), d);
+  EXPECT_HAS(g.source, "#include \"fajit/forward_sm90.cuh\"\n");
+  EXPECT_HAS(g.source, "using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true>;\n");
+  EXPECT_HAS(g.source, "FAJIT_DEFINE_FORWARD_SM90(fajit_forward, FaConfig, FaMods)\n");
+  EXPECT_HAS(g.source, "static_assert(FaConfig::kThreads == 384, ");
+  EXPECT_HAS(g.source, "static_assert(FaConfig::kSmemBytes == 230480, ");
+  EXPECT_LACKS(g.source, "fajit/forward.cuh");
 }
 
 // ---- (c) NVRTC ---------------------------------------------------------------------------
@@ -317,11 +348,18 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
     cases.push_back({fmt::format("block_mask {}", arch),
                      spec(fa::DType::bf16, 128, 128, arch, fa::KernelKind::kBlockMask)});
   }
+  // The Hopper (wgmma) kernel, every dtype and head-dim pair.
+  for (fa::DType dt : {fa::DType::f16, fa::DType::bf16})
+    for (auto [dqk, dv] : {std::pair{64, 64}, {128, 128}, {64, 128}, {128, 64}}) {
+      fa::KernelSpec s = spec(dt, dqk, dv, "sm_90a");
+      s.family = fa::KernelFamily::kWgmma;
+      cases.push_back({fmt::format("forward wgmma {} {}x{}", fa::dtype_name(dt), dqk, dv), s});
+    }
   std::vector<std::function<std::string()>> jobs;
   for (const Case& c : cases)
     jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
   std::vector<std::string> errors = run_parallel(jobs);
-  ASSERT_EQ(cases.size(), 18u);
+  ASSERT_EQ(cases.size(), 26u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 }
 
@@ -331,6 +369,11 @@ TEST(CodegenNvrtc, TrivialModsCompile) {
   std::vector<std::function<std::string()>> jobs = {
       [&] { return compile_generated(fa::generate(p, spec(fa::DType::bf16, 128, 128, "sm_80"))); },
       [&] { return compile_generated(fa::generate(p, spec(fa::DType::f16, 64, 64, "sm_90a"))); },
+      [&] {
+        fa::KernelSpec s = spec(fa::DType::bf16, 128, 128, "sm_90a");
+        s.family = fa::KernelFamily::kWgmma;
+        return compile_generated(fa::generate(p, s));
+      },
   };
   for (const std::string& e : run_parallel(jobs)) EXPECT_EQ(e, "");
 }

@@ -32,6 +32,7 @@ struct DumpOptions {
   std::vector<std::string> capture_types;
   int head_dim_qk = 128, head_dim_v = 0;  // 0: same as head_dim_qk
   bool block_mask = false;
+  std::string family = "auto";
 };
 
 std::string read_file(const std::string& path) {
@@ -81,6 +82,9 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
   s.head_dim_qk = o.head_dim_qk;
   s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim_qk;
   s.arch = o.arch.empty() ? "sm_90a" : o.arch;
+  s.family = o.family == "wgmma" ? fa::KernelFamily::kWgmma
+             : o.family == "mma" ? fa::KernelFamily::kMmaSync
+                                 : fa::KernelFamily::kAuto;
   return s;  // generate() resolves it (the default tile depends on the mods)
 }
 
@@ -178,6 +182,8 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--dtype", dump.dtype, "element type: bf16 (default) or f16");
   dump_cmd->add_option("--head-dim", dump.head_dim_qk, "QK head dim: 64 or 128 (default 128)");
   dump_cmd->add_option("--head-dim-v", dump.head_dim_v, "V head dim: 64 or 128 (default: the QK head dim)");
+  dump_cmd->add_option("--kernel", dump.family, "forward kernel: auto (wgmma on sm_90a, else mma), mma or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   dump_cmd->add_flag("--block-mask", dump.block_mask, "the block-mask builder kernel instead of the forward kernel");
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 

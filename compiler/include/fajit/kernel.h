@@ -29,7 +29,8 @@ struct Options {
   DType dtype = DType::bf16;
   int head_dim_qk = 128;
   int head_dim_v = 128;
-  TileConfig tile;        // default: per head dims
+  KernelFamily family = KernelFamily::kAuto;  // wgmma on sm_90a, mma.sync elsewhere
+  TileConfig tile;        // mma.sync kernel only; default: per head dims
   std::string arch;       // "" = the current GPU's; sm_90a when there is no GPU
   bool line_info = false;  // NVRTC -lineinfo (for profilers)
 };

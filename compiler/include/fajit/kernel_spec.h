@@ -14,6 +14,11 @@ enum class KernelKind : uint8_t {
   kBlockMask,  // block classification from the mask_mod (templates/fajit/block_mask.cuh)
 };
 
+// Which forward kernel: FlashAttention-2 style mma.sync (sm_80+), or the Hopper kernel with
+// wgmma, a producer warpgroup and two consumer warpgroups (sm_90a only). kAuto picks wgmma on
+// sm_90a unless an explicit tile is given (tiles describe the mma.sync kernel).
+enum class KernelFamily : uint8_t { kAuto, kMmaSync, kWgmma };
+
 // The forward kernel's tile: BLOCK_M query rows per CTA, BLOCK_N key rows per pipeline
 // stage, warps per CTA, cp.async stages. All zero = the default for the head dims.
 struct TileConfig {
@@ -29,8 +34,14 @@ struct FA_API KernelSpec {
   DType dtype = DType::bf16;  // Q/K/V/O element type: f16 or bf16
   int head_dim_qk = 128;      // 64 or 128
   int head_dim_v = 128;       // 64 or 128
+  KernelFamily family = KernelFamily::kAuto;
   TileConfig tile;            // resolved by resolved(); default picks per head dims
   std::string arch = "sm_90a";
+
+  // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits
+  // static_asserts so the two cannot drift apart).
+  int threads() const;
+  int smem_bytes() const;
 
   // The same spec with the tile filled in and every field checked; throws fa::Error naming
   // the bad field ("head_dim_qk must be 64 or 128, got 96").
@@ -39,7 +50,7 @@ struct FA_API KernelSpec {
   // Canonical one-line text: "forward bf16 qk128 v128 tile128x64w8s2 sm_90a".
   std::string to_string() const;
   bool operator==(const KernelSpec& o) const {
-    return kind == o.kind && dtype == o.dtype && head_dim_qk == o.head_dim_qk &&
+    return kind == o.kind && dtype == o.dtype && family == o.family && head_dim_qk == o.head_dim_qk &&
            head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch;
   }
 };

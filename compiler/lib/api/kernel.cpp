@@ -196,10 +196,7 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
     throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
                             len_kv));
-  const TileConfig& t = spec().tile;
-  if (options.q_block % t.block_m != 0 || options.kv_block % t.block_n != 0)
-    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the kernel tile {}x{}",
-                            options.q_block, options.kv_block, t.block_m, t.block_n));
+  // Block sizes are checked against the forward kernel's tile when the mask is used (forward).
   int bm = impl_->mask_reads_b ? batch : 1;
   int hm = impl_->mask_reads_h ? heads : 1;
   if (program().mask_is_noop())
@@ -250,10 +247,9 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
   const TileConfig& t = s.tile;
   unsigned grid_x = static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m);
   unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);
-  int dmax = std::max(s.head_dim_qk, s.head_dim_v);
-  unsigned smem = 2u * static_cast<unsigned>(t.block_m * dmax + t.stages * t.block_n * (s.head_dim_qk + s.head_dim_v));
+  unsigned smem = static_cast<unsigned>(s.smem_bytes());
   void* args[] = {&p, cap.data()};
-  rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(t.warps * 32)), smem,
+  rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem,
              reinterpret_cast<CUstream>(stream), args);
 }
 
@@ -264,6 +260,7 @@ Kernel compile(const Program& program, const Options& options) {
   spec.head_dim_qk = options.head_dim_qk;
   spec.head_dim_v = options.head_dim_v;
   spec.tile = options.tile;
+  spec.family = options.family;
   spec.arch = resolve_arch(options.arch);
   auto impl = std::make_shared<Kernel::Impl>(program);
   impl->options = options;

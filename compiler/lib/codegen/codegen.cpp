@@ -326,10 +326,22 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   if (g.spec.kind == KernelKind::kForward) {
     const TileConfig& t = g.spec.tile;
     g.kernel_name = "fajit_forward";
-    os << "#include \"fajit/forward.cuh\"\n";
-    os << fmt::format("using FaConfig = fa::FwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
-                      g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.block_n, t.warps, t.stages);
-    os << "FAJIT_DEFINE_FORWARD(" << g.kernel_name << ", FaConfig, FaMods)\n";
+    if (g.spec.family == KernelFamily::kWgmma) {
+      os << "#include \"fajit/forward_sm90.cuh\"\n";
+      os << fmt::format("using FaConfig = fa::Sm90FwdConfig<{}, {}, {}, {}, {}, true, true>;\n",
+                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n, t.stages);
+      os << "FAJIT_DEFINE_FORWARD_SM90(" << g.kernel_name << ", FaConfig, FaMods)\n";
+    } else {
+      os << "#include \"fajit/forward.cuh\"\n";
+      os << fmt::format("using FaConfig = fa::FwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
+                        g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.block_n, t.warps, t.stages);
+      os << "FAJIT_DEFINE_FORWARD(" << g.kernel_name << ", FaConfig, FaMods)\n";
+    }
+    // The host launches with KernelSpec::threads()/smem_bytes(); these keep it honest.
+    os << fmt::format("static_assert(FaConfig::kThreads == {}, \"host and template disagree on the block size\");\n",
+                      g.spec.threads());
+    os << fmt::format("static_assert(FaConfig::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
+                      g.spec.smem_bytes());
   } else {
     g.kernel_name = "fajit_block_mask";
     os << "#include \"fajit/block_mask.cuh\"\n";

@@ -1,5 +1,7 @@
 #include "fajit/kernel_spec.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "fajit/error.h"
@@ -19,6 +21,19 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   for (auto [name, v] : {std::pair<const char*, int>{"head_dim_qk", s.head_dim_qk}, {"head_dim_v", s.head_dim_v}})
     if (v != 64 && v != 128) throw Error(fmt::format("{} must be 64 or 128, got {}", name, v));
   s.arch = jit::validate_arch(s.arch);
+  if (s.family == KernelFamily::kAuto)
+    s.family = s.arch == "sm_90a" && s.tile.is_default() ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
+  if (s.family == KernelFamily::kWgmma) {
+    if (s.arch != "sm_90a")
+      throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
+    // Measured on H200 (templates/NOTES-sm90.md): 128x128 tiles, 3 stages when a head dim is 128.
+    TileConfig want{128, 128, 12, (s.head_dim_qk > 64 || s.head_dim_v > 64) ? 3 : 2};
+    if (!s.tile.is_default() && !(s.tile == want))
+      throw Error(fmt::format("the wgmma kernel has a fixed tile {}x{}w{}s{}; leave the tile empty",
+                              want.block_m, want.block_n, want.warps, want.stages));
+    s.tile = want;
+    return s;
+  }
   if (s.tile.is_default()) s.tile = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod);
   const TileConfig& t = s.tile;
   if (t.block_m != 64 && t.block_m != 128)
@@ -35,8 +50,18 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
 std::string KernelSpec::to_string() const {
   const char* k = kind == KernelKind::kForward ? "forward" : "block_mask";
   if (kind == KernelKind::kBlockMask) return fmt::format("{} {}", k, arch);
-  return fmt::format("{} {} qk{} v{} tile{}x{}w{}s{} {}", k, dtype_name(dtype), head_dim_qk, head_dim_v,
+  const char* fam = family == KernelFamily::kWgmma ? "wgmma" : family == KernelFamily::kMmaSync ? "mma" : "auto";
+  return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}", k, dtype_name(dtype), head_dim_qk, head_dim_v, fam,
                      tile.block_m, tile.block_n, tile.warps, tile.stages, arch);
+}
+
+int KernelSpec::threads() const { return tile.warps * 32; }
+
+int KernelSpec::smem_bytes() const {
+  int dmax = std::max(head_dim_qk, head_dim_v);
+  int tiles = 2 * (tile.block_m * dmax + tile.stages * tile.block_n * (head_dim_qk + head_dim_v));
+  if (family == KernelFamily::kWgmma) return 1024 + tiles + 8 * (1 + 3 * tile.stages);  // + mbarriers
+  return tiles;
 }
 
 }  // namespace fa
