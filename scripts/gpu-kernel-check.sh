@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p .device-build
 g++ -O2 -std=c++17 -Wall -Wno-unused-result -pthread \
-  -I"$CUDA/include" -Itemplates -Itests/kernel \
+  -I"$CUDA/include" -Itemplates -Itests/kernel -Iruntime/include -Icompiler/include \
   tests/kernel/kernel_check.cpp -o .device-build/kernel_check \
   -L"$CUDA/lib64/stubs" -lcuda -L"$CUDA/lib64" -lnvrtc -Wl,-rpath,"$CUDA/lib64"
 g++ -O2 -std=c++17 -Wall -I"$CUDA/include" -Itests/kernel \

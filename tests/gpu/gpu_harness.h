@@ -1,6 +1,6 @@
-// Shared pieces of fajit_gpu_tests: host 16-bit rounding, the mod variants under test with
-// the captures they need (device copies for the kernel, host copies for the reference), and
-// small device helpers. Everything here is header-only and test-only.
+// Shared pieces of fajit_gpu_tests: host 16-bit rounding (fajit/runtime/half.h), the mod
+// variants under test with the captures they need (device copies for the kernel, host copies
+// for the reference), and small device helpers. Everything here is header-only and test-only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,54 +24,15 @@
 #include "fajit/mods.h"
 #include "fajit/reference.h"
 #include "fajit/runtime/driver.h"
+#include "fajit/runtime/half.h"
 #include "fajit/runtime/memory.h"
 
 namespace fa_gpu_test {
 
-// ---- host 16-bit conversions (round to nearest even, as the reference must see the exact
-// values the GPU reads) -----------------------------------------------------------------------
-inline uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-inline float bf2f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f2h(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return sign | 0x7e00u;              // NaN
-  if (x >= 0x477ff000u) return sign | 0x7c00u;             // rounds to inf (>= 65520)
-  if (x < 0x38800000u) {                                   // subnormal half (< 2^-14)
-    float a;
-    std::memcpy(&a, &x, 4);
-    return sign | uint16_t(std::nearbyint(a * 16777216.0f));  // exact scaling, RNE
-  }
-  uint32_t r = x - 0x38000000u;  // rebias exponent 127 -> 15
-  r += 0xfffu + ((r >> 13) & 1u);
-  return sign | uint16_t(r >> 13);
-}
-inline float h2f(uint16_t h) {
-  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  float v;
-  if (e == 0)
-    v = std::ldexp(float(m), -24);
-  else if (e == 31)
-    v = m ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  else
-    v = std::ldexp(float(1024 + m), e - 25);
-  return (h & 0x8000) ? -v : v;
-}
-inline uint16_t to_bits(fa::DType t, float f) { return t == fa::DType::bf16 ? f2bf(f) : f2h(f); }
-inline float from_bits(fa::DType t, uint16_t b) { return t == fa::DType::bf16 ? bf2f(b) : h2f(b); }
+// ---- host 16-bit conversions: fajit/runtime/half.h (round to nearest even, as the reference
+// must see the exact values the GPU reads), with the tests' argument order ---------------------
+inline uint16_t to_bits(fa::DType t, float f) { return fa::to_bits(f, t); }
+inline float from_bits(fa::DType t, uint16_t b) { return fa::from_bits(b, t); }
 
 // Poison patterns: every element a launch must write is set to these first.
 constexpr uint16_t kPoison16 = 0xFFFF;        // NaN in f16 and bf16

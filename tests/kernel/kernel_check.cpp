@@ -22,6 +22,7 @@
 
 #include "fa_nvrtc.h"
 #include "fajit/params.h"
+#include "fajit/runtime/half.h"
 
 namespace {
 
@@ -34,30 +35,8 @@ void cu_check(CUresult r, const char* what, int line) {
 }
 #define CU(x) cu_check((x), #x, __LINE__)
 
-// ---- host 16-bit conversions -------------------------------------------------------------
-uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-float bf2f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t f2h(float f) {
-  _Float16 h = (_Float16)f;
-  uint16_t u;
-  std::memcpy(&u, &h, 2);
-  return u;
-}
-float h2f(uint16_t u) {
-  _Float16 h;
-  std::memcpy(&h, &u, 2);
-  return (float)h;
-}
+// ---- host 16-bit conversions: fajit/runtime/half.h (round to nearest even) ----------------
+fa::DType elem_type(bool bf16) { return bf16 ? fa::DType::bf16 : fa::DType::f16; }
 
 // ---- mods: device source and host twin -----------------------------------------------------
 enum class Mod { Noop, Causal, Sliding, RowsMasked, AlibiCausal, SoftcapCausal };
@@ -275,8 +254,8 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
     bits.resize(n), vals.resize(n);
     for (long long i = 0; i < n; ++i) {
       const float x = nd(rng);
-      bits[i] = c.bf16 ? f2bf(x) : f2h(x);
-      vals[i] = c.bf16 ? bf2f(bits[i]) : h2f(bits[i]);
+      bits[i] = fa::to_bits(x, elem_type(c.bf16));
+      vals[i] = fa::from_bits(bits[i], elem_type(c.bf16));
     }
   };
   std::vector<uint16_t> qb, kb, vb;
@@ -338,7 +317,7 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
           const long long base = b * lo.sb + h * lo.sh + q * lo.sm;
           for (int d = 0; d < c.Dv; ++d) {
             used[base + d] = 1;
-            if (std::isnan(c.bf16 ? bf2f(ob[base + d]) : h2f(ob[base + d]))) ++r.nan;
+            if (std::isnan(fa::from_bits(ob[base + d], elem_type(c.bf16)))) ++r.nan;
           }
           if (c.lse) {
             lused[b * lse_sb + h * lse_sh + q] = 1;
@@ -400,7 +379,7 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
       }
       for (int d = 0; d < c.Dv; ++d) {
         const double ref = o[d] / sum;
-        const double got = c.bf16 ? bf2f(ob[obase + d]) : h2f(ob[obase + d]);
+        const double got = fa::from_bits(ob[obase + d], elem_type(c.bf16));
         a.se += (got - ref) * (got - ref), a.sr += ref * ref;
         a.max_abs = std::max(a.max_abs, std::fabs(got - ref));
       }
@@ -444,7 +423,7 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
   uint32_t state = rng();
   for (auto& x : host) {   // xorshift: fast enough for 33M values per tensor
     state ^= state << 13, state ^= state >> 17, state ^= state << 5;
-    x = f2bf(float(int(state & 0xffff) - 32768) / 32768.f);
+    x = fa::to_bits(float(int(state & 0xffff) - 32768) / 32768.f, fa::DType::bf16);
   }
   DevBuf dq(n * 2), dk(n * 2), dvv(n * 2), dout(n * 2), dlse((long long)B * H * L * 4);
   dq.upload(host), dk.upload(host), dvv.upload(host);

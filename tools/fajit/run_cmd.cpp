@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <iostream>
 #include <random>
 
@@ -19,48 +18,11 @@
 #include "fajit/reference.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
+#include "fajit/runtime/half.h"
 #include "fajit/runtime/memory.h"
 
 namespace fajit_cli {
 namespace {
-
-uint16_t to_half_bits(float f, fa::DType t) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if (t == fa::DType::bf16) {
-    uint32_t r = x + 0x7fffu + ((x >> 16) & 1u);  // round to nearest even (inputs are finite)
-    return static_cast<uint16_t>(r >> 16);
-  }
-  // IEEE half, round to nearest even; inputs here are small normal numbers.
-  uint32_t sign = (x >> 16) & 0x8000u;
-  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp <= 0) return static_cast<uint16_t>(sign);
-  uint32_t h = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  uint32_t rest = mant & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(h);
-}
-
-float from_half_bits(uint16_t b, fa::DType t) {
-  if (t == fa::DType::bf16) {
-    uint32_t x = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &x, 4);
-    return f;
-  }
-  uint32_t sign = (b & 0x8000u) << 16, exp = (b >> 10) & 0x1f, mant = b & 0x3ffu;
-  uint32_t x;
-  if (exp == 0) {
-    float f = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -f : f;
-  }
-  if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
-  else x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
 
 struct HostTensor {
   std::vector<uint16_t> bits;
@@ -73,8 +35,8 @@ HostTensor random_tensor(size_t n, fa::DType t, std::mt19937& rng) {
   h.bits.resize(n);
   h.values.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    h.bits[i] = to_half_bits(d(rng), t);
-    h.values[i] = from_half_bits(h.bits[i], t);
+    h.bits[i] = fa::to_bits(d(rng), t);
+    h.values[i] = fa::from_bits(h.bits[i], t);
   }
   return h;
 }
@@ -177,7 +139,7 @@ int run_variant(const RunOptions& o) {
   double num = 0, den = 0, lse_err = 0;
   size_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
-    double g = from_half_bits(out[i], o.dtype);
+    double g = fa::from_bits(out[i], o.dtype);
     if (std::isnan(g)) ++bad;
     num += (g - ref.out[i]) * (g - ref.out[i]);
     den += ref.out[i] * ref.out[i];
