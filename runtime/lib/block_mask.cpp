@@ -1,8 +1,13 @@
 #include "fajit/runtime/block_mask.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
+
+#include <sys/mman.h>
 
 #include <fmt/format.h>
 
@@ -13,17 +18,32 @@
 
 namespace fa {
 
+namespace {
+
+// One direction's four tables: num [rows], idx [rows, cols], full_num, full_idx.
+struct TableSet {
+  std::vector<int32_t> num, idx, full_num, full_idx;
+};
+
+}  // namespace
+
+// Only the parameters and `kinds` are set at construction. The host kv and q table sets are
+// built on first request (std::call_once; *_ready says a set is complete). Device tables are
+// uploaded per context under `mutex`, the kv set and the q set separately; a set whose host
+// tables were not requested is streamed to the device from `kinds` without keeping them.
 struct BlockMask::State {
   int batch = 1, heads = 1;
   int64_t len_q = 0, len_kv = 0;
   int q_block = 0, kv_block = 0;
   int nq = 0, nkv = 0;
   std::vector<uint8_t> kinds;
-  std::vector<int32_t> kv_num, kv_idx, full_kv_num, full_kv_idx;
-  std::vector<int32_t> q_num, q_idx, full_q_num, full_q_idx;
+
+  std::once_flag kv_once, q_once;
+  std::atomic<bool> kv_ready{false}, q_ready{false};
+  TableSet kv, q;
 
   struct Device {
-    rt::DeviceBuffer buffer;  // all eight tables, back to back
+    rt::DeviceBuffer kv_buffer, q_buffer;  // each: num, idx, full_num, full_idx back to back
     BlockMaskDeviceTables tables;
   };
   std::mutex mutex;
@@ -65,35 +85,277 @@ std::shared_ptr<State> make_state(int batch, int heads, int64_t len_q, int64_t l
   return s;
 }
 
-// Fills all eight tables from s.kinds.
-void build_tables(State& s) {
-  const int64_t bh = int64_t(s.batch) * s.heads;
-  const int nq = s.nq, nkv = s.nkv;
-  s.kv_num.assign(bh * nq, 0);
-  s.full_kv_num.assign(bh * nq, 0);
-  s.kv_idx.assign(bh * nq * nkv, 0);
-  s.full_kv_idx.assign(bh * nq * nkv, 0);
-  s.q_num.assign(bh * nkv, 0);
-  s.full_q_num.assign(bh * nkv, 0);
-  s.q_idx.assign(bh * nkv * nq, 0);
-  s.full_q_idx.assign(bh * nkv * nq, 0);
-  for (int64_t g = 0; g < bh; ++g) {
-    const uint8_t* k = s.kinds.data() + g * nq * nkv;
-    for (int qb = 0; qb < nq; ++qb) {  // q rows and, in the same ascending sweep, kv columns
-      const int64_t row = g * nq + qb;
-      for (int kb = 0; kb < nkv; ++kb) {
-        const uint8_t kind = k[int64_t(qb) * nkv + kb];
-        if (kind == uint8_t(BlockKind::kEmpty)) continue;
-        const int64_t col = g * nkv + kb;
-        if (kind == uint8_t(BlockKind::kFull)) {
-          s.full_kv_idx[row * nkv + s.full_kv_num[row]++] = kb;
-          s.full_q_idx[col * nq + s.full_q_num[col]++] = qb;
-        } else {
-          s.kv_idx[row * nkv + s.kv_num[row]++] = kb;
-          s.q_idx[col * nq + s.q_num[col]++] = qb;
-        }
+// The first i' in [i, n) with p[i'] != v, or n.
+inline int64_t run_end(const uint8_t* p, int64_t i, int64_t n, uint8_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  const uint64_t pattern = 0x0101010101010101ull * v;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (const uint64_t x = w ^ pattern) return i + (__builtin_ctzll(x) >> 3);
+  }
+#endif
+  while (i < n && p[i] == v) ++i;
+  return i;
+}
+
+// `count` rows of a table set from `count` kinds rows of `cols` bytes: counts into num[i] /
+// full_num[i], ascending indices into idx / full_idx row i, walking each row run by run. With
+// zero_tail the rows are padded with 0 (else the caller zeroed them).
+void generate_rows(const uint8_t* kinds, int64_t count, int cols, int32_t* num, int32_t* idx,
+                   int32_t* full_num, int32_t* full_idx, bool zero_tail) {
+  for (int64_t r = 0; r < count; ++r) {
+    const uint8_t* k = kinds + r * cols;
+    int32_t* part = idx + r * cols;
+    int32_t* full = full_idx + r * cols;
+    int32_t np = 0, nf = 0;
+    for (int64_t c = 0; c < cols;) {
+      const uint8_t v = k[c];
+      const int64_t e = run_end(k, c + 1, cols, v);
+      if (v == uint8_t(BlockKind::kPartial)) {
+        for (int64_t j = c; j < e; ++j) part[np++] = int32_t(j);
+      } else if (v == uint8_t(BlockKind::kFull)) {
+        for (int64_t j = c; j < e; ++j) full[nf++] = int32_t(j);
+      }
+      c = e;
+    }
+    num[r] = np;
+    full_num[r] = nf;
+    if (zero_tail) {
+      std::memset(part + np, 0, size_t(cols - np) * sizeof(int32_t));
+      std::memset(full + nf, 0, size_t(cols - nf) * sizeof(int32_t));
+    }
+  }
+}
+
+// Transposes an 8x8 byte block: x[i] holds row i (byte j = column j, little-endian).
+inline void transpose8x8(uint64_t x[8]) {
+  auto swap = [](uint64_t& a, uint64_t& b, int shift, uint64_t mask) {
+    const uint64_t t = ((a >> shift) ^ b) & mask;
+    b ^= t;
+    a ^= t << shift;
+  };
+  for (int i = 0; i < 8; i += 2) swap(x[i], x[i + 1], 8, 0x00FF00FF00FF00FFull);
+  for (int i : {0, 1, 4, 5}) swap(x[i], x[i + 2], 16, 0x0000FFFF0000FFFFull);
+  for (int i = 0; i < 4; ++i) swap(x[i], x[i + 4], 32, 0x00000000FFFFFFFFull);
+}
+
+// The kinds rows a table set is generated from. kv: the rows of `kinds` [g, nq, nkv]. q: its
+// columns (the q tables are the kv tables of the transpose), transposed a strip of kStrip kv
+// blocks at a time into a small buffer, so no transposed copy of the whole mask is made.
+class RowSource {
+ public:
+  RowSource(const State& s, bool q) : s_(s), q_(q) {
+    if (q_) strip_.resize(size_t(std::min(kStrip, s.nkv)) * s.nq);
+  }
+  int64_t rows() const { return int64_t(s_.batch) * s_.heads * (q_ ? s_.nkv : s_.nq); }
+  int cols() const { return q_ ? s_.nq : s_.nkv; }
+
+  // Rows r0, r0 + 1, ...: at least one and at most `want` (fewer at a strip's end); returns
+  // how many and points *rows at them.
+  int64_t get(int64_t r0, int64_t want, const uint8_t** rows) {
+    if (!q_) {
+      *rows = s_.kinds.data() + r0 * s_.nkv;
+      return want;
+    }
+    const int nq = s_.nq, nkv = s_.nkv;
+    const int64_t g = r0 / nkv;
+    const int k0 = int(r0 % nkv);
+    const int n = int(std::min<int64_t>({want, int64_t(kStrip), int64_t(nkv - k0)}));
+    const uint8_t* src = s_.kinds.data() + g * nq * nkv + k0;  // src[qb * nkv + j]
+    uint8_t* dst = strip_.data();                              // dst[j * nq + qb]
+    auto scalar = [&](int q_lo, int q_hi, int j_lo, int j_hi) {
+      for (int j = j_lo; j < j_hi; ++j)
+        for (int qb = q_lo; qb < q_hi; ++qb) dst[int64_t(j) * nq + qb] = src[int64_t(qb) * nkv + j];
+    };
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const int q8 = nq & ~7, n8 = n & ~7;  // 8x8 blocks, then the tails
+    for (int qb = 0; qb < q8; qb += 8)
+      for (int j = 0; j < n8; j += 8) {
+        uint64_t x[8];
+        for (int i = 0; i < 8; ++i) std::memcpy(&x[i], src + int64_t(qb + i) * nkv + j, 8);
+        transpose8x8(x);
+        for (int i = 0; i < 8; ++i) std::memcpy(dst + int64_t(j + i) * nq + qb, &x[i], 8);
+      }
+    scalar(q8, nq, 0, n);
+    scalar(0, q8, n8, n);
+#else
+    scalar(0, nq, 0, n);
+#endif
+    *rows = dst;
+    return n;
+  }
+
+ private:
+  static constexpr int kStrip = 64;
+  const State& s_;
+  bool q_;
+  std::vector<uint8_t> strip_;
+};
+
+// v.resize(n) on an empty v; large fresh allocations are faulted in with one madvise call
+// (MADV_POPULATE_WRITE, Linux 5.14) rather than page by page.
+void sized_zeroed(std::vector<int32_t>& v, size_t n) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr size_t kPage = 4096;
+  if (n * sizeof(int32_t) >= (size_t(1) << 20)) {
+    v.reserve(n);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+    const uintptr_t lo = (p + kPage - 1) & ~(kPage - 1), hi = (p + n * sizeof(int32_t)) & ~(kPage - 1);
+    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
+  }
+#endif
+  v.resize(n);
+}
+
+void build_host(TableSet& t, RowSource src) {
+  const int64_t rows = src.rows();
+  const int cols = src.cols();
+  t.num.resize(rows);
+  t.full_num.resize(rows);
+  sized_zeroed(t.idx, size_t(rows) * cols);  // zeroed: the padding
+  sized_zeroed(t.full_idx, size_t(rows) * cols);
+  for (int64_t r0 = 0; r0 < rows;) {
+    const uint8_t* k;
+    const int64_t n = src.get(r0, rows - r0, &k);
+    generate_rows(k, n, cols, t.num.data() + r0, t.idx.data() + r0 * cols,
+                  t.full_num.data() + r0, t.full_idx.data() + r0 * cols, /*zero_tail=*/false);
+    r0 += n;
+  }
+}
+
+const TableSet& kv_tables(const State& cs) {
+  State& s = const_cast<State&>(cs);
+  std::call_once(s.kv_once, [&] {
+    build_host(s.kv, RowSource(s, /*q=*/false));
+    s.kv_ready.store(true, std::memory_order_release);
+  });
+  return s.kv;
+}
+
+const TableSet& q_tables(const State& cs) {
+  State& s = const_cast<State&>(cs);
+  std::call_once(s.q_once, [&] {
+    build_host(s.q, RowSource(s, /*q=*/true));
+    s.q_ready.store(true, std::memory_order_release);
+  });
+  return s.q;
+}
+
+constexpr size_t kSingleUploadBytes = size_t(1) << 20;
+
+// Uploads one table set into a new buffer: from the host tables when they exist, else
+// generated from the kinds through a staging buffer (the whole set when it is small, else
+// chunks of rows). Returns the four device addresses.
+void upload_set(rt::DeviceBuffer& buf, const TableSet* host, RowSource src, const int** out) {
+  const int64_t rows = src.rows();
+  const int cols = src.cols();
+  auto pad = [](size_t n) { return (n + 3) / 4 * 4; };  // int32 entries -> 16-byte aligned
+  const size_t cells = size_t(rows) * cols;
+  const size_t at_num = 0, at_idx = pad(rows), at_full_num = at_idx + pad(cells),
+               at_full_idx = at_full_num + pad(rows), total = at_full_idx + pad(cells);
+  buf = rt::DeviceBuffer(total * sizeof(int32_t));
+  constexpr size_t kI = sizeof(int32_t);
+  if (total * kI <= kSingleUploadBytes) {  // small: one staging buffer, one upload
+    std::vector<int32_t> stage(total);     // zeroed: the padding
+    if (host) {
+      std::copy(host->num.begin(), host->num.end(), stage.begin() + at_num);
+      std::copy(host->idx.begin(), host->idx.end(), stage.begin() + at_idx);
+      std::copy(host->full_num.begin(), host->full_num.end(), stage.begin() + at_full_num);
+      std::copy(host->full_idx.begin(), host->full_idx.end(), stage.begin() + at_full_idx);
+    } else {
+      for (int64_t r0 = 0; r0 < rows;) {
+        const uint8_t* k;
+        const int64_t n = src.get(r0, rows - r0, &k);
+        generate_rows(k, n, cols, stage.data() + at_num + r0, stage.data() + at_idx + r0 * cols,
+                      stage.data() + at_full_num + r0, stage.data() + at_full_idx + r0 * cols,
+                      /*zero_tail=*/false);
+        r0 += n;
       }
     }
+    buf.upload(stage.data(), total * kI);
+  } else if (host) {
+    buf.upload(host->num.data(), rows * kI, at_num * kI);
+    buf.upload(host->idx.data(), cells * kI, at_idx * kI);
+    buf.upload(host->full_num.data(), rows * kI, at_full_num * kI);
+    buf.upload(host->full_idx.data(), cells * kI, at_full_idx * kI);
+  } else {
+    // ~256 KiB of each index table per upload (H200 host, fill at 128k: 1.05-1.09 ms; 1 MiB
+    // chunks 1.16-1.18 ms, 4 MiB 1.5-1.8 ms).
+    const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 16) / cols);
+    std::vector<int32_t> num(rows), full_num(rows), stage(size_t(2 * chunk) * cols);
+    int32_t* part = stage.data();
+    int32_t* full = stage.data() + size_t(chunk) * cols;
+    for (int64_t r0 = 0; r0 < rows;) {
+      const uint8_t* k;
+      const int64_t n = src.get(r0, std::min(chunk, rows - r0), &k);
+      generate_rows(k, n, cols, num.data() + r0, part, full_num.data() + r0, full,
+                    /*zero_tail=*/true);
+      const size_t bytes = size_t(n) * cols * kI;
+      buf.upload(part, bytes, (at_idx + size_t(r0) * cols) * kI);
+      buf.upload(full, bytes, (at_full_idx + size_t(r0) * cols) * kI);
+      r0 += n;
+    }
+    buf.upload(num.data(), rows * kI, at_num * kI);
+    buf.upload(full_num.data(), rows * kI, at_full_num * kI);
+  }
+  const int* base = buf.as<const int>();
+  out[0] = base + at_num;
+  out[1] = base + at_idx;
+  out[2] = base + at_full_num;
+  out[3] = base + at_full_idx;
+}
+
+// The device tables in the current context: the kv set always, the q set when with_q.
+BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q) {
+  State& s = const_cast<State&>(cs);
+  rt::ContextGuard guard;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  State::Device& dev = s.devices[guard.context()];
+  try {
+    if (!dev.kv_buffer) {
+      const int* p[4];
+      const bool ready = s.kv_ready.load(std::memory_order_acquire);
+      rt::DeviceBuffer buf;
+      upload_set(buf, ready ? &s.kv : nullptr, RowSource(s, /*q=*/false), p);
+      dev.kv_buffer = std::move(buf);
+      dev.tables.kv_num_blocks = p[0];
+      dev.tables.kv_indices = p[1];
+      dev.tables.full_kv_num_blocks = p[2];
+      dev.tables.full_kv_indices = p[3];
+    }
+    if (with_q && !dev.q_buffer) {
+      const int* p[4];
+      const bool ready = s.q_ready.load(std::memory_order_acquire);
+      rt::DeviceBuffer buf;
+      upload_set(buf, ready ? &s.q : nullptr, RowSource(s, /*q=*/true), p);
+      dev.q_buffer = std::move(buf);
+      dev.tables.q_num_blocks = p[0];
+      dev.tables.q_indices = p[1];
+      dev.tables.full_q_num_blocks = p[2];
+      dev.tables.full_q_indices = p[3];
+    }
+  } catch (...) {
+    if (!dev.kv_buffer && !dev.q_buffer) s.devices.erase(guard.context());
+    throw;
+  }
+  return dev.tables;
+}
+
+// Throws unless every kind is 0, 1 or 2 (a vectorisable max per chunk; the index on failure).
+void check_kinds(const std::vector<uint8_t>& kinds) {
+  const uint8_t* p = kinds.data();
+  const size_t n = kinds.size();
+  constexpr size_t kChunk = 4096;
+  for (size_t i = 0; i < n; i += kChunk) {
+    const size_t e = std::min(n, i + kChunk);
+    uint8_t m = 0;
+    for (size_t j = i; j < e; ++j) m = std::max(m, p[j]);
+    if (m <= uint8_t(BlockKind::kFull)) continue;
+    for (size_t j = i; j < e; ++j)
+      if (p[j] > uint8_t(BlockKind::kFull))
+        throw Error(fmt::format("block mask: block kind {} at index {} is not 0, 1 or 2",
+                                int(p[j]), j));
   }
 }
 
@@ -101,18 +363,18 @@ void build_tables(State& s) {
 
 BlockMask BlockMask::from_kinds(int batch, int heads, int64_t len_q, int64_t len_kv,
                                 const std::vector<uint8_t>& kinds, int q_block, int kv_block) {
+  return from_kinds(batch, heads, len_q, len_kv, std::vector<uint8_t>(kinds), q_block, kv_block);
+}
+
+BlockMask BlockMask::from_kinds(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                std::vector<uint8_t>&& kinds, int q_block, int kv_block) {
   auto s = make_state(batch, heads, len_q, len_kv, q_block, kv_block);
   const size_t want = size_t(batch) * heads * s->nq * s->nkv;
   if (kinds.size() != want)
     throw Error(fmt::format("block mask: expected {} block kinds [Bm={}, Hm={}, {}, {}], got {}",
                             want, batch, heads, s->nq, s->nkv, kinds.size()));
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    if (kinds[i] > uint8_t(BlockKind::kFull))
-      throw Error(fmt::format("block mask: block kind {} at index {} is not 0, 1 or 2",
-                              int(kinds[i]), i));
-  }
-  s->kinds = kinds;
-  build_tables(*s);
+  check_kinds(kinds);
+  s->kinds = std::move(kinds);
   return BlockMask(std::move(s));
 }
 
@@ -120,7 +382,6 @@ BlockMask BlockMask::all_full(int batch, int heads, int64_t len_q, int64_t len_k
                               int kv_block) {
   auto s = make_state(batch, heads, len_q, len_kv, q_block, kv_block);
   s->kinds.assign(size_t(batch) * heads * s->nq * s->nkv, uint8_t(BlockKind::kFull));
-  build_tables(*s);
   return BlockMask(std::move(s));
 }
 
@@ -172,7 +433,6 @@ BlockMask BlockMask::from_kv_blocks(int batch, int heads, int64_t len_q, int64_t
   if (has_full)
     place("full_kv_num_blocks", "full_kv_indices", full_kv_num_blocks, full_kv_indices,
           BlockKind::kFull);
-  build_tables(*s);
   return BlockMask(std::move(s));
 }
 
@@ -190,14 +450,22 @@ int BlockMask::kv_block() const { return state().kv_block; }
 int BlockMask::num_q_blocks() const { return state().nq; }
 int BlockMask::num_kv_blocks() const { return state().nkv; }
 const std::vector<uint8_t>& BlockMask::kinds() const { return state().kinds; }
-const std::vector<int32_t>& BlockMask::kv_num_blocks() const { return state().kv_num; }
-const std::vector<int32_t>& BlockMask::kv_indices() const { return state().kv_idx; }
-const std::vector<int32_t>& BlockMask::full_kv_num_blocks() const { return state().full_kv_num; }
-const std::vector<int32_t>& BlockMask::full_kv_indices() const { return state().full_kv_idx; }
-const std::vector<int32_t>& BlockMask::q_num_blocks() const { return state().q_num; }
-const std::vector<int32_t>& BlockMask::q_indices() const { return state().q_idx; }
-const std::vector<int32_t>& BlockMask::full_q_num_blocks() const { return state().full_q_num; }
-const std::vector<int32_t>& BlockMask::full_q_indices() const { return state().full_q_idx; }
+const std::vector<int32_t>& BlockMask::kv_num_blocks() const { return kv_tables(state()).num; }
+const std::vector<int32_t>& BlockMask::kv_indices() const { return kv_tables(state()).idx; }
+const std::vector<int32_t>& BlockMask::full_kv_num_blocks() const {
+  return kv_tables(state()).full_num;
+}
+const std::vector<int32_t>& BlockMask::full_kv_indices() const {
+  return kv_tables(state()).full_idx;
+}
+const std::vector<int32_t>& BlockMask::q_num_blocks() const { return q_tables(state()).num; }
+const std::vector<int32_t>& BlockMask::q_indices() const { return q_tables(state()).idx; }
+const std::vector<int32_t>& BlockMask::full_q_num_blocks() const {
+  return q_tables(state()).full_num;
+}
+const std::vector<int32_t>& BlockMask::full_q_indices() const {
+  return q_tables(state()).full_idx;
+}
 
 BlockKind BlockMask::kind(int b, int h, int q_blk, int kv_blk) const {
   const State& s = state();
@@ -256,38 +524,12 @@ void BlockMask::check_compatible(int batch, int heads, int64_t len_q, int64_t le
 }
 
 BlockMaskDeviceTables BlockMask::device_tables() const {
-  State& s = const_cast<State&>(state());
-  rt::ContextGuard guard;
-  std::lock_guard<std::mutex> lock(s.mutex);
-  auto it = s.devices.find(guard.context());
-  if (it != s.devices.end()) return it->second.tables;
-
-  const std::vector<int32_t>* parts[] = {&s.kv_num, &s.kv_idx, &s.full_kv_num, &s.full_kv_idx,
-                                         &s.q_num,  &s.q_idx,  &s.full_q_num,  &s.full_q_idx};
-  std::vector<int32_t> packed;
-  size_t offsets[8];
-  for (int i = 0; i < 8; ++i) {
-    offsets[i] = packed.size();
-    packed.insert(packed.end(), parts[i]->begin(), parts[i]->end());
-    while (packed.size() % 4) packed.push_back(0);  // 16-byte aligned tables
-  }
-  State::Device dev;
-  dev.buffer = rt::DeviceBuffer(packed.size() * sizeof(int32_t));
-  dev.buffer.upload(packed.data(), packed.size() * sizeof(int32_t));
-  const int* base = dev.buffer.as<const int>();
-  const int** slots[] = {&dev.tables.kv_num_blocks,      &dev.tables.kv_indices,
-                         &dev.tables.full_kv_num_blocks, &dev.tables.full_kv_indices,
-                         &dev.tables.q_num_blocks,       &dev.tables.q_indices,
-                         &dev.tables.full_q_num_blocks,  &dev.tables.full_q_indices};
-  for (int i = 0; i < 8; ++i) *slots[i] = base + offsets[i];
-  BlockMaskDeviceTables tables = dev.tables;
-  s.devices.emplace(guard.context(), std::move(dev));
-  return tables;
+  return device_tables_of(state(), /*with_q=*/true);
 }
 
 void BlockMask::fill(FaBlockTables& t) const {
   const State& s = state();
-  const BlockMaskDeviceTables d = device_tables();
+  const BlockMaskDeviceTables d = device_tables_of(s, /*with_q=*/false);
   t.kv_num_blocks = d.kv_num_blocks;
   t.kv_indices = d.kv_indices;
   t.full_kv_num_blocks = d.full_kv_num_blocks;

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fajit/error.h"
@@ -138,6 +140,103 @@ TEST(BlockMask, FromKindsErrors) {
   BlockMask m = BlockMask::all_full(1, 2, 10, 10);
   EXPECT_EQ(error_of([&] { m.kind(0, 2, 0, 0); }),
             "block mask: block (b=0, h=2, q-block=0, kv-block=0) is outside [1, 2, 1, 1]");
+}
+
+// The q tables are built on first request (the kv tables too): whatever is asked first, and
+// from however many threads, they equal a brute-force transpose of the kinds.
+std::vector<uint8_t> random_kinds(std::mt19937& rng, size_t n, int style) {
+  std::vector<uint8_t> kinds(n);
+  if (style == 0) {
+    for (auto& k : kinds) k = uint8_t(rng() % 3);
+  } else {  // long runs, as band masks give: run lengths up to 40
+    size_t i = 0;
+    while (i < n) {
+      const uint8_t v = uint8_t(rng() % 3);
+      const size_t len = 1 + rng() % 40;
+      for (size_t j = 0; j < len && i < n; ++j) kinds[i++] = v;
+    }
+  }
+  return kinds;
+}
+
+TEST(BlockMask, LazyTablesMatchBruteForce) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 48; ++trial) {
+    const int bm = 1 + trial % 3, hm = 1 + (trial / 3) % 2;
+    const int q_block = trial % 4 < 2 ? 128 : 64, kv_block = trial % 2 ? 64 : 128;
+    const int len_q = 1 + int(rng() % 3000), len_kv = 1 + int(rng() % 3000);
+    const int nq = (len_q + q_block - 1) / q_block, nkv = (len_kv + kv_block - 1) / kv_block;
+    const auto kinds = random_kinds(rng, size_t(bm) * hm * nq * nkv, trial % 2);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " B=" << bm << " H=" << hm
+                                      << " nq=" << nq << " nkv=" << nkv);
+    const auto r = fa::test::reference_tables(kinds, bm, hm, nq, nkv);
+    BlockMask m = BlockMask::from_kinds(bm, hm, len_q, len_kv, kinds, q_block, kv_block);
+    if (trial % 3 == 0) {  // q tables first
+      EXPECT_EQ(m.full_q_indices(), r.full_q_idx);
+      EXPECT_EQ(m.q_num_blocks(), r.q_num);
+    } else if (trial % 3 == 1) {  // kv tables first
+      EXPECT_EQ(m.kv_indices(), r.kv_idx);
+    }
+    expect_tables(m, r);
+    EXPECT_EQ(m.kinds(), kinds);
+    // The getters return the same tables every time.
+    EXPECT_EQ(&m.q_indices(), &m.q_indices());
+    EXPECT_EQ(&m.kv_indices(), &m.kv_indices());
+  }
+}
+
+TEST(BlockMask, LazyTablesConcurrentFirstUse) {
+  std::mt19937 rng(5);
+  const int bm = 2, hm = 3, nq = 37, nkv = 53;
+  const auto kinds = random_kinds(rng, size_t(bm) * hm * nq * nkv, 1);
+  const auto r = fa::test::reference_tables(kinds, bm, hm, nq, nkv);
+  for (int round = 0; round < 8; ++round) {
+    BlockMask m = BlockMask::from_kinds(bm, hm, nq * 64, nkv * 64, kinds, 64, 64);
+    std::vector<const std::vector<int32_t>*> q(4), kv(4);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        if (t % 2) {
+          q[t] = &m.q_indices();
+          kv[t] = &m.kv_indices();
+        } else {
+          kv[t] = &m.kv_indices();
+          q[t] = &m.q_indices();
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (int t = 1; t < 4; ++t) {
+      EXPECT_EQ(q[t], q[0]);
+      EXPECT_EQ(kv[t], kv[0]);
+    }
+    expect_tables(m, r);
+  }
+}
+
+TEST(BlockMask, FromKindsMovesKinds) {
+  const auto kinds = fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; },
+                                               1, 1, 1000, 1000, 128, 128);
+  std::vector<uint8_t> moved = kinds;
+  const uint8_t* data = moved.data();
+  BlockMask m = BlockMask::from_kinds(1, 1, 1000, 1000, std::move(moved));
+  EXPECT_EQ(m.kinds().data(), data);  // no copy
+  expect_tables(m, fa::test::reference_tables(kinds, 1, 1, 8, 8));
+  // Errors are those of the copying overload, and leave nothing half-built.
+  std::vector<uint8_t> bad(100 * 100, 1);
+  bad[9999] = 7;
+  EXPECT_EQ(error_of([&] { BlockMask::from_kinds(1, 1, 12800, 12800, std::move(bad)); }),
+            "block mask: block kind 7 at index 9999 is not 0, 1 or 2");
+  std::vector<uint8_t> bad2(100 * 100, 2);
+  bad2[4096] = 255;  // first element of a later validation chunk
+  EXPECT_EQ(error_of([&] { BlockMask::from_kinds(1, 1, 12800, 12800, bad2); }),
+            "block mask: block kind 255 at index 4096 is not 0, 1 or 2");
+}
+
+TEST(BlockMask, AllFullTables) {
+  BlockMask m = BlockMask::all_full(2, 1, 300, 1000, 64, 128);
+  const std::vector<uint8_t> kinds(2 * 5 * 8, 2);
+  EXPECT_EQ(m.kinds(), kinds);
+  expect_tables(m, fa::test::reference_tables(kinds, 2, 1, 5, 8));
 }
 
 TEST(BlockMask, Density) {

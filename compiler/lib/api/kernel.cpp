@@ -205,7 +205,8 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
   MaskAnalysis a = analyze_mask_blocks(program(), bm, hm, len_q, len_kv, options, captures);
   if (a.undecided == 0)
-    return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, a.kinds, options.q_block, options.kv_block);
+    return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, std::move(a.kinds), options.q_block,
+                                 options.kv_block);
   FaCaptures fc;
   std::memcpy(&fc, cap.data(), sizeof fc);
   const Compiled& b = impl_->block_mask_kernel();

@@ -9,6 +9,9 @@
 //   q_num_blocks  [Bm, Hm, nkv]     q_indices  [Bm, Hm, nkv, nq]   partial tiles of a kv col
 //   full_q_num_blocks, full_q_indices (same shapes)                 (for the backward)
 // Index rows list block numbers in ascending order and are padded with 0 after their count.
+// A mask keeps `kinds`; the tables are built from it on first use (a host getter, fill() or
+// device_tables()), each table set once, thread-safely: the forward needs only the kv tables,
+// and fill() builds and uploads those straight to the device without keeping host copies.
 //
 //   auto m = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds);   // 0 empty 1 partial 2 full
 //   m.check_compatible(B, H, Lq, Lkv);
@@ -60,6 +63,10 @@ class FA_API BlockMask {
   static BlockMask from_kinds(int batch, int heads, int64_t len_q, int64_t len_kv,
                               const std::vector<uint8_t>& kinds, int q_block = kDefaultBlock,
                               int kv_block = kDefaultBlock);
+  // The same, taking `kinds` without a copy.
+  static BlockMask from_kinds(int batch, int heads, int64_t len_q, int64_t len_kv,
+                              std::vector<uint8_t>&& kinds, int q_block = kDefaultBlock,
+                              int kv_block = kDefaultBlock);
 
   // From host kv tables in flex's layout (see above); full_* may be empty (no full tiles).
   // Each row's first kv_num_blocks entries are used, in any order; the q_* transposes are
@@ -107,9 +114,11 @@ class FA_API BlockMask {
   // "block mask was built for Lq=1024, Lkv=1024; got Lq=2048, Lkv=1024".
   void check_compatible(int batch, int heads, int64_t len_q, int64_t len_kv) const;
 
-  // Device tables in the current (or primary) context, uploaded on first use per context.
+  // Device tables in the current (or primary) context, uploaded on first use per context
+  // (the kv tables and the q tables separately: addresses stay the same between calls).
   BlockMaskDeviceTables device_tables() const;
-  // The forward's FaBlockTables (params.h) from device_tables().
+  // The forward's FaBlockTables (params.h): the kv tables of device_tables(), uploading only
+  // those (the q tables are uploaded when device_tables() is first called).
   void fill(FaBlockTables& tables) const;
 
   struct State;
