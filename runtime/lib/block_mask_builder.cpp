@@ -77,7 +77,7 @@ BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int 
                            const BlockMaskBuildOptions& options) {
   std::vector<uint8_t> kinds =
       classify_blocks(classify, captures, batch, heads, len_q, len_kv, options);
-  return BlockMask::from_kinds(batch, heads, len_q, len_kv, kinds, options.q_block,
+  return BlockMask::from_kinds(batch, heads, len_q, len_kv, std::move(kinds), options.q_block,
                                options.kv_block);
 }
 
