@@ -54,6 +54,7 @@
 #include "fajit/params.h"
 #include "fajit/prelude.cuh"
 #include "fajit/mma.cuh"
+#include "fajit/block_walk.cuh"
 
 namespace fa {
 
@@ -184,19 +185,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const u32 sV = sK + kStages * Cfg::kSmemKBytes;
 
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
-  const FaBlockTables& bt = p.mask;
-  const long long row = b * bt.row_stride_b + h * bt.row_stride_h + q0 / bt.q_block;
-  const int n_partial = bt.kv_num_blocks[row];
-  const int n_full = bt.full_kv_num_blocks ? bt.full_kv_num_blocks[row] : 0;
-  const int* partial_idx = bt.kv_indices + row * bt.num_kv_blocks;
-  const int* full_idx = bt.full_kv_indices + row * bt.num_kv_blocks;
-  const int tiles_per_block = bt.kv_block / kBN;
-  const int n_tiles = (n_partial + n_full) * tiles_per_block;
-  auto tile_start = [&](int it) {
-    const int sb = it / tiles_per_block, sub = it - sb * tiles_per_block;
-    const int blk = sb < n_partial ? partial_idx[sb] : full_idx[sb - n_partial];
-    return blk * bt.kv_block + sub * kBN;
-  };
+  const KvWalk<kBN> walk(p.mask, b, h, q0);
+  const int n_tiles = walk.n_tiles;
+  auto tile_start = [&](int it) { return walk.tile_start(it); };
   auto load_kv = [&](int it) {
     const int start = tile_start(it);
     if (start >= len_kv) return;   // a sub-tile past the end of a tail block: never read
@@ -284,7 +275,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
     const int start = tile_start(it);
     if (start >= len_kv) continue;
-    const bool is_full = it / tiles_per_block >= n_partial;
+    const bool is_full = walk.is_full(it);
     const u32 sKs = sK + (it % kStages) * Cfg::kSmemKBytes;
     const u32 sVs = sV + (it % kStages) * Cfg::kSmemVBytes;
 

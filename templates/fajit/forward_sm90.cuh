@@ -62,6 +62,7 @@
 #include "fajit/params.h"
 #include "fajit/prelude.cuh"
 #include "fajit/wgmma_sm90.cuh"
+#include "fajit/block_walk.cuh"
 
 namespace fa {
 
@@ -254,19 +255,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
-  const FaBlockTables& bt = p.mask;
-  const long long row = b * bt.row_stride_b + h * bt.row_stride_h + q0 / bt.q_block;
-  const int n_partial = bt.kv_num_blocks[row];
-  const int n_full = bt.full_kv_num_blocks ? bt.full_kv_num_blocks[row] : 0;
-  const int* partial_idx = bt.kv_indices + row * bt.num_kv_blocks;
-  const int* full_idx = bt.full_kv_indices + row * bt.num_kv_blocks;
-  const int tiles_per_block = bt.kv_block / kBN;
-  const int n_tiles = (n_partial + n_full) * tiles_per_block;
-  auto tile_start = [&](int it) {
-    const int sb = it / tiles_per_block, sub = it - sb * tiles_per_block;
-    const int blk = sb < n_partial ? partial_idx[sb] : full_idx[sb - n_partial];
-    return blk * bt.kv_block + sub * kBN;
-  };
+  const KvWalk<kBN> walk(p.mask, b, h, q0);
+  const int n_tiles = walk.n_tiles;
+  auto tile_start = [&](int it) { return walk.tile_start(it); };
 
   if (tid == 0) {
     sm90::mbar_init(bar_q, 128);
@@ -374,7 +365,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     if constexpr (!Cfg::kOverlap) {
       for (int it = next_tile(0); it < n_tiles; it = next_tile(it + 1)) {
         const int start = tile_start(it);
-        const bool is_full = it / tiles_per_block >= n_partial;
+        const bool is_full = walk.is_full(it);
         sm90::mbar_wait(bar_full_k(stage), phase);
         sm90::fence_proxy_async();
         float s[kNT][4];
@@ -417,7 +408,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           turn_pass();
           sm90::wgmma_wait<0>();
           sm90::pin(s);
-          mods(s, tile_start(it), it / tiles_per_block >= n_partial);
+          mods(s, tile_start(it), walk.is_full(it));
           float alpha[2];
           sm90::detail::softmax_step(s, m, l, alpha, sl2);
           sm90::detail::pack_p<E>(pa, s);
@@ -427,7 +418,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         for (it = next_tile(it + 1); it < n_tiles; it = next_tile(it + 1)) {
           if (++stage == kStages) stage = 0, phase ^= 1u;
           const int start = tile_start(it);
-          const bool is_full = it / tiles_per_block >= n_partial;
+          const bool is_full = walk.is_full(it);
           float s[kNT][4];
           // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers
           // all of that thread's earlier copies, so both waits pass together: one fence.

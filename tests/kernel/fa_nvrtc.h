@@ -31,7 +31,7 @@ struct Headers {
   std::vector<std::string> names, texts;
   explicit Headers(const std::string& dir = FAJIT_TEMPLATE_DIR) {
     for (const char* n : {"fajit/params.h", "fajit/prelude.cuh", "fajit/mma.cuh", "fajit/forward.cuh",
-                          "fajit/wgmma_sm90.cuh", "fajit/forward_sm90.cuh"}) {
+                          "fajit/wgmma_sm90.cuh", "fajit/forward_sm90.cuh", "fajit/block_walk.cuh"}) {
       names.push_back(n);
       texts.push_back(read_text(dir + "/" + n));
     }
