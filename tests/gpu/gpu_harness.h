@@ -3,6 +3,7 @@
 // for the reference), and small device helpers. Everything here is header-only and test-only.
 #pragma once
 
+#include "fa_test_util.h"
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -242,16 +243,6 @@ inline ModPrograms mod_programs(const fa::Program& p) {
 
 // Calls `f` and returns fa::Error's message ("" when it does not throw, "<other>: ..." for
 // any other exception).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const fa::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not fa::Error>: ") + e.what();
-  }
-  return "";
-}
+using fa::test::error_of;
 
 }  // namespace fa_gpu_test

@@ -1,3 +1,4 @@
+#include "fa_test_util.h"
 #include "fajit/jit/arch.h"
 
 #include <gtest/gtest.h>
@@ -6,14 +7,7 @@
 
 namespace {
 
-std::string error_of(void (*fn)()) {
-  try {
-    fn();
-  } catch (const fa::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using fa::test::error_of;
 
 TEST(Arch, KnownArchsValidate) {
   for (const std::string& a : fa::jit::known_archs()) EXPECT_EQ(fa::jit::validate_arch(a), a);

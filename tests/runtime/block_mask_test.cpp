@@ -1,3 +1,4 @@
+#include "fa_test_util.h"
 #include "fajit/runtime/block_mask.h"
 
 #include <gtest/gtest.h>
@@ -17,25 +18,9 @@ namespace {
 using fa::BlockKind;
 using fa::BlockMask;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const fa::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using fa::test::error_of;
 
-void expect_tables(const BlockMask& m, const fa::test::ReferenceTables& r) {
-  EXPECT_EQ(m.kv_num_blocks(), r.kv_num);
-  EXPECT_EQ(m.kv_indices(), r.kv_idx);
-  EXPECT_EQ(m.full_kv_num_blocks(), r.full_kv_num);
-  EXPECT_EQ(m.full_kv_indices(), r.full_kv_idx);
-  EXPECT_EQ(m.q_num_blocks(), r.q_num);
-  EXPECT_EQ(m.q_indices(), r.q_idx);
-  EXPECT_EQ(m.full_q_num_blocks(), r.full_q_num);
-  EXPECT_EQ(m.full_q_indices(), r.full_q_idx);
-}
+using fa::test::expect_tables;
 
 TEST(BlockMask, FromKindsCausal) {
   // Causal, Lq = Lkv = 300, blocks 128: 3x3 tiles, diagonal partial, below full.

@@ -6,6 +6,10 @@
 #include <functional>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "fajit/runtime/block_mask.h"
+
 namespace fa::test {
 
 using MaskFn = std::function<bool(int b, int h, int q, int kv)>;
@@ -70,6 +74,18 @@ inline ReferenceTables reference_tables(const std::vector<uint8_t>& kinds, int b
     }
   }
   return r;
+}
+
+// All eight tables of `m` equal the brute-force ones.
+inline void expect_tables(const BlockMask& m, const ReferenceTables& r) {
+  EXPECT_EQ(m.kv_num_blocks(), r.kv_num);
+  EXPECT_EQ(m.kv_indices(), r.kv_idx);
+  EXPECT_EQ(m.full_kv_num_blocks(), r.full_kv_num);
+  EXPECT_EQ(m.full_kv_indices(), r.full_kv_idx);
+  EXPECT_EQ(m.q_num_blocks(), r.q_num);
+  EXPECT_EQ(m.q_indices(), r.q_idx);
+  EXPECT_EQ(m.full_q_num_blocks(), r.full_q_num);
+  EXPECT_EQ(m.full_q_indices(), r.full_q_idx);
 }
 
 }  // namespace fa::test

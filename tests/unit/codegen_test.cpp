@@ -2,6 +2,7 @@
 // and KernelSpec errors, and NVRTC accepting what it generates: every shipped forward variant
 // and the block-mask kernel for sm_80 and sm_90a, and one mod per arith/math op kind it lowers.
 // NVRTC runs on the host; no GPU is needed.
+#include "fa_test_util.h"
 #include "fajit/codegen.h"
 
 #include <gtest/gtest.h>
@@ -27,14 +28,7 @@ namespace {
 using fa::Index;
 using fa::Score;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const fa::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using fa::test::error_of;
 
 bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 #define EXPECT_HAS(text, needle) EXPECT_TRUE(has(text, needle)) << "missing: " << (needle) << "\nin:\n" << (text)

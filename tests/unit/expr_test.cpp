@@ -1,6 +1,7 @@
 // The expression language of `fajit dump --mask-mod EXPR --score-mod EXPR` (fajit/expr.h):
 // expressions trace to the IR the C++ mods give, and every malformed input is an fa::Error
 // with a column and a caret.
+#include "fa_test_util.h"
 #include "fajit/expr.h"
 
 #include <gtest/gtest.h>
@@ -21,14 +22,7 @@ using fa::Bool;
 using fa::Index;
 using fa::Score;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const fa::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using fa::test::error_of;
 
 ::testing::AssertionResult StartsWith(const std::string& s, const std::string& prefix) {
   if (s.rfind(prefix, 0) == 0) return ::testing::AssertionSuccess();

@@ -1,4 +1,5 @@
 // The tracing frontend: what IR symbolic C++ records, and the errors misuse gets.
+#include "fa_test_util.h"
 #include "fajit/frontend.h"
 
 #include <gtest/gtest.h>
@@ -11,14 +12,7 @@ using fa::Bool;
 using fa::Index;
 using fa::Score;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const fa::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using fa::test::error_of;
 
 fa::ScoreMod score_of(fa::ScoreModFn fn) { return {"s", std::move(fn)}; }
 fa::MaskMod mask_of(fa::MaskModFn fn) { return {"m", std::move(fn)}; }

@@ -1,5 +1,6 @@
 // Tests of fa::ModProgram (compiler/include/fajit/interp.h): every allowlisted op against a
 // direct C++ computation, all cmp predicates, the UB/poison errors and the binding errors.
+#include "fa_test_util.h"
 #include "fajit/interp.h"
 
 #include <gtest/gtest.h>
@@ -76,14 +77,7 @@ bool same_float(float a, float b) {
   return x == y;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const fa::Error& e) {
-    return e.what();
-  }
-  return "<no fa::Error>";
-}
+using fa::test::error_of;
 
 std::vector<int32_t> int_samples(int n, uint32_t seed) {
   std::vector<int32_t> v = {0, 1, -1, 2, -2, 3, -7, 7, 31, 32, 33, INT_MAX, INT_MIN,

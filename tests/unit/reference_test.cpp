@@ -1,5 +1,6 @@
 // Tests of fa::reference_attention and fa::brute_force_block_classes
 // (compiler/include/fajit/reference.h) against plainly written loops.
+#include "fa_test_util.h"
 #include "fajit/reference.h"
 
 #include <gtest/gtest.h>
@@ -146,14 +147,7 @@ void expect_close(const fa::ReferenceResult& got, const fa::ReferenceResult& wan
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const fa::Error& e) {
-    return e.what();
-  }
-  return "<no fa::Error>";
-}
+using fa::test::error_of;
 
 TEST(Reference, PlainSoftmaxMatchesNaive) {
   Problem p;
