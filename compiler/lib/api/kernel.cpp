@@ -92,8 +92,9 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
 }  // namespace
 
 struct Kernel::Impl {
-  explicit Impl(Program p) : program(std::move(p)) {}
+  explicit Impl(Program p) : program(std::move(p)), mask_range(MaskRangeProgram::compile(program)) {}
   Program program;
+  MaskRangeProgram mask_range;  // the mask_mod as an interval program, compiled once
   Options options;
   Compiled fwd;
   bool mask_reads_b = true, mask_reads_h = true;
@@ -180,17 +181,6 @@ std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const
   return bytes;
 }
 
-namespace {
-
-// The symbolic block classification of `program`'s mask_mod with the captures' scalars bound
-// ([bm, hm, nq, nkv], 255 = undecided). Builders use it to skip decided blocks.
-MaskAnalysis analyze_mask_blocks(const Program& program, int bm, int hm, int64_t len_q, int64_t len_kv,
-                                 const BlockMaskOptions& options, const Captures& captures) {
-  return analyze_block_mask(program, bm, hm, len_q, len_kv, options.q_block, options.kv_block, captures);
-}
-
-}  // namespace
-
 BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
                              const BlockMaskOptions& options, Stream stream) const {
   if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
@@ -203,7 +193,9 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
     return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
   std::vector<unsigned char> cap = pack_captures(captures);
   // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
-  MaskAnalysis a = analyze_mask_blocks(program(), bm, hm, len_q, len_kv, options, captures);
+  // 255 marks the blocks left to the GPU builder.
+  MaskAnalysis a = analyze_block_mask(impl_->mask_range, bm, hm, len_q, len_kv, options.q_block,
+                                      options.kv_block, scalar_values_of(captures));
   if (a.undecided == 0)
     return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, std::move(a.kinds), options.q_block,
                                  options.kv_block);
