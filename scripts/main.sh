@@ -17,7 +17,8 @@ echo
 echo "== PTX (sm_90a) =="
 ptx=$("$FAJIT" dump --ptx --arch sm_90a "${VARIANT[@]}")
 echo "$ptx" | grep -m1 "^.entry" || true
-echo "$(echo "$ptx" | wc -l) lines, $(echo "$ptx" | grep -c 'mma.sync') mma.sync, $(echo "$ptx" | grep -c 'ldmatrix') ldmatrix, $(echo "$ptx" | grep -c 'cp.async.cg') cp.async"
+count() { echo "$ptx" | grep -c "$1" || true; }
+echo "$(echo "$ptx" | wc -l) lines: $(count 'wgmma.mma_async') wgmma, $(count 'mma.sync') mma.sync, $(count 'ldmatrix') ldmatrix, $(count 'cp.async.cg') cp.async"
 echo
 echo "== run on the GPU =="
 "$FAJIT" run "${VARIANT[@]}"
