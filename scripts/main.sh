@@ -16,7 +16,7 @@ echo "== generated CUDA (the mods; the kernel body comes from templates/fajit/fo
 echo
 echo "== PTX (sm_90a) =="
 ptx=$("$FAJIT" dump --ptx --arch sm_90a "${VARIANT[@]}")
-echo "$ptx" | grep -m1 "^.entry" || true
+echo "$ptx" | grep -m1 "\.entry" || true
 count() { echo "$ptx" | grep -c "$1" || true; }
 echo "$(echo "$ptx" | wc -l) lines: $(count 'wgmma.mma_async') wgmma, $(count 'mma.sync') mma.sync, $(count 'ldmatrix') ldmatrix, $(count 'cp.async.cg') cp.async"
 echo
