@@ -13,11 +13,14 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "fajit/embedded_templates.h"
 #include "fajit/error.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/key.h"
 #include "fajit/jit/nvrtc.h"
+#include "fajit/kernel_spec.h"
 
 namespace {
 
@@ -78,9 +81,11 @@ std::string forward_kernel(int tag, int head_dim, bool mods) {
        "    return score + (float)(kv - q) * slopes[h];  // fa: arith.addf\n  }\n"
        "  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,\n"
        "      const FaCaptures& cap) {\n    return kv <= q;  // fa: arith.cmpi sle\n  }\n};\n";
-  s += "#include \"fajit/forward.cuh\"\nusing FaConfig = fa::DefaultFwdConfig<fa::bf16_t, " +
-       std::to_string(head_dim) + ", " + std::to_string(head_dim) +
-       ">;\nFAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)\n";
+  const fa::TileConfig t = fa::default_tile(head_dim, head_dim, false);
+  s += "#include \"fajit/forward.cuh\"\n" +
+       fmt::format("using FaConfig = fa::FwdConfig<fa::bf16_t, {0}, {0}, {1}, {2}, {3}, {4}>;\n", head_dim,
+                   t.block_m, t.block_n, t.warps, t.stages) +
+       "FAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)\n";
   return s;
 }
 

@@ -5,8 +5,8 @@
 //   #include "fajit/prelude.cuh"
 //   struct FaMods { ... };                                   // see templates/README.md
 //   #include "fajit/forward.cuh"
-//   using FaConfig = fa::DefaultFwdConfig<fa::bf16_t, 128, 128, FaMods::kHasScoreMod>;
-//                                                              // or fa::FwdConfig<...>
+//   using FaConfig = fa::FwdConfig<fa::bf16_t, 128, 128, 128, 64, 4, 2>;
+//                          // the tile from the host: fa::default_tile() (kernel_spec.h)
 //   FAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)
 // The macro arguments must be single identifiers (macros split on commas): name the config
 // with a `using` first. The kernel is `extern "C"`, so the host looks it up by `name`.
@@ -55,13 +55,14 @@
 #include "fajit/prelude.cuh"
 #include "fajit/mma.cuh"
 #include "fajit/block_walk.cuh"
+#include "fajit/attention_tile.cuh"
 
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kBlockN_,
           int kWarps_, int kStages_, int kMinBlocksPerSM_ = 1,
           bool kQInRegisters_ = (kBlockM_ / kWarps_ == 16)>
-struct FwdConfig {
+struct FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -90,17 +91,6 @@ struct FwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
-// Default tiles (measured on H200 with tests/kernel/kernel_check.cpp's benchmark): 4 warps of
-// 32 query rows reuse each K/V fragment for two m-tiles, which beats 8 warps of 16 rows
-// (d128: 292 vs 260 TFLOP/s full); with a score_mod and a 128 head dim that config runs out
-// of registers (spills; softcap 98 vs 121 TFLOP/s), so it falls back to 8 warps of 16 rows
-// with Q in registers. BLOCK_M = 128 keeps the default 128 sparse q_block valid.
-// Codegen: fa::DefaultFwdConfig<Element, DQK, DV, FaMods::kHasScoreMod>.
-template <typename Element, int kHeadDimQK, int kHeadDimV, bool kHasScoreMod = false>
-using DefaultFwdConfig =
-    FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, 64,
-              (kHasScoreMod && (kHeadDimQK > 64 || kHeadDimV > 64)) ? 8 : 4, 2>;
-
 namespace detail {
 
 // cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
@@ -120,37 +110,6 @@ __device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, lon
   }
 }
 
-// The score_mod / mask_mod hook on an S accumulator fragment: element (mi, j, i) of this
-// thread is (row q_idx[mi][i/2], column kv0 + 8j + i%2), kv0 = tile start + 2*(lane%4).
-// kMask: also apply mask_mod (unless the block is full) and the kv < len_kv bound.
-template <typename Mods, bool kMask, int kMT, int kNT>
-__device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2],
-                                           int kv0, int len_kv, bool is_full, float scale, int b,
-                                           int h, const FaCaptures& cap) {
-  if constexpr (Mods::kHasScoreMod || kMask) {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int kv = kv0 + j * 8 + (i & 1);
-        const int kv_c = kv < len_kv ? kv : len_kv - 1;   // mods never see kv >= len_kv
-#pragma unroll
-        for (int mi = 0; mi < kMT; ++mi) {
-          float x = s[mi][j][i];
-          if constexpr (Mods::kHasScoreMod)
-            x = Mods::score_mod(x * scale, b, h, q_idx[mi][i >> 1], kv_c, cap);
-          if constexpr (kMask) {
-            bool keep = kv < len_kv;
-            if constexpr (Mods::kHasMaskMod)
-              keep = keep & (is_full | Mods::mask_mod(b, h, q_idx[mi][i >> 1], kv_c, cap));
-            if (!keep) x = -INFINITY;
-          }
-          s[mi][j][i] = x;
-        }
-      }
-  }
-}
-
 }  // namespace detail
 
 template <typename Cfg, typename Mods>
@@ -159,12 +118,6 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kRW = Cfg::kRowsPerWarp;
   constexpr int kMT = kRW / 16;                 // 16-row m-tiles per warp
-  constexpr int kNT = kBN / 8;                  // 8-column n-tiles of S
-  constexpr int kKQ = Cfg::kHeadDimQK / 16;     // k-steps of Q·Kᵀ
-  constexpr int kKP = kBN / 16;                 // k-steps of P·V
-  constexpr int kDT = Cfg::kHeadDimV / 8;       // 8-column n-tiles of O
-  constexpr int kCQ = Cfg::kHeadDimQK / 8;      // 16-byte chunks per Q/K row
-  constexpr int kCV = Cfg::kHeadDimV / 8;       // 16-byte chunks per V/O row
   constexpr int kThreads = Cfg::kThreads;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -192,14 +145,14 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const int start = tile_start(it);
     if (start >= len_kv) return;   // a sub-tile past the end of a tail block: never read
     const int s = it % kStages;
-    detail::load_tile_async<kBN, kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n,
+    detail::load_tile_async<kBN, Cfg::kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n,
                                                 start, len_kv, tid);
-    detail::load_tile_async<kBN, kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n,
+    detail::load_tile_async<kBN, Cfg::kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n,
                                                 start, len_kv, tid);
   };
 
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
-  detail::load_tile_async<kBM, kCQ, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
+  detail::load_tile_async<kBM, Cfg::kCQ, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -217,18 +170,18 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   u32 q_off[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    q_off[c] = sQ + (warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * (kCQ * 16) +
+    q_off[c] = sQ + (warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * (Cfg::kCQ * 16) +
                (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
   auto load_q = [&](u32 (&a)[4], int mi, int kk) {
-    ldmatrix_x4(a, q_off[kk % 4] + (kk / 4) * 128 + mi * 16 * (kCQ * 16));
+    ldmatrix_x4(a, q_off[kk % 4] + (kk / 4) * 128 + mi * 16 * (Cfg::kCQ * 16));
   };
   constexpr bool kQRegs = Cfg::kQInRegisters;
-  u32 qf[kQRegs ? kMT : 1][kQRegs ? kKQ : 1][4];
+  u32 qf[kQRegs ? kMT : 1][kQRegs ? Cfg::kKQ : 1][4];
   if constexpr (kQRegs) {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk) load_q(qf[mi][kk], mi, kk);
+      for (int kk = 0; kk < Cfg::kKQ; ++kk) load_q(qf[mi][kk], mi, kk);
   }
 
   // Each thread's accumulator rows: row(mi, hh) = q0 + warp_row0 + mi*16 + g + 8*hh, clamped
@@ -242,19 +195,16 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       q_idx[mi][hh] = q < len_q ? q : len_q - 1;
     }
 
-  // Softmax works in base 2: x * sl2 is the exponent. Without score_mod the raw q·k is kept
-  // and scale·log2(e) folds into the exp2's FFMA; with it, the modded score gets log2(e).
-  const float sl2 = Mods::kHasScoreMod ? kLog2e : p.scale * kLog2e;
-  float o[kMT][kDT][4];
-  float m[kMT][2], l[kMT][2];
+  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+  float o[kMT][Cfg::kDT][4];
+  SoftmaxRows rows[kMT];
 #pragma unroll
   for (int mi = 0; mi < kMT; ++mi) {
 #pragma unroll
-    for (int dj = 0; dj < kDT; ++dj)
+    for (int dj = 0; dj < Cfg::kDT; ++dj)
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[mi][dj][i] = 0.f;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) m[mi][hh] = -INFINITY, l[mi][hh] = 0.f;
+    rows[mi].init();
   }
 
   // Per-lane ldmatrix byte offsets. The swizzle XOR (chunk ^ row%8, row%8 == lane%8 here)
@@ -263,8 +213,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   u32 k_off[4], v_off[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    k_off[c] = ((lane & 7) + (lane >> 4) * 8) * (kCQ * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
-    v_off[c] = ((lane & 7) + ((lane >> 3) & 1) * 8) * (kCV * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
+    k_off[c] = ((lane & 7) + (lane >> 4) * 8) * (Cfg::kCQ * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    v_off[c] = ((lane & 7) + ((lane >> 3) & 1) * 8) * (Cfg::kCV * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
   }
 
   for (int it = 0; it < n_tiles; ++it) {
@@ -280,15 +230,15 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const u32 sVs = sV + (it % kStages) * Cfg::kSmemVBytes;
 
     // ---- S = Q · Kᵀ
-    float s[kMT][kNT][4];
+    float s[kMT][Cfg::kNT][4];
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+      for (int j = 0; j < Cfg::kNT; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mi][j][i] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < kKQ; ++kk) {
+    for (int kk = 0; kk < Cfg::kKQ; ++kk) {
       u32 qa[kMT][4];
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi) {
@@ -300,9 +250,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         }
       }
 #pragma unroll
-      for (int jp = 0; jp < kNT / 2; ++jp) {
+      for (int jp = 0; jp < Cfg::kNT / 2; ++jp) {
         u32 kf[4];
-        ldmatrix_x4(kf, sKs + k_off[kk % 4] + (kk / 4) * 128 + jp * 16 * (kCQ * 16));
+        ldmatrix_x4(kf, sKs + k_off[kk % 4] + (kk / 4) * 128 + jp * 16 * (Cfg::kCQ * 16));
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           mma_16816<E>(s[mi][2 * jp], qa[mi], kf[0], kf[1]);
@@ -312,57 +262,26 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     }
 
     // ---- score_mod on every element; mask_mod on partial tiles; bounds on tail tiles
-    if ((Mods::kHasMaskMod && !is_full) || start + kBN > len_kv)
-      detail::apply_mods<Mods, true>(s, q_idx, start + 2 * t, len_kv, is_full, p.scale, b, h, cap);
-    else
-      detail::apply_mods<Mods, false>(s, q_idx, start + 2 * t, len_kv, is_full, p.scale, b, h, cap);
+    score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
 
-    // ---- online softmax (base 2); P stays in registers as the A operand of P·V
+    // ---- online softmax (base 2): S becomes P, O is rescaled to the new row max
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float mx = m[mi][hh];
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[mi][j][2 * hh], s[mi][j][2 * hh + 1]));
-        mx = quad_max(mx);
-        // A row with nothing unmasked yet keeps m = -inf: subtract 0, not -inf (no NaN).
-        const float sub = mx == -INFINITY ? 0.f : mx * sl2;
-        const float alpha = ex2(m[mi][hh] * sl2 - sub);
-        m[mi][hh] = mx;
-        float rs = 0.f;
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = ex2(fmaf(s[mi][j][2 * hh + e], sl2, -sub));
-            s[mi][j][2 * hh + e] = pv;
-            rs += pv;
-          }
-        l[mi][hh] = l[mi][hh] * alpha + rs;   // per-thread partial; quad-reduced at the end
-#pragma unroll
-        for (int dj = 0; dj < kDT; ++dj) {
-          o[mi][dj][2 * hh] *= alpha;
-          o[mi][dj][2 * hh + 1] *= alpha;
-        }
-      }
+      float alpha[2];
+      rows[mi].step(s[mi], alpha, sl2);
+      scale_rows(o[mi], alpha);
     }
 
     // ---- O += P · V, P packed to 16-bit per k-step (A fragment = two adjacent S n-tiles)
 #pragma unroll
-    for (int kk = 0; kk < kKP; ++kk) {
+    for (int kk = 0; kk < Cfg::kKP; ++kk) {
       u32 pa[kMT][4];
 #pragma unroll
-      for (int mi = 0; mi < kMT; ++mi) {
-        pa[mi][0] = pack2<E>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-        pa[mi][1] = pack2<E>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-        pa[mi][2] = pack2<E>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-        pa[mi][3] = pack2<E>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-      }
+      for (int mi = 0; mi < kMT; ++mi) pack_a<E>(pa[mi], s[mi], kk);
 #pragma unroll
-      for (int jp = 0; jp < kDT / 2; ++jp) {
+      for (int jp = 0; jp < Cfg::kDT / 2; ++jp) {
         u32 vf[4];
-        ldmatrix_x4_trans(vf, sVs + v_off[jp % 4] + (jp / 4) * 128 + kk * 16 * (kCV * 16));
+        ldmatrix_x4_trans(vf, sVs + v_off[jp % 4] + (jp / 4) * 128 + kk * 16 * (Cfg::kCV * 16));
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           mma_16816<E>(o[mi][2 * jp], pa[mi], vf[0], vf[1]);
@@ -374,35 +293,20 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   cp_async_wait<0>();
   __syncthreads();   // every warp is done with Q before O overwrites the Q/O region
 
-  // ---- epilogue: O / l through shared memory (16-byte global stores), LSE in natural log
-  E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+  // ---- epilogue: O / l staged in this warp's rows of the Q region, 16-byte global stores;
+  // LSE in natural log
+  using Staging = SwizzledRows<Cfg::kCV>;
 #pragma unroll
-  for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float lsum = quad_sum(l[mi][hh]);
-      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-      const int r = warp_row0 + mi * 16 + g + 8 * hh;
-#pragma unroll
-      for (int dj = 0; dj < kDT; ++dj)
-        st_shared_b32(sQ + swizzle_offset<kCV>(r, dj) + t * 4,
-                      pack2<E>(o[mi][dj][2 * hh] * inv, o[mi][dj][2 * hh + 1] * inv));
-      if (p.lse != nullptr && t == 0 && q0 + r < len_q) {
-        const float lse = lsum > 0.f ? (m[mi][hh] * sl2 + lg2(lsum)) * kLn2 : -INFINITY;
-        p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q0 + r] = lse;
-      }
-    }
-  __syncwarp();
-  constexpr int kOutChunks = kRW * kCV;
-  static_assert(kOutChunks % 32 == 0, "output rows of a warp must split evenly over lanes");
-#pragma unroll
-  for (int i = 0; i < kOutChunks / 32; ++i) {
-    const int idx = lane + i * 32;
-    const int r = warp_row0 + idx / kCV, c = idx % kCV;
-    if (q0 + r < len_q)
-      st_global_v4(og + (long long)(q0 + r) * p.o_stride_m + c * 8,
-                   ld_shared_v4(sQ + swizzle_offset<kCV>(r, c)));
+  for (int mi = 0; mi < kMT; ++mi) {
+    float inv[2];
+    rows[mi].finish(inv);
+    const int row0 = warp_row0 + mi * 16 + g;
+    stage_rows<E, Staging>(sQ, o[mi], inv, row0, t);
+    store_lse(p, b, h, q0, row0, t, rows[mi], sl2);
   }
+  __syncwarp();
+  E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+  store_rows<kRW, Cfg::kCV, 32, Staging>(og, p.o_stride_m, sQ, warp_row0, q0, len_q, lane);
 }
 
 }  // namespace fa

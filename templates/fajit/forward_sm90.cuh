@@ -7,8 +7,8 @@
 //   #include "fajit/prelude.cuh"
 //   struct FaMods { ... };                                   // see templates/README.md
 //   #include "fajit/forward_sm90.cuh"
-//   using FaConfig = fa::DefaultSm90FwdConfig<fa::bf16_t, 128, 128, FaMods::kHasScoreMod>;
-//                                                              // or fa::Sm90FwdConfig<...>
+//   using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true>;
+//                          // the tile from the host: fa::default_tile() (kernel_spec.h)
 //   FAJIT_DEFINE_FORWARD_SM90(fajit_fwd, FaConfig, FaMods)
 // NVRTC: --gpu-architecture=sm_90a (wgmma and setmaxnreg exist only there). Macro arguments
 // must be single identifiers (name the config with a `using` first). The kernel is extern "C".
@@ -63,12 +63,13 @@
 #include "fajit/prelude.cuh"
 #include "fajit/wgmma_sm90.cuh"
 #include "fajit/block_walk.cuh"
+#include "fajit/attention_tile.cuh"
 
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockN_ = 128, int kStages_ = 2,
           bool kOverlap_ = true, bool kPingPong_ = false>
-struct Sm90FwdConfig {
+struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -79,7 +80,8 @@ struct Sm90FwdConfig {
   static constexpr bool kPingPong = kPingPong_;
 
   static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kConsumerRows = kBlockM / kConsumerWarpgroups;   // 64: one wgmma M
+  static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;   // 128 * 40 + 256 * 232 <= 65536
   static constexpr int kMaxHeadDim = kHeadDimQK > kHeadDimV ? kHeadDimQK : kHeadDimV;
@@ -88,7 +90,8 @@ struct Sm90FwdConfig {
   static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;      // one V stage
   static constexpr int kSmemBarOffset = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
   static constexpr int kNumBarriers = 1 + 3 * kStages;             // q, full_k, full_v, empty
-  static constexpr int kSmemBytes = 1024 + kSmemBarOffset + 8 * kNumBarriers;
+  static constexpr int kSmemBytes =
+      sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
   static_assert(kHeadDimQK == 64 || kHeadDimQK == 128, "DQK must be 64 or 128");
   static_assert(kHeadDimV == 64 || kHeadDimV == 128, "DV must be 64 or 128");
@@ -97,21 +100,17 @@ struct Sm90FwdConfig {
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
-// Default tiles, measured on H200 (templates/NOTES-sm90.md): BLOCK_N 128, overlap and
-// ping-pong on; 3 stages when a head dim is 128 (d128 full 531 vs 501 TFLOP/s with 2),
-// 2 at 64/64 (same speed, 83 KB less shared memory). kHasScoreMod does not change the choice
-// (alibi/softcap were fastest or within 1 % on the same config); it is kept for symmetry with
-// fa::DefaultFwdConfig.
-template <typename Element, int kHeadDimQK, int kHeadDimV, bool kHasScoreMod = false>
-using DefaultSm90FwdConfig =
-    Sm90FwdConfig<Element, kHeadDimQK, kHeadDimV, 128, (kHeadDimQK > 64 || kHeadDimV > 64) ? 3 : 2, true,
-                  true>;
-
 namespace sm90 {
+
+// Named barrier ids (0 is __syncthreads): each consumer warpgroup's epilogue barrier, and each
+// one's ping-pong turn barrier (waited on by that warpgroup, arrived on by the other).
+constexpr int kBarEpilogue = 1;   // + consumer index
+constexpr int kBarTurn = 3;       // + consumer index
+
 namespace detail {
 
 // cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
-// `stride` elements) into kChunks/8 swizzled column blocks of kRows x 128 B (wgmma_sm90.cuh);
+// `stride` elements) into kChunks/8 swizzled column blocks of kRows x 128 B (Sw128Blocks);
 // rows >= len are zero-filled. Consecutive threads take consecutive chunks of a row.
 template <int kRows, int kChunks, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride,
@@ -123,7 +122,7 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, lon
   // Running pointer/address (few live registers: the producer runs on 40).
   const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
   const long long step = (long long)kRowStep * stride;
-  u32 d = dst + (c / 8) * (kRows * 128) + r0 * 128 + (((c % 8) ^ (r0 % 8)) << 4);
+  u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
   // kRowStep is a multiple of 8 (128 threads, <= 16 chunks), so r % 8 == r0 % 8 throughout.
   static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
   int left = len - row0 - r0;   // rows of this thread still in range, counting down
@@ -132,95 +131,8 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, lon
     const bool valid = left > 0;
     cp_async_16(d, valid ? g : src, valid);
     g += step;
-    d += kRowStep * 128;
+    d += kRowStep * kSw128RowBytes;
     left -= kRowStep;
-  }
-}
-
-// Byte offset of chunk c (16 bytes) of row r in a tile of kRows rows stored as 128B-swizzled
-// column blocks (the Q/O region layout).
-template <int kRows>
-__device__ __forceinline__ u32 blocked_offset(int r, int c) {
-  return static_cast<u32>((c / 8) * (kRows * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4));
-}
-
-// score_mod / mask_mod on an S accumulator of one warpgroup: element (j, i) of this thread is
-// (row q_idx[i/2], column kv0 + 8j + i%2), kv0 = tile start + 2*(lane%4).
-// kMask: also apply mask_mod (unless the block is full) and the kv < len_kv bound.
-template <typename Mods, bool kMask, int kNT>
-__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0,
-                                           int len_kv, bool is_full, float scale, int b, int h,
-                                           const FaCaptures& cap) {
-  if constexpr (Mods::kHasScoreMod || kMask) {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int kv = kv0 + j * 8 + (i & 1);
-        const int kv_c = kv < len_kv ? kv : len_kv - 1;   // mods never see kv >= len_kv
-        float x = s[j][i];
-        if constexpr (Mods::kHasScoreMod)
-          x = Mods::score_mod(x * scale, b, h, q_idx[i >> 1], kv_c, cap);
-        if constexpr (kMask) {
-          bool keep = kv < len_kv;
-          if constexpr (Mods::kHasMaskMod)
-            keep = keep & (is_full | Mods::mask_mod(b, h, q_idx[i >> 1], kv_c, cap));
-          if (!keep) x = -INFINITY;
-        }
-        s[j][i] = x;
-      }
-  }
-}
-
-// Online softmax step on one S tile (base 2, x * sl2 is the exponent): updates the running
-// max m and sum l of this thread's two rows, turns s into probabilities, returns the factor
-// O must be rescaled by.
-template <int kNT>
-__device__ __forceinline__ void softmax_step(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], float sl2) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float mx = m[hh];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
-    mx = quad_max(mx);
-    // A row with nothing unmasked yet keeps m = -inf: subtract 0, not -inf (no NaN).
-    const float sub = mx == -INFINITY ? 0.f : mx * sl2;
-    alpha[hh] = ex2(m[hh] * sl2 - sub);
-    m[hh] = mx;
-    float rs = 0.f;
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pv = ex2(fmaf(s[j][2 * hh + e], sl2, -sub));
-        s[j][2 * hh + e] = pv;
-        rs += pv;
-      }
-    l[hh] = l[hh] * alpha[hh] + rs;   // per-thread partial; quad-reduced at the end
-  }
-}
-
-// P (probabilities in S accumulator layout) -> 16-bit A fragments of P·V, one per 16 kv.
-template <typename E, int kNT>
-__device__ __forceinline__ void pack_p(u32 (&pa)[kNT / 2][4], const float (&s)[kNT][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kNT / 2; ++kk) {
-    pa[kk][0] = pack2<E>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = pack2<E>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
-}
-
-template <int kDT>
-__device__ __forceinline__ void rescale_o(float (&o)[kDT][4], const float (&alpha)[2]) {
-#pragma unroll
-  for (int dj = 0; dj < kDT; ++dj) {
-    o[dj][0] *= alpha[0];
-    o[dj][1] *= alpha[0];
-    o[dj][2] *= alpha[1];
-    o[dj][3] *= alpha[1];
   }
 }
 
@@ -230,25 +142,22 @@ template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kNT = kBN / 8;                  // 8-column n-tiles of S
-  constexpr int kKQ = Cfg::kHeadDimQK / 16;     // k-steps of Q·Kᵀ
-  constexpr int kKP = kBN / 16;                 // k-steps of P·V
-  constexpr int kDT = Cfg::kHeadDimV / 8;       // 8-column n-tiles of O
-  constexpr int kCQ = Cfg::kHeadDimQK / 8;      // 16-byte chunks per Q/K row
-  constexpr int kCV = Cfg::kHeadDimV / 8;       // 16-byte chunks per V/O row
+  constexpr int kRows = Cfg::kConsumerRows;     // query rows per consumer warpgroup
+  constexpr int kWG = kWarpgroupThreads;
+  using QTile = Sw128Blocks<kBM>;               // the Q region, later O staging
 
   extern __shared__ unsigned char smem_raw[];
-  // 1024-byte aligned base: every swizzle atom starts on a 1024 B boundary (base offset 0).
-  const u32 sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  // Every swizzle atom starts on a 1024 B boundary (descriptor base offset 0).
+  const u32 sQ = (smem_addr(smem_raw) + (kSwizzleAtomBytes - 1)) & ~u32(kSwizzleAtomBytes - 1);
   const u32 sK = sQ + Cfg::kSmemQOBytes;
   const u32 sV = sK + kStages * Cfg::kSmemKBytes;
   const u32 bar_q = sQ + Cfg::kSmemBarOffset;
-  auto bar_full_k = [&](int s) { return bar_q + 8u + 8u * s; };
-  auto bar_full_v = [&](int s) { return bar_q + 8u + 8u * (kStages + s); };
-  auto bar_empty = [&](int s) { return bar_q + 8u + 8u * (2 * kStages + s); };
+  auto bar_full_k = [&](int s) { return bar_q + kMbarBytes * (1 + s); };
+  auto bar_full_v = [&](int s) { return bar_q + kMbarBytes * (1 + kStages + s); };
+  auto bar_empty = [&](int s) { return bar_q + kMbarBytes * (1 + 2 * kStages + s); };
 
   const int tid = threadIdx.x;
-  const int warpgroup = tid / 128;
+  const int warpgroup = tid / kWG;
   const int q0 = blockIdx.x * kBM;
   const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
   const int hkv = h / (p.heads_q / p.heads_kv);
@@ -257,238 +166,205 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
   const KvWalk<kBN> walk(p.mask, b, h, q0);
   const int n_tiles = walk.n_tiles;
-  auto tile_start = [&](int it) { return walk.tile_start(it); };
 
   if (tid == 0) {
-    sm90::mbar_init(bar_q, 128);
+    mbar_init(bar_q, kWG);
     for (int s = 0; s < kStages; ++s) {
-      sm90::mbar_init(bar_full_k(s), 128);      // one cp.async arrive per producer thread
-      sm90::mbar_init(bar_full_v(s), 128);
-      sm90::mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);   // one per consumer warp
+      mbar_init(bar_full_k(s), kWG);   // one cp.async arrive per producer thread
+      mbar_init(bar_full_v(s), kWG);
+      mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);   // one per consumer warp
     }
   }
   __syncthreads();
 
   if (warpgroup == 0) {
     // ================= producer: cp.async Q, then K/V tiles through the stages =============
-    sm90::setmaxnreg_dec<Cfg::kProducerRegs>();
+    setmaxnreg_dec<Cfg::kProducerRegs>();
     const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
     const E* kg = static_cast<const E*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
     const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-    sm90::detail::load_tile_sw128<kBM, kCQ, 128>(sQ, qg, p.q_stride_m, q0, len_q, tid);
-    sm90::mbar_arrive_cp_async(bar_q);
-    int stage = 0;
-    u32 phase = 0;
+    detail::load_tile_sw128<kBM, Cfg::kCQ, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
+    mbar_arrive_cp_async(bar_q);
+    StageRing<kStages> ring;
     for (int it = 0; it < n_tiles; ++it) {
-      const int start = tile_start(it);
+      const int start = walk.tile_start(it);
       if (start >= len_kv) continue;   // a sub-tile past the end of a tail block: never read
-      sm90::mbar_wait(bar_empty(stage), phase ^ 1u);
-      sm90::detail::load_tile_sw128<kBN, kCQ, 128>(sK + stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
-                                                   start, len_kv, tid);
-      sm90::mbar_arrive_cp_async(bar_full_k(stage));
-      sm90::detail::load_tile_sw128<kBN, kCV, 128>(sV + stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
-                                                   start, len_kv, tid);
-      sm90::mbar_arrive_cp_async(bar_full_v(stage));
-      if (++stage == kStages) stage = 0, phase ^= 1u;
+      mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
+      detail::load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
+                                             start, len_kv, tid);
+      mbar_arrive_cp_async(bar_full_k(ring.stage));
+      detail::load_tile_sw128<kBN, Cfg::kCV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
+                                             start, len_kv, tid);
+      mbar_arrive_cp_async(bar_full_v(ring.stage));
+      ring.advance();
     }
-    sm90::cp_async_wait_all();
+    cp_async_wait_all();
+    return;
+  }
+
+  // ================= consumers: kRows (64) query rows per warpgroup ===========================
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int cw = warpgroup - 1;
+  const int wtid = tid - kWG * warpgroup;
+  const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int row_base = cw * kRows + warp * 16 + g;   // this thread's rows: row_base, row_base + 8
+  int q_idx[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int q = q0 + row_base + 8 * hh;
+    q_idx[hh] = q < len_q ? q : len_q - 1;   // mods never see q >= len_q
+  }
+  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+  float o[Cfg::kDT][4];
+#pragma unroll
+  for (int dj = 0; dj < Cfg::kDT; ++dj)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[dj][i] = 0.f;
+  SoftmaxRows rows;
+  rows.init();
+  u32 pa[Cfg::kKP][4];   // P as the register A operand of P·V
+
+  // ---- the two GEMMs, each one commit group. Q (K-major, this warpgroup's rows) and K
+  // (K-major) from shared memory for S = Q·Kᵀ; P from registers and V (MN-major) for O += P·V.
+  const u64 dq = desc_sw128(sQ + cw * kRows * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  const u64 dk = desc_sw128(sK, 16, kSwizzleAtomBytes);
+  const u64 dv = desc_sw128(sV, kBN * kSw128RowBytes, kSwizzleAtomBytes);
+  auto issue_s = [&](float (&s)[Cfg::kNT][4], int stage) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKQ; ++kk)
+      wgmma_ss<E, kBN>(s, desc_advance(dq, kmajor_kstep_offset<kBM>(kk)),
+                       desc_advance(dk, stage * Cfg::kSmemKBytes + kmajor_kstep_offset<kBN>(kk)), kk > 0);
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKP; ++kk)
+      wgmma_rs<E, Cfg::kHeadDimV>(o, pa[kk], desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk)), 1);
+    wgmma_commit();
+  };
+
+  // ---- ping-pong: a warpgroup waits for its turn before issuing GEMMs and hands the turn to
+  // the other after issuing them, so one's softmax runs under the other's GEMMs. Both issue
+  // the same number of turns (same tiles); warpgroup 1 hands the first turn over up front and
+  // warpgroup 0 takes one extra turn at the end, so every bar.sync of 256 meets exactly one
+  // bar.arrive of the other warpgroup.
+  auto turn_wait = [&]() {
+    if constexpr (Cfg::kPingPong) named_barrier(kBarTurn + cw, 2 * kWG);
+  };
+  auto turn_pass = [&]() {
+    if constexpr (Cfg::kPingPong) named_barrier_arrive(kBarTurn + (1 - cw), 2 * kWG);
+  };
+  if (Cfg::kPingPong && cw == 1) named_barrier_arrive(kBarTurn, 2 * kWG);
+
+  // One turn on the tensor cores: `gemms` issues (and commits) wgmma groups.
+  auto issue_turn = [&](auto&& gemms) {
+    turn_wait();
+    wgmma_fence();
+    gemms();
+    turn_pass();
+  };
+  // Waits for the producer's stage and makes its cp.async data visible to wgmma.
+  auto wait_loaded = [&](u32 bar, u32 phase) {
+    mbar_wait(bar, phase);
+    fence_proxy_async();
+  };
+  // S_j = Q·K_jᵀ, alone: issued, waited for.
+  auto gemm_s = [&](float (&s)[Cfg::kNT][4], int stage, u32 phase) {
+    wait_loaded(bar_full_k(stage), phase);
+    issue_turn([&] { issue_s(s, stage); });
+    wgmma_wait<0>();
+    pin(s);
+  };
+  // After P·V has completed: O and P are free again, the stage goes back to the producer.
+  auto pv_done = [&](int stage) {
+    wgmma_wait<0>();
+    pin(o);
+    pin(pa);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty(stage));
+  };
+  // O += P·V, alone: issued, waited for, stage released.
+  auto gemm_pv = [&](int stage, u32 phase) {
+    wait_loaded(bar_full_v(stage), phase);
+    issue_turn([&] { issue_pv(stage); });
+    pv_done(stage);
+  };
+  auto mods = [&](float (&s)[Cfg::kNT][4], int start, bool is_full) {
+    score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
+  };
+  auto next_tile = [&](int it) {   // first tile >= it that starts inside len_kv
+    while (it < n_tiles && walk.tile_start(it) >= len_kv) ++it;
+    return it;
+  };
+
+  mbar_wait(bar_q, 0);   // also before an empty walk: O staging reuses the Q region
+  StageRing<kStages> ring;
+  if constexpr (!Cfg::kOverlap) {
+    // S, softmax, P·V strictly in turn.
+    for (int it = next_tile(0); it < n_tiles; it = next_tile(it + 1)) {
+      const int start = walk.tile_start(it);
+      const bool is_full = walk.is_full(it);
+      float s[Cfg::kNT][4], alpha[2];
+      gemm_s(s, ring.stage, ring.phase);
+      mods(s, start, is_full);
+      rows.step(s, alpha, sl2);
+      scale_rows(o, alpha);
+      pack_a<E>(pa, s);
+      gemm_pv(ring.stage, ring.phase);
+      ring.advance();
+    }
   } else {
-    // ================= consumers: 64 query rows per warpgroup ===============================
-    sm90::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int cw = warpgroup - 1;
-    const int wtid = tid - 128 * warpgroup;
-    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int row_base = cw * 64 + warp * 16 + g;   // this thread's rows: row_base, row_base + 8
-    int q_idx[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int q = q0 + row_base + 8 * hh;
-      q_idx[hh] = q < len_q ? q : len_q - 1;
-    }
-    // Softmax works in base 2: x * sl2 is the exponent. Without score_mod the raw q·k is kept
-    // and scale·log2(e) folds into the exp2's FFMA; with it, the modded score gets log2(e).
-    const float sl2 = Mods::kHasScoreMod ? kLog2e : p.scale * kLog2e;
-    float o[kDT][4];
-#pragma unroll
-    for (int dj = 0; dj < kDT; ++dj)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[dj][i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    u32 pa[kKP][4];
-
-    // Descriptors: Q (K-major, this warpgroup's 64 rows), K (K-major), V (MN-major).
-    const u64 dq = sm90::desc_sw128(sQ + cw * 64 * 128, 16, 1024);
-    const u64 dk = sm90::desc_sw128(sK, 16, 1024);
-    const u64 dv = sm90::desc_sw128(sV, kBN * 128, 1024);
-    auto s_gemm = [&](float (&s)[kNT][4], int stage) {
-#pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk)
-        sm90::wgmma_ss<E, kBN>(s, dq + (((kk / 4) * kBM * 128 + (kk % 4) * 32) >> 4),
-                               dk + ((stage * Cfg::kSmemKBytes + (kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
-                               kk > 0);
-    };
-    auto pv_gemm = [&](int stage) {
-#pragma unroll
-      for (int kk = 0; kk < kKP; ++kk)
-        sm90::wgmma_rs<E, Cfg::kHeadDimV>(o, pa[kk], dv + ((stage * Cfg::kSmemVBytes + kk * 2048) >> 4), 1);
-    };
-    auto mods = [&](float (&s)[kNT][4], int start, bool is_full) {
-      if ((Mods::kHasMaskMod && !is_full) || start + kBN > len_kv)
-        sm90::detail::apply_mods<Mods, true>(s, q_idx, start + 2 * t, len_kv, is_full, p.scale, b, h, cap);
-      else
-        sm90::detail::apply_mods<Mods, false>(s, q_idx, start + 2 * t, len_kv, is_full, p.scale, b, h, cap);
-    };
-    auto release = [&](int stage) {
-      __syncwarp();
-      if (lane == 0) sm90::mbar_arrive(bar_empty(stage));
-    };
-    // Ping-pong: a warpgroup waits for its turn (barrier 3 + cw) before issuing a block of
-    // GEMMs and hands the turn over (arrive on the other's barrier) after issuing it. Both
-    // warpgroups issue the same number of blocks (same tiles); warpgroup 1 hands the first
-    // turn over up front and warpgroup 0 takes one extra turn at the end, so every bar.sync
-    // of 256 meets exactly one bar.arrive of the other warpgroup.
-    auto turn_wait = [&]() {
-      if constexpr (Cfg::kPingPong) sm90::named_barrier(3 + cw, 256);
-    };
-    auto turn_pass = [&]() {
-      if constexpr (Cfg::kPingPong) sm90::named_barrier_arrive(4 - cw, 256);
-    };
-    if (Cfg::kPingPong && cw == 1) sm90::named_barrier_arrive(3, 256);
-    auto next_tile = [&](int it) {   // first tile >= it that starts inside len_kv
-      while (it < n_tiles && tile_start(it) >= len_kv) ++it;
-      return it;
-    };
-
-    sm90::mbar_wait(bar_q, 0);   // also before an empty walk: O staging reuses the Q region
-    int stage = 0;
-    u32 phase = 0;
-    if constexpr (!Cfg::kOverlap) {
-      for (int it = next_tile(0); it < n_tiles; it = next_tile(it + 1)) {
-        const int start = tile_start(it);
+    // FA-3 intra-warpgroup overlap: S_j is issued together with P_{j-1}·V_{j-1}, and the
+    // softmax of S_j runs while P_{j-1}·V_{j-1} is still on the tensor cores.
+    int it = next_tile(0);
+    if (it < n_tiles) {
+      {   // first tile: S_0, softmax_0 (O is still 0: no rescale)
+        float s[Cfg::kNT][4], alpha[2];
+        gemm_s(s, ring.stage, ring.phase);
+        mods(s, walk.tile_start(it), walk.is_full(it));
+        rows.step(s, alpha, sl2);
+        pack_a<E>(pa, s);
+      }
+      StageRing<kStages> prev = ring;
+      for (it = next_tile(it + 1); it < n_tiles; it = next_tile(it + 1)) {
+        ring.advance();
+        const int start = walk.tile_start(it);
         const bool is_full = walk.is_full(it);
-        sm90::mbar_wait(bar_full_k(stage), phase);
-        sm90::fence_proxy_async();
-        float s[kNT][4];
-        turn_wait();
-        sm90::wgmma_fence();
-        s_gemm(s, stage);
-        sm90::wgmma_commit();
-        turn_pass();
-        sm90::wgmma_wait<0>();
-        sm90::pin(s);
+        float s[Cfg::kNT][4], alpha[2];
+        // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers
+        // all of that thread's earlier copies, so both waits pass together: one fence.
+        mbar_wait(bar_full_k(ring.stage), ring.phase);
+        wait_loaded(bar_full_v(prev.stage), prev.phase);
+        issue_turn([&] {
+          issue_s(s, ring.stage);     // S_j = Q·K_jᵀ
+          issue_pv(prev.stage);       // O += P_{j-1}·V_{j-1}, overlapping the softmax below
+        });
+        wgmma_wait<1>();              // S_j done
+        pin(s);
         mods(s, start, is_full);
-        float alpha[2];
-        sm90::detail::softmax_step(s, m, l, alpha, sl2);
-        sm90::detail::rescale_o(o, alpha);
-        sm90::detail::pack_p<E>(pa, s);
-        sm90::mbar_wait(bar_full_v(stage), phase);
-        sm90::fence_proxy_async();
-        turn_wait();
-        sm90::wgmma_fence();
-        pv_gemm(stage);
-        sm90::wgmma_commit();
-        turn_pass();
-        sm90::wgmma_wait<0>();
-        sm90::pin(o);
-        sm90::pin(pa);
-        release(stage);
-        if (++stage == kStages) stage = 0, phase ^= 1u;
+        rows.step(s, alpha, sl2);
+        pv_done(prev.stage);          // P_{j-1}·V_{j-1} done
+        scale_rows(o, alpha);
+        pack_a<E>(pa, s);
+        prev = ring;
       }
-    } else {
-      int it = next_tile(0);
-      if (it < n_tiles) {
-        {   // first tile: S_0, softmax_0 (O is still 0: no rescale)
-          float s[kNT][4];
-          sm90::mbar_wait(bar_full_k(stage), phase);
-          sm90::fence_proxy_async();
-          turn_wait();
-          sm90::wgmma_fence();
-          s_gemm(s, stage);
-          sm90::wgmma_commit();
-          turn_pass();
-          sm90::wgmma_wait<0>();
-          sm90::pin(s);
-          mods(s, tile_start(it), walk.is_full(it));
-          float alpha[2];
-          sm90::detail::softmax_step(s, m, l, alpha, sl2);
-          sm90::detail::pack_p<E>(pa, s);
-        }
-        int prev_stage = stage;
-        u32 prev_phase = phase;
-        for (it = next_tile(it + 1); it < n_tiles; it = next_tile(it + 1)) {
-          if (++stage == kStages) stage = 0, phase ^= 1u;
-          const int start = tile_start(it);
-          const bool is_full = walk.is_full(it);
-          float s[kNT][4];
-          // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers
-          // all of that thread's earlier copies, so both waits pass together: one fence.
-          sm90::mbar_wait(bar_full_k(stage), phase);
-          sm90::mbar_wait(bar_full_v(prev_stage), prev_phase);
-          sm90::fence_proxy_async();
-          turn_wait();
-          sm90::wgmma_fence();
-          s_gemm(s, stage);                 // S_j = Q·K_jᵀ
-          sm90::wgmma_commit();
-          pv_gemm(prev_stage);              // O += P_{j-1}·V_{j-1}, overlapping the softmax below
-          sm90::wgmma_commit();
-          turn_pass();
-          sm90::wgmma_wait<1>();            // S_j done
-          sm90::pin(s);
-          mods(s, start, is_full);
-          float alpha[2];
-          sm90::detail::softmax_step(s, m, l, alpha, sl2);
-          sm90::wgmma_wait<0>();            // P_{j-1}·V_{j-1} done: O and P free again
-          sm90::pin(o);
-          sm90::pin(pa);
-          release(prev_stage);
-          sm90::detail::rescale_o(o, alpha);
-          sm90::detail::pack_p<E>(pa, s);
-          prev_stage = stage, prev_phase = phase;
-        }
-        sm90::mbar_wait(bar_full_v(prev_stage), prev_phase);
-        sm90::fence_proxy_async();
-        turn_wait();
-        sm90::wgmma_fence();
-        pv_gemm(prev_stage);
-        sm90::wgmma_commit();
-        turn_pass();
-        sm90::wgmma_wait<0>();
-        sm90::pin(o);
-        sm90::pin(pa);
-        release(prev_stage);
-      }
-    }
-
-    if (Cfg::kPingPong && cw == 0) turn_wait();   // the turn warpgroup 1 handed over last
-
-    // ---- epilogue: O / l staged in this warpgroup's rows of the Q region (same blocked
-    // swizzled layout as Q, so the other warpgroup's Q rows are untouched), 16-byte stores.
-    E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float lsum = quad_sum(l[hh]);
-      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-      const int r = row_base + 8 * hh;
-#pragma unroll
-      for (int dj = 0; dj < kDT; ++dj)
-        st_shared_b32(sQ + sm90::detail::blocked_offset<kBM>(r, dj) + t * 4,
-                      pack2<E>(o[dj][2 * hh] * inv, o[dj][2 * hh + 1] * inv));
-      if (p.lse != nullptr && t == 0 && q0 + r < len_q) {
-        const float lse = lsum > 0.f ? (m[hh] * sl2 + lg2(lsum)) * kLn2 : -INFINITY;
-        p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q0 + r] = lse;
-      }
-    }
-    sm90::named_barrier(1 + cw, 128);
-    constexpr int kOutChunks = 64 * kCV;
-#pragma unroll
-    for (int i = 0; i < kOutChunks / 128; ++i) {
-      const int idx = wtid + i * 128;
-      const int r = cw * 64 + idx / kCV, c = idx % kCV;
-      if (q0 + r < len_q)
-        st_global_v4(og + (long long)(q0 + r) * p.o_stride_m + c * 8,
-                     ld_shared_v4(sQ + sm90::detail::blocked_offset<kBM>(r, c)));
+      gemm_pv(prev.stage, prev.phase);
     }
   }
+
+  if (Cfg::kPingPong && cw == 0) turn_wait();   // the turn warpgroup 1 handed over last
+
+  // ---- epilogue: O / l staged in this warpgroup's rows of the Q region (same layout as Q,
+  // so the other warpgroup's Q rows are untouched), 16-byte stores; LSE in natural log.
+  {
+    float inv[2];
+    rows.finish(inv);
+    stage_rows<E, QTile>(sQ, o, inv, row_base, t);
+    store_lse(p, b, h, q0, row_base, t, rows, sl2);
+  }
+  named_barrier(kBarEpilogue + cw, kWG);
+  E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+  store_rows<kRows, Cfg::kCV, kWG, QTile>(og, p.o_stride_m, sQ, cw * kRows, q0, len_q, wtid);
 }
 
 }  // namespace sm90

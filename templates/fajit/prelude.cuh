@@ -127,6 +127,13 @@ __device__ __forceinline__ u32 swizzle_offset(int row, int chunk) {
                 "swizzled tiles need a power-of-two row of >= 8 chunks (head dim >= 64)");
   return static_cast<u32>((row * kChunks + (chunk ^ (row & 7))) * 16);
 }
+// The same layout as a staging-layout type (attention_tile.cuh's epilogue takes any).
+template <int kChunks>
+struct SwizzledRows {
+  static __device__ __forceinline__ u32 offset(int row, int chunk) {
+    return swizzle_offset<kChunks>(row, chunk);
+  }
+};
 
 }  // namespace fa
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "fajit/kernel_spec.h"
+
 #ifndef FAJIT_TEMPLATE_DIR
 #define FAJIT_TEMPLATE_DIR "templates"
 #endif
@@ -31,25 +33,38 @@ struct Headers {
   std::vector<std::string> names, texts;
   explicit Headers(const std::string& dir = FAJIT_TEMPLATE_DIR) {
     for (const char* n : {"fajit/params.h", "fajit/prelude.cuh", "fajit/mma.cuh", "fajit/forward.cuh",
-                          "fajit/wgmma_sm90.cuh", "fajit/forward_sm90.cuh", "fajit/block_walk.cuh"}) {
+                          "fajit/wgmma_sm90.cuh", "fajit/forward_sm90.cuh", "fajit/block_walk.cuh",
+                          "fajit/attention_tile.cuh"}) {
       names.push_back(n);
       texts.push_back(read_text(dir + "/" + n));
     }
   }
 };
 
+// The host's default tile (fa::default_tile, the only source of defaults) as template
+// arguments that pick the score_mod or the no-score_mod tile by FaMods::kHasScoreMod.
+inline std::string default_tile_args(int dqk, int dv, fa::KernelFamily family) {
+  const fa::TileConfig plain = fa::default_tile(dqk, dv, false, family);
+  const fa::TileConfig modded = fa::default_tile(dqk, dv, true, family);
+  auto pick = [](int a, int b) {
+    return a == b ? std::to_string(a)
+                  : "(FaMods::kHasScoreMod ? " + std::to_string(b) + " : " + std::to_string(a) + ")";
+  };
+  if (family == fa::KernelFamily::kWgmma)   // Sm90FwdConfig: BLOCK_N, STAGES, OVERLAP, PINGPONG
+    return pick(plain.block_n, modded.block_n) + ", " + pick(plain.stages, modded.stages) + ", true, true";
+  return pick(plain.block_m, modded.block_m) + ", " + pick(plain.block_n, modded.block_n) + ", " +
+         pick(plain.warps, modded.warps) + ", " + pick(plain.stages, modded.stages);
+}
+
 // Mods: a complete `struct FaMods {...};` definition. Config: the template arguments of
-// fa::FwdConfig after the element type and head dims ("" = fa::DefaultFwdConfig).
+// fa::FwdConfig after the element type and head dims ("" = the host's default tile).
 inline std::string variant_source(const std::string& mods, const std::string& element, int dqk,
                                   int dv, const std::string& config = "") {
   std::ostringstream s;
   s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
     << mods << "\n#include \"fajit/forward.cuh\"\n";
-  if (config.empty())
-    s << "using FaConfig = fa::DefaultFwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", FaMods::kHasScoreMod>;\n";
-  else
-    s << "using FaConfig = fa::FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
-      << config << ">;\n";
+  s << "using FaConfig = fa::FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
+    << (config.empty() ? default_tile_args(dqk, dv, fa::KernelFamily::kMmaSync) : config) << ">;\n";
   s << "FAJIT_DEFINE_FORWARD(fajit_fwd, FaConfig, FaMods)\n"
     << "extern \"C\" __global__ void fajit_fwd_smem_bytes(int* out) { *out = FaConfig::kSmemBytes;"
        " out[1] = FaConfig::kThreads; out[2] = FaConfig::kBlockM; out[3] = FaConfig::kBlockN; }\n";
@@ -57,18 +72,14 @@ inline std::string variant_source(const std::string& mods, const std::string& el
 }
 
 // The sm_90a kernel (forward_sm90.cuh). Config: the template arguments of fa::Sm90FwdConfig
-// after the element type and head dims ("BLOCK_N,STAGES,OVERLAP"; "" = fa::DefaultSm90FwdConfig).
+// after the element type and head dims ("BLOCK_N,STAGES,OVERLAP"; "" = the host's default tile).
 inline std::string variant_source_sm90(const std::string& mods, const std::string& element, int dqk,
                                        int dv, const std::string& config = "") {
   std::ostringstream s;
   s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
     << mods << "\n#include \"fajit/forward_sm90.cuh\"\n";
-  if (config.empty())
-    s << "using FaConfig = fa::DefaultSm90FwdConfig<fa::" << element << ", " << dqk << ", " << dv
-      << ", FaMods::kHasScoreMod>;\n";
-  else
-    s << "using FaConfig = fa::Sm90FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
-      << config << ">;\n";
+  s << "using FaConfig = fa::Sm90FwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", "
+    << (config.empty() ? default_tile_args(dqk, dv, fa::KernelFamily::kWgmma) : config) << ">;\n";
   s << "FAJIT_DEFINE_FORWARD_SM90(fajit_fwd, FaConfig, FaMods)\n"
     << "extern \"C\" __global__ void fajit_fwd_smem_bytes(int* out) { *out = FaConfig::kSmemBytes;"
        " out[1] = FaConfig::kThreads; out[2] = FaConfig::kBlockM; out[3] = FaConfig::kBlockN; }\n";

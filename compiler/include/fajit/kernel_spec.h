@@ -55,9 +55,14 @@ struct FA_API KernelSpec {
   }
 };
 
-// Measured on an H200 (templates/fajit/forward.cuh): 128x64 tiles, 2 stages; 4 warps (32 rows
-// each, Q re-read from shared memory) in general, 8 warps with Q in registers when a score_mod
-// runs on d128, where 4 warps spill.
-FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod);
+// The one source of the default tiles (the templates have none; codegen spells the config).
+// Measured on an H200. mma.sync (templates/fajit/forward.cuh): 128x64 tiles, 2 stages; 4 warps
+// (32 rows each, Q re-read from shared memory) in general, 8 warps with Q in registers when a
+// score_mod runs on d128, where 4 warps spill. wgmma (templates/NOTES-sm90.md): 128x128 with
+// 12 warps (a producer and two consumer warpgroups), 3 stages when a head dim is 128 (d128
+// full 531 vs 501 TFLOP/s with 2), 2 at 64/64 (same speed, 83 KB less shared memory); a
+// score_mod does not change that choice.
+FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod,
+                               KernelFamily family = KernelFamily::kMmaSync);
 
 }  // namespace fa

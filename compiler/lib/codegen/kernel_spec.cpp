@@ -9,8 +9,9 @@
 
 namespace fa {
 
-TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod) {
-  bool wide = head_dim_qk == 128 || head_dim_v == 128;
+TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, KernelFamily family) {
+  const bool wide = head_dim_qk > 64 || head_dim_v > 64;
+  if (family == KernelFamily::kWgmma) return TileConfig{128, 128, 12, wide ? 3 : 2};
   return TileConfig{128, 64, has_score_mod && wide ? 8 : 4, 2};
 }
 
@@ -26,8 +27,7 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   if (s.family == KernelFamily::kWgmma) {
     if (s.arch != "sm_90a")
       throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
-    // Measured on H200 (templates/NOTES-sm90.md): 128x128 tiles, 3 stages when a head dim is 128.
-    TileConfig want{128, 128, 12, (s.head_dim_qk > 64 || s.head_dim_v > 64) ? 3 : 2};
+    const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, KernelFamily::kWgmma);
     if (!s.tile.is_default() && !(s.tile == want))
       throw Error(fmt::format("the wgmma kernel has a fixed tile {}x{}w{}s{}; leave the tile empty",
                               want.block_m, want.block_n, want.warps, want.stages));

@@ -1,0 +1,246 @@
+// fajit attention pieces on accumulator fragments, shared by every attention kernel (the
+// sm_80 mma.sync forward, the sm_90a wgmma forward, and the backward and decoding kernels).
+//
+// ---- The fragment these work on ------------------------------------------------------------
+// A fragment is one thread's share of a 16-row x (8·kNT)-column fp32 accumulator tile,
+// `float frag[kNT][4]`, in the mma.sync m16n8 C layout (lane = 4g + t):
+//   frag[j][i] = Tile[g + 8*(i/2)][8j + 2t + i%2]
+// so a thread holds two rows (g and g + 8, "row half" hh = i/2) and two adjacent columns per
+// 8-column n-tile. A wgmma m64nN accumulator is exactly this per warp (warp w owns rows
+// 16w..16w+15; wgmma_sm90.cuh), so the Hopper kernel passes its accumulators unchanged.
+// Row-wise reductions over a tile are a local pass plus a quad (4-lane) shuffle.
+//
+// Every primitive does one job, destination first:
+//   score_tile      score_mod / mask_mod / kv bounds on an S fragment      (the mods hook)
+//   SoftmaxRows     online softmax of a thread's two rows: S -> P, running max/sum, 1/l, LSE
+//   scale_rows      multiply each row of a fragment (O rescale)
+//   pack_a          16-bit A operand of the next GEMM (P·V) from an fp32 fragment
+//   stage_rows      O / l into a shared staging tile (any layout with offset(row, chunk))
+//   store_rows      staged rows to global memory with 16-byte stores
+//   store_lse       the natural-log LSE of a thread's two rows
+#ifndef FAJIT_ATTENTION_TILE_CUH
+#define FAJIT_ATTENTION_TILE_CUH
+
+#include "fajit/params.h"
+#include "fajit/prelude.cuh"
+
+namespace fa {
+
+// ---- tile shape ------------------------------------------------------------------------------
+// Fragment and chunk counts of an attention tile of kBlockN keys with head dims kHeadDimQK
+// (Q·Kᵀ) and kHeadDimV (P·V, O); the kernel configs derive from it.
+template <int kBlockN, int kHeadDimQK, int kHeadDimV>
+struct AttentionTileShape {
+  static constexpr int kNT = kBlockN / 8;      // 8-column n-tiles of S
+  static constexpr int kKQ = kHeadDimQK / 16;  // k-steps of Q·Kᵀ
+  static constexpr int kKP = kBlockN / 16;     // k-steps of P·V
+  static constexpr int kDT = kHeadDimV / 8;    // 8-column n-tiles of O
+  static constexpr int kCQ = kHeadDimQK / 8;   // 16-byte chunks per Q/K row
+  static constexpr int kCV = kHeadDimV / 8;    // 16-byte chunks per V/O row
+};
+
+// ---- the mods hook ---------------------------------------------------------------------------
+// score_mod (and with kMask also mask_mod unless the block is full, and the kv < len_kv bound)
+// on one S fragment: element [j][i] is (row q_idx[i/2], column kv0 + 8j + i%2), kv0 = tile
+// start + 2t. Scores reach score_mod already multiplied by `scale` (flex semantics); a masked
+// element becomes -inf. Mods never see kv >= len_kv (clamped; the caller clamps q).
+template <typename Mods, bool kMask, int kNT>
+__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0,
+                                           int len_kv, bool is_full, float scale, int b, int h,
+                                           const FaCaptures& cap) {
+  if constexpr (Mods::kHasScoreMod || kMask) {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kv = kv0 + j * 8 + (i & 1);
+        const int kv_c = kv < len_kv ? kv : len_kv - 1;
+        float x = s[j][i];
+        if constexpr (Mods::kHasScoreMod)
+          x = Mods::score_mod(x * scale, b, h, q_idx[i >> 1], kv_c, cap);
+        if constexpr (kMask) {
+          bool keep = kv < len_kv;
+          if constexpr (Mods::kHasMaskMod)
+            keep = keep & (is_full | Mods::mask_mod(b, h, q_idx[i >> 1], kv_c, cap));
+          if (!keep) x = -INFINITY;
+        }
+        s[j][i] = x;
+      }
+  }
+}
+
+// Whether an S tile of kBlockN keys from `start` needs the masked path: mask_mod runs on
+// partial blocks only, the kv bound on a tile that crosses len_kv only.
+template <typename Mods, int kBlockN>
+__device__ __forceinline__ bool tile_needs_mask(int start, int len_kv, bool is_full) {
+  return (Mods::kHasMaskMod && !is_full) || start + kBlockN > len_kv;
+}
+
+// The hook on the kMT fragments (m-tiles) of one S tile of kBlockN keys from `start`; the
+// masked/unmasked choice is made once for the whole tile. lane_t = lane % 4.
+template <typename Mods, int kBlockN, int kMT, int kNT>
+__device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2],
+                                           int start, int lane_t, int len_kv, bool is_full,
+                                           float scale, int b, int h, const FaCaptures& cap) {
+  const int kv0 = start + 2 * lane_t;
+  if (tile_needs_mask<Mods, kBlockN>(start, len_kv, is_full)) {
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+      apply_mods<Mods, true>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, h, cap);
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+      apply_mods<Mods, false>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, h, cap);
+  }
+}
+// One fragment (a warp's share of a wgmma accumulator).
+template <typename Mods, int kBlockN, int kNT>
+__device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx)[2], int start,
+                                           int lane_t, int len_kv, bool is_full, float scale,
+                                           int b, int h, const FaCaptures& cap) {
+  const int kv0 = start + 2 * lane_t;
+  if (tile_needs_mask<Mods, kBlockN>(start, len_kv, is_full))
+    apply_mods<Mods, true>(s, q_idx, kv0, len_kv, is_full, scale, b, h, cap);
+  else
+    apply_mods<Mods, false>(s, q_idx, kv0, len_kv, is_full, scale, b, h, cap);
+}
+
+// ---- online softmax --------------------------------------------------------------------------
+// Base 2 throughout: a score x contributes exp2(x * sl2). Kernels without a score_mod keep the
+// raw q·k and pass sl2 = scale·log2(e) (one FFMA per element); with one, the modded score
+// gets sl2 = log2(e).
+__device__ __forceinline__ float softmax_log2_scale(bool has_score_mod, float scale) {
+  return has_score_mod ? kLog2e : scale * kLog2e;
+}
+
+// Running max m (of x, not of x·sl2) and per-thread partial sum l of a thread's two rows.
+struct SoftmaxRows {
+  float m[2], l[2];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f;
+  }
+
+  // Folds an S fragment in: S becomes P = exp2(S·sl2 - m_new·sl2) in place, l is rescaled and
+  // grows, and alpha[hh] = exp2((m_old - m_new)·sl2) is what O's rows must be multiplied by.
+  // A row with nothing unmasked yet keeps m = -inf and subtracts 0, never -inf (no NaN).
+  template <int kNT>
+  __device__ __forceinline__ void step(float (&s)[kNT][4], float (&alpha)[2], float sl2) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = m[hh];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
+      mx = quad_max(mx);
+      const float sub = mx == -INFINITY ? 0.f : mx * sl2;
+      alpha[hh] = ex2(m[hh] * sl2 - sub);
+      m[hh] = mx;
+      float rs = 0.f;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = ex2(fmaf(s[j][2 * hh + e], sl2, -sub));
+          s[j][2 * hh + e] = pv;
+          rs += pv;
+        }
+      l[hh] = l[hh] * alpha[hh] + rs;   // quad-reduced once, in finish()
+    }
+  }
+
+  // After the last step: reduces l over the quad to the full row sums and gives inv[hh] =
+  // 1 / row sum (0 for a row with no unmasked score, so its output is 0).
+  __device__ __forceinline__ void finish(float (&inv)[2]) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      l[hh] = quad_sum(l[hh]);
+      inv[hh] = l[hh] > 0.f ? 1.f / l[hh] : 0.f;
+    }
+  }
+  // After finish(): the row's log-sum-exp of the scores in natural log, max + log(row sum)
+  // (-inf for a row with no unmasked score).
+  __device__ __forceinline__ float lse(int hh, float sl2) const {
+    return l[hh] > 0.f ? (m[hh] * sl2 + lg2(l[hh])) * kLn2 : -INFINITY;
+  }
+};
+
+// Multiplies row half hh of a fragment by f[hh] (O *= alpha after a softmax step).
+template <int kNT>
+__device__ __forceinline__ void scale_rows(float (&o)[kNT][4], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+    o[j][0] *= f[0];
+    o[j][1] *= f[0];
+    o[j][2] *= f[1];
+    o[j][3] *= f[1];
+  }
+}
+
+// ---- P packing -------------------------------------------------------------------------------
+// The 16-bit A fragment (m16k16, mma.sync / register-A wgmma layout) of columns 16kk..16kk+15
+// of an fp32 fragment: the A layout is two adjacent 8-column C tiles packed pairwise.
+template <typename E, int kNT>
+__device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&p)[kNT][4], int kk) {
+  a[0] = pack2<E>(p[2 * kk][0], p[2 * kk][1]);
+  a[1] = pack2<E>(p[2 * kk][2], p[2 * kk][3]);
+  a[2] = pack2<E>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+  a[3] = pack2<E>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+// Every k-step at once.
+template <typename E, int kNT>
+__device__ __forceinline__ void pack_a(u32 (&a)[kNT / 2][4], const float (&p)[kNT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kNT / 2; ++kk) pack_a<E>(a[kk], p, kk);
+}
+
+// ---- epilogue --------------------------------------------------------------------------------
+// A shared staging layout is a type with `static u32 offset(int row, int chunk)` (bytes of
+// 16-byte chunk `chunk` of row `row` from the tile base): SwizzledRows<kChunks> (prelude.cuh)
+// or sm90::Sw128Blocks<kRows> (wgmma_sm90.cuh).
+
+// O·inv of one fragment (columns = head dim) as 16-bit values into rows row0 (hh = 0) and
+// row0 + 8 (hh = 1) of a staging tile; 4-byte stores, conflict-free in swizzled layouts.
+template <typename E, typename Layout, int kDT>
+__device__ __forceinline__ void stage_rows(u32 tile, const float (&o)[kDT][4], const float (&inv)[2],
+                                           int row0, int lane_t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int dj = 0; dj < kDT; ++dj)
+      st_shared_b32(tile + Layout::offset(row0 + 8 * hh, dj) + lane_t * 4,
+                    pack2<E>(o[dj][2 * hh] * inv[hh], o[dj][2 * hh + 1] * inv[hh]));
+}
+
+// Rows row_begin..row_begin+kRows-1 of a staged tile of kChunks chunks per row to global rows
+// q0 + row (row stride `stride` elements) with 16-byte stores by kThreads threads (`tid` the
+// thread's index among them); rows at or past `len` are not written.
+template <int kRows, int kChunks, int kThreads, typename Layout, typename E>
+__device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, int row_begin, int q0,
+                                           int len, int tid) {
+  constexpr int kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "staged rows must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = row_begin + idx / kChunks, c = idx % kChunks;
+    if (q0 + r < len)
+      st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, ld_shared_v4(tile + Layout::offset(r, c)));
+  }
+}
+
+// The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), written by
+// lane t == 0 of each quad when the caller asked for it (p.lse != nullptr) and the row exists.
+__device__ __forceinline__ void store_lse(const FaFwdParams& p, int b, int h, int q0, int row0,
+                                          int lane_t, const SoftmaxRows& rows, float sl2) {
+  if (p.lse == nullptr || lane_t != 0) return;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int q = q0 + row0 + 8 * hh;
+    if (q < p.len_q) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = rows.lse(hh, sl2);
+  }
+}
+
+}  // namespace fa
+
+#endif  // FAJIT_ATTENTION_TILE_CUH
