@@ -272,7 +272,53 @@ def short(e, n=120):
 
 
 # ---------------------------------------------------------------------------------------
-def run_case(fj, flex, case, B, H, S, D, args, device_name):
+def setup_fajit(fj, case, q, k, v, B, H, S, D, doc_ids, stream):
+    """Compiles (cold) the case with one libfajit, builds its block mask (twice: the first
+    build also compiles the builder), runs the forward once into a NaN-poisoned output.
+    Returns (forward fn, output, row info, (kernel, block mask) handles to free)."""
+    import torch
+    info = {}
+    t0 = time.perf_counter()
+    kern = fj.compile(CASES[case][0], CASES[case][1], D)
+    info["compile_s"] = time.perf_counter() - t0
+    info["origin"] = fj.origin(kern)
+    scalars, buffers = fajit_captures_for(case, H, doc_ids)
+    caps = make_captures(scalars, buffers)
+    bm = None
+    bms = []
+    for _ in range(2):
+        if bm is not None:
+            fj.lib.fajit_block_mask_destroy(bm)
+        bm = ctypes.c_void_p()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fj.check(fj.lib.fajit_kernel_block_mask(kern, B, H, S, S, ctypes.byref(caps),
+                                                stream(), ctypes.byref(bm)),
+                 "fajit_kernel_block_mask")
+        torch.cuda.synchronize()
+        bms.append((time.perf_counter() - t0) * 1e3)
+    info["bm_cold_ms"], info["bm_ms"] = bms
+    frac, nf, npart, ne = ctypes.c_double(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+    fj.check(fj.lib.fajit_block_mask_density(bm, ctypes.byref(frac), ctypes.byref(nf),
+                                             ctypes.byref(npart), ctypes.byref(ne)),
+             "fajit_block_mask_density")
+    info["density"] = f"{frac.value:.3f} (full {nf.value}, partial {npart.value}, empty {ne.value})"
+    o = torch.full_like(q, float("nan"))
+    tq, tk, tv, to = (tensor_desc(t) for t in (q, k, v, o))
+    fwd = fj.lib.fajit_kernel_forward
+
+    def fajit_fn():
+        st = fwd(kern, ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                 ctypes.byref(to), None, 0.0, bm, ctypes.byref(caps), stream())
+        if st != 0:
+            fj.check(st, "fajit_kernel_forward")
+
+    fajit_fn()
+    torch.cuda.synchronize()
+    return fajit_fn, o.clone(), info, (kern, bm)
+
+
+def run_case(fj, base, flex, case, B, H, S, D, args, device_name):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -283,7 +329,7 @@ def run_case(fj, flex, case, B, H, S, D, args, device_name):
     row = dict(case=case, B=B, H=H, S=S, D=D, fajit="-", flex="-", sdpa_flash="n/a",
                sdpa_cudnn="n/a", compile_s="-", origin="-", bm_cold_ms="-", bm_ms="-",
                flex_bm_ms="-", density="-", err_flex="-", err_sdpa="-", err_ref="-",
-               flex_err_ref="-", check="?", errors=[])
+               flex_err_ref="-", check="?", errors=[], base="-")
     torch.manual_seed(1234 + D + S)
     gen = torch.Generator(device="cuda").manual_seed(42 + S + D)
     q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -304,54 +350,25 @@ def run_case(fj, flex, case, B, H, S, D, args, device_name):
     outs = {}
     fns = {}
 
-    # ---- fajit: cold compile, block mask, forward -------------------------------------
-    kern = bm = None
-    try:
-        t0 = time.perf_counter()
-        kern = fj.compile(mask_preset, score_preset, D)
-        row["compile_s"] = time.perf_counter() - t0
-        row["origin"] = fj.origin(kern)
-        scalars, buffers = fajit_captures_for(case, H, doc_ids)
-        caps = make_captures(scalars, buffers)
-        bms = []
-        for _ in range(2):
-            if bm is not None:
-                fj.lib.fajit_block_mask_destroy(bm)
-            bm = ctypes.c_void_p()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fj.check(fj.lib.fajit_kernel_block_mask(kern, B, H, S, S, ctypes.byref(caps),
-                                                    stream(), ctypes.byref(bm)),
-                     "fajit_kernel_block_mask")
-            torch.cuda.synchronize()
-            bms.append((time.perf_counter() - t0) * 1e3)
-        row["bm_cold_ms"], row["bm_ms"] = bms
-        frac, nf, npart, ne = ctypes.c_double(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
-        fj.check(fj.lib.fajit_block_mask_density(bm, ctypes.byref(frac), ctypes.byref(nf),
-                                                 ctypes.byref(npart), ctypes.byref(ne)),
-                 "fajit_block_mask_density")
-        row["density"] = f"{frac.value:.3f} (full {nf.value}, partial {npart.value}, empty {ne.value})"
-        o = torch.full_like(q, float("nan"))
-        tq, tk, tv, to = (tensor_desc(t) for t in (q, k, v, o))
-        fwd = fj.lib.fajit_kernel_forward
-
-        def fajit_fn():
-            st = fwd(kern, ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
-                     ctypes.byref(to), None, 0.0, bm, ctypes.byref(caps), stream())
-            if st != 0:
-                fj.check(st, "fajit_kernel_forward")
-
-        fajit_fn()
-        torch.cuda.synchronize()
-        n_bad = (~torch.isfinite(o)).sum().item()
-        if n_bad:
-            row["errors"].append(f"fajit: {n_bad} non-finite/unwritten outputs")
-        outs["fajit"] = o.clone()
-        fns["fajit"] = fajit_fn
-    except Exception as e:  # noqa: BLE001 - reported in the table
-        row["fajit"] = "ERR"
-        row["errors"].append("fajit: " + short(e, 400))
-        print(f"  fajit FAILED on {case} d{D}:\n{traceback.format_exc()}", flush=True)
+    # ---- fajit: cold compile, block mask, forward (and the baseline library, if given) ----
+    kernels = []   # (lib, (kernel, block mask)) to free at the end
+    for name, lib in (("fajit", fj), ("base", base)):
+        if lib is None:
+            continue
+        try:
+            fn, out, info, handles = setup_fajit(lib, case, q, k, v, B, H, S, D, doc_ids, stream)
+            kernels.append((lib, handles))
+            if name == "fajit":
+                row.update(info)
+            n_bad = (~torch.isfinite(out)).sum().item()
+            if n_bad:
+                row["errors"].append(f"{name}: {n_bad} non-finite/unwritten outputs")
+            outs[name] = out
+            fns[name] = fn
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            row[name] = "ERR"
+            row["errors"].append(f"{name}: " + short(e, 400))
+            print(f"  {name} FAILED on {case} d{D}:\n{traceback.format_exc()}", flush=True)
 
     # ---- flex ------------------------------------------------------------------------
     try:
@@ -393,6 +410,9 @@ def run_case(fj, flex, case, B, H, S, D, args, device_name):
 
     # ---- correctness -----------------------------------------------------------------
     ok = "fajit" in outs
+    if "fajit" in outs and "base" in outs:
+        row["err_base"] = rel_err(outs["fajit"], outs["base"])
+        ok &= row["err_base"] < REL_TOL
     if "fajit" in outs and "flex" in outs:
         row["err_flex"] = rel_err(outs["fajit"], outs["flex"])
         ok &= row["err_flex"] < REL_TOL
@@ -429,15 +449,16 @@ def run_case(fj, flex, case, B, H, S, D, args, device_name):
         except Exception as e:  # noqa: BLE001
             row[name] = "ERR"
             row["errors"].append(f"{name} timing: " + short(e, 200))
-    for name in ("fajit", "flex", "sdpa_flash", "sdpa_cudnn"):
+    for name in ("fajit", "base", "flex", "sdpa_flash", "sdpa_cudnn"):
         if isinstance(row[name], float):
             row[name + "_tf"] = flops / (row[name] * 1e-3) / 1e12
     if isinstance(row["fajit"], float) and isinstance(row["flex"], float):
         row["ratio"] = row["flex"] / row["fajit"]   # > 1: fajit faster
-    if kern is not None:
-        if bm is not None:
-            fj.lib.fajit_block_mask_destroy(bm)
-        fj.lib.fajit_kernel_destroy(kern)
+    if isinstance(row["fajit"], float) and isinstance(row["base"], float):
+        row["vs_base"] = row["base"] / row["fajit"]   # > 1: fajit faster than the baseline
+    for lib, (kern, bm) in kernels:
+        lib.lib.fajit_block_mask_destroy(bm)
+        lib.lib.fajit_kernel_destroy(kern)
     row["device"] = device_name
     return row
 
@@ -454,6 +475,8 @@ COLUMNS = [
     ("flex TFLOP/s", lambda r: fmt_tf(r.get("flex_tf", "-"))),
     ("cudnn TFLOP/s", lambda r: fmt_tf(r.get("sdpa_cudnn_tf", "n/a" if r["sdpa_cudnn"] == "n/a" else "-"))),
     ("fajit/flex", lambda r: f"{r['ratio']:.2f}×" if "ratio" in r else "-"),
+    ("base ms", lambda r: fmt_ms(r.get("base", "-"))),
+    ("fajit/base", lambda r: f"{r['vs_base']:.3f}×" if "vs_base" in r else "-"),
     ("max rel err", lambda r: max([x for x in (r["err_flex"], r["err_sdpa"], r["err_ref"])
                                    if isinstance(x, float)], default="-")),
     ("check", lambda r: r["check"]),
@@ -482,6 +505,9 @@ def table(rows, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=os.environ.get("FAJIT_LIB", ".device-build/lib/libfajit.so"))
+    ap.add_argument("--baseline-lib", default=None,
+                    help="a second libfajit.so (e.g. built from an older commit) timed on the "
+                         "same tensors: columns 'base ms' and 'fajit/base' (>1: --lib faster)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dims", default="64,128")
@@ -498,6 +524,7 @@ def main():
     cache = tempfile.mkdtemp(prefix="fajit-cache-")
     os.environ["FAJIT_CACHE_DIR"] = cache
     fj = Fajit(os.path.abspath(args.lib))
+    base = Fajit(os.path.abspath(args.baseline_lib)) if args.baseline_lib else None
     cases = [c for c in args.cases.split(",") if c]
     dims = [int(d) for d in args.dims.split(",")]
     if args.quick:
@@ -529,7 +556,8 @@ def main():
     device = torch.cuda.get_device_name()
     import triton
     print(f"device: {device}; torch {torch.__version__}; triton {triton.__version__}; "
-          f"cuda {torch.version.cuda}; lib {args.lib}; FAJIT_CACHE_DIR={cache}; "
+          f"cuda {torch.version.cuda}; lib {args.lib}; baseline {args.baseline_lib}; "
+          f"FAJIT_CACHE_DIR={cache}; "
           f"date {datetime.date.today()}", flush=True)
 
     plan = [(c, args.batch, args.heads, args.seq, D) for D in dims for c in cases]
@@ -540,7 +568,7 @@ def main():
     for (c, B, H, S, D) in plan:
         t0 = time.perf_counter()
         try:
-            r = run_case(fj, flex, c, B, H, S, D, args, device)
+            r = run_case(fj, base, flex, c, B, H, S, D, args, device)
         except Exception as e:  # noqa: BLE001
             print(f"  case {c} d{D} crashed:\n{traceback.format_exc()}", flush=True)
             r = dict(case=c, B=B, H=H, S=S, D=D, fajit="ERR", flex="ERR", sdpa_flash="-",
@@ -548,9 +576,10 @@ def main():
                      err_sdpa="-", err_ref="-", check="CRASH", errors=[short(e, 400)])
         rows.append(r)
         extra = {k2: r.get(k2) for k2 in ("flex_compile_s", "density", "err_flex", "err_sdpa",
-                                           "err_ref", "flex_err_ref", "kept_frac", "docs")}
+                                           "err_ref", "flex_err_ref", "kept_frac", "docs", "err_base")}
         print(f"[{time.perf_counter() - t_all:6.1f}s] {c} B{B} H{H} S{S} D{D}: "
-              f"fajit {fmt_ms(r['fajit'])} ms, flex {fmt_ms(r['flex'])} ms, "
+              f"fajit {fmt_ms(r['fajit'])} ms, base {fmt_ms(r.get('base', '-'))} ms, "
+              f"flex {fmt_ms(r['flex'])} ms, "
               f"sdpa-flash {fmt_ms(r['sdpa_flash'])}, sdpa-cudnn {fmt_ms(r['sdpa_cudnn'])}, "
               f"check {r['check']} ({time.perf_counter() - t0:.1f}s) {extra} "
               f"{r['errors'] or ''}", flush=True)
