@@ -40,10 +40,25 @@ struct AttentionTileShape {
 };
 
 // ---- the mods hook ---------------------------------------------------------------------------
-// score_mod (and with kMask also mask_mod unless the block is full, and the kv < len_kv bound)
-// on one S fragment: element [j][i] is (row q_idx[i/2], column kv0 + 8j + i%2), kv0 = tile
-// start + 2t. Scores reach score_mod already multiplied by `scale` (flex semantics); a masked
-// element becomes -inf. Mods never see kv >= len_kv (clamped; the caller clamps q).
+// One score at (q, kv): score_mod on x·scale (scores reach score_mod already multiplied by
+// `scale`, flex semantics); with kMask also the bound (`in_range`) and mask_mod unless the
+// block is full; a masked score becomes -inf. kv_c is kv clamped into range: mods never see
+// an index past the end (the caller clamps q likewise). Every kernel applies mods through
+// this, whatever the orientation of its tile.
+template <typename Mods, bool kMask>
+__device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool in_range, bool is_full,
+                                           float scale, int b, int h, const FaCaptures& cap) {
+  if constexpr (Mods::kHasScoreMod) x = Mods::score_mod(x * scale, b, h, q, kv_c, cap);
+  if constexpr (kMask) {
+    bool keep = in_range;
+    if constexpr (Mods::kHasMaskMod) keep = keep & (is_full | Mods::mask_mod(b, h, q, kv_c, cap));
+    if (!keep) x = -INFINITY;
+  }
+  return x;
+}
+
+// The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2], column
+// kv0 + 8j + i%2), kv0 = tile start + 2t; columns at or past len_kv are masked (kMask).
 template <typename Mods, bool kMask, int kNT>
 __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0,
                                            int len_kv, bool is_full, float scale, int b, int h,
@@ -54,17 +69,8 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int kv = kv0 + j * 8 + (i & 1);
-        const int kv_c = kv < len_kv ? kv : len_kv - 1;
-        float x = s[j][i];
-        if constexpr (Mods::kHasScoreMod)
-          x = Mods::score_mod(x * scale, b, h, q_idx[i >> 1], kv_c, cap);
-        if constexpr (kMask) {
-          bool keep = kv < len_kv;
-          if constexpr (Mods::kHasMaskMod)
-            keep = keep & (is_full | Mods::mask_mod(b, h, q_idx[i >> 1], kv_c, cap));
-          if (!keep) x = -INFINITY;
-        }
-        s[j][i] = x;
+        s[j][i] = mod_score<Mods, kMask>(s[j][i], q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1,
+                                         kv < len_kv, is_full, scale, b, h, cap);
       }
   }
 }

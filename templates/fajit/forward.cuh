@@ -138,7 +138,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const u32 sV = sK + kStages * Cfg::kSmemKBytes;
 
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
-  const KvWalk<kBN> walk(p.mask, b, h, q0);
+  const BlockWalk<kBN> walk(p.mask, b, h, q0);
   const int n_tiles = walk.n_tiles;
   auto tile_start = [&](int it) { return walk.tile_start(it); };
   auto load_kv = [&](int it) {

@@ -164,7 +164,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
-  const KvWalk<kBN> walk(p.mask, b, h, q0);
+  const BlockWalk<kBN> walk(p.mask, b, h, q0);
   const int n_tiles = walk.n_tiles;
 
   if (tid == 0) {

@@ -5,7 +5,7 @@
 #ifndef FAJIT_PARAMS_H
 #define FAJIT_PARAMS_H
 
-#define FAJIT_ABI_VERSION 2
+#define FAJIT_ABI_VERSION 3
 
 #define FA_MAX_BUFFERS 16
 #define FA_MAX_BUFFER_RANK 4
@@ -71,6 +71,58 @@ typedef struct FaFwdParams {
   float scale;
   FaBlockTables mask;
 } FaFwdParams;
+
+// Backward attention (fajit/backward.cuh). Element strides; the head dimension is contiguous.
+// Inputs as in the forward plus O, dO [B, Hq, Lq, Dv] and the forward's LSE [B, Hq, Lq]
+// (fp32, natural log); dLSE (same shape, null = 0) is the gradient of a loss that uses the
+// LSE too. Outputs dQ [B, Hq, Lq, Dqk], dK [B, Hkv, Lkv, Dqk], dV [B, Hkv, Lkv, Dv] in the
+// element type (GQA: a KV head's dK/dV sum over its query heads). Scratch the host provides:
+//   delta    [B, Hq, Lq] fp32 contiguous: rowsum(dO * O) - dLSE (the preprocess kernel)
+//   dq_accum [B, Hq, Lq, Dqk] fp32 contiguous: zeroed by the preprocess kernel, accumulated
+//            by the dK/dV kernel, scaled and converted into dQ by the last kernel.
+// mask_t: the transposed block tables in the FaBlockTables layout, read along the other
+// axis: rows are KV blocks, columns query blocks, i.e. kv_num_blocks / kv_indices /
+// full_kv_* hold flex's q_num_blocks / q_indices / full_q_*, num_q_blocks is the number of
+// KV blocks, num_kv_blocks the number of query blocks, q_block the KV block size and
+// kv_block the query block size.
+typedef struct FaBwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;
+  const float* dlse;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* delta;
+  float* dq_accum;
+  long long q_stride_b, q_stride_h, q_stride_m;
+  long long k_stride_b, k_stride_h, k_stride_n;
+  long long v_stride_b, v_stride_h, v_stride_n;
+  long long o_stride_b, o_stride_h, o_stride_m;
+  long long do_stride_b, do_stride_h, do_stride_m;
+  long long dq_stride_b, dq_stride_h, dq_stride_m;
+  long long dk_stride_b, dk_stride_h, dk_stride_n;
+  long long dv_stride_b, dv_stride_h, dv_stride_n;
+  long long lse_stride_b, lse_stride_h;
+  long long dlse_stride_b, dlse_stride_h;
+  int batch, heads_q, heads_kv, len_q, len_kv;
+  float scale;
+  FaBlockTables mask_t;
+} FaBwdParams;
+
+// Gradients of captured float buffers (the backward's third argument): slot i receives the
+// gradient of FaCaptures.buffers[i] (fp32, its own strides; null = not wanted), accumulated
+// from dS * d(score_mod)/d(buffer) at every element the score_mod read.
+typedef struct FaGradBuffer {
+  float* ptr;
+  long long stride[FA_MAX_BUFFER_RANK];
+} FaGradBuffer;
+typedef struct FaGradBuffers {
+  FaGradBuffer buffers[FA_MAX_BUFFERS];
+} FaGradBuffers;
 
 // Block-mask builder (fajit/block_mask.cuh): classifies every (b, h, q-block, kv-block) tile
 // of the score matrix by evaluating mask_mod on each in-range element:

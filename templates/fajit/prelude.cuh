@@ -40,6 +40,20 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
   return pack2(static_cast<Element*>(nullptr), lo, hi);
 }
 
+// The two 16-bit values of a packed pair as fp32 (`lo` = bits 0..15).
+__device__ __forceinline__ void unpack2(f16_t*, u32 v, float& lo, float& hi) {
+  asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}"
+      : "=f"(lo), "=f"(hi) : "r"(v));
+}
+__device__ __forceinline__ void unpack2(bf16_t*, u32 v, float& lo, float& hi) {
+  lo = __uint_as_float(v << 16);
+  hi = __uint_as_float(v & 0xffff0000u);
+}
+template <typename Element>
+__device__ __forceinline__ void unpack2(u32 v, float& lo, float& hi) {
+  unpack2(static_cast<Element*>(nullptr), v, lo, hi);
+}
+
 // ---- math --------------------------------------------------------------------------------
 // 2^x, approximate (2 ulp); ex2(-inf) = +0, so masked scores vanish without a branch.
 __device__ __forceinline__ float ex2(float x) {
@@ -97,6 +111,25 @@ __device__ __forceinline__ u32x4 ld_shared_v4(u32 addr) {
 __device__ __forceinline__ void st_global_v4(void* p, u32x4 v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
                ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+__device__ __forceinline__ u32x4 ld_global_v4(const void* p) {
+  u32x4 v;
+  asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32(u32 addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float ld_shared_f32(u32 addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+// *p += v in global memory, atomically, no result (fp32 reductions: dQ, buffer gradients).
+__device__ __forceinline__ void red_add_f32(float* p, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
 
 // ---- cp.async (global -> shared, 16 bytes, L2 only) ------------------------------------

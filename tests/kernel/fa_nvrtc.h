@@ -34,7 +34,7 @@ struct Headers {
   explicit Headers(const std::string& dir = FAJIT_TEMPLATE_DIR) {
     for (const char* n : {"fajit/params.h", "fajit/prelude.cuh", "fajit/mma.cuh", "fajit/forward.cuh",
                           "fajit/wgmma_sm90.cuh", "fajit/forward_sm90.cuh", "fajit/block_walk.cuh",
-                          "fajit/attention_tile.cuh"}) {
+                          "fajit/attention_tile.cuh", "fajit/backward.cuh"}) {
       names.push_back(n);
       texts.push_back(read_text(dir + "/" + n));
     }
@@ -86,6 +86,18 @@ inline std::string variant_source_sm90(const std::string& mods, const std::strin
   return s.str();
 }
 
+// The backward kernels (backward.cuh). Config: the template arguments of fa::BwdConfig after
+// the element type and head dims ("BLOCK_M,WARPS"); defines fajit_bwd_{pre,dkdv,dq}.
+inline std::string backward_source(const std::string& mods, const std::string& element, int dqk,
+                                   int dv, const std::string& config) {
+  std::ostringstream s;
+  s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
+    << mods << "\n#include \"fajit/backward.cuh\"\n"
+    << "using FaBwdCfg = fa::BwdConfig<fa::" << element << ", " << dqk << ", " << dv << ", " << config
+    << ">;\nFAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)\n";
+  return s.str();
+}
+
 struct Compiled {
   std::vector<char> cubin;
   std::string log;
@@ -93,9 +105,9 @@ struct Compiled {
   int regs = -1, spill_stores = -1, spill_loads = -1;
 };
 
-// Parses ptxas -v lines for the kernel `fajit_fwd` ("Used N registers", "N bytes spill ...").
-inline void parse_ptxas(Compiled& c) {
-  size_t pos = c.log.find("Compiling entry function 'fajit_fwd'");
+// Parses ptxas -v lines for the kernel `entry` ("Used N registers", "N bytes spill ...").
+inline void parse_ptxas(Compiled& c, const std::string& entry) {
+  size_t pos = c.log.find("Compiling entry function '" + entry + "'");
   if (pos == std::string::npos) return;
   std::smatch m;
   std::string tail = c.log.substr(pos, 600);
@@ -105,7 +117,7 @@ inline void parse_ptxas(Compiled& c) {
 }
 
 inline Compiled compile(const Headers& h, const std::string& src, const std::string& arch,
-                        bool verbose_ptxas = true) {
+                        bool verbose_ptxas = true, const std::string& entry = "fajit_fwd") {
   std::vector<const char*> hn, ht;
   for (size_t i = 0; i < h.names.size(); ++i) {
     hn.push_back(h.names[i].c_str());
@@ -134,7 +146,7 @@ inline Compiled compile(const Headers& h, const std::string& src, const std::str
   c.cubin.resize(n);
   nvrtcGetCUBIN(prog, c.cubin.data());
   nvrtcDestroyProgram(&prog);
-  parse_ptxas(c);
+  parse_ptxas(c, entry);
   return c;
 }
 
@@ -145,6 +157,9 @@ inline const char* mods_noop() {
   static constexpr bool kHasMaskMod = false;
   static __device__ __forceinline__ float score_mod(float s, int, int, int, int, const FaCaptures&) { return s; }
   static __device__ __forceinline__ bool mask_mod(int, int, int, int, const FaCaptures&) { return true; }
+  static constexpr bool kScoreGrad = false;
+  static __device__ __forceinline__ float score_grad(float, int, int, int, int, float dt, const FaCaptures&,
+                                                     const FaGradBuffers&) { return dt; }
 };)";
 }
 inline const char* mods_alibi_causal() {
@@ -156,6 +171,14 @@ inline const char* mods_alibi_causal() {
     return s + slope * static_cast<float>(kv - q);
   }
   static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv, const FaCaptures& cap) { return q >= kv; }
+  // d/dscore = 1; d/dslope[h] = kv - q, accumulated into the slopes' gradient when wanted.
+  static constexpr bool kScoreGrad = true;
+  static __device__ __forceinline__ float score_grad(float s, int b, int h, int q, int kv, float dt,
+                                                     const FaCaptures& cap, const FaGradBuffers& grads) {
+    if (grads.buffers[0].ptr) fa::red_add_f32(grads.buffers[0].ptr + h * grads.buffers[0].stride[0],
+                                              dt * static_cast<float>(kv - q));
+    return dt;
+  }
 };)";
 }
 

@@ -12,6 +12,7 @@ namespace fa {
 enum class KernelKind : uint8_t {
   kForward,    // attention forward (templates/fajit/forward.cuh)
   kBlockMask,  // block classification from the mask_mod (templates/fajit/block_mask.cuh)
+  kBackward,   // attention backward: preprocess, dK/dV (+ dQ partials), dQ (backward.cuh)
 };
 
 // Which forward kernel: FlashAttention-2 style mma.sync (sm_80+), or the Hopper kernel with
@@ -62,7 +63,11 @@ struct FA_API KernelSpec {
 // 12 warps (a producer and two consumer warpgroups), 3 stages when a head dim is 128 (d128
 // full 531 vs 501 TFLOP/s with 2), 2 at 64/64 (same speed, 83 KB less shared memory); a
 // score_mod does not change that choice.
+// Backward (mma.sync, templates/fajit/backward.cuh): block_m query rows per step, warps x 16
+// keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps at 64/64, 64 x 128 with
+// 8 warps when a head dim is 128 (a first choice, to be measured).
 FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod,
-                               KernelFamily family = KernelFamily::kMmaSync);
+                               KernelFamily family = KernelFamily::kMmaSync,
+                               KernelKind kind = KernelKind::kForward);
 
 }  // namespace fa

@@ -9,8 +9,10 @@
 
 namespace fa {
 
-TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, KernelFamily family) {
+TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, KernelFamily family,
+                        KernelKind kind) {
   const bool wide = head_dim_qk > 64 || head_dim_v > 64;
+  if (kind == KernelKind::kBackward) return wide ? TileConfig{64, 128, 8, 2} : TileConfig{64, 64, 4, 2};
   if (family == KernelFamily::kWgmma) return TileConfig{128, 128, 12, wide ? 3 : 2};
   return TileConfig{128, 64, has_score_mod && wide ? 8 : 4, 2};
 }
@@ -48,7 +50,7 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
 }
 
 std::string KernelSpec::to_string() const {
-  const char* k = kind == KernelKind::kForward ? "forward" : "block_mask";
+  const char* k = kind == KernelKind::kForward ? "forward" : kind == KernelKind::kBackward ? "backward" : "block_mask";
   if (kind == KernelKind::kBlockMask) return fmt::format("{} {}", k, arch);
   const char* fam = family == KernelFamily::kWgmma ? "wgmma" : family == KernelFamily::kMmaSync ? "mma" : "auto";
   return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}", k, dtype_name(dtype), head_dim_qk, head_dim_v, fam,

@@ -1,0 +1,484 @@
+// fajit backward attention kernels (FlashAttention-2 loop order, mma.sync, sm_80+).
+//
+// ---- How codegen uses it ------------------------------------------------------------------
+//   #include "fajit/params.h"
+//   #include "fajit/prelude.cuh"
+//   struct FaMods { ...forward members...; kScoreGrad; score_grad(...) };   // see below
+//   #include "fajit/backward.cuh"
+//   using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 128, 64, 8>;   // tile: fa::default_tile()
+//   FAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)
+// defines three extern "C" kernels, launched in this order on one stream:
+//   fajit_bwd_pre   delta = rowsum(dO * O) - dLSE; zeroes dq_accum
+//   fajit_bwd_dkdv  one CTA per (KV tile, batch x KV head): dK, dV; dQ partials into dq_accum
+//   fajit_bwd_dq    dQ = scale * dq_accum, in the element type
+//
+// ---- What FaMods adds for the backward ----------------------------------------------------
+//   static constexpr bool kScoreGrad;   false: dS = dT (no score_mod, or one whose derivative
+//                                       in the score is 1 and which reads no buffer that
+//                                       wants a gradient: ALiBi, relative bias)
+//   static __device__ float score_grad(float score, int b, int h, int q, int kv, float dt,
+//                                      const FaCaptures& cap, const FaGradBuffers& grads);
+//     returns dS = dt * d(score_mod)/d(score) at `score` (already scaled) and adds
+//     dt * d(score_mod)/d(buf[idx]) into grads.buffers[slot] for each buffer read it has.
+//
+// ---- Algorithm (per CTA: BLOCK_N keys of one KV head; notation of KERNELS.md) -------------
+// K, V tiles stay in shared memory, dK, dV accumulate in registers. For each query head of the
+// GQA group and each query tile the transposed block tables list (partial tiles, then full):
+//   Sᵀ = K·Qᵀ (rows = keys, so P and dS land in registers as A operands), mods, then
+//   Pᵀ = exp2(Tᵀ·sl2 - LSE·log2e);  dPᵀ = V·dOᵀ;  dTᵀ = Pᵀ∘(dPᵀ - Δ);  dSᵀ = grad(dTᵀ)
+//   dV += Pᵀ·dO;  dK += dSᵀ·Q;  dSᵀ to shared memory; dQ += dS·K with fp32 reductions.
+// dS is zero wherever P is (masked, out of range, underflow): a select, never a product, so
+// a score_mod whose derivative is inf/NaN where it is masked cannot leak NaN.
+// At the end dK·scale and dV are stored (zero for a KV tile no query sees).
+//
+// ---- Config (fa::BwdConfig<Element, DQK, DV, BLOCK_M, WARPS, STAGES>) ---------------------
+//   BLOCK_M   query rows per step (64 or 128): columns of Sᵀ
+//   WARPS     warps per CTA (4 or 8); each owns 16 keys, so BLOCK_N = 16 * WARPS
+//   STAGES    query-tile stages (Q, dO, LSE, Δ) of the cp.async pipeline (2)
+// Sparse block sizes must be multiples of BLOCK_M (q_block) and BLOCK_N (kv_block).
+//
+// ---- Launch (host mirrors these) -----------------------------------------------------------
+//   pre:   grid (ceil(len_q / kPreRows), batch * heads_q), block kPreThreads
+//   dkdv:  grid (ceil(len_kv / BLOCK_N), batch * heads_kv), block kThreads, smem kSmemBytes
+//   dq:    grid (ceil(len_q / kDqRows), batch * heads_q), block kPreThreads
+//   Arguments: (const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads).
+#ifndef FAJIT_BACKWARD_CUH
+#define FAJIT_BACKWARD_CUH
+
+#include "fajit/params.h"
+#include "fajit/prelude.cuh"
+#include "fajit/mma.cuh"
+#include "fajit/block_walk.cuh"
+#include "fajit/attention_tile.cuh"
+
+namespace fa {
+
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kWarps_,
+          int kStages_ = 2>
+struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
+  using Element = Element_;
+  static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kBlockN = 16 * kWarps;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = kWarps * 32;
+
+  static constexpr int kQT = kBlockM / 8;    // 8-column n-tiles of Sᵀ (query columns)
+  static constexpr int kKV = kHeadDimV / 16;   // k-steps of V·dOᵀ
+  static constexpr int kDQKTiles = kHeadDimQK / 8;   // 8-column n-tiles of dK
+  static constexpr int kMK = kBlockM / 16;   // k-steps over queries (dV, dK)
+  static constexpr int kCM = kBlockM / 8;    // 16-byte chunks per dSᵀ row
+  // dQ tile (BLOCK_M x DQK) split over the warps: 16-row m-tiles x kDqSplit column parts.
+  static constexpr int kDqSplit = kWarps / (kBlockM / 16) > 0 ? kWarps / (kBlockM / 16) : 1;
+  static constexpr int kDqCols = kHeadDimQK / kDqSplit;
+
+  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;
+  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;
+  static constexpr int kSmemQBytes = kBlockM * kHeadDimQK * 2;   // one stage
+  static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;   // one stage
+  static constexpr int kSmemRowBytes = kBlockM * 4;              // LSE or Δ of one stage
+  static constexpr int kSmemStageBytes = kSmemQBytes + kSmemDoBytes + 2 * kSmemRowBytes;
+  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kSmemBytes =
+      kSmemKBytes + kSmemVBytes + kStages * kSmemStageBytes + kSmemDsBytes;
+
+  // Preprocess / dQ conversion: kPreThreads threads, one 16-byte chunk of a row each.
+  static constexpr int kPreThreads = 128;
+  static constexpr int kPreRows = kPreThreads / (kHeadDimV / 8);
+  static constexpr int kDqRows = kPreThreads / (kHeadDimQK / 8);
+
+  static_assert(kHeadDimQK == 64 || kHeadDimQK == 128, "DQK must be 64 or 128");
+  static_assert(kHeadDimV == 64 || kHeadDimV == 128, "DV must be 64 or 128");
+  static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
+  static_assert(kWarps == 4 || kWarps == 8, "WARPS must be 4 or 8");
+  static_assert(kWarps % (kBlockM / 16) == 0 || (kBlockM / 16) % kWarps == 0,
+                "the dQ tile must split evenly over the warps");
+  static_assert((kBlockM / 16) <= kWarps, "every warp owns at least one 16-row m-tile of dQ");
+  static_assert(kDqCols % 16 == 0, "dQ column parts must be whole 16-column pairs");
+  static_assert(kStages == 2, "STAGES must be 2");
+  static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
+};
+
+namespace bwd {
+
+// Row (b, h) offsets of a [B, H, L, D]-strided tensor.
+template <typename E>
+__device__ __forceinline__ const E* row_base(const void* p, long long sb, long long sh, int b, int h) {
+  return static_cast<const E*>(p) + b * sb + h * sh;
+}
+
+// cp.async of kRows rows x kChunks 16-byte chunks (row stride `stride` elements, rows >= len
+// zero-filled) into a swizzled shared tile, spread over kThreads threads.
+template <int kRows, int kChunks, int kThreads, typename E>
+__device__ __forceinline__ void load_tile(u32 dst, const E* src, long long stride, int row0,
+                                          int len, int tid) {
+  static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must divide evenly among threads");
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < len;
+    cp_async_16(dst + swizzle_offset<kChunks>(r, c),
+                src + (valid ? (long long)(row0 + r) * stride : 0ll) + c * 8, valid);
+  }
+}
+
+// ---- ldmatrix lane offsets (bytes, within a swizzled tile of kChunks chunks per row) -------
+// The four chunk offsets of this lane for the operand roles of m16n8k16 (k-step kk uses
+// off[kk % 4] + (kk / 4) * 128; kk spans 16 columns = 2 chunks); add the tile row base.
+//   A (rows = m, k contiguous) and B with .trans (rows = k, n contiguous):
+//     lane row (lane & 7) + 8 * ((lane >> 3) & 1), chunk bit lane >> 4
+//   B (rows = n, k contiguous) and A with .trans (rows = k, m contiguous):
+//     lane row (lane & 7) + 8 * (lane >> 4), chunk bit (lane >> 3) & 1
+template <int kChunks>
+__device__ __forceinline__ void lane_offsets_a(u32 (&off)[4], int lane) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    off[c] = ((lane & 7) + ((lane >> 3) & 1) * 8) * (kChunks * 16) +
+             (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
+}
+template <int kChunks>
+__device__ __forceinline__ void lane_offsets_b(u32 (&off)[4], int lane) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    off[c] = ((lane & 7) + (lane >> 4) * 8) * (kChunks * 16) +
+             (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
+}
+// Byte offset of the 16x16 block (16-row block rb, 16-column step kk) for a lane offset set.
+template <int kChunks>
+__device__ __forceinline__ u32 frag_at(const u32 (&off)[4], int rb, int kk) {
+  return off[kk % 4] + (kk / 4) * 128 + rb * 16 * (kChunks * 16);
+}
+
+// acc[kNT][4] += A(16 x 16k, fragments from `a_tile` rows a_row0..) · B where B's n = the rows
+// of b_tile (B = b_tileᵀ): C = A·Bᵀ, both operands K-contiguous (S = Q·Kᵀ shape).
+template <typename E, int kNT, int kKSteps, int kChunksA, int kChunksB>
+__device__ __forceinline__ void mma_abt(float (&acc)[kNT][4], u32 a_tile, int a_rb, u32 b_tile,
+                                        const u32 (&a_off)[4], const u32 (&b_off)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    u32 a[4];
+    ldmatrix_x4(a, a_tile + frag_at<kChunksA>(a_off, a_rb, kk));
+#pragma unroll
+    for (int jp = 0; jp < kNT / 2; ++jp) {
+      u32 bf[4];
+      ldmatrix_x4(bf, b_tile + frag_at<kChunksB>(b_off, jp, kk));
+      mma_16816<E>(acc[2 * jp], a, bf[0], bf[1]);
+      mma_16816<E>(acc[2 * jp + 1], a, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc[kNT][4] += A · B with A in registers (kKSteps packed fragments) and B (rows = k,
+// n contiguous) from b_tile, loaded with ldmatrix.trans (O += P·V shape).
+template <typename E, int kNT, int kKSteps, int kChunksB>
+__device__ __forceinline__ void mma_rb(float (&acc)[kNT][4], const u32 (&a)[kKSteps][4], u32 b_tile,
+                                       const u32 (&bt_off)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+    for (int jp = 0; jp < kNT / 2; ++jp) {
+      u32 bf[4];
+      ldmatrix_x4_trans(bf, b_tile + frag_at<kChunksB>(bt_off, kk, jp));
+      mma_16816<E>(acc[2 * jp], a[kk], bf[0], bf[1]);
+      mma_16816<E>(acc[2 * jp + 1], a[kk], bf[2], bf[3]);
+    }
+}
+
+}  // namespace bwd
+
+// ================================ preprocess =================================================
+// delta[b, h, q] = sum_d dO·O (fp32) - dLSE; dq_accum rows zeroed. kCV threads per row.
+template <typename Cfg>
+__device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
+  using E = typename Cfg::Element;
+  constexpr int kCV = Cfg::kHeadDimV / 8;
+  constexpr int kCQ4 = Cfg::kHeadDimQK / 4;   // 16-byte fp32 chunks of a dq_accum row
+  const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
+  const int q = blockIdx.x * Cfg::kPreRows + threadIdx.x / kCV, c = threadIdx.x % kCV;
+  const bool in = q < p.len_q;
+  float acc = 0.f;
+  if (in) {
+    const u32x4 o = ld_global_v4(bwd::row_base<E>(p.o, p.o_stride_b, p.o_stride_h, b, h) +
+                                 (long long)q * p.o_stride_m + c * 8);
+    const u32x4 d = ld_global_v4(bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h) +
+                                 (long long)q * p.do_stride_m + c * 8);
+    const u32 ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float o0, o1, d0, d1;
+      unpack2<E>(ow[i], o0, o1);
+      unpack2<E>(dw[i], d0, d1);
+      acc = fmaf(o0, d0, fmaf(o1, d1, acc));
+    }
+  }
+#pragma unroll
+  for (int m = kCV / 2; m > 0; m /= 2) acc += shfl_xor(acc, m);   // the row's kCV lanes
+  if (!in) return;
+  const long long bh = (long long)b * p.heads_q + h;
+  if (c == 0) {
+    const float dlse = p.dlse ? p.dlse[b * p.dlse_stride_b + h * p.dlse_stride_h + q] : 0.f;
+    p.delta[bh * p.len_q + q] = acc - dlse;
+  }
+  float* dqa = p.dq_accum + (bh * p.len_q + q) * Cfg::kHeadDimQK;
+  for (int cc = c; cc < kCQ4; cc += kCV) st_global_v4(dqa + cc * 4, u32x4{0u, 0u, 0u, 0u});
+}
+
+// ================================ dQ conversion ==============================================
+template <typename Cfg>
+__device__ __forceinline__ void backward_dq_kernel(const FaBwdParams& p) {
+  using E = typename Cfg::Element;
+  constexpr int kCQ = Cfg::kHeadDimQK / 8;
+  const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
+  const int q = blockIdx.x * Cfg::kDqRows + threadIdx.x / kCQ, c = threadIdx.x % kCQ;
+  if (q >= p.len_q) return;
+  const long long bh = (long long)b * p.heads_q + h;
+  const float* src = p.dq_accum + (bh * p.len_q + q) * Cfg::kHeadDimQK + c * 8;
+  const u32x4 lo = ld_global_v4(src), hi = ld_global_v4(src + 4);
+  const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  u32 out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    out[i] = pack2<E>(__uint_as_float(w[2 * i]) * p.scale, __uint_as_float(w[2 * i + 1]) * p.scale);
+  E* dst = static_cast<E*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h + (long long)q * p.dq_stride_m;
+  st_global_v4(dst + c * 8, u32x4{out[0], out[1], out[2], out[3]});
+}
+
+// ================================ dK / dV ====================================================
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
+                                                     const FaGradBuffers& grads) {
+  using E = typename Cfg::Element;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kThreads = Cfg::kThreads;
+  constexpr int kQT = Cfg::kQT;           // n-tiles of Sᵀ (query columns)
+  constexpr int kCQ = Cfg::kCQ, kCV = Cfg::kCV, kCM = Cfg::kCM;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+
+  const int kv0 = blockIdx.x * kBN;
+  const int b = blockIdx.y / p.heads_kv, hkv = blockIdx.y % p.heads_kv;
+  const int group = p.heads_q / p.heads_kv;
+  const int len_q = p.len_q, len_kv = p.len_kv;
+
+  const u32 sK = smem_addr(smem);
+  const u32 sV = sK + Cfg::kSmemKBytes;
+  const u32 sStage0 = sV + Cfg::kSmemVBytes;
+  const u32 sDs = sStage0 + Cfg::kStages * Cfg::kSmemStageBytes;
+  auto sQ = [&](int s) { return sStage0 + s * Cfg::kSmemStageBytes; };
+  auto sDo = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
+  auto sLse = [&](int s) { return sDo(s) + Cfg::kSmemDoBytes; };     // LSE·log2e (+inf: no keys)
+  auto sDelta = [&](int s) { return sLse(s) + Cfg::kSmemRowBytes; };
+
+  // ---- K and V of this CTA, once
+  bwd::load_tile<kBN, kCQ, kThreads>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
+                                     p.k_stride_n, kv0, len_kv, tid);
+  bwd::load_tile<kBN, kCV, kThreads>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
+                                     p.v_stride_n, kv0, len_kv, tid);
+  cp_async_commit();
+
+  // Lane offsets: K, V rows of this warp as A operands; Q, dO as B (n = queries) and as B with
+  // .trans (k = queries); K as B with .trans (k = keys) and dSᵀ as A with .trans for dQ.
+  u32 offA_q[4], offA_v[4], offB_q[4], offB_v[4], offB_m[4];
+  bwd::lane_offsets_a<kCQ>(offA_q, lane);
+  bwd::lane_offsets_a<kCV>(offA_v, lane);
+  bwd::lane_offsets_b<kCQ>(offB_q, lane);
+  bwd::lane_offsets_b<kCV>(offB_v, lane);
+  bwd::lane_offsets_b<kCM>(offB_m, lane);
+
+  // This thread's key rows (Sᵀ rows): kv0 + 16 warp + g (+8), clamped for the mods.
+  int kv_row[2], kv_c[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    kv_row[hh] = kv0 + warp * 16 + g + 8 * hh;
+    kv_c[hh] = kv_row[hh] < len_kv ? kv_row[hh] : len_kv - 1;
+  }
+  const bool kv_tail = kv0 + kBN > len_kv;
+  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+
+  float dk[Cfg::kDQKTiles][4], dv[Cfg::kDT][4];
+#pragma unroll
+  for (int j = 0; j < Cfg::kDQKTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[j][i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < Cfg::kDT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dv[j][i] = 0.f;
+
+  for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+    const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
+    const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
+    const float* lseg = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h;
+    const float* deltag = p.delta + ((long long)b * p.heads_q + hq) * len_q;
+    float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
+    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+    const int n_tiles = walk.n_tiles;
+
+    // Q, dO by cp.async; LSE·log2e and Δ through registers (rows may not fill a 16-byte chunk).
+    auto load_q_tile = [&](int it, int s) {
+      const int q0 = walk.tile_start(it);
+      bwd::load_tile<kBM, kCQ, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
+      bwd::load_tile<kBM, kCV, kThreads>(sDo(s), dog, p.do_stride_m, q0, len_q, tid);
+      for (int r = tid; r < kBM; r += kThreads) {
+        const int q = q0 + r;
+        const float lse = q < len_q ? lseg[q] : -INFINITY;
+        st_shared_f32(sLse(s) + r * 4, lse == -INFINITY ? INFINITY : lse * kLog2e);
+        st_shared_f32(sDelta(s) + r * 4, q < len_q ? deltag[q] : 0.f);
+      }
+    };
+    if (n_tiles > 0) load_q_tile(0, 0);
+    cp_async_commit();
+
+    for (int it = 0; it < n_tiles; ++it) {
+      const int stage = it % 2;
+      cp_async_wait<0>();
+      __syncthreads();   // tile `it` (and K, V) visible to all; the other stage is free
+      if (it + 1 < n_tiles) load_q_tile(it + 1, stage ^ 1);
+      cp_async_commit();
+
+      const int q0 = walk.tile_start(it);
+      const bool is_full = walk.is_full(it);
+
+      // ---- Sᵀ = K·Qᵀ, this warp's 16 keys x BLOCK_M queries
+      float s[kQT][4];
+#pragma unroll
+      for (int j = 0; j < kQT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[j][i] = 0.f;
+      bwd::mma_abt<E, kQT, Cfg::kKQ, kCQ, kCQ>(s, sK, warp, sQ(stage), offA_q, offB_q);
+
+      // ---- mods (element [j][i]: key kv_row[i/2], query q0 + 8j + 2t + i%2), then P
+      // Scores as score_mod saw them, kept for score_grad.
+      float sc[Mods::kScoreGrad ? kQT : 1][4];
+      const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
+#pragma unroll
+      for (int j = 0; j < kQT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = 8 * j + 2 * t + (i & 1);
+          const int q = q0 + col < len_q ? q0 + col : len_q - 1;
+          const int hh = i >> 1;
+          if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * p.scale;
+          const float x = masked ? mod_score<Mods, true>(s[j][i], q, kv_c[hh], kv_row[hh] < len_kv,
+                                                        is_full, p.scale, b, hq, cap)
+                                 : mod_score<Mods, false>(s[j][i], q, kv_c[hh], true, is_full,
+                                                          p.scale, b, hq, cap);
+          s[j][i] = ex2(fmaf(x, sl2, -ld_shared_f32(sLse(stage) + col * 4)));
+        }
+
+      // ---- dPᵀ = V·dOᵀ
+      float dp[kQT][4];
+#pragma unroll
+      for (int j = 0; j < kQT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dp[j][i] = 0.f;
+      bwd::mma_abt<E, kQT, Cfg::kKV, kCV, kCV>(dp, sV, warp, sDo(stage), offA_v, offB_v);
+
+      // ---- dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)), zero where P is
+#pragma unroll
+      for (int j = 0; j < kQT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = 8 * j + 2 * t + (i & 1);
+          const float dt = s[j][i] * (dp[j][i] - ld_shared_f32(sDelta(stage) + col * 4));
+          float ds = dt;
+          if constexpr (Mods::kScoreGrad) {
+            const int q = q0 + col < len_q ? q0 + col : len_q - 1;
+            ds = Mods::score_grad(sc[j][i], b, hq, q, kv_c[i >> 1], dt, cap, grads);
+          }
+          dp[j][i] = s[j][i] == 0.f ? 0.f : ds;
+        }
+
+      // ---- dV += Pᵀ·dO, dK += dSᵀ·Q (P, dS packed to 16 bits as A fragments)
+      {
+        u32 pa[Cfg::kMK][4];
+        pack_a<E>(pa, s);
+        bwd::mma_rb<E, Cfg::kDT, Cfg::kMK, kCV>(dv, pa, sDo(stage), offA_v);
+        u32 da[Cfg::kMK][4];
+        pack_a<E>(da, dp);
+        bwd::mma_rb<E, Cfg::kDQKTiles, Cfg::kMK, kCQ>(dk, da, sQ(stage), offA_q);
+        // dSᵀ to shared memory (this warp's 16 key rows) for dQ = dS·K.
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int j = 0; j < kQT; ++j)
+            st_shared_b32(sDs + swizzle_offset<kCM>(warp * 16 + g + 8 * hh, j) + t * 4,
+                          pack2<E>(dp[j][2 * hh], dp[j][2 * hh + 1]));
+      }
+      __syncthreads();
+
+      // ---- dQ(BLOCK_M x DQK) += dS·K: warp -> (16-row m-tile, column part), fp32 reductions
+      {
+        constexpr int kNQ = Cfg::kDqCols / 8;
+        const int mt = warp % (kBM / 16), part = warp / (kBM / 16);
+        float dq[kNQ][4];
+#pragma unroll
+        for (int j = 0; j < kNQ; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {   // over keys
+          u32 a[4];
+          // A = dS (rows = queries mt*16.., k = keys kk*16..) from dSᵀ [keys][queries]: .trans
+          ldmatrix_x4_trans(a, sDs + bwd::frag_at<kCM>(offB_m, kk, mt));
+#pragma unroll
+          for (int jp = 0; jp < kNQ / 2; ++jp) {
+            u32 bf[4];
+            ldmatrix_x4_trans(bf, sK + bwd::frag_at<kCQ>(offA_q, kk, part * (kNQ / 2) + jp));
+            mma_16816<E>(dq[2 * jp], a, bf[0], bf[1]);
+            mma_16816<E>(dq[2 * jp + 1], a, bf[2], bf[3]);
+          }
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int q = q0 + mt * 16 + g + 8 * hh;
+          if (q < len_q) {
+            float* row = dqa + (long long)q * Cfg::kHeadDimQK + part * Cfg::kDqCols + 2 * t;
+#pragma unroll
+            for (int j = 0; j < kNQ; ++j) {
+              red_add_f32(row + 8 * j, dq[j][2 * hh]);
+              red_add_f32(row + 8 * j + 1, dq[j][2 * hh + 1]);
+            }
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();   // the next head's first tile reuses stage 0 and dSᵀ
+  }
+
+  // ---- epilogue: dK·scale and dV staged in the K / V tiles (every warp is done with them),
+  // 16-byte stores of this warp's rows; rows past len_kv are not written.
+  const float kscale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
+  const int row0 = warp * 16 + g;
+  stage_rows<E, SwizzledRows<kCQ>>(sK, dk, kscale, row0, t);
+  stage_rows<E, SwizzledRows<kCV>>(sV, dv, one, row0, t);
+  __syncwarp();
+  E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
+  E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
+  store_rows<16, kCQ, 32, SwizzledRows<kCQ>>(dkg, p.dk_stride_n, sK, warp * 16, kv0, len_kv, lane);
+  store_rows<16, kCV, 32, SwizzledRows<kCV>>(dvg, p.dv_stride_n, sV, warp * 16, kv0, len_kv, lane);
+}
+
+}  // namespace fa
+
+// Defines the extern "C" kernels name##_pre, name##_dkdv, name##_dq (single identifiers).
+#define FAJIT_DEFINE_BACKWARD(name, Config, Mods)                                                  \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads)                                \
+      name##_pre(const FaBwdParams p) {                                                             \
+    fa::backward_pre_kernel<Config>(p);                                                             \
+  }                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                \
+      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {           \
+    fa::backward_dkdv_kernel<Config, Mods>(p, cap, grads);                                          \
+  }                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads)                                \
+      name##_dq(const FaBwdParams p) {                                                              \
+    fa::backward_dq_kernel<Config>(p);                                                              \
+  }
+
+#endif  // FAJIT_BACKWARD_CUH

@@ -1,0 +1,53 @@
+// Compiles every backward-kernel variant with NVRTC (no GPU needed): fp16/bf16 x head dims
+// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi with a slopes gradient} mods x the
+// tiles the host picks; prints compile time, registers and spills of the dK/dV kernel, and
+// fails on any compile error or on a misused config that compiles.
+//   usage: fajit_kernel_backward_test [template_dir]
+#include "fa_nvrtc.h"
+
+#include <cstdio>
+#include <string>
+
+int main(int argc, char** argv) {
+  try {
+    fa_test::Headers headers(argc > 1 ? argv[1] : FAJIT_TEMPLATE_DIR);
+    int failures = 0, count = 0;
+    std::printf("%-7s %-6s %4s %4s %-10s %-6s %8s %5s %s\n", "arch", "elem", "dqk", "dv", "mods", "tile",
+                "seconds", "regs", "spill(st/ld)");
+    for (const char* arch : {"sm_80", "sm_90a"})
+      for (const char* elem : {"f16_t", "bf16_t"})
+        for (int dqk : {64, 128})
+          for (int dv : {64, 128})
+            for (int mods = 0; mods < 2; ++mods) {
+              const fa::TileConfig t = fa::default_tile(dqk, dv, mods, fa::KernelFamily::kMmaSync,
+                                                        fa::KernelKind::kBackward);
+              const std::string cfg = std::to_string(t.block_m) + ", " + std::to_string(t.warps);
+              fa_test::Compiled c = fa_test::compile(
+                  headers,
+                  fa_test::backward_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(),
+                                           elem, dqk, dv, cfg),
+                  arch, true, "fajit_bwd_dkdv");
+              ++count;
+              if (c.cubin.empty()) ++failures;
+              std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", arch, elem, dqk, dv,
+                          mods ? "alibi+cau" : "noop", cfg.c_str(), c.seconds, c.regs, c.spill_stores,
+                          c.spill_loads);
+            }
+    try {
+      fa_test::compile(headers, fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"),
+                       "sm_80", false, "fajit_bwd_dkdv");
+      std::printf("FAIL: BLOCK_M 128 with 4 warps compiled\n");
+      ++failures;
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("every warp owns at least one 16-row m-tile of dQ") == std::string::npos) {
+        std::printf("FAIL: unexpected message for BLOCK_M 128, 4 warps:\n%s\n", e.what());
+        ++failures;
+      }
+    }
+    std::printf("%d backward variants compiled, %d failures\n", count, failures);
+    return failures ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
