@@ -542,4 +542,19 @@ void BlockMask::fill(FaBlockTables& t) const {
   t.kv_block = s.kv_block;
 }
 
+void BlockMask::fill_transposed(FaBlockTables& t) const {
+  const State& s = state();
+  const BlockMaskDeviceTables d = device_tables_of(s, /*with_q=*/true);
+  t.kv_num_blocks = d.q_num_blocks;
+  t.kv_indices = d.q_indices;
+  t.full_kv_num_blocks = d.full_q_num_blocks;
+  t.full_kv_indices = d.full_q_indices;
+  t.row_stride_h = s.heads == 1 ? 0 : s.nkv;
+  t.row_stride_b = s.batch == 1 ? 0 : int64_t(s.heads) * s.nkv;
+  t.num_q_blocks = s.nkv;   // rows: KV blocks
+  t.num_kv_blocks = s.nq;   // columns: query blocks
+  t.q_block = s.kv_block;
+  t.kv_block = s.q_block;
+}
+
 }  // namespace fa

@@ -207,4 +207,41 @@ AttentionShape validate_attention(const TensorView& q, const TensorView& k, cons
   return s;
 }
 
+AttentionShape validate_attention_backward(const TensorView& q, const TensorView& k,
+                                           const TensorView& v, const TensorView& o,
+                                           const TensorView& lse, const TensorView& dout,
+                                           const TensorView& dq, const TensorView& dk,
+                                           const TensorView& dv, const TensorView* dlse) {
+  const AttentionShape s = validate_attention(q, k, v, o, &lse);
+  static const char* const kQ[] = {"B", "Hq", "Lq", "Dqk"};
+  static const char* const kK[] = {"B", "Hkv", "Lkv", "Dqk"};
+  static const char* const kV[] = {"B", "Hkv", "Lkv", "Dv"};
+  static const char* const kO[] = {"B", "Hq", "Lq", "Dv"};
+  static const char* const kLse[] = {"B", "Hq", "Lq"};
+  struct Pair {
+    Named grad, primal;
+  };
+  const Pair pairs[] = {{{"dout", dout, kO, 4}, {"o", o, kO, 4}},
+                        {{"dq", dq, kQ, 4}, {"q", q, kQ, 4}},
+                        {{"dk", dk, kK, 4}, {"k", k, kK, 4}},
+                        {{"dv", dv, kV, 4}, {"v", v, kV, 4}}};
+  for (const Pair& pr : pairs) {
+    check_basic(pr.grad);
+    if (pr.grad.t.dtype != pr.primal.t.dtype)
+      throw Error(fmt::format("{}: dtype must match {} ({}), got {}", pr.grad.tensor, pr.primal.tensor,
+                              dtype_name(pr.primal.t.dtype), dtype_name(pr.grad.t.dtype)));
+    for (int d = 0; d < 4; ++d) check_same(pr.grad, d, pr.primal, d);
+    check_rows_aligned(pr.grad);
+  }
+  if (dlse) {
+    const Named nd{"dlse", *dlse, kLse, 3}, nl{"lse", lse, kLse, 3};
+    check_basic(nd);
+    if (dlse->dtype != DType::f32)
+      throw Error(fmt::format("dlse: dtype must be f32, got {}", dtype_name(dlse->dtype)));
+    for (int d = 0; d < 3; ++d) check_same(nd, d, nl, d);
+    if (reinterpret_cast<uintptr_t>(dlse->data) % 4 != 0) throw Error("dlse: data pointer must be 4-byte aligned");
+  }
+  return s;
+}
+
 }  // namespace fa

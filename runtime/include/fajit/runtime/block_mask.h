@@ -120,6 +120,10 @@ class FA_API BlockMask {
   // The forward's FaBlockTables (params.h): the kv tables of device_tables(), uploading only
   // those (the q tables are uploaded when device_tables() is first called).
   void fill(FaBlockTables& tables) const;
+  // The backward's transposed tables (q_num_blocks, q_indices, full_q_*) in the same struct,
+  // read along the other axis: rows are KV blocks, columns query blocks (params.h,
+  // FaBwdParams::mask_t). Uploads all eight tables on first use.
+  void fill_transposed(FaBlockTables& tables) const;
 
   struct State;
 

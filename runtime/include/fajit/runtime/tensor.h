@@ -64,4 +64,15 @@ FA_API AttentionShape validate_attention(const TensorView& q, const TensorView& 
                                          const TensorView& v, const TensorView& o,
                                          const TensorView* lse = nullptr);
 
+// The backward's tensors: validate_attention(q, k, v, o, &lse) with the LSE required, then
+// each gradient like its primal (dout like o, dq like q, dk like k, dv like v: same sizes and
+// dtype, 16-byte rows, any strides) and the optional dlse like lse. Errors name the argument
+// ("dk: Lkv must match k (1000), got 999").
+FA_API AttentionShape validate_attention_backward(const TensorView& q, const TensorView& k,
+                                                  const TensorView& v, const TensorView& o,
+                                                  const TensorView& lse, const TensorView& dout,
+                                                  const TensorView& dq, const TensorView& dk,
+                                                  const TensorView& dv,
+                                                  const TensorView* dlse = nullptr);
+
 }  // namespace fa
