@@ -52,6 +52,24 @@ FA_API ReferenceResult reference_attention(const ReferenceShape& shape, const fl
                                            const float* k, const float* v,
                                            const ReferenceOptions& options = {});
 
+// The gradients of L = sum(out * dout) + sum(lse * dlse) for reference_attention's out and
+// lse (flex_attention's backward), in double:
+//   P = exp(T - lse), delta = rowsum(dout * out) - dlse, dP = dout . v^T, dT = P (dP - delta),
+//   dS = dT * d(score_mod)/d(score), dq = scale dS . k, dk = scale dS^T . q, dv = P^T . dout;
+// GQA sums dk, dv over the query heads of a KV head. Masked pairs and fully masked rows give
+// zero gradients. dout [B, Hq, Lq, Dv] and dlse [B, Hq, Lq] (null = 0) are contiguous; q, k, v
+// follow `options` as in reference_attention.
+struct ReferenceGrads {
+  ReferenceResult forward;  // out, lse
+  std::vector<double> dq;   // [B, Hq, Lq, Dqk]
+  std::vector<double> dk;   // [B, Hkv, Lkv, Dqk]
+  std::vector<double> dv;   // [B, Hkv, Lkv, Dv]
+};
+FA_API ReferenceGrads reference_attention_backward(const ReferenceShape& shape, const float* q,
+                                                   const float* k, const float* v,
+                                                   const double* dout, const double* dlse,
+                                                   const ReferenceOptions& options = {});
+
 // Classifies every q_block x kv_block tile of every (b, h) by evaluating `mask` on each
 // in-range element: 0 empty (false everywhere), 1 partial, 2 full (true everywhere); elements
 // past len_q / len_kv are ignored. Result [batch, heads, ceil(len_q / q_block),

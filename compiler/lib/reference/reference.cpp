@@ -106,6 +106,65 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
   return r;
 }
 
+ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float* q, const float* k,
+                                            const float* v, const double* dout, const double* dlse,
+                                            const ReferenceOptions& opt) {
+  if (opt.score_mod)
+    throw Error(fmt::format("reference_attention_backward: score_mod @{} needs its derivative, which "
+                            "the fa-differentiate pass provides; not available yet",
+                            opt.score_mod->name()));
+  ReferenceGrads g;
+  g.forward = reference_attention(s, q, k, v, opt);
+  if (s.batch > 0 && s.len_q > 0 && !dout) throw Error("reference_attention_backward: null dout");
+  const Bindings empty;
+  std::optional<BoundMod> mask_mod;
+  if (opt.mask_mod) mask_mod.emplace(opt.mask_mod->bind(opt.bindings ? *opt.bindings : empty));
+  const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.dim_qk));
+  const auto qs = opt.q_strides.value_or(contiguous(s.batch, s.heads_q, s.len_q, s.dim_qk));
+  const auto ks = opt.k_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_qk));
+  const auto vs = opt.v_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_v));
+  const int group = s.heads_q / s.heads_kv;
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  g.dq.assign(static_cast<size_t>(s.batch) * s.heads_q * s.len_q * s.dim_qk, 0.0);
+  g.dk.assign(static_cast<size_t>(s.batch) * s.heads_kv * s.len_kv * s.dim_qk, 0.0);
+  g.dv.assign(static_cast<size_t>(s.batch) * s.heads_kv * s.len_kv * s.dim_v, 0.0);
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads_q; ++h) {
+      const int hk = h / group;
+      for (int i = 0; i < s.len_q; ++i) {
+        const size_t ri = (static_cast<size_t>(b) * s.heads_q + h) * s.len_q + i;
+        const double lse = g.forward.lse[ri];
+        if (lse == neg_inf) continue;  // fully masked row: no gradient flows
+        const float* qrow = q + b * qs[0] + h * qs[1] + i * qs[2];
+        const double* dorow = dout + ri * s.dim_v;
+        const double* orow = &g.forward.out[ri * s.dim_v];
+        double delta = dlse ? -dlse[ri] : 0.0;
+        for (int d = 0; d < s.dim_v; ++d) delta += dorow[d] * orow[d];
+        double* dqrow = &g.dq[ri * s.dim_qk];
+        for (int j = 0; j < s.len_kv; ++j) {
+          if (mask_mod && !mask_mod->mask(b, h, i, j)) continue;
+          const float* krow = k + b * ks[0] + hk * ks[1] + j * ks[2];
+          const float* vrow = v + b * vs[0] + hk * vs[1] + j * vs[2];
+          double dot = 0, dp = 0;
+          for (int d = 0; d < s.dim_qk; ++d)
+            dot += static_cast<double>(qrow[d * qs[3]]) * static_cast<double>(krow[d * ks[3]]);
+          for (int d = 0; d < s.dim_v; ++d) dp += dorow[d] * static_cast<double>(vrow[d * vs[3]]);
+          const double p = std::exp(dot * scale - lse);
+          const double ds = p * (dp - delta);
+          const size_t kj = (static_cast<size_t>(b) * s.heads_kv + hk) * s.len_kv + j;
+          double* dkrow = &g.dk[kj * s.dim_qk];
+          double* dvrow = &g.dv[kj * s.dim_v];
+          for (int d = 0; d < s.dim_qk; ++d) {
+            dqrow[d] += scale * ds * static_cast<double>(krow[d * ks[3]]);
+            dkrow[d] += scale * ds * static_cast<double>(qrow[d * qs[3]]);
+          }
+          for (int d = 0; d < s.dim_v; ++d) dvrow[d] += p * dorow[d];
+        }
+      }
+    }
+  return g;
+}
+
 std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask, const Bindings& bindings,
                                                int batch, int heads, int len_q, int len_kv,
                                                int q_block, int kv_block) {
