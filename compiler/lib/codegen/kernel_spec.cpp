@@ -24,6 +24,16 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   for (auto [name, v] : {std::pair<const char*, int>{"head_dim_qk", s.head_dim_qk}, {"head_dim_v", s.head_dim_v}})
     if (v != 64 && v != 128) throw Error(fmt::format("{} must be 64 or 128, got {}", name, v));
   s.arch = jit::validate_arch(s.arch);
+  if (s.kind == KernelKind::kBackward) {
+    // One backward family for now: mma.sync (sm_80+), also on sm_90a.
+    s.family = KernelFamily::kMmaSync;
+    const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, s.family, s.kind);
+    if (!s.tile.is_default() && !(s.tile == want))
+      throw Error(fmt::format("the backward kernel has a fixed tile {}x{}w{}s{}; leave the tile empty", want.block_m,
+                              want.block_n, want.warps, want.stages));
+    s.tile = want;
+    return s;
+  }
   if (s.family == KernelFamily::kAuto)
     s.family = s.arch == "sm_90a" && s.tile.is_default() ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
   if (s.family == KernelFamily::kWgmma) {
@@ -60,6 +70,11 @@ std::string KernelSpec::to_string() const {
 int KernelSpec::threads() const { return tile.warps * 32; }
 
 int KernelSpec::smem_bytes() const {
+  if (kind == KernelKind::kBackward) {   // templates/fajit/backward.cuh, BwdConfig::kSmemBytes
+    const int m = tile.block_m, n = tile.block_n;
+    const int stage = 2 * m * (head_dim_qk + head_dim_v) + 2 * m * 4;   // Q, dO, LSE, delta
+    return 2 * n * (head_dim_qk + head_dim_v) + tile.stages * stage + 2 * n * m;
+  }
   int dmax = std::max(head_dim_qk, head_dim_v);
   int tiles = 2 * (tile.block_m * dmax + tile.stages * tile.block_n * (head_dim_qk + head_dim_v));
   if (family == KernelFamily::kWgmma) return 1024 + tiles + 8 * (1 + 3 * tile.stages);  // + mbarriers

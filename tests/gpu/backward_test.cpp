@@ -1,0 +1,257 @@
+// fa::Kernel::backward on the GPU against fa::reference_attention_backward (float64) over the
+// interpreter programs of the same fa IR.
+//
+// Per case: random Q, K, V, dO (and dLSE where the case says), rounded to the dtype on the host so
+// the reference reads exactly what the GPU reads; the forward kernel produces O and LSE, then
+// dQ, dK, dV (poisoned with NaN first) come from the backward. Every element must be written,
+// nothing may be NaN, rows the mask empties and keys no query sees must get exactly zero, and
+//   ||dX - ref|| / ||ref||  < 3e-2 bf16, 1e-2 f16   for X = Q, K, V (whole tensors)
+// (P and dS enter the MMAs as 16-bit values, and Δ uses the kernel's own 16-bit O).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+
+#include "fajit/runtime/device.h"
+#include "gpu_harness.h"
+
+namespace fa_gpu_test {
+namespace {
+
+struct BwdCase {
+  std::string variant;
+  fa::DType dtype;
+  int dqk, dv;
+  int B, Hq, Hkv, Lq, Lkv;
+  int param = -1;           // the variant's knob (window, prefix, n_pad, ...); < 0: default
+  std::string tag;
+  bool dlse = false;        // the loss also uses the LSE (dLSE != 0)
+  bool noncontig = false;   // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
+  float scale = 0.0f;       // 0: default 1/sqrt(dqk)
+
+  std::string name() const {
+    std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
+                    std::to_string(dv) + "_b" + std::to_string(B) + "h" + std::to_string(Hq) + "g" +
+                    std::to_string(Hq / Hkv) + "_" + std::to_string(Lq) + "x" + std::to_string(Lkv);
+    if (!tag.empty()) n += "_" + tag;
+    return n;
+  }
+};
+void PrintTo(const BwdCase& c, std::ostream* os) { *os << c.name(); }
+
+constexpr fa::DType bf16 = fa::DType::bf16, f16 = fa::DType::f16;
+
+BwdCase with(BwdCase c, const std::string& tag, std::function<void(BwdCase&)> f) {
+  c.tag = tag;
+  f(c);
+  return c;
+}
+
+// The mask-only library mods (score_mod gradients arrive with the differentiation pass) at both
+// dtypes and every head-dim pair, lengths 1 / 17 / 1000 / 4097 with Lq != Lkv both ways, GQA 1,
+// 2, 4, 8, fully masked rows, keys no query sees, dLSE, a scale, non-contiguous tensors.
+const std::vector<BwdCase>& cases() {
+  static const std::vector<BwdCase> all = {
+      //  variant              dtype dqk  dv  B  Hq Hkv   Lq    Lkv  param
+      {"none",                 bf16, 128, 128, 2, 2, 2,  1000, 1000},
+      {"none",                 f16,   64,  64, 1, 8, 1,    17,   17},
+      with({"none",            f16,   64,  64, 1, 2, 2,  1000, 1000}, "scale", [](BwdCase& c) { c.scale = 0.3f; }),
+      {"causal",               bf16,  64,  64, 1, 2, 2,  4097, 4097},
+      {"causal",               f16,  128,  64, 2, 4, 1,  1000, 4097},
+      {"causal",               bf16, 128, 128, 1, 4, 1,     1,    1},
+      with({"causal",          bf16,  64, 128, 1, 4, 4,  4097, 1000}, "dlse", [](BwdCase& c) { c.dlse = true; }),
+      {"sliding",              bf16, 128, 128, 1, 8, 1,  4097, 4097, 200},
+      {"sliding",              f16,   64,  64, 2, 4, 1,  1000, 1000, 100},
+      {"sliding",              bf16,  64, 128, 1, 4, 4,    17,   17, 5},
+      {"document2d_causal",    bf16,  64,  64, 3, 2, 2,  1000, 1000},
+      {"head_sliding",         f16,  128, 128, 1, 4, 2,  1000, 1000},
+      with({"prefix_lm",       f16,  128, 128, 1, 4, 2,  1000, 1000, 300}, "dlse", [](BwdCase& c) { c.dlse = true; }),
+      {"prefix_lm",            bf16, 128,  64, 2, 8, 1,    17,   17, 5},
+      {"padding",              bf16,  64,  64, 2, 4, 4,  1000, 1000, 333},
+      with({"padding",         f16,  128,  64, 1, 4, 4,    17, 1000, 17}, "allmasked", [](BwdCase&) {}),
+      {"dilated",              f16,   64, 128, 1, 4, 1,  4097, 1000, 200},
+      with({"causal",          bf16, 128, 128, 2, 4, 2,  1000, 1000}, "noncontig", [](BwdCase& c) { c.noncontig = true; }),
+      with({"sliding",         f16,   64,  64, 1, 8, 1,    17, 1000, 300}, "noncontig_dlse",
+           [](BwdCase& c) { c.noncontig = true, c.dlse = true; }),
+  };
+  return all;
+}
+
+struct Operand {
+  int64_t offset = 0;
+  std::array<int64_t, 4> stride{};
+};
+
+// One [B, H, L, D] operand layout per tensor; the gradient buffer mirrors the input buffer.
+struct Layout {
+  Operand q, k, v;
+  int64_t total = 0;
+};
+
+Layout layout_of(const BwdCase& c) {
+  Layout l;
+  if (c.noncontig) {
+    const int64_t L = std::max(c.Lq, c.Lkv), Ht = c.Hq + 2 * c.Hkv, D = std::max(c.dqk, c.dv);
+    const std::array<int64_t, 4> s{L * Ht * D, D, Ht * D, 1};
+    l.q = {0, s}, l.k = {c.Hq * D, s}, l.v = {(c.Hq + c.Hkv) * D, s};
+    l.total = c.B * L * Ht * D;
+    return l;
+  }
+  auto contiguous = [&](int H, int L, int D) {
+    Operand o{l.total, {int64_t(H) * L * D, int64_t(L) * D, D, 1}};
+    l.total += int64_t(c.B) * H * L * D;
+    l.total = (l.total + 63) / 64 * 64;  // 128-byte aligned operands
+    return o;
+  };
+  l.q = contiguous(c.Hq, c.Lq, c.dqk);
+  l.k = contiguous(c.Hkv, c.Lkv, c.dqk);
+  l.v = contiguous(c.Hkv, c.Lkv, c.dv);
+  return l;
+}
+
+struct GradStats {
+  double rel = 0, max_abs = 0;
+  long nan = 0, nonzero_masked = 0;
+  std::string first_bad;
+};
+
+// Compares one gradient tensor [B, H, L, D] (16-bit, strided) with the reference (contiguous).
+GradStats compare(const char* what, const BwdCase& c, const std::vector<uint16_t>& bits, const Operand& op, int H,
+                  int L, int D, const std::vector<double>& ref) {
+  GradStats s;
+  double e2 = 0, r2 = 0;
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < L; ++i) {
+        const double* rrow = ref.data() + ((size_t(b) * H + h) * L + i) * D;
+        const uint16_t* grow = bits.data() + op.offset + b * op.stride[0] + h * op.stride[1] + int64_t(i) * op.stride[2];
+        bool ref_zero = true;
+        for (int d = 0; d < D; ++d) ref_zero = ref_zero && rrow[d] == 0.0;
+        for (int d = 0; d < D; ++d) {
+          const float g = from_bits(c.dtype, grow[d]);
+          const std::string where = std::string(what) + " b=" + std::to_string(b) + " h=" + std::to_string(h) +
+                                    " row=" + std::to_string(i) + " d=" + std::to_string(d);
+          if (std::isnan(g)) {
+            if (s.first_bad.empty()) s.first_bad = "NaN / unwritten at " + where;
+            ++s.nan;
+            continue;
+          }
+          if (ref_zero && g != 0.0f) {
+            if (s.first_bad.empty()) s.first_bad = "nonzero " + std::to_string(g) + " where no gradient flows, " + where;
+            ++s.nonzero_masked;
+          }
+          const double e = double(g) - rrow[d];
+          e2 += e * e, r2 += rrow[d] * rrow[d];
+          s.max_abs = std::max(s.max_abs, std::abs(e));
+        }
+      }
+  s.rel = r2 > 0 ? std::sqrt(e2 / r2) : std::sqrt(e2);
+  return s;
+}
+
+class BackwardTest : public ::testing::TestWithParam<BwdCase> {};
+
+TEST_P(BackwardTest, MatchesReference) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const BwdCase& c = GetParam();
+  const Variant& var = variant(c.variant);
+  fa::Options opt;
+  opt.dtype = c.dtype, opt.head_dim_qk = c.dqk, opt.head_dim_v = c.dv;
+  const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opt);
+
+  std::mt19937 rng(static_cast<uint32_t>(fnv1a(c.name())));
+  CaptureSet caps;
+  var.fill(caps, Dims{c.B, c.Hq, c.Lq, c.Lkv}, c.param, rng);
+  caps.upload();
+  const fa::Captures captures = caps.captures();
+  const fa::BlockMask mask = kernel.block_mask(c.B, c.Hq, c.Lq, c.Lkv, captures);
+
+  // Host inputs: Q, K, V in one buffer; dO and dLSE contiguous.
+  const Layout lay = layout_of(c);
+  std::vector<uint16_t> in_bits(size_t(lay.total));
+  std::vector<float> in_vals(size_t(lay.total));
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f), ud(-1.0f, 1.0f);
+  for (size_t i = 0; i < in_bits.size(); ++i) {
+    in_bits[i] = to_bits(c.dtype, u(rng));
+    in_vals[i] = from_bits(c.dtype, in_bits[i]);
+  }
+  const size_t rows = size_t(c.B) * c.Hq * c.Lq, o_elems = rows * c.dv;
+  std::vector<uint16_t> do_bits(o_elems);
+  std::vector<double> do_vals(o_elems), dlse_vals(rows, 0.0);
+  std::vector<float> dlse_f(rows, 0.f);
+  for (size_t i = 0; i < o_elems; ++i) {
+    do_bits[i] = to_bits(c.dtype, ud(rng));
+    do_vals[i] = from_bits(c.dtype, do_bits[i]);
+  }
+  if (c.dlse)
+    for (size_t i = 0; i < rows; ++i) dlse_vals[i] = dlse_f[i] = ud(rng);
+
+  // Reference.
+  const auto t0 = std::chrono::steady_clock::now();
+  ModPrograms progs = mod_programs(kernel.program());
+  fa::Bindings env = caps.bindings();
+  fa::ReferenceOptions ro;
+  if (c.scale != 0.0f) ro.scale = double(c.scale);
+  ro.mask_mod = &progs.mask, ro.bindings = &env;
+  ro.q_strides = lay.q.stride, ro.k_strides = lay.k.stride, ro.v_strides = lay.v.stride;
+  const fa::ReferenceGrads ref = fa::reference_attention_backward(
+      {c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, in_vals.data() + lay.q.offset, in_vals.data() + lay.k.offset,
+      in_vals.data() + lay.v.offset, do_vals.data(), c.dlse ? dlse_vals.data() : nullptr, ro);
+  const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Device: forward for O and LSE, then the backward into poisoned gradients.
+  fa::rt::ContextGuard guard;
+  fa::rt::DeviceBuffer d_in(in_bits.size() * 2), d_grad(in_bits.size() * 2), d_o(o_elems * 2), d_do(o_elems * 2),
+      d_lse(rows * 4), d_dlse(rows * 4);
+  d_in.upload(in_bits.data(), in_bits.size() * 2);
+  d_do.upload(do_bits.data(), o_elems * 2);
+  d_dlse.upload(dlse_f.data(), rows * 4);
+  d_grad.memset8(0xFF);   // kPoison16 everywhere, gaps included
+  auto view = [&](const fa::rt::DeviceBuffer& buf, const Operand& o, int H, int L, int D) {
+    return fa::TensorView(buf.as<uint16_t>() + o.offset, c.dtype, {c.B, H, L, D},
+                          {o.stride[0], o.stride[1], o.stride[2], 1});
+  };
+  const fa::TensorView q = view(d_in, lay.q, c.Hq, c.Lq, c.dqk), k = view(d_in, lay.k, c.Hkv, c.Lkv, c.dqk),
+                       v = view(d_in, lay.v, c.Hkv, c.Lkv, c.dv);
+  const fa::TensorView dq = view(d_grad, lay.q, c.Hq, c.Lq, c.dqk), dk = view(d_grad, lay.k, c.Hkv, c.Lkv, c.dqk),
+                       dv = view(d_grad, lay.v, c.Hkv, c.Lkv, c.dv);
+  const fa::TensorView o(d_o.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
+  const fa::TensorView dout(d_do.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
+  const fa::TensorView lse(d_lse.as<void>(), fa::DType::f32, {c.B, c.Hq, c.Lq});
+  const fa::TensorView dlse(d_dlse.as<void>(), fa::DType::f32, {c.B, c.Hq, c.Lq});
+  fa::ForwardOptions fo;
+  fo.scale = c.scale, fo.lse = &lse;
+  kernel.forward(q, k, v, o, mask, captures, fo);
+  fa::BackwardOptions bo;
+  bo.scale = c.scale;
+  bo.dlse = c.dlse ? &dlse : nullptr;
+  const auto t1 = std::chrono::steady_clock::now();
+  kernel.backward(q, k, v, o, lse, dout, dq, dk, dv, mask, captures, bo);
+  fa::rt::synchronize(nullptr);
+  const double gpu_ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() * 1e3;
+  std::vector<uint16_t> grad_bits(in_bits.size());
+  d_grad.download(grad_bits.data(), grad_bits.size() * 2);
+
+  const double tol = c.dtype == bf16 ? 3e-2 : 1e-2;
+  const GradStats sq = compare("dq", c, grad_bits, lay.q, c.Hq, c.Lq, c.dqk, ref.dq);
+  const GradStats sk = compare("dk", c, grad_bits, lay.k, c.Hkv, c.Lkv, c.dqk, ref.dk);
+  const GradStats sv = compare("dv", c, grad_bits, lay.v, c.Hkv, c.Lkv, c.dv, ref.dv);
+  std::printf("[ stats    ] dq rel %.2e max %.2e | dk rel %.2e max %.2e | dv rel %.2e max %.2e  (ref %.1f s, "
+              "gpu %.2f ms first call)\n",
+              sq.rel, sq.max_abs, sk.rel, sk.max_abs, sv.rel, sv.max_abs, ref_s, gpu_ms);
+  for (const auto* s : {&sq, &sk, &sv}) {
+    EXPECT_EQ(s->nan, 0) << s->first_bad;
+    EXPECT_EQ(s->nonzero_masked, 0) << s->first_bad;
+  }
+  EXPECT_LT(sq.rel, tol) << "dq " << sq.first_bad;
+  EXPECT_LT(sk.rel, tol) << "dk " << sk.first_bad;
+  EXPECT_LT(sv.rel, tol) << "dv " << sv.first_bad;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BackwardTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<BwdCase>& i) { return i.param.name(); });
+
+}  // namespace
+}  // namespace fa_gpu_test
