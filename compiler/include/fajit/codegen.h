@@ -35,6 +35,10 @@ struct GeneratedKernel {
 // Throws fa::Error when there are more than FA_MAX_BUFFERS / FA_MAX_SCALARS.
 FA_API std::vector<CaptureSlot> capture_slots(const Program& program);
 
+// Threads per CTA of the backward's preprocess and dQ-conversion kernels (BwdConfig::
+// kPreThreads; each thread takes one 16-byte chunk of a row).
+constexpr int kBwdAuxThreads = 128;
+
 // The FaMods struct for `program`.
 FA_API std::string emit_mods(const Program& program);
 

@@ -65,6 +65,11 @@ struct ForwardOptions {
   const TensorView* lse = nullptr;  // optional fp32 [B, Hq, Lq] log-sum-exp output
 };
 
+struct BackwardOptions {
+  float scale = 0.0f;                // the forward's scale; 0 = 1 / sqrt(head_dim_qk)
+  const TensorView* dlse = nullptr;  // optional fp32 [B, Hq, Lq]: the loss's gradient of the LSE
+};
+
 struct BlockMaskOptions {
   int q_block = BlockMask::kDefaultBlock;
   int kv_block = BlockMask::kDefaultBlock;
@@ -95,6 +100,22 @@ class FA_API Kernel {
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const BlockMask& mask, const Captures& captures = {},
                const ForwardOptions& options = {}, Stream stream = nullptr) const;
+
+  // dQ, dK, dV of attention(Q, K, V) with this kernel's mods, from the forward's O and LSE
+  // (Kernel::forward with ForwardOptions::lse) and dO = dL/dO (and optionally dL/dLSE):
+  //   k.forward(q, k_, v, o, mask, cap, {.lse = &lse});
+  //   k.backward(q, k_, v, o, lse, dout, dq, dk, dv, mask, cap);
+  // Gradients have their primal's shape and dtype (any strides with 16-byte rows); GQA sums
+  // dK, dV over the query heads of each KV head. Every argument is validated before launch and
+  // errors name it. The backward kernels are compiled on the first call. fp32 scratch (Lq x
+  // (Dqk + 1) per query head) is allocated and freed in stream order.
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const BlockMask& mask, const Captures& captures = {},
+                const BackwardOptions& options = {}, Stream stream = nullptr) const;
+  // The backward's generated CUDA source and spec (compiled on first request).
+  const std::string& backward_cuda_source() const;
+  const KernelSpec& backward_spec() const;
 
   // The FaCaptures block for `captures`, checked against what the mods capture (exposed for
   // tests and embedders).

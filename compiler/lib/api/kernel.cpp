@@ -16,7 +16,9 @@
 #include "fajit/runtime/block_mask_builder.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
+#include "fajit/runtime/bwd_params.h"
 #include "fajit/runtime/fwd_params.h"
+#include "fajit/runtime/memory.h"
 
 namespace fa {
 
@@ -91,6 +93,49 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
 
 }  // namespace
 
+namespace {
+
+// The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
+// the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
+float check_call(const KernelSpec& s, const TileConfig& tile, const char* what, const AttentionShape& shape,
+                 const BlockMask& mask, float scale) {
+  if (shape.dtype != s.dtype)
+    throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype), dtype_name(shape.dtype)));
+  if (shape.dim_qk != s.head_dim_qk)
+    throw Error(fmt::format("q: the kernel was compiled for head_dim_qk={}, got {}", s.head_dim_qk, shape.dim_qk));
+  if (shape.dim_v != s.head_dim_v)
+    throw Error(fmt::format("v: the kernel was compiled for head_dim_v={}, got {}", s.head_dim_v, shape.dim_v));
+  if (!mask.valid()) throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
+  mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
+  if (mask.q_block() % tile.block_m != 0 || mask.kv_block() % tile.block_n != 0)
+    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}", mask.q_block(),
+                            mask.kv_block(), what, tile.block_m, tile.block_n));
+  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
+  if (!(scale > 0.0f) || !std::isfinite(scale))
+    throw Error(fmt::format("scale must be positive and finite, got {}", scale));
+  return scale;
+}
+
+// Stream-ordered device scratch: allocated on `stream`, freed on it after the work queued so far.
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, CUstream stream) : stream_(stream) {
+    FA_CU(cuMemAllocAsync, &ptr_, bytes, stream_);
+  }
+  ~StreamScratch() {
+    if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);   // best effort; nothing to report to
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  float* f32() const { return reinterpret_cast<float*>(static_cast<uintptr_t>(ptr_)); }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  CUstream stream_;
+};
+
+}  // namespace
+
 struct Kernel::Impl {
   explicit Impl(Program p) : program(std::move(p)), mask_range(MaskRangeProgram::compile(program)) {}
   Program program;
@@ -100,6 +145,24 @@ struct Kernel::Impl {
   bool mask_reads_b = true, mask_reads_h = true;
   std::mutex builder_mutex;
   std::unique_ptr<Compiled> builder;  // the block-mask classifier, compiled on first use
+  std::mutex bwd_mutex;
+  std::unique_ptr<Compiled> bwd;      // the backward kernels, compiled on first use
+
+  const Compiled& backward_kernel() {
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    if (!bwd) {
+      KernelSpec s;
+      s.kind = KernelKind::kBackward;
+      s.dtype = fwd.gen.spec.dtype;
+      s.head_dim_qk = fwd.gen.spec.head_dim_qk;
+      s.head_dim_v = fwd.gen.spec.head_dim_v;
+      s.arch = fwd.gen.spec.arch;
+      bwd = std::make_unique<Compiled>(compile_generated(
+          generate(program, s), fwd.options.line_info,
+          fmt::format("backward of score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name())));
+    }
+    return *bwd;
+  }
 
   const Compiled& block_mask_kernel() {
     std::lock_guard<std::mutex> lock(builder_mutex);
@@ -217,21 +280,7 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
                      Stream stream) const {
   AttentionShape shape = validate_attention(q, k, v, o, options.lse);
   const KernelSpec& s = spec();
-  if (shape.dtype != s.dtype)
-    throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype), dtype_name(shape.dtype)));
-  if (shape.dim_qk != s.head_dim_qk)
-    throw Error(fmt::format("q: the kernel was compiled for head_dim_qk={}, got {}", s.head_dim_qk, shape.dim_qk));
-  if (shape.dim_v != s.head_dim_v)
-    throw Error(fmt::format("v: the kernel was compiled for head_dim_v={}, got {}", s.head_dim_v, shape.dim_v));
-  if (!mask.valid()) throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
-  mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
-  if (mask.q_block() % s.tile.block_m != 0 || mask.kv_block() % s.tile.block_n != 0)
-    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the kernel tile {}x{}", mask.q_block(),
-                            mask.kv_block(), s.tile.block_m, s.tile.block_n));
-  float scale = options.scale;
-  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
-  if (!(scale > 0.0f) || !std::isfinite(scale))
-    throw Error(fmt::format("scale must be positive and finite, got {}", scale));
+  const float scale = check_call(s, s.tile, "forward", shape, mask, options.scale);
   std::vector<unsigned char> cap = pack_captures(captures);
 
   rt::ContextGuard guard;
@@ -244,6 +293,48 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
   void* args[] = {&p, cap.data()};
   rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem,
              reinterpret_cast<CUstream>(stream), args);
+}
+
+const std::string& Kernel::backward_cuda_source() const { return impl_->backward_kernel().gen.source; }
+const KernelSpec& Kernel::backward_spec() const { return impl_->backward_kernel().gen.spec; }
+
+void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                      const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                      const TensorView& dv, const BlockMask& mask, const Captures& captures,
+                      const BackwardOptions& options, Stream stream) const {
+  const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
+  const Compiled& b = impl_->backward_kernel();
+  const KernelSpec& s = b.gen.spec;
+  const float scale = check_call(s, s.tile, "backward", shape, mask, options.scale);
+  std::vector<unsigned char> cap = pack_captures(captures);
+  FaGradBuffers grads{};
+
+  rt::ContextGuard guard;
+  const CUstream st = reinterpret_cast<CUstream>(stream);
+  CUfunction pre = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_pre");
+  CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
+  CUfunction dqk = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dq");
+  const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
+  const size_t delta_floats = (rows + 3) / 4 * 4;   // dq_accum rows stay 16-byte aligned
+  StreamScratch scratch((delta_floats + rows * size_t(shape.dim_qk)) * sizeof(float), st);
+  float* delta = scratch.f32();
+  float* dq_accum = delta + delta_floats;
+  const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, options.dlse};
+  FaBwdParams p = rt::make_bwd_params(t, scale, mask, delta, dq_accum);
+
+  const unsigned bh_q = static_cast<unsigned>(shape.batch * shape.heads_q);
+  const int pre_rows = kBwdAuxThreads / (shape.dim_v / 8), dq_rows = kBwdAuxThreads / (shape.dim_qk / 8);
+  void* pre_args[] = {&p};
+  rt::launch(pre, rt::Dim3(static_cast<unsigned>((shape.len_q + pre_rows - 1) / pre_rows), bh_q),
+             rt::Dim3(kBwdAuxThreads), 0, st, pre_args);
+  void* main_args[] = {&p, cap.data(), &grads};
+  rt::launch(dkdv,
+             rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),
+                      static_cast<unsigned>(shape.batch * shape.heads_kv)),
+             rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st, main_args);
+  void* dq_args[] = {&p};
+  rt::launch(dqk, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
+             rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
 }
 
 Kernel compile(const Program& program, const Options& options) {

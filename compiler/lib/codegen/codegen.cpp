@@ -311,6 +311,14 @@ std::string emit_mods(const Program& program) {
   os << "  static constexpr bool kHasMaskMod = " << (program.mask_is_noop() ? "false" : "true") << ";\n";
   os << emitter.emit(mlir::fa::ScoreModOp(impl.score).getOperation(), true);
   os << emitter.emit(mlir::fa::MaskModOp(impl.mask).getOperation(), false);
+  // The backward's hook (templates/fajit/backward.cuh): dS = dT for the identity score_mod.
+  // A score_mod's derivative comes from the differentiation pass; generate() refuses a
+  // backward without it.
+  if (program.score_is_identity())
+    os << "  static constexpr bool kScoreGrad = false;\n"
+          "  static __device__ __forceinline__ float score_grad(float, int, int, int, int, float dt,\n"
+          "                                                     const FaCaptures&, const FaGradBuffers&) {\n"
+          "    return dt;\n  }\n";
   os << "};\n";
   return os.str();
 }
@@ -342,6 +350,24 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
                       g.spec.threads());
     os << fmt::format("static_assert(FaConfig::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
                       g.spec.smem_bytes());
+  } else if (g.spec.kind == KernelKind::kBackward) {
+    if (!program.score_is_identity())
+      throw Error(fmt::format("backward of score_mod @{} is not available yet: its derivative comes with the "
+                              "differentiation pass",
+                              program.score_mod_name()));
+    const TileConfig& t = g.spec.tile;
+    g.kernel_name = "fajit_bwd";   // fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq
+    os << "#include \"fajit/backward.cuh\"\n";
+    os << fmt::format("using FaBwdCfg = fa::BwdConfig<{}, {}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
+                      g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps, t.stages);
+    os << "FAJIT_DEFINE_BACKWARD(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
+    os << fmt::format("static_assert(FaBwdCfg::kThreads == {}, \"host and template disagree on the block size\");\n",
+                      g.spec.threads());
+    os << fmt::format("static_assert(FaBwdCfg::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
+                      g.spec.smem_bytes());
+    os << fmt::format("static_assert(FaBwdCfg::kBlockN == {} && FaBwdCfg::kPreThreads == {},"
+                      " \"host and template disagree on the tiles\");\n",
+                      t.block_n, kBwdAuxThreads);
   } else {
     g.kernel_name = "fajit_block_mask";
     os << "#include \"fajit/block_mask.cuh\"\n";

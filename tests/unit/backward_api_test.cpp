@@ -1,0 +1,82 @@
+// fa::Kernel::backward's compile-side contract, without a GPU: the backward kernels are generated
+// and NVRTC-compiled on demand with the host's backward tile; a score_mod without its derivative
+// is refused by name; bad tensors are rejected before anything touches the driver, with the
+// argument named (fake, aligned device addresses; nothing is launched).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "fa_test_util.h"
+#include "fajit/error.h"
+#include "fajit/kernel.h"
+#include "fajit/mods.h"
+
+namespace {
+
+using fa::test::error_of;
+
+fa::Options opts(int dqk, int dv) {
+  fa::Options o;
+  o.head_dim_qk = dqk, o.head_dim_v = dv, o.arch = "sm_90a";
+  return o;
+}
+
+TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
+  const fa::Kernel k = fa::compile(fa::identity_score(), fa::mods::causal(), opts(128, 64));
+  const fa::KernelSpec& s = k.backward_spec();
+  EXPECT_EQ(s.kind, fa::KernelKind::kBackward);
+  EXPECT_EQ(s.tile, fa::default_tile(128, 64, false, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward));
+  EXPECT_EQ(s.to_string(), "backward bf16 qk128 v64 mma tile64x128w8s2 sm_90a");
+  const std::string& src = k.backward_cuda_source();
+  EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2>;"), std::string::npos) << src;
+  EXPECT_NE(src.find("FAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)"), std::string::npos);
+  EXPECT_NE(src.find("static constexpr bool kScoreGrad = false;"), std::string::npos);
+  // The forward is untouched by asking for the backward.
+  EXPECT_EQ(k.spec().kind, fa::KernelKind::kForward);
+}
+
+TEST(BackwardApi, ScoreModWithoutDerivativeIsRefused) {
+  const fa::Kernel k = fa::compile(fa::mods::alibi(), fa::mods::causal(), opts(64, 64));
+  EXPECT_EQ(error_of([&] { k.backward_cuda_source(); }),
+            "backward of score_mod @alibi is not available yet: its derivative comes with the differentiation pass");
+}
+
+// Tensors at fake, 256-byte aligned addresses: validation never dereferences them.
+struct FakeTensors {
+  uintptr_t next = 0x10000000;
+  fa::TensorView t(fa::DType d, std::initializer_list<int64_t> shape) {
+    void* p = reinterpret_cast<void*>(next);
+    next += 1 << 24;
+    return fa::TensorView(p, d, shape);
+  }
+};
+
+TEST(BackwardApi, BadTensorsNameTheArgument) {
+  const fa::Kernel k = fa::compile(fa::identity_score(), fa::mods::causal(), opts(64, 64));
+  const fa::BlockMask mask = fa::BlockMask::all_full(1, 1, 256, 256);
+  FakeTensors f;
+  const auto bf = fa::DType::bf16, f32 = fa::DType::f32;
+  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), kk = f.t(bf, {1, 2, 256, 64}), v = f.t(bf, {1, 2, 256, 64}),
+                       o = f.t(bf, {1, 2, 256, 64}), lse = f.t(f32, {1, 2, 256}), dout = f.t(bf, {1, 2, 256, 64}),
+                       dq = f.t(bf, {1, 2, 256, 64}), dv = f.t(bf, {1, 2, 256, 64});
+  const fa::TensorView dk_short = f.t(bf, {1, 2, 255, 64}), dq_f16 = f.t(fa::DType::f16, {1, 2, 256, 64}),
+                       lse_bf16 = f.t(bf, {1, 2, 256}), dlse_bad = f.t(f32, {1, 1, 256});
+  EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq, dk_short, dv, mask); }),
+            "dk: Lkv must match k (256), got 255");
+  EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq_f16, kk, dv, mask); }),
+            "dq: dtype must match q (bf16), got f16");
+  EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse_bf16, dout, dq, kk, dv, mask); }),
+            "lse: dtype must be f32, got bf16");
+  fa::BackwardOptions bo;
+  bo.dlse = &dlse_bad;
+  EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq, kk, dv, mask, {}, bo); }),
+            "dlse: Hq must match lse (2), got 1");
+  const fa::BlockMask other = fa::BlockMask::all_full(1, 1, 512, 256);
+  EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq, kk, dv, other); }),
+            "block mask was built for Lq=512, Lkv=256; got Lq=256, Lkv=256");
+  const fa::BlockMask small = fa::BlockMask::all_full(1, 1, 256, 256, 32, 32);
+  EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq, kk, dv, small); }),
+            "block mask block sizes 32x32 must be multiples of the backward tile 64x64");
+}
+
+}  // namespace
