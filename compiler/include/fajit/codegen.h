@@ -39,8 +39,9 @@ FA_API std::vector<CaptureSlot> capture_slots(const Program& program);
 // kPreThreads; each thread takes one 16-byte chunk of a row).
 constexpr int kBwdAuxThreads = 128;
 
-// The FaMods struct for `program`.
-FA_API std::string emit_mods(const Program& program);
+// The FaMods struct for `program`; with_backward adds the backward's members (kScoreGrad,
+// score_grad: templates/fajit/backward.cuh).
+FA_API std::string emit_mods(const Program& program, bool with_backward = false);
 
 // The full source of the kernel `spec` selects.
 FA_API GeneratedKernel generate(const Program& program, const KernelSpec& spec);

@@ -296,7 +296,7 @@ std::vector<CaptureSlot> capture_slots(const Program& program) {
   return slots;
 }
 
-std::string emit_mods(const Program& program) {
+std::string emit_mods(const Program& program, bool with_backward) {
   const Program::Impl& impl = program.impl();
   std::vector<CaptureSlot> slots = capture_slots(program);
   mlir::AsmState state(impl.module.get());
@@ -314,7 +314,7 @@ std::string emit_mods(const Program& program) {
   // The backward's hook (templates/fajit/backward.cuh): dS = dT for the identity score_mod.
   // A score_mod's derivative comes from the differentiation pass; generate() refuses a
   // backward without it.
-  if (program.score_is_identity())
+  if (with_backward && program.score_is_identity())
     os << "  static constexpr bool kScoreGrad = false;\n"
           "  static __device__ __forceinline__ float score_grad(float, int, int, int, int, float dt,\n"
           "                                                     const FaCaptures&, const FaGradBuffers&) {\n"
@@ -330,7 +330,7 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   std::ostringstream os;
   os << "// fajit generated: " << g.spec.to_string() << "\n";
   os << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n\n";
-  os << emit_mods(program) << "\n";
+  os << emit_mods(program, g.spec.kind == KernelKind::kBackward) << "\n";
   if (g.spec.kind == KernelKind::kForward) {
     const TileConfig& t = g.spec.tile;
     g.kernel_name = "fajit_forward";
