@@ -117,9 +117,10 @@ struct GradStats {
   std::string first_bad;
 };
 
-// Compares one gradient tensor [B, H, L, D] (16-bit, strided) with the reference (contiguous).
+// Compares one gradient tensor [B, H, L, D] (16-bit, strided) with the reference (contiguous);
+// rows with no_flow[(b * H + h) * L + row] set (no gradient can reach them) must be exactly 0.
 GradStats compare(const char* what, const BwdCase& c, const std::vector<uint16_t>& bits, const Operand& op, int H,
-                  int L, int D, const std::vector<double>& ref) {
+                  int L, int D, const std::vector<double>& ref, const std::vector<bool>& no_flow) {
   GradStats s;
   double e2 = 0, r2 = 0;
   for (int b = 0; b < c.B; ++b)
@@ -127,8 +128,7 @@ GradStats compare(const char* what, const BwdCase& c, const std::vector<uint16_t
       for (int i = 0; i < L; ++i) {
         const double* rrow = ref.data() + ((size_t(b) * H + h) * L + i) * D;
         const uint16_t* grow = bits.data() + op.offset + b * op.stride[0] + h * op.stride[1] + int64_t(i) * op.stride[2];
-        bool ref_zero = true;
-        for (int d = 0; d < D; ++d) ref_zero = ref_zero && rrow[d] == 0.0;
+        const bool ref_zero = no_flow[(size_t(b) * H + h) * L + i];
         for (int d = 0; d < D; ++d) {
           const float g = from_bits(c.dtype, grow[d]);
           const std::string where = std::string(what) + " b=" + std::to_string(b) + " h=" + std::to_string(h) +
@@ -234,13 +234,24 @@ TEST_P(BackwardTest, MatchesReference) {
   std::vector<uint16_t> grad_bits(in_bits.size());
   d_grad.download(grad_bits.data(), grad_bits.size() * 2);
 
+  // Where no gradient flows: query rows the mask empties (LSE = -inf), keys no query sees (the
+  // reference dV row, a sum of P > 0 terms over the queries that see the key, is exactly 0).
+  std::vector<bool> masked_q(rows), unseen_kv(size_t(c.B) * c.Hkv * c.Lkv);
+  long n_masked_q = 0, n_unseen_kv = 0;
+  for (size_t r = 0; r < rows; ++r) n_masked_q += masked_q[r] = std::isinf(ref.forward.lse[r]);
+  for (size_t r = 0; r < unseen_kv.size(); ++r) {
+    bool zero = true;
+    for (int d = 0; d < c.dv; ++d) zero = zero && ref.dv[r * c.dv + d] == 0.0;
+    n_unseen_kv += unseen_kv[r] = zero;
+  }
   const double tol = c.dtype == bf16 ? 3e-2 : 1e-2;
-  const GradStats sq = compare("dq", c, grad_bits, lay.q, c.Hq, c.Lq, c.dqk, ref.dq);
-  const GradStats sk = compare("dk", c, grad_bits, lay.k, c.Hkv, c.Lkv, c.dqk, ref.dk);
-  const GradStats sv = compare("dv", c, grad_bits, lay.v, c.Hkv, c.Lkv, c.dv, ref.dv);
+  const GradStats sq = compare("dq", c, grad_bits, lay.q, c.Hq, c.Lq, c.dqk, ref.dq, masked_q);
+  const GradStats sk = compare("dk", c, grad_bits, lay.k, c.Hkv, c.Lkv, c.dqk, ref.dk, unseen_kv);
+  const GradStats sv = compare("dv", c, grad_bits, lay.v, c.Hkv, c.Lkv, c.dv, ref.dv, unseen_kv);
   std::printf("[ stats    ] dq rel %.2e max %.2e | dk rel %.2e max %.2e | dv rel %.2e max %.2e  (ref %.1f s, "
-              "gpu %.2f ms first call)\n",
-              sq.rel, sq.max_abs, sk.rel, sk.max_abs, sv.rel, sv.max_abs, ref_s, gpu_ms);
+              "gpu %.2f ms first call; %ld masked query rows, %ld unseen keys)\n",
+              sq.rel, sq.max_abs, sk.rel, sk.max_abs, sv.rel, sv.max_abs, ref_s, gpu_ms, n_masked_q, n_unseen_kv);
+  if (c.tag == "allmasked") EXPECT_EQ(n_masked_q, long(rows));
   for (const auto* s : {&sq, &sk, &sv}) {
     EXPECT_EQ(s->nan, 0) << s->first_bad;
     EXPECT_EQ(s->nonzero_masked, 0) << s->first_bad;
