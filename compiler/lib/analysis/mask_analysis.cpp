@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "fajit/Dialect/FA/BodyOps.h"
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/Dialect/FA/Passes.h"
 #include "fajit/detail/program_impl.h"
@@ -18,14 +20,8 @@
 namespace fa {
 namespace detail {
 
-// Interval opcodes. Anything not listed compiles to kTopOp (result: the whole type).
-enum ROp : uint8_t {
-  rAddI, rSubI, rMulI, rDivSI, rCeilDivSI, rFloorDivSI, rRemSI, rDivUI, rRemUI,
-  rMaxSI, rMinSI, rMaxUI, rMinUI, rAndI, rOrI, rXOrI, rShLI, rShRSI, rShRUI, rCmpI, rAbsI,
-  rSelect, rExtUI, rExtSI, rTruncI, rSIToFP, rUIToFP, rFPToSI, rFPToUI,
-  rAddF, rSubF, rMulF, rDivF, rNegF, rAbsF, rMaxF, rMinF, rFloor, rCeil, rSqrt, rCmpF,
-  rTopOp,
-};
+using mlir::fa::BodyOp;
+using mlir::fa::BodyOpKind;
 
 // One abstract value: an integer interval (i32 stored signed, i1 stored as 0/1) and an f32
 // interval with a may-be-NaN flag. Only the part matching the SSA type is meaningful.
@@ -36,7 +32,7 @@ struct AVal {
 };
 
 struct RInst {
-  uint8_t op;
+  uint8_t op;     // mlir::fa::BodyOp
   uint8_t w;      // integer width of the result (cmpi, casts from int: of the operand)
   uint8_t rw;     // integer width of the result (0 for f32)
   uint8_t pred;   // cmpi / cmpf predicate
@@ -216,32 +212,34 @@ void step(const RInst& in, AVal* r) {
   const AVal a = r[in.src[0]], b = r[in.src[1]];
   AVal& d = r[in.dst];
   const unsigned w = in.w;
-  switch (in.op) {
-    case rAddI:
+  using B = BodyOp;
+  const BodyOp op = static_cast<BodyOp>(in.op);
+  switch (op) {
+    case B::AddI:
       if (w == 1) d = single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1);
       else d = norm32(a.lo + b.lo, a.hi + b.hi);
       break;
-    case rSubI:
+    case B::SubI:
       if (w == 1) d = single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1);
       else d = norm32(a.lo - b.hi, a.hi - b.lo);
       break;
-    case rMulI:
+    case B::MulI:
       if (w == 1) d = ival(a.lo & b.lo, a.hi & b.hi);
       else d = corners(a, b, [](int64_t x, int64_t y) { return x * y; });
       break;
-    case rDivSI: case rCeilDivSI: case rFloorDivSI:
+    case B::DivSI: case B::CeilDivSI: case B::FloorDivSI:
       // Division by a range holding 0 (UB) or INT_MIN / -1 (UB): anything.
       if (w != 32 || (b.lo <= 0 && b.hi >= 0) || (a.lo == kMin32 && b.lo <= -1 && b.hi >= -1)) {
         d = itop(w);
-      } else if (in.op == rDivSI) {
+      } else if (op == B::DivSI) {
         d = corners(a, b, div_trunc);
-      } else if (in.op == rFloorDivSI) {
+      } else if (op == B::FloorDivSI) {
         d = corners(a, b, div_floor);
       } else {
         d = corners(a, b, div_ceil);
       }
       break;
-    case rRemSI: {
+    case B::RemSI: {
       if (w != 32 || (b.lo <= 0 && b.hi >= 0) || (a.lo == kMin32 && b.lo <= -1 && b.hi >= -1)) {
         d = itop(w);
         break;
@@ -259,11 +257,11 @@ void step(const RInst& in, AVal* r) {
       }
       break;
     }
-    case rDivUI: case rRemUI: {
+    case B::DivUI: case B::RemUI: {
       AVal x = uns(a, w), y = uns(b, w);
       if (y.lo == 0) {
         d = itop(w);
-      } else if (in.op == rDivUI) {
+      } else if (op == B::DivUI) {
         d = from_uns(ival(x.lo / y.hi, x.hi / y.lo), w);
       } else if (single(y) && x.lo / y.lo == x.hi / y.lo) {
         d = from_uns(ival(x.lo % y.lo, x.hi % y.lo), w);
@@ -272,21 +270,21 @@ void step(const RInst& in, AVal* r) {
       }
       break;
     }
-    case rMaxSI: case rMinSI: {
+    case B::MaxSI: case B::MinSI: {
       AVal x = sgn(a, w), y = sgn(b, w);
-      d = in.op == rMaxSI ? ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi))
+      d = op == B::MaxSI ? ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi))
                           : ival(std::min(x.lo, y.lo), std::min(x.hi, y.hi));
       d = from_sgn(d, w);
       break;
     }
-    case rMaxUI: case rMinUI: {
+    case B::MaxUI: case B::MinUI: {
       AVal x = uns(a, w), y = uns(b, w);
-      d = in.op == rMaxUI ? ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi))
+      d = op == B::MaxUI ? ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi))
                           : ival(std::min(x.lo, y.lo), std::min(x.hi, y.hi));
       d = from_uns(d, w);
       break;
     }
-    case rAndI:
+    case B::AndI:
       if (w == 1) d = ival(a.lo & b.lo, a.hi & b.hi);
       else if (single(a) && single(b)) d = ival(a.lo & b.lo, a.lo & b.lo);
       else if (a.lo >= 0 && b.lo >= 0) d = ival(0, std::min(a.hi, b.hi));
@@ -294,27 +292,27 @@ void step(const RInst& in, AVal* r) {
       else if (b.lo >= 0) d = ival(0, b.hi);
       else d = itop(32);
       break;
-    case rOrI: case rXOrI:
+    case B::OrI: case B::XOrI:
       if (w == 1) {
-        d = in.op == rOrI ? ival(a.lo | b.lo, a.hi | b.hi)
+        d = op == B::OrI ? ival(a.lo | b.lo, a.hi | b.hi)
                           : (single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1));
       } else if (single(a) && single(b)) {
-        int64_t v = in.op == rOrI ? (a.lo | b.lo) : (a.lo ^ b.lo);
+        int64_t v = op == B::OrI ? (a.lo | b.lo) : (a.lo ^ b.lo);
         d = ival(v, v);
       } else if (a.lo >= 0 && b.lo >= 0) {
-        d = ival(in.op == rOrI ? std::max(a.lo, b.lo) : 0,
+        d = ival(op == B::OrI ? std::max(a.lo, b.lo) : 0,
                  (int64_t{1} << bits_for(std::max(a.hi, b.hi))) - 1);
       } else {
         d = itop(32);
       }
       break;
-    case rShLI: case rShRSI: case rShRUI: {
+    case B::ShLI: case B::ShRSI: case B::ShRUI: {
       AVal s = uns(b, w);
       if (w != 32 || !single(s) || s.lo >= 32) {
         d = itop(w);
-      } else if (in.op == rShLI) {
+      } else if (op == B::ShLI) {
         d = norm32(a.lo * (int64_t{1} << s.lo), a.hi * (int64_t{1} << s.lo));
-      } else if (in.op == rShRSI) {
+      } else if (op == B::ShRSI) {
         d = ival(a.lo >> s.lo, a.hi >> s.lo);
       } else {
         AVal x = uns(a, w);
@@ -322,14 +320,14 @@ void step(const RInst& in, AVal* r) {
       }
       break;
     }
-    case rCmpI: d = cmpi(in.pred, a, b, w); break;
-    case rAbsI:
+    case B::CmpI: d = cmpi(in.pred, a, b, w); break;
+    case B::AbsI:
       if (w != 32 || a.lo == kMin32) d = itop(w);
       else if (a.lo >= 0) d = a;
       else if (a.hi <= 0) d = ival(-a.hi, -a.lo);
       else d = ival(0, std::max(-a.lo, a.hi));
       break;
-    case rSelect: {
+    case B::Select: {
       const AVal c = r[in.src[2]];
       if (a.lo == 1) {
         d = b;
@@ -346,29 +344,29 @@ void step(const RInst& in, AVal* r) {
       }
       break;
     }
-    case rExtUI: d = from_uns(uns(a, w), in.rw); break;
-    case rExtSI: d = from_sgn(sgn(a, w), in.rw); break;
-    case rTruncI:
+    case B::ExtUI: d = from_uns(uns(a, w), in.rw); break;
+    case B::ExtSI: d = from_sgn(sgn(a, w), in.rw); break;
+    case B::TruncI:
       if (in.rw == 1) d = single(a) ? ival(a.lo & 1, a.lo & 1) : itop(1);
       else d = from_uns(uns(a, w), in.rw);
       break;
-    case rSIToFP: {
+    case B::SIToFP: {
       AVal x = sgn(a, w);
       d = fval(static_cast<float>(x.lo), static_cast<float>(x.hi));  // rounding is monotone
       break;
     }
-    case rUIToFP: {
+    case B::UIToFP: {
       AVal x = uns(a, w);
       d = fval(static_cast<float>(x.lo), static_cast<float>(x.hi));
       break;
     }
-    case rFPToSI: case rFPToUI: {
+    case B::FPToSI: case B::FPToUI: {
       const unsigned rw = in.rw;
       if (rw != 32 || std::isnan(a.flo) || std::isnan(a.fhi)) {
         d = itop(rw);
         break;
       }
-      if (in.op == rFPToSI) {
+      if (op == B::FPToSI) {
         d = ival(fp_to_int_sat(a.flo, kMin32, kMax32), fp_to_int_sat(a.fhi, kMin32, kMax32));
       } else {
         d = from_uns(ival(fp_to_int_sat(a.flo, 0, k2p32 - 1), fp_to_int_sat(a.fhi, 0, k2p32 - 1)), 32);
@@ -379,33 +377,33 @@ void step(const RInst& in, AVal* r) {
       }
       break;
     }
-    case rAddF: d = fcorners(a, b, [](float x, float y) { return x + y; }); break;
-    case rSubF: d = fcorners(a, b, [](float x, float y) { return x - y; }); break;
-    case rMulF: d = fcorners(a, b, [](float x, float y) { return x * y; }); break;
-    case rDivF:
+    case B::AddF: d = fcorners(a, b, [](float x, float y) { return x + y; }); break;
+    case B::SubF: d = fcorners(a, b, [](float x, float y) { return x - y; }); break;
+    case B::MulF: d = fcorners(a, b, [](float x, float y) { return x * y; }); break;
+    case B::DivF:
       if (b.flo <= 0.0f && b.fhi >= 0.0f) d = ftop();
       else d = fcorners(a, b, [](float x, float y) { return x / y; });
       break;
-    case rNegF: d = fval(-a.fhi, -a.flo), d.nan = a.nan; break;
-    case rAbsF:
+    case B::NegF: d = fval(-a.fhi, -a.flo), d.nan = a.nan; break;
+    case B::AbsF:
       if (a.flo >= 0.0f) d = fval(a.flo, a.fhi);
       else if (a.fhi <= 0.0f) d = fval(-a.fhi, -a.flo);
       else d = fval(0.0f, std::max(-a.flo, a.fhi));
       d.nan = a.nan;
       break;
-    case rMaxF: case rMinF:
+    case B::MaximumF: case B::MaxNumF: case B::MinimumF: case B::MinNumF:
       if (a.nan || b.nan) d = ftop();
-      else if (in.op == rMaxF) d = fval(std::max(a.flo, b.flo), std::max(a.fhi, b.fhi));
+      else if (op == B::MaximumF || op == B::MaxNumF) d = fval(std::max(a.flo, b.flo), std::max(a.fhi, b.fhi));
       else d = fval(std::min(a.flo, b.flo), std::min(a.fhi, b.fhi));
       break;
-    case rFloor: d = fval(std::floor(a.flo), std::floor(a.fhi)), d.nan = a.nan; break;
-    case rCeil: d = fval(std::ceil(a.flo), std::ceil(a.fhi)), d.nan = a.nan; break;
-    case rSqrt:
+    case B::Floor: d = fval(std::floor(a.flo), std::floor(a.fhi)), d.nan = a.nan; break;
+    case B::Ceil: d = fval(std::ceil(a.flo), std::ceil(a.fhi)), d.nan = a.nan; break;
+    case B::Sqrt:
       if (a.nan || a.flo < 0.0f) d = ftop();
       else d = fval(std::sqrt(a.flo), std::sqrt(a.fhi));
       break;
-    case rCmpF: d = cmpf(in.pred, a, b); break;
-    default:  // rTopOp
+    case B::CmpF: d = cmpf(in.pred, a, b); break;
+    default:  // the ops modelled_as_anything()
       d = in.rw ? itop(in.rw) : ftop();
       break;
   }
@@ -416,6 +414,20 @@ void step(const RInst& in, AVal* r) {
 unsigned int_width(mlir::Type t) {
   if (auto it = llvm::dyn_cast<mlir::IntegerType>(t)) return it.getWidth();
   return 0;
+}
+
+// The body ops step() models as "anything of their type" (its default case): fa.load, and the
+// ops whose GPU results the host cannot reproduce bit for bit (transcendental math) or that
+// have no transfer function yet (remf). A program holding one is opaque.
+bool modelled_as_anything(BodyOp op) {
+  using B = BodyOp;
+  switch (op) {
+    case B::Load: case B::RemF: case B::Exp: case B::Exp2: case B::Log: case B::Log2:
+    case B::Tanh: case B::Rsqrt: case B::Sin: case B::Cos: case B::PowF: case B::Erf:
+      return true;
+    default:
+      return false;
+  }
 }
 
 class RangeCompiler {
@@ -455,8 +467,6 @@ class RangeCompiler {
 
   void compile_op(mlir::Operation* op) {
     namespace arith = mlir::arith;
-    namespace math = mlir::math;
-    using llvm::isa;
     if (op->getNumResults() != 1) return;
     mlir::Type rt = op->getResult(0).getType();
     const unsigned rw = int_width(rt);
@@ -487,61 +497,29 @@ class RangeCompiler {
       regs_[op->getResult(0)] = r;
       return;
     }
+    std::optional<BodyOp> code = mlir::fa::getBodyOp(op);
+    if (!code)
+      throw Error(fmt::format("mask range analysis: '{}' is not a mask_mod body op",
+                              op->getName().getStringRef().str()));
     RInst in{};
+    in.op = static_cast<uint8_t>(*code);
     in.rw = static_cast<uint8_t>(rw);
     in.w = static_cast<uint8_t>(rw);
-    in.op = rTopOp;
-    auto src_w = [&]() { return static_cast<uint8_t>(int_width(op->getOperand(0).getType())); };
-    if (isa<arith::AddIOp>(op)) in.op = rAddI;
-    else if (isa<arith::SubIOp>(op)) in.op = rSubI;
-    else if (isa<arith::MulIOp>(op)) in.op = rMulI;
-    else if (isa<arith::DivSIOp>(op)) in.op = rDivSI;
-    else if (isa<arith::CeilDivSIOp>(op)) in.op = rCeilDivSI;
-    else if (isa<arith::FloorDivSIOp>(op)) in.op = rFloorDivSI;
-    else if (isa<arith::RemSIOp>(op)) in.op = rRemSI;
-    else if (isa<arith::DivUIOp>(op)) in.op = rDivUI;
-    else if (isa<arith::RemUIOp>(op)) in.op = rRemUI;
-    else if (isa<arith::MaxSIOp>(op)) in.op = rMaxSI;
-    else if (isa<arith::MinSIOp>(op)) in.op = rMinSI;
-    else if (isa<arith::MaxUIOp>(op)) in.op = rMaxUI;
-    else if (isa<arith::MinUIOp>(op)) in.op = rMinUI;
-    else if (isa<arith::AndIOp>(op)) in.op = rAndI;
-    else if (isa<arith::OrIOp>(op)) in.op = rOrI;
-    else if (isa<arith::XOrIOp>(op)) in.op = rXOrI;
-    else if (isa<arith::ShLIOp>(op)) in.op = rShLI;
-    else if (isa<arith::ShRSIOp>(op)) in.op = rShRSI;
-    else if (isa<arith::ShRUIOp>(op)) in.op = rShRUI;
-    else if (isa<math::AbsIOp>(op)) in.op = rAbsI;
-    else if (isa<arith::SelectOp>(op)) in.op = rSelect;
-    else if (auto c = llvm::dyn_cast<arith::CmpIOp>(op)) {
-      in.op = rCmpI;
-      in.w = src_w();
+    switch (mlir::fa::getBodyOpKind(*code)) {
+      case BodyOpKind::IntCompare:
+      case BodyOpKind::IntExtend:
+      case BodyOpKind::IntTruncate:
+      case BodyOpKind::IntToFloat:
+        in.w = static_cast<uint8_t>(int_width(op->getOperand(0).getType()));
+        break;
+      default:
+        break;
+    }
+    if (auto c = llvm::dyn_cast<mlir::arith::CmpIOp>(op))
       in.pred = static_cast<uint8_t>(c.getPredicate());
-    } else if (auto c = llvm::dyn_cast<arith::CmpFOp>(op)) {
-      in.op = rCmpF;
+    else if (auto c = llvm::dyn_cast<mlir::arith::CmpFOp>(op))
       in.pred = static_cast<uint8_t>(c.getPredicate());
-    } else if (isa<arith::ExtUIOp>(op)) in.op = rExtUI, in.w = src_w();
-    else if (isa<arith::ExtSIOp>(op)) in.op = rExtSI, in.w = src_w();
-    else if (isa<arith::TruncIOp>(op)) in.op = rTruncI, in.w = src_w();
-    else if (isa<arith::SIToFPOp>(op)) in.op = rSIToFP, in.w = src_w();
-    else if (isa<arith::UIToFPOp>(op)) in.op = rUIToFP, in.w = src_w();
-    else if (isa<arith::FPToSIOp>(op)) in.op = rFPToSI;
-    else if (isa<arith::FPToUIOp>(op)) in.op = rFPToUI;
-    else if (isa<arith::AddFOp>(op)) in.op = rAddF;
-    else if (isa<arith::SubFOp>(op)) in.op = rSubF;
-    else if (isa<arith::MulFOp>(op)) in.op = rMulF;
-    else if (isa<arith::DivFOp>(op)) in.op = rDivF;
-    else if (isa<arith::NegFOp>(op)) in.op = rNegF;
-    else if (isa<math::AbsFOp>(op)) in.op = rAbsF;
-    else if (isa<arith::MaximumFOp, arith::MaxNumFOp>(op)) in.op = rMaxF;
-    else if (isa<arith::MinimumFOp, arith::MinNumFOp>(op)) in.op = rMinF;
-    else if (isa<math::FloorOp>(op)) in.op = rFloor;
-    else if (isa<math::CeilOp>(op)) in.op = rCeil;
-    else if (isa<math::SqrtOp>(op)) in.op = rSqrt;
-    // Everything else (fa.load, transcendental math whose GPU rounding differs from the
-    // host's, remf, ...) is "anything of its type".
-    if (in.op == rTopOp) f_.opaque = true;
-    if (op->getNumOperands() > 3) in.op = rTopOp;
+    if (modelled_as_anything(*code)) f_.opaque = true;
     for (unsigned i = 0; i < op->getNumOperands() && i < 3; ++i) {
       mlir::Value v = op->getOperand(i);
       if (llvm::isa<mlir::fa::BufferType>(v.getType())) continue;
