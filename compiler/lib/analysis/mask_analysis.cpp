@@ -32,9 +32,10 @@ struct Classifier {
   IndexRange krange(int kb0, int kb1) const {
     return {int64_t(kb0) * kv_block, std::min<int64_t>(int64_t(kb1) * kv_block, len_kv) - 1};
   }
-  void fill(int qb0, int qb1, int kb0, int kb1, uint8_t kind) {
-    if (kind == kUndecidedBlock) undecided += int64_t(qb1 - qb0) * (kb1 - kb0);
-    for (int qb = qb0; qb < qb1; ++qb) std::memset(kinds + size_t(qb) * nkv + kb0, kind, size_t(kb1 - kb0));
+  void fill(int qb0, int qb1, int kb0, int kb1, BlockKind kind) {
+    if (kind == BlockKind::kUndecided) undecided += int64_t(qb1 - qb0) * (kb1 - kb0);
+    for (int qb = qb0; qb < qb1; ++qb)
+      std::memset(kinds + size_t(qb) * nkv + kb0, int(kind), size_t(kb1 - kb0));
   }
 
   // Regions of blocks [qb0, qb1) x [kb0, kb1): decided ones are filled; undecided single
@@ -42,13 +43,13 @@ struct Classifier {
   void region(int qb0, int qb1, int kb0, int kb1) {
     MaskVerdict v = ev.eval(b, h, qrange(qb0, qb1), krange(kb0, kb1));
     if (v != MaskVerdict::kUnknown) {
-      fill(qb0, qb1, kb0, kb1, v == MaskVerdict::kTrue ? 2 : 0);
+      fill(qb0, qb1, kb0, kb1, v == MaskVerdict::kTrue ? BlockKind::kFull : BlockKind::kEmpty);
       return;
     }
     if (qb1 - qb0 == 1 && kb1 - kb0 == 1) {
-      const uint8_t k = leaf(qrange(qb0, qb1), krange(kb0, kb1));
-      kinds[size_t(qb0) * nkv + kb0] = k;
-      undecided += k == kUndecidedBlock;
+      const BlockKind k = leaf(qrange(qb0, qb1), krange(kb0, kb1));
+      kinds[size_t(qb0) * nkv + kb0] = uint8_t(k);
+      undecided += k == BlockKind::kUndecided;
       return;
     }
     const int qm = qb1 - qb0 > 1 ? (qb0 + qb1) / 2 : qb1;
@@ -63,7 +64,7 @@ struct Classifier {
             ev.eval(b, h, qrange(c[0], c[1]), krange(c[2], c[3])) != MaskVerdict::kUnknown)
           any = true;
       if (!any) {
-        fill(qb0, qb1, kb0, kb1, kUndecidedBlock);
+        fill(qb0, qb1, kb0, kb1, BlockKind::kUndecided);
         return;
       }
     }
@@ -77,7 +78,7 @@ struct Classifier {
 
   // One block the interval analysis left unknown: look for an element where the mask holds
   // and one where it does not (partial), or prove by exhaustion that it is full or empty.
-  uint8_t leaf(IndexRange q, IndexRange k) {
+  BlockKind leaf(IndexRange q, IndexRange k) {
     bool seen_true = false, seen_false = false;
     auto point = [&](int64_t qi, int64_t ki) {
       MaskVerdict v = ev.eval(b, h, {qi, qi}, {ki, ki});
@@ -85,12 +86,13 @@ struct Classifier {
       else if (v == MaskVerdict::kFalse) seen_false = true;
       return v != MaskVerdict::kUnknown;
     };
-    if (b.lo != b.hi || h.lo != h.hi) return kUndecidedBlock;
+    if (b.lo != b.hi || h.lo != h.hi) return BlockKind::kUndecided;
     const int64_t qc = (q.lo + q.hi) / 2, kc = (k.lo + k.hi) / 2;
-    if (!point(q.lo, k.hi) || !point(q.hi, k.lo)) return kUndecidedBlock;  // unknown on a point
-    if (seen_true && seen_false) return 1;
-    if (!point(q.lo, k.lo) || !point(q.hi, k.hi) || !point(qc, kc)) return kUndecidedBlock;
-    if (seen_true && seen_false) return 1;
+    // Undecided as soon as the interval program is unknown on a point.
+    if (!point(q.lo, k.hi) || !point(q.hi, k.lo)) return BlockKind::kUndecided;
+    if (seen_true && seen_false) return BlockKind::kPartial;
+    if (!point(q.lo, k.lo) || !point(q.hi, k.hi) || !point(qc, kc)) return BlockKind::kUndecided;
+    if (seen_true && seen_false) return BlockKind::kPartial;
     struct Box { IndexRange q, k; };
     Box stack[64 * 4];
     int top = 0;
@@ -115,18 +117,20 @@ struct Classifier {
         ch[n++] = {bx.q, {km + 1, bx.k.hi}};
       }
       for (int i = 0; i < n; ++i) {
-        if (--budget < 0) return kUndecidedBlock;
+        if (--budget < 0) return BlockKind::kUndecided;
         MaskVerdict v = ev.eval(b, h, ch[i].q, ch[i].k);
         if (v == MaskVerdict::kTrue) seen_true = true;
         else if (v == MaskVerdict::kFalse) seen_false = true;
-        else if (ch[i].q.lo == ch[i].q.hi && ch[i].k.lo == ch[i].k.hi) return kUndecidedBlock;
+        else if (ch[i].q.lo == ch[i].q.hi && ch[i].k.lo == ch[i].k.hi) return BlockKind::kUndecided;
         else if (top < int(sizeof stack / sizeof stack[0])) stack[top++] = ch[i];
-        else return kUndecidedBlock;
-        if (seen_true && seen_false) return 1;
+        else return BlockKind::kUndecided;
+        if (seen_true && seen_false) return BlockKind::kPartial;
       }
     }
     // Every element was covered by a decided box.
-    return seen_true && seen_false ? 1 : seen_true ? 2 : 0;
+    return seen_true && seen_false ? BlockKind::kPartial
+           : seen_true            ? BlockKind::kFull
+                                  : BlockKind::kEmpty;
   }
 };
 

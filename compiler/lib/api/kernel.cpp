@@ -193,7 +193,7 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
     return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
   std::vector<unsigned char> cap = pack_captures(captures);
   // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
-  // 255 marks the blocks left to the GPU builder.
+  // BlockKind::kUndecided marks the blocks left to the GPU builder.
   MaskAnalysis a = analyze_block_mask(impl_->mask_range, bm, hm, len_q, len_kv, options.q_block,
                                       options.kv_block, scalar_values_of(captures));
   if (a.undecided == 0)
@@ -208,7 +208,7 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   o.q_block = options.q_block;
   o.kv_block = options.kv_block;
   o.stream = reinterpret_cast<CUstream>(stream);
-  o.known = std::move(a.kinds);  // 255: evaluate element by element on the GPU
+  o.known = std::move(a.kinds);  // kUndecided: evaluate element by element on the GPU
   return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
 }
 
