@@ -10,6 +10,7 @@
 
 #include "fajit/analysis/range_program.h"
 #include "fajit/error.h"
+#include "fajit/reference.h"
 
 namespace fa {
 namespace detail {
@@ -187,18 +188,13 @@ int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask,
     for (int hi = 0; hi < a.heads; ++hi)
       for (int qb = 0; qb < a.num_q_blocks; ++qb)
         for (int kb = 0; kb < a.num_kv_blocks; ++kb) {
-          uint8_t& kind = a.kinds[(size_t(bi) * a.heads + hi) * per + size_t(qb) * a.num_kv_blocks + kb];
-          if (kind != kUndecidedBlock) continue;
+          uint8_t& kind =
+              a.kinds[(size_t(bi) * a.heads + hi) * per + size_t(qb) * a.num_kv_blocks + kb];
+          if (kind != uint8_t(BlockKind::kUndecided)) continue;
           const int q0 = qb * q_block, k0 = kb * kv_block;
           const int q1 = static_cast<int>(std::min<int64_t>(len_q, int64_t(q0) + q_block));
           const int k1 = static_cast<int>(std::min<int64_t>(len_kv, int64_t(k0) + kv_block));
-          bool any = false, all = true;
-          for (int i = q0; i < q1 && !(any && !all); ++i)
-            for (int j = k0; j < k1; ++j) {
-              if (m.mask(bi, hi, i, j)) any = true;
-              else all = false;
-            }
-          kind = all ? 2 : any ? 1 : 0;
+          kind = uint8_t(detail::brute_force_block_kind(m, bi, hi, q0, q1, k0, k1));
           ++n;
         }
   a.decided += n;
