@@ -86,16 +86,12 @@ void step(const RInst& in, AVal* r) {
     }
     case B::MaxSI: case B::MinSI: {
       AVal x = sgn(a, w), y = sgn(b, w);
-      d = op == B::MaxSI ? ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi))
-                          : ival(std::min(x.lo, y.lo), std::min(x.hi, y.hi));
-      d = from_sgn(d, w);
+      d = from_sgn(op == B::MaxSI ? imax(x, y) : imin(x, y), w);
       break;
     }
     case B::MaxUI: case B::MinUI: {
       AVal x = uns(a, w), y = uns(b, w);
-      d = op == B::MaxUI ? ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi))
-                          : ival(std::min(x.lo, y.lo), std::min(x.hi, y.hi));
-      d = from_uns(d, w);
+      d = from_uns(op == B::MaxUI ? imax(x, y) : imin(x, y), w);
       break;
     }
     case B::AndI:

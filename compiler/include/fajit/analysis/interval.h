@@ -25,31 +25,10 @@ inline constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
 inline constexpr int64_t k2p32 = int64_t{1} << 32;
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 
-inline AVal itop(unsigned w) {
-  AVal v{};
-  v.lo = w == 1 ? 0 : kMin32;
-  v.hi = w == 1 ? 1 : kMax32;
-  return v;
-}
-inline AVal ival(int64_t lo, int64_t hi) {
-  AVal v{};
-  v.lo = lo;
-  v.hi = hi;
-  return v;
-}
-inline AVal ftop() {
-  AVal v{};
-  v.flo = -kInf;
-  v.fhi = kInf;
-  v.nan = 1;
-  return v;
-}
-inline AVal fval(float lo, float hi) {
-  AVal v{};
-  v.flo = lo;
-  v.fhi = hi;
-  return v;
-}
+inline AVal ival(int64_t lo, int64_t hi) { return AVal{lo, hi, 0.0f, 0.0f, 0}; }
+inline AVal itop(unsigned w) { return w == 1 ? ival(0, 1) : ival(kMin32, kMax32); }
+inline AVal fval(float lo, float hi) { return AVal{0, 0, lo, hi, 0}; }
+inline AVal ftop() { return AVal{0, 0, -kInf, kInf, 1}; }
 // A signed i32 interval, or the whole range when it leaves [INT32_MIN, INT32_MAX] (the op
 // may wrap).
 inline AVal norm32(int64_t lo, int64_t hi) {
@@ -79,6 +58,13 @@ inline AVal from_uns(const AVal& v, unsigned w) {
   return itop(32);
 }
 inline bool single(const AVal& v) { return v.lo == v.hi; }
+// max / min of two integer intervals read alike (both signed or both unsigned).
+inline AVal imax(const AVal& x, const AVal& y) {
+  return ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi));
+}
+inline AVal imin(const AVal& x, const AVal& y) {
+  return ival(std::min(x.lo, y.lo), std::min(x.hi, y.hi));
+}
 inline AVal tri(bool may_false, bool may_true) {
   return ival(may_false ? 0 : 1, may_true ? 1 : 0);
 }
