@@ -21,6 +21,8 @@
 // sub-rectangles) prove it partial; an exhaustive search proves it full or empty. Blocks the
 // search cannot settle within its budget, and blocks whose value depends on fa.load, stay
 // undecided (BlockKind::kUndecided): the analysis never calls a block full or empty unless it is.
+// (compiler/lib/analysis: interval.cpp the domain, range_program.cpp the program,
+// mask_analysis.cpp the classifier; their internal headers are in fajit/analysis/.)
 //
 // Dependence: the tables get B (resp. H) of 1 when the mask does not read b (resp. h)
 // (mlir::fa::computeUses), exactly as Kernel::block_mask builds them.

@@ -294,7 +294,6 @@ void Compiler::run(mlir::Operation* mod) {
 
 void Compiler::compile_op(mlir::Operation* op) {
   namespace arith = mlir::arith;
-  namespace math = mlir::math;
   if (!mlir::fa::isSupportedBodyOp(op) || op->getNumResults() != 1) unsupported(op);
   mlir::Type rt = op->getResult(0).getType();
   if (!(rt.isF32() || rt.isSignlessInteger(1) || rt.isSignlessInteger(32)))
