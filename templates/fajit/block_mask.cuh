@@ -20,8 +20,6 @@
 // seen both a true and a false element (it is partial whatever the rest holds).
 #define FA_BLOCK_MASK_ELEMS_PER_VOTE 4
 
-enum { kFaBlockEmpty = 0, kFaBlockPartial = 1, kFaBlockFull = 2 };
-
 // Kind of one tile, computed by the whole CTA (every thread returns the same value).
 template <class Mods>
 __device__ __forceinline__ int fa_block_mask_tile(const FaBlockMaskParams& p,
@@ -67,7 +65,7 @@ __device__ __forceinline__ void fa_block_mask_classify(const FaBlockMaskParams& 
     rest /= p.num_q_blocks;
     const int h = (int)(rest % p.heads);
     const int b = (int)(rest / p.heads);
-    int kind = p.known ? (int)p.known[tile] : 255;
+    int kind = p.known ? (int)p.known[tile] : kFaBlockUndecided;
     if (kind > kFaBlockFull) kind = fa_block_mask_tile<Mods>(p, cap, b, h, qb, kb);
     if (threadIdx.x == 0) p.kinds[tile] = (unsigned char)kind;
   }

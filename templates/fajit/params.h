@@ -124,13 +124,19 @@ typedef struct FaGradBuffers {
   FaGradBuffer buffers[FA_MAX_BUFFERS];
 } FaGradBuffers;
 
+// The kind of a tile of the score matrix, as a byte: the host's fa::BlockKind takes its values
+// from here. kFaBlockUndecided marks a tile nothing has classified yet.
+enum { kFaBlockEmpty = 0, kFaBlockPartial = 1, kFaBlockFull = 2, kFaBlockUndecided = 255 };
+
 // Block-mask builder (fajit/block_mask.cuh): classifies every (b, h, q-block, kv-block) tile
 // of the score matrix by evaluating mask_mod on each in-range element:
-//   kinds [Bm, Hm, num_q_blocks, num_kv_blocks] uint8: 0 empty, 1 partial, 2 full.
+//   kinds [Bm, Hm, num_q_blocks, num_kv_blocks] uint8: kFaBlockEmpty, kFaBlockPartial or
+//   kFaBlockFull.
 // Tile t = ((b * heads + h) * num_q_blocks + qb) * num_kv_blocks + kb; mask_mod sees b = 0
 // when batch (Bm) is 1 and h = 0 when heads (Hm) is 1 (broadcast masks).
 // `known` (optional, same layout) holds kinds decided beforehand (e.g. by range analysis):
-// entries 0..2 are copied, any other value (use 255) means "evaluate".
+// empty/partial/full entries are copied, any other value (use kFaBlockUndecided) means
+// "evaluate".
 typedef struct FaBlockMaskParams {
   unsigned char* kinds;
   const unsigned char* known;

@@ -50,9 +50,9 @@ void render(const std::vector<uint8_t>& kinds, int nq, int nkv, int max_cells, i
       bool all_full = true, all_empty = true;
       for (int i = r; i < std::min(nq, r + gq); ++i)
         for (int j = c; j < std::min(nkv, c + gk); ++j) {
-          uint8_t k = kinds[size_t(i) * nkv + j];
-          all_full &= k == 2;
-          all_empty &= k == 0;
+          const fa::BlockKind k = fa::BlockKind(kinds[size_t(i) * nkv + j]);
+          all_full &= k == fa::BlockKind::kFull;
+          all_empty &= k == fa::BlockKind::kEmpty;
         }
       line += all_full ? '#' : all_empty ? '.' : '+';
     }
@@ -150,9 +150,9 @@ int run_mask_command() {
 
   int64_t full = 0, partial = 0, empty = 0;
   for (uint8_t k : a.kinds) {
-    full += k == 2;
-    partial += k == 1;
-    empty += k == 0;
+    full += k == uint8_t(fa::BlockKind::kFull);
+    partial += k == uint8_t(fa::BlockKind::kPartial);
+    empty += k == uint8_t(fa::BlockKind::kEmpty);
   }
   if (o.stats || !o.render) {
     std::cout << fmt::format("mask @{}  Lq={} Lkv={}  block {}x{}  tables [{}, {}, {}, {}]\n",

@@ -120,7 +120,7 @@ union Reg {
 };
 
 struct Inst {
-  uint8_t op;      // detail::Op
+  uint8_t op;      // mlir::fa::BodyOp (fajit/Dialect/FA/BodyOps.h)
   uint8_t width;   // integer bit width (1 or 32) of the op / its source / its result
   uint16_t aux;    // cmp predicate, or capture slot of a load
   uint32_t dst;    // register written

@@ -7,8 +7,9 @@
 //   fa::MaskAnalysis a = fa::analyze_block_mask(p, /*B=*/1, /*H=*/1, 131072, 131072,
 //                                               128, 128, cap);
 //   if (a.undecided == 0) mask = fa::BlockMask::from_kinds(a.batch, a.heads, Lq, Lkv, a.kinds);
-//   // else: a.kinds holds 255 where the block must be evaluated element by element
-//   //       (fa::rt::BlockMaskBuildOptions::known, or fa::evaluate_undecided_blocks on the CPU)
+//   // else: a.kinds holds BlockKind::kUndecided where a block must be evaluated element by
+//   //       element (fa::rt::BlockMaskBuildOptions::known, or fa::evaluate_undecided_blocks
+//   //       on the CPU)
 //
 // How: the mask_mod is compiled once into a flat, MLIR-free program over intervals (i32
 // [lo, hi] that widens to the full range where an op may wrap; i1 as false/true/unknown;
@@ -19,7 +20,9 @@
 // holds and one where it does not (point evaluations and interval evaluation of
 // sub-rectangles) prove it partial; an exhaustive search proves it full or empty. Blocks the
 // search cannot settle within its budget, and blocks whose value depends on fa.load, stay
-// undecided (255): the analysis never calls a block full or empty unless it is.
+// undecided (BlockKind::kUndecided): the analysis never calls a block full or empty unless it is.
+// (compiler/lib/analysis: interval.cpp the domain, range_program.cpp the program,
+// mask_analysis.cpp the classifier; their internal headers are in fajit/analysis/.)
 //
 // Dependence: the tables get B (resp. H) of 1 when the mask does not read b (resp. h)
 // (mlir::fa::computeUses), exactly as Kernel::block_mask builds them.
@@ -34,6 +37,7 @@
 #include "fajit/export.h"
 #include "fajit/frontend.h"
 #include "fajit/interp.h"
+#include "fajit/runtime/block_mask.h"
 
 namespace mlir {
 class Operation;
@@ -92,13 +96,13 @@ class FA_API MaskRangeProgram {
 struct MaskAnalysis {
   int batch = 1, heads = 1;       // Bm, Hm: 1 when the mask does not read b / h
   int num_q_blocks = 0, num_kv_blocks = 0;
-  std::vector<uint8_t> kinds;     // [Bm, Hm, nq, nkv]: 0 empty, 1 partial, 2 full, 255 undecided
-  int64_t decided = 0;            // blocks with kinds != 255
+  std::vector<uint8_t> kinds;     // [Bm, Hm, nq, nkv]: BlockKind values, kUndecided included
+  int64_t decided = 0;            // blocks with kinds != kUndecided
   int64_t undecided = 0;
   int64_t evaluations = 0;        // interval/point evaluations performed (for benchmarks)
   bool reads_buffers = false;
 };
-constexpr uint8_t kUndecidedBlock = 255;
+constexpr uint8_t kUndecidedBlock = static_cast<uint8_t>(BlockKind::kUndecided);
 
 // Classifies every block of [B, H, Lq, Lkv] (blocks q_block x kv_block, tails clipped to the
 // lengths) from the mask_mod's IR with the captures' scalar values bound. Never touches a GPU.

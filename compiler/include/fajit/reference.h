@@ -23,6 +23,7 @@
 
 #include "fajit/export.h"
 #include "fajit/interp.h"
+#include "fajit/runtime/block_mask.h"
 
 namespace fa {
 
@@ -78,5 +79,13 @@ FA_API std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask,
                                                       const Bindings& bindings, int batch,
                                                       int heads, int len_q, int len_kv,
                                                       int q_block, int kv_block);
+
+namespace detail {
+// The kind of the block [q0, q1) x [k0, k1) of (b, h): `mask` on its elements row by row,
+// stopping after the row that shows it partial. brute_force_block_classes and
+// fa::evaluate_undecided_blocks classify each block with it.
+BlockKind brute_force_block_kind(const BoundMod& mask, int b, int h, int q0, int q1, int k0,
+                                 int k1);
+}  // namespace detail
 
 }  // namespace fa

@@ -7,8 +7,6 @@
 
 #include <fmt/format.h>
 
-#include "fajit/Dialect/FA/Passes.h"
-#include "fajit/detail/program_impl.h"
 #include "fajit/jit/arch.h"
 #include "fajit/jit/compile.h"
 #include "fajit/mask_analysis.h"
@@ -142,7 +140,6 @@ struct Kernel::Impl {
   MaskRangeProgram mask_range;  // the mask_mod as an interval program, compiled once
   Options options;
   Compiled fwd;
-  bool mask_reads_b = true, mask_reads_h = true;
   std::mutex builder_mutex;
   std::unique_ptr<Compiled> builder;  // the block-mask classifier, compiled on first use
   std::mutex bwd_mutex;
@@ -250,13 +247,13 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
     throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
                             len_kv));
   // Block sizes are checked against the forward kernel's tile when the mask is used (forward).
-  int bm = impl_->mask_reads_b ? batch : 1;
-  int hm = impl_->mask_reads_h ? heads : 1;
+  int bm = impl_->mask_range.reads_b() ? batch : 1;
+  int hm = impl_->mask_range.reads_h() ? heads : 1;
   if (program().mask_is_noop())
     return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
   std::vector<unsigned char> cap = pack_captures(captures);
   // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
-  // 255 marks the blocks left to the GPU builder.
+  // BlockKind::kUndecided marks the blocks left to the GPU builder.
   MaskAnalysis a = analyze_block_mask(impl_->mask_range, bm, hm, len_q, len_kv, options.q_block,
                                       options.kv_block, scalar_values_of(captures));
   if (a.undecided == 0)
@@ -271,7 +268,7 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   o.q_block = options.q_block;
   o.kv_block = options.kv_block;
   o.stream = reinterpret_cast<CUstream>(stream);
-  o.known = std::move(a.kinds);  // 255: evaluate element by element on the GPU
+  o.known = std::move(a.kinds);  // kUndecided: evaluate element by element on the GPU
   return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
 }
 
@@ -350,9 +347,6 @@ Kernel compile(const Program& program, const Options& options) {
   impl->options = options;
   std::string what = fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
   impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
-  mlir::fa::ModUses uses = mlir::fa::computeUses(mlir::fa::MaskModOp(program.impl().mask).getOperation());
-  impl->mask_reads_b = uses.b;
-  impl->mask_reads_h = uses.h;
   return Kernel(std::move(impl));
 }
 

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "fajit/Dialect/FA/BodyOps.h"
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/error.h"
 #include "llvm/ADT/DenseMap.h"
@@ -19,33 +21,8 @@
 namespace fa {
 namespace detail {
 
-// One opcode per allowlisted op (mlir::fa::isSupportedBodyOp), plus kLoad. Constants and
-// fa.scalar become registers filled before the run.
-enum Op : uint8_t {
-  // integer, width-aware (i1 or i32)
-  kAddI, kSubI, kMulI, kDivSI, kDivUI, kCeilDivSI, kFloorDivSI, kRemSI, kRemUI,
-  kMaxSI, kMinSI, kMaxUI, kMinUI, kAndI, kOrI, kXOrI, kShLI, kShRSI, kShRUI, kCmpI, kAbsI,
-  // f32
-  kAddF, kSubF, kMulF, kDivF, kRemF, kNegF, kMaximumF, kMinimumF, kMaxNumF, kMinNumF, kCmpF,
-  kExp, kExp2, kLog, kLog2, kTanh, kSqrt, kRsqrt, kAbsF, kSin, kCos, kPowF, kFloor, kCeil,
-  kErf,
-  // conversions and the rest
-  kSIToFP, kUIToFP, kFPToSI, kFPToUI, kExtUI, kExtSI, kTruncI, kSelect, kLoad,
-  kNumOps
-};
-
-const char* const kOpNames[kNumOps] = {
-    "arith.addi", "arith.subi", "arith.muli", "arith.divsi", "arith.divui", "arith.ceildivsi",
-    "arith.floordivsi", "arith.remsi", "arith.remui", "arith.maxsi", "arith.minsi",
-    "arith.maxui", "arith.minui", "arith.andi", "arith.ori", "arith.xori", "arith.shli",
-    "arith.shrsi", "arith.shrui", "arith.cmpi", "math.absi",
-    "arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.remf", "arith.negf",
-    "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf", "arith.cmpf",
-    "math.exp", "math.exp2", "math.log", "math.log2", "math.tanh", "math.sqrt", "math.rsqrt",
-    "math.absf", "math.sin", "math.cos", "math.powf", "math.floor", "math.ceil", "math.erf",
-    "arith.sitofp", "arith.uitofp", "arith.fptosi", "arith.fptoui", "arith.extui",
-    "arith.extsi", "arith.trunci", "arith.select", "fa.load",
-};
+using mlir::fa::BodyOp;
+using mlir::fa::BodyOpKind;
 
 namespace {
 
@@ -60,28 +37,30 @@ inline int64_t smin_of(unsigned w) { return -(int64_t{1} << (w - 1)); }
 inline int64_t smax_of(unsigned w) { return (int64_t{1} << (w - 1)) - 1; }
 inline uint32_t trunc(int64_t x, unsigned w) { return static_cast<uint32_t>(x) & mask_of(w); }
 
-[[noreturn]] void throw_div_zero(uint8_t op) {
-  throw Error(fmt::format("division by zero in {}", kOpNames[op]));
+std::string name_of(BodyOp op) { return mlir::fa::getBodyOpName(op).str(); }
+
+[[noreturn]] void throw_div_zero(BodyOp op) {
+  throw Error(fmt::format("division by zero in {}", name_of(op)));
 }
-[[noreturn]] void throw_div_overflow(uint8_t op, int64_t a, int64_t b) {
-  throw Error(fmt::format("signed division overflow ({} / {}) in {}", a, b, kOpNames[op]));
+[[noreturn]] void throw_div_overflow(BodyOp op, int64_t a, int64_t b) {
+  throw Error(fmt::format("signed division overflow ({} / {}) in {}", a, b, name_of(op)));
 }
-[[noreturn]] void throw_shift(uint8_t op, uint32_t amount, unsigned w) {
+[[noreturn]] void throw_shift(BodyOp op, uint32_t amount, unsigned w) {
   throw Error(
-      fmt::format("shift amount {} is out of range for i{} in {}", amount, w, kOpNames[op]));
+      fmt::format("shift amount {} is out of range for i{} in {}", amount, w, name_of(op)));
 }
 
 // Signed division family: checks, then the rounding `op` asks for.
-inline uint32_t sdiv(uint8_t op, uint32_t ua, uint32_t ub, unsigned w) {
+inline uint32_t sdiv(BodyOp op, uint32_t ua, uint32_t ub, unsigned w) {
   int64_t a = sext(ua, w), b = sext(ub, w);
   if (b == 0) throw_div_zero(op);
   if (a == smin_of(w) && b == -1) throw_div_overflow(op, a, b);
   int64_t q = a / b, r = a % b;
   switch (op) {
-    case kDivSI: return trunc(q, w);
-    case kRemSI: return trunc(r, w);
-    case kFloorDivSI: return trunc(r != 0 && ((r < 0) != (b < 0)) ? q - 1 : q, w);
-    default: /* kCeilDivSI */ return trunc(r != 0 && ((r < 0) == (b < 0)) ? q + 1 : q, w);
+    case BodyOp::DivSI: return trunc(q, w);
+    case BodyOp::RemSI: return trunc(r, w);
+    case BodyOp::FloorDivSI: return trunc(r != 0 && ((r < 0) != (b < 0)) ? q - 1 : q, w);
+    default: /* CeilDivSI */ return trunc(r != 0 && ((r < 0) == (b < 0)) ? q + 1 : q, w);
   }
 }
 
@@ -205,7 +184,8 @@ const ScalarValue* Bindings::find_scalar(std::string_view name) const {
 namespace {
 
 using detail::Inst;
-using detail::Op;
+using mlir::fa::BodyOp;
+using mlir::fa::BodyOpKind;
 
 std::string op_label(mlir::Operation* op) {
   std::string s;
@@ -242,9 +222,9 @@ class Compiler {
                               op_label(user), kind_name_, f_.name));
     return it->second;
   }
-  void emit(mlir::Operation* op, uint8_t code, unsigned width, uint16_t aux = 0) {
+  void emit(mlir::Operation* op, BodyOp code, unsigned width, uint16_t aux = 0) {
     Inst in{};
-    in.op = code;
+    in.op = static_cast<uint8_t>(code);
     in.width = static_cast<uint8_t>(width);
     in.aux = aux;
     for (unsigned i = 0; i < op->getNumOperands(); ++i) in.src[i] = reg_of(op->getOperand(i), op);
@@ -314,7 +294,6 @@ void Compiler::run(mlir::Operation* mod) {
 
 void Compiler::compile_op(mlir::Operation* op) {
   namespace arith = mlir::arith;
-  namespace math = mlir::math;
   if (!mlir::fa::isSupportedBodyOp(op) || op->getNumResults() != 1) unsupported(op);
   mlir::Type rt = op->getResult(0).getType();
   if (!(rt.isF32() || rt.isSignlessInteger(1) || rt.isSignlessInteger(32)))
@@ -357,7 +336,7 @@ void Compiler::compile_op(mlir::Operation* op) {
     auto it = capture_slot_.find(l.getBuffer());
     if (it == capture_slot_.end()) unsupported(op, ": buffer is not a capture");
     Inst in{};
-    in.op = detail::kLoad;
+    in.op = static_cast<uint8_t>(BodyOp::Load);
     in.width = static_cast<uint8_t>(l.getIndices().size());
     in.aux = static_cast<uint16_t>(it->second);
     if (l.getIndices().size() > 4) unsupported(op, ": buffers have rank 4 at most");
@@ -368,74 +347,23 @@ void Compiler::compile_op(mlir::Operation* op) {
     return;
   }
   if (auto c = llvm::dyn_cast<arith::CmpIOp>(op))
-    return emit(op, detail::kCmpI, src_width(), static_cast<uint16_t>(c.getPredicate()));
+    return emit(op, BodyOp::CmpI, src_width(), static_cast<uint16_t>(c.getPredicate()));
   if (auto c = llvm::dyn_cast<arith::CmpFOp>(op))
-    return emit(op, detail::kCmpF, 0, static_cast<uint16_t>(c.getPredicate()));
+    return emit(op, BodyOp::CmpF, 0, static_cast<uint16_t>(c.getPredicate()));
 
-  // Everything else: one opcode, width from the result (or the source for casts from int).
-  using llvm::isa;
-  uint8_t code = detail::kNumOps;
-  unsigned w = rw;
-  if (isa<arith::AddIOp>(op)) code = detail::kAddI;
-  else if (isa<arith::SubIOp>(op)) code = detail::kSubI;
-  else if (isa<arith::MulIOp>(op)) code = detail::kMulI;
-  else if (isa<arith::DivSIOp>(op)) code = detail::kDivSI;
-  else if (isa<arith::DivUIOp>(op)) code = detail::kDivUI;
-  else if (isa<arith::CeilDivSIOp>(op)) code = detail::kCeilDivSI;
-  else if (isa<arith::FloorDivSIOp>(op)) code = detail::kFloorDivSI;
-  else if (isa<arith::RemSIOp>(op)) code = detail::kRemSI;
-  else if (isa<arith::RemUIOp>(op)) code = detail::kRemUI;
-  else if (isa<arith::MaxSIOp>(op)) code = detail::kMaxSI;
-  else if (isa<arith::MinSIOp>(op)) code = detail::kMinSI;
-  else if (isa<arith::MaxUIOp>(op)) code = detail::kMaxUI;
-  else if (isa<arith::MinUIOp>(op)) code = detail::kMinUI;
-  else if (isa<arith::AndIOp>(op)) code = detail::kAndI;
-  else if (isa<arith::OrIOp>(op)) code = detail::kOrI;
-  else if (isa<arith::XOrIOp>(op)) code = detail::kXOrI;
-  else if (isa<arith::ShLIOp>(op)) code = detail::kShLI;
-  else if (isa<arith::ShRSIOp>(op)) code = detail::kShRSI;
-  else if (isa<arith::ShRUIOp>(op)) code = detail::kShRUI;
-  else if (isa<math::AbsIOp>(op)) code = detail::kAbsI;
-  else if (isa<arith::AddFOp>(op)) code = detail::kAddF;
-  else if (isa<arith::SubFOp>(op)) code = detail::kSubF;
-  else if (isa<arith::MulFOp>(op)) code = detail::kMulF;
-  else if (isa<arith::DivFOp>(op)) code = detail::kDivF;
-  else if (isa<arith::RemFOp>(op)) code = detail::kRemF;
-  else if (isa<arith::NegFOp>(op)) code = detail::kNegF;
-  else if (isa<arith::MaximumFOp>(op)) code = detail::kMaximumF;
-  else if (isa<arith::MinimumFOp>(op)) code = detail::kMinimumF;
-  else if (isa<arith::MaxNumFOp>(op)) code = detail::kMaxNumF;
-  else if (isa<arith::MinNumFOp>(op)) code = detail::kMinNumF;
-  else if (isa<math::ExpOp>(op)) code = detail::kExp;
-  else if (isa<math::Exp2Op>(op)) code = detail::kExp2;
-  else if (isa<math::LogOp>(op)) code = detail::kLog;
-  else if (isa<math::Log2Op>(op)) code = detail::kLog2;
-  else if (isa<math::TanhOp>(op)) code = detail::kTanh;
-  else if (isa<math::SqrtOp>(op)) code = detail::kSqrt;
-  else if (isa<math::RsqrtOp>(op)) code = detail::kRsqrt;
-  else if (isa<math::AbsFOp>(op)) code = detail::kAbsF;
-  else if (isa<math::SinOp>(op)) code = detail::kSin;
-  else if (isa<math::CosOp>(op)) code = detail::kCos;
-  else if (isa<math::PowFOp>(op)) code = detail::kPowF;
-  else if (isa<math::FloorOp>(op)) code = detail::kFloor;
-  else if (isa<math::CeilOp>(op)) code = detail::kCeil;
-  else if (isa<math::ErfOp>(op)) code = detail::kErf;
-  else if (isa<arith::SIToFPOp>(op)) code = detail::kSIToFP, w = src_width();
-  else if (isa<arith::UIToFPOp>(op)) code = detail::kUIToFP, w = src_width();
-  else if (isa<arith::FPToSIOp>(op)) code = detail::kFPToSI;
-  else if (isa<arith::FPToUIOp>(op)) code = detail::kFPToUI;
-  else if (isa<arith::ExtUIOp>(op)) code = detail::kExtUI, w = src_width();
-  else if (isa<arith::ExtSIOp>(op)) code = detail::kExtSI, w = src_width();
-  else if (isa<arith::TruncIOp>(op)) code = detail::kTruncI;
-  else if (isa<arith::SelectOp>(op)) code = detail::kSelect;
-  if (code == detail::kNumOps || op->getNumOperands() > 3) unsupported(op);
+  // Everything else: its opcode, width from the result (or the source for casts from int).
+  std::optional<BodyOp> code = mlir::fa::getBodyOp(op);
+  if (!code || op->getNumOperands() > 3) unsupported(op);
+  const BodyOpKind kind = mlir::fa::getBodyOpKind(*code);
+  const unsigned w =
+      kind == BodyOpKind::IntToFloat || kind == BodyOpKind::IntExtend ? src_width() : rw;
   // Operand types must be the body types too (the verifier checks; keep the oracle honest).
   for (mlir::Value v : op->getOperands()) {
     mlir::Type t = v.getType();
     if (!(t.isF32() || t.isSignlessInteger(1) || t.isSignlessInteger(32)))
       unsupported(op, ": operand type is not i1, i32 or f32");
   }
-  emit(op, code, w);
+  emit(op, *code, w);
 }
 
 }  // namespace
@@ -524,6 +452,7 @@ bool BoundMod::mask(int b, int h, int q, int kv) const {
 
 detail::Reg BoundMod::run(const int32_t* args, float score) const {
   using namespace detail;
+  using B = BodyOp;
   const detail::ModFields& f = *prog_.f_;
   constexpr size_t kStackRegs = 256;
   Reg stack_regs[kStackRegs];
@@ -543,87 +472,88 @@ detail::Reg BoundMod::run(const int32_t* args, float score) const {
     const unsigned w = in.width;
     const Reg a = r[in.src[0]], b = r[in.src[1]];
     Reg& d = r[in.dst];
-    switch (in.op) {
-      case kAddI: d.u = zext(a.u + b.u, w); break;
-      case kSubI: d.u = zext(a.u - b.u, w); break;
-      case kMulI: d.u = zext(a.u * b.u, w); break;
-      case kDivSI: case kRemSI: case kFloorDivSI: case kCeilDivSI:
-        d.u = sdiv(in.op, a.u, b.u, w);
+    const BodyOp op = static_cast<BodyOp>(in.op);
+    switch (op) {
+      case B::AddI: d.u = zext(a.u + b.u, w); break;
+      case B::SubI: d.u = zext(a.u - b.u, w); break;
+      case B::MulI: d.u = zext(a.u * b.u, w); break;
+      case B::DivSI: case B::RemSI: case B::FloorDivSI: case B::CeilDivSI:
+        d.u = sdiv(op, a.u, b.u, w);
         break;
-      case kDivUI:
-      case kRemUI: {
+      case B::DivUI:
+      case B::RemUI: {
         uint32_t x = zext(a.u, w), y = zext(b.u, w);
-        if (y == 0) throw_div_zero(in.op);
-        d.u = in.op == kDivUI ? x / y : x % y;
+        if (y == 0) throw_div_zero(op);
+        d.u = op == B::DivUI ? x / y : x % y;
         break;
       }
-      case kMaxSI: d.u = sext(a.u, w) >= sext(b.u, w) ? a.u : b.u; break;
-      case kMinSI: d.u = sext(a.u, w) <= sext(b.u, w) ? a.u : b.u; break;
-      case kMaxUI: d.u = zext(a.u, w) >= zext(b.u, w) ? a.u : b.u; break;
-      case kMinUI: d.u = zext(a.u, w) <= zext(b.u, w) ? a.u : b.u; break;
-      case kAndI: d.u = a.u & b.u; break;
-      case kOrI: d.u = a.u | b.u; break;
-      case kXOrI: d.u = a.u ^ b.u; break;
-      case kShLI: case kShRSI: case kShRUI: {
+      case B::MaxSI: d.u = sext(a.u, w) >= sext(b.u, w) ? a.u : b.u; break;
+      case B::MinSI: d.u = sext(a.u, w) <= sext(b.u, w) ? a.u : b.u; break;
+      case B::MaxUI: d.u = zext(a.u, w) >= zext(b.u, w) ? a.u : b.u; break;
+      case B::MinUI: d.u = zext(a.u, w) <= zext(b.u, w) ? a.u : b.u; break;
+      case B::AndI: d.u = a.u & b.u; break;
+      case B::OrI: d.u = a.u | b.u; break;
+      case B::XOrI: d.u = a.u ^ b.u; break;
+      case B::ShLI: case B::ShRSI: case B::ShRUI: {
         uint32_t amount = zext(b.u, w);
-        if (amount >= w) throw_shift(in.op, amount, w);
-        if (in.op == kShLI) d.u = zext(a.u << amount, w);
-        else if (in.op == kShRSI) d.u = zext(static_cast<uint32_t>(sext(a.u, w) >> amount), w);
+        if (amount >= w) throw_shift(op, amount, w);
+        if (op == B::ShLI) d.u = zext(a.u << amount, w);
+        else if (op == B::ShRSI) d.u = zext(static_cast<uint32_t>(sext(a.u, w) >> amount), w);
         else d.u = zext(a.u, w) >> amount;
         break;
       }
-      case kCmpI: d.u = cmpi(in.aux, a.u, b.u, w) ? 1u : 0u; break;
-      case kAbsI: {
+      case B::CmpI: d.u = cmpi(in.aux, a.u, b.u, w) ? 1u : 0u; break;
+      case B::AbsI: {
         int32_t s = sext(a.u, w);
         d.u = zext(s < 0 ? 0u - static_cast<uint32_t>(s) : static_cast<uint32_t>(s), w);
         break;
       }
-      case kAddF: d.f = a.f + b.f; break;
-      case kSubF: d.f = a.f - b.f; break;
-      case kMulF: d.f = a.f * b.f; break;
-      case kDivF: d.f = a.f / b.f; break;
-      case kRemF: d.f = std::fmod(a.f, b.f); break;
-      case kNegF: d.f = -a.f; break;
-      case kMaximumF:
+      case B::AddF: d.f = a.f + b.f; break;
+      case B::SubF: d.f = a.f - b.f; break;
+      case B::MulF: d.f = a.f * b.f; break;
+      case B::DivF: d.f = a.f / b.f; break;
+      case B::RemF: d.f = std::fmod(a.f, b.f); break;
+      case B::NegF: d.f = -a.f; break;
+      case B::MaximumF:
         d.f = (std::isnan(a.f) || std::isnan(b.f)) ? std::numeric_limits<float>::quiet_NaN()
                                                    : fmax_ordered(a.f, b.f);
         break;
-      case kMinimumF:
+      case B::MinimumF:
         d.f = (std::isnan(a.f) || std::isnan(b.f)) ? std::numeric_limits<float>::quiet_NaN()
                                                    : fmin_ordered(a.f, b.f);
         break;
-      case kMaxNumF:
+      case B::MaxNumF:
         d.f = std::isnan(a.f) ? b.f : std::isnan(b.f) ? a.f : fmax_ordered(a.f, b.f);
         break;
-      case kMinNumF:
+      case B::MinNumF:
         d.f = std::isnan(a.f) ? b.f : std::isnan(b.f) ? a.f : fmin_ordered(a.f, b.f);
         break;
-      case kCmpF: d.u = cmpf(in.aux, a.f, b.f) ? 1u : 0u; break;
-      case kExp: d.f = std::exp(a.f); break;
-      case kExp2: d.f = std::exp2(a.f); break;
-      case kLog: d.f = std::log(a.f); break;
-      case kLog2: d.f = std::log2(a.f); break;
-      case kTanh: d.f = std::tanh(a.f); break;
-      case kSqrt: d.f = std::sqrt(a.f); break;
-      case kRsqrt: d.f = 1.0f / std::sqrt(a.f); break;
-      case kAbsF: d.f = std::fabs(a.f); break;
-      case kSin: d.f = std::sin(a.f); break;
-      case kCos: d.f = std::cos(a.f); break;
-      case kPowF: d.f = std::pow(a.f, b.f); break;
-      case kFloor: d.f = std::floor(a.f); break;
-      case kCeil: d.f = std::ceil(a.f); break;
-      case kErf: d.f = std::erf(a.f); break;
-      case kSIToFP: d.f = static_cast<float>(sext(a.u, w)); break;
-      case kUIToFP: d.f = static_cast<float>(zext(a.u, w)); break;
-      case kFPToSI: d.u = trunc(fp_to_int_sat(a.f, smin_of(w), smax_of(w)), w); break;
-      case kFPToUI:
+      case B::CmpF: d.u = cmpf(in.aux, a.f, b.f) ? 1u : 0u; break;
+      case B::Exp: d.f = std::exp(a.f); break;
+      case B::Exp2: d.f = std::exp2(a.f); break;
+      case B::Log: d.f = std::log(a.f); break;
+      case B::Log2: d.f = std::log2(a.f); break;
+      case B::Tanh: d.f = std::tanh(a.f); break;
+      case B::Sqrt: d.f = std::sqrt(a.f); break;
+      case B::Rsqrt: d.f = 1.0f / std::sqrt(a.f); break;
+      case B::AbsF: d.f = std::fabs(a.f); break;
+      case B::Sin: d.f = std::sin(a.f); break;
+      case B::Cos: d.f = std::cos(a.f); break;
+      case B::PowF: d.f = std::pow(a.f, b.f); break;
+      case B::Floor: d.f = std::floor(a.f); break;
+      case B::Ceil: d.f = std::ceil(a.f); break;
+      case B::Erf: d.f = std::erf(a.f); break;
+      case B::SIToFP: d.f = static_cast<float>(sext(a.u, w)); break;
+      case B::UIToFP: d.f = static_cast<float>(zext(a.u, w)); break;
+      case B::FPToSI: d.u = trunc(fp_to_int_sat(a.f, smin_of(w), smax_of(w)), w); break;
+      case B::FPToUI:
         d.u = trunc(fp_to_int_sat(a.f, 0, static_cast<int64_t>(mask_of(w))), w);
         break;
-      case kExtUI: d.u = zext(a.u, w); break;
-      case kExtSI: d.u = static_cast<uint32_t>(sext(a.u, w)); break;
-      case kTruncI: d.u = zext(a.u, w); break;
-      case kSelect: d = (a.u & 1u) ? b : r[in.src[2]]; break;
-      case kLoad: {
+      case B::ExtUI: d.u = zext(a.u, w); break;
+      case B::ExtSI: d.u = static_cast<uint32_t>(sext(a.u, w)); break;
+      case B::TruncI: d.u = zext(a.u, w); break;
+      case B::Select: d = (a.u & 1u) ? b : r[in.src[2]]; break;
+      case B::Load: {
         const BoundBuffer& buf = buffers_[in.aux];
         const char* p = buf.data;
         for (unsigned k = 0; k < w; ++k) {

@@ -185,17 +185,25 @@ std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask, const Bin
     for (int h = 0; h < heads; ++h)
       for (int qb = 0; qb < nq; ++qb)
         for (int kb = 0; kb < nkv; ++kb, ++idx) {
-          bool any = false, all = true;
           const int q_end = std::min(len_q, (qb + 1) * q_block);
           const int kv_end = std::min(len_kv, (kb + 1) * kv_block);
-          for (int i = qb * q_block; i < q_end; ++i)
-            for (int j = kb * kv_block; j < kv_end; ++j) {
-              if (m.mask(b, h, i, j)) any = true;
-              else all = false;
-            }
-          kinds[idx] = all ? 2 : any ? 1 : 0;
+          kinds[idx] = uint8_t(
+              detail::brute_force_block_kind(m, b, h, qb * q_block, q_end, kb * kv_block, kv_end));
         }
   return kinds;
 }
+
+namespace detail {
+BlockKind brute_force_block_kind(const BoundMod& mask, int b, int h, int q0, int q1, int k0,
+                                 int k1) {
+  bool any = false, all = true;
+  for (int i = q0; i < q1 && !(any && !all); ++i)
+    for (int j = k0; j < k1; ++j) {
+      if (mask.mask(b, h, i, j)) any = true;
+      else all = false;
+    }
+  return all ? BlockKind::kFull : any ? BlockKind::kPartial : BlockKind::kEmpty;
+}
+}  // namespace detail
 
 }  // namespace fa

@@ -26,12 +26,19 @@
 #include <vector>
 
 #include "fajit/export.h"
-
-struct FaBlockTables;
+#include "fajit/params.h"
 
 namespace fa {
 
-enum class BlockKind : uint8_t { kEmpty = 0, kPartial = 1, kFull = 2 };
+// A tile's kind, with the byte values of the kernel ABI (params.h). A BlockMask holds only
+// empty, partial and full tiles; kUndecided marks tiles a symbolic analysis left open (the
+// GPU builder's BlockMaskBuildOptions::known, fa::MaskAnalysis::kinds).
+enum class BlockKind : uint8_t {
+  kEmpty = kFaBlockEmpty,
+  kPartial = kFaBlockPartial,
+  kFull = kFaBlockFull,
+  kUndecided = kFaBlockUndecided,
+};
 
 struct BlockMaskDensity {
   double fraction = 0;  // non-empty tiles / all tiles
@@ -57,7 +64,7 @@ class FA_API BlockMask {
   // An unusable mask (valid() is false); every other member throws.
   BlockMask() = default;
 
-  // From a dense per-tile classification `kinds` [Bm, Hm, nq, nkv] (values of BlockKind),
+  // From a dense per-tile classification `kinds` [Bm, Hm, nq, nkv] (BlockKind values, no kUndecided),
   // nq = ceil(len_q / q_block), nkv = ceil(len_kv / kv_block). This is what the GPU builder
   // and a symbolic analysis produce.
   static BlockMask from_kinds(int batch, int heads, int64_t len_q, int64_t len_kv,

@@ -20,7 +20,7 @@ struct BlockMaskBuildOptions {
   int q_block = BlockMask::kDefaultBlock;
   int kv_block = BlockMask::kDefaultBlock;
   CUstream stream = nullptr;  // the launch and the copy back run on it; the call waits for it
-  // Optional [Bm, Hm, nq, nkv] kinds decided beforehand (0 empty, 1 partial, 2 full, 255
+  // Optional [Bm, Hm, nq, nkv] kinds decided beforehand (BlockKind values; kUndecided:
   // evaluate); empty: evaluate every tile.
   std::vector<uint8_t> known;
 };

@@ -16,8 +16,9 @@
 
 namespace mlir::fa {
 
-/// Whether `op` may appear in a score_mod / mask_mod body (arith/math ops that codegen, the
-/// interpreter and the range analysis all implement, plus fa.load / fa.scalar / fa.yield).
+/// Whether `op` may appear in a score_mod / mask_mod body: an op of the table in BodyOps.def
+/// (arith/math ops and fa.load, which codegen, the interpreter and the range analysis all
+/// implement), arith.constant, fa.scalar or fa.yield.
 bool isSupportedBodyOp(Operation *op);
 
 /// Registers the fa dialect and what its bodies use (arith, math) with `registry`.
