@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "fajit/embedded_templates.h"
+#include "fajit/detail/embedded_templates.h"
 #include "fajit/error.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/key.h"

@@ -26,7 +26,7 @@
 #include "fajit/mask_analysis.h"
 #include "fajit/mods.h"
 #include "fajit/params.h"
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
 

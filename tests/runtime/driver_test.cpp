@@ -8,7 +8,7 @@
 #include <string>
 
 #include "fajit/error.h"
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/memory.h"
 

@@ -22,7 +22,7 @@
 #include "fajit/interp.h"
 #include "fajit/mask_analysis.h"
 #include "fajit/mods.h"
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 
 namespace {
 

@@ -20,8 +20,8 @@
 #include "fajit/codegen.h"
 #include "fajit/frontend.h"
 #include "fajit/kernel_spec.h"
-#include "fajit/runtime/block_mask.h"
-#include "fajit/runtime/tensor.h"
+#include "fajit/block_mask.h"
+#include "fajit/tensor.h"
 
 namespace fa {
 

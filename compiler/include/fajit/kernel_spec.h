@@ -5,7 +5,7 @@
 #include <string>
 
 #include "fajit/export.h"
-#include "fajit/runtime/tensor.h"  // fa::DType (plain enum, no CUDA headers)
+#include "fajit/types.h"  // fa::DType
 
 namespace fa {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fajit/params.h"
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 
 namespace fa::rt {
 
