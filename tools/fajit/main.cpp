@@ -15,8 +15,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "fajit/codegen.h"
-#include "fajit/expr.h"
+#include "fajit/detail/codegen.h"
+#include "fajit/detail/expr.h"
 #include "fajit/frontend.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/nvrtc.h"

@@ -1,5 +1,5 @@
 // fa::analyze_block_mask: interval evaluation of a mask_mod over rectangles of blocks.
-#include "fajit/mask_analysis.h"
+#include "fajit/detail/mask_analysis.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/Dialect/FA/Passes.h"
+#include "fajit/captures.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/error.h"
-#include "fajit/kernel.h"
 #include "llvm/ADT/DenseMap.h"
 
 namespace fa {

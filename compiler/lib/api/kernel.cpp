@@ -8,10 +8,11 @@
 #include <fmt/format.h>
 
 #include "fajit/Dialect/FA/Passes.h"
+#include "fajit/detail/codegen.h"
+#include "fajit/detail/mask_analysis.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/jit/arch.h"
 #include "fajit/jit/compile.h"
-#include "fajit/mask_analysis.h"
 #include "fajit/params.h"
 #include "fajit/runtime/block_mask_builder.h"
 #include "fajit/runtime/device.h"
@@ -20,38 +21,7 @@
 
 namespace fa {
 
-const char* to_string(CacheOrigin o) {
-  switch (o) {
-    case CacheOrigin::kMemory: return "memory";
-    case CacheOrigin::kDisk: return "disk";
-    case CacheOrigin::kCompiled: return "compiled";
-  }
-  return "?";
-}
-
-Captures& Captures::buffer(const std::string& name, const TensorView& t) {
-  buffers_[name] = t;
-  return *this;
-}
-Captures& Captures::scalar(const std::string& name, float value) {
-  scalars_[name] = Scalar{true, value, 0};
-  return *this;
-}
-Captures& Captures::scalar(const std::string& name, int32_t value) {
-  scalars_[name] = Scalar{false, 0.0f, value};
-  return *this;
-}
-
 namespace {
-
-CacheOrigin origin_of(jit::Origin o) {
-  switch (o) {
-    case jit::Origin::kMemory: return CacheOrigin::kMemory;
-    case jit::Origin::kDisk: return CacheOrigin::kDisk;
-    case jit::Origin::kCompiled: return CacheOrigin::kCompiled;
-  }
-  return CacheOrigin::kCompiled;
-}
 
 std::string resolve_arch(const std::string& requested) {
   if (!requested.empty()) return jit::validate_arch(requested);
@@ -83,7 +53,7 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   jit::Lookup l = jit::compile_cached(req);
   c.key = l.entry->key;
   c.entry = l.entry;
-  c.origin = origin_of(l.origin);
+  c.origin = l.origin;
   c.options = req.options;
   c.gen = std::move(gen);
   return c;

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "fajit/params.h"
 #include "fajit/block_mask.h"
+#include "fajit/params.h"
 
 namespace fa::rt {
 

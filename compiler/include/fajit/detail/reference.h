@@ -21,8 +21,7 @@
 #include <optional>
 #include <vector>
 
-#include "fajit/export.h"
-#include "fajit/interp.h"
+#include "fajit/detail/interp.h"
 
 namespace fa {
 
@@ -48,7 +47,7 @@ struct ReferenceResult {
 // q, k, v hold values already rounded to the run's dtype. Throws fa::Error for bad shapes
 // ("heads_q (6) is not a multiple of heads_kv (4)"), mods of the wrong kind, bad bindings,
 // and anything a mod throws while evaluated (out-of-bounds loads, division by zero).
-FA_API ReferenceResult reference_attention(const ReferenceShape& shape, const float* q,
+ReferenceResult reference_attention(const ReferenceShape& shape, const float* q,
                                            const float* k, const float* v,
                                            const ReferenceOptions& options = {});
 
@@ -56,7 +55,7 @@ FA_API ReferenceResult reference_attention(const ReferenceShape& shape, const fl
 // in-range element: 0 empty (false everywhere), 1 partial, 2 full (true everywhere); elements
 // past len_q / len_kv are ignored. Result [batch, heads, ceil(len_q / q_block),
 // ceil(len_kv / kv_block)], the layout fa::BlockMask::from_kinds takes.
-FA_API std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask,
+std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask,
                                                       const Bindings& bindings, int batch,
                                                       int heads, int len_q, int len_kv,
                                                       int q_block, int kv_block);

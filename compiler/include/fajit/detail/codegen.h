@@ -9,20 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "fajit/export.h"
 #include "fajit/frontend.h"
 #include "fajit/kernel_spec.h"
 
 namespace fa {
-
-// Where a capture lives in FaCaptures: buffers[slot] or scalars[slot].
-struct CaptureSlot {
-  std::string name;
-  bool is_buffer = false;
-  bool is_float = false;  // f32, else i32
-  int rank = 0;           // buffers only
-  int slot = 0;
-};
 
 struct GeneratedKernel {
   std::string source;       // the whole translation unit
@@ -33,12 +23,12 @@ struct GeneratedKernel {
 
 // Slots in Program::captures() order: buffers take buffers[0..], scalars scalars[0..].
 // Throws fa::Error when there are more than FA_MAX_BUFFERS / FA_MAX_SCALARS.
-FA_API std::vector<CaptureSlot> capture_slots(const Program& program);
+std::vector<CaptureSlot> capture_slots(const Program& program);
 
 // The FaMods struct for `program`.
-FA_API std::string emit_mods(const Program& program);
+std::string emit_mods(const Program& program);
 
 // The full source of the kernel `spec` selects.
-FA_API GeneratedKernel generate(const Program& program, const KernelSpec& spec);
+GeneratedKernel generate(const Program& program, const KernelSpec& spec);
 
 }  // namespace fa
