@@ -59,54 +59,10 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   return c;
 }
 
-}  // namespace
-
-struct Kernel::Impl {
-  explicit Impl(Program p) : program(std::move(p)), mask_range(MaskRangeProgram::compile(program)) {}
-  Program program;
-  MaskRangeProgram mask_range;  // the mask_mod as an interval program, compiled once
-  Options options;
-  Compiled fwd;
-  bool mask_reads_b = true, mask_reads_h = true;
-  std::mutex builder_mutex;
-  std::unique_ptr<Compiled> builder;  // the block-mask classifier, compiled on first use
-
-  const Compiled& block_mask_kernel() {
-    std::lock_guard<std::mutex> lock(builder_mutex);
-    if (!builder) {
-      KernelSpec s;
-      s.kind = KernelKind::kBlockMask;
-      s.dtype = fwd.gen.spec.dtype;
-      s.head_dim_qk = fwd.gen.spec.head_dim_qk;
-      s.head_dim_v = fwd.gen.spec.head_dim_v;
-      s.arch = fwd.gen.spec.arch;
-      builder = std::make_unique<Compiled>(
-          compile_generated(generate(program, s), false, "mask_mod @" + program.mask_mod_name()));
-    }
-    return *builder;
-  }
-};
-
-Kernel::Kernel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-const KernelSpec& Kernel::spec() const { return impl_->fwd.gen.spec; }
-const Program& Kernel::program() const { return impl_->program; }
-const std::string& Kernel::cuda_source() const { return impl_->fwd.gen.source; }
-const std::string& Kernel::cubin() const { return impl_->fwd.entry->cubin; }
-const std::string& Kernel::cache_key() const { return impl_->fwd.key; }
-CacheOrigin Kernel::origin() const { return impl_->fwd.origin; }
-const std::vector<CaptureSlot>& Kernel::capture_slots() const { return impl_->fwd.gen.slots; }
-
-std::string Kernel::ptx() const {
-  jit::CompileOptions o = impl_->fwd.options;
-  o.want_ptx = true;
-  return jit::Nvrtc::get().compile(impl_->fwd.gen.source, impl_->fwd.gen.kernel_name + ".cu", o).ptx;
-}
-
-std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const {
+// The FaCaptures block for `captures`, checked against the slots of what the mods capture.
+std::vector<unsigned char> pack_captures(const std::vector<CaptureSlot>& slots, const Captures& captures) {
   FaCaptures cap;
   std::memset(&cap, 0, sizeof cap);
-  const auto& slots = capture_slots();
   auto known = [&]() {
     std::string names;
     for (const CaptureSlot& s : slots) names += (names.empty() ? "" : ", ") + s.name;
@@ -151,36 +107,130 @@ std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const
   return bytes;
 }
 
+// The forward kernel's spec as the user asked for it (resolved by codegen).
+KernelSpec forward_spec(const Options& options) {
+  KernelSpec spec;
+  spec.kind = KernelKind::kForward;
+  spec.dtype = options.dtype;
+  spec.head_dim_qk = options.head_dim_qk;
+  spec.head_dim_v = options.head_dim_v;
+  spec.tile = options.tile;
+  spec.family = options.family;
+  spec.arch = resolve_arch(options.arch);
+  return spec;
+}
+
+// The block-mask builder's spec beside a resolved forward spec: its element type, head dims
+// and arch.
+KernelSpec block_mask_spec(const KernelSpec& forward) {
+  KernelSpec s;
+  s.kind = KernelKind::kBlockMask;
+  s.dtype = forward.dtype;
+  s.head_dim_qk = forward.head_dim_qk;
+  s.head_dim_v = forward.head_dim_v;
+  s.arch = forward.arch;
+  return s;
+}
+
+// What a block mask needs of a variant: the mask_mod as an interval program (compiled once),
+// what the mask reads, where the captures go, and the GPU builder (compiled on first use).
+// fa::Kernel holds one beside its forward kernel; fa::create_block_mask holds only this.
+class MaskBuilder {
+ public:
+  explicit MaskBuilder(Program program)
+      : program_(std::move(program)), range_(MaskRangeProgram::compile(program_)),
+        slots_(capture_slots(program_)) {
+    mlir::fa::ModUses uses = mlir::fa::computeUses(mlir::fa::MaskModOp(program_.impl().mask).getOperation());
+    reads_b_ = uses.b;
+    reads_h_ = uses.h;
+  }
+
+  const Program& program() const { return program_; }
+  // The builder kernel's spec (block_mask_spec); needed only once a mask is left undecided.
+  void set_spec(KernelSpec spec) { spec_ = std::move(spec); }
+
+  BlockMask build(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
+                  const BlockMaskOptions& options, Stream stream) {
+    if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
+      throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
+                              len_kv));
+    // Block sizes are checked against the forward kernel's tile when the mask is used (forward).
+    int bm = reads_b_ ? batch : 1;
+    int hm = reads_h_ ? heads : 1;
+    if (program_.mask_is_noop())
+      return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
+    std::vector<unsigned char> cap = pack_captures(slots_, captures);
+    // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
+    // 255 marks the blocks left to the GPU builder.
+    MaskAnalysis a = analyze_block_mask(range_, bm, hm, len_q, len_kv, options.q_block, options.kv_block,
+                                        scalar_values_of(captures));
+    if (a.undecided == 0)
+      return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, std::move(a.kinds), options.q_block,
+                                   options.kv_block);
+    FaCaptures fc;
+    std::memcpy(&fc, cap.data(), sizeof fc);
+    const Compiled& b = builder();
+    rt::ContextGuard guard;
+    CUfunction fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name);
+    rt::BlockMaskBuildOptions o;
+    o.q_block = options.q_block;
+    o.kv_block = options.kv_block;
+    o.stream = reinterpret_cast<CUstream>(stream);
+    o.known = std::move(a.kinds);  // 255: evaluate element by element on the GPU
+    return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
+  }
+
+ private:
+  const Compiled& builder() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!builder_)
+      builder_ = std::make_unique<Compiled>(
+          compile_generated(generate(program_, spec_), false, "mask_mod @" + program_.mask_mod_name()));
+    return *builder_;
+  }
+
+  Program program_;
+  MaskRangeProgram range_;
+  std::vector<CaptureSlot> slots_;
+  KernelSpec spec_;
+  bool reads_b_ = true, reads_h_ = true;
+  std::mutex mutex_;
+  std::unique_ptr<Compiled> builder_;
+};
+
+}  // namespace
+
+struct Kernel::Impl {
+  explicit Impl(Program program) : mask(std::move(program)) {}
+  MaskBuilder mask;
+  Compiled fwd;
+};
+
+Kernel::Kernel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+const KernelSpec& Kernel::spec() const { return impl_->fwd.gen.spec; }
+const Program& Kernel::program() const { return impl_->mask.program(); }
+const std::string& Kernel::cuda_source() const { return impl_->fwd.gen.source; }
+const std::string& Kernel::cubin() const { return impl_->fwd.entry->cubin; }
+const std::string& Kernel::cache_key() const { return impl_->fwd.key; }
+CacheOrigin Kernel::origin() const { return impl_->fwd.origin; }
+const std::vector<CaptureSlot>& Kernel::capture_slots() const { return impl_->fwd.gen.slots; }
+
+std::string Kernel::ptx() const {
+  jit::CompileOptions o = impl_->fwd.options;
+  o.want_ptx = true;
+  return jit::Nvrtc::get().compile(impl_->fwd.gen.source, impl_->fwd.gen.kernel_name + ".cu", o).ptx;
+}
+
+std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const {
+  return fa::pack_captures(capture_slots(), captures);
+}
+
 BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
                              const BlockMaskOptions& options, Stream stream) const {
-  if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
-    throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
-                            len_kv));
-  // Block sizes are checked against the forward kernel's tile when the mask is used (forward).
-  int bm = impl_->mask_reads_b ? batch : 1;
-  int hm = impl_->mask_reads_h ? heads : 1;
-  if (program().mask_is_noop())
-    return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
-  std::vector<unsigned char> cap = pack_captures(captures);
-  // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
-  // 255 marks the blocks left to the GPU builder.
-  MaskAnalysis a = analyze_block_mask(impl_->mask_range, bm, hm, len_q, len_kv, options.q_block,
-                                      options.kv_block, scalar_values_of(captures));
-  if (a.undecided == 0)
-    return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, std::move(a.kinds), options.q_block,
-                                 options.kv_block);
-  FaCaptures fc;
-  std::memcpy(&fc, cap.data(), sizeof fc);
-  const Compiled& b = impl_->block_mask_kernel();
-  rt::ContextGuard guard;
-  CUfunction fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name);
-  rt::BlockMaskBuildOptions o;
-  o.q_block = options.q_block;
-  o.kv_block = options.kv_block;
-  o.stream = reinterpret_cast<CUstream>(stream);
-  o.known = std::move(a.kinds);  // 255: evaluate element by element on the GPU
-  return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
+  return impl_->mask.build(batch, heads, len_q, len_kv, captures, options, stream);
 }
+
 
 void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                      const BlockMask& mask, const Captures& captures, const ForwardOptions& options,
@@ -217,21 +267,11 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
 }
 
 Kernel compile(const Program& program, const Options& options) {
-  KernelSpec spec;
-  spec.kind = KernelKind::kForward;
-  spec.dtype = options.dtype;
-  spec.head_dim_qk = options.head_dim_qk;
-  spec.head_dim_v = options.head_dim_v;
-  spec.tile = options.tile;
-  spec.family = options.family;
-  spec.arch = resolve_arch(options.arch);
+  KernelSpec spec = forward_spec(options);
   auto impl = std::make_shared<Kernel::Impl>(program);
-  impl->options = options;
   std::string what = fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
   impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
-  mlir::fa::ModUses uses = mlir::fa::computeUses(mlir::fa::MaskModOp(program.impl().mask).getOperation());
-  impl->mask_reads_b = uses.b;
-  impl->mask_reads_h = uses.h;
+  impl->mask.set_spec(block_mask_spec(impl->fwd.gen.spec));
   return Kernel(std::move(impl));
 }
 
@@ -242,8 +282,11 @@ Kernel compile(const ScoreMod& score, const MaskMod& mask, const Options& option
 BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q, int64_t len_kv,
                             const Captures& captures, const BlockMaskOptions& options,
                             const Options& compile_options, Stream stream) {
-  Kernel k = compile(identity_score(), mask, compile_options);
-  return k.block_mask(batch, heads, len_q, len_kv, captures, options, stream);
+  // Only the builder: the forward spec is resolved (checking the options as fa::compile does)
+  // for the builder's element type, head dims and arch, and no forward kernel is generated.
+  MaskBuilder builder(trace(identity_score(), mask));
+  builder.set_spec(block_mask_spec(forward_spec(compile_options).resolved()));
+  return builder.build(batch, heads, len_q, len_kv, captures, options, stream);
 }
 
 }  // namespace fa
