@@ -121,14 +121,12 @@ KernelSpec forward_spec(const Options& options) {
 }
 
 // The block-mask builder's spec beside a resolved forward spec: its element type, head dims
-// and arch.
+// and arch (the builder has no tile or kernel family of its own).
 KernelSpec block_mask_spec(const KernelSpec& forward) {
-  KernelSpec s;
+  KernelSpec s = forward;
   s.kind = KernelKind::kBlockMask;
-  s.dtype = forward.dtype;
-  s.head_dim_qk = forward.head_dim_qk;
-  s.head_dim_v = forward.head_dim_v;
-  s.arch = forward.arch;
+  s.family = KernelFamily::kAuto;
+  s.tile = TileConfig{};
   return s;
 }
 
