@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "fajit/embedded_templates.h"
+#include "fajit/detail/embedded_templates.h"
 #include "fajit/error.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/key.h"
@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
         auto h0 = Clock::now();
         fa::jit::Lookup l = cache.get_or_compile(key, compile);
         us.push_back(ms_since(h0) * 1000.0);
-        if (l.origin != fa::jit::Origin::kDisk) throw fa::Error("expected a disk hit");
+        if (l.origin != fa::CacheOrigin::kDisk) throw fa::Error("expected a disk hit");
       }
       rows.push_back(summarize("cache disk hit (page cache warm, verify checksums)", "-", us));
     }
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < 1001; ++r) {
         auto m0 = Clock::now();
         for (int i = 0; i < kBatch; ++i)
-          if (cache.get_or_compile(key, compile).origin != fa::jit::Origin::kMemory)
+          if (cache.get_or_compile(key, compile).origin != fa::CacheOrigin::kMemory)
             throw fa::Error("expected a memory hit");
         us.push_back(ms_since(m0) * 1000.0 / kBatch);
       }

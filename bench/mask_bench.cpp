@@ -22,11 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "fajit/block_mask.h"
+#include "fajit/detail/mask_analysis.h"
 #include "fajit/frontend.h"
-#include "fajit/mask_analysis.h"
 #include "fajit/mods.h"
 #include "fajit/params.h"
-#include "fajit/runtime/block_mask.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
 

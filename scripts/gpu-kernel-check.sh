@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the forward-kernel GPU check (tests/kernel/kernel_check.cpp) into .device-build/ for
-# the GPU machine: NVRTC + Driver API (stub libcuda here, the real driver there), RPATH to
-# /usr/local/cuda/lib64 because libnvrtc.so.13 is not on the default loader path there.
-# Run it there from the repository root (it reads templates/ at run time):
+# Builds the forward-kernel GPU check (tests/kernel/kernel_check.cpp, CMake target
+# fajit_kernel_check) and the NVRTC compile test into .device-build/ for the GPU machine. The
+# templates are embedded (fa::jit::Nvrtc), so the binaries read no file; libnvrtc is dlopen()ed
+# from /usr/local/cuda/lib64 there, and kernel_check links the Driver API (the stub libcuda
+# here, the real driver there).
 #   .device-build/kernel_check              all correctness cases + benchmark
 #   .device-build/kernel_check --quick      small subset (for compute-sanitizer)
 #   .device-build/kernel_check --no-bench | --bench-only
@@ -10,13 +11,11 @@
 #                                           compute capability 9.0 only; both by default there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-mkdir -p .device-build
-g++ -O2 -std=c++17 -Wall -Wno-unused-result -pthread \
-  -I"$CUDA/include" -Itemplates -Itests/kernel -Iruntime/include -Icompiler/include \
-  tests/kernel/kernel_check.cpp -o .device-build/kernel_check \
-  -L"$CUDA/lib64/stubs" -lcuda -L"$CUDA/lib64" -lnvrtc -Wl,-rpath,"$CUDA/lib64"
-g++ -O2 -std=c++17 -Wall -I"$CUDA/include" -Itests/kernel \
-  tests/kernel/nvrtc_compile_test.cpp -o .device-build/nvrtc_compile_test \
-  -L"$CUDA/lib64" -lnvrtc -Wl,-rpath,"$CUDA/lib64"
+BUILD="${FAJIT_DEVICE_BUILD_DIR:-.device-build/build}"   # shared with scripts/gpu-test.sh
+if [[ ! -f "$BUILD/build.ninja" ]]; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
+fi
+ninja -C "$BUILD" -j "${FAJIT_JOBS:-$(nproc)}" fajit_kernel_check fajit_kernel_compile_test
+cp -f "$BUILD/tests/kernel/fajit_kernel_check" .device-build/kernel_check
+cp -f "$BUILD/tests/kernel/fajit_kernel_compile_test" .device-build/nvrtc_compile_test
 echo "built .device-build/kernel_check and .device-build/nvrtc_compile_test"

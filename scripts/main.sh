@@ -11,7 +11,7 @@ VARIANT=(--mask causal --score alibi)
 echo "== fa IR: causal mask + ALiBi score_mod =="
 "$FAJIT" dump --mlir "${VARIANT[@]}"
 echo
-echo "== generated CUDA (the mods; the kernel body comes from templates/fajit/forward.cuh) =="
+echo "== generated CUDA (the mods; the kernel body comes from templates/fajit/forward_sm90.cuh on sm_90a, the default without a GPU) =="
 "$FAJIT" dump --cuda "${VARIANT[@]}"
 echo
 echo "== PTX (sm_90a) =="

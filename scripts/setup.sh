@@ -25,8 +25,13 @@ if [ ! -e /usr/local/cuda/include/nvrtc.h ] && [ -z "${CUDAToolkit_ROOT:-}" ]; t
 fi
 
 BUILD="${FAJIT_BUILD_DIR:-build}"
+# CI (CI=true, as .ci/run sets) builds with warnings as errors, in a fresh or existing build.
+WERROR=OFF
+if [ "${CI:-}" = true ]; then WERROR=ON; fi
 if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCUDAToolkit_ROOT="${CUDAToolkit_ROOT:-/usr/local/cuda}" >/dev/null
+        -DCUDAToolkit_ROOT="${CUDAToolkit_ROOT:-/usr/local/cuda}" -DFAJIT_WERROR="$WERROR" >/dev/null
+elif [ "$WERROR" = ON ]; then
+  cmake -S . -B "$BUILD" -DFAJIT_WERROR=ON >/dev/null
 fi
 cmake --build "$BUILD" -j "${FAJIT_JOBS:-$(nproc)}"

@@ -1,4 +1,4 @@
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 
 #include <algorithm>
 #include <atomic>

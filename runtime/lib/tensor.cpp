@@ -1,4 +1,4 @@
-#include "fajit/runtime/tensor.h"
+#include "fajit/tensor.h"
 
 #include <climits>
 #include <cstdint>

@@ -26,7 +26,7 @@ struct BwdCase {
   int dqk, dv;
   int B, Hq, Hkv, Lq, Lkv;
   int param = -1;           // the variant's knob (window, prefix, n_pad, ...); < 0: default
-  std::string tag;
+  std::string tag = "";
   bool dlse = false;        // the loss also uses the LSE (dLSE != 0)
   bool noncontig = false;   // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
   float scale = 0.0f;       // 0: default 1/sqrt(dqk)
@@ -251,7 +251,9 @@ TEST_P(BackwardTest, MatchesReference) {
   std::printf("[ stats    ] dq rel %.2e max %.2e | dk rel %.2e max %.2e | dv rel %.2e max %.2e  (ref %.1f s, "
               "gpu %.2f ms first call; %ld masked query rows, %ld unseen keys)\n",
               sq.rel, sq.max_abs, sk.rel, sk.max_abs, sv.rel, sv.max_abs, ref_s, gpu_ms, n_masked_q, n_unseen_kv);
-  if (c.tag == "allmasked") EXPECT_EQ(n_masked_q, long(rows));
+  if (c.tag == "allmasked") {
+    EXPECT_EQ(n_masked_q, long(rows));
+  }
   for (const auto* s : {&sq, &sk, &sv}) {
     EXPECT_EQ(s->nan, 0) << s->first_bad;
     EXPECT_EQ(s->nonzero_masked, 0) << s->first_bad;

@@ -35,7 +35,7 @@ struct FwdCase {
   int dqk, dv;
   int B, Hq, Hkv, Lq, Lkv;
   int param = -1;            // the variant's knob (window, prefix, n_pad, ...); < 0: default
-  std::string tag;           // appended to the name
+  std::string tag = "";      // appended to the name
   bool noncontig = false;    // Q/K/V slices of one [B, L, Hq + 2 Hkv, D] buffer; O [B, Lq, Hq + 1, Dv]
   float scale = 0.0f;        // 0: default 1/sqrt(dqk)
   fa::TileConfig tile{};     // default: per head dims
@@ -398,8 +398,12 @@ TEST_P(ForwardTest, MatchesReference) {
               s.rel, s.row_rel, s.lse_err, s.max_abs, s.masked_rows, p->compile_s, p->ref_s, p->caps.describe().c_str());
   g_summary.push_back({c.name(), s.rel, s.row_rel, s.lse_err, s.max_abs, p->compile_s, p->ref_s, ms, s.masked_rows});
   expect_good(c, s);
-  if (c.variant == "padding" && c.param >= c.Lq) EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.Lq);
-  if (c.variant == "padding" && c.param < c.Lq) EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.param);
+  if (c.variant == "padding" && c.param >= c.Lq) {
+    EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.Lq);
+  }
+  if (c.variant == "padding" && c.param < c.Lq) {
+    EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.param);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, ForwardTest, ::testing::ValuesIn(cases()),

@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "fajit/detail/interp.h"
 #include "fajit/detail/program_impl.h"
+#include "fajit/detail/reference.h"
 #include "fajit/error.h"
-#include "fajit/interp.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
-#include "fajit/reference.h"
 #include "fajit/runtime/driver.h"
 #include "fajit/runtime/half.h"
 #include "fajit/runtime/memory.h"

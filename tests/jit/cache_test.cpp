@@ -18,7 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using fa::jit::Cache;
-using fa::jit::Origin;
+using Origin = fa::CacheOrigin;
 
 const std::string kKey = fa::jit::KeyBuilder().add("test", "one").hex();
 const std::string kKey2 = fa::jit::KeyBuilder().add("test", "two").hex();
@@ -94,8 +94,8 @@ TEST_F(CacheTest, MissThenMemoryHit) {
   EXPECT_EQ(s.disk_entries, 1u);
   EXPECT_TRUE(s.disk_enabled);
   EXPECT_TRUE(fs::is_regular_file(file(kKey)));
-  EXPECT_EQ(std::string(fa::jit::to_string(a.origin)), "compiled");
-  EXPECT_EQ(std::string(fa::jit::to_string(b.origin)), "memory");
+  EXPECT_EQ(std::string(fa::to_string(a.origin)), "compiled");
+  EXPECT_EQ(std::string(fa::to_string(b.origin)), "memory");
 }
 
 TEST_F(CacheTest, DiskHitFromAnotherInstance) {
@@ -103,7 +103,7 @@ TEST_F(CacheTest, DiskHitFromAnotherInstance) {
   Cache cache(dir_);
   fa::jit::Lookup r = cache.get_or_compile(kKey, [] { return std::string("wrong"); });
   EXPECT_EQ(r.origin, Origin::kDisk);
-  EXPECT_EQ(std::string(fa::jit::to_string(r.origin)), "disk");
+  EXPECT_EQ(std::string(fa::to_string(r.origin)), "disk");
   EXPECT_EQ(r.entry->cubin, kCubin);
   EXPECT_EQ(r.entry->meta, "meta text");
   EXPECT_EQ(cache.get_or_compile(kKey, [] { return std::string("wrong"); }).origin,

@@ -12,7 +12,7 @@ namespace {
 
 using fa::jit::Cache;
 using fa::jit::KernelRequest;
-using fa::jit::Origin;
+using Origin = fa::CacheOrigin;
 
 KernelRequest request() {
   KernelRequest req;

@@ -1,45 +1,17 @@
-// Test helper: compile a forward-kernel variant with NVRTC, handing the fajit device headers
-// over as named in-memory headers (no -I, no toolkit header), the way libfajit does.
+// Test helper: compile a forward-kernel variant through fa::jit::Nvrtc, the way libfajit does:
+// the device headers come from the embedded table (templates/, built into the binary), so no
+// file is read and no toolkit header is needed.
 #pragma once
 
-#include <nvrtc.h>
-
-#include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <regex>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "fajit/jit/nvrtc.h"
 #include "fajit/kernel_spec.h"
 
-#ifndef FAJIT_TEMPLATE_DIR
-#define FAJIT_TEMPLATE_DIR "templates"
-#endif
-
 namespace fa_test {
-
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Headers {
-  std::vector<std::string> names, texts;
-  explicit Headers(const std::string& dir = FAJIT_TEMPLATE_DIR) {
-    for (const char* n : {"fajit/params.h", "fajit/prelude.cuh", "fajit/mma.cuh", "fajit/forward.cuh",
-                          "fajit/wgmma_sm90.cuh", "fajit/forward_sm90.cuh", "fajit/block_walk.cuh",
-                          "fajit/attention_tile.cuh", "fajit/backward.cuh"}) {
-      names.push_back(n);
-      texts.push_back(read_text(dir + "/" + n));
-    }
-  }
-};
 
 // The host's default tile (fa::default_tile, the only source of defaults) as template
 // arguments that pick the score_mod or the no-score_mod tile by FaMods::kHasScoreMod.
@@ -116,36 +88,17 @@ inline void parse_ptxas(Compiled& c, const std::string& entry) {
   if (std::regex_search(tail, m, std::regex("Used (\\d+) registers"))) c.regs = std::stoi(m[1]);
 }
 
-inline Compiled compile(const Headers& h, const std::string& src, const std::string& arch,
-                        bool verbose_ptxas = true, const std::string& entry = "fajit_fwd") {
-  std::vector<const char*> hn, ht;
-  for (size_t i = 0; i < h.names.size(); ++i) {
-    hn.push_back(h.names[i].c_str());
-    ht.push_back(h.texts[i].c_str());
-  }
-  nvrtcProgram prog;
-  if (nvrtcCreateProgram(&prog, src.c_str(), "fajit_variant.cu", (int)hn.size(), ht.data(), hn.data()) !=
-      NVRTC_SUCCESS)
-    throw std::runtime_error("nvrtcCreateProgram failed");
-  std::string arch_opt = "--gpu-architecture=" + arch;
-  std::vector<const char*> opts = {arch_opt.c_str(), "-std=c++17", "-default-device"};
-  if (verbose_ptxas) opts.push_back("--ptxas-options=-v");
+// Throws fa::Error (kCompile) with NVRTC's log when the variant does not compile.
+inline Compiled compile(const std::string& src, const std::string& arch, bool verbose_ptxas = true,
+                        const std::string& entry = "fajit_fwd") {
+  fa::jit::CompileOptions opt;
+  opt.arch = arch;
+  if (verbose_ptxas) opt.extra.push_back("--ptxas-options=-v");
+  fa::jit::CompileResult r = fa::jit::Nvrtc::get().compile(src, "fajit_variant.cu", opt);
   Compiled c;
-  auto t0 = std::chrono::steady_clock::now();
-  nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
-  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  size_t n = 0;
-  nvrtcGetProgramLogSize(prog, &n);
-  c.log.resize(n);
-  if (n) nvrtcGetProgramLog(prog, &c.log[0]);
-  if (r != NVRTC_SUCCESS) {
-    nvrtcDestroyProgram(&prog);
-    throw std::runtime_error("nvrtc compile failed:\n" + c.log);
-  }
-  nvrtcGetCUBINSize(prog, &n);
-  c.cubin.resize(n);
-  nvrtcGetCUBIN(prog, c.cubin.data());
-  nvrtcDestroyProgram(&prog);
+  c.seconds = r.wall_ms / 1000.0;
+  c.log = std::move(r.log);
+  c.cubin.assign(r.cubin.begin(), r.cubin.end());
   parse_ptxas(c, entry);
   return c;
 }

@@ -5,8 +5,10 @@
 // A config string "sm90" or "sm90:<BLOCK_N,STAGES,OVERLAP>" selects the Hopper kernel
 // (forward_sm90.cuh); anything else is a fa::FwdConfig argument list of forward.cuh.
 //   usage: kernel_check [--quick] [--no-bench] [--bench-only] [--compile-only]
-//                       [--sm80-only | --sm90-only] [template_dir]
-// Built by scripts/gpu-kernel-check.sh; runs on the GPU machine from the repository root.
+//                       [--sm80-only | --sm90-only]
+// The device headers are the embedded templates (fa::jit::Nvrtc), so a change to templates/
+// needs a rebuild. Built by CMake (target fajit_kernel_check, not run by ctest) and, for the GPU
+// machine, by scripts/gpu-kernel-check.sh.
 #include <cuda.h>
 
 #include <algorithm>
@@ -123,12 +125,10 @@ struct Kernel {
 };
 
 struct Env {
-  fa_test::Headers headers;
   std::string arch;
   int num_sms = 0;
   std::string device_name;
   std::map<std::string, std::unique_ptr<Kernel>> cache;
-  explicit Env(const std::string& dir) : headers(dir) {}
 
   Kernel& get(Mod m, bool bf16, int dqk, int dv, const std::string& cfg) {
     const char* elem = bf16 ? "bf16_t" : "f16_t";
@@ -139,7 +139,7 @@ struct Env {
     auto it = cache.find(src);
     if (it != cache.end()) return *it->second;
     auto k = std::make_unique<Kernel>();
-    fa_test::Compiled c = fa_test::compile(headers, src, arch);
+    fa_test::Compiled c = fa_test::compile(src, arch);
     k->compile_s = c.seconds;
     k->regs = c.regs;
     k->spills = c.spill_stores + c.spill_loads;
@@ -171,7 +171,7 @@ struct Case {
   bool full_blocks = true;   // false: full_kv_* null, every non-empty block is partial
   bool noncontig = false;    // [B, L, H, D+8] layouts and padded LSE rows
   bool lse = true;
-  std::string cfg;           // "" = default config
+  std::string cfg = "";      // "" = default config
   int q_block = 128, kv_block = 128;
   float in_scale = 1.f;
 };
@@ -483,7 +483,6 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
 int main(int argc, char** argv) {
   bool quick = false, do_bench = true, only_bench = false, compile_only = false;
   bool sm80 = true, sm90 = true, sm90_only = false;
-  std::string dir = FAJIT_TEMPLATE_DIR;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true, do_bench = false;
@@ -492,15 +491,17 @@ int main(int argc, char** argv) {
     else if (a == "--compile-only") compile_only = true;
     else if (a == "--sm80-only") sm90 = false;
     else if (a == "--sm90-only") sm80 = false, sm90_only = true;
-    else dir = a;
+    else {
+      std::fprintf(stderr, "kernel_check: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
   }
   if (compile_only) {   // no GPU: compile the benchmark variants for sm_90a, show regs/spills
-    fa_test::Headers headers(dir);
     for (int D : {64, 128})
       for (Mod m : {Mod::Noop, Mod::AlibiCausal, Mod::SoftcapCausal})
         for (const char* cfg : {"", "128,2,false", "128,3,true", "64,2,true"}) {
           fa_test::Compiled c = fa_test::compile(
-              headers, fa_test::variant_source_sm90(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
+              fa_test::variant_source_sm90(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
           std::printf("sm90 d%-3d %-15s cfg=%-18s %.3f s regs=%d spills=%d/%d\n", D, mod_name(m), cfg, c.seconds,
                       c.regs, c.spill_stores, c.spill_loads);
         }
@@ -508,7 +509,7 @@ int main(int argc, char** argv) {
     for (int D : {64, 128})
       for (Mod m : {Mod::Noop, Mod::AlibiCausal})
         for (const char* cfg : {"", "128,64,4,2", "128,32,4,2", "256,64,8,2", "256,32,8,2", "128,64,4,2,1,true"}) {
-          fa_test::Compiled c = fa_test::compile(headers, fa_test::variant_source(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
+          fa_test::Compiled c = fa_test::compile(fa_test::variant_source(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
           std::printf("d%-3d %-15s cfg=%-18s %.3f s regs=%d spills=%d/%d\n", D, mod_name(m), cfg, c.seconds, c.regs,
                       c.spill_stores, c.spill_loads);
         }
@@ -520,7 +521,7 @@ int main(int argc, char** argv) {
   CUcontext ctx;
   CU(cuDevicePrimaryCtxRetain(&ctx, dev));
   CU(cuCtxSetCurrent(ctx));
-  Env env(dir);
+  Env env;
   int major, minor;
   CU(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   CU(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));

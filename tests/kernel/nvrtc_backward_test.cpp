@@ -2,15 +2,14 @@
 // {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi with a slopes gradient} mods x the
 // tiles the host picks; prints compile time, registers and spills of the dK/dV kernel, and
 // fails on any compile error or on a misused config that compiles.
-//   usage: fajit_kernel_backward_test [template_dir]
+//   usage: fajit_kernel_backward_test
 #include "fa_nvrtc.h"
 
 #include <cstdio>
 #include <string>
 
-int main(int argc, char** argv) {
+int main() {
   try {
-    fa_test::Headers headers(argc > 1 ? argv[1] : FAJIT_TEMPLATE_DIR);
     int failures = 0, count = 0;
     std::printf("%-7s %-6s %4s %4s %-10s %-6s %8s %5s %s\n", "arch", "elem", "dqk", "dv", "mods", "tile",
                 "seconds", "regs", "spill(st/ld)");
@@ -23,7 +22,6 @@ int main(int argc, char** argv) {
                                                         fa::KernelKind::kBackward);
               const std::string cfg = std::to_string(t.block_m) + ", " + std::to_string(t.warps);
               fa_test::Compiled c = fa_test::compile(
-                  headers,
                   fa_test::backward_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(),
                                            elem, dqk, dv, cfg),
                   arch, true, "fajit_bwd_dkdv");
@@ -34,7 +32,7 @@ int main(int argc, char** argv) {
                           c.spill_loads);
             }
     try {
-      fa_test::compile(headers, fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"),
+      fa_test::compile(fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"),
                        "sm_80", false, "fajit_bwd_dkdv");
       std::printf("FAIL: BLOCK_M 128 with 4 warps compiled\n");
       ++failures;

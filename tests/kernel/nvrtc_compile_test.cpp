@@ -1,16 +1,16 @@
 // Compiles every forward-kernel variant with NVRTC (no GPU needed): fp16/bf16 x head dims
-// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi} mods, from in-memory headers only;
+// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi} mods, from the embedded headers only
+// (fa::jit::Nvrtc, as libfajit compiles);
 // then the Hopper kernel (forward_sm90.cuh, sm_90a) over the same grid plus its config knobs.
 // Prints compile time, registers and spills; fails on any compile error.
-//   usage: fajit_kernel_compile_test [template_dir]
+//   usage: fajit_kernel_compile_test
 #include "fa_nvrtc.h"
 
 #include <cstdio>
 #include <vector>
 
-int main(int argc, char** argv) {
+int main() {
   try {
-    fa_test::Headers headers(argc > 1 ? argv[1] : FAJIT_TEMPLATE_DIR);
     int failures = 0, count = 0, spilling = 0;
     double total = 0, worst = 0;
     std::printf("%-7s %-6s %4s %4s %-10s %8s %5s %s\n", "arch", "elem", "dqk", "dv", "mods", "seconds",
@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
             for (int mods = 0; mods < 2; ++mods) {
               const std::string src = fa_test::variant_source(
                   mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem, dqk, dv);
-              fa_test::Compiled c = fa_test::compile(headers, src, arch);
+              fa_test::Compiled c = fa_test::compile(src, arch);
               ++count;
               total += c.seconds;
               worst = c.seconds > worst ? c.seconds : worst;
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     for (const V90& v : v90) {
       const std::string src = fa_test::variant_source_sm90(
           v.mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), v.elem, v.dqk, v.dv, v.cfg);
-      fa_test::Compiled c = fa_test::compile(headers, src, "sm_90a");
+      fa_test::Compiled c = fa_test::compile(src, "sm_90a");
       ++count;
       total += c.seconds;
       worst = c.seconds > worst ? c.seconds : worst;
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
                   spills ? "  <-- SPILLS" : "", *v.cfg ? v.cfg : "default");
     }
     try {
-      fa_test::compile(headers, fa_test::variant_source_sm90(fa_test::mods_noop(), "bf16_t", 128, 128, "96,2,true"),
+      fa_test::compile(fa_test::variant_source_sm90(fa_test::mods_noop(), "bf16_t", 128, 128, "96,2,true"),
                        "sm_90a", false);
       std::printf("FAIL: sm90 BLOCK_N 96 compiled\n");
       ++failures;
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     }
     // Misuse is rejected at compile time with a readable message.
     try {
-      fa_test::compile(headers, fa_test::variant_source(fa_test::mods_noop(), "bf16_t", 96, 64), "sm_80",
+      fa_test::compile(fa_test::variant_source(fa_test::mods_noop(), "bf16_t", 96, 64), "sm_80",
                        false);
       std::printf("FAIL: head dim 96 compiled\n");
       ++failures;

@@ -24,8 +24,16 @@ llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
     [ToolSubst("fajit-opt", unresolved="fatal")], [config.fajit_opt_dir])
 
-# The fajit CLI (tools/fajit) arrives later; `%fajit` always expands to where it will be,
-# and tests that run it declare `REQUIRES: fajit-cli`.
+# `%fajit` expands to the CLI (tools/fajit, target fajit_cli); tests that run it declare
+# `REQUIRES: fajit-cli`, so they are reported unsupported until it is built.
 config.substitutions.append(("%fajit", '"%s"' % config.fajit_cli_path))
 if os.path.isfile(config.fajit_cli_path) and os.access(config.fajit_cli_path, os.X_OK):
     config.available_features.add("fajit-cli")
+
+# `fajit dump --sass` runs cuobjdump or nvdisasm, found on the tests' PATH or in
+# /usr/local/cuda/bin ($FAJIT_CUDA_BIN, which lit does not pass on, overrides it). Tests of
+# that path declare `REQUIRES: cuda-sass-tool`.
+_sass_dirs = config.environment.get("PATH", "").split(os.pathsep) + ["/usr/local/cuda/bin"]
+if any(os.access(os.path.join(d, tool), os.X_OK)
+       for d in _sass_dirs if d for tool in ("cuobjdump", "nvdisasm")):
+    config.available_features.add("cuda-sass-tool")

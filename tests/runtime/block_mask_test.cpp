@@ -1,5 +1,5 @@
 #include "fa_test_util.h"
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 
 #include <gtest/gtest.h>
 

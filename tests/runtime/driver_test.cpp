@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "fajit/block_mask.h"
 #include "fajit/error.h"
-#include "fajit/runtime/block_mask.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/memory.h"
 

@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "fajit/embedded_templates.h"
+#include "fajit/block_mask.h"
+#include "fajit/detail/embedded_templates.h"
 #include "fajit/error.h"
 #include "fajit/params.h"
-#include "fajit/runtime/block_mask.h"
 #include "fajit/runtime/block_mask_builder.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"

@@ -82,7 +82,7 @@ Table table(DType t) {
 
 // Round to nearest, ties to even, by searching the table: the two representable neighbours
 // of |x| and their distances in long double (exact here: the operands are close or one is 0).
-uint16_t reference_round(float x, DType t, const Table& tb) {
+uint16_t reference_round(float x, DType /*t*/, const Table& tb) {
   const uint16_t sign = std::signbit(x) ? 0x8000u : 0;
   if (std::isnan(x)) return 0xffffu;  // any NaN; checked separately
   if (std::isinf(x)) return sign | tb.bits.back();

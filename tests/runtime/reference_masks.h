@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 
 namespace fa::test {
 

@@ -14,11 +14,11 @@
 #include "fa_test_util.h"
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/analysis/range_program.h"
-#include "fajit/codegen.h"
+#include "fajit/detail/codegen.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/error.h"
-#include "fajit/interp.h"
-#include "fajit/mask_analysis.h"
+#include "fajit/detail/interp.h"
+#include "fajit/detail/mask_analysis.h"
 
 namespace {
 

@@ -1,9 +1,9 @@
-// Codegen (fajit/codegen.h): the FaMods text it emits for the library mods, the capture-slot
+// Codegen (fajit/detail/codegen.h): the FaMods text it emits for the library mods, the capture-slot
 // and KernelSpec errors, and NVRTC accepting what it generates: every shipped forward variant
 // and the block-mask kernel for sm_80 and sm_90a, and one mod per arith/math op kind it lowers.
 // NVRTC runs on the host; no GPU is needed.
 #include "fa_test_util.h"
-#include "fajit/codegen.h"
+#include "fajit/detail/codegen.h"
 
 #include <gtest/gtest.h>
 

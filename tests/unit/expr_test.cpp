@@ -1,8 +1,8 @@
-// The expression language of `fajit dump --mask-mod EXPR --score-mod EXPR` (fajit/expr.h):
+// The expression language of `fajit dump --mask-mod EXPR --score-mod EXPR` (fajit/detail/expr.h):
 // expressions trace to the IR the C++ mods give, and every malformed input is an fa::Error
 // with a column and a caret.
 #include "fa_test_util.h"
-#include "fajit/expr.h"
+#include "fajit/detail/expr.h"
 
 #include <gtest/gtest.h>
 

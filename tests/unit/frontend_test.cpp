@@ -50,7 +50,7 @@ TEST(Frontend, ScalarsAreRuntimeValuesNotConstants) {
 
 TEST(Frontend, RankTwoBufferAndPromotion) {
   auto bias = fa::buffer<float>("bias", 2);
-  auto s = score_of([bias](Score s, Index b, Index h, Index q, Index kv) {
+  auto s = score_of([bias](Score s, Index /*b*/, Index h, Index q, Index kv) {
     return s * 0.5 + bias(h, q - kv) + kv;  // Index promotes to Score
   });
   std::string ir = fa::trace(s, fa::noop_mask()).to_mlir();

@@ -1,7 +1,7 @@
-// Tests of fa::ModProgram (compiler/include/fajit/interp.h): every allowlisted op against a
+// Tests of fa::ModProgram (compiler/include/fajit/detail/interp.h): every allowlisted op against a
 // direct C++ computation, all cmp predicates, the UB/poison errors and the binding errors.
 #include "fa_test_util.h"
-#include "fajit/interp.h"
+#include "fajit/detail/interp.h"
 
 #include <gtest/gtest.h>
 

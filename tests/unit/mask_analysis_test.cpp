@@ -1,7 +1,7 @@
-// Tests of fa::analyze_block_mask (compiler/include/fajit/mask_analysis.h): analysis plus the
+// Tests of fa::analyze_block_mask (compiler/include/fajit/detail/mask_analysis.h): analysis plus the
 // CPU fallback equals fa::brute_force_block_classes exactly; the affine library masks are
 // decided completely; the fa-mask-block-range pass agrees with the interval program.
-#include "fajit/mask_analysis.h"
+#include "fajit/detail/mask_analysis.h"
 
 #include <gtest/gtest.h>
 
@@ -14,10 +14,10 @@
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/Dialect/FA/Passes.h"
 #include "fajit/detail/program_impl.h"
+#include "fajit/detail/reference.h"
 #include "fajit/error.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
-#include "fajit/reference.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"

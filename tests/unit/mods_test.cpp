@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "fajit/detail/interp.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/frontend.h"
-#include "fajit/interp.h"
 
 namespace {
 

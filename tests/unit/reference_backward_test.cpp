@@ -1,7 +1,7 @@
 // fa::reference_attention_backward (compiler/include/fajit/reference.h) against central
 // differences of its own forward: L = sum(out * dout) + sum(lse * dlse), on small random
 // shapes with GQA, Lq != Lkv, a causal mask (fully masked rows included) and dLSE.
-#include "fajit/reference.h"
+#include "fajit/detail/reference.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Tests of fa::reference_attention and fa::brute_force_block_classes
-// (compiler/include/fajit/reference.h) against plainly written loops.
+// (compiler/include/fajit/detail/reference.h) against plainly written loops.
 #include "fa_test_util.h"
-#include "fajit/reference.h"
+#include "fajit/detail/reference.h"
 
 #include <gtest/gtest.h>
 

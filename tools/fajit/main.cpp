@@ -15,8 +15,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "fajit/codegen.h"
-#include "fajit/expr.h"
+#include "fajit/detail/codegen.h"
+#include "fajit/detail/expr.h"
 #include "fajit/frontend.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/nvrtc.h"
@@ -88,14 +88,21 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
   return s;  // generate() resolves it (the default tile depends on the mods)
 }
 
-// The first of `names` found on PATH or in the CUDA toolkit's bin directory.
+// The CUDA toolkit's bin directory: $FAJIT_CUDA_BIN if set and non-empty, else
+// /usr/local/cuda/bin.
+std::string toolkit_bin_dir() {
+  const char* env = std::getenv("FAJIT_CUDA_BIN");
+  return env && *env ? env : "/usr/local/cuda/bin";
+}
+
+// The first of `names` found on PATH or in toolkit_bin_dir().
 std::string find_tool(std::initializer_list<const char*> names) {
   std::vector<std::string> dirs;
   if (const char* path = std::getenv("PATH")) {
     std::stringstream ss(path);
     for (std::string d; std::getline(ss, d, ':');) dirs.push_back(d);
   }
-  dirs.push_back("/usr/local/cuda/bin");
+  dirs.push_back(toolkit_bin_dir());
   for (const char* n : names)
     for (const std::string& d : dirs) {
       std::string p = d + "/" + n;
@@ -125,8 +132,9 @@ int run_dump(const DumpOptions& o) {
   }
   std::string tool = find_tool({"cuobjdump", "nvdisasm"});
   if (tool.empty())
-    throw fa::Error("--sass needs cuobjdump or nvdisasm (from the CUDA toolkit) on PATH or in /usr/local/cuda/bin; "
-                    "neither was found");
+    throw fa::Error(fmt::format(
+        "--sass needs cuobjdump or nvdisasm (from the CUDA toolkit) on PATH or in {}; neither was found",
+        toolkit_bin_dir()));
   char tmpl[] = "/tmp/fajit-sass-XXXXXX.cubin";
   int fd = ::mkstemps(tmpl, 6);
   if (fd < 0) throw fa::Error("cannot create a temporary file for --sass");

@@ -15,14 +15,13 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "fajit/detail/program_impl.h"
+#include "fajit/block_mask.h"
+#include "fajit/detail/expr.h"
+#include "fajit/detail/interp.h"
+#include "fajit/detail/mask_analysis.h"
 #include "fajit/error.h"
-#include "fajit/expr.h"
 #include "fajit/frontend.h"
-#include "fajit/interp.h"
-#include "fajit/mask_analysis.h"
 #include "fajit/mods.h"
-#include "fajit/runtime/block_mask.h"
 
 namespace {
 
@@ -141,7 +140,7 @@ int run_mask_command() {
       if (v.type == fa::ScalarType::kF32) env.scalar_f32(name, v.f);
       else env.scalar_i32(name, v.i);
     }
-    fa::ModProgram mp = fa::ModProgram::compile(program.impl().mask.getOperation());
+    fa::ModProgram mp = fa::ModProgram::mask_of(program);
     on_cpu = fa::evaluate_undecided_blocks(a, mp, env, o.len_q, len_kv, o.block, o.block);
   }
   auto t2 = std::chrono::steady_clock::now();

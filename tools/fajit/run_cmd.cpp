@@ -11,11 +11,10 @@
 
 #include <fmt/format.h>
 
-#include "fajit/detail/program_impl.h"
-#include "fajit/interp.h"
+#include "fajit/detail/interp.h"
+#include "fajit/detail/reference.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
-#include "fajit/reference.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
 #include "fajit/runtime/half.h"
@@ -128,8 +127,8 @@ int run_variant(const RunOptions& o) {
   dout.download(out.data(), bytes);
   dlse.download(lse.data(), lse.size() * 4);
 
-  fa::ModProgram sp = fa::ModProgram::compile(mlir::fa::ScoreModOp(program.impl().score).getOperation());
-  fa::ModProgram mp = fa::ModProgram::compile(mlir::fa::MaskModOp(program.impl().mask).getOperation());
+  fa::ModProgram sp = fa::ModProgram::score_of(program);
+  fa::ModProgram mp = fa::ModProgram::mask_of(program);
   fa::ReferenceOptions ro;
   ro.score_mod = &sp;
   ro.mask_mod = &mp;

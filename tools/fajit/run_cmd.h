@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "fajit/runtime/tensor.h"
+#include "fajit/tensor.h"
 
 namespace fajit_cli {
 

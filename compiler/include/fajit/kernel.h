@@ -11,17 +11,17 @@
 // fa::Index kv) { return s; }, [](auto b, auto h, auto q, auto kv) { return q >= kv; }).
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "fajit/codegen.h"
+#include "fajit/block_mask.h"
+#include "fajit/cache_origin.h"
+#include "fajit/captures.h"
 #include "fajit/frontend.h"
 #include "fajit/kernel_spec.h"
-#include "fajit/runtime/block_mask.h"
-#include "fajit/runtime/tensor.h"
+#include "fajit/tensor.h"
 
 namespace fa {
 
@@ -33,31 +33,6 @@ struct Options {
   TileConfig tile;        // mma.sync kernel only; default: per head dims
   std::string arch;       // "" = the current GPU's; sm_90a when there is no GPU
   bool line_info = false;  // NVRTC -lineinfo (for profilers)
-};
-
-// Where a kernel's binary came from.
-enum class CacheOrigin { kMemory, kDisk, kCompiled };
-FA_API const char* to_string(CacheOrigin o);
-
-// The run-time values of a kernel's captured buffers (device tensors) and scalars, by name.
-class FA_API Captures {
- public:
-  Captures& buffer(const std::string& name, const TensorView& t);
-  Captures& scalar(const std::string& name, float value);
-  Captures& scalar(const std::string& name, int32_t value);
-  Captures& scalar(const std::string& name, double value) { return scalar(name, static_cast<float>(value)); }
-
-  struct Scalar {
-    bool is_float;
-    float f;
-    int32_t i;
-  };
-  const std::map<std::string, TensorView>& buffers() const { return buffers_; }
-  const std::map<std::string, Scalar>& scalars() const { return scalars_; }
-
- private:
-  std::map<std::string, TensorView> buffers_;
-  std::map<std::string, Scalar> scalars_;
 };
 
 struct ForwardOptions {

@@ -1,11 +1,12 @@
-// fa::KernelSpec: a plain value naming everything that selects a kernel besides the mods.
-// Its canonical text plus the generated source form the cache key.
+// fa::KernelSpec: a plain value naming everything that selects a kernel besides the mods (its
+// canonical text plus the generated source form the cache key), and fa::CaptureSlot, where
+// the kernel reads each capture.
 #pragma once
 
 #include <string>
 
 #include "fajit/export.h"
-#include "fajit/runtime/tensor.h"  // fa::DType (plain enum, no CUDA headers)
+#include "fajit/types.h"  // fa::DType
 
 namespace fa {
 
@@ -54,6 +55,15 @@ struct FA_API KernelSpec {
     return kind == o.kind && dtype == o.dtype && family == o.family && head_dim_qk == o.head_dim_qk &&
            head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch;
   }
+};
+
+// Where a capture lives in FaCaptures: buffers[slot] or scalars[slot].
+struct CaptureSlot {
+  std::string name;
+  bool is_buffer = false;
+  bool is_float = false;  // f32, else i32
+  int rank = 0;           // buffers only
+  int slot = 0;
 };
 
 // The one source of the default tiles (the templates have none; codegen spells the config).

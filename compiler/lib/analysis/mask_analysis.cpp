@@ -1,6 +1,6 @@
 // fa::analyze_block_mask: the quadtree over the block grid and the witness search for single
 // undecided blocks, on top of the mask range program (fajit/analysis/range_program.h).
-#include "fajit/mask_analysis.h"
+#include "fajit/detail/mask_analysis.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,7 +10,7 @@
 
 #include "fajit/analysis/range_program.h"
 #include "fajit/error.h"
-#include "fajit/reference.h"
+#include "fajit/detail/reference.h"
 
 namespace fa {
 namespace detail {

@@ -7,51 +7,21 @@
 
 #include <fmt/format.h>
 
+#include "fajit/detail/codegen.h"
+#include "fajit/detail/mask_analysis.h"
+#include "fajit/detail/program_impl.h"
 #include "fajit/jit/arch.h"
 #include "fajit/jit/compile.h"
-#include "fajit/mask_analysis.h"
 #include "fajit/params.h"
 #include "fajit/runtime/block_mask_builder.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
 #include "fajit/runtime/bwd_params.h"
 #include "fajit/runtime/fwd_params.h"
-#include "fajit/runtime/memory.h"
 
 namespace fa {
 
-const char* to_string(CacheOrigin o) {
-  switch (o) {
-    case CacheOrigin::kMemory: return "memory";
-    case CacheOrigin::kDisk: return "disk";
-    case CacheOrigin::kCompiled: return "compiled";
-  }
-  return "?";
-}
-
-Captures& Captures::buffer(const std::string& name, const TensorView& t) {
-  buffers_[name] = t;
-  return *this;
-}
-Captures& Captures::scalar(const std::string& name, float value) {
-  scalars_[name] = Scalar{true, value, 0};
-  return *this;
-}
-Captures& Captures::scalar(const std::string& name, int32_t value) {
-  scalars_[name] = Scalar{false, 0.0f, value};
-  return *this;
-}
-
 namespace {
-
-CacheOrigin origin_of(jit::Origin o) {
-  switch (o) {
-    case jit::Origin::kMemory: return CacheOrigin::kMemory;
-    case jit::Origin::kDisk: return CacheOrigin::kDisk;
-    case jit::Origin::kCompiled: return CacheOrigin::kCompiled;
-  }
-  return CacheOrigin::kCompiled;
-}
 
 std::string resolve_arch(const std::string& requested) {
   if (!requested.empty()) return jit::validate_arch(requested);
@@ -83,120 +53,16 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   jit::Lookup l = jit::compile_cached(req);
   c.key = l.entry->key;
   c.entry = l.entry;
-  c.origin = origin_of(l.origin);
+  c.origin = l.origin;
   c.options = req.options;
   c.gen = std::move(gen);
   return c;
 }
 
-}  // namespace
-
-namespace {
-
-// The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
-// the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
-float check_call(const KernelSpec& s, const TileConfig& tile, const char* what, const AttentionShape& shape,
-                 const BlockMask& mask, float scale) {
-  if (shape.dtype != s.dtype)
-    throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype), dtype_name(shape.dtype)));
-  if (shape.dim_qk != s.head_dim_qk)
-    throw Error(fmt::format("q: the kernel was compiled for head_dim_qk={}, got {}", s.head_dim_qk, shape.dim_qk));
-  if (shape.dim_v != s.head_dim_v)
-    throw Error(fmt::format("v: the kernel was compiled for head_dim_v={}, got {}", s.head_dim_v, shape.dim_v));
-  if (!mask.valid()) throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
-  mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
-  if (mask.q_block() % tile.block_m != 0 || mask.kv_block() % tile.block_n != 0)
-    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}", mask.q_block(),
-                            mask.kv_block(), what, tile.block_m, tile.block_n));
-  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
-  if (!(scale > 0.0f) || !std::isfinite(scale))
-    throw Error(fmt::format("scale must be positive and finite, got {}", scale));
-  return scale;
-}
-
-// Stream-ordered device scratch: allocated on `stream`, freed on it after the work queued so far.
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, CUstream stream) : stream_(stream) {
-    FA_CU(cuMemAllocAsync, &ptr_, bytes, stream_);
-  }
-  ~StreamScratch() {
-    if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);   // best effort; nothing to report to
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  float* f32() const { return reinterpret_cast<float*>(static_cast<uintptr_t>(ptr_)); }
-
- private:
-  CUdeviceptr ptr_ = 0;
-  CUstream stream_;
-};
-
-}  // namespace
-
-struct Kernel::Impl {
-  explicit Impl(Program p) : program(std::move(p)), mask_range(MaskRangeProgram::compile(program)) {}
-  Program program;
-  MaskRangeProgram mask_range;  // the mask_mod as an interval program, compiled once
-  Options options;
-  Compiled fwd;
-  std::mutex builder_mutex;
-  std::unique_ptr<Compiled> builder;  // the block-mask classifier, compiled on first use
-  std::mutex bwd_mutex;
-  std::unique_ptr<Compiled> bwd;      // the backward kernels, compiled on first use
-
-  const Compiled& backward_kernel() {
-    std::lock_guard<std::mutex> lock(bwd_mutex);
-    if (!bwd) {
-      KernelSpec s;
-      s.kind = KernelKind::kBackward;
-      s.dtype = fwd.gen.spec.dtype;
-      s.head_dim_qk = fwd.gen.spec.head_dim_qk;
-      s.head_dim_v = fwd.gen.spec.head_dim_v;
-      s.arch = fwd.gen.spec.arch;
-      bwd = std::make_unique<Compiled>(compile_generated(
-          generate(program, s), fwd.options.line_info,
-          fmt::format("backward of score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name())));
-    }
-    return *bwd;
-  }
-
-  const Compiled& block_mask_kernel() {
-    std::lock_guard<std::mutex> lock(builder_mutex);
-    if (!builder) {
-      KernelSpec s;
-      s.kind = KernelKind::kBlockMask;
-      s.dtype = fwd.gen.spec.dtype;
-      s.head_dim_qk = fwd.gen.spec.head_dim_qk;
-      s.head_dim_v = fwd.gen.spec.head_dim_v;
-      s.arch = fwd.gen.spec.arch;
-      builder = std::make_unique<Compiled>(
-          compile_generated(generate(program, s), false, "mask_mod @" + program.mask_mod_name()));
-    }
-    return *builder;
-  }
-};
-
-Kernel::Kernel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-const KernelSpec& Kernel::spec() const { return impl_->fwd.gen.spec; }
-const Program& Kernel::program() const { return impl_->program; }
-const std::string& Kernel::cuda_source() const { return impl_->fwd.gen.source; }
-const std::string& Kernel::cubin() const { return impl_->fwd.entry->cubin; }
-const std::string& Kernel::cache_key() const { return impl_->fwd.key; }
-CacheOrigin Kernel::origin() const { return impl_->fwd.origin; }
-const std::vector<CaptureSlot>& Kernel::capture_slots() const { return impl_->fwd.gen.slots; }
-
-std::string Kernel::ptx() const {
-  jit::CompileOptions o = impl_->fwd.options;
-  o.want_ptx = true;
-  return jit::Nvrtc::get().compile(impl_->fwd.gen.source, impl_->fwd.gen.kernel_name + ".cu", o).ptx;
-}
-
-std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const {
+// The FaCaptures block for `captures`, checked against the slots of what the mods capture.
+std::vector<unsigned char> pack_captures(const std::vector<CaptureSlot>& slots, const Captures& captures) {
   FaCaptures cap;
   std::memset(&cap, 0, sizeof cap);
-  const auto& slots = capture_slots();
   auto known = [&]() {
     std::string names;
     for (const CaptureSlot& s : slots) names += (names.empty() ? "" : ", ") + s.name;
@@ -241,43 +107,189 @@ std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const
   return bytes;
 }
 
+// The forward kernel's spec as the user asked for it (resolved by codegen).
+KernelSpec forward_spec(const Options& options) {
+  KernelSpec spec;
+  spec.kind = KernelKind::kForward;
+  spec.dtype = options.dtype;
+  spec.head_dim_qk = options.head_dim_qk;
+  spec.head_dim_v = options.head_dim_v;
+  spec.tile = options.tile;
+  spec.family = options.family;
+  spec.arch = resolve_arch(options.arch);
+  return spec;
+}
+
+// The block-mask builder's spec beside a resolved forward spec: its element type, head dims
+// and arch (the builder has no tile or kernel family of its own).
+KernelSpec block_mask_spec(const KernelSpec& forward) {
+  KernelSpec s = forward;
+  s.kind = KernelKind::kBlockMask;
+  s.family = KernelFamily::kAuto;
+  s.tile = TileConfig{};
+  return s;
+}
+
+// What a block mask needs of a variant: the mask_mod as an interval program (compiled once),
+// what the mask reads, where the captures go, and the GPU builder (compiled on first use).
+// fa::Kernel holds one beside its forward kernel; fa::create_block_mask holds only this.
+class MaskBuilder {
+ public:
+  explicit MaskBuilder(Program program)
+      : program_(std::move(program)), range_(MaskRangeProgram::compile(program_)),
+        slots_(capture_slots(program_)) {}
+
+  const Program& program() const { return program_; }
+  // The builder kernel's spec (block_mask_spec); needed only once a mask is left undecided.
+  void set_spec(KernelSpec spec) { spec_ = std::move(spec); }
+
+  BlockMask build(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
+                  const BlockMaskOptions& options, Stream stream) {
+    if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
+      throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
+                              len_kv));
+    // Block sizes are checked against the forward kernel's tile when the mask is used (forward).
+    int bm = range_.reads_b() ? batch : 1;
+    int hm = range_.reads_h() ? heads : 1;
+    if (program_.mask_is_noop())
+      return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
+    std::vector<unsigned char> cap = pack_captures(slots_, captures);
+    // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
+    // BlockKind::kUndecided marks the blocks left to the GPU builder.
+    MaskAnalysis a = analyze_block_mask(range_, bm, hm, len_q, len_kv, options.q_block, options.kv_block,
+                                        scalar_values_of(captures));
+    if (a.undecided == 0)
+      return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, std::move(a.kinds), options.q_block,
+                                   options.kv_block);
+    FaCaptures fc;
+    std::memcpy(&fc, cap.data(), sizeof fc);
+    const Compiled& b = builder();
+    rt::ContextGuard guard;
+    CUfunction fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name);
+    rt::BlockMaskBuildOptions o;
+    o.q_block = options.q_block;
+    o.kv_block = options.kv_block;
+    o.stream = reinterpret_cast<CUstream>(stream);
+    o.known = std::move(a.kinds);  // kUndecided: evaluate element by element on the GPU
+    return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
+  }
+
+ private:
+  const Compiled& builder() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!builder_)
+      builder_ = std::make_unique<Compiled>(
+          compile_generated(generate(program_, spec_), false, "mask_mod @" + program_.mask_mod_name()));
+    return *builder_;
+  }
+
+  Program program_;
+  MaskRangeProgram range_;
+  std::vector<CaptureSlot> slots_;
+  KernelSpec spec_;
+  std::mutex mutex_;
+  std::unique_ptr<Compiled> builder_;
+};
+
+// The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
+// the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
+float check_call(const KernelSpec& s, const char* what, const AttentionShape& shape, const BlockMask& mask,
+                 float scale) {
+  if (shape.dtype != s.dtype)
+    throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype), dtype_name(shape.dtype)));
+  if (shape.dim_qk != s.head_dim_qk)
+    throw Error(fmt::format("q: the kernel was compiled for head_dim_qk={}, got {}", s.head_dim_qk, shape.dim_qk));
+  if (shape.dim_v != s.head_dim_v)
+    throw Error(fmt::format("v: the kernel was compiled for head_dim_v={}, got {}", s.head_dim_v, shape.dim_v));
+  if (!mask.valid()) throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
+  mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
+  if (mask.q_block() % s.tile.block_m != 0 || mask.kv_block() % s.tile.block_n != 0)
+    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}", mask.q_block(),
+                            mask.kv_block(), what, s.tile.block_m, s.tile.block_n));
+  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
+  if (!(scale > 0.0f) || !std::isfinite(scale))
+    throw Error(fmt::format("scale must be positive and finite, got {}", scale));
+  return scale;
+}
+
+// Stream-ordered device scratch: allocated on `stream`, freed on it after the work queued so far.
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, CUstream stream) : stream_(stream) { FA_CU(cuMemAllocAsync, &ptr_, bytes, stream_); }
+  ~StreamScratch() {
+    if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);   // best effort: a destructor reports nothing
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  float* f32() const { return reinterpret_cast<float*>(static_cast<uintptr_t>(ptr_)); }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  CUstream stream_;
+};
+
+// The backward kernels' spec beside a resolved forward spec (their own tile and family).
+KernelSpec backward_spec_of(const KernelSpec& forward) {
+  KernelSpec s = forward;
+  s.kind = KernelKind::kBackward;
+  s.family = KernelFamily::kAuto;
+  s.tile = TileConfig{};
+  return s;
+}
+
+}  // namespace
+
+struct Kernel::Impl {
+  explicit Impl(Program program) : mask(std::move(program)) {}
+  MaskBuilder mask;
+  Compiled fwd;
+  std::mutex bwd_mutex;
+  std::unique_ptr<Compiled> bwd;  // the backward kernels, compiled on first use
+
+  const Compiled& backward_kernel() {
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    if (!bwd) {
+      const Program& p = mask.program();
+      bwd = std::make_unique<Compiled>(compile_generated(
+          generate(p, backward_spec_of(fwd.gen.spec)), fwd.options.line_info,
+          fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
+    }
+    return *bwd;
+  }
+};
+
+Kernel::Kernel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+const KernelSpec& Kernel::spec() const { return impl_->fwd.gen.spec; }
+const Program& Kernel::program() const { return impl_->mask.program(); }
+const std::string& Kernel::cuda_source() const { return impl_->fwd.gen.source; }
+const std::string& Kernel::cubin() const { return impl_->fwd.entry->cubin; }
+const std::string& Kernel::cache_key() const { return impl_->fwd.key; }
+CacheOrigin Kernel::origin() const { return impl_->fwd.origin; }
+const std::vector<CaptureSlot>& Kernel::capture_slots() const { return impl_->fwd.gen.slots; }
+
+std::string Kernel::ptx() const {
+  jit::CompileOptions o = impl_->fwd.options;
+  o.want_ptx = true;
+  return jit::Nvrtc::get().compile(impl_->fwd.gen.source, impl_->fwd.gen.kernel_name + ".cu", o).ptx;
+}
+
+std::vector<unsigned char> Kernel::pack_captures(const Captures& captures) const {
+  return fa::pack_captures(capture_slots(), captures);
+}
+
 BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
                              const BlockMaskOptions& options, Stream stream) const {
-  if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
-    throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
-                            len_kv));
-  // Block sizes are checked against the forward kernel's tile when the mask is used (forward).
-  int bm = impl_->mask_range.reads_b() ? batch : 1;
-  int hm = impl_->mask_range.reads_h() ? heads : 1;
-  if (program().mask_is_noop())
-    return BlockMask::all_full(1, 1, len_q, len_kv, options.q_block, options.kv_block);
-  std::vector<unsigned char> cap = pack_captures(captures);
-  // Symbolic analysis first (CPU, no GPU): when it decides every block, that is the mask.
-  // BlockKind::kUndecided marks the blocks left to the GPU builder.
-  MaskAnalysis a = analyze_block_mask(impl_->mask_range, bm, hm, len_q, len_kv, options.q_block,
-                                      options.kv_block, scalar_values_of(captures));
-  if (a.undecided == 0)
-    return BlockMask::from_kinds(a.batch, a.heads, len_q, len_kv, std::move(a.kinds), options.q_block,
-                                 options.kv_block);
-  FaCaptures fc;
-  std::memcpy(&fc, cap.data(), sizeof fc);
-  const Compiled& b = impl_->block_mask_kernel();
-  rt::ContextGuard guard;
-  CUfunction fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name);
-  rt::BlockMaskBuildOptions o;
-  o.q_block = options.q_block;
-  o.kv_block = options.kv_block;
-  o.stream = reinterpret_cast<CUstream>(stream);
-  o.known = std::move(a.kinds);  // kUndecided: evaluate element by element on the GPU
-  return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
+  return impl_->mask.build(batch, heads, len_q, len_kv, captures, options, stream);
 }
+
 
 void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                      const BlockMask& mask, const Captures& captures, const ForwardOptions& options,
                      Stream stream) const {
   AttentionShape shape = validate_attention(q, k, v, o, options.lse);
   const KernelSpec& s = spec();
-  const float scale = check_call(s, s.tile, "forward", shape, mask, options.scale);
+  const float scale = check_call(s, "forward", shape, mask, options.scale);
   std::vector<unsigned char> cap = pack_captures(captures);
 
   rt::ContextGuard guard;
@@ -302,7 +314,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
   const Compiled& b = impl_->backward_kernel();
   const KernelSpec& s = b.gen.spec;
-  const float scale = check_call(s, s.tile, "backward", shape, mask, options.scale);
+  const float scale = check_call(s, "backward", shape, mask, options.scale);
   std::vector<unsigned char> cap = pack_captures(captures);
   FaGradBuffers grads{};
 
@@ -310,7 +322,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   const CUstream st = reinterpret_cast<CUstream>(stream);
   CUfunction pre = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_pre");
   CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
-  CUfunction dqk = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dq");
+  CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dq");
   const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;   // dq_accum rows stay 16-byte aligned
   StreamScratch scratch((delta_floats + rows * size_t(shape.dim_qk)) * sizeof(float), st);
@@ -330,23 +342,16 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
                       static_cast<unsigned>(shape.batch * shape.heads_kv)),
              rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st, main_args);
   void* dq_args[] = {&p};
-  rt::launch(dqk, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
+  rt::launch(dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
              rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
 }
 
 Kernel compile(const Program& program, const Options& options) {
-  KernelSpec spec;
-  spec.kind = KernelKind::kForward;
-  spec.dtype = options.dtype;
-  spec.head_dim_qk = options.head_dim_qk;
-  spec.head_dim_v = options.head_dim_v;
-  spec.tile = options.tile;
-  spec.family = options.family;
-  spec.arch = resolve_arch(options.arch);
+  KernelSpec spec = forward_spec(options);
   auto impl = std::make_shared<Kernel::Impl>(program);
-  impl->options = options;
   std::string what = fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
   impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
+  impl->mask.set_spec(block_mask_spec(impl->fwd.gen.spec));
   return Kernel(std::move(impl));
 }
 
@@ -357,8 +362,11 @@ Kernel compile(const ScoreMod& score, const MaskMod& mask, const Options& option
 BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q, int64_t len_kv,
                             const Captures& captures, const BlockMaskOptions& options,
                             const Options& compile_options, Stream stream) {
-  Kernel k = compile(identity_score(), mask, compile_options);
-  return k.block_mask(batch, heads, len_q, len_kv, captures, options, stream);
+  // Only the builder: the forward spec is resolved (checking the options as fa::compile does)
+  // for the builder's element type, head dims and arch, and no forward kernel is generated.
+  MaskBuilder builder(trace(identity_score(), mask));
+  builder.set_spec(block_mask_spec(forward_spec(compile_options).resolved()));
+  return builder.build(batch, heads, len_q, len_kv, captures, options, stream);
 }
 
 }  // namespace fa

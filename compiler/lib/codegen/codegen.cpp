@@ -1,5 +1,5 @@
 // fa IR -> CUDA C++ for NVRTC. One SSA value per line, each tagged with its originating op.
-#include "fajit/codegen.h"
+#include "fajit/detail/codegen.h"
 
 #include <cstring>
 #include <optional>

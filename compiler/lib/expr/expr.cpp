@@ -1,7 +1,7 @@
-// The expression language of fajit/expr.h: a lexer, a recursive-descent parser that builds
+// The expression language of fajit/detail/expr.h: a lexer, a recursive-descent parser that builds
 // and type-checks a small flat tree once, and an evaluator that replays the tree over the
 // tracing frontend's symbolic values each time the mod is traced.
-#include "fajit/expr.h"
+#include "fajit/detail/expr.h"
 
 #include <algorithm>
 #include <charconv>

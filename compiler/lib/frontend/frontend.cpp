@@ -24,14 +24,14 @@ struct TraceState {
   mlir::Block* block = nullptr;
   mlir::Location loc;
   unsigned long long id = 0;
-  std::string what;  // "score_mod 'alibi'", for messages
+  std::string what = "";  // "score_mod 'alibi'", for messages
   struct CaptureInfo {
     unsigned arg;
     ValueKind kind;
     int rank;
   };
-  std::map<std::string, CaptureInfo> captures;
-  std::vector<std::string> capture_order;
+  std::map<std::string, CaptureInfo> captures = {};
+  std::vector<std::string> capture_order = {};
 };
 
 thread_local TraceState* t_trace = nullptr;

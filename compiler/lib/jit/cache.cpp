@@ -27,18 +27,22 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-namespace fa::jit {
+namespace fa {
 
-namespace fs = std::filesystem;
-
-const char* to_string(Origin origin) {
+const char* to_string(CacheOrigin origin) {
   switch (origin) {
-    case Origin::kMemory: return "memory";
-    case Origin::kDisk: return "disk";
-    case Origin::kCompiled: return "compiled";
+    case CacheOrigin::kMemory: return "memory";
+    case CacheOrigin::kDisk: return "disk";
+    case CacheOrigin::kCompiled: return "compiled";
   }
   return "?";
 }
+
+}  // namespace fa
+
+namespace fa::jit {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -338,7 +342,7 @@ Lookup Cache::get_or_compile(const std::string& key, const std::function<std::st
   Impl& im = *impl_;
   if (EntryPtr e = im.memory_find(key)) {
     ++im.memory_hits;
-    return {std::move(e), Origin::kMemory};
+    return {std::move(e), CacheOrigin::kMemory};
   }
 
   // Single flight: the first thread for a key does the work, later ones wait for it.
@@ -348,7 +352,7 @@ Lookup Cache::get_or_compile(const std::string& key, const std::function<std::st
     std::lock_guard<std::mutex> lock(im.flight_mu);
     if (EntryPtr e = im.memory_find(key)) {  // finished while we took the lock
       ++im.memory_hits;
-      return {std::move(e), Origin::kMemory};
+      return {std::move(e), CacheOrigin::kMemory};
     }
     auto it = im.in_flight.find(key);
     if (it != im.in_flight.end()) {
@@ -360,7 +364,7 @@ Lookup Cache::get_or_compile(const std::string& key, const std::function<std::st
   if (waiting.valid()) {
     EntryPtr e = waiting.get();  // rethrows the leader's exception
     ++im.memory_hits;
-    return {std::move(e), Origin::kMemory};
+    return {std::move(e), CacheOrigin::kMemory};
   }
 
   auto finish = [&] {
@@ -370,7 +374,7 @@ Lookup Cache::get_or_compile(const std::string& key, const std::function<std::st
   try {
     bool bad = false;
     EntryPtr e = im.disk_find(key, &bad);
-    Origin origin = Origin::kDisk;
+    CacheOrigin origin = CacheOrigin::kDisk;
     if (e) {
       ++im.disk_hits;
     } else {
@@ -382,7 +386,7 @@ Lookup Cache::get_or_compile(const std::string& key, const std::function<std::st
       fresh->meta = std::string(meta);
       im.disk_put(*fresh);
       e = std::move(fresh);
-      origin = Origin::kCompiled;
+      origin = CacheOrigin::kCompiled;
     }
     im.memory_put(e);  // before leaving the flight, so no later caller misses both
     promise.set_value(e);

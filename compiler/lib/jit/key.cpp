@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "fajit/embedded_templates.h"
+#include "fajit/detail/embedded_templates.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>

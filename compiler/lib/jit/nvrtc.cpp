@@ -9,7 +9,7 @@
 #include <mutex>
 #include <set>
 
-#include "fajit/embedded_templates.h"
+#include "fajit/detail/embedded_templates.h"
 #include "fajit/error.h"
 #include "fajit/jit/arch.h"
 

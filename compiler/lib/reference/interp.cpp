@@ -1,5 +1,5 @@
 // fa::ModProgram: compile an fa.score_mod / fa.mask_mod body into flat register code, and run it.
-#include "fajit/interp.h"
+#include "fajit/detail/interp.h"
 
 #include "fajit/detail/program_impl.h"
 

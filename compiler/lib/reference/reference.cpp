@@ -1,5 +1,5 @@
 // fa::reference_attention and fa::brute_force_block_classes: double-precision CPU oracles.
-#include "fajit/reference.h"
+#include "fajit/detail/reference.h"
 
 #include <algorithm>
 #include <cmath>

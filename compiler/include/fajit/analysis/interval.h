@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "fajit/mask_analysis.h"
+#include "fajit/detail/mask_analysis.h"
 
 namespace fa::detail {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fajit/analysis/interval.h"
-#include "fajit/mask_analysis.h"
+#include "fajit/detail/mask_analysis.h"
 
 namespace fa::detail {
 

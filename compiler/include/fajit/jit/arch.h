@@ -10,25 +10,24 @@
 #include <string_view>
 #include <vector>
 
-#include "fajit/export.h"
 
 namespace fa::jit {
 
 // The arch strings fajit accepts, oldest first: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, ...
-FA_API const std::vector<std::string>& known_archs();
+const std::vector<std::string>& known_archs();
 
 // Returns `arch` if it is one of known_archs(); otherwise throws fa::Error
 // (kInvalidArgument): "unknown target arch 'sm_7'; expected sm_80, sm_86, ...".
-FA_API std::string validate_arch(std::string_view arch);
+std::string validate_arch(std::string_view arch);
 
 // The arch to compile for on a device of compute capability major.minor. sm_90 becomes
 // sm_90a (the kernels use wgmma/TMA, which exist only in the arch-specific variant); other
 // capabilities map to plain sm_<major><minor>. Throws fa::Error for capabilities older than
 // 8.0 ("compute capability 7.5 is not supported; fajit needs sm_80 or newer") and for
 // capabilities it does not know.
-FA_API std::string arch_for_device(int major, int minor);
+std::string arch_for_device(int major, int minor);
 
 // "sm_90a" -> "compute_90a": the virtual arch NVRTC needs to produce PTX.
-FA_API std::string virtual_arch(std::string_view arch);
+std::string virtual_arch(std::string_view arch);
 
 }  // namespace fa::jit

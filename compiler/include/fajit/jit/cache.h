@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fajit/export.h"
+#include "fajit/cache_origin.h"
 
 namespace fa::jit {
 
@@ -37,12 +37,9 @@ struct Entry {
   std::string meta;   // small free text (kernel name, spec summary) for `fajit cache ls`
 };
 
-enum class Origin { kMemory, kDisk, kCompiled };
-FA_API const char* to_string(Origin origin);  // "memory", "disk", "compiled"
-
 struct Lookup {
   std::shared_ptr<const Entry> entry;
-  Origin origin;
+  CacheOrigin origin;
 };
 
 // One file of the cache directory, as `fajit cache ls` shows it.
@@ -68,7 +65,7 @@ struct CacheStats {
   bool disk_enabled = false;      // false: memory only
 };
 
-class FA_API Cache {
+class Cache {
  public:
   // A cache backed by `dir` (created on first write). An empty `dir` means memory only.
   explicit Cache(std::string dir);

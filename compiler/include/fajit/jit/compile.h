@@ -12,7 +12,6 @@
 
 #include <string>
 
-#include "fajit/export.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/nvrtc.h"
 
@@ -29,11 +28,11 @@ struct KernelRequest {
 // The cache key of `req` when compiled by `nvrtc`: kernel_key() over the source, the
 // embedded templates' version, the spec plus the NVRTC options, the arch and NVRTC's
 // version.
-FA_API std::string request_key(const KernelRequest& req, const Nvrtc& nvrtc);
+std::string request_key(const KernelRequest& req, const Nvrtc& nvrtc);
 
 // Looks `req` up in `cache` (memory, then disk) and compiles it on a miss. `nvrtc` null
 // means Nvrtc::get(). Compile errors throw fa::Error (kCompile) and cache nothing.
-FA_API Lookup compile_cached(const KernelRequest& req, Cache& cache = Cache::global(),
+Lookup compile_cached(const KernelRequest& req, Cache& cache = Cache::global(),
                              const Nvrtc* nvrtc = nullptr);
 
 }  // namespace fa::jit

@@ -17,11 +17,10 @@
 #include <string>
 #include <string_view>
 
-#include "fajit/export.h"
 
 namespace fa::jit {
 
-class FA_API KeyBuilder {
+class KeyBuilder {
  public:
   KeyBuilder();
   // Appends one named part. Order matters.
@@ -34,15 +33,15 @@ class FA_API KeyBuilder {
 };
 
 // The key of one generated kernel: the parts above, in that order.
-FA_API std::string kernel_key(std::string_view source, std::string_view templates_version,
+std::string kernel_key(std::string_view source, std::string_view templates_version,
                               std::string_view spec, std::string_view arch,
                               std::string_view nvrtc_version);
 
 // A fingerprint of the embedded device templates (names and texts of every header in
 // fa::detail::embedded_headers()): any template edit changes it, and with it every key.
-FA_API const std::string& templates_version();
+const std::string& templates_version();
 
 // True for strings KeyBuilder::hex() can produce (32 lowercase hex characters).
-FA_API bool is_valid_key(std::string_view key);
+bool is_valid_key(std::string_view key);
 
 }  // namespace fa::jit

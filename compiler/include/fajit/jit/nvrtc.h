@@ -20,7 +20,6 @@
 #include <string_view>
 #include <vector>
 
-#include "fajit/export.h"
 
 namespace fa::jit {
 
@@ -46,7 +45,7 @@ struct NvrtcPlace {
   std::string why;  // "$FAJIT_NVRTC_LIBRARY", "loaded in this process", "soname", "toolkit"
 };
 
-class FA_API Nvrtc {
+class Nvrtc {
  public:
   // The process-wide instance, loaded from default_places() on first use. Throws fa::Error
   // (kCompile) listing every place tried when none works; a later call tries again.

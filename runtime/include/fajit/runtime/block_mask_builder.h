@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "fajit/block_mask.h"
 #include "fajit/params.h"
-#include "fajit/runtime/block_mask.h"
 
 namespace fa::rt {
 

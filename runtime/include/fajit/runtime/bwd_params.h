@@ -7,8 +7,8 @@
 #pragma once
 
 #include "fajit/params.h"
-#include "fajit/runtime/block_mask.h"
-#include "fajit/runtime/tensor.h"
+#include "fajit/block_mask.h"
+#include "fajit/tensor.h"
 
 namespace fa::rt {
 

@@ -5,9 +5,9 @@
 //   void* args[] = {&p, &captures};
 #pragma once
 
+#include "fajit/block_mask.h"
 #include "fajit/params.h"
-#include "fajit/runtime/block_mask.h"
-#include "fajit/runtime/tensor.h"
+#include "fajit/tensor.h"
 
 namespace fa::rt {
 

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "fajit/runtime/tensor.h"
+#include "fajit/tensor.h"
 
 namespace fa {
 namespace half_detail {

@@ -34,10 +34,9 @@
 #include <string>
 #include <vector>
 
-#include "fajit/export.h"
+#include "fajit/detail/interp.h"
 #include "fajit/frontend.h"
-#include "fajit/interp.h"
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
 
 namespace mlir {
 class Operation;
@@ -50,7 +49,7 @@ class Captures;
 // The value of the mask over a set of elements: kFalse/kTrue when it is the same on every
 // element, kUnknown when the interval analysis cannot tell.
 enum class MaskVerdict : uint8_t { kFalse = 0, kTrue = 1, kUnknown = 2 };
-FA_API const char* to_string(MaskVerdict v);  // "empty", "full", "unknown"
+const char* to_string(MaskVerdict v);  // "empty", "full", "unknown"
 
 // An inclusive integer range [lo, hi] of one of b, h, q, kv.
 struct IndexRange {
@@ -59,8 +58,8 @@ struct IndexRange {
 
 // Runtime scalar values the analysis may use, by name (unbound scalars are unknown).
 using ScalarValues = std::map<std::string, ScalarValue, std::less<>>;
-FA_API ScalarValues scalar_values_of(const Captures& captures);
-FA_API ScalarValues scalar_values_of(const std::map<std::string, double>& preset_values,
+ScalarValues scalar_values_of(const Captures& captures);
+ScalarValues scalar_values_of(const std::map<std::string, double>& preset_values,
                                      const Program& program);  // types from the program
 
 namespace detail {
@@ -69,11 +68,11 @@ struct RangeFields;
 
 // A mask_mod compiled into the interval program (see above). Immutable, cheap to copy,
 // usable from many threads.
-class FA_API MaskRangeProgram {
+class MaskRangeProgram {
  public:
   static MaskRangeProgram compile(const Program& program);  // its mask_mod
-  // Internal (takes MLIR): hidden from libfajit.so's exports.
-  __attribute__((visibility("hidden"))) static MaskRangeProgram compile(mlir::Operation* mask_mod);
+  // Takes MLIR: for the compiler itself.
+  static MaskRangeProgram compile(mlir::Operation* mask_mod);
 
   // The mask's value over the box b x h x q x kv with `scalars` bound (exact on points of
   // programs without loads and transcendental float ops).
@@ -107,10 +106,10 @@ constexpr uint8_t kUndecidedBlock = static_cast<uint8_t>(BlockKind::kUndecided);
 // Classifies every block of [B, H, Lq, Lkv] (blocks q_block x kv_block, tails clipped to the
 // lengths) from the mask_mod's IR with the captures' scalar values bound. Never touches a GPU.
 // Throws fa::Error for non-positive sizes.
-FA_API MaskAnalysis analyze_block_mask(const Program& program, int batch, int heads,
+MaskAnalysis analyze_block_mask(const Program& program, int batch, int heads,
                                        int64_t len_q, int64_t len_kv, int q_block, int kv_block,
                                        const Captures& captures);
-FA_API MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int heads,
+MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int heads,
                                        int64_t len_q, int64_t len_kv, int q_block, int kv_block,
                                        const ScalarValues& scalars);
 
@@ -118,7 +117,7 @@ FA_API MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batc
 // fa::ModProgram) on every element of those blocks on the CPU, with `bindings` (scalars and
 // host buffers). Afterwards a.kinds equals fa::brute_force_block_classes. Returns the number
 // of blocks evaluated.
-FA_API int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask,
+int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask,
                                          const Bindings& bindings, int64_t len_q,
                                          int64_t len_kv, int q_block, int kv_block);
 

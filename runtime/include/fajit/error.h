@@ -1,5 +1,8 @@
-// fa::Error: the one exception type fajit throws at its API, runtime and CLI boundaries.
-// Inside the compiler, functions return mlir::LogicalResult / FailureOr instead.
+// fa::Error: the one exception type fajit throws. Only the fa dialect (verifiers, passes)
+// reports through MLIR diagnostics and LogicalResult; the layers above it (tracing and parsing,
+// the interpreter, the mask analysis, codegen, the JIT) throw fa::Error directly, with any
+// MLIR diagnostics collected into the message, as do the runtime and the C++ API. The C API
+// turns it into an error code plus message, the CLI into "fajit: error: ...".
 #pragma once
 
 #include <stdexcept>

@@ -21,9 +21,8 @@
 #include <optional>
 #include <vector>
 
-#include "fajit/export.h"
-#include "fajit/interp.h"
-#include "fajit/runtime/block_mask.h"
+#include "fajit/block_mask.h"
+#include "fajit/detail/interp.h"
 
 namespace fa {
 
@@ -49,7 +48,7 @@ struct ReferenceResult {
 // q, k, v hold values already rounded to the run's dtype. Throws fa::Error for bad shapes
 // ("heads_q (6) is not a multiple of heads_kv (4)"), mods of the wrong kind, bad bindings,
 // and anything a mod throws while evaluated (out-of-bounds loads, division by zero).
-FA_API ReferenceResult reference_attention(const ReferenceShape& shape, const float* q,
+ReferenceResult reference_attention(const ReferenceShape& shape, const float* q,
                                            const float* k, const float* v,
                                            const ReferenceOptions& options = {});
 
@@ -66,7 +65,7 @@ struct ReferenceGrads {
   std::vector<double> dk;   // [B, Hkv, Lkv, Dqk]
   std::vector<double> dv;   // [B, Hkv, Lkv, Dv]
 };
-FA_API ReferenceGrads reference_attention_backward(const ReferenceShape& shape, const float* q,
+ReferenceGrads reference_attention_backward(const ReferenceShape& shape, const float* q,
                                                    const float* k, const float* v,
                                                    const double* dout, const double* dlse,
                                                    const ReferenceOptions& options = {});
@@ -75,7 +74,7 @@ FA_API ReferenceGrads reference_attention_backward(const ReferenceShape& shape, 
 // in-range element: 0 empty (false everywhere), 1 partial, 2 full (true everywhere); elements
 // past len_q / len_kv are ignored. Result [batch, heads, ceil(len_q / q_block),
 // ceil(len_kv / kv_block)], the layout fa::BlockMask::from_kinds takes.
-FA_API std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask,
+std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask,
                                                       const Bindings& bindings, int batch,
                                                       int heads, int len_q, int len_kv,
                                                       int q_block, int kv_block);

@@ -11,18 +11,9 @@
 #include <string>
 
 #include "fajit/export.h"
-
-struct CUstream_st;
+#include "fajit/types.h"
 
 namespace fa {
-
-// A CUDA stream as the driver API spells it (CUstream); nullptr is the default stream.
-using Stream = CUstream_st*;
-
-enum class DType : uint8_t { f16, bf16, f32, i32, i64, u8, boolean };
-
-FA_API const char* dtype_name(DType t);  // "f16", "bf16", "f32", "i32", "i64", "u8", "bool"
-FA_API int dtype_size(DType t);          // bytes per element
 
 constexpr int kMaxTensorRank = 4;
 

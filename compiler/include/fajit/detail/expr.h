@@ -74,7 +74,6 @@
 #include <string>
 #include <string_view>
 
-#include "fajit/export.h"
 #include "fajit/frontend.h"
 
 namespace fa {
@@ -86,8 +85,8 @@ struct ExprCaptureTypes {
 };
 
 // Parses a score_mod expression; the mod is named "score_expr". Throws fa::Error.
-FA_API ScoreMod parse_score_mod(std::string_view expr, const ExprCaptureTypes& types = {});
+ScoreMod parse_score_mod(std::string_view expr, const ExprCaptureTypes& types = {});
 // Parses a mask_mod expression; the mod is named "mask_expr". Throws fa::Error.
-FA_API MaskMod parse_mask_mod(std::string_view expr, const ExprCaptureTypes& types = {});
+MaskMod parse_mask_mod(std::string_view expr, const ExprCaptureTypes& types = {});
 
 }  // namespace fa

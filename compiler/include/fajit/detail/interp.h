@@ -44,7 +44,6 @@
 #include <string_view>
 #include <vector>
 
-#include "fajit/export.h"
 
 namespace mlir {
 class Operation;
@@ -56,13 +55,13 @@ class Program;
 
 // The value types of a mod body: i1, i32, f32 (buffers and scalars are i32 or f32).
 enum class ScalarType : uint8_t { kI1, kI32, kF32 };
-FA_API const char* scalar_type_name(ScalarType t);  // "i1", "i32", "f32"
+const char* scalar_type_name(ScalarType t);  // "i1", "i32", "f32"
 
 enum class ModKind : uint8_t { kScore, kMask };
 
 // A host buffer bound to a capture: element type, sizes and element strides (empty strides =
 // contiguous row-major). Not owned.
-struct FA_API HostBuffer {
+struct HostBuffer {
   ScalarType dtype = ScalarType::kF32;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // in elements; empty = contiguous
@@ -86,7 +85,7 @@ struct ScalarValue {
 
 // What a mod's captures and runtime scalars are bound to, by name. Names are shared by the
 // score_mod and mask_mod of one module, so one Bindings serves both.
-class FA_API Bindings {
+class Bindings {
  public:
   Bindings& buffer(std::string name, HostBuffer buf);
   Bindings& scalar_f32(std::string name, float value);
@@ -149,12 +148,12 @@ struct ModFields {
 
 class BoundMod;
 
-class FA_API ModProgram {
+class ModProgram {
  public:
   // Compiles a verified fa.score_mod / fa.mask_mod. Throws fa::Error naming the op when the
   // body holds something the interpreter does not implement.
-  // Internal (takes MLIR): hidden from libfajit.so's exports; use score_of / mask_of.
-  __attribute__((visibility("hidden"))) static ModProgram compile(mlir::Operation* mod);
+  // Takes MLIR: for the compiler itself; tools use score_of / mask_of.
+  static ModProgram compile(mlir::Operation* mod);
   // The score_mod / mask_mod of a traced or parsed program.
   static ModProgram score_of(const Program& program);
   static ModProgram mask_of(const Program& program);
@@ -186,7 +185,7 @@ class FA_API ModProgram {
 
 // A ModProgram with its bindings checked and resolved: evaluation is a straight run over the
 // instructions.
-class FA_API BoundMod {
+class BoundMod {
  public:
   float score(float score, int b, int h, int q, int kv) const;  // a score_mod's result
   bool mask(int b, int h, int q, int kv) const;                  // a mask_mod's result
