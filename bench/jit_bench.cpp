@@ -39,8 +39,8 @@ struct Row {
 
 Row summarize(std::string what, std::string arch, std::vector<double> us, std::string note = {}) {
   std::sort(us.begin(), us.end());
-  return {std::move(what), std::move(arch), us.size(), us[us.size() / 2], us.front(), us.back(),
-          std::move(note)};
+  return {std::move(what), std::move(arch), us.size(),      us[us.size() / 2],
+          us.front(),      us.back(),       std::move(note)};
 }
 
 std::string fmt_time(double us) {
@@ -113,12 +113,13 @@ int main(int argc, char** argv) {
       double first = 0;
       for (int r = 0; r < reps + 1; ++r) {
         double ms = nv.compile(small_kernel(++tag), "fa_small.cu", opt).wall_ms;
-        if (r == 0 && arch == std::string("sm_80")) first = ms;
-        else us.push_back(ms * 1000.0);
+        if (r == 0 && arch == std::string("sm_80"))
+          first = ms;
+        else
+          us.push_back(ms * 1000.0);
       }
       if (first > 0)
-        rows.push_back(summarize("small kernel, first compile in process", arch,
-                                 {first * 1000.0}));
+        rows.push_back(summarize("small kernel, first compile in process", arch, {first * 1000.0}));
       rows.push_back(summarize("small kernel (params.h)", arch, us));
     }
     fa::jit::CompileResult cubin_for_cache;
@@ -129,12 +130,10 @@ int main(int argc, char** argv) {
             fa::jit::CompileOptions opt;
             opt.arch = arch;
             std::vector<double> us;
-            std::string what = "forward bf16 hd" + std::to_string(hd) +
-                               (mods ? " causal+alibi" : " no mods");
+            std::string what = "forward bf16 hd" + std::to_string(hd) + (mods ? " causal+alibi" : " no mods");
             try {
               for (int r = 0; r < std::max(1, reps / 2); ++r) {
-                fa::jit::CompileResult res =
-                    nv.compile(forward_kernel(++tag, hd, mods), "fa_fwd.cu", opt);
+                fa::jit::CompileResult res = nv.compile(forward_kernel(++tag, hd, mods), "fa_fwd.cu", opt);
                 us.push_back(res.wall_ms * 1000.0);
                 if (cubin_for_cache.cubin.size() < res.cubin.size()) cubin_for_cache = res;
               }
@@ -158,18 +157,17 @@ int main(int argc, char** argv) {
 
     // ---- key -----------------------------------------------------------------------------
     {
-      const std::string src = has_header("fajit/forward.cuh") ? forward_kernel(0, 128, true)
-                                                              : small_kernel(0);
+      const std::string src =
+          has_header("fajit/forward.cuh") ? forward_kernel(0, 128, true) : small_kernel(0);
       std::vector<double> us;
       for (int r = 0; r < 2001; ++r) {
         auto k0 = Clock::now();
-        std::string key = fa::jit::kernel_key(src, fa::jit::templates_version(), "spec", "sm_90a",
-                                              nv.version());
+        std::string key =
+            fa::jit::kernel_key(src, fa::jit::templates_version(), "spec", "sm_90a", nv.version());
         us.push_back(ms_since(k0) * 1000.0);
       }
-      rows.push_back(summarize("key: XXH3-128 of generated source (" +
-                                   std::to_string(src.size()) + " B) + parts",
-                               "-", us));
+      rows.push_back(summarize(
+          "key: XXH3-128 of generated source (" + std::to_string(src.size()) + " B) + parts", "-", us));
     }
 
     // ---- disk and memory hits ---------------------------------------------------------------
@@ -214,7 +212,6 @@ int main(int argc, char** argv) {
   std::printf("\n%-58s %-7s %5s %11s %11s %11s\n", "case", "arch", "n", "median", "min", "max");
   for (const Row& r : rows)
     std::printf("%-58s %-7s %5zu %11s %11s %11s\n", r.what.c_str(), r.arch.c_str(), r.n,
-                fmt_time(r.median_us).c_str(), fmt_time(r.min_us).c_str(),
-                fmt_time(r.max_us).c_str());
+                fmt_time(r.median_us).c_str(), fmt_time(r.min_us).c_str(), fmt_time(r.max_us).c_str());
   return 0;
 }

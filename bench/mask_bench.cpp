@@ -85,8 +85,7 @@ bool device_matches(const fa::BlockMask& m) {
 int device_bench(bool quick) {
   fa::rt::ContextGuard guard;
   (void)fa::BlockMask::all_full(1, 1, 128, 128).device_tables();  // context, allocator warm
-  std::printf("%-16s %7s %9s %9s %12s %8s\n", "mask", "L", "fill_ms", "dev8_ms", "e2e_fill_ms",
-              "check");
+  std::printf("%-16s %7s %9s %9s %12s %8s\n", "mask", "L", "fill_ms", "dev8_ms", "e2e_fill_ms", "check");
   bool all_ok = true;
   for (const char* spec : {"causal", "sliding:1024", "prefix_lm:2048"}) {
     fa::mods::Preset<fa::MaskMod> p = fa::mods::mask_preset(spec);
@@ -122,8 +121,8 @@ int device_bench(bool quick) {
       (void)after.q_indices();
       const bool ok = device_matches(before) && device_matches(after);
       all_ok = all_ok && ok;
-      std::printf("%-16s %7lld %9.3f %9.3f %12.3f %8s\n", spec, static_cast<long long>(len),
-                  median(tf), median(td), median(te), ok ? "ok" : "MISMATCH");
+      std::printf("%-16s %7lld %9.3f %9.3f %12.3f %8s\n", spec, static_cast<long long>(len), median(tf),
+                  median(td), median(te), ok ? "ok" : "MISMATCH");
     }
   }
   return all_ok ? 0 : 1;
@@ -141,8 +140,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--device") == 0) device = true;
   }
   if (device) return device_bench(quick);
-  const char* specs[] = {"causal", "sliding:1024", "prefix_lm:2048", "padding:1000", "dilated:1024:4",
-                         "document"};
+  const char* specs[] = {"causal",       "sliding:1024",   "prefix_lm:2048",
+                         "padding:1000", "dilated:1024:4", "document"};
   std::printf("%-16s %7s %9s %8s %12s %11s %10s %9s %9s %9s\n", "mask", "L", "blocks", "decided",
               "analysis_ms", "from_kinds", "kv_tables", "q_tables", "build_ms", "all8_ms");
   int64_t sink = 0;
@@ -187,8 +186,8 @@ int main(int argc, char** argv) {
         all8 = median(ta);
       }
       std::printf("%-16s %7lld %9zu %8lld %12.3f %11.3f %10.3f %9.3f %9.3f %9.3f\n", spec,
-                  static_cast<long long>(len), a.kinds.size(), static_cast<long long>(a.decided),
-                  analysis, from_kinds, kv, q, build, all8);
+                  static_cast<long long>(len), a.kinds.size(), static_cast<long long>(a.decided), analysis,
+                  from_kinds, kv, q, build, all8);
     }
   }
   return sink == 42 ? 1 : 0;

@@ -9,8 +9,7 @@ using namespace mlir::fa;
 
 std::optional<BodyOp> mlir::fa::getBodyOp(Operation *op) {
 #define FA_BODY_OP(Name, OpClass, Kind) \
-  if (isa<OpClass>(op))                 \
-    return BodyOp::Name;
+  if (isa<OpClass>(op)) return BodyOp::Name;
 #include "fajit/Dialect/FA/BodyOps.def"
   return std::nullopt;
 }
@@ -33,21 +32,18 @@ BodyOpKind mlir::fa::getBodyOpKind(BodyOp op) {
 
 unsigned mlir::fa::getBodyOpArity(BodyOpKind kind) {
   switch (kind) {
-  case BodyOpKind::IntUnary:
-  case BodyOpKind::FloatUnary:
-  case BodyOpKind::IntToFloat:
-  case BodyOpKind::FloatToInt:
-  case BodyOpKind::IntExtend:
-  case BodyOpKind::IntTruncate:
-    return 1;
-  case BodyOpKind::IntBinary:
-  case BodyOpKind::IntCompare:
-  case BodyOpKind::FloatBinary:
-  case BodyOpKind::FloatCompare:
-  case BodyOpKind::Load:
-    return 2;
-  case BodyOpKind::Select:
-    return 3;
+    case BodyOpKind::IntUnary:
+    case BodyOpKind::FloatUnary:
+    case BodyOpKind::IntToFloat:
+    case BodyOpKind::FloatToInt:
+    case BodyOpKind::IntExtend:
+    case BodyOpKind::IntTruncate: return 1;
+    case BodyOpKind::IntBinary:
+    case BodyOpKind::IntCompare:
+    case BodyOpKind::FloatBinary:
+    case BodyOpKind::FloatCompare:
+    case BodyOpKind::Load: return 2;
+    case BodyOpKind::Select: return 3;
   }
   llvm_unreachable("unknown BodyOpKind");
 }

@@ -20,8 +20,7 @@ constexpr llvm::StringLiteral kScoreArgNames[] = {"score", "b", "h", "q", "kv"};
 constexpr llvm::StringLiteral kMaskArgNames[] = {"b", "h", "q", "kv"};
 
 bool isIdentifier(StringRef s) {
-  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_'))
-    return false;
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
   return llvm::all_of(s, [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
@@ -36,11 +35,9 @@ bool isBodyType(Type t) { return t.isF32() || t.isSignlessInteger(32) || t.isSig
 template <typename ModOp>
 ParseResult parseModOp(OpAsmParser &parser, OperationState &result) {
   StringAttr symName;
-  if (parser.parseSymbolName(symName, SymbolTable::getSymbolAttrName(), result.attributes))
-    return failure();
+  if (parser.parseSymbolName(symName, SymbolTable::getSymbolAttrName(), result.attributes)) return failure();
   SmallVector<OpAsmParser::Argument> args;
-  if (parser.parseArgumentList(args, OpAsmParser::Delimiter::Paren, /*allowType=*/true))
-    return failure();
+  if (parser.parseArgumentList(args, OpAsmParser::Delimiter::Paren, /*allowType=*/true)) return failure();
   SmallVector<Attribute> captureNames;
   if (succeeded(parser.parseOptionalKeyword("captures"))) {
     SmallVector<OpAsmParser::Argument> captures;
@@ -50,17 +47,14 @@ ParseResult parseModOp(OpAsmParser &parser, OperationState &result) {
     for (OpAsmParser::Argument &c : captures) {
       StringRef name = c.ssaName.name.drop_front();  // drop '%'
       if (!isIdentifier(name))
-        return parser.emitError(loc) << "capture '" << c.ssaName.name
-                                     << "' needs an identifier as its name";
+        return parser.emitError(loc) << "capture '" << c.ssaName.name << "' needs an identifier as its name";
       captureNames.push_back(parser.getBuilder().getStringAttr(name));
       args.push_back(c);
     }
   }
   Type resultType;
-  if (parser.parseArrow() || parser.parseType(resultType))
-    return failure();
-  if (parser.parseOptionalAttrDictWithKeyword(result.attributes))
-    return failure();
+  if (parser.parseArrow() || parser.parseType(resultType)) return failure();
+  if (parser.parseOptionalAttrDictWithKeyword(result.attributes)) return failure();
   result.addAttribute(ModOp::getResultTypeAttrName(result.name), TypeAttr::get(resultType));
   result.addAttribute(ModOp::getCaptureNamesAttrName(result.name),
                       parser.getBuilder().getArrayAttr(captureNames));
@@ -86,8 +80,8 @@ void printModOp(ModOp op, OpAsmPrinter &p) {
   }
   p << " -> " << op.getResultType();
   p.printOptionalAttrDictWithKeyword(
-      op->getAttrs(), {SymbolTable::getSymbolAttrName(), op.getResultTypeAttrName(),
-                       op.getCaptureNamesAttrName()});
+      op->getAttrs(),
+      {SymbolTable::getSymbolAttrName(), op.getResultTypeAttrName(), op.getCaptureNamesAttrName()});
   p << ' ';
   p.printRegion(op.getBody(), /*printEntryBlockArgs=*/false, /*printBlockTerminators=*/true);
 }
@@ -95,8 +89,7 @@ void printModOp(ModOp op, OpAsmPrinter &p) {
 template <typename ModOp>
 void nameBlockArgs(ModOp op, Region &region, OpAsmSetValueNameFn setNameFn,
                    ArrayRef<llvm::StringLiteral> fixedNames) {
-  if (region.empty())
-    return;
+  if (region.empty()) return;
   Block &entry = region.front();
   for (auto [i, arg] : llvm::enumerate(entry.getArguments())) {
     if (i < fixedNames.size())
@@ -108,12 +101,11 @@ void nameBlockArgs(ModOp op, Region &region, OpAsmSetValueNameFn setNameFn,
 
 /// The checks both mod ops share: signature, captures, and what the body may contain.
 template <typename ModOp>
-LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames,
-                          ArrayRef<Type> fixedTypes, Type expectedResult) {
+LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames, ArrayRef<Type> fixedTypes,
+                          Type expectedResult) {
   StringRef opName = op->getName().getStringRef();
   if (op.getResultType() != expectedResult)
-    return op.emitOpError() << "must return " << expectedResult << ", not "
-                            << op.getResultType();
+    return op.emitOpError() << "must return " << expectedResult << ", not " << op.getResultType();
   Block &entry = op.getBody().front();
   unsigned fixed = fixedNames.size();
   if (entry.getNumArguments() < fixed) {
@@ -121,30 +113,27 @@ LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames,
     llvm::raw_string_ostream os(sig);
     llvm::interleaveComma(llvm::zip(fixedNames, fixedTypes), os,
                           [&](auto nt) { os << std::get<0>(nt) << ": " << std::get<1>(nt); });
-    return op.emitOpError() << "expects arguments (" << sig << "), got "
-                            << entry.getNumArguments() << " arguments";
+    return op.emitOpError() << "expects arguments (" << sig << "), got " << entry.getNumArguments()
+                            << " arguments";
   }
   for (unsigned i = 0; i < fixed; ++i)
     if (entry.getArgument(i).getType() != fixedTypes[i])
-      return op.emitOpError() << "argument #" << i << " ('" << fixedNames[i] << "') must be "
-                              << fixedTypes[i] << ", got " << entry.getArgument(i).getType();
+      return op.emitOpError() << "argument #" << i << " ('" << fixedNames[i] << "') must be " << fixedTypes[i]
+                              << ", got " << entry.getArgument(i).getType();
   auto captures = entry.getArguments().drop_front(fixed);
   if (captures.size() != op.getCaptureNames().size())
-    return op.emitOpError() << "has " << captures.size() << " captures but "
-                            << op.getCaptureNames().size() << " capture names";
+    return op.emitOpError() << "has " << captures.size() << " captures but " << op.getCaptureNames().size()
+                            << " capture names";
   llvm::StringSet<> seen;
   for (auto [i, c] : llvm::enumerate(captures)) {
     StringRef name = op.getCaptureName(i);
-    if (!isIdentifier(name))
-      return op.emitOpError() << "capture name '" << name << "' must be an identifier";
-    if (!seen.insert(name).second)
-      return op.emitOpError() << "captures '" << name << "' twice";
+    if (!isIdentifier(name)) return op.emitOpError() << "capture name '" << name << "' must be an identifier";
+    if (!seen.insert(name).second) return op.emitOpError() << "captures '" << name << "' twice";
     if (llvm::is_contained(kScoreArgNames, name))
       return op.emitOpError() << "capture name '" << name
                               << "' is reserved (score, b, h, q and kv name the fixed arguments)";
     if (!llvm::isa<BufferType>(c.getType()))
-      return op.emitOpError() << "capture '" << name << "' must be a !fa.buffer, got "
-                              << c.getType();
+      return op.emitOpError() << "capture '" << name << "' must be a !fa.buffer, got " << c.getType();
   }
   for (Operation &inner : entry) {
     if (!isSupportedBodyOp(&inner))
@@ -161,8 +150,8 @@ LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames,
                                    << " bodies compute on i1, i32 and f32";
     for (Value v : inner.getOperands())
       if (!isBodyType(v.getType()) && !llvm::isa<BufferType>(v.getType()))
-        return inner.emitOpError() << "uses unsupported type " << v.getType() << "; "
-                                   << opName << " bodies compute on i1, i32 and f32";
+        return inner.emitOpError() << "uses unsupported type " << v.getType() << "; " << opName
+                                   << " bodies compute on i1, i32 and f32";
   }
   return success();
 }
@@ -174,8 +163,7 @@ LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames,
 //===----------------------------------------------------------------------===//
 
 bool mlir::fa::isSupportedBodyOp(Operation *op) {
-  if (op->getNumRegions() != 0)
-    return false;
+  if (op->getNumRegions() != 0) return false;
   return isa<ScalarOp, YieldOp, arith::ConstantOp>(op) || getBodyOp(op).has_value();
 }
 
@@ -221,23 +209,22 @@ LogicalResult MaskModOp::verifyRegions() {
 LogicalResult LoadOp::verify() {
   unsigned rank = getBuffer().getType().getRank();
   if (getIndices().size() != rank)
-    return emitOpError() << "expects " << rank << (rank == 1 ? " index" : " indices")
-                         << " for a rank-" << rank << " buffer, got " << getIndices().size();
+    return emitOpError() << "expects " << rank << (rank == 1 ? " index" : " indices") << " for a rank-"
+                         << rank << " buffer, got " << getIndices().size();
   return success();
 }
 
 LogicalResult ScalarOp::verify() {
-  if (!isIdentifier(getName()))
-    return emitOpError() << "name '" << getName() << "' must be an identifier";
+  if (!isIdentifier(getName())) return emitOpError() << "name '" << getName() << "' must be an identifier";
   return success();
 }
 
 LogicalResult YieldOp::verify() {
   Operation *parent = (*this)->getParentOp();
   Type expected = isa<ScoreModOp>(parent) ? cast<ScoreModOp>(parent).getResultType()
-                                           : cast<MaskModOp>(parent).getResultType();
+                                          : cast<MaskModOp>(parent).getResultType();
   if (getValue().getType() != expected)
-    return emitOpError() << "yields " << getValue().getType() << " but '"
-                         << parent->getName() << "' returns " << expected;
+    return emitOpError() << "yields " << getValue().getType() << " but '" << parent->getName() << "' returns "
+                         << expected;
   return success();
 }

@@ -22,8 +22,7 @@ using namespace mlir::fa;
 
 namespace {
 
-struct FAMaskBlockRangePass
-    : public mlir::fa::impl::FAMaskBlockRangeBase<FAMaskBlockRangePass> {
+struct FAMaskBlockRangePass : public mlir::fa::impl::FAMaskBlockRangeBase<FAMaskBlockRangePass> {
   using Base::Base;
 
   void runOnOperation() override {
@@ -33,22 +32,20 @@ struct FAMaskBlockRangePass
       auto [name, text] = s.split('=');
       double v = 0;
       if (name.empty() || text.empty() || text.getAsDouble(v)) {
-        getOperation().emitError() << "fa-mask-block-range: scalars: expected NAME=VALUE, got '"
-                                   << kv << "'";
+        getOperation().emitError() << "fa-mask-block-range: scalars: expected NAME=VALUE, got '" << kv << "'";
         return signalPassFailure();
       }
       values[name] = v;
     }
     if (q0 > q1 || k0 > k1 || b0 > b1 || h0 > h1) {
-      getOperation().emitError() << "fa-mask-block-range: empty block (q " << q0 << ".." << q1
-                                 << ", kv " << k0 << ".." << k1 << ")";
+      getOperation().emitError() << "fa-mask-block-range: empty block (q " << q0 << ".." << q1 << ", kv "
+                                 << k0 << ".." << k1 << ")";
       return signalPassFailure();
     }
     SmallVector<MaskModOp> masks(getOperation().getOps<MaskModOp>());
     for (MaskModOp m : masks) {
       FailureOr<StringRef> verdict = classify(m, values);
-      if (failed(verdict))
-        return signalPassFailure();
+      if (failed(verdict)) return signalPassFailure();
       m->setAttr("fa.block", StringAttr::get(&getContext(), *verdict));
     }
   }
@@ -67,8 +64,7 @@ struct FAMaskBlockRangePass
     const int64_t ranges[4][2] = {{b0, b1}, {h0, h1}, {q0, q1}, {k0, k1}};
     for (unsigned i = 0; i < 4; ++i) {
       BlockArgument arg = entry.getArgument(i);
-      if (arg.use_empty())
-        continue;
+      if (arg.use_empty()) continue;
       Value lo = b.create<arith::ConstantIntOp>(loc, ranges[i][0], 32);
       Value hi = b.create<arith::ConstantIntOp>(loc, ranges[i][1], 32);
       auto upper = b.create<arith::MinSIOp>(loc, arg, hi);
@@ -77,13 +73,11 @@ struct FAMaskBlockRangePass
     }
     for (ScalarOp s : llvm::make_early_inc_range(entry.getOps<ScalarOp>())) {
       auto it = values.find(s.getName());
-      if (it == values.end())
-        continue;
+      if (it == values.end()) continue;
       b.setInsertionPoint(s);
       Value c;
       if (s.getType().isF32())
-        c = b.create<arith::ConstantFloatOp>(loc, APFloat(static_cast<float>(it->second)),
-                                             b.getF32Type());
+        c = b.create<arith::ConstantFloatOp>(loc, APFloat(static_cast<float>(it->second)), b.getF32Type());
       else
         c = b.create<arith::ConstantIntOp>(loc, static_cast<int64_t>(it->second), 32);
       s.replaceAllUsesWith(c);
@@ -94,16 +88,12 @@ struct FAMaskBlockRangePass
     solver.load<dataflow::DeadCodeAnalysis>();
     solver.load<dataflow::SparseConstantPropagation>();
     solver.load<dataflow::IntegerRangeAnalysis>();
-    if (failed(solver.initializeAndRun(*scratch)))
-      return failure();
+    if (failed(solver.initializeAndRun(*scratch))) return failure();
     auto yield = cast<YieldOp>(entry.getTerminator());
-    const auto *lattice =
-        solver.lookupState<dataflow::IntegerValueRangeLattice>(yield.getValue());
-    if (!lattice || lattice->getValue().isUninitialized())
-      return StringRef("partial?");
+    const auto *lattice = solver.lookupState<dataflow::IntegerValueRangeLattice>(yield.getValue());
+    if (!lattice || lattice->getValue().isUninitialized()) return StringRef("partial?");
     const ConstantIntRanges &r = lattice->getValue().getValue();
-    if (r.umin() == r.umax())
-      return StringRef(r.umin().isZero() ? "empty" : "full");
+    if (r.umin() == r.umax()) return StringRef(r.umin().isZero() ? "empty" : "full");
     return StringRef("partial?");
   }
 };

@@ -21,15 +21,13 @@ ModUses mlir::fa::computeUses(Operation *modOp) {
   bool isScore = isa<ScoreModOp>(modOp);
   unsigned fixed = isScore ? ScoreModOp::getNumFixedArgs() : MaskModOp::getNumFixedArgs();
   bool *flags[] = {&uses.score, &uses.b, &uses.h, &uses.q, &uses.kv};
-  for (unsigned i = 0; i < fixed; ++i)
-    *flags[i + (isScore ? 0 : 1)] = !entry.getArgument(i).use_empty();
+  for (unsigned i = 0; i < fixed; ++i) *flags[i + (isScore ? 0 : 1)] = !entry.getArgument(i).use_empty();
   auto names = modOp->getAttrOfType<ArrayAttr>("capture_names");
   for (unsigned i = fixed; i < entry.getNumArguments(); ++i)
     if (!entry.getArgument(i).use_empty())
       uses.buffers.push_back(cast<StringAttr>(names[i - fixed]).getValue().str());
   std::set<std::string> scalars;
-  for (auto s : entry.getOps<ScalarOp>())
-    scalars.insert(s.getName().str());
+  for (auto s : entry.getOps<ScalarOp>()) scalars.insert(s.getName().str());
   uses.scalars.assign(scalars.begin(), scalars.end());
   return uses;
 }
@@ -42,10 +40,8 @@ LogicalResult mlir::fa::verifyFAModule(ModuleOp module) {
     if (auto s = dyn_cast<ScalarOp>(op)) {
       auto [it, fresh] = scalarTypes.try_emplace(s.getName(), s.getType(), op);
       if (!fresh && it->second.first != s.getType()) {
-        InFlightDiagnostic d = s.emitOpError()
-                               << "scalar '" << s.getName() << "' is used as "
-                               << s.getType() << " here but as " << it->second.first
-                               << " elsewhere";
+        InFlightDiagnostic d = s.emitOpError() << "scalar '" << s.getName() << "' is used as " << s.getType()
+                                               << " here but as " << it->second.first << " elsewhere";
         d.attachNote(it->second.second->getLoc()) << "first used here";
         return WalkResult::interrupt();
       }
@@ -55,8 +51,7 @@ LogicalResult mlir::fa::verifyFAModule(ModuleOp module) {
       }
       return WalkResult::advance();
     }
-    if (!isa<ScoreModOp, MaskModOp>(op))
-      return WalkResult::advance();
+    if (!isa<ScoreModOp, MaskModOp>(op)) return WalkResult::advance();
     StringRef sym = cast<SymbolOpInterface>(op).getName();
     auto [sit, freshSym] = symbols.try_emplace(sym, op);
     if (!freshSym) {
@@ -88,27 +83,22 @@ LogicalResult mlir::fa::verifyFAModule(ModuleOp module) {
 namespace {
 struct FAAnnotateDepsPass : public mlir::fa::impl::FAAnnotateDepsBase<FAAnnotateDepsPass> {
   void runOnOperation() override {
-    if (failed(verifyFAModule(getOperation())))
-      return signalPassFailure();
+    if (failed(verifyFAModule(getOperation()))) return signalPassFailure();
     Builder b(&getContext());
     getOperation().walk([&](Operation *op) {
-      if (!isa<ScoreModOp, MaskModOp>(op))
-        return;
+      if (!isa<ScoreModOp, MaskModOp>(op)) return;
       ModUses u = computeUses(op);
       SmallVector<Attribute> list;
       auto add = [&](bool used, StringRef name) {
-        if (used)
-          list.push_back(b.getStringAttr(name));
+        if (used) list.push_back(b.getStringAttr(name));
       };
       add(u.score, "score");
       add(u.b, "b");
       add(u.h, "h");
       add(u.q, "q");
       add(u.kv, "kv");
-      for (auto &n : u.buffers)
-        list.push_back(b.getStringAttr("@" + n));
-      for (auto &n : u.scalars)
-        list.push_back(b.getStringAttr("$" + n));
+      for (auto &n : u.buffers) list.push_back(b.getStringAttr("@" + n));
+      for (auto &n : u.scalars) list.push_back(b.getStringAttr("$" + n));
       op->setAttr("fa.uses", b.getArrayAttr(list));
     });
   }

@@ -56,20 +56,17 @@ using State = BlockMask::State;
 
 int blocks_for(int64_t len, int block) { return static_cast<int>((len + block - 1) / block); }
 
-std::shared_ptr<State> make_state(int batch, int heads, int64_t len_q, int64_t len_kv,
-                                  int q_block, int kv_block) {
+std::shared_ptr<State> make_state(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block,
+                                  int kv_block) {
   if (batch <= 0 || heads <= 0)
-    throw Error(fmt::format("block mask: batch and heads must be positive, got B={}, H={}",
-                            batch, heads));
+    throw Error(fmt::format("block mask: batch and heads must be positive, got B={}, H={}", batch, heads));
   if (len_q <= 0 || len_kv <= 0)
-    throw Error(fmt::format("block mask: lengths must be positive, got Lq={}, Lkv={}", len_q,
-                            len_kv));
+    throw Error(fmt::format("block mask: lengths must be positive, got Lq={}, Lkv={}", len_q, len_kv));
   if (len_q > INT32_MAX || len_kv > INT32_MAX)
-    throw Error(fmt::format("block mask: lengths exceed the int32 range, got Lq={}, Lkv={}",
-                            len_q, len_kv));
+    throw Error(fmt::format("block mask: lengths exceed the int32 range, got Lq={}, Lkv={}", len_q, len_kv));
   if (q_block <= 0 || kv_block <= 0 || q_block % 16 != 0 || kv_block % 16 != 0)
-    throw Error(fmt::format("block mask: block sizes must be positive multiples of 16, got {}x{}",
-                            q_block, kv_block));
+    throw Error(fmt::format("block mask: block sizes must be positive multiples of 16, got {}x{}", q_block,
+                            kv_block));
   auto s = std::make_shared<State>();
   s->batch = batch;
   s->heads = heads;
@@ -218,8 +215,8 @@ void build_host(TableSet& t, RowSource src) {
   for (int64_t r0 = 0; r0 < rows;) {
     const uint8_t* k;
     const int64_t n = src.get(r0, rows - r0, &k);
-    generate_rows(k, n, cols, t.num.data() + r0, t.idx.data() + r0 * cols,
-                  t.full_num.data() + r0, t.full_idx.data() + r0 * cols, /*zero_tail=*/false);
+    generate_rows(k, n, cols, t.num.data() + r0, t.idx.data() + r0 * cols, t.full_num.data() + r0,
+                  t.full_idx.data() + r0 * cols, /*zero_tail=*/false);
     r0 += n;
   }
 }
@@ -354,8 +351,7 @@ void check_kinds(const std::vector<uint8_t>& kinds) {
     if (m <= uint8_t(BlockKind::kFull)) continue;
     for (size_t j = i; j < e; ++j)
       if (p[j] > uint8_t(BlockKind::kFull))
-        throw Error(fmt::format("block mask: block kind {} at index {} is not 0, 1 or 2",
-                                int(p[j]), j));
+        throw Error(fmt::format("block mask: block kind {} at index {} is not 0, 1 or 2", int(p[j]), j));
   }
 }
 
@@ -371,8 +367,8 @@ BlockMask BlockMask::from_kinds(int batch, int heads, int64_t len_q, int64_t len
   auto s = make_state(batch, heads, len_q, len_kv, q_block, kv_block);
   const size_t want = size_t(batch) * heads * s->nq * s->nkv;
   if (kinds.size() != want)
-    throw Error(fmt::format("block mask: expected {} block kinds [Bm={}, Hm={}, {}, {}], got {}",
-                            want, batch, heads, s->nq, s->nkv, kinds.size()));
+    throw Error(fmt::format("block mask: expected {} block kinds [Bm={}, Hm={}, {}, {}], got {}", want, batch,
+                            heads, s->nq, s->nkv, kinds.size()));
   check_kinds(kinds);
   s->kinds = std::move(kinds);
   return BlockMask(std::move(s));
@@ -389,16 +385,14 @@ BlockMask BlockMask::from_kv_blocks(int batch, int heads, int64_t len_q, int64_t
                                     const std::vector<int32_t>& kv_num_blocks,
                                     const std::vector<int32_t>& kv_indices,
                                     const std::vector<int32_t>& full_kv_num_blocks,
-                                    const std::vector<int32_t>& full_kv_indices, int q_block,
-                                    int kv_block) {
+                                    const std::vector<int32_t>& full_kv_indices, int q_block, int kv_block) {
   auto s = make_state(batch, heads, len_q, len_kv, q_block, kv_block);
   const int nq = s->nq, nkv = s->nkv;
   const size_t rows = size_t(batch) * heads * nq;
   auto check_size = [&](const char* name, const std::vector<int32_t>& v, size_t want) {
     if (v.size() != want)
-      throw Error(fmt::format("{}: expected {} entries [Bm={}, Hm={}, {}{}], got {}", name, want,
-                              batch, heads, nq, want == rows ? "" : fmt::format(", {}", nkv),
-                              v.size()));
+      throw Error(fmt::format("{}: expected {} entries [Bm={}, Hm={}, {}{}], got {}", name, want, batch,
+                              heads, nq, want == rows ? "" : fmt::format(", {}", nkv), v.size()));
   };
   check_size("kv_num_blocks", kv_num_blocks, rows);
   check_size("kv_indices", kv_indices, rows * nkv);
@@ -411,28 +405,26 @@ BlockMask BlockMask::from_kv_blocks(int batch, int heads, int64_t len_q, int64_t
   auto place = [&](const char* num_name, const char* idx_name, const std::vector<int32_t>& num,
                    const std::vector<int32_t>& idx, BlockKind kind) {
     for (size_t row = 0; row < rows; ++row) {
-      const int b = int(row / (size_t(heads) * nq)), h = int(row / nq % heads),
-                qb = int(row % nq);
+      const int b = int(row / (size_t(heads) * nq)), h = int(row / nq % heads), qb = int(row % nq);
       if (num[row] < 0 || num[row] > nkv)
-        throw Error(fmt::format("{}: count {} at (b={}, h={}, q-block={}) is outside [0, {}]",
-                                num_name, num[row], b, h, qb, nkv));
+        throw Error(fmt::format("{}: count {} at (b={}, h={}, q-block={}) is outside [0, {}]", num_name,
+                                num[row], b, h, qb, nkv));
       for (int i = 0; i < num[row]; ++i) {
         const int32_t kb = idx[row * nkv + i];
         if (kb < 0 || kb >= nkv)
-          throw Error(fmt::format("{}: entry {} at (b={}, h={}, q-block={}) is {}, outside [0, {})",
-                                  idx_name, i, b, h, qb, kb, nkv));
+          throw Error(fmt::format("{}: entry {} at (b={}, h={}, q-block={}) is {}, outside [0, {})", idx_name,
+                                  i, b, h, qb, kb, nkv));
         uint8_t& k = s->kinds[row * nkv + kb];
         if (k != uint8_t(BlockKind::kEmpty))
-          throw Error(fmt::format("{}: block (b={}, h={}, q-block={}, kv-block={}) is listed twice",
-                                  idx_name, b, h, qb, kb));
+          throw Error(fmt::format("{}: block (b={}, h={}, q-block={}, kv-block={}) is listed twice", idx_name,
+                                  b, h, qb, kb));
         k = uint8_t(kind);
       }
     }
   };
   place("kv_num_blocks", "kv_indices", kv_num_blocks, kv_indices, BlockKind::kPartial);
   if (has_full)
-    place("full_kv_num_blocks", "full_kv_indices", full_kv_num_blocks, full_kv_indices,
-          BlockKind::kFull);
+    place("full_kv_num_blocks", "full_kv_indices", full_kv_num_blocks, full_kv_indices, BlockKind::kFull);
   return BlockMask(std::move(s));
 }
 
@@ -452,28 +444,21 @@ int BlockMask::num_kv_blocks() const { return state().nkv; }
 const std::vector<uint8_t>& BlockMask::kinds() const { return state().kinds; }
 const std::vector<int32_t>& BlockMask::kv_num_blocks() const { return kv_tables(state()).num; }
 const std::vector<int32_t>& BlockMask::kv_indices() const { return kv_tables(state()).idx; }
-const std::vector<int32_t>& BlockMask::full_kv_num_blocks() const {
-  return kv_tables(state()).full_num;
-}
-const std::vector<int32_t>& BlockMask::full_kv_indices() const {
-  return kv_tables(state()).full_idx;
-}
+const std::vector<int32_t>& BlockMask::full_kv_num_blocks() const { return kv_tables(state()).full_num; }
+const std::vector<int32_t>& BlockMask::full_kv_indices() const { return kv_tables(state()).full_idx; }
 const std::vector<int32_t>& BlockMask::q_num_blocks() const { return q_tables(state()).num; }
 const std::vector<int32_t>& BlockMask::q_indices() const { return q_tables(state()).idx; }
-const std::vector<int32_t>& BlockMask::full_q_num_blocks() const {
-  return q_tables(state()).full_num;
-}
-const std::vector<int32_t>& BlockMask::full_q_indices() const {
-  return q_tables(state()).full_idx;
-}
+const std::vector<int32_t>& BlockMask::full_q_num_blocks() const { return q_tables(state()).full_num; }
+const std::vector<int32_t>& BlockMask::full_q_indices() const { return q_tables(state()).full_idx; }
 
 BlockKind BlockMask::kind(int b, int h, int q_blk, int kv_blk) const {
   const State& s = state();
-  if (b < 0 || b >= s.batch || h < 0 || h >= s.heads || q_blk < 0 || q_blk >= s.nq ||
-      kv_blk < 0 || kv_blk >= s.nkv)
-    throw Error(fmt::format("block mask: block (b={}, h={}, q-block={}, kv-block={}) is outside "
-                            "[{}, {}, {}, {}]",
-                            b, h, q_blk, kv_blk, s.batch, s.heads, s.nq, s.nkv));
+  if (b < 0 || b >= s.batch || h < 0 || h >= s.heads || q_blk < 0 || q_blk >= s.nq || kv_blk < 0 ||
+      kv_blk >= s.nkv)
+    throw Error(
+        fmt::format("block mask: block (b={}, h={}, q-block={}, kv-block={}) is outside "
+                    "[{}, {}, {}, {}]",
+                    b, h, q_blk, kv_blk, s.batch, s.heads, s.nq, s.nkv));
   return BlockKind(s.kinds[((int64_t(b) * s.heads + h) * s.nq + q_blk) * s.nkv + kv_blk]);
 }
 
@@ -481,9 +466,12 @@ BlockMaskDensity BlockMask::density() const {
   const State& s = state();
   BlockMaskDensity d;
   for (uint8_t k : s.kinds) {
-    if (k == uint8_t(BlockKind::kFull)) ++d.full;
-    else if (k == uint8_t(BlockKind::kPartial)) ++d.partial;
-    else ++d.empty;
+    if (k == uint8_t(BlockKind::kFull))
+      ++d.full;
+    else if (k == uint8_t(BlockKind::kPartial))
+      ++d.partial;
+    else
+      ++d.empty;
   }
   const int64_t all = d.full + d.partial + d.empty;
   d.fraction = all ? double(d.full + d.partial) / double(all) : 0.0;
@@ -497,8 +485,8 @@ std::string BlockMask::to_string(int b, int h) const {
   std::string out = fmt::format(
       "BlockMask(B={}, H={}, Lq={}, Lkv={}, block={}x{}, density={:.3f}: {} full, {} partial, "
       "{} empty) b={} h={}\n",
-      s.batch, s.heads, s.len_q, s.len_kv, s.q_block, s.kv_block, d.fraction, d.full, d.partial,
-      d.empty, b, h);
+      s.batch, s.heads, s.len_q, s.len_kv, s.q_block, s.kv_block, d.fraction, d.full, d.partial, d.empty, b,
+      h);
   const uint8_t* k = s.kinds.data() + (int64_t(b) * s.heads + h) * s.nq * s.nkv;
   for (int qb = 0; qb < s.nq; ++qb) {
     for (int kb = 0; kb < s.nkv; ++kb) {
@@ -513,19 +501,17 @@ std::string BlockMask::to_string(int b, int h) const {
 void BlockMask::check_compatible(int batch, int heads, int64_t len_q, int64_t len_kv) const {
   const State& s = state();
   if (s.len_q != len_q || s.len_kv != len_kv)
-    throw Error(fmt::format("block mask was built for Lq={}, Lkv={}; got Lq={}, Lkv={}", s.len_q,
-                            s.len_kv, len_q, len_kv));
+    throw Error(fmt::format("block mask was built for Lq={}, Lkv={}; got Lq={}, Lkv={}", s.len_q, s.len_kv,
+                            len_q, len_kv));
   if (s.batch != 1 && s.batch != batch)
-    throw Error(fmt::format("block mask was built for B={}; got B={} (expected 1 or {})",
-                            s.batch, batch, batch));
+    throw Error(
+        fmt::format("block mask was built for B={}; got B={} (expected 1 or {})", s.batch, batch, batch));
   if (s.heads != 1 && s.heads != heads)
-    throw Error(fmt::format("block mask was built for H={}; got H={} (expected 1 or {})",
-                            s.heads, heads, heads));
+    throw Error(
+        fmt::format("block mask was built for H={}; got H={} (expected 1 or {})", s.heads, heads, heads));
 }
 
-BlockMaskDeviceTables BlockMask::device_tables() const {
-  return device_tables_of(state(), /*with_q=*/true);
-}
+BlockMaskDeviceTables BlockMask::device_tables() const { return device_tables_of(state(), /*with_q=*/true); }
 
 void BlockMask::fill(FaBlockTables& t) const {
   const State& s = state();
@@ -551,8 +537,8 @@ void BlockMask::fill_transposed(FaBlockTables& t) const {
   t.full_kv_indices = d.full_q_indices;
   t.row_stride_h = s.heads == 1 ? 0 : s.nkv;
   t.row_stride_b = s.batch == 1 ? 0 : int64_t(s.heads) * s.nkv;
-  t.num_q_blocks = s.nkv;   // rows: KV blocks
-  t.num_kv_blocks = s.nq;   // columns: query blocks
+  t.num_q_blocks = s.nkv;  // rows: KV blocks
+  t.num_kv_blocks = s.nq;  // columns: query blocks
   t.q_block = s.kv_block;
   t.kv_block = s.q_block;
 }

@@ -18,16 +18,13 @@ constexpr int kCtasPerSm = 8;
 
 }  // namespace
 
-std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& captures,
-                                     int batch, int heads, int64_t len_q, int64_t len_kv,
-                                     const BlockMaskBuildOptions& options) {
+std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& captures, int batch, int heads,
+                                     int64_t len_q, int64_t len_kv, const BlockMaskBuildOptions& options) {
   if (!classify) throw Error("build_block_mask: null classify kernel");
   if (batch <= 0 || heads <= 0)
-    throw Error(fmt::format("block mask: batch and heads must be positive, got B={}, H={}",
-                            batch, heads));
+    throw Error(fmt::format("block mask: batch and heads must be positive, got B={}, H={}", batch, heads));
   if (len_q <= 0 || len_kv <= 0 || len_q > INT_MAX || len_kv > INT_MAX)
-    throw Error(fmt::format("block mask: lengths must be in [1, 2^31), got Lq={}, Lkv={}", len_q,
-                            len_kv));
+    throw Error(fmt::format("block mask: lengths must be in [1, 2^31), got Lq={}, Lkv={}", len_q, len_kv));
   if (options.q_block <= 0 || options.kv_block <= 0 || options.q_block % 16 != 0 ||
       options.kv_block % 16 != 0)
     throw Error(fmt::format("block mask: block sizes must be positive multiples of 16, got {}x{}",
@@ -35,8 +32,7 @@ std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& capt
   const int nq = static_cast<int>((len_q + options.q_block - 1) / options.q_block);
   const int nkv = static_cast<int>((len_kv + options.kv_block - 1) / options.kv_block);
   const int64_t tiles = int64_t(batch) * heads * nq * nkv;
-  if (tiles > INT_MAX)
-    throw Error(fmt::format("block mask: {} tiles exceed the int32 range", tiles));
+  if (tiles > INT_MAX) throw Error(fmt::format("block mask: {} tiles exceed the int32 range", tiles));
   if (!options.known.empty() && options.known.size() != size_t(tiles))
     throw Error(fmt::format("build_block_mask: known kinds: expected {} entries, got {}", tiles,
                             options.known.size()));
@@ -72,11 +68,9 @@ std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& capt
   return host;
 }
 
-BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int batch,
-                           int heads, int64_t len_q, int64_t len_kv,
-                           const BlockMaskBuildOptions& options) {
-  std::vector<uint8_t> kinds =
-      classify_blocks(classify, captures, batch, heads, len_q, len_kv, options);
+BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int batch, int heads,
+                           int64_t len_q, int64_t len_kv, const BlockMaskBuildOptions& options) {
+  std::vector<uint8_t> kinds = classify_blocks(classify, captures, batch, heads, len_q, len_kv, options);
   return BlockMask::from_kinds(batch, heads, len_q, len_kv, std::move(kinds), options.q_block,
                                options.kv_block);
 }

@@ -4,8 +4,8 @@ namespace fa::rt {
 
 FaBwdParams make_bwd_params(const BwdTensors& t, float scale, const BlockMask& mask, float* delta,
                             float* dq_accum) {
-  const AttentionShape s = validate_attention_backward(*t.q, *t.k, *t.v, *t.o, *t.lse, *t.dout, *t.dq,
-                                                       *t.dk, *t.dv, t.dlse);
+  const AttentionShape s =
+      validate_attention_backward(*t.q, *t.k, *t.v, *t.o, *t.lse, *t.dout, *t.dq, *t.dk, *t.dv, t.dlse);
   mask.check_compatible(s.batch, s.heads_q, s.len_q, s.len_kv);
   FaBwdParams p{};
   p.q = t.q->data;

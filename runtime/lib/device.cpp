@@ -69,8 +69,7 @@ std::string DeviceInfo::arch() const { return fmt::format("sm_{}{}", cc_major, c
 
 const DeviceInfo& device_info(int ordinal) {
   static std::mutex mutex;
-  static std::map<int, std::unique_ptr<DeviceInfo>>* infos =
-      new std::map<int, std::unique_ptr<DeviceInfo>>();
+  static std::map<int, std::unique_ptr<DeviceInfo>>* infos = new std::map<int, std::unique_ptr<DeviceInfo>>();
   std::lock_guard<std::mutex> lock(mutex);
   auto it = infos->find(ordinal);
   if (it != infos->end()) return *it->second;
@@ -81,10 +80,8 @@ const DeviceInfo& device_info(int ordinal) {
   char name[256] = {0};
   FA_CU(cuDeviceGetName, name, static_cast<int>(sizeof(name) - 1), dev);
   info->name = name;
-  FA_CU(cuDeviceGetAttribute, &info->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        dev);
-  FA_CU(cuDeviceGetAttribute, &info->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-        dev);
+  FA_CU(cuDeviceGetAttribute, &info->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  FA_CU(cuDeviceGetAttribute, &info->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
   FA_CU(cuDeviceGetAttribute, &info->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
   FA_CU(cuDeviceGetAttribute, &info->max_smem_per_block_optin,
         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
@@ -100,8 +97,7 @@ const DeviceInfo& current_device_info() {
   return device_info(static_cast<int>(guard.device()));
 }
 
-CUfunction load_function(const std::string& key, std::string_view image,
-                         const std::string& kernel_name) {
+CUfunction load_function(const std::string& key, std::string_view image, const std::string& kernel_name) {
   ContextGuard guard;
   ModuleCache& cache = module_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
@@ -123,15 +119,13 @@ CUfunction load_function(const std::string& key, std::string_view image,
   CUfunction fn = nullptr;
   CUresult r = driver().cuModuleGetFunction(&fn, module, kernel_name.c_str());
   if (r == CUDA_ERROR_NOT_FOUND)
-    throw Error(fmt::format("kernel '{}' not found in module '{}'", kernel_name, key),
-                ErrorCode::kCuda);
+    throw Error(fmt::format("kernel '{}' not found in module '{}'", kernel_name, key), ErrorCode::kCuda);
   check(r, "cuModuleGetFunction");
   cache.functions.emplace(fkey, fn);
   return fn;
 }
 
-void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
-            void** args) {
+void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args) {
   if (!fn) throw Error("launch: null kernel function");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0)
     throw Error(fmt::format("launch: empty grid ({}, {}, {})", grid.x, grid.y, grid.z));
@@ -143,16 +137,16 @@ void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream 
     if (set < smem_bytes) {
       const DeviceInfo& info = device_info(static_cast<int>(guard.device()));
       if (static_cast<long long>(smem_bytes) > info.max_smem_per_block_optin)
-        throw Error(fmt::format("launch: kernel needs {} bytes of shared memory; {} allows {}",
-                                smem_bytes, info.name, info.max_smem_per_block_optin),
+        throw Error(fmt::format("launch: kernel needs {} bytes of shared memory; {} allows {}", smem_bytes,
+                                info.name, info.max_smem_per_block_optin),
                     ErrorCode::kCuda);
       FA_CU(cuFuncSetAttribute, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             static_cast<int>(smem_bytes));
       set = smem_bytes;
     }
   }
-  FA_CU(cuLaunchKernel, fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes,
-        stream, args, nullptr);
+  FA_CU(cuLaunchKernel, fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes, stream, args,
+        nullptr);
 }
 
 void synchronize(CUstream stream) {

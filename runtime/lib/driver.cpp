@@ -49,17 +49,15 @@ DriverApi load_driver(const std::string& library) {
   void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* why = ::dlerror();
-    throw Error(fmt::format("no CUDA driver: cannot load {} ({})", library,
-                            why ? why : "unknown error"),
+    throw Error(fmt::format("no CUDA driver: cannot load {} ({})", library, why ? why : "unknown error"),
                 ErrorCode::kCuda);
   }
-#define FA_CUDA_RESOLVE(fn)                                                              \
-  api.fn = reinterpret_cast<decltype(api.fn)>(::dlsym(handle, FA_STRINGIZE_EXPANDED(fn))); \
-  if (!api.fn) {                                                                         \
-    ::dlclose(handle);                                                                   \
-    throw Error(fmt::format("no CUDA driver: {} has no symbol {}", library,              \
-                            FA_STRINGIZE_EXPANDED(fn)),                                  \
-                ErrorCode::kCuda);                                                       \
+#define FA_CUDA_RESOLVE(fn)                                                                             \
+  api.fn = reinterpret_cast<decltype(api.fn)>(::dlsym(handle, FA_STRINGIZE_EXPANDED(fn)));              \
+  if (!api.fn) {                                                                                        \
+    ::dlclose(handle);                                                                                  \
+    throw Error(fmt::format("no CUDA driver: {} has no symbol {}", library, FA_STRINGIZE_EXPANDED(fn)), \
+                ErrorCode::kCuda);                                                                      \
   }
   FA_CUDA_DRIVER_FUNCTIONS(FA_CUDA_RESOLVE)
 #undef FA_CUDA_RESOLVE
@@ -73,8 +71,7 @@ DriverApi load_driver(const std::string& library) {
   };
   CUresult r = api.cuInit(0);
   if (r == CUDA_ERROR_NO_DEVICE) throw Error("no CUDA device found", ErrorCode::kCuda);
-  if (r != CUDA_SUCCESS)
-    throw Error(fmt::format("cuInit failed: {}", describe_with(r)), ErrorCode::kCuda);
+  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuInit failed: {}", describe_with(r)), ErrorCode::kCuda);
   int count = 0;
   r = api.cuDeviceGetCount(&count);
   if (r != CUDA_SUCCESS)
@@ -82,8 +79,7 @@ DriverApi load_driver(const std::string& library) {
   if (count == 0) throw Error("no CUDA device found", ErrorCode::kCuda);
   r = api.cuDriverGetVersion(&api.version);
   if (r != CUDA_SUCCESS)
-    throw Error(fmt::format("cuDriverGetVersion failed: {}", describe_with(r)),
-                ErrorCode::kCuda);
+    throw Error(fmt::format("cuDriverGetVersion failed: {}", describe_with(r)), ErrorCode::kCuda);
   return api;
 }
 

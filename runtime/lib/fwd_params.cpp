@@ -37,8 +37,7 @@ FaFwdParams make_fwd_params(const TensorView& q, const TensorView& k, const Tens
 }
 
 FaFwdParams make_fwd_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& o, const TensorView* lse, float scale,
-                            const BlockMask& mask) {
+                            const TensorView& o, const TensorView* lse, float scale, const BlockMask& mask) {
   const AttentionShape s = validate_attention(q, k, v, o, lse);
   mask.check_compatible(s.batch, s.heads_q, s.len_q, s.len_kv);
   FaBlockTables tables{};

@@ -40,8 +40,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes) {
   ContextGuard guard;
   CUresult r = driver().cuMemAlloc(&ptr_, bytes);
   if (r != CUDA_SUCCESS)
-    throw Error(fmt::format("cuMemAlloc failed: {} ({} bytes)", describe(r), bytes),
-                ErrorCode::kCuda);
+    throw Error(fmt::format("cuMemAlloc failed: {} ({} bytes)", describe(r), bytes), ErrorCode::kCuda);
   size_ = bytes;
   ctx_ = guard.context();
 }
@@ -85,8 +84,8 @@ void DeviceBuffer::reset() noexcept {
 
 void DeviceBuffer::check_range(size_t bytes, size_t offset, const char* what) const {
   if (offset > size_ || bytes > size_ - offset)
-    throw Error(fmt::format("device buffer {}: {} bytes at offset {} exceed its {} bytes", what,
-                            bytes, offset, size_));
+    throw Error(fmt::format("device buffer {}: {} bytes at offset {} exceed its {} bytes", what, bytes,
+                            offset, size_));
 }
 
 void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
@@ -103,16 +102,14 @@ void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
   FA_CU(cuMemcpyDtoH, host, ptr_ + offset, bytes);
 }
 
-void DeviceBuffer::upload_async(const void* host, size_t bytes, CUstream stream,
-                                size_t offset) {
+void DeviceBuffer::upload_async(const void* host, size_t bytes, CUstream stream, size_t offset) {
   check_range(bytes, offset, "upload");
   if (bytes == 0) return;
   ScopedCurrent scope(ctx_);
   FA_CU(cuMemcpyHtoDAsync, ptr_ + offset, host, bytes, stream);
 }
 
-void DeviceBuffer::download_async(void* host, size_t bytes, CUstream stream,
-                                  size_t offset) const {
+void DeviceBuffer::download_async(void* host, size_t bytes, CUstream stream, size_t offset) const {
   check_range(bytes, offset, "download");
   if (bytes == 0) return;
   ScopedCurrent scope(ctx_);

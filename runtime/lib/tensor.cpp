@@ -38,8 +38,8 @@ int dtype_size(DType t) {
 TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t> shape_)
     : data(data_), dtype(dtype_) {
   if (shape_.size() > static_cast<size_t>(kMaxTensorRank))
-    throw Error(fmt::format("tensor view: at most {} dimensions are supported, got {}",
-                            kMaxTensorRank, shape_.size()));
+    throw Error(fmt::format("tensor view: at most {} dimensions are supported, got {}", kMaxTensorRank,
+                            shape_.size()));
   rank = static_cast<int>(shape_.size());
   int i = 0;
   for (int64_t s : shape_) shape[i++] = s;
@@ -54,8 +54,8 @@ TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t>
                        std::initializer_list<int64_t> strides_)
     : TensorView(data_, dtype_, shape_) {
   if (strides_.size() != shape_.size())
-    throw Error(fmt::format("tensor view: {} strides given for {} dimensions", strides_.size(),
-                            shape_.size()));
+    throw Error(
+        fmt::format("tensor view: {} strides given for {} dimensions", strides_.size(), shape_.size()));
   int i = 0;
   for (int64_t s : strides_) stride[i++] = s;
 }
@@ -80,7 +80,7 @@ namespace {
 constexpr int kRowBytes = 16;  // vectorised loads: every row starts on a 16-byte boundary
 
 struct Named {
-  const char* tensor;     // "q"
+  const char* tensor;  // "q"
   const TensorView& t;
   const char* const* dims;  // {"B", "Hq", "Lq", "Dqk"}
   int rank;
@@ -96,26 +96,23 @@ std::string dim_list(const Named& n) {
 void check_basic(const Named& n) {
   const TensorView& t = n.t;
   if (t.rank != n.rank)
-    throw Error(fmt::format("{}: expected {} dimensions {}, got {}", n.tensor, n.rank,
-                            dim_list(n), t.rank));
+    throw Error(fmt::format("{}: expected {} dimensions {}, got {}", n.tensor, n.rank, dim_list(n), t.rank));
   if (!t.data) throw Error(fmt::format("{}: data pointer is null", n.tensor));
   for (int d = 0; d < n.rank; ++d) {
     if (t.shape[d] <= 0)
-      throw Error(fmt::format("{}: {} must be positive, got {}", n.tensor, n.dims[d],
-                              t.shape[d]));
+      throw Error(fmt::format("{}: {} must be positive, got {}", n.tensor, n.dims[d], t.shape[d]));
     if (t.shape[d] > INT_MAX)
-      throw Error(fmt::format("{}: {} = {} exceeds the int32 range", n.tensor, n.dims[d],
-                              t.shape[d]));
+      throw Error(fmt::format("{}: {} = {} exceeds the int32 range", n.tensor, n.dims[d], t.shape[d]));
   }
   for (int d = 0; d < n.rank; ++d) {
     if (t.stride[d] < 0)
-      throw Error(fmt::format("{}: stride of {} must be non-negative, got {}", n.tensor,
-                              n.dims[d], t.stride[d]));
+      throw Error(
+          fmt::format("{}: stride of {} must be non-negative, got {}", n.tensor, n.dims[d], t.stride[d]));
   }
   const int last = n.rank - 1;
   if (t.stride[last] != 1 && t.shape[last] != 1)
-    throw Error(fmt::format("{}: last dimension ({}) must be contiguous (stride 1), got stride {}",
-                            n.tensor, n.dims[last], t.stride[last]));
+    throw Error(fmt::format("{}: last dimension ({}) must be contiguous (stride 1), got stride {}", n.tensor,
+                            n.dims[last], t.stride[last]));
 }
 
 void check_same(const Named& n, int d, const Named& ref, int ref_d) {
@@ -164,8 +161,8 @@ AttentionShape validate_attention(const TensorView& q, const TensorView& k, cons
     throw Error(fmt::format("q: dtype must be f16 or bf16, got {}", dtype_name(q.dtype)));
   for (const Named* n : {&nk, &nv, &no}) {
     if (n->t.dtype != q.dtype)
-      throw Error(fmt::format("{}: dtype must match q ({}), got {}", n->tensor,
-                              dtype_name(q.dtype), dtype_name(n->t.dtype)));
+      throw Error(fmt::format("{}: dtype must match q ({}), got {}", n->tensor, dtype_name(q.dtype),
+                              dtype_name(n->t.dtype)));
   }
   if (lse && lse->dtype != DType::f32)
     throw Error(fmt::format("lse: dtype must be f32, got {}", dtype_name(lse->dtype)));
@@ -207,11 +204,10 @@ AttentionShape validate_attention(const TensorView& q, const TensorView& k, cons
   return s;
 }
 
-AttentionShape validate_attention_backward(const TensorView& q, const TensorView& k,
-                                           const TensorView& v, const TensorView& o,
-                                           const TensorView& lse, const TensorView& dout,
-                                           const TensorView& dq, const TensorView& dk,
-                                           const TensorView& dv, const TensorView* dlse) {
+AttentionShape validate_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                           const TensorView& o, const TensorView& lse, const TensorView& dout,
+                                           const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                           const TensorView* dlse) {
   const AttentionShape s = validate_attention(q, k, v, o, &lse);
   static const char* const kQ[] = {"B", "Hq", "Lq", "Dqk"};
   static const char* const kK[] = {"B", "Hkv", "Lkv", "Dqk"};
@@ -239,7 +235,8 @@ AttentionShape validate_attention_backward(const TensorView& q, const TensorView
     if (dlse->dtype != DType::f32)
       throw Error(fmt::format("dlse: dtype must be f32, got {}", dtype_name(dlse->dtype)));
     for (int d = 0; d < 3; ++d) check_same(nd, d, nl, d);
-    if (reinterpret_cast<uintptr_t>(dlse->data) % 4 != 0) throw Error("dlse: data pointer must be 4-byte aligned");
+    if (reinterpret_cast<uintptr_t>(dlse->data) % 4 != 0)
+      throw Error("dlse: data pointer must be 4-byte aligned");
   }
   return s;
 }

@@ -46,8 +46,8 @@ struct AttentionTileShape {
 // an index past the end (the caller clamps q likewise). Every kernel applies mods through
 // this, whatever the orientation of its tile.
 template <typename Mods, bool kMask>
-__device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool in_range, bool is_full,
-                                           float scale, int b, int h, const FaCaptures& cap) {
+__device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool in_range, bool is_full, float scale,
+                                           int b, int h, const FaCaptures& cap) {
   if constexpr (Mods::kHasScoreMod) x = Mods::score_mod(x * scale, b, h, q, kv_c, cap);
   if constexpr (kMask) {
     bool keep = in_range;
@@ -60,17 +60,16 @@ __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool in_ran
 // The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2], column
 // kv0 + 8j + i%2), kv0 = tile start + 2t; columns at or past len_kv are masked (kMask).
 template <typename Mods, bool kMask, int kNT>
-__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0,
-                                           int len_kv, bool is_full, float scale, int b, int h,
-                                           const FaCaptures& cap) {
+__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
+                                           bool is_full, float scale, int b, int h, const FaCaptures& cap) {
   if constexpr (Mods::kHasScoreMod || kMask) {
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int kv = kv0 + j * 8 + (i & 1);
-        s[j][i] = mod_score<Mods, kMask>(s[j][i], q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1,
-                                         kv < len_kv, is_full, scale, b, h, cap);
+        s[j][i] = mod_score<Mods, kMask>(s[j][i], q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, kv < len_kv,
+                                         is_full, scale, b, h, cap);
       }
   }
 }
@@ -85,9 +84,9 @@ __device__ __forceinline__ bool tile_needs_mask(int start, int len_kv, bool is_f
 // The hook on the kMT fragments (m-tiles) of one S tile of kBlockN keys from `start`; the
 // masked/unmasked choice is made once for the whole tile. lane_t = lane % 4.
 template <typename Mods, int kBlockN, int kMT, int kNT>
-__device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2],
-                                           int start, int lane_t, int len_kv, bool is_full,
-                                           float scale, int b, int h, const FaCaptures& cap) {
+__device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int start,
+                                           int lane_t, int len_kv, bool is_full, float scale, int b, int h,
+                                           const FaCaptures& cap) {
   const int kv0 = start + 2 * lane_t;
   if (tile_needs_mask<Mods, kBlockN>(start, len_kv, is_full)) {
 #pragma unroll
@@ -101,9 +100,9 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&
 }
 // One fragment (a warp's share of a wgmma accumulator).
 template <typename Mods, int kBlockN, int kNT>
-__device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx)[2], int start,
-                                           int lane_t, int len_kv, bool is_full, float scale,
-                                           int b, int h, const FaCaptures& cap) {
+__device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx)[2], int start, int lane_t,
+                                           int len_kv, bool is_full, float scale, int b, int h,
+                                           const FaCaptures& cap) {
   const int kv0 = start + 2 * lane_t;
   if (tile_needs_mask<Mods, kBlockN>(start, len_kv, is_full))
     apply_mods<Mods, true>(s, q_idx, kv0, len_kv, is_full, scale, b, h, cap);
@@ -151,7 +150,7 @@ struct SoftmaxRows {
           s[j][2 * hh + e] = pv;
           rs += pv;
         }
-      l[hh] = l[hh] * alpha[hh] + rs;   // quad-reduced once, in finish()
+      l[hh] = l[hh] * alpha[hh] + rs;  // quad-reduced once, in finish()
     }
   }
 
@@ -222,8 +221,8 @@ __device__ __forceinline__ void stage_rows(u32 tile, const float (&o)[kDT][4], c
 // q0 + row (row stride `stride` elements) with 16-byte stores by kThreads threads (`tid` the
 // thread's index among them); rows at or past `len` are not written.
 template <int kRows, int kChunks, int kThreads, typename Layout, typename E>
-__device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, int row_begin, int q0,
-                                           int len, int tid) {
+__device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, int row_begin, int q0, int len,
+                                           int tid) {
   constexpr int kTotal = kRows * kChunks;
   static_assert(kTotal % kThreads == 0, "staged rows must split evenly over the threads");
 #pragma unroll
@@ -237,8 +236,8 @@ __device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, i
 
 // The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), written by
 // lane t == 0 of each quad when the caller asked for it (p.lse != nullptr) and the row exists.
-__device__ __forceinline__ void store_lse(const FaFwdParams& p, int b, int h, int q0, int row0,
-                                          int lane_t, const SoftmaxRows& rows, float sl2) {
+__device__ __forceinline__ void store_lse(const FaFwdParams& p, int b, int h, int q0, int row0, int lane_t,
+                                          const SoftmaxRows& rows, float sl2) {
   if (p.lse == nullptr || lane_t != 0) return;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {

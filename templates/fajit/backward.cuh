@@ -45,16 +45,15 @@
 #ifndef FAJIT_BACKWARD_CUH
 #define FAJIT_BACKWARD_CUH
 
+#include "fajit/attention_tile.cuh"
+#include "fajit/block_walk.cuh"
+#include "fajit/mma.cuh"
 #include "fajit/params.h"
 #include "fajit/prelude.cuh"
-#include "fajit/mma.cuh"
-#include "fajit/block_walk.cuh"
-#include "fajit/attention_tile.cuh"
 
 namespace fa {
 
-template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kWarps_,
-          int kStages_ = 2>
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kWarps_, int kStages_ = 2>
 struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -65,24 +64,23 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = kWarps * 32;
 
-  static constexpr int kQT = kBlockM / 8;    // 8-column n-tiles of Sᵀ (query columns)
-  static constexpr int kKV = kHeadDimV / 16;   // k-steps of V·dOᵀ
-  static constexpr int kDQKTiles = kHeadDimQK / 8;   // 8-column n-tiles of dK
-  static constexpr int kMK = kBlockM / 16;   // k-steps over queries (dV, dK)
-  static constexpr int kCM = kBlockM / 8;    // 16-byte chunks per dSᵀ row
+  static constexpr int kQT = kBlockM / 8;           // 8-column n-tiles of Sᵀ (query columns)
+  static constexpr int kKV = kHeadDimV / 16;        // k-steps of V·dOᵀ
+  static constexpr int kDQKTiles = kHeadDimQK / 8;  // 8-column n-tiles of dK
+  static constexpr int kMK = kBlockM / 16;          // k-steps over queries (dV, dK)
+  static constexpr int kCM = kBlockM / 8;           // 16-byte chunks per dSᵀ row
   // dQ tile (BLOCK_M x DQK) split over the warps: 16-row m-tiles x kDqSplit column parts.
   static constexpr int kDqSplit = kWarps / (kBlockM / 16) > 0 ? kWarps / (kBlockM / 16) : 1;
   static constexpr int kDqCols = kHeadDimQK / kDqSplit;
 
   static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;
   static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;
-  static constexpr int kSmemQBytes = kBlockM * kHeadDimQK * 2;   // one stage
-  static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;   // one stage
-  static constexpr int kSmemRowBytes = kBlockM * 4;              // LSE or Δ of one stage
+  static constexpr int kSmemQBytes = kBlockM * kHeadDimQK * 2;  // one stage
+  static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;  // one stage
+  static constexpr int kSmemRowBytes = kBlockM * 4;             // LSE or Δ of one stage
   static constexpr int kSmemStageBytes = kSmemQBytes + kSmemDoBytes + 2 * kSmemRowBytes;
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kSmemBytes =
-      kSmemKBytes + kSmemVBytes + kStages * kSmemStageBytes + kSmemDsBytes;
+  static constexpr int kSmemBytes = kSmemKBytes + kSmemVBytes + kStages * kSmemStageBytes + kSmemDsBytes;
 
   // Preprocess / dQ conversion: kPreThreads threads, one 16-byte chunk of a row each.
   static constexpr int kPreThreads = 128;
@@ -112,8 +110,8 @@ __device__ __forceinline__ const E* row_base(const void* p, long long sb, long l
 // cp.async of kRows rows x kChunks 16-byte chunks (row stride `stride` elements, rows >= len
 // zero-filled) into a swizzled shared tile, spread over kThreads threads.
 template <int kRows, int kChunks, int kThreads, typename E>
-__device__ __forceinline__ void load_tile(u32 dst, const E* src, long long stride, int row0,
-                                          int len, int tid) {
+__device__ __forceinline__ void load_tile(u32 dst, const E* src, long long stride, int row0, int len,
+                                          int tid) {
   static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must divide evenly among threads");
 #pragma unroll
   for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
@@ -136,15 +134,15 @@ template <int kChunks>
 __device__ __forceinline__ void lane_offsets_a(u32 (&off)[4], int lane) {
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    off[c] = ((lane & 7) + ((lane >> 3) & 1) * 8) * (kChunks * 16) +
-             (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
+    off[c] =
+        ((lane & 7) + ((lane >> 3) & 1) * 8) * (kChunks * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
 }
 template <int kChunks>
 __device__ __forceinline__ void lane_offsets_b(u32 (&off)[4], int lane) {
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    off[c] = ((lane & 7) + (lane >> 4) * 8) * (kChunks * 16) +
-             (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    off[c] =
+        ((lane & 7) + (lane >> 4) * 8) * (kChunks * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
 }
 // Byte offset of the 16x16 block (16-row block rb, 16-column step kk) for a lane offset set.
 template <int kChunks>
@@ -195,7 +193,7 @@ template <typename Cfg>
 __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
   using E = typename Cfg::Element;
   constexpr int kCV = Cfg::kHeadDimV / 8;
-  constexpr int kCQ4 = Cfg::kHeadDimQK / 4;   // 16-byte fp32 chunks of a dq_accum row
+  constexpr int kCQ4 = Cfg::kHeadDimQK / 4;  // 16-byte fp32 chunks of a dq_accum row
   const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
   const int q = blockIdx.x * Cfg::kPreRows + threadIdx.x / kCV, c = threadIdx.x % kCV;
   const bool in = q < p.len_q;
@@ -215,7 +213,7 @@ __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
     }
   }
 #pragma unroll
-  for (int m = kCV / 2; m > 0; m /= 2) acc += shfl_xor(acc, m);   // the row's kCV lanes
+  for (int m = kCV / 2; m > 0; m /= 2) acc += shfl_xor(acc, m);  // the row's kCV lanes
   if (!in) return;
   const long long bh = (long long)b * p.heads_q + h;
   if (c == 0) {
@@ -252,7 +250,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                                                      const FaGradBuffers& grads) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kThreads = Cfg::kThreads;
-  constexpr int kQT = Cfg::kQT;           // n-tiles of Sᵀ (query columns)
+  constexpr int kQT = Cfg::kQT;  // n-tiles of Sᵀ (query columns)
   constexpr int kCQ = Cfg::kCQ, kCV = Cfg::kCV, kCM = Cfg::kCM;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -270,7 +268,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const u32 sDs = sStage0 + Cfg::kStages * Cfg::kSmemStageBytes;
   auto sQ = [&](int s) { return sStage0 + s * Cfg::kSmemStageBytes; };
   auto sDo = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
-  auto sLse = [&](int s) { return sDo(s) + Cfg::kSmemDoBytes; };     // LSE·log2e (+inf: no keys)
+  auto sLse = [&](int s) { return sDo(s) + Cfg::kSmemDoBytes; };  // LSE·log2e (+inf: no keys)
   auto sDelta = [&](int s) { return sLse(s) + Cfg::kSmemRowBytes; };
 
   // ---- K and V of this CTA, once
@@ -336,7 +334,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     for (int it = 0; it < n_tiles; ++it) {
       const int stage = it % 2;
       cp_async_wait<0>();
-      __syncthreads();   // tile `it` (and K, V) visible to all; the other stage is free
+      __syncthreads();  // tile `it` (and K, V) visible to all; the other stage is free
       if (it + 1 < n_tiles) load_q_tile(it + 1, stage ^ 1);
       cp_async_commit();
 
@@ -363,10 +361,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
           const int q = q0 + col < len_q ? q0 + col : len_q - 1;
           const int hh = i >> 1;
           if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * p.scale;
-          const float x = masked ? mod_score<Mods, true>(s[j][i], q, kv_c[hh], kv_row[hh] < len_kv,
-                                                        is_full, p.scale, b, hq, cap)
-                                 : mod_score<Mods, false>(s[j][i], q, kv_c[hh], true, is_full,
-                                                          p.scale, b, hq, cap);
+          const float x =
+              masked ? mod_score<Mods, true>(s[j][i], q, kv_c[hh], kv_row[hh] < len_kv, is_full, p.scale, b,
+                                             hq, cap)
+                     : mod_score<Mods, false>(s[j][i], q, kv_c[hh], true, is_full, p.scale, b, hq, cap);
           s[j][i] = ex2(fmaf(x, sl2, -ld_shared_f32(sLse(stage) + col * 4)));
         }
 
@@ -421,7 +419,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 #pragma unroll
           for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {   // over keys
+        for (int kk = 0; kk < kBN / 16; ++kk) {  // over keys
           u32 a[4];
           // A = dS (rows = queries mt*16.., k = keys kk*16..) from dSᵀ [keys][queries]: .trans
           ldmatrix_x4_trans(a, sDs + bwd::frag_at<kCM>(offB_m, kk, mt));
@@ -448,7 +446,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       }
     }
     cp_async_wait<0>();
-    __syncthreads();   // the next head's first tile reuses stage 0 and dSᵀ
+    __syncthreads();  // the next head's first tile reuses stage 0 and dSᵀ
   }
 
   // ---- epilogue: dK·scale and dV staged in the K / V tiles (every warp is done with them),
@@ -467,18 +465,16 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 }  // namespace fa
 
 // Defines the extern "C" kernels name##_pre, name##_dkdv, name##_dq (single identifiers).
-#define FAJIT_DEFINE_BACKWARD(name, Config, Mods)                                                  \
-  extern "C" __global__ void __launch_bounds__(Config::kPreThreads)                                \
-      name##_pre(const FaBwdParams p) {                                                             \
-    fa::backward_pre_kernel<Config>(p);                                                             \
-  }                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                \
-      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {           \
-    fa::backward_dkdv_kernel<Config, Mods>(p, cap, grads);                                          \
-  }                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(Config::kPreThreads)                                \
-      name##_dq(const FaBwdParams p) {                                                              \
-    fa::backward_dq_kernel<Config>(p);                                                              \
+#define FAJIT_DEFINE_BACKWARD(name, Config, Mods)                                                     \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_pre(const FaBwdParams p) { \
+    fa::backward_pre_kernel<Config>(p);                                                               \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                   \
+      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {             \
+    fa::backward_dkdv_kernel<Config, Mods>(p, cap, grads);                                            \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {  \
+    fa::backward_dq_kernel<Config>(p);                                                                \
   }
 
 #endif  // FAJIT_BACKWARD_CUH

@@ -22,9 +22,8 @@
 
 // Kind of one tile, computed by the whole CTA (every thread returns the same value).
 template <class Mods>
-__device__ __forceinline__ int fa_block_mask_tile(const FaBlockMaskParams& p,
-                                                  const FaCaptures& cap, int b, int h, int qb,
-                                                  int kb) {
+__device__ __forceinline__ int fa_block_mask_tile(const FaBlockMaskParams& p, const FaCaptures& cap, int b,
+                                                  int h, int qb, int kb) {
   if (!Mods::kHasMaskMod) return kFaBlockFull;
   const int q0 = qb * p.q_block;
   const int kv0 = kb * p.kv_block;
@@ -56,8 +55,7 @@ __device__ __forceinline__ int fa_block_mask_tile(const FaBlockMaskParams& p,
 }
 
 template <class Mods>
-__device__ __forceinline__ void fa_block_mask_classify(const FaBlockMaskParams& p,
-                                                       const FaCaptures& cap) {
+__device__ __forceinline__ void fa_block_mask_classify(const FaBlockMaskParams& p, const FaCaptures& cap) {
   for (long long tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     const int kb = (int)(tile % p.num_kv_blocks);
     long long rest = tile / p.num_kv_blocks;
@@ -71,10 +69,10 @@ __device__ __forceinline__ void fa_block_mask_classify(const FaBlockMaskParams& 
   }
 }
 
-#define FAJIT_DEFINE_BLOCK_MASK(name, Mods)                                          \
-  extern "C" __global__ void __launch_bounds__(FA_BLOCK_MASK_THREADS)                \
-      name(const FaBlockMaskParams p, const FaCaptures cap) {                        \
-    fa_block_mask_classify<Mods>(p, cap);                                            \
+#define FAJIT_DEFINE_BLOCK_MASK(name, Mods)                           \
+  extern "C" __global__ void __launch_bounds__(FA_BLOCK_MASK_THREADS) \
+      name(const FaBlockMaskParams p, const FaCaptures cap) {         \
+    fa_block_mask_classify<Mods>(p, cap);                             \
   }
 
 #endif  // FAJIT_BLOCK_MASK_CUH

@@ -51,17 +51,16 @@
 #ifndef FAJIT_FORWARD_CUH
 #define FAJIT_FORWARD_CUH
 
+#include "fajit/attention_tile.cuh"
+#include "fajit/block_walk.cuh"
+#include "fajit/mma.cuh"
 #include "fajit/params.h"
 #include "fajit/prelude.cuh"
-#include "fajit/mma.cuh"
-#include "fajit/block_walk.cuh"
-#include "fajit/attention_tile.cuh"
 
 namespace fa {
 
-template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kBlockN_,
-          int kWarps_, int kStages_, int kMinBlocksPerSM_ = 1,
-          bool kQInRegisters_ = (kBlockM_ / kWarps_ == 16)>
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kWarps_,
+          int kStages_, int kMinBlocksPerSM_ = 1, bool kQInRegisters_ = (kBlockM_ / kWarps_ == 16)>
 struct FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -76,9 +75,9 @@ struct FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
   static constexpr int kMaxHeadDim = kHeadDimQK > kHeadDimV ? kHeadDimQK : kHeadDimV;
-  static constexpr int kSmemQOBytes = kBlockM * kMaxHeadDim * 2;   // Q tile, then O staging
-  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;     // one K stage
-  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;      // one V stage
+  static constexpr int kSmemQOBytes = kBlockM * kMaxHeadDim * 2;  // Q tile, then O staging
+  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;    // one K stage
+  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;     // one V stage
   static constexpr int kSmemBytes = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
 
   static_assert(kHeadDimQK == 64 || kHeadDimQK == 128, "DQK must be 64 or 128");
@@ -96,8 +95,8 @@ namespace detail {
 // cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
 // `stride` elements) into a swizzled shared tile; rows >= len are zero-filled.
 template <int kRows, int kChunks, int kThreads, typename Element>
-__device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, long long stride,
-                                                int row0, int len, int tid) {
+__device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, long long stride, int row0,
+                                                int len, int tid) {
   constexpr int kTotal = kRows * kChunks;
   static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among threads");
 #pragma unroll
@@ -117,7 +116,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kRW = Cfg::kRowsPerWarp;
-  constexpr int kMT = kRW / 16;                 // 16-row m-tiles per warp
+  constexpr int kMT = kRW / 16;  // 16-row m-tiles per warp
   constexpr int kThreads = Cfg::kThreads;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -143,12 +142,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   auto tile_start = [&](int it) { return walk.tile_start(it); };
   auto load_kv = [&](int it) {
     const int start = tile_start(it);
-    if (start >= len_kv) return;   // a sub-tile past the end of a tail block: never read
+    if (start >= len_kv) return;  // a sub-tile past the end of a tail block: never read
     const int s = it % kStages;
-    detail::load_tile_async<kBN, Cfg::kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n,
-                                                start, len_kv, tid);
-    detail::load_tile_async<kBN, Cfg::kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n,
-                                                start, len_kv, tid);
+    detail::load_tile_async<kBN, Cfg::kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n, start,
+                                                     len_kv, tid);
+    detail::load_tile_async<kBN, Cfg::kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n, start,
+                                                     len_kv, tid);
   };
 
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
@@ -172,7 +171,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   for (int c = 0; c < 4; ++c)
     q_off[c] = sQ + (warp_row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * (Cfg::kCQ * 16) +
                (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
-  auto load_q = [&](u32 (&a)[4], int mi, int kk) {
+  auto load_q = [&](u32(&a)[4], int mi, int kk) {
     ldmatrix_x4(a, q_off[kk % 4] + (kk / 4) * 128 + mi * 16 * (Cfg::kCQ * 16));
   };
   constexpr bool kQRegs = Cfg::kQInRegisters;
@@ -213,13 +212,15 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   u32 k_off[4], v_off[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    k_off[c] = ((lane & 7) + (lane >> 4) * 8) * (Cfg::kCQ * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
-    v_off[c] = ((lane & 7) + ((lane >> 3) & 1) * 8) * (Cfg::kCV * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
+    k_off[c] =
+        ((lane & 7) + (lane >> 4) * 8) * (Cfg::kCQ * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
+    v_off[c] =
+        ((lane & 7) + ((lane >> 3) & 1) * 8) * (Cfg::kCV * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
   }
 
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kStages - 2>();
-    __syncthreads();   // tile `it` visible to all; stage (it-1) % STAGES free for reuse
+    __syncthreads();  // tile `it` visible to all; stage (it-1) % STAGES free for reuse
     if (it + kStages - 1 < n_tiles) load_kv(it + kStages - 1);
     cp_async_commit();
 
@@ -291,7 +292,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     }
   }
   cp_async_wait<0>();
-  __syncthreads();   // every warp is done with Q before O overwrites the Q/O region
+  __syncthreads();  // every warp is done with Q before O overwrites the Q/O region
 
   // ---- epilogue: O / l staged in this warp's rows of the Q region, 16-byte global stores;
   // LSE in natural log

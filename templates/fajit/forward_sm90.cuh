@@ -59,11 +59,11 @@
 #ifndef FAJIT_FORWARD_SM90_CUH
 #define FAJIT_FORWARD_SM90_CUH
 
+#include "fajit/attention_tile.cuh"
+#include "fajit/block_walk.cuh"
 #include "fajit/params.h"
 #include "fajit/prelude.cuh"
 #include "fajit/wgmma_sm90.cuh"
-#include "fajit/block_walk.cuh"
-#include "fajit/attention_tile.cuh"
 
 namespace fa {
 
@@ -80,16 +80,16 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr bool kPingPong = kPingPong_;
 
   static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kConsumerRows = kBlockM / kConsumerWarpgroups;   // 64: one wgmma M
+  static constexpr int kConsumerRows = kBlockM / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;   // 128 * 40 + 256 * 232 <= 65536
+  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
   static constexpr int kMaxHeadDim = kHeadDimQK > kHeadDimV ? kHeadDimQK : kHeadDimV;
-  static constexpr int kSmemQOBytes = kBlockM * kMaxHeadDim * 2;   // Q tile, then O staging
-  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;     // one K stage
-  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;      // one V stage
+  static constexpr int kSmemQOBytes = kBlockM * kMaxHeadDim * 2;  // Q tile, then O staging
+  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;    // one K stage
+  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;     // one V stage
   static constexpr int kSmemBarOffset = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
-  static constexpr int kNumBarriers = 1 + 3 * kStages;             // q, full_k, full_v, empty
+  static constexpr int kNumBarriers = 1 + 3 * kStages;  // q, full_k, full_v, empty
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
@@ -104,8 +104,8 @@ namespace sm90 {
 
 // Named barrier ids (0 is __syncthreads): each consumer warpgroup's epilogue barrier, and each
 // one's ping-pong turn barrier (waited on by that warpgroup, arrived on by the other).
-constexpr int kBarEpilogue = 1;   // + consumer index
-constexpr int kBarTurn = 3;       // + consumer index
+constexpr int kBarEpilogue = 1;  // + consumer index
+constexpr int kBarTurn = 3;      // + consumer index
 
 namespace detail {
 
@@ -113,11 +113,11 @@ namespace detail {
 // `stride` elements) into kChunks/8 swizzled column blocks of kRows x 128 B (Sw128Blocks);
 // rows >= len are zero-filled. Consecutive threads take consecutive chunks of a row.
 template <int kRows, int kChunks, int kThreads, typename Element>
-__device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride,
-                                                int row0, int len, int tid) {
+__device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride, int row0,
+                                                int len, int tid) {
   static_assert(kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0,
                 "tile chunks must divide evenly among threads");
-  constexpr int kRowStep = kThreads / kChunks;   // rows per pass; a thread keeps its chunk
+  constexpr int kRowStep = kThreads / kChunks;  // rows per pass; a thread keeps its chunk
   const int c = tid % kChunks, r0 = tid / kChunks;
   // Running pointer/address (few live registers: the producer runs on 40).
   const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
@@ -125,7 +125,7 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, lon
   u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
   // kRowStep is a multiple of 8 (128 threads, <= 16 chunks), so r % 8 == r0 % 8 throughout.
   static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
-  int left = len - row0 - r0;   // rows of this thread still in range, counting down
+  int left = len - row0 - r0;  // rows of this thread still in range, counting down
 #pragma unroll 4
   for (int i = 0; i < kRows / kRowStep; ++i) {
     const bool valid = left > 0;
@@ -142,9 +142,9 @@ template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kRows = Cfg::kConsumerRows;     // query rows per consumer warpgroup
+  constexpr int kRows = Cfg::kConsumerRows;  // query rows per consumer warpgroup
   constexpr int kWG = kWarpgroupThreads;
-  using QTile = Sw128Blocks<kBM>;               // the Q region, later O staging
+  using QTile = Sw128Blocks<kBM>;  // the Q region, later O staging
 
   extern __shared__ unsigned char smem_raw[];
   // Every swizzle atom starts on a 1024 B boundary (descriptor base offset 0).
@@ -170,9 +170,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   if (tid == 0) {
     mbar_init(bar_q, kWG);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full_k(s), kWG);   // one cp.async arrive per producer thread
+      mbar_init(bar_full_k(s), kWG);  // one cp.async arrive per producer thread
       mbar_init(bar_full_v(s), kWG);
-      mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);   // one per consumer warp
+      mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);  // one per consumer warp
     }
   }
   __syncthreads();
@@ -188,13 +188,13 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     StageRing<kStages> ring;
     for (int it = 0; it < n_tiles; ++it) {
       const int start = walk.tile_start(it);
-      if (start >= len_kv) continue;   // a sub-tile past the end of a tail block: never read
+      if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
       mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-      detail::load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
-                                             start, len_kv, tid);
+      detail::load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n, start,
+                                                  len_kv, tid);
       mbar_arrive_cp_async(bar_full_k(ring.stage));
-      detail::load_tile_sw128<kBN, Cfg::kCV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
-                                             start, len_kv, tid);
+      detail::load_tile_sw128<kBN, Cfg::kCV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n, start,
+                                                  len_kv, tid);
       mbar_arrive_cp_async(bar_full_v(ring.stage));
       ring.advance();
     }
@@ -207,12 +207,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const int cw = warpgroup - 1;
   const int wtid = tid - kWG * warpgroup;
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int row_base = cw * kRows + warp * 16 + g;   // this thread's rows: row_base, row_base + 8
+  const int row_base = cw * kRows + warp * 16 + g;  // this thread's rows: row_base, row_base + 8
   int q_idx[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int q = q0 + row_base + 8 * hh;
-    q_idx[hh] = q < len_q ? q : len_q - 1;   // mods never see q >= len_q
+    q_idx[hh] = q < len_q ? q : len_q - 1;  // mods never see q >= len_q
   }
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
   float o[Cfg::kDT][4];
@@ -222,14 +222,14 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     for (int i = 0; i < 4; ++i) o[dj][i] = 0.f;
   SoftmaxRows rows;
   rows.init();
-  u32 pa[Cfg::kKP][4];   // P as the register A operand of P·V
+  u32 pa[Cfg::kKP][4];  // P as the register A operand of P·V
 
   // ---- the two GEMMs, each one commit group. Q (K-major, this warpgroup's rows) and K
   // (K-major) from shared memory for S = Q·Kᵀ; P from registers and V (MN-major) for O += P·V.
   const u64 dq = desc_sw128(sQ + cw * kRows * kSw128RowBytes, 16, kSwizzleAtomBytes);
   const u64 dk = desc_sw128(sK, 16, kSwizzleAtomBytes);
   const u64 dv = desc_sw128(sV, kBN * kSw128RowBytes, kSwizzleAtomBytes);
-  auto issue_s = [&](float (&s)[Cfg::kNT][4], int stage) {
+  auto issue_s = [&](float(&s)[Cfg::kNT][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKQ; ++kk)
       wgmma_ss<E, kBN>(s, desc_advance(dq, kmajor_kstep_offset<kBM>(kk)),
@@ -239,7 +239,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   auto issue_pv = [&](int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKP; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimV>(o, pa[kk], desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk)), 1);
+      wgmma_rs<E, Cfg::kHeadDimV>(o, pa[kk],
+                                  desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
 
@@ -269,7 +270,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     fence_proxy_async();
   };
   // S_j = Q·K_jᵀ, alone: issued, waited for.
-  auto gemm_s = [&](float (&s)[Cfg::kNT][4], int stage, u32 phase) {
+  auto gemm_s = [&](float(&s)[Cfg::kNT][4], int stage, u32 phase) {
     wait_loaded(bar_full_k(stage), phase);
     issue_turn([&] { issue_s(s, stage); });
     wgmma_wait<0>();
@@ -289,15 +290,15 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     issue_turn([&] { issue_pv(stage); });
     pv_done(stage);
   };
-  auto mods = [&](float (&s)[Cfg::kNT][4], int start, bool is_full) {
+  auto mods = [&](float(&s)[Cfg::kNT][4], int start, bool is_full) {
     score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
   };
-  auto next_tile = [&](int it) {   // first tile >= it that starts inside len_kv
+  auto next_tile = [&](int it) {  // first tile >= it that starts inside len_kv
     while (it < n_tiles && walk.tile_start(it) >= len_kv) ++it;
     return it;
   };
 
-  mbar_wait(bar_q, 0);   // also before an empty walk: O staging reuses the Q region
+  mbar_wait(bar_q, 0);  // also before an empty walk: O staging reuses the Q region
   StageRing<kStages> ring;
   if constexpr (!Cfg::kOverlap) {
     // S, softmax, P·V strictly in turn.
@@ -318,7 +319,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     // softmax of S_j runs while P_{j-1}·V_{j-1} is still on the tensor cores.
     int it = next_tile(0);
     if (it < n_tiles) {
-      {   // first tile: S_0, softmax_0 (O is still 0: no rescale)
+      {  // first tile: S_0, softmax_0 (O is still 0: no rescale)
         float s[Cfg::kNT][4], alpha[2];
         gemm_s(s, ring.stage, ring.phase);
         mods(s, walk.tile_start(it), walk.is_full(it));
@@ -336,14 +337,14 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         mbar_wait(bar_full_k(ring.stage), ring.phase);
         wait_loaded(bar_full_v(prev.stage), prev.phase);
         issue_turn([&] {
-          issue_s(s, ring.stage);     // S_j = Q·K_jᵀ
-          issue_pv(prev.stage);       // O += P_{j-1}·V_{j-1}, overlapping the softmax below
+          issue_s(s, ring.stage);  // S_j = Q·K_jᵀ
+          issue_pv(prev.stage);    // O += P_{j-1}·V_{j-1}, overlapping the softmax below
         });
-        wgmma_wait<1>();              // S_j done
+        wgmma_wait<1>();  // S_j done
         pin(s);
         mods(s, start, is_full);
         rows.step(s, alpha, sl2);
-        pv_done(prev.stage);          // P_{j-1}·V_{j-1} done
+        pv_done(prev.stage);  // P_{j-1}·V_{j-1} done
         scale_rows(o, alpha);
         pack_a<E>(pa, s);
         prev = ring;
@@ -352,7 +353,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     }
   }
 
-  if (Cfg::kPingPong && cw == 0) turn_wait();   // the turn warpgroup 1 handed over last
+  if (Cfg::kPingPong && cw == 0) turn_wait();  // the turn warpgroup 1 handed over last
 
   // ---- epilogue: O / l staged in this warpgroup's rows of the Q region (same layout as Q,
   // so the other warpgroup's Q rows are untouched), 16-byte stores; LSE in natural log.
@@ -372,10 +373,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
 // Defines the extern "C" kernel `name` for a config and mods struct (single identifiers).
 // __launch_bounds__(384, 1) caps registers at entry (168) so setmaxnreg can redistribute.
-#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                     \
-  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)      \
-      name(const FaFwdParams p, const FaCaptures cap) {                   \
-    fa::sm90::forward_kernel<Config, Mods>(p, cap);                       \
+#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)               \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1) \
+      name(const FaFwdParams p, const FaCaptures cap) {             \
+    fa::sm90::forward_kernel<Config, Mods>(p, cap);                 \
   }
 
 #endif  // FAJIT_FORWARD_SM90_CUH

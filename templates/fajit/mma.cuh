@@ -19,25 +19,25 @@ namespace fa {
 // Lane l receives element pair (row l/4, cols 2*(l%4)..+1) of each matrix.
 __device__ __forceinline__ void ldmatrix_x4(u32 (&d)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(addr));
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(addr));
 }
 // Same, transposed: lane l receives (rows 2*(l%4)..+1, col l/4) of each matrix.
 __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&d)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(addr));
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(addr));
 }
 
 // d += a · b on a 16x8x16 tile, fp32 accumulators.
-__device__ __forceinline__ void mma_16816(f16_t*, float (&d)[4], const u32 (&a)[4], u32 b0,
-                                          u32 b1) {
+__device__ __forceinline__ void mma_16816(f16_t*, float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void mma_16816(bf16_t*, float (&d)[4], const u32 (&a)[4], u32 b0,
-                                          u32 b1) {
+__device__ __forceinline__ void mma_16816(bf16_t*, float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"

@@ -55,9 +55,7 @@ __device__ __forceinline__ int f2i(float a) { return __float2int_rz(a); }
 __device__ __forceinline__ int f2u(float a) { return (int)__float2uint_rz(a); }
 
 // fa.load: element [i0, i1, ...] of a captured buffer (read-only for the kernel's lifetime).
-__device__ __forceinline__ long long offset(const FaBuffer& b, int i0) {
-  return (long long)i0 * b.stride[0];
-}
+__device__ __forceinline__ long long offset(const FaBuffer& b, int i0) { return (long long)i0 * b.stride[0]; }
 __device__ __forceinline__ long long offset(const FaBuffer& b, int i0, int i1) {
   return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1];
 }

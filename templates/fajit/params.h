@@ -48,8 +48,8 @@ typedef struct FaBlockTables {
   long long row_stride_h;
   int num_q_blocks;
   int num_kv_blocks;
-  int q_block;    // sparse block size along q (a multiple of the kernel's BLOCK_M)
-  int kv_block;   // sparse block size along kv (a multiple of the kernel's BLOCK_N)
+  int q_block;   // sparse block size along q (a multiple of the kernel's BLOCK_M)
+  int kv_block;  // sparse block size along kv (a multiple of the kernel's BLOCK_N)
 } FaBlockTables;
 
 // Forward attention. Element strides; the last (head) dimension is contiguous.

@@ -17,11 +17,15 @@ typedef unsigned long long u64;
 // ---- element types -----------------------------------------------------------------------
 // 16-bit storage types selected by a kernel config (`using Element = fa::bf16_t;`). They are
 // only bit containers: arithmetic happens in fp32 or inside mma.sync.
-struct f16_t { unsigned short bits; };
-struct bf16_t { unsigned short bits; };
+struct f16_t {
+  unsigned short bits;
+};
+struct bf16_t {
+  unsigned short bits;
+};
 
-constexpr float kLog2e = 1.4426950408889634f;   // log2(e): exp(x) = exp2(x * kLog2e)
-constexpr float kLn2 = 0.6931471805599453f;     // ln(2):   log(x) = log2(x) * kLn2
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * kLog2e)
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2):   log(x) = log2(x) * kLn2
 
 // ---- conversions -------------------------------------------------------------------------
 // Two fp32 values rounded to nearest-even and packed: `lo` in bits 0..15, `hi` in 16..31.
@@ -43,7 +47,8 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 // The two 16-bit values of a packed pair as fp32 (`lo` = bits 0..15).
 __device__ __forceinline__ void unpack2(f16_t*, u32 v, float& lo, float& hi) {
   asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}"
-      : "=f"(lo), "=f"(hi) : "r"(v));
+      : "=f"(lo), "=f"(hi)
+      : "r"(v));
 }
 __device__ __forceinline__ void unpack2(bf16_t*, u32 v, float& lo, float& hi) {
   lo = __uint_as_float(v << 16);
@@ -101,22 +106,26 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v));
 }
-struct u32x4 { u32 x, y, z, w; };
+struct u32x4 {
+  u32 x, y, z, w;
+};
 __device__ __forceinline__ u32x4 ld_shared_v4(u32 addr) {
   u32x4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
   return v;
 }
 __device__ __forceinline__ void st_global_v4(void* p, u32x4 v) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
-               ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 __device__ __forceinline__ u32x4 ld_global_v4(const void* p) {
   u32x4 v;
   asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 __device__ __forceinline__ void st_shared_f32(u32 addr, float v) {
@@ -137,12 +146,10 @@ __device__ __forceinline__ void red_add_f32(float* p, float v) {
 // callers still pass an in-bounds `src` so no address is ever formed out of range.
 __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Wait until at most N committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -75,9 +75,7 @@ struct StageRing {
 
 // ---- wgmma ordering ------------------------------------------------------------------------
 // fence: before the first wgmma that reads registers (accumulators, A) written since.
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
@@ -117,30 +115,42 @@ template <typename E, int N>
 struct Tag {};
 
 #define FA_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define FA_ACC_N64 FA_ACC4(0), FA_ACC4(1), FA_ACC4(2), FA_ACC4(3), FA_ACC4(4), FA_ACC4(5), FA_ACC4(6), FA_ACC4(7)
-#define FA_ACC_N128 FA_ACC_N64, FA_ACC4(8), FA_ACC4(9), FA_ACC4(10), FA_ACC4(11), FA_ACC4(12), FA_ACC4(13), FA_ACC4(14), FA_ACC4(15)
-#define FA_REGS_N64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define FA_REGS_N128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FA_ACC_N64 \
+  FA_ACC4(0), FA_ACC4(1), FA_ACC4(2), FA_ACC4(3), FA_ACC4(4), FA_ACC4(5), FA_ACC4(6), FA_ACC4(7)
+#define FA_ACC_N128                                                                                    \
+  FA_ACC_N64, FA_ACC4(8), FA_ACC4(9), FA_ACC4(10), FA_ACC4(11), FA_ACC4(12), FA_ACC4(13), FA_ACC4(14), \
+      FA_ACC4(15)
+#define FA_REGS_N64                                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA_REGS_N128                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
+  "%62, %63}"
 
 // A, B from shared memory: operands ACC..., a = %IA, b = %IB, scale_d = %IS.
-#define FA_WGMMA_SS(E, PTX_T, N, ACC, REGS, IA, IB, IS)                                          \
-  __device__ __forceinline__ void wgmma_ss(Tag<E, N>, float (&d)[N / 8][4], u64 a, u64 b,        \
-                                           int scale_d) {                                         \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                               \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS ", " \
-                 "%" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                        \
-                 : ACC                                                                            \
-                 : "l"(a), "l"(b), "r"(scale_d));                                                 \
+#define FA_WGMMA_SS(E, PTX_T, N, ACC, REGS, IA, IB, IS)                                                 \
+  __device__ __forceinline__ void wgmma_ss(Tag<E, N>, float(&d)[N / 8][4], u64 a, u64 b, int scale_d) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                               \
+                 ", 0;\n"                                                                               \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS             \
+                 ", "                                                                                   \
+                 "%" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                              \
+                 : ACC                                                                                  \
+                 : "l"(a), "l"(b), "r"(scale_d));                                                       \
   }
 // A from registers: operands ACC..., a[0..3] = %A0..%A3, b = %IB, scale_d = %IS.
-#define FA_WGMMA_RS(E, PTX_T, N, ACC, REGS, A0, A1, A2, A3, IB, IS)                              \
-  __device__ __forceinline__ void wgmma_rs(Tag<E, N>, float (&d)[N / 8][4], const u32 (&a)[4],   \
-                                           u64 b, int scale_d) {                                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                               \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS ", " \
-                 "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, 1;\n}\n"           \
-                 : ACC                                                                            \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));            \
+#define FA_WGMMA_RS(E, PTX_T, N, ACC, REGS, A0, A1, A2, A3, IB, IS)                                 \
+  __device__ __forceinline__ void wgmma_rs(Tag<E, N>, float(&d)[N / 8][4], const u32(&a)[4], u64 b, \
+                                           int scale_d) {                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                           \
+                 ", 0;\n"                                                                           \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS         \
+                 ", "                                                                               \
+                 "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, 1;\n}\n"             \
+                 : ACC                                                                              \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));               \
   }
 
 FA_WGMMA_SS(f16_t, "f16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34)
@@ -188,7 +198,9 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
       "{\n.reg .pred done;\n"
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+      "@!done bra WAIT_%=;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 
 // ---- fences, barriers, registers -------------------------------------------------------------
@@ -213,9 +225,7 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 }  // namespace sm90
 }  // namespace fa

@@ -25,11 +25,11 @@ struct BwdCase {
   fa::DType dtype;
   int dqk, dv;
   int B, Hq, Hkv, Lq, Lkv;
-  int param = -1;           // the variant's knob (window, prefix, n_pad, ...); < 0: default
+  int param = -1;  // the variant's knob (window, prefix, n_pad, ...); < 0: default
   std::string tag = "";
-  bool dlse = false;        // the loss also uses the LSE (dLSE != 0)
-  bool noncontig = false;   // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
-  float scale = 0.0f;       // 0: default 1/sqrt(dqk)
+  bool dlse = false;       // the loss also uses the LSE (dLSE != 0)
+  bool noncontig = false;  // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
+  float scale = 0.0f;      // 0: default 1/sqrt(dqk)
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -55,25 +55,26 @@ BwdCase with(BwdCase c, const std::string& tag, std::function<void(BwdCase&)> f)
 const std::vector<BwdCase>& cases() {
   static const std::vector<BwdCase> all = {
       //  variant              dtype dqk  dv  B  Hq Hkv   Lq    Lkv  param
-      {"none",                 bf16, 128, 128, 2, 2, 2,  1000, 1000},
-      {"none",                 f16,   64,  64, 1, 8, 1,    17,   17},
-      with({"none",            f16,   64,  64, 1, 2, 2,  1000, 1000}, "scale", [](BwdCase& c) { c.scale = 0.3f; }),
-      {"causal",               bf16,  64,  64, 1, 2, 2,  4097, 4097},
-      {"causal",               f16,  128,  64, 2, 4, 1,  1000, 4097},
-      {"causal",               bf16, 128, 128, 1, 4, 1,     1,    1},
-      with({"causal",          bf16,  64, 128, 1, 4, 4,  4097, 1000}, "dlse", [](BwdCase& c) { c.dlse = true; }),
-      {"sliding",              bf16, 128, 128, 1, 8, 1,  4097, 4097, 200},
-      {"sliding",              f16,   64,  64, 2, 4, 1,  1000, 1000, 100},
-      {"sliding",              bf16,  64, 128, 1, 4, 4,    17,   17, 5},
-      {"document2d_causal",    bf16,  64,  64, 3, 2, 2,  1000, 1000},
-      {"head_sliding",         f16,  128, 128, 1, 4, 2,  1000, 1000},
-      with({"prefix_lm",       f16,  128, 128, 1, 4, 2,  1000, 1000, 300}, "dlse", [](BwdCase& c) { c.dlse = true; }),
-      {"prefix_lm",            bf16, 128,  64, 2, 8, 1,    17,   17, 5},
-      {"padding",              bf16,  64,  64, 2, 4, 4,  1000, 1000, 333},
-      with({"padding",         f16,  128,  64, 1, 4, 4,    17, 1000, 17}, "allmasked", [](BwdCase&) {}),
-      {"dilated",              f16,   64, 128, 1, 4, 1,  4097, 1000, 200},
-      with({"causal",          bf16, 128, 128, 2, 4, 2,  1000, 1000}, "noncontig", [](BwdCase& c) { c.noncontig = true; }),
-      with({"sliding",         f16,   64,  64, 1, 8, 1,    17, 1000, 300}, "noncontig_dlse",
+      {"none", bf16, 128, 128, 2, 2, 2, 1000, 1000},
+      {"none", f16, 64, 64, 1, 8, 1, 17, 17},
+      with({"none", f16, 64, 64, 1, 2, 2, 1000, 1000}, "scale", [](BwdCase& c) { c.scale = 0.3f; }),
+      {"causal", bf16, 64, 64, 1, 2, 2, 4097, 4097},
+      {"causal", f16, 128, 64, 2, 4, 1, 1000, 4097},
+      {"causal", bf16, 128, 128, 1, 4, 1, 1, 1},
+      with({"causal", bf16, 64, 128, 1, 4, 4, 4097, 1000}, "dlse", [](BwdCase& c) { c.dlse = true; }),
+      {"sliding", bf16, 128, 128, 1, 8, 1, 4097, 4097, 200},
+      {"sliding", f16, 64, 64, 2, 4, 1, 1000, 1000, 100},
+      {"sliding", bf16, 64, 128, 1, 4, 4, 17, 17, 5},
+      {"document2d_causal", bf16, 64, 64, 3, 2, 2, 1000, 1000},
+      {"head_sliding", f16, 128, 128, 1, 4, 2, 1000, 1000},
+      with({"prefix_lm", f16, 128, 128, 1, 4, 2, 1000, 1000, 300}, "dlse", [](BwdCase& c) { c.dlse = true; }),
+      {"prefix_lm", bf16, 128, 64, 2, 8, 1, 17, 17, 5},
+      {"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333},
+      with({"padding", f16, 128, 64, 1, 4, 4, 17, 1000, 17}, "allmasked", [](BwdCase&) {}),
+      {"dilated", f16, 64, 128, 1, 4, 1, 4097, 1000, 200},
+      with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "noncontig",
+           [](BwdCase& c) { c.noncontig = true; }),
+      with({"sliding", f16, 64, 64, 1, 8, 1, 17, 1000, 300}, "noncontig_dlse",
            [](BwdCase& c) { c.noncontig = true, c.dlse = true; }),
   };
   return all;
@@ -119,27 +120,30 @@ struct GradStats {
 
 // Compares one gradient tensor [B, H, L, D] (16-bit, strided) with the reference (contiguous);
 // rows with no_flow[(b * H + h) * L + row] set (no gradient can reach them) must be exactly 0.
-GradStats compare(const char* what, const BwdCase& c, const std::vector<uint16_t>& bits, const Operand& op, int H,
-                  int L, int D, const std::vector<double>& ref, const std::vector<bool>& no_flow) {
+GradStats compare(const char* what, const BwdCase& c, const std::vector<uint16_t>& bits, const Operand& op,
+                  int H, int L, int D, const std::vector<double>& ref, const std::vector<bool>& no_flow) {
   GradStats s;
   double e2 = 0, r2 = 0;
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < L; ++i) {
         const double* rrow = ref.data() + ((size_t(b) * H + h) * L + i) * D;
-        const uint16_t* grow = bits.data() + op.offset + b * op.stride[0] + h * op.stride[1] + int64_t(i) * op.stride[2];
+        const uint16_t* grow =
+            bits.data() + op.offset + b * op.stride[0] + h * op.stride[1] + int64_t(i) * op.stride[2];
         const bool ref_zero = no_flow[(size_t(b) * H + h) * L + i];
         for (int d = 0; d < D; ++d) {
           const float g = from_bits(c.dtype, grow[d]);
-          const std::string where = std::string(what) + " b=" + std::to_string(b) + " h=" + std::to_string(h) +
-                                    " row=" + std::to_string(i) + " d=" + std::to_string(d);
+          const std::string where = std::string(what) + " b=" + std::to_string(b) +
+                                    " h=" + std::to_string(h) + " row=" + std::to_string(i) +
+                                    " d=" + std::to_string(d);
           if (std::isnan(g)) {
             if (s.first_bad.empty()) s.first_bad = "NaN / unwritten at " + where;
             ++s.nan;
             continue;
           }
           if (ref_zero && g != 0.0f) {
-            if (s.first_bad.empty()) s.first_bad = "nonzero " + std::to_string(g) + " where no gradient flows, " + where;
+            if (s.first_bad.empty())
+              s.first_bad = "nonzero " + std::to_string(g) + " where no gradient flows, " + where;
             ++s.nonzero_masked;
           }
           const double e = double(g) - rrow[d];
@@ -197,25 +201,27 @@ TEST_P(BackwardTest, MatchesReference) {
   ro.mask_mod = &progs.mask, ro.bindings = &env;
   ro.q_strides = lay.q.stride, ro.k_strides = lay.k.stride, ro.v_strides = lay.v.stride;
   const fa::ReferenceGrads ref = fa::reference_attention_backward(
-      {c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, in_vals.data() + lay.q.offset, in_vals.data() + lay.k.offset,
-      in_vals.data() + lay.v.offset, do_vals.data(), c.dlse ? dlse_vals.data() : nullptr, ro);
+      {c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, in_vals.data() + lay.q.offset,
+      in_vals.data() + lay.k.offset, in_vals.data() + lay.v.offset, do_vals.data(),
+      c.dlse ? dlse_vals.data() : nullptr, ro);
   const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Device: forward for O and LSE, then the backward into poisoned gradients.
   fa::rt::ContextGuard guard;
-  fa::rt::DeviceBuffer d_in(in_bits.size() * 2), d_grad(in_bits.size() * 2), d_o(o_elems * 2), d_do(o_elems * 2),
-      d_lse(rows * 4), d_dlse(rows * 4);
+  fa::rt::DeviceBuffer d_in(in_bits.size() * 2), d_grad(in_bits.size() * 2), d_o(o_elems * 2),
+      d_do(o_elems * 2), d_lse(rows * 4), d_dlse(rows * 4);
   d_in.upload(in_bits.data(), in_bits.size() * 2);
   d_do.upload(do_bits.data(), o_elems * 2);
   d_dlse.upload(dlse_f.data(), rows * 4);
-  d_grad.memset8(0xFF);   // kPoison16 everywhere, gaps included
+  d_grad.memset8(0xFF);  // kPoison16 everywhere, gaps included
   auto view = [&](const fa::rt::DeviceBuffer& buf, const Operand& o, int H, int L, int D) {
     return fa::TensorView(buf.as<uint16_t>() + o.offset, c.dtype, {c.B, H, L, D},
                           {o.stride[0], o.stride[1], o.stride[2], 1});
   };
   const fa::TensorView q = view(d_in, lay.q, c.Hq, c.Lq, c.dqk), k = view(d_in, lay.k, c.Hkv, c.Lkv, c.dqk),
                        v = view(d_in, lay.v, c.Hkv, c.Lkv, c.dv);
-  const fa::TensorView dq = view(d_grad, lay.q, c.Hq, c.Lq, c.dqk), dk = view(d_grad, lay.k, c.Hkv, c.Lkv, c.dqk),
+  const fa::TensorView dq = view(d_grad, lay.q, c.Hq, c.Lq, c.dqk),
+                       dk = view(d_grad, lay.k, c.Hkv, c.Lkv, c.dqk),
                        dv = view(d_grad, lay.v, c.Hkv, c.Lkv, c.dv);
   const fa::TensorView o(d_o.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
   const fa::TensorView dout(d_do.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
@@ -248,9 +254,10 @@ TEST_P(BackwardTest, MatchesReference) {
   const GradStats sq = compare("dq", c, grad_bits, lay.q, c.Hq, c.Lq, c.dqk, ref.dq, masked_q);
   const GradStats sk = compare("dk", c, grad_bits, lay.k, c.Hkv, c.Lkv, c.dqk, ref.dk, unseen_kv);
   const GradStats sv = compare("dv", c, grad_bits, lay.v, c.Hkv, c.Lkv, c.dv, ref.dv, unseen_kv);
-  std::printf("[ stats    ] dq rel %.2e max %.2e | dk rel %.2e max %.2e | dv rel %.2e max %.2e  (ref %.1f s, "
-              "gpu %.2f ms first call; %ld masked query rows, %ld unseen keys)\n",
-              sq.rel, sq.max_abs, sk.rel, sk.max_abs, sv.rel, sv.max_abs, ref_s, gpu_ms, n_masked_q, n_unseen_kv);
+  std::printf(
+      "[ stats    ] dq rel %.2e max %.2e | dk rel %.2e max %.2e | dv rel %.2e max %.2e  (ref %.1f s, "
+      "gpu %.2f ms first call; %ld masked query rows, %ld unseen keys)\n",
+      sq.rel, sq.max_abs, sk.rel, sk.max_abs, sv.rel, sv.max_abs, ref_s, gpu_ms, n_masked_q, n_unseen_kv);
   if (c.tag == "allmasked") {
     EXPECT_EQ(n_masked_q, long(rows));
   }

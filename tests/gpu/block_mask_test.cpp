@@ -17,10 +17,11 @@ struct MaskCase {
   int q_block = 128, kv_block = 128;
 
   std::string name() const {
-    std::string n = variant + "_b" + std::to_string(B) + "h" + std::to_string(H) + "_" + std::to_string(Lq) + "x" +
-                    std::to_string(Lkv);
+    std::string n = variant + "_b" + std::to_string(B) + "h" + std::to_string(H) + "_" + std::to_string(Lq) +
+                    "x" + std::to_string(Lkv);
     if (param >= 0) n += "_p" + std::to_string(param);
-    if (q_block != 128 || kv_block != 128) n += "_blk" + std::to_string(q_block) + "x" + std::to_string(kv_block);
+    if (q_block != 128 || kv_block != 128)
+      n += "_blk" + std::to_string(q_block) + "x" + std::to_string(kv_block);
     return n;
   }
 };
@@ -85,8 +86,8 @@ TEST_P(BlockMaskTest, MatchesBruteForce) {
   size_t bad = 0, first = want.size();
   for (size_t i = 0; i < want.size(); ++i)
     if (m.kinds()[i] != want[i]) ++bad, first = std::min(first, i);
-  EXPECT_EQ(bad, 0u) << "first mismatch at flat tile " << first << ": got " << int(m.kinds()[first]) << ", want "
-                     << int(want[first]) << "\n"
+  EXPECT_EQ(bad, 0u) << "first mismatch at flat tile " << first << ": got " << int(m.kinds()[first])
+                     << ", want " << int(want[first]) << "\n"
                      << m.to_string();
 
   // Every table, not only the classes.
@@ -101,8 +102,9 @@ TEST_P(BlockMaskTest, MatchesBruteForce) {
   EXPECT_EQ(m.full_q_num_blocks(), ref.full_q_num_blocks());
   EXPECT_EQ(m.full_q_indices(), ref.full_q_indices());
   const fa::BlockMaskDensity d = m.density();
-  std::printf("[ mask     ] Bm=%d Hm=%d %dx%d tiles: %lld full, %lld partial, %lld empty\n", m.batch(), m.heads(),
-              m.num_q_blocks(), m.num_kv_blocks(), (long long)d.full, (long long)d.partial, (long long)d.empty);
+  std::printf("[ mask     ] Bm=%d Hm=%d %dx%d tiles: %lld full, %lld partial, %lld empty\n", m.batch(),
+              m.heads(), m.num_q_blocks(), m.num_kv_blocks(), (long long)d.full, (long long)d.partial,
+              (long long)d.empty);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, BlockMaskTest, ::testing::ValuesIn(mask_cases()),

@@ -34,15 +34,15 @@ struct FwdCase {
   fa::DType dtype;
   int dqk, dv;
   int B, Hq, Hkv, Lq, Lkv;
-  int param = -1;            // the variant's knob (window, prefix, n_pad, ...); < 0: default
-  std::string tag = "";      // appended to the name
-  bool noncontig = false;    // Q/K/V slices of one [B, L, Hq + 2 Hkv, D] buffer; O [B, Lq, Hq + 1, Dv]
-  float scale = 0.0f;        // 0: default 1/sqrt(dqk)
-  fa::TileConfig tile{};     // default: per head dims
+  int param = -1;          // the variant's knob (window, prefix, n_pad, ...); < 0: default
+  std::string tag = "";    // appended to the name
+  bool noncontig = false;  // Q/K/V slices of one [B, L, Hq + 2 Hkv, D] buffer; O [B, Lq, Hq + 1, Dv]
+  float scale = 0.0f;      // 0: default 1/sqrt(dqk)
+  fa::TileConfig tile{};   // default: per head dims
   fa::KernelFamily family = fa::KernelFamily::kAuto;  // wgmma on sm_90a devices, else mma.sync
   int q_block = 128, kv_block = 128;
-  bool no_lse = false;       // launch without the LSE output
-  bool own_stream = false;   // launch on a non-blocking stream of our own
+  bool no_lse = false;      // launch without the LSE output
+  bool own_stream = false;  // launch on a non-blocking stream of our own
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -74,49 +74,56 @@ FwdCase with(FwdCase c, const std::string& tag, std::function<void(FwdCase&)> f)
 const std::vector<FwdCase>& cases() {
   static const std::vector<FwdCase> all = {
       //  variant              dtype dqk  dv  B  Hq Hkv   Lq    Lkv  param
-      {"none",                 bf16, 128, 128, 2, 2, 2,  1000, 1000},
-      {"none",                 f16,   64,  64, 1, 8, 1,    17,   17},
-      with({"none",            f16,   64,  64, 1, 2, 2,  1000, 1000}, "scale", [](FwdCase& c) { c.scale = 0.3f; }),
-      {"causal",               bf16,  64,  64, 1, 2, 2,  4097, 4097},
-      {"causal",               f16,  128,  64, 2, 4, 1,  1000, 4097},
-      {"causal",               bf16, 128, 128, 1, 4, 1,     1,    1},
-      {"causal_alibi",         bf16, 128, 128, 1, 8, 1,  1000, 1000},
-      {"causal_alibi",         f16,   64, 128, 2, 4, 4,    17, 1000},
-      with({"causal_alibi",    bf16, 128, 128, 1, 2, 1,  1000, 1000}, "tile64x32w4s3",
-           [](FwdCase& c) { c.tile = fa::TileConfig{64, 32, 4, 3}; }),
-      {"alibi_slopes",         f16,  128, 128, 1, 4, 1,  1000,   17},
-      {"alibi_slopes",         bf16,  64,  64, 2, 8, 2,     1, 4097},
-      {"alibi_slopes",         bf16, 128,  64, 1, 4, 4,  4097, 1000},
-      {"document_softcap",     bf16,  64, 128, 1, 4, 1,  4097, 4097},
-      {"document_softcap",     f16,  128, 128, 1, 2, 2,    17, 1000},
-      {"document2d_causal",    bf16,  64,  64, 3, 2, 2,  1000, 1000},
-      {"sliding",              bf16, 128, 128, 1, 8, 1,  4097, 4097, 200},
-      {"sliding",              f16,   64,  64, 2, 4, 1,  1000, 1000, 100},
-      {"sliding",              bf16,  64, 128, 1, 4, 4,    17,   17, 5},
-      with({"sliding",         f16,   64,  64, 1, 2, 2,  1000, 1000, 100}, "blocks256x64",
+      {"none", bf16, 128, 128, 2, 2, 2, 1000, 1000},
+      {"none", f16, 64, 64, 1, 8, 1, 17, 17},
+      with({"none", f16, 64, 64, 1, 2, 2, 1000, 1000}, "scale", [](FwdCase& c) { c.scale = 0.3f; }),
+      {"causal", bf16, 64, 64, 1, 2, 2, 4097, 4097},
+      {"causal", f16, 128, 64, 2, 4, 1, 1000, 4097},
+      {"causal", bf16, 128, 128, 1, 4, 1, 1, 1},
+      {"causal_alibi", bf16, 128, 128, 1, 8, 1, 1000, 1000},
+      {"causal_alibi", f16, 64, 128, 2, 4, 4, 17, 1000},
+      with({"causal_alibi", bf16, 128, 128, 1, 2, 1, 1000, 1000}, "tile64x32w4s3",
+           [](FwdCase& c) {
+             c.tile = fa::TileConfig{64, 32, 4, 3};
+           }),
+      {"alibi_slopes", f16, 128, 128, 1, 4, 1, 1000, 17},
+      {"alibi_slopes", bf16, 64, 64, 2, 8, 2, 1, 4097},
+      {"alibi_slopes", bf16, 128, 64, 1, 4, 4, 4097, 1000},
+      {"document_softcap", bf16, 64, 128, 1, 4, 1, 4097, 4097},
+      {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
+      {"document2d_causal", bf16, 64, 64, 3, 2, 2, 1000, 1000},
+      {"sliding", bf16, 128, 128, 1, 8, 1, 4097, 4097, 200},
+      {"sliding", f16, 64, 64, 2, 4, 1, 1000, 1000, 100},
+      {"sliding", bf16, 64, 128, 1, 4, 4, 17, 17, 5},
+      with({"sliding", f16, 64, 64, 1, 2, 2, 1000, 1000, 100}, "blocks256x64",
            [](FwdCase& c) { c.q_block = 256, c.kv_block = 64, c.family = fa::KernelFamily::kMmaSync; }),
-      {"head_sliding",         f16,  128, 128, 1, 4, 2,  1000, 1000},
-      {"prefix_lm",            f16,  128, 128, 1, 4, 2,  1000, 1000, 300},
-      {"prefix_lm",            bf16, 128,  64, 2, 8, 1,    17,   17, 5},
-      {"padding",              bf16,  64,  64, 2, 4, 4,  1000, 1000, 333},
-      {"padding",              f16,  128, 128, 1, 8, 1,    17,   17, 5},
-      with({"padding",         f16,  128,  64, 1, 4, 4,    17, 1000, 17}, "allmasked", [](FwdCase&) {}),
-      {"dilated",              f16,   64, 128, 1, 4, 1,  4097, 1000, 200},
-      {"dilated",              bf16, 128, 128, 1, 2, 2,  1000, 1000, 150},
-      {"relative_bias",        bf16, 128,  64, 1, 2, 1,    17, 4097},
-      {"relative_bias",        f16,   64,  64, 2, 4, 4,  1000, 1000},
-      with({"sliding",         bf16, 128, 128, 2, 4, 2,  1000, 1000, 300}, "noncontig",
+      {"head_sliding", f16, 128, 128, 1, 4, 2, 1000, 1000},
+      {"prefix_lm", f16, 128, 128, 1, 4, 2, 1000, 1000, 300},
+      {"prefix_lm", bf16, 128, 64, 2, 8, 1, 17, 17, 5},
+      {"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333},
+      {"padding", f16, 128, 128, 1, 8, 1, 17, 17, 5},
+      with({"padding", f16, 128, 64, 1, 4, 4, 17, 1000, 17}, "allmasked", [](FwdCase&) {}),
+      {"dilated", f16, 64, 128, 1, 4, 1, 4097, 1000, 200},
+      {"dilated", bf16, 128, 128, 1, 2, 2, 1000, 1000, 150},
+      {"relative_bias", bf16, 128, 64, 1, 2, 1, 17, 4097},
+      {"relative_bias", f16, 64, 64, 2, 4, 4, 1000, 1000},
+      with({"sliding", bf16, 128, 128, 2, 4, 2, 1000, 1000, 300}, "noncontig",
            [](FwdCase& c) { c.noncontig = true; }),
-      with({"relative_bias",   f16,   64,  64, 1, 8, 1,    17,   17}, "noncontig",
+      with({"relative_bias", f16, 64, 64, 1, 8, 1, 17, 17}, "noncontig",
            [](FwdCase& c) { c.noncontig = true; }),
-      with({"causal",          f16,   64,  64, 1, 2, 1,  1000, 1000}, "nolse_stream",
+      with({"causal", f16, 64, 64, 1, 2, 1, 1000, 1000}, "nolse_stream",
            [](FwdCase& c) { c.no_lse = true, c.own_stream = true; }),
       // The mma.sync kernel on the same device (the default above is wgmma on Hopper).
-      with({"causal_alibi",    bf16, 128, 128, 1, 8, 1,  1000, 1000}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"document_softcap", f16,  64, 128, 1, 4, 1,  4097, 4097}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"padding",         bf16,  64,  64, 2, 4, 4,  1000, 1000, 333}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"sliding",         f16,  128,  64, 2, 4, 2,    17, 4097, 100}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"relative_bias",   bf16, 128, 128, 1, 2, 1,  4097,   17}, "mma", [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"causal_alibi", bf16, 128, 128, 1, 8, 1, 1000, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"document_softcap", f16, 64, 128, 1, 4, 1, 4097, 4097}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"sliding", f16, 128, 64, 2, 4, 2, 17, 4097, 100}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"relative_bias", bf16, 128, 128, 1, 2, 1, 4097, 17}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
   };
   return all;
 }
@@ -239,14 +246,16 @@ class PrepareEnvironment : public ::testing::Environment {
         const std::string full = std::string(ts->name()) + "." + ti->name();
         for (const FwdCase& c : cases()) {
           const std::string suffix = "/" + c.name();
-          if (full.size() >= suffix.size() && full.compare(full.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          if (full.size() >= suffix.size() &&
+              full.compare(full.size() - suffix.size(), suffix.size(), suffix) == 0) {
             start(c);
             ++n;
           }
         }
       }
     }
-    std::printf("[ prepare  ] compiling kernels and computing references of %d forward cases in the background\n", n);
+    std::printf(
+        "[ prepare  ] compiling kernels and computing references of %d forward cases in the background\n", n);
   }
   void TearDown() override {
     {
@@ -255,12 +264,13 @@ class PrepareEnvironment : public ::testing::Environment {
       g_prepared.clear();  // device buffers freed before static destruction
     }
     if (g_summary.empty()) return;
-    std::printf("\nforward summary (rel = ||O-ref||/||ref||, row = worst row of the same, lse = max |LSE-ref|)\n");
+    std::printf(
+        "\nforward summary (rel = ||O-ref||/||ref||, row = worst row of the same, lse = max |LSE-ref|)\n");
     std::printf("%-52s %9s %9s %9s %9s %6s %8s %7s %8s\n", "case", "rel", "row", "lse", "max_abs", "masked",
                 "compile", "ref", "gpu_ms");
     for (const Summary& s : g_summary)
-      std::printf("%-52s %9.2e %9.2e %9.2e %9.2e %6ld %7.1fs %6.1fs %8.3f\n", s.name.c_str(), s.rel, s.row_rel,
-                  s.lse_err, s.max_abs, s.masked_rows, s.compile_s, s.ref_s, s.gpu_ms);
+      std::printf("%-52s %9.2e %9.2e %9.2e %9.2e %6ld %7.1fs %6.1fs %8.3f\n", s.name.c_str(), s.rel,
+                  s.row_rel, s.lse_err, s.max_abs, s.masked_rows, s.compile_s, s.ref_s, s.gpu_ms);
   }
 };
 const auto* const g_env = ::testing::AddGlobalTestEnvironment(new PrepareEnvironment);
@@ -272,22 +282,24 @@ struct Stats {
 };
 
 // Launches c's kernel once (O and LSE poisoned first) and compares with `ref`.
-Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepared& in, const fa::BlockMask& mask,
-                       const fa::Captures& captures, const fa::ReferenceResult& ref, double* gpu_ms = nullptr) {
+Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepared& in,
+                       const fa::BlockMask& mask, const fa::Captures& captures,
+                       const fa::ReferenceResult& ref, double* gpu_ms = nullptr) {
   fa::rt::ContextGuard guard;
   fa::rt::DeviceBuffer d_in(in.in_bits.size() * 2);
   d_in.upload(in.in_bits.data(), in.in_bits.size() * 2);
   auto* base = d_in.as<uint16_t>();
   auto view = [&](const Operand& o, int H, int L, int D) {
-    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D}, {o.stride[0], o.stride[1], o.stride[2], 1});
+    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D},
+                          {o.stride[0], o.stride[1], o.stride[2], 1});
   };
   const fa::TensorView q = view(in.q, c.Hq, c.Lq, c.dqk), k = view(in.k, c.Hkv, c.Lkv, c.dqk),
                        v = view(in.v, c.Hkv, c.Lkv, c.dv);
   // O: contiguous, or [B, Lq, Hq + 1, Dv] whose extra head is a gap that must stay poisoned.
   const int64_t oh = c.noncontig ? c.Hq + 1 : c.Hq;
-  const std::array<int64_t, 4> os = c.noncontig
-                                        ? std::array<int64_t, 4>{c.Lq * oh * c.dv, c.dv, oh * c.dv, 1}
-                                        : std::array<int64_t, 4>{c.Hq * int64_t(c.Lq) * c.dv, int64_t(c.Lq) * c.dv, c.dv, 1};
+  const std::array<int64_t, 4> os =
+      c.noncontig ? std::array<int64_t, 4>{c.Lq * oh * c.dv, c.dv, oh * c.dv, 1}
+                  : std::array<int64_t, 4>{c.Hq * int64_t(c.Lq) * c.dv, int64_t(c.Lq) * c.dv, c.dv, 1};
   const size_t o_elems = size_t(c.B) * c.Lq * oh * c.dv, rows = size_t(c.B) * c.Hq * c.Lq;
   fa::rt::DeviceBuffer d_o(o_elems * 2), d_lse(rows * 4);
   d_o.memset8(0xFF);  // kPoison16
@@ -320,7 +332,8 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
     for (int h = 0; h < c.Hq; ++h)
       for (int i = 0; i < c.Lq; ++i) {
         const size_t ri = (size_t(b) * c.Hq + h) * c.Lq + i;
-        const std::string where = "b=" + std::to_string(b) + " h=" + std::to_string(h) + " q=" + std::to_string(i);
+        const std::string where =
+            "b=" + std::to_string(b) + " h=" + std::to_string(h) + " q=" + std::to_string(i);
         const double rl = ref.lse[ri];
         const float gl = h_lse[ri];
         const uint16_t* orow = h_o.data() + b * os[0] + h * os[1] + int64_t(i) * os[2];
@@ -341,15 +354,18 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
           continue;
         }
         if (!c.no_lse && !std::isnan(gl)) {
-          const double e = std::isfinite(gl) ? std::abs(double(gl) - rl) : std::numeric_limits<double>::infinity();
+          const double e =
+              std::isfinite(gl) ? std::abs(double(gl) - rl) : std::numeric_limits<double>::infinity();
           if (e > s.lse_err) s.lse_err = e;
-          if (!(e < 2e-2)) ++s.bad_lse, note("LSE " + std::to_string(gl) + " vs " + std::to_string(rl) + " at " + where);
+          if (!(e < 2e-2))
+            ++s.bad_lse, note("LSE " + std::to_string(gl) + " vs " + std::to_string(rl) + " at " + where);
         }
         double re2 = 0, rr2 = 0;
         for (int d = 0; d < c.dv; ++d) {
           const float g = from_bits(c.dtype, orow[d]);
           if (std::isnan(g)) {
-            ++s.nan_o, note("O NaN (bits " + std::to_string(orow[d]) + ") at " + where + " d=" + std::to_string(d));
+            ++s.nan_o,
+                note("O NaN (bits " + std::to_string(orow[d]) + ") at " + where + " d=" + std::to_string(d));
             continue;
           }
           const double e = double(g) - rrow[d];
@@ -360,7 +376,8 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
         const double row = std::sqrt(re2) / std::max(std::sqrt(rr2), 1e-6);
         if (row > s.row_rel) {
           s.row_rel = row;
-          if (row > (c.dtype == bf16 ? 4e-2 : 2e-2)) note("row error " + std::to_string(row) + " at " + where);
+          if (row > (c.dtype == bf16 ? 4e-2 : 2e-2))
+            note("row error " + std::to_string(row) + " at " + where);
         }
       }
   s.rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
@@ -394,9 +411,13 @@ TEST_P(ForwardTest, MatchesReference) {
   EXPECT_EQ(p->mask.heads(), var.mask_heads ? c.Hq : 1);
   double ms = 0;
   Stats s = launch_and_check(c, *p->kernel, *p, p->mask, p->captures, p->ref, &ms);
-  std::printf("[ stats    ] rel %.2e  row %.2e  lse %.2e  max_abs %.2e  masked rows %ld  (compile %.1f s, ref %.1f s,%s)\n",
-              s.rel, s.row_rel, s.lse_err, s.max_abs, s.masked_rows, p->compile_s, p->ref_s, p->caps.describe().c_str());
-  g_summary.push_back({c.name(), s.rel, s.row_rel, s.lse_err, s.max_abs, p->compile_s, p->ref_s, ms, s.masked_rows});
+  std::printf(
+      "[ stats    ] rel %.2e  row %.2e  lse %.2e  max_abs %.2e  masked rows %ld  (compile %.1f s, ref %.1f "
+      "s,%s)\n",
+      s.rel, s.row_rel, s.lse_err, s.max_abs, s.masked_rows, p->compile_s, p->ref_s,
+      p->caps.describe().c_str());
+  g_summary.push_back(
+      {c.name(), s.rel, s.row_rel, s.lse_err, s.max_abs, p->compile_s, p->ref_s, ms, s.masked_rows});
   expect_good(c, s);
   if (c.variant == "padding" && c.param >= c.Lq) {
     EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.Lq);
@@ -446,7 +467,8 @@ TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
   expect_good(c, s300);
   // And the two references really differ (the scalar changed the result).
   double diff = 0;
-  for (size_t i = 0; i < ref300.out.size(); ++i) diff = std::max(diff, std::abs(ref300.out[i] - base->ref.out[i]));
+  for (size_t i = 0; i < ref300.out.size(); ++i)
+    diff = std::max(diff, std::abs(ref300.out[i] - base->ref.out[i]));
   EXPECT_GT(diff, 1e-2);
   std::printf("[ stats    ] window 7: rel %.2e row %.2e; window 300: rel %.2e row %.2e\n", s7.rel, s7.row_rel,
               s300.rel, s300.row_rel);

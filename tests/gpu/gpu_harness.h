@@ -3,8 +3,8 @@
 // for the reference), and small device helpers. Everything here is header-only and test-only.
 #pragma once
 
-#include "fa_test_util.h"
 #include <gtest/gtest.h>
+#include "fa_test_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,8 +36,8 @@ inline uint16_t to_bits(fa::DType t, float f) { return fa::to_bits(f, t); }
 inline float from_bits(fa::DType t, uint16_t b) { return fa::from_bits(b, t); }
 
 // Poison patterns: every element a launch must write is set to these first.
-constexpr uint16_t kPoison16 = 0xFFFF;        // NaN in f16 and bf16
-constexpr uint32_t kPoison32 = 0x7fc00000u;   // f32 quiet NaN
+constexpr uint16_t kPoison16 = 0xFFFF;       // NaN in f16 and bf16
+constexpr uint32_t kPoison32 = 0x7fc00000u;  // f32 quiet NaN
 
 inline uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -191,18 +191,20 @@ inline const Variant& variant(const std::string& name) {
                    c.buffer_i32("doc_ids", {d.B, n}, ids);
                  },
                  1, 0});
-    v.push_back({"sliding", identity_score, [] { return mods::sliding_window(); },
-                 [](CaptureSet& c, const Dims&, int p, std::mt19937&) { c.scalar_i32("window", p >= 0 ? p : 200); }});
+    v.push_back(
+        {"sliding", identity_score, [] { return mods::sliding_window(); },
+         [](CaptureSet& c, const Dims&, int p, std::mt19937&) { c.scalar_i32("window", p >= 0 ? p : 200); }});
     // Sliding window whose width grows with the head (h-dependent mask).
-    v.push_back({"head_sliding", identity_score,
-                 [] {
-                   return MaskMod{"head_sliding", [](Index, Index h, Index q, Index kv) {
-                                    Index w = scalar<int32_t>("window");
-                                    return q >= kv && q - kv <= w + h * 37;
-                                  }};
-                 },
-                 [](CaptureSet& c, const Dims&, int p, std::mt19937&) { c.scalar_i32("window", p >= 0 ? p : 50); },
-                 0, 1});
+    v.push_back(
+        {"head_sliding", identity_score,
+         [] {
+           return MaskMod{"head_sliding", [](Index, Index h, Index q, Index kv) {
+                            Index w = scalar<int32_t>("window");
+                            return q >= kv && q - kv <= w + h * 37;
+                          }};
+         },
+         [](CaptureSet& c, const Dims&, int p, std::mt19937&) { c.scalar_i32("window", p >= 0 ? p : 50); }, 0,
+         1});
     v.push_back({"prefix_lm", identity_score, [] { return mods::prefix_lm(); },
                  [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
                    c.scalar_i32("prefix", p >= 0 ? p : std::max(1, d.Lkv / 3));

@@ -69,14 +69,15 @@ class ForwardValidation : public ::testing::Test {
   fa::BlockMask mask(int64_t L = kL) const { return fa::BlockMask::all_full(1, 1, L, L); }
 
   // forward(...) must throw exactly `message`, and (with a GPU) leave O poisoned.
-  void expect_rejected(const Args& a, const fa::BlockMask& m, const fa::Captures& cap, const std::string& message,
-                       const fa::ForwardOptions& fo = {}) {
+  void expect_rejected(const Args& a, const fa::BlockMask& m, const fa::Captures& cap,
+                       const std::string& message, const fa::ForwardOptions& fo = {}) {
     EXPECT_EQ(error_of([&] { kernel().forward(a.q, a.k, a.v, a.o, m, cap, fo); }), message);
     if (!gpu_) return;
     fa::rt::synchronize(nullptr);
     std::vector<unsigned char> host(a.o_bytes);
-    fa::rt::check(fa::rt::driver().cuMemcpyDtoH(host.data(), reinterpret_cast<CUdeviceptr>(a.o_ptr), a.o_bytes),
-                  "cuMemcpyDtoH");
+    fa::rt::check(
+        fa::rt::driver().cuMemcpyDtoH(host.data(), reinterpret_cast<CUdeviceptr>(a.o_ptr), a.o_bytes),
+        "cuMemcpyDtoH");
     size_t touched = 0;
     for (unsigned char b : host) touched += b != 0xFF;
     EXPECT_EQ(touched, 0u) << "O was written although forward threw";
@@ -115,7 +116,8 @@ TEST_F(ForwardValidation, WrongHeadDimV) {
 }
 
 TEST_F(ForwardValidation, BlockMaskForOtherLengths) {
-  expect_rejected(args(), mask(1000), good(), "block mask was built for Lq=1000, Lkv=1000; got Lq=256, Lkv=256");
+  expect_rejected(args(), mask(1000), good(),
+                  "block mask was built for Lq=1000, Lkv=1000; got Lq=256, Lkv=256");
 }
 
 TEST_F(ForwardValidation, BlockMaskForOtherBatch) {
@@ -193,7 +195,8 @@ TEST_F(ForwardValidation, BlockMaskMissingScalar) {
 TEST_F(ForwardValidation, BlockMaskFloatForI32Scalar) {
   fa::Captures c = good();
   c.scalar("window", 2.5);
-  EXPECT_EQ(error_of([&] { kernel().block_mask(kB, kH, kL, kL, c); }), "scalar 'window' must be i32, got f32");
+  EXPECT_EQ(error_of([&] { kernel().block_mask(kB, kH, kL, kL, c); }),
+            "scalar 'window' must be i32, got f32");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-#include "fa_test_util.h"
 #include "fajit/jit/arch.h"
+#include "fa_test_util.h"
 
 #include <gtest/gtest.h>
 

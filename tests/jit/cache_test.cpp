@@ -22,7 +22,10 @@ using Origin = fa::CacheOrigin;
 
 const std::string kKey = fa::jit::KeyBuilder().add("test", "one").hex();
 const std::string kKey2 = fa::jit::KeyBuilder().add("test", "two").hex();
-const std::string kCubin = std::string("\x7f" "ELF\0binary\xff", 12);
+const std::string kCubin = std::string(
+    "\x7f"
+    "ELF\0binary\xff",
+    12);
 
 class CacheTest : public ::testing::Test {
  protected:
@@ -47,7 +50,10 @@ class CacheTest : public ::testing::Test {
   // Fills the cache file for kKey through a first Cache, then damages it with `damage`, and
   // checks that a second Cache recompiles and replaces it, saying `why` on FAJIT_DEBUG.
   void expect_replaced(const std::function<void(std::string&)>& damage, const std::string& why) {
-    { Cache(dir_).get_or_compile(kKey, [] { return kCubin; }, "meta"); }
+    {
+      Cache(dir_).get_or_compile(
+          kKey, [] { return kCubin; }, "meta");
+    }
     std::string bytes = read(file(kKey));
     const std::string good = bytes;
     damage(bytes);
@@ -57,18 +63,22 @@ class CacheTest : public ::testing::Test {
     Cache cache(dir_);
     int compiles = 0;
     testing::internal::CaptureStderr();
-    fa::jit::Lookup r = cache.get_or_compile(kKey, [&] { ++compiles; return kCubin; }, "meta");
+    fa::jit::Lookup r = cache.get_or_compile(
+        kKey,
+        [&] {
+          ++compiles;
+          return kCubin;
+        },
+        "meta");
     EXPECT_EQ(testing::internal::GetCapturedStderr(),
-              "fajit: debug: cache file '" + file(kKey) + "' rejected (" + why +
-                  "); recompiling\n");
+              "fajit: debug: cache file '" + file(kKey) + "' rejected (" + why + "); recompiling\n");
     EXPECT_EQ(r.origin, Origin::kCompiled);
     EXPECT_EQ(compiles, 1);
     EXPECT_EQ(r.entry->cubin, kCubin);
     EXPECT_EQ(cache.stats().corrupt_replaced, 1u);
     EXPECT_EQ(cache.stats().misses, 1u);
     EXPECT_EQ(read(file(kKey)), good);  // replaced by a valid file
-    EXPECT_EQ(Cache(dir_).get_or_compile(kKey, [] { return std::string("x"); }).origin,
-              Origin::kDisk);
+    EXPECT_EQ(Cache(dir_).get_or_compile(kKey, [] { return std::string("x"); }).origin, Origin::kDisk);
   }
   std::string dir_;
 };
@@ -76,7 +86,10 @@ class CacheTest : public ::testing::Test {
 TEST_F(CacheTest, MissThenMemoryHit) {
   Cache cache(dir_);
   int compiles = 0;
-  auto compile = [&] { ++compiles; return kCubin; };
+  auto compile = [&] {
+    ++compiles;
+    return kCubin;
+  };
   fa::jit::Lookup a = cache.get_or_compile(kKey, compile, "fa_fwd hd=64");
   fa::jit::Lookup b = cache.get_or_compile(kKey, compile, "fa_fwd hd=64");
   EXPECT_EQ(a.origin, Origin::kCompiled);
@@ -99,15 +112,15 @@ TEST_F(CacheTest, MissThenMemoryHit) {
 }
 
 TEST_F(CacheTest, DiskHitFromAnotherInstance) {
-  Cache(dir_).get_or_compile(kKey, [] { return kCubin; }, "meta text");
+  Cache(dir_).get_or_compile(
+      kKey, [] { return kCubin; }, "meta text");
   Cache cache(dir_);
   fa::jit::Lookup r = cache.get_or_compile(kKey, [] { return std::string("wrong"); });
   EXPECT_EQ(r.origin, Origin::kDisk);
   EXPECT_EQ(std::string(fa::to_string(r.origin)), "disk");
   EXPECT_EQ(r.entry->cubin, kCubin);
   EXPECT_EQ(r.entry->meta, "meta text");
-  EXPECT_EQ(cache.get_or_compile(kKey, [] { return std::string("wrong"); }).origin,
-            Origin::kMemory);
+  EXPECT_EQ(cache.get_or_compile(kKey, [] { return std::string("wrong"); }).origin, Origin::kMemory);
   EXPECT_EQ(cache.stats().disk_hits, 1u);
   EXPECT_EQ(cache.stats().misses, 0u);
 }
@@ -121,7 +134,8 @@ TEST_F(CacheTest, FindNeverCompiles) {
 }
 
 TEST_F(CacheTest, FileLayout) {
-  Cache(dir_).get_or_compile(kKey, [] { return kCubin; }, "m");
+  Cache(dir_).get_or_compile(
+      kKey, [] { return kCubin; }, "m");
   std::string bytes = read(file(kKey));
   ASSERT_EQ(bytes.size(), 48u + 32u + kCubin.size() + 1u);
   EXPECT_EQ(bytes.substr(0, 8), std::string("FAJITCB\0", 8));
@@ -134,8 +148,7 @@ TEST_F(CacheTest, CorruptPayloadIsReplaced) {
 }
 
 TEST_F(CacheTest, TruncatedFileIsReplaced) {
-  expect_replaced([](std::string& b) { b.resize(b.size() - 5); },
-                  "size 91, expected 96");
+  expect_replaced([](std::string& b) { b.resize(b.size() - 5); }, "size 91, expected 96");
 }
 
 TEST_F(CacheTest, EmptyFileIsReplaced) {
@@ -163,7 +176,10 @@ TEST_F(CacheTest, UnwritableDirectoryDegradesToMemoryWithOneWarning) {
   const std::string bad = dir_ + "/file/cache";
   Cache cache(bad);
   int compiles = 0;
-  auto compile = [&] { ++compiles; return kCubin; };
+  auto compile = [&] {
+    ++compiles;
+    return kCubin;
+  };
   testing::internal::CaptureStderr();
   EXPECT_EQ(cache.get_or_compile(kKey, compile).origin, Origin::kCompiled);
   EXPECT_EQ(cache.get_or_compile(kKey2, compile).origin, Origin::kCompiled);
@@ -189,9 +205,9 @@ TEST_F(CacheTest, EmptyDirectoryMeansMemoryOnlyWithoutWarning) {
 
 TEST_F(CacheTest, CompileErrorIsNotCached) {
   Cache cache(dir_);
-  EXPECT_THROW(cache.get_or_compile(
-                   kKey, []() -> std::string { throw fa::Error("boom", fa::ErrorCode::kCompile); }),
-               fa::Error);
+  EXPECT_THROW(
+      cache.get_or_compile(kKey, []() -> std::string { throw fa::Error("boom", fa::ErrorCode::kCompile); }),
+      fa::Error);
   EXPECT_FALSE(fs::exists(file(kKey)));
   EXPECT_EQ(cache.get_or_compile(kKey, [] { return kCubin; }).origin, Origin::kCompiled);
 }
@@ -268,10 +284,13 @@ TEST_F(CacheTest, EightProcessesRaceOnOneKey) {
       while (::read(gate[0], &c, 1) < 0) {
       }
       Cache cache(dir_);
-      fa::jit::Lookup r = cache.get_or_compile(kKey, [] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        return kCubin;
-      }, "raced");
+      fa::jit::Lookup r = cache.get_or_compile(
+          kKey,
+          [] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            return kCubin;
+          },
+          "raced");
       ::_exit(r.entry->cubin == kCubin && r.entry->meta == "raced" ? 0 : 1);
     }
     kids.push_back(pid);
@@ -297,8 +316,10 @@ TEST_F(CacheTest, EightProcessesRaceOnOneKey) {
 
 TEST_F(CacheTest, ListAndStats) {
   Cache cache(dir_);
-  cache.get_or_compile(kKey, [] { return kCubin; }, "first");
-  cache.get_or_compile(kKey2, [] { return std::string(100, 'x'); }, "second");
+  cache.get_or_compile(
+      kKey, [] { return kCubin; }, "first");
+  cache.get_or_compile(
+      kKey2, [] { return std::string(100, 'x'); }, "second");
   write(dir_ + "/README", "not ours");
   std::vector<fa::jit::ListedEntry> ls = cache.list();
   ASSERT_EQ(ls.size(), 2u);
@@ -326,8 +347,7 @@ TEST_F(CacheTest, ClearRemovesOnlyWhatItOwns) {
   cache.get_or_compile(kKey, [] { return kCubin; });
   cache.get_or_compile(kKey2, [] { return kCubin; });
   const std::string dead_tmp = dir_ + "/" + kKey + ".999999999.0123456789abcdef.tmp";
-  const std::string live_tmp =
-      dir_ + "/" + kKey + "." + std::to_string(::getpid()) + ".00000000000000aa.tmp";
+  const std::string live_tmp = dir_ + "/" + kKey + "." + std::to_string(::getpid()) + ".00000000000000aa.tmp";
   write(dead_tmp, "partial");
   write(live_tmp, "partial");
   write(dir_ + "/notes.txt", "mine");

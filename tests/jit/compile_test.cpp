@@ -16,8 +16,9 @@ using Origin = fa::CacheOrigin;
 
 KernelRequest request() {
   KernelRequest req;
-  req.source = "#include \"fajit/params.h\"\n"
-               "extern \"C\" __global__ void fa_k(FaFwdParams p) { p.lse[0] = p.scale; }\n";
+  req.source =
+      "#include \"fajit/params.h\"\n"
+      "extern \"C\" __global__ void fa_k(FaFwdParams p) { p.lse[0] = p.scale; }\n";
   req.name = "fa_k.cu";
   req.spec = "variant=test";
   req.meta = "fa_k test";
@@ -43,7 +44,9 @@ TEST_F(CompileCached, CompilesOnceThenHits) {
   Cache cache(dir_);
   fa::jit::Lookup a = fa::jit::compile_cached(request(), cache);
   EXPECT_EQ(a.origin, Origin::kCompiled);
-  EXPECT_EQ(a.entry->cubin.substr(0, 4), "\x7f" "ELF");
+  EXPECT_EQ(a.entry->cubin.substr(0, 4),
+            "\x7f"
+            "ELF");
   EXPECT_EQ(a.entry->meta, "fa_k test");
   EXPECT_EQ(fa::jit::compile_cached(request(), cache).origin, Origin::kMemory);
   Cache again(dir_);
@@ -91,8 +94,8 @@ TEST_F(CompileCached, MemoryHitIsFast) {
   for (int r = 0; r < 101; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 100; ++i) cache.get_or_compile(key, [] { return std::string(); });
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                     .count() / 100);
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+                 100);
   }
   std::sort(us.begin(), us.end());
   EXPECT_LT(us[us.size() / 2], 2.0);  // the target; typically ~0.03 us

@@ -12,8 +12,7 @@ using fa::jit::KeyBuilder;
 TEST(Key, IsStable) {
   // Pinned (XXH3-128 canonical hex, checked against xxhash's XXH128_canonicalFromHash):
   // a change here invalidates every cache on disk, so it must be deliberate.
-  EXPECT_EQ(kernel_key("src", "tpl", "spec", "sm_90a", "13.0"),
-            "7169be6608e002c2ccfdc693bd1cdd15");
+  EXPECT_EQ(kernel_key("src", "tpl", "spec", "sm_90a", "13.0"), "7169be6608e002c2ccfdc693bd1cdd15");
   EXPECT_EQ(KeyBuilder().hex(), "37a99c46d6c4b35e69b16c3eeb387353");
   EXPECT_EQ(kernel_key("src", "tpl", "spec", "sm_90a", "13.0"),
             kernel_key("src", "tpl", "spec", "sm_90a", "13.0"));
@@ -42,8 +41,7 @@ TEST(Key, EveryPartMatters) {
 TEST(Key, PartBoundariesAndNamesMatter) {
   EXPECT_NE(KeyBuilder().add("a", "bc").hex(), KeyBuilder().add("a", "b").add("", "c").hex());
   EXPECT_NE(KeyBuilder().add("ab", "c").hex(), KeyBuilder().add("a", "bc").hex());
-  EXPECT_NE(KeyBuilder().add("x", "1").add("y", "2").hex(),
-            KeyBuilder().add("y", "2").add("x", "1").hex());
+  EXPECT_NE(KeyBuilder().add("x", "1").add("y", "2").hex(), KeyBuilder().add("y", "2").add("x", "1").hex());
   EXPECT_NE(KeyBuilder().add("source", "s").hex(), KeyBuilder().add("spec", "s").hex());
   EXPECT_NE(KeyBuilder().add("a", std::string("\0", 1)).hex(), KeyBuilder().add("a", "").hex());
 }

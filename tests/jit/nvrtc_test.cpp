@@ -31,8 +31,7 @@ extern "C" __global__ void fa_bad(FaFwdParams p) {
 TEST(Nvrtc, LoadsAndReportsVersion) {
   const Nvrtc& nv = Nvrtc::get();
   EXPECT_GE(nv.version_major(), 12);
-  EXPECT_EQ(nv.version(), std::to_string(nv.version_major()) + "." +
-                              std::to_string(nv.version_minor()));
+  EXPECT_EQ(nv.version(), std::to_string(nv.version_major()) + "." + std::to_string(nv.version_minor()));
   EXPECT_NE(nv.library().find("libnvrtc"), std::string::npos) << nv.library();
 }
 
@@ -42,11 +41,13 @@ TEST(Nvrtc, CompilesKernelWithEmbeddedHeader) {
   opt.want_ptx = true;
   fa::jit::CompileResult r = Nvrtc::get().compile(kKernel, "fa_test.cu", opt);
   ASSERT_GT(r.cubin.size(), 4u);
-  EXPECT_EQ(r.cubin.substr(0, 4), "\x7f" "ELF");
+  EXPECT_EQ(r.cubin.substr(0, 4),
+            "\x7f"
+            "ELF");
   EXPECT_NE(r.ptx.find(".entry fa_test_kernel"), std::string::npos) << r.ptx;
   EXPECT_NE(r.ptx.find(".target sm_80"), std::string::npos);
-  EXPECT_EQ(r.options, (std::vector<std::string>{"-default-device", "-std=c++17", "-DNDEBUG",
-                                                 "-arch=sm_80"}));
+  EXPECT_EQ(r.options,
+            (std::vector<std::string>{"-default-device", "-std=c++17", "-DNDEBUG", "-arch=sm_80"}));
   EXPECT_GT(r.wall_ms, 0.0);
 }
 
@@ -56,11 +57,12 @@ TEST(Nvrtc, CompilesForSm90aWithLineInfoAndExtraOptions) {
   opt.line_info = true;
   opt.extra = {"-DFA_TEST_FLAG=1"};
   fa::jit::CompileResult r = Nvrtc::get().compile(kKernel, "fa_test.cu", opt);
-  EXPECT_EQ(r.cubin.substr(0, 4), "\x7f" "ELF");
+  EXPECT_EQ(r.cubin.substr(0, 4),
+            "\x7f"
+            "ELF");
   EXPECT_TRUE(r.ptx.empty());
-  EXPECT_EQ(r.options, (std::vector<std::string>{"-default-device", "-std=c++17", "-DNDEBUG",
-                                                 "-arch=sm_90a", "-lineinfo",
-                                                 "-DFA_TEST_FLAG=1"}));
+  EXPECT_EQ(r.options, (std::vector<std::string>{"-default-device", "-std=c++17", "-DNDEBUG", "-arch=sm_90a",
+                                                 "-lineinfo", "-DFA_TEST_FLAG=1"}));
 }
 
 TEST(Nvrtc, CompileErrorQuotesGeneratedLine) {

@@ -22,7 +22,7 @@ inline std::string default_tile_args(int dqk, int dv, fa::KernelFamily family) {
     return a == b ? std::to_string(a)
                   : "(FaMods::kHasScoreMod ? " + std::to_string(b) + " : " + std::to_string(a) + ")";
   };
-  if (family == fa::KernelFamily::kWgmma)   // Sm90FwdConfig: BLOCK_N, STAGES, OVERLAP, PINGPONG
+  if (family == fa::KernelFamily::kWgmma)  // Sm90FwdConfig: BLOCK_N, STAGES, OVERLAP, PINGPONG
     return pick(plain.block_n, modded.block_n) + ", " + pick(plain.stages, modded.stages) + ", true, true";
   return pick(plain.block_m, modded.block_m) + ", " + pick(plain.block_n, modded.block_n) + ", " +
          pick(plain.warps, modded.warps) + ", " + pick(plain.stages, modded.stages);
@@ -30,8 +30,8 @@ inline std::string default_tile_args(int dqk, int dv, fa::KernelFamily family) {
 
 // Mods: a complete `struct FaMods {...};` definition. Config: the template arguments of
 // fa::FwdConfig after the element type and head dims ("" = the host's default tile).
-inline std::string variant_source(const std::string& mods, const std::string& element, int dqk,
-                                  int dv, const std::string& config = "") {
+inline std::string variant_source(const std::string& mods, const std::string& element, int dqk, int dv,
+                                  const std::string& config = "") {
   std::ostringstream s;
   s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
     << mods << "\n#include \"fajit/forward.cuh\"\n";
@@ -45,8 +45,8 @@ inline std::string variant_source(const std::string& mods, const std::string& el
 
 // The sm_90a kernel (forward_sm90.cuh). Config: the template arguments of fa::Sm90FwdConfig
 // after the element type and head dims ("BLOCK_N,STAGES,OVERLAP"; "" = the host's default tile).
-inline std::string variant_source_sm90(const std::string& mods, const std::string& element, int dqk,
-                                       int dv, const std::string& config = "") {
+inline std::string variant_source_sm90(const std::string& mods, const std::string& element, int dqk, int dv,
+                                       const std::string& config = "") {
   std::ostringstream s;
   s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
     << mods << "\n#include \"fajit/forward_sm90.cuh\"\n";
@@ -60,8 +60,8 @@ inline std::string variant_source_sm90(const std::string& mods, const std::strin
 
 // The backward kernels (backward.cuh). Config: the template arguments of fa::BwdConfig after
 // the element type and head dims ("BLOCK_M,WARPS"); defines fajit_bwd_{pre,dkdv,dq}.
-inline std::string backward_source(const std::string& mods, const std::string& element, int dqk,
-                                   int dv, const std::string& config) {
+inline std::string backward_source(const std::string& mods, const std::string& element, int dqk, int dv,
+                                   const std::string& config) {
   std::ostringstream s;
   s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
     << mods << "\n#include \"fajit/backward.cuh\"\n"

@@ -44,9 +44,9 @@ fa::DType elem_type(bool bf16) { return bf16 ? fa::DType::bf16 : fa::DType::f16;
 enum class Mod { Noop, Causal, Sliding, RowsMasked, AlibiCausal, SoftcapCausal };
 
 struct HostCaps {
-  std::vector<float> slopes;   // per q head (alibi)
-  int window = 100;            // sliding window (runtime scalar 0)
-  float softcap = 20.f;        // softcap (runtime scalar 0)
+  std::vector<float> slopes;  // per q head (alibi)
+  int window = 100;           // sliding window (runtime scalar 0)
+  float softcap = 20.f;       // softcap (runtime scalar 0)
 };
 
 const char* mod_name(Mod m) {
@@ -86,10 +86,11 @@ std::string mod_source(Mod m) {
                   "return (q % 5 != 0) && !(q >= 256 && q < 384) &&\n"
                   "           ((h & 1) ? (kv <= q + 64) : ((q + kv) % 3 != 0));");
     case Mod::AlibiCausal:
-      return mods(true, true,
-                  "const float slope = static_cast<const float*>(cap.buffers[0].ptr)[h * cap.buffers[0].stride[0]];\n"
-                  "    return score + slope * static_cast<float>(kv - q);",
-                  "return q >= kv;");
+      return mods(
+          true, true,
+          "const float slope = static_cast<const float*>(cap.buffers[0].ptr)[h * cap.buffers[0].stride[0]];\n"
+          "    return score + slope * static_cast<float>(kv - q);",
+          "return q >= kv;");
     case Mod::SoftcapCausal:
       return mods(true, true, "const float c = cap.scalars[0].f;\n    return c * tanhf(score / c);",
                   "return q >= kv;");
@@ -157,8 +158,8 @@ struct Env {
     k->smem = v[0], k->threads = v[1], k->block_m = v[2], k->block_n = v[3];
     CU(cuFuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k->smem));
     std::printf("  [compile] %-15s %-4s dqk=%-3d dv=%-3d cfg=%-14s %.3f s  regs=%d spill=%d smem=%d\n",
-                mod_name(m), bf16 ? "bf16" : "f16", dqk, dv, cfg.empty() ? "default" : cfg.c_str(),
-                c.seconds, c.regs, k->spills, k->smem);
+                mod_name(m), bf16 ? "bf16" : "f16", dqk, dv, cfg.empty() ? "default" : cfg.c_str(), c.seconds,
+                c.regs, k->spills, k->smem);
     return *cache.emplace(src, std::move(k)).first->second;
   }
 };
@@ -168,10 +169,10 @@ struct Case {
   Mod mod;
   bool bf16;
   int B, Hq, Hkv, Lq, Lkv, Dqk, Dv;
-  bool full_blocks = true;   // false: full_kv_* null, every non-empty block is partial
-  bool noncontig = false;    // [B, L, H, D+8] layouts and padded LSE rows
+  bool full_blocks = true;  // false: full_kv_* null, every non-empty block is partial
+  bool noncontig = false;   // [B, L, H, D+8] layouts and padded LSE rows
   bool lse = true;
-  std::string cfg = "";      // "" = default config
+  std::string cfg = "";  // "" = default config
   int q_block = 128, kv_block = 128;
   float in_scale = 1.f;
 };
@@ -219,15 +220,18 @@ struct DevBuf {
   size_t bytes = 0;
   explicit DevBuf(size_t n) : bytes(n) { CU(cuMemAlloc(&p, n ? n : 4)); }
   ~DevBuf() { cuMemFree(p); }
-  template <class T> void upload(const std::vector<T>& v) { CU(cuMemcpyHtoD(p, v.data(), v.size() * sizeof(T))); }
+  template <class T>
+  void upload(const std::vector<T>& v) {
+    CU(cuMemcpyHtoD(p, v.data(), v.size() * sizeof(T)));
+  }
 };
 
-struct Layout {   // element strides of a [B, H, L, D] tensor
+struct Layout {  // element strides of a [B, H, L, D] tensor
   long long sb, sh, sm, elems;
 };
 Layout make_layout(int B, int H, int L, int D, bool noncontig) {
   if (!noncontig) return {(long long)H * L * D, (long long)L * D, D, (long long)B * H * L * D};
-  const long long row = D + 8;   // [B, L, H, D+8]
+  const long long row = D + 8;  // [B, L, H, D+8]
   return {L * H * row, row, H * row, B * L * H * row};
 }
 
@@ -263,11 +267,12 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
   fill(lq.elems, qb, qf), fill(lk.elems, kb, kf), fill(lv.elems, vb, vf);
   DevBuf dq(qb.size() * 2), dk(kb.size() * 2), dvv(vb.size() * 2), dout(lo.elems * 2), dlse(lse_elems * 4);
   dq.upload(qb), dk.upload(kb), dvv.upload(vb);
-  CU(cuMemsetD8(dout.p, 0xFF, dout.bytes));   // NaN poison (0xFFFF / 0xFFFFFFFF)
+  CU(cuMemsetD8(dout.p, 0xFF, dout.bytes));  // NaN poison (0xFFFF / 0xFFFFFFFF)
   CU(cuMemsetD8(dlse.p, 0xFF, dlse.bytes));
 
   Tables t = build_tables(c, caps);
-  DevBuf dnum(t.num.size() * 4), didx(t.idx.size() * 4), dfnum(t.full_num.size() * 4), dfidx(t.full_idx.size() * 4);
+  DevBuf dnum(t.num.size() * 4), didx(t.idx.size() * 4), dfnum(t.full_num.size() * 4),
+      dfidx(t.full_idx.size() * 4);
   dnum.upload(t.num), didx.upload(t.idx), dfnum.upload(t.full_num), dfidx.upload(t.full_idx);
   DevBuf dslopes(c.Hq * 4);
   dslopes.upload(caps.slopes);
@@ -337,7 +342,10 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
   std::vector<int> rows;
   for (int q = 0; q < c.Lq; ++q)
     if (q % stride == 0 || q < 130 || q >= c.Lq - 130) rows.push_back(q);
-  struct Acc { double se = 0, sr = 0, max_abs = 0, lse_err = 0; long long masked = 0, masked_bad = 0, n = 0; };
+  struct Acc {
+    double se = 0, sr = 0, max_abs = 0, lse_err = 0;
+    long long masked = 0, masked_bad = 0, n = 0;
+  };
   const int nthreads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<Acc> accs(nthreads);
   std::atomic<long long> next{0};
@@ -361,7 +369,7 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
       }
       const long long obase = b * lo.sb + h * lo.sh + q * lo.sm;
       const float glse = lse[b * lse_sb + h * lse_sh + q];
-      if (mx == -INFINITY) {   // fully masked row: O exactly 0, LSE exactly -inf
+      if (mx == -INFINITY) {  // fully masked row: O exactly 0, LSE exactly -inf
         ++a.masked;
         bool bad = c.lse && !(std::isinf(glse) && glse < 0);
         for (int d = 0; d < c.Dv; ++d) bad |= ob[obase + d] != 0 && ob[obase + d] != 0x8000;
@@ -401,14 +409,15 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
   const double tol = c.bf16 ? 2e-2 : 1e-2;
   r.ok = r.rel < tol && !std::isnan(r.rel) && r.lse_err < 2e-3 && r.nan == 0 && r.masked_bad == 0 &&
          r.pad_bad == 0;
-  std::printf("%s %-15s %-4s B=%d Hq=%-2d Hkv=%-2d Lq=%-5d Lkv=%-5d d=%3d/%-3d %s%s%s blk=%d/%d cfg=%-12s "
-              "| tiles p/f/e=%lld/%lld/%lld rows=%lld masked=%lld | rel=%.2e maxabs=%.2e lse=%.2e nan=%lld "
-              "maskbad=%lld padbad=%lld\n",
-              r.ok ? "PASS" : "FAIL", mod_name(c.mod), c.bf16 ? "bf16" : "f16", c.B, c.Hq, c.Hkv, c.Lq, c.Lkv,
-              c.Dqk, c.Dv, c.full_blocks ? "full " : "nofull ", c.noncontig ? "strided " : "", c.lse ? "" : "nolse ",
-              c.q_block, c.kv_block, c.cfg.empty() ? "default" : c.cfg.c_str(), t.partial_blocks, t.full_blocks,
-              t.empty_blocks, r.checked_rows, r.masked_rows, r.rel, r.max_abs, r.lse_err, r.nan, r.masked_bad,
-              r.pad_bad);
+  std::printf(
+      "%s %-15s %-4s B=%d Hq=%-2d Hkv=%-2d Lq=%-5d Lkv=%-5d d=%3d/%-3d %s%s%s blk=%d/%d cfg=%-12s "
+      "| tiles p/f/e=%lld/%lld/%lld rows=%lld masked=%lld | rel=%.2e maxabs=%.2e lse=%.2e nan=%lld "
+      "maskbad=%lld padbad=%lld\n",
+      r.ok ? "PASS" : "FAIL", mod_name(c.mod), c.bf16 ? "bf16" : "f16", c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.Dqk,
+      c.Dv, c.full_blocks ? "full " : "nofull ", c.noncontig ? "strided " : "", c.lse ? "" : "nolse ",
+      c.q_block, c.kv_block, c.cfg.empty() ? "default" : c.cfg.c_str(), t.partial_blocks, t.full_blocks,
+      t.empty_blocks, r.checked_rows, r.masked_rows, r.rel, r.max_abs, r.lse_err, r.nan, r.masked_bad,
+      r.pad_bad);
   std::fflush(stdout);
   return r;
 }
@@ -416,12 +425,12 @@ Result run_case(Env& env, const Case& c, std::mt19937& rng) {
 // ---- benchmark ----------------------------------------------------------------------------
 void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) {
   const int B = 4, H = 16, L = 4096;
-  const bool causal = mod != Mod::Noop;   // every benchmarked mask is causal or none
+  const bool causal = mod != Mod::Noop;  // every benchmarked mask is causal or none
   Kernel& k = env.get(mod, true, D, D, cfg);
   const long long n = (long long)B * H * L * D;
   std::vector<uint16_t> host(n);
   uint32_t state = rng();
-  for (auto& x : host) {   // xorshift: fast enough for 33M values per tensor
+  for (auto& x : host) {  // xorshift: fast enough for 33M values per tensor
     state ^= state << 13, state ^= state >> 17, state ^= state << 5;
     x = fa::to_bits(float(int(state & 0xffff) - 32768) / 32768.f, fa::DType::bf16);
   }
@@ -433,7 +442,8 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
   DevBuf dslopes(H * 4);
   dslopes.upload(caps.slopes);
   Tables t = build_tables(c, caps);
-  DevBuf dnum(t.num.size() * 4), didx(t.idx.size() * 4), dfnum(t.full_num.size() * 4), dfidx(t.full_idx.size() * 4);
+  DevBuf dnum(t.num.size() * 4), didx(t.idx.size() * 4), dfnum(t.full_num.size() * 4),
+      dfidx(t.full_idx.size() * 4);
   dnum.upload(t.num), didx.upload(t.idx), dfnum.upload(t.full_num), dfidx.upload(t.full_idx);
   FaFwdParams p;
   std::memset(&p, 0, sizeof p);
@@ -445,8 +455,16 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
   p.lse_stride_b = (long long)H * L, p.lse_stride_h = L;
   p.batch = B, p.heads_q = H, p.heads_kv = H, p.len_q = L, p.len_kv = L;
   p.scale = 1.f / std::sqrt(float(D));
-  p.mask = {(const int*)dnum.p, (const int*)didx.p, (const int*)dfnum.p, (const int*)dfidx.p, 0, 0,
-            t.nqb, t.nkb, 128, 128};
+  p.mask = {(const int*)dnum.p,
+            (const int*)didx.p,
+            (const int*)dfnum.p,
+            (const int*)dfidx.p,
+            0,
+            0,
+            t.nqb,
+            t.nkb,
+            128,
+            128};
   FaCaptures cap;
   std::memset(&cap, 0, sizeof cap);
   cap.buffers[0].ptr = (const void*)dslopes.p;
@@ -485,33 +503,41 @@ int main(int argc, char** argv) {
   bool sm80 = true, sm90 = true, sm90_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--quick") quick = true, do_bench = false;
-    else if (a == "--no-bench") do_bench = false;
-    else if (a == "--bench-only") only_bench = true;
-    else if (a == "--compile-only") compile_only = true;
-    else if (a == "--sm80-only") sm90 = false;
-    else if (a == "--sm90-only") sm80 = false, sm90_only = true;
+    if (a == "--quick")
+      quick = true, do_bench = false;
+    else if (a == "--no-bench")
+      do_bench = false;
+    else if (a == "--bench-only")
+      only_bench = true;
+    else if (a == "--compile-only")
+      compile_only = true;
+    else if (a == "--sm80-only")
+      sm90 = false;
+    else if (a == "--sm90-only")
+      sm80 = false, sm90_only = true;
     else {
       std::fprintf(stderr, "kernel_check: unknown argument '%s'\n", a.c_str());
       return 2;
     }
   }
-  if (compile_only) {   // no GPU: compile the benchmark variants for sm_90a, show regs/spills
+  if (compile_only) {  // no GPU: compile the benchmark variants for sm_90a, show regs/spills
     for (int D : {64, 128})
       for (Mod m : {Mod::Noop, Mod::AlibiCausal, Mod::SoftcapCausal})
         for (const char* cfg : {"", "128,2,false", "128,3,true", "64,2,true"}) {
-          fa_test::Compiled c = fa_test::compile(
-              fa_test::variant_source_sm90(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
-          std::printf("sm90 d%-3d %-15s cfg=%-18s %.3f s regs=%d spills=%d/%d\n", D, mod_name(m), cfg, c.seconds,
-                      c.regs, c.spill_stores, c.spill_loads);
+          fa_test::Compiled c =
+              fa_test::compile(fa_test::variant_source_sm90(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
+          std::printf("sm90 d%-3d %-15s cfg=%-18s %.3f s regs=%d spills=%d/%d\n", D, mod_name(m), cfg,
+                      c.seconds, c.regs, c.spill_stores, c.spill_loads);
         }
     if (sm90_only) return 0;
     for (int D : {64, 128})
       for (Mod m : {Mod::Noop, Mod::AlibiCausal})
-        for (const char* cfg : {"", "128,64,4,2", "128,32,4,2", "256,64,8,2", "256,32,8,2", "128,64,4,2,1,true"}) {
-          fa_test::Compiled c = fa_test::compile(fa_test::variant_source(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
-          std::printf("d%-3d %-15s cfg=%-18s %.3f s regs=%d spills=%d/%d\n", D, mod_name(m), cfg, c.seconds, c.regs,
-                      c.spill_stores, c.spill_loads);
+        for (const char* cfg :
+             {"", "128,64,4,2", "128,32,4,2", "256,64,8,2", "256,32,8,2", "128,64,4,2,1,true"}) {
+          fa_test::Compiled c =
+              fa_test::compile(fa_test::variant_source(mod_source(m), "bf16_t", D, D, cfg), "sm_90a");
+          std::printf("d%-3d %-15s cfg=%-18s %.3f s regs=%d spills=%d/%d\n", D, mod_name(m), cfg, c.seconds,
+                      c.regs, c.spill_stores, c.spill_loads);
         }
     return 0;
   }
@@ -531,7 +557,7 @@ int main(int argc, char** argv) {
   env.device_name = name;
   env.arch = "sm_" + std::to_string(major * 10 + minor) + (major == 9 ? "a" : "");
   std::printf("device: %s (%s, %d SMs)\n", name, env.arch.c_str(), env.num_sms);
-  if (major != 9) sm90 = false;   // sm_90a code runs on compute capability 9.0 only
+  if (major != 9) sm90 = false;  // sm_90a code runs on compute capability 9.0 only
   std::mt19937 rng(1234);
   const bool BF = true, F16 = false;
   using M = Mod;
@@ -613,7 +639,8 @@ int main(int argc, char** argv) {
           {M::Causal, F16, 1, 4, 4, 4097, 4097, 64, 64, true, false, true, "sm90:128,3,false,true"},
           {M::RowsMasked, BF, 2, 4, 2, 1000, 777, 64, 128, true, false, true, "sm90:64,2,true,true"},
           {M::AlibiCausal, BF, 1, 8, 8, 1000, 1000, 128, 128, false, false, true, "sm90:128,2,false,true"},
-          {M::SoftcapCausal, BF, 1, 2, 1, 17, 4097, 128, 64, true, false, true, "sm90:128,3,true,true", 128, 128, 3.f},
+          {M::SoftcapCausal, BF, 1, 2, 1, 17, 4097, 128, 64, true, false, true, "sm90:128,3,true,true", 128,
+           128, 3.f},
           {M::Noop, F16, 1, 2, 2, 1, 1, 64, 64, true, false, true, "sm90:128,2,true,true"},
       };
       cases.insert(cases.end(), c90.begin(), c90.end());
@@ -624,9 +651,14 @@ int main(int argc, char** argv) {
   if (!cases.empty()) std::printf("correctness: %zu cases, %d failed\n", cases.size(), fails);
   if (do_bench && sm90) {
     // Hopper kernel first (the numbers that matter), then the sm_80 defaults for comparison.
-    const char* cfgs90[] = {"sm90",           "sm90:128,2,false",      "sm90:128,3,true",
-                            "sm90:128,3,false", "sm90:128,2,true,true",  "sm90:128,3,true,true",
-                            "sm90:128,2,false,true", "sm90:128,3,false,true"};
+    const char* cfgs90[] = {"sm90",
+                            "sm90:128,2,false",
+                            "sm90:128,3,true",
+                            "sm90:128,3,false",
+                            "sm90:128,2,true,true",
+                            "sm90:128,3,true,true",
+                            "sm90:128,2,false,true",
+                            "sm90:128,3,false,true"};
     for (Mod m : {Mod::Noop, Mod::Causal})
       for (int D : {64, 128})
         for (const char* cfg : cfgs90) bench(env, D, m, cfg, rng);

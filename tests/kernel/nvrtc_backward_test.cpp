@@ -18,12 +18,12 @@ int main() {
         for (int dqk : {64, 128})
           for (int dv : {64, 128})
             for (int mods = 0; mods < 2; ++mods) {
-              const fa::TileConfig t = fa::default_tile(dqk, dv, mods, fa::KernelFamily::kMmaSync,
-                                                        fa::KernelKind::kBackward);
+              const fa::TileConfig t =
+                  fa::default_tile(dqk, dv, mods, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward);
               const std::string cfg = std::to_string(t.block_m) + ", " + std::to_string(t.warps);
               fa_test::Compiled c = fa_test::compile(
-                  fa_test::backward_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(),
-                                           elem, dqk, dv, cfg),
+                  fa_test::backward_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem,
+                                           dqk, dv, cfg),
                   arch, true, "fajit_bwd_dkdv");
               ++count;
               if (c.cubin.empty()) ++failures;
@@ -32,12 +32,13 @@ int main() {
                           c.spill_loads);
             }
     try {
-      fa_test::compile(fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"),
-                       "sm_80", false, "fajit_bwd_dkdv");
+      fa_test::compile(fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"), "sm_80",
+                       false, "fajit_bwd_dkdv");
       std::printf("FAIL: BLOCK_M 128 with 4 warps compiled\n");
       ++failures;
     } catch (const std::exception& e) {
-      if (std::string(e.what()).find("every warp owns at least one 16-row m-tile of dQ") == std::string::npos) {
+      if (std::string(e.what()).find("every warp owns at least one 16-row m-tile of dQ") ==
+          std::string::npos) {
         std::printf("FAIL: unexpected message for BLOCK_M 128, 4 warps:\n%s\n", e.what());
         ++failures;
       }

@@ -28,13 +28,17 @@ int main() {
               worst = c.seconds > worst ? c.seconds : worst;
               const bool spills = c.spill_stores > 0 || c.spill_loads > 0;
               if (c.cubin.empty()) ++failures;
-              if (spills) ++spilling;   // reported, not fatal: speed is judged by the GPU check
+              if (spills) ++spilling;  // reported, not fatal: speed is judged by the GPU check
               std::printf("%-7s %-6s %4d %4d %-10s %8.3f %5d %d/%d%s\n", arch, elem, dqk, dv,
-                          mods ? "alibi+cau" : "noop", c.seconds, c.regs, c.spill_stores,
-                          c.spill_loads, spills ? "  <-- SPILLS" : "");
+                          mods ? "alibi+cau" : "noop", c.seconds, c.regs, c.spill_stores, c.spill_loads,
+                          spills ? "  <-- SPILLS" : "");
             }
     // Hopper kernel: default config over the grid, then the non-default knobs once each.
-    struct V90 { const char* elem; int dqk, dv, mods; const char* cfg; };
+    struct V90 {
+      const char* elem;
+      int dqk, dv, mods;
+      const char* cfg;
+    };
     std::vector<V90> v90;
     for (const char* elem : {"f16_t", "bf16_t"})
       for (int dqk : {64, 128})
@@ -69,8 +73,7 @@ int main() {
     }
     // Misuse is rejected at compile time with a readable message.
     try {
-      fa_test::compile(fa_test::variant_source(fa_test::mods_noop(), "bf16_t", 96, 64), "sm_80",
-                       false);
+      fa_test::compile(fa_test::variant_source(fa_test::mods_noop(), "bf16_t", 96, 64), "sm_80", false);
       std::printf("FAIL: head dim 96 compiled\n");
       ++failures;
     } catch (const std::exception& e) {
@@ -79,8 +82,8 @@ int main() {
         ++failures;
       }
     }
-    std::printf("%d variants, mean %.3f s, max %.3f s per compile, %d with spills, %d failures\n",
-                count, total / count, worst, spilling, failures);
+    std::printf("%d variants, mean %.3f s, max %.3f s per compile, %d with spills, %d failures\n", count,
+                total / count, worst, spilling, failures);
     return failures ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -24,7 +24,11 @@ int main(int argc, char** argv) {
   }
   size_t size = 0;
   const void* cubin = fajit_kernel_cubin(k, &size);
-  if (!cubin || size < 4 || memcmp(cubin, "\x7f" "ELF", 4) != 0) {
+  if (!cubin || size < 4 ||
+      memcmp(cubin,
+             "\x7f"
+             "ELF",
+             4) != 0) {
     fprintf(stderr, "no cubin\n");
     return 1;
   }

@@ -1,5 +1,5 @@
-#include "fa_test_util.h"
 #include "fajit/block_mask.h"
+#include "fa_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -24,8 +24,8 @@ using fa::test::expect_tables;
 
 TEST(BlockMask, FromKindsCausal) {
   // Causal, Lq = Lkv = 300, blocks 128: 3x3 tiles, diagonal partial, below full.
-  const auto kinds = fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; },
-                                               1, 1, 300, 300, 128, 128);
+  const auto kinds =
+      fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1, 300, 300, 128, 128);
   ASSERT_EQ(kinds, (std::vector<uint8_t>{1, 0, 0, 2, 1, 0, 2, 2, 1}));
   BlockMask m = BlockMask::from_kinds(1, 1, 300, 300, kinds);
   EXPECT_EQ(m.num_q_blocks(), 3);
@@ -47,10 +47,8 @@ TEST(BlockMask, TailBlocksIgnoreOutOfRangeElements) {
   // Lkv = 130 with blocks of 128: the tail kv tile holds kv 128..129 only, so "kv < 130" is
   // full there although kv 130..255 would be false. Likewise the q tail of Lq = 150.
   auto mask = [](int, int, int q, int kv) { return kv < 130 && q < 200; };
-  EXPECT_EQ(fa::test::reference_kinds(mask, 1, 1, 256, 130, 128, 128),
-            (std::vector<uint8_t>{2, 2, 1, 1}));
-  EXPECT_EQ(fa::test::reference_kinds(mask, 1, 1, 150, 130, 128, 128),
-            (std::vector<uint8_t>{2, 2, 2, 2}));
+  EXPECT_EQ(fa::test::reference_kinds(mask, 1, 1, 256, 130, 128, 128), (std::vector<uint8_t>{2, 2, 1, 1}));
+  EXPECT_EQ(fa::test::reference_kinds(mask, 1, 1, 150, 130, 128, 128), (std::vector<uint8_t>{2, 2, 2, 2}));
 }
 
 TEST(BlockMask, FromKvBlocksMatchesBruteForce) {
@@ -77,8 +75,7 @@ TEST(BlockMask, FromKvBlocksMatchesBruteForce) {
       std::copy(p.begin(), p.end(), idx.begin() + row * nkv);
       std::copy(f.begin(), f.end(), fidx.begin() + row * nkv);
     }
-    BlockMask m = BlockMask::from_kv_blocks(bm, hm, len_q, len_kv, num, idx, fnum, fidx,
-                                            q_block, 128);
+    BlockMask m = BlockMask::from_kv_blocks(bm, hm, len_q, len_kv, num, idx, fnum, fidx, q_block, 128);
     EXPECT_EQ(m.kinds(), kinds);
     expect_tables(m, fa::test::reference_tables(kinds, bm, hm, nq, nkv));
   }
@@ -93,27 +90,36 @@ TEST(BlockMask, FromKvBlocksWithoutFullTables) {
 }
 
 TEST(BlockMask, FromKvBlocksErrors) {
-  EXPECT_EQ(error_of([] { BlockMask::from_kv_blocks(1, 1, 256, 256, {1}, {0, 0}, {}, {}); }),
-            "kv_num_blocks: expected 2 entries [Bm=1, Hm=1, 2], got 1");
-  EXPECT_EQ(error_of([] { BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 1}, {0}, {}, {}); }),
-            "kv_indices: expected 4 entries [Bm=1, Hm=1, 2, 2], got 1");
-  EXPECT_EQ(
-      error_of([] { BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 3}, {0, 0, 0, 0}, {}, {}); }),
-      "kv_num_blocks: count 3 at (b=0, h=0, q-block=1) is outside [0, 2]");
-  EXPECT_EQ(
-      error_of([] { BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 1}, {0, 0, 2, 0}, {}, {}); }),
-      "kv_indices: entry 0 at (b=0, h=0, q-block=1) is 2, outside [0, 2)");
   EXPECT_EQ(error_of([] {
-              BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 0}, {1, 0, 0, 0}, {1, 0},
-                                        {1, 0, 0, 0});
+              BlockMask::from_kv_blocks(1, 1, 256, 256, {1}, {0, 0}, {}, {});
+            }),
+            "kv_num_blocks: expected 2 entries [Bm=1, Hm=1, 2], got 1");
+  EXPECT_EQ(error_of([] {
+              BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 1}, {0}, {}, {});
+            }),
+            "kv_indices: expected 4 entries [Bm=1, Hm=1, 2, 2], got 1");
+  EXPECT_EQ(error_of([] {
+              BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 3}, {0, 0, 0, 0}, {}, {});
+            }),
+            "kv_num_blocks: count 3 at (b=0, h=0, q-block=1) is outside [0, 2]");
+  EXPECT_EQ(error_of([] {
+              BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 1}, {0, 0, 2, 0}, {}, {});
+            }),
+            "kv_indices: entry 0 at (b=0, h=0, q-block=1) is 2, outside [0, 2)");
+  EXPECT_EQ(error_of([] {
+              BlockMask::from_kv_blocks(1, 1, 256, 256, {1, 0}, {1, 0, 0, 0}, {1, 0}, {1, 0, 0, 0});
             }),
             "full_kv_indices: block (b=0, h=0, q-block=0, kv-block=1) is listed twice");
 }
 
 TEST(BlockMask, FromKindsErrors) {
-  EXPECT_EQ(error_of([] { BlockMask::from_kinds(1, 1, 256, 256, {0, 1, 2}); }),
+  EXPECT_EQ(error_of([] {
+              BlockMask::from_kinds(1, 1, 256, 256, {0, 1, 2});
+            }),
             "block mask: expected 4 block kinds [Bm=1, Hm=1, 2, 2], got 3");
-  EXPECT_EQ(error_of([] { BlockMask::from_kinds(1, 1, 256, 256, {0, 1, 2, 3}); }),
+  EXPECT_EQ(error_of([] {
+              BlockMask::from_kinds(1, 1, 256, 256, {0, 1, 2, 3});
+            }),
             "block mask: block kind 3 at index 3 is not 0, 1 or 2");
   EXPECT_EQ(error_of([] { BlockMask::from_kinds(1, 1, 0, 256, {}); }),
             "block mask: lengths must be positive, got Lq=0, Lkv=256");
@@ -152,8 +158,8 @@ TEST(BlockMask, LazyTablesMatchBruteForce) {
     const int len_q = 1 + int(rng() % 3000), len_kv = 1 + int(rng() % 3000);
     const int nq = (len_q + q_block - 1) / q_block, nkv = (len_kv + kv_block - 1) / kv_block;
     const auto kinds = random_kinds(rng, size_t(bm) * hm * nq * nkv, trial % 2);
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << " B=" << bm << " H=" << hm
-                                      << " nq=" << nq << " nkv=" << nkv);
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " B=" << bm << " H=" << hm << " nq=" << nq << " nkv=" << nkv);
     const auto r = fa::test::reference_tables(kinds, bm, hm, nq, nkv);
     BlockMask m = BlockMask::from_kinds(bm, hm, len_q, len_kv, kinds, q_block, kv_block);
     if (trial % 3 == 0) {  // q tables first
@@ -199,8 +205,8 @@ TEST(BlockMask, LazyTablesConcurrentFirstUse) {
 }
 
 TEST(BlockMask, FromKindsMovesKinds) {
-  const auto kinds = fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; },
-                                               1, 1, 1000, 1000, 128, 128);
+  const auto kinds =
+      fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1, 1000, 1000, 128, 128);
   std::vector<uint8_t> moved = kinds;
   const uint8_t* data = moved.data();
   BlockMask m = BlockMask::from_kinds(1, 1, 1000, 1000, std::move(moved));
@@ -225,8 +231,8 @@ TEST(BlockMask, AllFullTables) {
 }
 
 TEST(BlockMask, Density) {
-  const auto kinds = fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; },
-                                               1, 1, 512, 512, 128, 128);
+  const auto kinds =
+      fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1, 512, 512, 128, 128);
   BlockMask m = BlockMask::from_kinds(1, 1, 512, 512, kinds);
   fa::BlockMaskDensity d = m.density();
   EXPECT_EQ(d.full, 6);

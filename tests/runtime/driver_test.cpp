@@ -20,8 +20,7 @@ class NoDriver : public ::testing::Test {
  protected:
   void SetUp() override {
     const char* env = std::getenv("FAJIT_CUDA_LIBRARY");
-    if (!env || std::string(env) != kMissing)
-      GTEST_SKIP() << "run with FAJIT_CUDA_LIBRARY=" << kMissing;
+    if (!env || std::string(env) != kMissing) GTEST_SKIP() << "run with FAJIT_CUDA_LIBRARY=" << kMissing;
   }
 };
 

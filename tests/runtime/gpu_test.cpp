@@ -108,8 +108,7 @@ std::string compile_test_source(const std::string& arch, std::string* log_out) {
     texts.push_back(headers[i].text);
   }
   nvrtcProgram prog = nullptr;
-  nvrtcResult r = nvrtcCreateProgram(&prog, kSource, "fa_runtime_test.cu", count, texts.data(),
-                                     names.data());
+  nvrtcResult r = nvrtcCreateProgram(&prog, kSource, "fa_runtime_test.cu", count, texts.data(), names.data());
   if (r != NVRTC_SUCCESS) {
     *log_out = nvrtc_check(r, "nvrtcCreateProgram");
     return std::string();
@@ -160,8 +159,7 @@ CUfunction kernel(const char* name) {
 class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fa::rt::cuda_available())
-      GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+    if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
     ASSERT_FALSE(test_cubin().empty());
   }
 };
@@ -173,9 +171,8 @@ TEST_F(Gpu, DeviceInfo) {
   EXPECT_GT(info.sm_count, 0);
   EXPECT_GT(info.max_smem_per_block_optin, 48 * 1024);
   EXPECT_EQ(info.arch(), "sm_" + std::to_string(info.cc_major) + std::to_string(info.cc_minor));
-  std::printf("device: %s, %s, %d SMs, %d B smem opt-in, driver %d\n", info.name.c_str(),
-              info.arch().c_str(), info.sm_count, info.max_smem_per_block_optin,
-              fa::rt::driver().version);
+  std::printf("device: %s, %s, %d SMs, %d B smem opt-in, driver %d\n", info.name.c_str(), info.arch().c_str(),
+              info.sm_count, info.max_smem_per_block_optin, fa::rt::driver().version);
 }
 
 TEST_F(Gpu, PrimaryContextIsPushedAndPopped) {
@@ -193,7 +190,8 @@ TEST_F(Gpu, PrimaryContextIsPushedAndPopped) {
     }
     FA_CU(cuCtxGetCurrent, &cur);
     EXPECT_EQ(cur, nullptr);
-  }).join();
+  })
+      .join();
 }
 
 TEST_F(Gpu, LoadAndLaunch) {
@@ -221,14 +219,12 @@ TEST_F(Gpu, LaunchWithLargeDynamicSharedMemory) {
   CUdeviceptr pa = a.ptr(), pb = b.ptr();
   int count = n;
   void* args[] = {&pa, &pb, &count};
-  fa::rt::launch(kernel("fa_test_smem"), fa::rt::Dim3(1), fa::rt::Dim3(256), n * sizeof(int),
-                 nullptr, args);
+  fa::rt::launch(kernel("fa_test_smem"), fa::rt::Dim3(1), fa::rt::Dim3(256), n * sizeof(int), nullptr, args);
   b.download(out.data(), n * sizeof(int));
   for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], in[n - 1 - i]) << i;
   const int too_much = fa::rt::current_device_info().max_smem_per_block_optin + 16;
   try {
-    fa::rt::launch(kernel("fa_test_smem"), fa::rt::Dim3(1), fa::rt::Dim3(256), too_much,
-                   nullptr, args);
+    fa::rt::launch(kernel("fa_test_smem"), fa::rt::Dim3(1), fa::rt::Dim3(256), too_much, nullptr, args);
     FAIL();
   } catch (const fa::Error& e) {
     EXPECT_NE(std::string(e.what()).find("launch: kernel needs " + std::to_string(too_much) +
@@ -247,18 +243,21 @@ TEST_F(Gpu, ModuleErrors) {
     EXPECT_EQ(e.code(), fa::ErrorCode::kCuda);
   }
   try {
-    fa::rt::load_function("garbage", std::string("\x7f" "ELF garbage", 12), "x");
+    fa::rt::load_function("garbage",
+                          std::string("\x7f"
+                                      "ELF garbage",
+                                      12),
+                          "x");
     FAIL();
   } catch (const fa::Error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("cuModuleLoadData failed: CUDA_ERROR_", 0), 0u)
-        << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("cuModuleLoadData failed: CUDA_ERROR_", 0), 0u) << e.what();
     EXPECT_EQ(e.code(), fa::ErrorCode::kCuda);
   }
 }
 
 TEST_F(Gpu, BlockMaskDeviceTables) {
-  const auto kinds = fa::test::reference_kinds([](int, int h, int q, int kv) { return kv <= q + h; },
-                                               1, 2, 700, 900, 128, 64);
+  const auto kinds = fa::test::reference_kinds([](int, int h, int q, int kv) { return kv <= q + h; }, 1, 2,
+                                               700, 900, 128, 64);
   fa::BlockMask m = fa::BlockMask::from_kinds(1, 2, 700, 900, kinds, 128, 64);
   fa::BlockMaskDeviceTables d = m.device_tables();
   EXPECT_EQ(m.device_tables().kv_indices, d.kv_indices);  // uploaded once per context
@@ -289,8 +288,8 @@ struct Case {
 };
 
 std::vector<Case> builder_cases() {
-  const int lengths[][2] = {{1, 1},       {17, 17},   {1000, 1000}, {4097, 4097},
-                            {17, 4097},   {4097, 1000}, {1, 1000}};
+  const int lengths[][2] = {{1, 1},     {17, 17},     {1000, 1000}, {4097, 4097},
+                            {17, 4097}, {4097, 1000}, {1, 1000}};
   const int blocks[][2] = {{128, 128}, {64, 64}, {64, 128}};
   std::vector<Case> cases;
   for (auto& l : lengths)
@@ -298,17 +297,15 @@ std::vector<Case> builder_cases() {
   return cases;
 }
 
-void expect_built(const char* name, const FaCaptures& cap, int bm, int hm,
-                  const fa::test::MaskFn& ref, const Case& c) {
+void expect_built(const char* name, const FaCaptures& cap, int bm, int hm, const fa::test::MaskFn& ref,
+                  const Case& c) {
   SCOPED_TRACE(::testing::Message() << name << " B=" << bm << " H=" << hm << " Lq=" << c.len_q
-                                    << " Lkv=" << c.len_kv << " block=" << c.q_block << "x"
-                                    << c.kv_block);
+                                    << " Lkv=" << c.len_kv << " block=" << c.q_block << "x" << c.kv_block);
   fa::rt::BlockMaskBuildOptions opt;
   opt.q_block = c.q_block;
   opt.kv_block = c.kv_block;
   fa::BlockMask m = fa::rt::build_block_mask(kernel(name), cap, bm, hm, c.len_q, c.len_kv, opt);
-  const auto kinds = fa::test::reference_kinds(ref, bm, hm, c.len_q, c.len_kv, c.q_block,
-                                               c.kv_block);
+  const auto kinds = fa::test::reference_kinds(ref, bm, hm, c.len_q, c.len_kv, c.q_block, c.kv_block);
   ASSERT_EQ(m.kinds(), kinds);
   const auto r = fa::test::reference_tables(kinds, bm, hm, m.num_q_blocks(), m.num_kv_blocks());
   fa::test::expect_tables(m, r);
@@ -317,7 +314,8 @@ void expect_built(const char* name, const FaCaptures& cap, int bm, int hm,
 TEST_F(Gpu, BuildCausal) {
   FaCaptures cap{};
   for (const Case& c : builder_cases())
-    expect_built("fa_bm_causal", cap, 1, 1, [](int, int, int q, int kv) { return kv <= q; }, c);
+    expect_built(
+        "fa_bm_causal", cap, 1, 1, [](int, int, int q, int kv) { return kv <= q; }, c);
 }
 
 TEST_F(Gpu, BuildSlidingPerHead) {
@@ -356,7 +354,8 @@ TEST_F(Gpu, BuildDocumentPerBatch) {
 TEST_F(Gpu, BuildWithoutMaskModIsAllFull) {
   FaCaptures cap{};
   for (const Case& c : builder_cases())
-    expect_built("fa_bm_nomask", cap, 2, 2, [](int, int, int, int) { return true; }, c);
+    expect_built(
+        "fa_bm_nomask", cap, 2, 2, [](int, int, int, int) { return true; }, c);
 }
 
 TEST_F(Gpu, KnownKindsAreNotEvaluated) {
@@ -368,8 +367,8 @@ TEST_F(Gpu, KnownKindsAreNotEvaluated) {
   opt.known[7 * 8 + 0] = 0;
   opt.known[0 * 8 + 7] = 2;
   auto kinds = fa::rt::classify_blocks(kernel("fa_bm_causal"), cap, 1, 1, 1000, 1000, opt);
-  auto ref = fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1,
-                                       1000, 1000, 128, 128);
+  auto ref =
+      fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1, 1000, 1000, 128, 128);
   ref[7 * 8 + 0] = 0;
   ref[0 * 8 + 7] = 2;
   EXPECT_EQ(kinds, ref);
@@ -398,8 +397,8 @@ TEST_F(Gpu, BuildLargeCausalAndTime) {
   EXPECT_EQ(d.partial, 256);
   EXPECT_EQ(d.full, 32640);
   EXPECT_EQ(d.empty, 32640);
-  std::printf("causal 32768x32768 block mask: classify %.2f ms, with host tables %.2f ms\n",
-              classify_ms, total_ms);
+  std::printf("causal 32768x32768 block mask: classify %.2f ms, with host tables %.2f ms\n", classify_ms,
+              total_ms);
 }
 
 TEST_F(Gpu, BuildOnAStream) {
@@ -413,8 +412,8 @@ TEST_F(Gpu, BuildOnAStream) {
   opt.q_block = 64;
   fa::BlockMask m = fa::rt::build_block_mask(kernel("fa_bm_causal"), cap, 1, 1, 3000, 2000, opt);
   FA_CU(cuStreamDestroy, stream);
-  EXPECT_EQ(m.kinds(), fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; },
-                                                 1, 1, 3000, 2000, 64, 128));
+  EXPECT_EQ(m.kinds(), fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1, 3000,
+                                                 2000, 64, 128));
 }
 
 }  // namespace

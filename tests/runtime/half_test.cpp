@@ -52,8 +52,7 @@ long double decode(uint16_t b, DType t, bool unbounded_inf = false) {
   long double v;
   if (e == emax_field) {
     if (m != 0) return std::numeric_limits<long double>::quiet_NaN();
-    v = unbounded_inf ? std::ldexp(1.0L, emax_field - f.bias)
-                      : std::numeric_limits<long double>::infinity();
+    v = unbounded_inf ? std::ldexp(1.0L, emax_field - f.bias) : std::numeric_limits<long double>::infinity();
   } else if (e == 0) {
     v = std::ldexp(static_cast<long double>(m), 1 - f.bias - f.mant_bits);
   } else {
@@ -167,21 +166,21 @@ TEST(Half, NamedCases) {
   EXPECT_EQ(fa::to_bits(0.0f, DType::f16), 0x0000u);
   EXPECT_EQ(fa::to_bits(-0.0f, DType::f16), 0x8000u);
   EXPECT_EQ(fa::to_bits(1.0f, DType::f16), 0x3c00u);
-  EXPECT_EQ(fa::to_bits(65504.0f, DType::f16), 0x7bffu);      // max finite
-  EXPECT_EQ(fa::to_bits(65519.996f, DType::f16), 0x7bffu);    // just below the threshold
-  EXPECT_EQ(fa::to_bits(65520.0f, DType::f16), 0x7c00u);      // tie -> even (inf)
-  EXPECT_EQ(fa::to_bits(-1e10f, DType::f16), 0xfc00u);        // overflow
+  EXPECT_EQ(fa::to_bits(65504.0f, DType::f16), 0x7bffu);    // max finite
+  EXPECT_EQ(fa::to_bits(65519.996f, DType::f16), 0x7bffu);  // just below the threshold
+  EXPECT_EQ(fa::to_bits(65520.0f, DType::f16), 0x7c00u);    // tie -> even (inf)
+  EXPECT_EQ(fa::to_bits(-1e10f, DType::f16), 0xfc00u);      // overflow
   EXPECT_EQ(fa::to_bits(inf, DType::f16), 0x7c00u);
   EXPECT_EQ(fa::to_bits(-inf, DType::f16), 0xfc00u);
   EXPECT_EQ(fa::to_bits(nan, DType::f16), 0x7e00u);
   EXPECT_EQ(fa::to_bits(-nan, DType::f16), 0xfe00u);
-  EXPECT_EQ(fa::to_bits(std::ldexp(1.0f, -14), DType::f16), 0x0400u);  // min normal
+  EXPECT_EQ(fa::to_bits(std::ldexp(1.0f, -14), DType::f16), 0x0400u);     // min normal
   EXPECT_EQ(fa::to_bits(std::ldexp(1023.5f, -24), DType::f16), 0x0400u);  // tie up to normal
-  EXPECT_EQ(fa::to_bits(std::ldexp(1.0f, -24), DType::f16), 0x0001u);  // min subnormal
-  EXPECT_EQ(fa::to_bits(std::ldexp(1.0f, -25), DType::f16), 0x0000u);  // tie -> even (0)
+  EXPECT_EQ(fa::to_bits(std::ldexp(1.0f, -24), DType::f16), 0x0001u);     // min subnormal
+  EXPECT_EQ(fa::to_bits(std::ldexp(1.0f, -25), DType::f16), 0x0000u);     // tie -> even (0)
   EXPECT_EQ(fa::to_bits(std::ldexp(1.5f, -25), DType::f16), 0x0001u);
-  EXPECT_EQ(fa::to_bits(std::ldexp(1.5f, -24), DType::f16), 0x0002u);  // tie -> even (2)
-  EXPECT_EQ(fa::to_bits(std::ldexp(2.5f, -24), DType::f16), 0x0002u);  // tie -> even (2)
+  EXPECT_EQ(fa::to_bits(std::ldexp(1.5f, -24), DType::f16), 0x0002u);         // tie -> even (2)
+  EXPECT_EQ(fa::to_bits(std::ldexp(2.5f, -24), DType::f16), 0x0002u);         // tie -> even (2)
   EXPECT_EQ(fa::to_bits(1.0f + std::ldexp(1.0f, -11), DType::f16), 0x3c00u);  // tie -> even
   EXPECT_EQ(fa::to_bits(1.0f + std::ldexp(3.0f, -11), DType::f16), 0x3c02u);  // tie -> even
   EXPECT_EQ(fa::to_bits(std::numeric_limits<float>::denorm_min(), DType::f16), 0x0000u);
@@ -246,8 +245,6 @@ TEST_P(HalfTest, RandomFloatsMatchTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, HalfTest, ::testing::Values(DType::f16, DType::bf16),
-                         [](const ::testing::TestParamInfo<DType>& i) {
-                           return std::string(name(i.param));
-                         });
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(name(i.param)); });
 
 }  // namespace

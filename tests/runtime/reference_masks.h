@@ -14,8 +14,8 @@ namespace fa::test {
 
 using MaskFn = std::function<bool(int b, int h, int q, int kv)>;
 
-inline std::vector<uint8_t> reference_kinds(const MaskFn& mask, int bm, int hm, int len_q,
-                                            int len_kv, int q_block, int kv_block) {
+inline std::vector<uint8_t> reference_kinds(const MaskFn& mask, int bm, int hm, int len_q, int len_kv,
+                                            int q_block, int kv_block) {
   const int nq = (len_q + q_block - 1) / q_block, nkv = (len_kv + kv_block - 1) / kv_block;
   std::vector<uint8_t> kinds(size_t(bm) * hm * nq * nkv);
   size_t t = 0;
@@ -26,7 +26,10 @@ inline std::vector<uint8_t> reference_kinds(const MaskFn& mask, int bm, int hm, 
           bool any_t = false, any_f = false;
           for (int q = qb * q_block; q < len_q && q < (qb + 1) * q_block && !(any_t && any_f); ++q)
             for (int kv = kb * kv_block; kv < len_kv && kv < (kb + 1) * kv_block; ++kv) {
-              if (mask(b, h, q, kv)) any_t = true; else any_f = true;
+              if (mask(b, h, q, kv))
+                any_t = true;
+              else
+                any_f = true;
               if (any_t && any_f) break;
             }
           kinds[t++] = any_t && any_f ? 1 : any_t ? 2 : 0;
@@ -40,8 +43,7 @@ struct ReferenceTables {
 };
 
 // Rows along kv for each q block, then columns along q for each kv block, padded with 0.
-inline ReferenceTables reference_tables(const std::vector<uint8_t>& kinds, int bm, int hm,
-                                        int nq, int nkv) {
+inline ReferenceTables reference_tables(const std::vector<uint8_t>& kinds, int bm, int hm, int nq, int nkv) {
   ReferenceTables r;
   const size_t g_count = size_t(bm) * hm;
   r.kv_num.assign(g_count * nq, 0);

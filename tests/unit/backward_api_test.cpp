@@ -28,7 +28,8 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
   EXPECT_EQ(s.tile, fa::default_tile(128, 64, false, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward));
   EXPECT_EQ(s.to_string(), "backward bf16 qk128 v64 mma tile64x128w8s2 sm_90a");
   const std::string& src = k.backward_cuda_source();
-  EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2>;"), std::string::npos) << src;
+  EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2>;"), std::string::npos)
+      << src;
   EXPECT_NE(src.find("FAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)"), std::string::npos);
   EXPECT_NE(src.find("static constexpr bool kScoreGrad = false;"), std::string::npos);
   // The forward is untouched by asking for the backward.
@@ -38,7 +39,8 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
 TEST(BackwardApi, ScoreModWithoutDerivativeIsRefused) {
   const fa::Kernel k = fa::compile(fa::mods::alibi(), fa::mods::causal(), opts(64, 64));
   EXPECT_EQ(error_of([&] { k.backward_cuda_source(); }),
-            "backward of score_mod @alibi is not available yet: its derivative comes with the differentiation pass");
+            "backward of score_mod @alibi is not available yet: its derivative comes with the "
+            "differentiation pass");
 }
 
 // Tensors at fake, 256-byte aligned addresses: validation never dereferences them.
@@ -56,8 +58,9 @@ TEST(BackwardApi, BadTensorsNameTheArgument) {
   const fa::BlockMask mask = fa::BlockMask::all_full(1, 1, 256, 256);
   FakeTensors f;
   const auto bf = fa::DType::bf16, f32 = fa::DType::f32;
-  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), kk = f.t(bf, {1, 2, 256, 64}), v = f.t(bf, {1, 2, 256, 64}),
-                       o = f.t(bf, {1, 2, 256, 64}), lse = f.t(f32, {1, 2, 256}), dout = f.t(bf, {1, 2, 256, 64}),
+  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), kk = f.t(bf, {1, 2, 256, 64}),
+                       v = f.t(bf, {1, 2, 256, 64}), o = f.t(bf, {1, 2, 256, 64}),
+                       lse = f.t(f32, {1, 2, 256}), dout = f.t(bf, {1, 2, 256, 64}),
                        dq = f.t(bf, {1, 2, 256, 64}), dv = f.t(bf, {1, 2, 256, 64});
   const fa::TensorView dk_short = f.t(bf, {1, 2, 255, 64}), dq_f16 = f.t(fa::DType::f16, {1, 2, 256, 64}),
                        lse_bf16 = f.t(bf, {1, 2, 256}), dlse_bad = f.t(f32, {1, 1, 256});

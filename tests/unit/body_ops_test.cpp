@@ -15,10 +15,10 @@
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/analysis/range_program.h"
 #include "fajit/detail/codegen.h"
-#include "fajit/detail/program_impl.h"
-#include "fajit/error.h"
 #include "fajit/detail/interp.h"
 #include "fajit/detail/mask_analysis.h"
+#include "fajit/detail/program_impl.h"
+#include "fajit/error.h"
 
 namespace {
 
@@ -86,10 +86,10 @@ std::string module_of(BodyOp op) {
                                               : "";
   const char* yielded = result == "i1" ? "%r" : "%m";
   const char* captures = " captures(%buf: !fa.buffer<f32, 1>)";
-  return "fa.score_mod @s(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)" +
-         std::string(captures) + " -> f32 {\n" + op_body(op) + to_f32 + "  fa.yield %s : f32\n}\n" +
-         "fa.mask_mod @m(%b: i32, %h: i32, %q: i32, %kv: i32)" + captures + " -> i1 {\n" +
-         op_body(op) + to_i1 + "  fa.yield " + yielded + " : i1\n}\n";
+  return "fa.score_mod @s(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)" + std::string(captures) +
+         " -> f32 {\n" + op_body(op) + to_f32 + "  fa.yield %s : f32\n}\n" +
+         "fa.mask_mod @m(%b: i32, %h: i32, %q: i32, %kv: i32)" + captures + " -> i1 {\n" + op_body(op) +
+         to_i1 + "  fa.yield " + yielded + " : i1\n}\n";
 }
 
 // Whether `mod` still holds `op` after the program's canonicalization.
@@ -117,14 +117,16 @@ void check_op(BodyOp op) {
   std::optional<fa::Program> p;
   ASSERT_EQ(error_of([&] { p = fa::Program::parse(text, name); }), kNoError);
   ASSERT_TRUE(holds(p->impl().score.getOperation(), op) && holds(p->impl().mask.getOperation(), op))
-      << "canonicalization removed the op; change its operands here\n" << p->to_mlir();
+      << "canonicalization removed the op; change its operands here\n"
+      << p->to_mlir();
 
   // Interpreter: the op's value, then the mask that compares against it.
   fa::Bindings env;
   env.scalar_i32("x0", kX0).scalar_i32("x1", kX1).scalar_f32("f0", kF0).scalar_f32("f1", kF1);
   env.buffer("buf", fa::HostBuffer::f32(kBuf, {8}));
   float value = 0;
-  ASSERT_EQ(error_of([&] { value = fa::ModProgram::score_of(*p).eval_score(0.0f, 0, 0, 0, 0, env); }), kNoError);
+  ASSERT_EQ(error_of([&] { value = fa::ModProgram::score_of(*p).eval_score(0.0f, 0, 0, 0, 0, env); }),
+            kNoError);
   env.scalar_f32("yf", value).scalar_i32("y", static_cast<int32_t>(value));
   bool want = false;
   ASSERT_EQ(error_of([&] { want = fa::ModProgram::mask_of(*p).eval_mask(0, 0, 0, 0, env); }), kNoError);

@@ -2,8 +2,8 @@
 // and KernelSpec errors, and NVRTC accepting what it generates: every shipped forward variant
 // and the block-mask kernel for sm_80 and sm_90a, and one mod per arith/math op kind it lowers.
 // NVRTC runs on the host; no GPU is needed.
-#include "fa_test_util.h"
 #include "fajit/detail/codegen.h"
+#include "fa_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -30,9 +30,13 @@ using fa::Score;
 
 using fa::test::error_of;
 
-bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
-#define EXPECT_HAS(text, needle) EXPECT_TRUE(has(text, needle)) << "missing: " << (needle) << "\nin:\n" << (text)
-#define EXPECT_LACKS(text, needle) EXPECT_FALSE(has(text, needle)) << "unexpected: " << (needle) << "\nin:\n" << (text)
+bool has(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+#define EXPECT_HAS(text, needle) \
+  EXPECT_TRUE(has(text, needle)) << "missing: " << (needle) << "\nin:\n" << (text)
+#define EXPECT_LACKS(text, needle) \
+  EXPECT_FALSE(has(text, needle)) << "unexpected: " << (needle) << "\nin:\n" << (text)
 
 fa::KernelSpec spec(fa::DType dt = fa::DType::bf16, int dqk = 128, int dv = 128, std::string arch = "sm_90a",
                     fa::KernelKind kind = fa::KernelKind::kForward) {
@@ -52,7 +56,8 @@ TEST(Codegen, IdentityAndNoopHaveNoMods) {
   fa::GeneratedKernel g = fa::generate(fa::trace(fa::identity_score(), fa::noop_mask()), spec());
   const std::string& s = g.source;
   EXPECT_HAS(s, "// fajit generated: forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a\n");
-  EXPECT_HAS(s, "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n");
+  EXPECT_HAS(s,
+             "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n");
   EXPECT_HAS(s, "// score_mod @identity, mask_mod @noop\n");
   EXPECT_HAS(s, "struct FaMods {\n");
   EXPECT_HAS(s, "  static constexpr bool kHasScoreMod = false;\n");
@@ -76,14 +81,16 @@ TEST(Codegen, CausalIsOneCompare) {
   EXPECT_HAS(m, "    const bool v_0 = (q >= kv);  // fa: %0 = arith.cmpi sge, %q, %kv : i32\n");
   EXPECT_HAS(m, "    return v_0;  // fa: fa.yield %0 : i1\n");
   EXPECT_HAS(m, "static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,");
-  EXPECT_HAS(m, "static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,");
+  EXPECT_HAS(m,
+             "static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,");
   EXPECT_HAS(m, "(void)b; (void)h; (void)q; (void)kv; (void)cap;");
   EXPECT_HAS(m, "(void)score; (void)b; (void)h; (void)q; (void)kv; (void)cap;");
 }
 
 TEST(Codegen, BufferAndScalarSlots) {
   auto slopes = fa::buffer<float>("slopes", 1);
-  fa::Program p = fa::trace(fa::mods::alibi(slopes), fa::and_masks({fa::mods::document(), fa::mods::sliding_window()}));
+  fa::Program p =
+      fa::trace(fa::mods::alibi(slopes), fa::and_masks({fa::mods::document(), fa::mods::sliding_window()}));
   fa::GeneratedKernel g = fa::generate(p, spec());
   const std::string& s = g.source;
   EXPECT_HAS(s, "  static constexpr bool kHasScoreMod = true;\n");
@@ -132,7 +139,8 @@ TEST(Codegen, ScalarSlotsFollowCaptureOrder) {
 }
 
 TEST(Codegen, EveryLineNamesItsOp) {
-  fa::Program p = fa::trace(fa::mods::relative_bias(), fa::or_masks({fa::mods::prefix_lm(), fa::mods::padding()}));
+  fa::Program p =
+      fa::trace(fa::mods::relative_bias(), fa::or_masks({fa::mods::prefix_lm(), fa::mods::padding()}));
   std::string m = fa::emit_mods(p);
   size_t defs = 0;
   for (size_t pos = 0; (pos = m.find("\n    const ", pos)) != std::string::npos; ++pos) {
@@ -181,7 +189,8 @@ TEST(Codegen, TooManyBuffers) {
   auto sum_of = [](int n) {
     return fa::ScoreMod{"many", [n](Score s, Index, Index h, Index, Index) {
                           Score acc = s;
-                          for (int i = 0; i < n; ++i) acc = acc + fa::buffer<float>(fmt::format("buf{:02}", i), 1)[h];
+                          for (int i = 0; i < n; ++i)
+                            acc = acc + fa::buffer<float>(fmt::format("buf{:02}", i), 1)[h];
                           return acc;
                         }};
   };
@@ -216,16 +225,23 @@ TEST(Codegen, TooManyScalars) {
 
 TEST(Codegen, BadKernelSpec) {
   fa::Program p = fa::trace(fa::identity_score(), fa::mods::causal());
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::f32)); }), "kernel dtype must be f16 or bf16, got f32");
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::i32)); }), "kernel dtype must be f16 or bf16, got i32");
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 96, 128)); }), "head_dim_qk must be 64 or 128, got 96");
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 96)); }), "head_dim_v must be 64 or 128, got 96");
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 256, 256)); }), "head_dim_qk must be 64 or 128, got 256");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::f32)); }),
+            "kernel dtype must be f16 or bf16, got f32");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::i32)); }),
+            "kernel dtype must be f16 or bf16, got i32");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 96, 128)); }),
+            "head_dim_qk must be 64 or 128, got 96");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 96)); }),
+            "head_dim_v must be 64 or 128, got 96");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 256, 256)); }),
+            "head_dim_qk must be 64 or 128, got 256");
   std::string arch = error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 128, "sm_7")); });
   EXPECT_EQ(arch.rfind("unknown target arch 'sm_7'; expected sm_80, sm_86, ", 0), 0u) << arch;
   EXPECT_HAS(arch, "sm_90a");
-  EXPECT_HAS(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 128, "sm_75")); }), "unknown target arch 'sm_75'");
-  EXPECT_HAS(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 128, "")); }), "unknown target arch ''");
+  EXPECT_HAS(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 128, "sm_75")); }),
+             "unknown target arch 'sm_75'");
+  EXPECT_HAS(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 128, "")); }),
+             "unknown target arch ''");
 
   auto tile_error = [&](fa::TileConfig t) {
     fa::KernelSpec s = spec();
@@ -272,7 +288,8 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   EXPECT_EQ(error_of([&] { w.resolved(); }), "the wgmma kernel needs arch sm_90a, got sm_80");
   w.arch = "sm_90a";
   w.tile = {64, 32, 4, 3};
-  EXPECT_EQ(error_of([&] { w.resolved(); }), "the wgmma kernel has a fixed tile 128x128w12s3; leave the tile empty");
+  EXPECT_EQ(error_of([&] { w.resolved(); }),
+            "the wgmma kernel has a fixed tile 128x128w12s3; leave the tile empty");
 
   fa::KernelSpec d = spec();
   d.family = fa::KernelFamily::kAuto;
@@ -287,7 +304,11 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
 
 // ---- (c) NVRTC ---------------------------------------------------------------------------
 
-bool is_elf(const std::string& cubin) { return cubin.size() > 4 && cubin.compare(0, 4, "\x7f" "ELF") == 0; }
+bool is_elf(const std::string& cubin) {
+  return cubin.size() > 4 && cubin.compare(0, 4,
+                                           "\x7f"
+                                           "ELF") == 0;
+}
 
 // Runs `jobs` on a few threads; each returns "" or what went wrong.
 std::vector<std::string> run_parallel(const std::vector<std::function<std::string()>>& jobs) {
@@ -338,7 +359,8 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
   for (const char* arch : {"sm_80", "sm_90a"}) {
     for (fa::DType dt : {fa::DType::f16, fa::DType::bf16})
       for (auto [dqk, dv] : {std::pair{64, 64}, {128, 128}, {64, 128}, {128, 64}})
-        cases.push_back({fmt::format("forward {} {}x{} {}", fa::dtype_name(dt), dqk, dv, arch), spec(dt, dqk, dv, arch)});
+        cases.push_back(
+            {fmt::format("forward {} {}x{} {}", fa::dtype_name(dt), dqk, dv, arch), spec(dt, dqk, dv, arch)});
     cases.push_back({fmt::format("block_mask {}", arch),
                      spec(fa::DType::bf16, 128, 128, arch, fa::KernelKind::kBlockMask)});
   }
@@ -350,8 +372,7 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
       cases.push_back({fmt::format("forward wgmma {} {}x{}", fa::dtype_name(dt), dqk, dv), s});
     }
   std::vector<std::function<std::string()>> jobs;
-  for (const Case& c : cases)
-    jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
+  for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
   std::vector<std::string> errors = run_parallel(jobs);
   ASSERT_EQ(cases.size(), 26u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
@@ -380,12 +401,14 @@ struct OpCase {
 };
 
 constexpr const char* kMaskHead = "fa.mask_mod @m(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n";
-constexpr const char* kScoreHead = "fa.score_mod @s(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n";
+constexpr const char* kScoreHead =
+    "fa.score_mod @s(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n";
 
 // i32 op on (q, kv), compared with b.
 OpCase int_op(const std::string& op, std::string expect) {
   return {op + " i32",
-          std::string(kMaskHead) + "  %x = " + op + " %q, %kv : i32\n  %r = arith.cmpi eq, %x, %b : i32\n  fa.yield %r : i1\n}\n",
+          std::string(kMaskHead) + "  %x = " + op +
+              " %q, %kv : i32\n  %r = arith.cmpi eq, %x, %b : i32\n  fa.yield %r : i1\n}\n",
           {std::move(expect)}};
 }
 // i1 op on (q < kv, h < b).
@@ -393,18 +416,24 @@ OpCase bool_op(const std::string& op, std::string expect) {
   return {op + " i1",
           std::string(kMaskHead) +
               "  %c = arith.cmpi slt, %q, %kv : i32\n  %d = arith.cmpi slt, %h, %b : i32\n"
-              "  %r = " + op + " %c, %d : i1\n  fa.yield %r : i1\n}\n",
+              "  %r = " +
+              op + " %c, %d : i1\n  fa.yield %r : i1\n}\n",
           {std::move(expect)}};
 }
 OpCase float_bin(const std::string& op, std::string expect) {
-  return {op, std::string(kScoreHead) + "  %y = fa.scalar \"y\" : f32\n  %r = " + op + " %score, %y : f32\n  fa.yield %r : f32\n}\n",
+  return {op,
+          std::string(kScoreHead) + "  %y = fa.scalar \"y\" : f32\n  %r = " + op +
+              " %score, %y : f32\n  fa.yield %r : f32\n}\n",
           {std::move(expect)}};
 }
 OpCase float_un(const std::string& op, std::string expect) {
-  return {op, std::string(kScoreHead) + "  %r = " + op + " %score : f32\n  fa.yield %r : f32\n}\n", {std::move(expect)}};
+  return {op,
+          std::string(kScoreHead) + "  %r = " + op + " %score : f32\n  fa.yield %r : f32\n}\n",
+          {std::move(expect)}};
 }
 OpCase cmpi(const std::string& pred, std::string expect) {
-  return {"cmpi " + pred, std::string(kMaskHead) + "  %r = arith.cmpi " + pred + ", %q, %kv : i32\n  fa.yield %r : i1\n}\n",
+  return {"cmpi " + pred,
+          std::string(kMaskHead) + "  %r = arith.cmpi " + pred + ", %q, %kv : i32\n  fa.yield %r : i1\n}\n",
           {std::move(expect)}};
 }
 OpCase cmpi_i1(const std::string& pred, std::string expect) {
@@ -414,8 +443,8 @@ OpCase cmpi_i1(const std::string& pred, std::string expect) {
 }
 OpCase cmpf(const std::string& pred, std::string expect) {
   return {"cmpf " + pred,
-          std::string(kScoreHead) +
-              "  %y = fa.scalar \"y\" : f32\n  %c = arith.cmpf " + pred + ", %score, %y : f32\n"
+          std::string(kScoreHead) + "  %y = fa.scalar \"y\" : f32\n  %c = arith.cmpf " + pred +
+              ", %score, %y : f32\n"
               "  %r = arith.select %c, %score, %y : f32\n  fa.yield %r : f32\n}\n",
           {std::move(expect)}};
 }
@@ -512,7 +541,8 @@ std::vector<OpCase> op_cases() {
       cmpf("ule", "!(score > v_0)"),
       cmpf("une", "(score != v_0)"),
       cmpf("uno", "(score != score || v_0 != v_0)"),
-      mask_body("math.absi", "  %a = math.absi %q : i32\n  %r = arith.cmpi eq, %a, %kv : i32\n  fa.yield %r : i1\n",
+      mask_body("math.absi",
+                "  %a = math.absi %q : i32\n  %r = arith.cmpi eq, %a, %kv : i32\n  fa.yield %r : i1\n",
                 {"fa::mod::iabs(q)"}),
       score_body("arith.select f32",
                  "  %c = arith.cmpi slt, %q, %kv : i32\n  %y = fa.scalar \"y\" : f32\n"
@@ -522,10 +552,14 @@ std::vector<OpCase> op_cases() {
                 "  %c = arith.cmpi slt, %q, %kv : i32\n  %s = arith.select %c, %h, %b : i32\n"
                 "  %r = arith.cmpi eq, %s, %kv : i32\n  fa.yield %r : i1\n",
                 {"(v_0 ? h : b)"}),
-      score_body("arith.sitofp i32", "  %f = arith.sitofp %q : i32 to f32\n  %r = arith.addf %score, %f : f32\n  fa.yield %r : f32\n",
-                 {"__int2float_rn(q)"}),
-      score_body("arith.uitofp i32", "  %f = arith.uitofp %q : i32 to f32\n  %r = arith.addf %score, %f : f32\n  fa.yield %r : f32\n",
-                 {"__uint2float_rn((unsigned)q)"}),
+      score_body(
+          "arith.sitofp i32",
+          "  %f = arith.sitofp %q : i32 to f32\n  %r = arith.addf %score, %f : f32\n  fa.yield %r : f32\n",
+          {"__int2float_rn(q)"}),
+      score_body(
+          "arith.uitofp i32",
+          "  %f = arith.uitofp %q : i32 to f32\n  %r = arith.addf %score, %f : f32\n  fa.yield %r : f32\n",
+          {"__uint2float_rn((unsigned)q)"}),
       score_body("arith.sitofp i1",
                  "  %c = arith.cmpi slt, %q, %kv : i32\n  %f = arith.sitofp %c : i1 to f32\n"
                  "  %r = arith.addf %score, %f : f32\n  fa.yield %r : f32\n",
@@ -550,7 +584,8 @@ std::vector<OpCase> op_cases() {
                 "  %c = arith.cmpi slt, %q, %kv : i32\n  %e = arith.extsi %c : i1 to i32\n"
                 "  %s = arith.addi %e, %h : i32\n  %r = arith.cmpi eq, %s, %b : i32\n  fa.yield %r : i1\n",
                 {"(v_0 ? -1 : 0)"}),
-      mask_body("arith.trunci", "  %r = arith.trunci %q : i32 to i1\n  fa.yield %r : i1\n", {"(bool)(q & 1)"}),
+      mask_body("arith.trunci", "  %r = arith.trunci %q : i32 to i1\n  fa.yield %r : i1\n",
+                {"(bool)(q & 1)"}),
       mask_body("arith.constant i32 min",
                 "  %m = arith.constant -2147483648 : i32\n  %s = arith.xori %q, %m : i32\n"
                 "  %r = arith.cmpi eq, %s, %kv : i32\n  fa.yield %r : i1\n",
@@ -564,21 +599,28 @@ std::vector<OpCase> op_cases() {
                  "  %z = arith.constant -0.0 : f32\n  %a = arith.maximumf %score, %i : f32\n"
                  "  %b2 = arith.minnumf %a, %n : f32\n  %r = arith.addf %b2, %z : f32\n  fa.yield %r : f32\n",
                  {"__int_as_float(0x7f800000)", "__int_as_float(0x7fc00000)"}),
-      mask_body("arith.constant i1 (noop mask)", "  %t = arith.constant true\n  fa.yield %t : i1\n", {"= true;  // fa: "}),
-      mask_body("arith.constant i1 false", "  %t = arith.constant false\n  fa.yield %t : i1\n", {"= false;  // fa: "}),
-      score_body("fa.scalar f32 and i32",
-                 "  %y = fa.scalar \"y\" : f32\n  %n = fa.scalar \"n\" : i32\n  %nf = arith.sitofp %n : i32 to f32\n"
-                 "  %m = arith.mulf %y, %nf : f32\n  %r = arith.addf %score, %m : f32\n  fa.yield %r : f32\n",
-                 {"cap.scalars[1].f", "cap.scalars[0].i"}),
-      score_body("fa.load ranks 1-4",
-                 "  %a = fa.load %r1[%q] : !fa.buffer<f32, 1>\n  %b2 = fa.load %r2[%b, %h] : !fa.buffer<i32, 2>\n"
-                 "  %c = fa.load %r3[%b, %h, %q] : !fa.buffer<f32, 3>\n  %d = fa.load %r4[%b, %h, %q, %kv] : !fa.buffer<i32, 4>\n"
-                 "  %bd = arith.addi %b2, %d : i32\n  %bf = arith.sitofp %bd : i32 to f32\n"
-                 "  %s0 = arith.addf %score, %a : f32\n  %s1 = arith.addf %s0, %bf : f32\n  %s2 = arith.addf %s1, %c : f32\n"
-                 "  fa.yield %s2 : f32\n",
-                 {"fa::mod::load_f32(cap.buffers[0], q)", "fa::mod::load_i32(cap.buffers[1], b, h)",
-                  "fa::mod::load_f32(cap.buffers[2], b, h, q)", "fa::mod::load_i32(cap.buffers[3], b, h, q, kv)"},
-                 "%r1: !fa.buffer<f32, 1>, %r2: !fa.buffer<i32, 2>, %r3: !fa.buffer<f32, 3>, %r4: !fa.buffer<i32, 4>"),
+      mask_body("arith.constant i1 (noop mask)", "  %t = arith.constant true\n  fa.yield %t : i1\n",
+                {"= true;  // fa: "}),
+      mask_body("arith.constant i1 false", "  %t = arith.constant false\n  fa.yield %t : i1\n",
+                {"= false;  // fa: "}),
+      score_body(
+          "fa.scalar f32 and i32",
+          "  %y = fa.scalar \"y\" : f32\n  %n = fa.scalar \"n\" : i32\n  %nf = arith.sitofp %n : i32 to f32\n"
+          "  %m = arith.mulf %y, %nf : f32\n  %r = arith.addf %score, %m : f32\n  fa.yield %r : f32\n",
+          {"cap.scalars[1].f", "cap.scalars[0].i"}),
+      score_body(
+          "fa.load ranks 1-4",
+          "  %a = fa.load %r1[%q] : !fa.buffer<f32, 1>\n  %b2 = fa.load %r2[%b, %h] : !fa.buffer<i32, 2>\n"
+          "  %c = fa.load %r3[%b, %h, %q] : !fa.buffer<f32, 3>\n  %d = fa.load %r4[%b, %h, %q, %kv] : "
+          "!fa.buffer<i32, 4>\n"
+          "  %bd = arith.addi %b2, %d : i32\n  %bf = arith.sitofp %bd : i32 to f32\n"
+          "  %s0 = arith.addf %score, %a : f32\n  %s1 = arith.addf %s0, %bf : f32\n  %s2 = arith.addf %s1, "
+          "%c : f32\n"
+          "  fa.yield %s2 : f32\n",
+          {"fa::mod::load_f32(cap.buffers[0], q)", "fa::mod::load_i32(cap.buffers[1], b, h)",
+           "fa::mod::load_f32(cap.buffers[2], b, h, q)", "fa::mod::load_i32(cap.buffers[3], b, h, q, kv)"},
+          "%r1: !fa.buffer<f32, 1>, %r2: !fa.buffer<i32, 2>, %r3: !fa.buffer<f32, 3>, %r4: !fa.buffer<i32, "
+          "4>"),
   };
   return c;
 }
@@ -640,8 +682,7 @@ TEST(CodegenNvrtc, EveryOpKindLowersToValidCuda) {
       return is_elf(r.cubin) ? "" : "no cubin";
     });
   std::vector<std::string> errors = run_parallel(jobs);
-  for (size_t i = 0; i < cases.size(); ++i)
-    EXPECT_EQ(errors[i], "") << cases[i].name << "\n" << mods[i];
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name << "\n" << mods[i];
 }
 
 // An NVRTC error points back at the fa op through the line's origin comment.

@@ -1,8 +1,8 @@
 // The expression language of `fajit dump --mask-mod EXPR --score-mod EXPR` (fajit/detail/expr.h):
 // expressions trace to the IR the C++ mods give, and every malformed input is an fa::Error
 // with a column and a caret.
-#include "fa_test_util.h"
 #include "fajit/detail/expr.h"
+#include "fa_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -101,8 +101,7 @@ TEST(Expr, LibraryMasksAsExpressions) {
 }
 
 TEST(Expr, LibraryScoreModsAsExpressions) {
-  EXPECT_EQ(score_ir("score + exp2(-8.0 * (h + 1) / float(num_heads)) * (kv - q)",
-                     {{{"num_heads", false}}}),
+  EXPECT_EQ(score_ir("score + exp2(-8.0 * (h + 1) / float(num_heads)) * (kv - q)", {{{"num_heads", false}}}),
             score_ir(fa::mods::alibi()));
   EXPECT_EQ(score_ir("score + slopes[h] * (kv - q)"),
             score_ir(fa::mods::alibi(fa::buffer<float>("slopes", 1))));
@@ -159,9 +158,8 @@ TEST(Expr, Literals) {
   EXPECT_EQ(score_ir("score * 1E+2"), score_ir("score * 100.0"));
   EXPECT_EQ(score_ir("score * 1e-60"), score_ir("score * 0.0"));  // underflows to zero
   EXPECT_EQ(mask_ir("q - kv > -2147483648"), mask_ir("q - kv > -2147483647 - 1"));
-  EXPECT_EQ(mask_ir("q < 2147483647"), mask_ir(fa::MaskMod{"x", [](Index, Index, Index q, Index) {
-                                         return q < Index(2147483647);
-                                       }}));
+  EXPECT_EQ(mask_ir("q < 2147483647"),
+            mask_ir(fa::MaskMod{"x", [](Index, Index, Index q, Index) { return q < Index(2147483647); }}));
   std::string ir = score_ir("q >= kv ? score : -inf");
   EXPECT_NE(ir.find("0xFF800000"), std::string::npos) << ir;
   EXPECT_NE(ir.find("arith.select"), std::string::npos) << ir;
@@ -169,11 +167,11 @@ TEST(Expr, Literals) {
 }
 
 TEST(Expr, Ternary) {
-  EXPECT_EQ(score_ir("q >= kv ? score : -inf"), score_ir(fa::ScoreMod{
-                                                   "x", [](Score s, Index, Index, Index q, Index kv) {
-                                                     Bool c = q >= kv;
-                                                     return fa::where(c, s, Score(-INFINITY));
-                                                   }}));
+  EXPECT_EQ(score_ir("q >= kv ? score : -inf"),
+            score_ir(fa::ScoreMod{"x", [](Score s, Index, Index, Index q, Index kv) {
+                                    Bool c = q >= kv;
+                                    return fa::where(c, s, Score(-INFINITY));
+                                  }}));
   EXPECT_EQ(score_ir("q >= kv ? score : -inf"), score_ir("where(q >= kv, score, -inf)"));
   // Integer and float branches meet as floats.
   std::string ir = score_ir("q > kv ? 1 : 0.5");
@@ -264,8 +262,7 @@ TEST(ExprErrors, SyntaxWithCaret) {
             "mask-mod expression: unexpected end of expression at column 5\n  q >=\n      ^");
   EXPECT_EQ(score_error("score * * 2"),
             "score-mod expression: unexpected '*' at column 9\n  score * * 2\n          ^");
-  EXPECT_EQ(mask_error("(q >= kv"),
-            "mask-mod expression: unclosed '(' at column 1\n  (q >= kv\n  ^");
+  EXPECT_EQ(mask_error("(q >= kv"), "mask-mod expression: unclosed '(' at column 1\n  (q >= kv\n  ^");
   EXPECT_EQ(mask_error("(q >= kv]"),
             "mask-mod expression: expected ')' but found ']' at column 9\n  (q >= kv]\n          ^");
   EXPECT_EQ(mask_error("doc[q == doc[kv]"),
@@ -289,21 +286,19 @@ TEST(ExprErrors, Empty) {
 }
 
 TEST(ExprErrors, Characters) {
-  EXPECT_EQ(mask_error("q # kv"),
-            "mask-mod expression: illegal character '#' at column 3\n  q # kv\n    ^");
+  EXPECT_EQ(mask_error("q # kv"), "mask-mod expression: illegal character '#' at column 3\n  q # kv\n    ^");
   EXPECT_EQ(mask_error("q = kv"),
             "mask-mod expression: '=' is not an operator (use '==') at column 3\n  q = kv\n    ^");
   EXPECT_EQ(mask_error("q > 0 & kv > 0"),
             "mask-mod expression: '&' is not an operator (use '&&') at column 7\n  q > 0 & kv > 0\n"
             "        ^");
-  EXPECT_TRUE(StartsWith(mask_error("q > 0 | kv > 0"),
-                         "mask-mod expression: '|' is not an operator (use '||') at "));
+  EXPECT_TRUE(
+      StartsWith(mask_error("q > 0 | kv > 0"), "mask-mod expression: '|' is not an operator (use '||') at "));
   EXPECT_EQ(mask_error("q \xc3\xa9 kv"),
             "mask-mod expression: non-ASCII character (byte 0xc3) at column 3\n  q ?? kv\n    ^");
   EXPECT_EQ(mask_error(std::string("q\0kv", 4)),
             "mask-mod expression: illegal control character (byte 0x00) at column 2\n  q?kv\n   ^");
-  EXPECT_EQ(mask_error("q . kv"),
-            "mask-mod expression: illegal character '.' at column 3\n  q . kv\n    ^");
+  EXPECT_EQ(mask_error("q . kv"), "mask-mod expression: illegal character '.' at column 3\n  q . kv\n    ^");
 }
 
 TEST(ExprErrors, NumberLiterals) {
@@ -311,8 +306,7 @@ TEST(ExprErrors, NumberLiterals) {
             "score-mod expression: bad number literal '1.2.3' at column 9\n  score * 1.2.3\n          ^");
   EXPECT_EQ(score_error("score * 1e"),
             "score-mod expression: bad number literal '1e' at column 9\n  score * 1e\n          ^");
-  EXPECT_TRUE(StartsWith(score_error("score * 1e+x"),
-                         "score-mod expression: bad number literal '1e+x' "));
+  EXPECT_TRUE(StartsWith(score_error("score * 1e+x"), "score-mod expression: bad number literal '1e+x' "));
   EXPECT_EQ(score_error("score * 2f"),
             "score-mod expression: bad number literal '2f' at column 9\n  score * 2f\n          ^");
   EXPECT_EQ(mask_error("q < 12abc"),
@@ -328,8 +322,9 @@ TEST(ExprErrors, NumberLiterals) {
   EXPECT_EQ(mask_error("q < -2147483649"),
             "mask-mod expression: integer literal '-2147483649' is out of the i32 range at column 6\n"
             "  q < -2147483649\n       ^");
-  EXPECT_TRUE(StartsWith(mask_error("q < 99999999999999999999999"),
-                         "mask-mod expression: integer literal '99999999999999999999999' is out of the i32 range"));
+  EXPECT_TRUE(
+      StartsWith(mask_error("q < 99999999999999999999999"),
+                 "mask-mod expression: integer literal '99999999999999999999999' is out of the i32 range"));
   EXPECT_TRUE(StartsWith(mask_error("q < -(2147483648)"),
                          "mask-mod expression: integer literal '2147483648' is out of the i32 range "));
   EXPECT_EQ(score_error("score * 1e39"),
@@ -352,8 +347,7 @@ TEST(ExprErrors, Names) {
             "mask-mod expression: 'q' is not a function at column 1\n  q(1) > 0\n  ^");
   EXPECT_EQ(mask_error("kv[1] > 0"),
             "mask-mod expression: 'kv' is not a buffer at column 1\n  kv[1] > 0\n  ^");
-  EXPECT_EQ(mask_error("true[1]"),
-            "mask-mod expression: 'true' is not a buffer at column 1\n  true[1]\n  ^");
+  EXPECT_EQ(mask_error("true[1]"), "mask-mod expression: 'true' is not a buffer at column 1\n  true[1]\n  ^");
 }
 
 TEST(ExprErrors, Arity) {
@@ -383,7 +377,8 @@ TEST(ExprErrors, Types) {
   EXPECT_EQ(score_error("score > 0"),
             "score-mod expression: a score_mod expression must be a number, got a boolean at column 1\n"
             "  score > 0\n  ^");
-  EXPECT_EQ(mask_error("!q"), "mask-mod expression: '!' needs a boolean, got an integer at column 1\n  !q\n  ^");
+  EXPECT_EQ(mask_error("!q"),
+            "mask-mod expression: '!' needs a boolean, got an integer at column 1\n  !q\n  ^");
   EXPECT_EQ(mask_error("-(q > kv)"),
             "mask-mod expression: '-' needs a number, got a boolean at column 1\n  -(q > kv)\n  ^");
   EXPECT_EQ(mask_error("(q > kv) + 1 > 0"),
@@ -399,9 +394,10 @@ TEST(ExprErrors, Types) {
   EXPECT_EQ(score_error("q ? score : 0"),
             "score-mod expression: '?' needs a boolean condition, got an integer at column 3\n"
             "  q ? score : 0\n    ^");
-  EXPECT_TRUE(StartsWith(score_error("q > kv ? score : true"),
-                         "score-mod expression: '?' branches must both be numbers or both booleans, got a float "
-            "and a boolean at column"));
+  EXPECT_TRUE(
+      StartsWith(score_error("q > kv ? score : true"),
+                 "score-mod expression: '?' branches must both be numbers or both booleans, got a float "
+                 "and a boolean at column"));
   EXPECT_TRUE(StartsWith(score_error("where(1, score, 0)"),
                          "score-mod expression: 'where' needs a boolean condition, got an integer at "));
   EXPECT_TRUE(StartsWith(score_error("exp(q > kv)"),
@@ -432,8 +428,9 @@ TEST(ExprErrors, Captures) {
 
 TEST(ExprErrors, NestingIsCapped) {
   std::string deep = std::string(300, '(') + "q > kv" + std::string(300, ')');
-  EXPECT_TRUE(StartsWith(mask_error(deep),
-                         "mask-mod expression: expression is too deeply nested (more than 256 levels) at column 257\n"));
+  EXPECT_TRUE(StartsWith(
+      mask_error(deep),
+      "mask-mod expression: expression is too deeply nested (more than 256 levels) at column 257\n"));
   EXPECT_NO_THROW(mask_ir(std::string(200, '(') + "q > kv" + std::string(200, ')')));
   std::string nots(100000, '!');
   EXPECT_TRUE(StartsWith(mask_error(nots + "true"),
@@ -483,10 +480,11 @@ void parse_and_trace(const std::string& text, bool score, int& parsed) {
 
 TEST(ExprFuzz, RandomTokenSoup) {
   const std::vector<std::string> alphabet = {
-      "q", "kv", "b", "h", "score", "x", "buf", "w", "[", "]", "(", ")", ",", "?", ":", "+",
-      "-", "*", "/", "%", "!", "<", "<=", ">", ">=", "==", "!=", "&&", "||", "0", "1", "7",
-      "2.5", "1e3", ".5", "2.f", "inf", "true", "false", "min", "max", "exp", "where", "float",
-      "int", "pow", "abs", "tanh", "2147483648", "1e39", " ", "=", "&", "#", "\xff", "1.2.3"};
+      "q",          "kv",   "b",     "h",   "score", "x",   "buf",   "w",     "[",   "]",   "(",   ")",
+      ",",          "?",    ":",     "+",   "-",     "*",   "/",     "%",     "!",   "<",   "<=",  ">",
+      ">=",         "==",   "!=",    "&&",  "||",    "0",   "1",     "7",     "2.5", "1e3", ".5",  "2.f",
+      "inf",        "true", "false", "min", "max",   "exp", "where", "float", "int", "pow", "abs", "tanh",
+      "2147483648", "1e39", " ",     "=",   "&",     "#",   "\xff",  "1.2.3"};
   std::mt19937 rng(20240611);
   int parsed = 0;
   for (int i = 0; i < 3000; ++i) {
@@ -503,13 +501,13 @@ TEST(ExprFuzz, RandomTokenSoup) {
 
 // Syntactically well-formed random expressions (types are random, so many fail to check).
 std::string random_expr(std::mt19937& rng, int depth) {
-  static const char* const leaves[] = {"q", "kv", "b", "h", "score", "w", "s", "0", "1", "3",
-                                       "-1", "2.5", "0.0", "inf", "true", "false", "x[q]",
-                                       "x[kv]", "m[h, q - kv]", "2147483647", "-2147483648"};
-  static const char* const binops[] = {"+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==",
-                                       "!=", "&&", "||"};
-  static const char* const fn1[] = {"abs", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt",
-                                    "sigmoid", "sin", "cos", "floor", "ceil", "erf", "float", "int"};
+  static const char* const leaves[] = {
+      "q",    "kv",    "b",    "h",     "score",        "w",          "s",
+      "0",    "1",     "3",    "-1",    "2.5",          "0.0",        "inf",
+      "true", "false", "x[q]", "x[kv]", "m[h, q - kv]", "2147483647", "-2147483648"};
+  static const char* const binops[] = {"+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&&", "||"};
+  static const char* const fn1[] = {"abs",     "exp", "exp2", "log",   "log2", "tanh", "sqrt",  "rsqrt",
+                                    "sigmoid", "sin", "cos",  "floor", "ceil", "erf",  "float", "int"};
   static const char* const fn2[] = {"min", "max", "pow"};
   if (depth <= 0 || rng() % 4 == 0) return leaves[rng() % std::size(leaves)];
   switch (rng() % 7) {

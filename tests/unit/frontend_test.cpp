@@ -1,6 +1,6 @@
 // The tracing frontend: what IR symbolic C++ records, and the errors misuse gets.
-#include "fa_test_util.h"
 #include "fajit/frontend.h"
+#include "fa_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,8 @@ fa::MaskMod mask_of(fa::MaskModFn fn) { return {"m", std::move(fn)}; }
 
 TEST(Frontend, CausalTracesToOneCompare) {
   std::string ir = fa::trace(fa::identity_score(), fa::mods::causal()).to_mlir();
-  EXPECT_NE(ir.find("fa.mask_mod @causal(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1"), std::string::npos) << ir;
+  EXPECT_NE(ir.find("fa.mask_mod @causal(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1"), std::string::npos)
+      << ir;
   EXPECT_NE(ir.find("arith.cmpi sge, %q, %kv : i32"), std::string::npos) << ir;
   EXPECT_NE(ir.find("fa.yield %score : f32"), std::string::npos) << ir;
 }
@@ -65,9 +66,9 @@ TEST(Frontend, WhereMinMaxCastsAndMath) {
     return t + fa::to_float(i) + fa::sigmoid(s) + fa::to_float(!(q == kv)) + fa::log(fa::exp2(s));
   });
   std::string ir = fa::trace(s, fa::noop_mask()).to_mlir();
-  for (const char* op : {"arith.select", "math.tanh", "math.exp", "math.sqrt", "math.absf",
-                         "arith.maxsi", "arith.minsi", "math.absi", "arith.remsi", "arith.uitofp",
-                         "math.log", "math.exp2", "arith.divf"})
+  for (const char* op :
+       {"arith.select", "math.tanh", "math.exp", "math.sqrt", "math.absf", "arith.maxsi", "arith.minsi",
+        "math.absi", "arith.remsi", "arith.uitofp", "math.log", "math.exp2", "arith.divf"})
     EXPECT_NE(ir.find(op), std::string::npos) << op << "\n" << ir;
 }
 
@@ -91,15 +92,13 @@ TEST(Frontend, IdentityAndNoopAreRecognised) {
   EXPECT_FALSE(q.score_is_identity());
   EXPECT_FALSE(q.mask_is_noop());
   // or_masks with an always-true side simplifies to noop.
-  fa::Program r = fa::trace(fa::identity_score(),
-                            fa::or_masks({fa::mods::causal(), fa::noop_mask()}));
+  fa::Program r = fa::trace(fa::identity_score(), fa::or_masks({fa::mods::causal(), fa::noop_mask()}));
   EXPECT_TRUE(r.mask_is_noop()) << r.to_mlir();
 }
 
 TEST(Frontend, EveryLibraryModTraces) {
   for (const fa::MaskMod& m : {fa::mods::causal(), fa::mods::sliding_window(), fa::mods::prefix_lm(),
-                               fa::mods::document(), fa::mods::dilated_sliding_window(),
-                               fa::mods::padding()})
+                               fa::mods::document(), fa::mods::dilated_sliding_window(), fa::mods::padding()})
     EXPECT_NO_THROW(fa::trace(fa::identity_score(), m)) << m.name;
   for (const fa::ScoreMod& s : {fa::mods::alibi(), fa::mods::alibi(fa::buffer<float>("slopes", 1)),
                                 fa::mods::softcap(), fa::mods::relative_bias()})
@@ -174,8 +173,9 @@ TEST(FrontendErrors, ScalarWithTwoTypes) {
 }
 
 TEST(FrontendErrors, BadNames) {
-  EXPECT_EQ(error_of([] { fa::trace({"bad name", [](Score s, Index, Index, Index, Index) { return s; }},
-                                    fa::noop_mask()); }),
+  EXPECT_EQ(error_of([] {
+              fa::trace({"bad name", [](Score s, Index, Index, Index, Index) { return s; }}, fa::noop_mask());
+            }),
             "score_mod name 'bad name' must be an identifier");
   EXPECT_EQ(error_of([] {
               fa::trace(fa::identity_score(), mask_of([](Index, Index, Index q, Index kv) {
@@ -189,10 +189,11 @@ TEST(FrontendErrors, BadNames) {
                         mask_of([d](Index, Index, Index q, Index kv) { return d[q] == d[kv]; }));
             }),
             "buffer name 'doc-ids' must be an identifier");
-  EXPECT_EQ(error_of([] { fa::trace({"x", nullptr}, fa::noop_mask()); }),
-            "score_mod 'x' has no function");
-  EXPECT_EQ(error_of([] { fa::trace({"same", [](Score s, Index, Index, Index, Index) { return s; }},
-                                    {"same", [](Index, Index, Index, Index) { return Bool(true); }}); }),
+  EXPECT_EQ(error_of([] { fa::trace({"x", nullptr}, fa::noop_mask()); }), "score_mod 'x' has no function");
+  EXPECT_EQ(error_of([] {
+              fa::trace({"same", [](Score s, Index, Index, Index, Index) { return s; }},
+                        {"same", [](Index, Index, Index, Index) { return Bool(true); }});
+            }),
             "score_mod and mask_mod are both named 'same'; give them different names");
 }
 
@@ -253,9 +254,11 @@ TEST(ProgramParse, SyntaxAndVerifierErrorsCarryLocations) {
   e = error_of([] {
     fa::Program::parse(R"(fa.mask_mod @m(%b: i32, %h: i32, %q: i32, %kv: i32) -> i32 {
   fa.yield %q : i32
-})", "v.mlir");
+})",
+                       "v.mlir");
   });
-  EXPECT_NE(e.find("v.mlir:1:1: error: 'fa.mask_mod' op must return 'i1', not 'i32'"), std::string::npos) << e;
+  EXPECT_NE(e.find("v.mlir:1:1: error: 'fa.mask_mod' op must return 'i1', not 'i32'"), std::string::npos)
+      << e;
 }
 
 TEST(ProgramParse, RejectsForeignTopLevelOpsAndDuplicates) {

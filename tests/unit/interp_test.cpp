@@ -1,7 +1,7 @@
 // Tests of fa::ModProgram (compiler/include/fajit/detail/interp.h): every allowlisted op against a
 // direct C++ computation, all cmp predicates, the UB/poison errors and the binding errors.
-#include "fa_test_util.h"
 #include "fajit/detail/interp.h"
+#include "fa_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -36,8 +36,7 @@ fa::ModProgram compile_text(const std::string& text) {
   mlir::OwningOpRef<mlir::ModuleOp> module = mlir::parseSourceString<mlir::ModuleOp>(text, &ctx);
   if (!module) throw std::runtime_error("parse failed: " + diags + "\n" + text);
   for (mlir::Operation& op : module->getBody()->getOperations())
-    if (llvm::isa<mlir::fa::ScoreModOp, mlir::fa::MaskModOp>(op))
-      return fa::ModProgram::compile(&op);
+    if (llvm::isa<mlir::fa::ScoreModOp, mlir::fa::MaskModOp>(op)) return fa::ModProgram::compile(&op);
   throw std::runtime_error("no mod in:\n" + text);
 }
 
@@ -45,7 +44,9 @@ fa::ModProgram compile_text(const std::string& text) {
 fa::ModProgram int_binary(const std::string& op) {
   return compile_text(
       "fa.mask_mod @t(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
-      "  %r = " + op + " %q, %kv : i32\n"
+      "  %r = " +
+      op +
+      " %q, %kv : i32\n"
       "  %e = arith.cmpi eq, %r, %b : i32\n"
       "  fa.yield %e : i1\n"
       "}\n");
@@ -56,7 +57,9 @@ fa::ModProgram float_binary(const std::string& op) {
   return compile_text(
       "fa.score_mod @t(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
       "  %y = fa.scalar \"y\" : f32\n"
-      "  %r = " + op + " %score, %y : f32\n"
+      "  %r = " +
+      op +
+      " %score, %y : f32\n"
       "  fa.yield %r : f32\n"
       "}\n");
 }
@@ -64,7 +67,9 @@ fa::ModProgram float_binary(const std::string& op) {
 fa::ModProgram float_unary(const std::string& op) {
   return compile_text(
       "fa.score_mod @t(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
-      "  %r = " + op + " %score : f32\n"
+      "  %r = " +
+      op +
+      " %score : f32\n"
       "  fa.yield %r : f32\n"
       "}\n");
 }
@@ -80,8 +85,8 @@ bool same_float(float a, float b) {
 using fa::test::error_of;
 
 std::vector<int32_t> int_samples(int n, uint32_t seed) {
-  std::vector<int32_t> v = {0, 1, -1, 2, -2, 3, -7, 7, 31, 32, 33, INT_MAX, INT_MIN,
-                            INT_MAX - 1, INT_MIN + 1, 1 << 16, -(1 << 16), 100, -100};
+  std::vector<int32_t> v = {0,  1,       -1,      2,           -2,          3,       -7,         7,   31,  32,
+                            33, INT_MAX, INT_MIN, INT_MAX - 1, INT_MIN + 1, 1 << 16, -(1 << 16), 100, -100};
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> full(INT_MIN, INT_MAX);
   std::uniform_int_distribution<int32_t> small(-50, 50);
@@ -91,9 +96,23 @@ std::vector<int32_t> int_samples(int n, uint32_t seed) {
 
 std::vector<float> float_samples(int n, uint32_t seed) {
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -2.5f, 3.0f, 1e-3f, 100.0f,
-                          1e30f, -1e30f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::denorm_min(), 7.25f, -7.25f};
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          0.5f,
+                          -2.5f,
+                          3.0f,
+                          1e-3f,
+                          100.0f,
+                          1e30f,
+                          -1e30f,
+                          inf,
+                          -inf,
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min(),
+                          7.25f,
+                          -7.25f};
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-10.0f, 10.0f);
   for (int i = 0; i < n; ++i) v.push_back(u(rng));
@@ -179,8 +198,9 @@ TEST(Interp, IntegerBinaryOpsMatchCpp) {
   for (const IntCase& c : int_cases()) {
     fa::ModProgram p = int_binary(c.op);
     fa::BoundMod m = p.bind(env);
-    std::vector<int32_t> ys = c.shift_amounts ? std::vector<int32_t>{0, 1, 5, 16, 30, 31, 32, 33, 40, -1, INT_MIN}
-                                              : int_samples(60, 2);
+    std::vector<int32_t> ys = c.shift_amounts
+                                  ? std::vector<int32_t>{0, 1, 5, 16, 30, 31, 32, 33, 40, -1, INT_MIN}
+                                  : int_samples(60, 2);
     int checked = 0, thrown = 0;
     for (int32_t a : xs)
       for (int32_t b : ys) {
@@ -201,11 +221,10 @@ TEST(Interp, IntegerBinaryOpsMatchCpp) {
 
 TEST(Interp, IntegerDivisionErrors) {
   const fa::Bindings env;
-  for (const char* op : {"arith.divsi", "arith.divui", "arith.remsi", "arith.remui",
-                         "arith.floordivsi", "arith.ceildivsi"}) {
+  for (const char* op :
+       {"arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.floordivsi", "arith.ceildivsi"}) {
     fa::ModProgram p = int_binary(op);
-    EXPECT_EQ(error_of([&] { p.eval_mask(0, 0, 5, 0, env); }),
-              std::string("division by zero in ") + op);
+    EXPECT_EQ(error_of([&] { p.eval_mask(0, 0, 5, 0, env); }), std::string("division by zero in ") + op);
   }
   for (const char* op : {"arith.divsi", "arith.remsi", "arith.floordivsi", "arith.ceildivsi"}) {
     fa::ModProgram p = int_binary(op);
@@ -247,10 +266,12 @@ TEST(Interp, AllCmpIPredicates) {
   };
   std::vector<int32_t> xs = int_samples(30, 3);
   for (const P& p : preds) {
-    fa::ModProgram prog = compile_text(
-        std::string("fa.mask_mod @t(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
-                    "  %c = arith.cmpi ") + p.name + ", %q, %kv : i32\n"
-        "  fa.yield %c : i1\n}\n");
+    fa::ModProgram prog =
+        compile_text(std::string("fa.mask_mod @t(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
+                                 "  %c = arith.cmpi ") +
+                     p.name +
+                     ", %q, %kv : i32\n"
+                     "  fa.yield %c : i1\n}\n");
     fa::BoundMod m = prog.bind(env);
     for (int32_t a : xs)
       for (int32_t b : xs) EXPECT_EQ(m.mask(0, 0, a, b), p.ref(a, b)) << p.name << " " << a << " " << b;
@@ -262,12 +283,12 @@ TEST(Interp, AllCmpIPredicates) {
 TEST(Interp, CmpIOnI1) {
   const fa::Bindings env;
   auto prog = [&](const char* pred) {
-    return compile_text(std::string(
-        "fa.mask_mod @t(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
-        "  %z = arith.constant 0 : i32\n"
-        "  %x = arith.cmpi ne, %q, %z : i32\n"
-        "  %y = arith.cmpi ne, %kv, %z : i32\n"
-        "  %c = arith.cmpi ") + pred + ", %x, %y : i1\n  fa.yield %c : i1\n}\n");
+    return compile_text(std::string("fa.mask_mod @t(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
+                                    "  %z = arith.constant 0 : i32\n"
+                                    "  %x = arith.cmpi ne, %q, %z : i32\n"
+                                    "  %y = arith.cmpi ne, %kv, %z : i32\n"
+                                    "  %c = arith.cmpi ") +
+                        pred + ", %x, %y : i1\n  fa.yield %c : i1\n}\n");
   };
   // x = true, y = false: signed -1 < 0, unsigned 1 > 0.
   EXPECT_TRUE(prog("slt").eval_mask(0, 0, 1, 0, env));
@@ -282,12 +303,12 @@ TEST(Interp, CmpIOnI1) {
 TEST(Interp, I1OpsAndCasts) {
   const fa::Bindings env;
   auto bin = [&](const char* op) {
-    return compile_text(std::string(
-        "fa.mask_mod @t(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
-        "  %z = arith.constant 0 : i32\n"
-        "  %x = arith.cmpi ne, %q, %z : i32\n"
-        "  %y = arith.cmpi ne, %kv, %z : i32\n"
-        "  %c = ") + op + " %x, %y : i1\n  fa.yield %c : i1\n}\n");
+    return compile_text(std::string("fa.mask_mod @t(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
+                                    "  %z = arith.constant 0 : i32\n"
+                                    "  %x = arith.cmpi ne, %q, %z : i32\n"
+                                    "  %y = arith.cmpi ne, %kv, %z : i32\n"
+                                    "  %c = ") +
+                        op + " %x, %y : i1\n  fa.yield %c : i1\n}\n");
   };
   struct C {
     const char* op;
@@ -394,9 +415,13 @@ TEST(Interp, FloatBinaryOpsMatchCpp) {
       {"arith.maximumf", ref_maximum},
       {"arith.minimumf", ref_minimum},
       {"arith.maxnumf",
-       [](float a, float b) { return std::isnan(a) ? b : std::isnan(b) ? a : ref_maximum(a, b); }},
+       [](float a, float b) { return std::isnan(a)   ? b
+                                     : std::isnan(b) ? a
+                                                     : ref_maximum(a, b); }},
       {"arith.minnumf",
-       [](float a, float b) { return std::isnan(a) ? b : std::isnan(b) ? a : ref_minimum(a, b); }},
+       [](float a, float b) { return std::isnan(a)   ? b
+                                     : std::isnan(b) ? a
+                                                     : ref_minimum(a, b); }},
       {"math.powf", [](float a, float b) { return powf(a, b); }},
   };
   const std::vector<float> xs = float_samples(25, 6), ys = float_samples(25, 7);
@@ -408,8 +433,8 @@ TEST(Interp, FloatBinaryOpsMatchCpp) {
       fa::BoundMod m = p.bind(env);
       for (float x : xs) {
         float got = m.score(x, 0, 0, 0, 0), want = c.ref(x, y);
-        EXPECT_TRUE(same_float(got, want)) << c.op << "(" << x << ", " << y << ") = " << got
-                                           << ", want " << want;
+        EXPECT_TRUE(same_float(got, want))
+            << c.op << "(" << x << ", " << y << ") = " << got << ", want " << want;
       }
     }
   }
@@ -485,7 +510,9 @@ TEST(Interp, AllCmpFPredicates) {
     fa::ModProgram prog = compile_text(
         std::string("fa.score_mod @t(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
                     "  %y = fa.scalar \"y\" : f32\n"
-                    "  %c = arith.cmpf ") + p.name + ", %score, %y : f32\n"
+                    "  %c = arith.cmpf ") +
+        p.name +
+        ", %score, %y : f32\n"
         "  %one = arith.constant 1.0 : f32\n"
         "  %zero = arith.constant 0.0 : f32\n"
         "  %r = arith.select %c, %one, %zero : f32\n"
@@ -506,11 +533,13 @@ TEST(Interp, FloatIntConversions) {
   const float inf = std::numeric_limits<float>::infinity();
   // sitofp / uitofp: round to nearest even, like static_cast.
   fa::BoundMod si = compile_text(
-      "fa.score_mod @t(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
-      "  %r = arith.sitofp %q : i32 to f32\n  fa.yield %r : f32\n}\n").bind(env);
+                        "fa.score_mod @t(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
+                        "  %r = arith.sitofp %q : i32 to f32\n  fa.yield %r : f32\n}\n")
+                        .bind(env);
   fa::BoundMod ui = compile_text(
-      "fa.score_mod @t(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
-      "  %r = arith.uitofp %q : i32 to f32\n  fa.yield %r : f32\n}\n").bind(env);
+                        "fa.score_mod @t(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
+                        "  %r = arith.uitofp %q : i32 to f32\n  fa.yield %r : f32\n}\n")
+                        .bind(env);
   for (int32_t x : int_samples(60, 10)) {
     EXPECT_EQ(si.score(0, 0, 0, x, 0), static_cast<float>(x)) << x;
     EXPECT_EQ(ui.score(0, 0, 0, x, 0), static_cast<float>(U(x))) << x;
@@ -700,8 +729,7 @@ TEST(Interp, BindingErrors) {
   // Wrong kind of evaluation.
   fa::Bindings env;
   env.scalar_i32("window", 3);
-  EXPECT_EQ(error_of([&] { win.eval_score(0, 0, 0, 0, 0, env); }),
-            "@win is a mask_mod, not a score_mod");
+  EXPECT_EQ(error_of([&] { win.eval_score(0, 0, 0, 0, 0, env); }), "@win is a mask_mod, not a score_mod");
 }
 
 TEST(Interp, CompileRejectsNonMods) {

@@ -39,14 +39,15 @@ fa::MaskAnalysis check_exact(const fa::Program& p, const fa::Bindings& env, cons
   fa::MaskAnalysis a =
       fa::analyze_block_mask(p, c.batch, c.heads, c.len_q, c.len_kv, c.q_block, c.kv_block, cap);
   // Every decided block is right before the fallback runs.
-  std::vector<uint8_t> want = fa::brute_force_block_classes(
-      mask_program(p), env, a.batch, a.heads, c.len_q, c.len_kv, c.q_block, c.kv_block);
+  std::vector<uint8_t> want = fa::brute_force_block_classes(mask_program(p), env, a.batch, a.heads, c.len_q,
+                                                            c.len_kv, c.q_block, c.kv_block);
   EXPECT_EQ(a.kinds.size(), want.size()) << what;
   for (size_t i = 0; i < want.size() && i < a.kinds.size(); ++i)
     if (a.kinds[i] != fa::kUndecidedBlock && a.kinds[i] != want[i]) {
       ADD_FAILURE() << what << ": block " << i << " decided " << int(a.kinds[i]) << ", brute force "
-                    << int(want[i]) << " (Lq " << c.len_q << " Lkv " << c.len_kv << " blocks "
-                    << c.q_block << "x" << c.kv_block << ")\n" << p.to_mlir();
+                    << int(want[i]) << " (Lq " << c.len_q << " Lkv " << c.len_kv << " blocks " << c.q_block
+                    << "x" << c.kv_block << ")\n"
+                    << p.to_mlir();
       break;
     }
   fa::MaskAnalysis done = a;
@@ -106,18 +107,18 @@ fa::Bool eval_node(const Node& n, fa::Index q, fa::Index kv) {
     default: break;
   }
   switch (n.atom) {
-    case 0: return q + Index(n.x) >= kv;                     // causal with an offset (Lkv - Lq)
-    case 1: return q - kv <= Index(n.x);                     // window bound
-    case 2: return kv - q <= Index(n.x);                     // look-ahead bound
-    case 3: return kv < Index(n.x);                          // prefix / kv length
-    case 4: return q >= Index(n.x);                          // padding of q
-    case 5: return kv >= Index(n.x);                         // padding of kv
-    case 6: return fa::abs(q - kv + Index(n.y)) <= Index(n.x);  // symmetric band
-    case 7: return q < Index(n.x);                           // q length
-    case 8: return fa::min(q, Index(n.y)) - kv > Index(n.x);  // clamped
-    case 9: return q * Index(2) - kv * Index(3) < Index(n.x);  // other slopes
-    case 10: return q / Index(64) == kv / Index(64);          // block-diagonal (non-affine)
-    case 11: return (q - kv) % Index(n.y) == Index(0);        // dilated (non-affine)
+    case 0: return q + Index(n.x) >= kv;                                 // causal with an offset (Lkv - Lq)
+    case 1: return q - kv <= Index(n.x);                                 // window bound
+    case 2: return kv - q <= Index(n.x);                                 // look-ahead bound
+    case 3: return kv < Index(n.x);                                      // prefix / kv length
+    case 4: return q >= Index(n.x);                                      // padding of q
+    case 5: return kv >= Index(n.x);                                     // padding of kv
+    case 6: return fa::abs(q - kv + Index(n.y)) <= Index(n.x);           // symmetric band
+    case 7: return q < Index(n.x);                                       // q length
+    case 8: return fa::min(q, Index(n.y)) - kv > Index(n.x);             // clamped
+    case 9: return q * Index(2) - kv * Index(3) < Index(n.x);            // other slopes
+    case 10: return q / Index(64) == kv / Index(64);                     // block-diagonal (non-affine)
+    case 11: return (q - kv) % Index(n.y) == Index(0);                   // dilated (non-affine)
     default: return fa::where(q > kv, Index(n.x), Index(n.y)) < q - kv;  // select
   }
 }
@@ -173,7 +174,8 @@ TEST(MaskAnalysis, DataDependentMasksFallBack) {
   EXPECT_TRUE(a.reads_buffers);
   fa::Program causal_doc =
       fa::trace(fa::identity_score(), fa::and_masks({fa::mods::causal(), fa::mods::document()}));
-  fa::MaskAnalysis b = check_exact(causal_doc, env, fa::Captures{}, {1, 1, 1000, 1000, 128, 128}, "causal document");
+  fa::MaskAnalysis b =
+      check_exact(causal_doc, env, fa::Captures{}, {1, 1, 1000, 1000, 128, 128}, "causal document");
   EXPECT_GE(b.decided, 8 * 7 / 2);  // the empty upper triangle
   // dilated sliding window: no buffers, non-affine; the analysis is still exact where it decides.
   fa::Program dil = fa::trace(fa::identity_score(), fa::mods::dilated_sliding_window());
@@ -224,7 +226,8 @@ TEST(MaskAnalysis, FloatAndUnsignedArithmeticIsSound) {
   fa::MaskMod wrap{"wrap", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
                      return q * fa::Index(1 << 30) + kv >= fa::Index(0);
                    }};
-  check_exact(fa::trace(fa::identity_score(), wrap), fa::Bindings{}, fa::Captures{}, {1, 1, 300, 300, 16, 16}, "wrap");
+  check_exact(fa::trace(fa::identity_score(), wrap), fa::Bindings{}, fa::Captures{}, {1, 1, 300, 300, 16, 16},
+              "wrap");
 }
 
 TEST(MaskAnalysis, Errors) {
@@ -283,7 +286,9 @@ TEST(MaskAnalysis, PassAgreesWithIntervalProgram) {
         fa::MaskVerdict v = rp.eval({0, 0}, {0, 0}, {q0, q0 + 127}, {k0, k0 + 127}, sv);
         std::vector<std::string> scalars;
         if (l.scalar) scalars.push_back(std::string(l.scalar) + "=" + std::to_string(l.value));
-        std::string want = v == fa::MaskVerdict::kTrue ? "full" : v == fa::MaskVerdict::kFalse ? "empty" : "partial?";
+        std::string want = v == fa::MaskVerdict::kTrue    ? "full"
+                           : v == fa::MaskVerdict::kFalse ? "empty"
+                                                          : "partial?";
         EXPECT_EQ(pass_verdict(p, q0, k0, 128, scalars), want) << l.mod.name << " q0=" << q0 << " k0=" << k0;
         ++checked;
       }

@@ -22,9 +22,9 @@
 
 namespace {
 
-constexpr int kRounds = 10;          // fresh scalars and buffers per round
+constexpr int kRounds = 10;           // fresh scalars and buffers per round
 constexpr int kPointsPerRound = 600;  // 6000 points per mod
-constexpr int kSeqLen = 512;         // q, kv in [0, kSeqLen): buffer reads stay in range
+constexpr int kSeqLen = 512;          // q, kv in [0, kSeqLen): buffer reads stay in range
 constexpr int kBatch = 4;
 constexpr int kHeads = 16;
 
@@ -47,9 +47,9 @@ struct Point {
 struct World {
   int32_t window, prefix, n_pad, dilation, num_heads, rel_offset;
   float softcap;
-  std::vector<int32_t> doc_ids;    // kSeqLen
-  std::vector<float> slopes;       // kHeads
-  std::vector<float> rel_bias;     // 2 * kSeqLen - 1
+  std::vector<int32_t> doc_ids;  // kSeqLen
+  std::vector<float> slopes;     // kHeads
+  std::vector<float> rel_bias;   // 2 * kSeqLen - 1
   fa::Bindings env;
 };
 
@@ -200,44 +200,55 @@ TEST(Mods, Document) { check_mask(fa::mods::document(), document_ref, 4); }
 TEST(Mods, DilatedSlidingWindow) { check_mask(fa::mods::dilated_sliding_window(), dilated_ref, 5); }
 TEST(Mods, Padding) { check_mask(fa::mods::padding(), padding_ref, 6); }
 TEST(Mods, Noop) {
-  check_mask(fa::noop_mask(), [](const World&, const Point&) { return true; }, 7, /*expect_both=*/false);
+  check_mask(
+      fa::noop_mask(), [](const World&, const Point&) { return true; }, 7, /*expect_both=*/false);
 }
 
 // The default names can be replaced: the formula reads whatever the caller named.
 TEST(Mods, RenamedScalarsAndBuffers) {
-  check_mask(fa::mods::sliding_window(fa::scalar<int32_t>("prefix")),
-             [](const World& w, const Point& p) { return p.q >= p.kv && p.q - p.kv <= w.prefix; }, 8);
-  check_mask(fa::mods::padding(fa::scalar<int32_t>("window")),
-             [](const World& w, const Point& p) { return p.q >= w.window && p.kv >= w.window; }, 9);
+  check_mask(
+      fa::mods::sliding_window(fa::scalar<int32_t>("prefix")),
+      [](const World& w, const Point& p) { return p.q >= p.kv && p.q - p.kv <= w.prefix; }, 8);
+  check_mask(
+      fa::mods::padding(fa::scalar<int32_t>("window")),
+      [](const World& w, const Point& p) { return p.q >= w.window && p.kv >= w.window; }, 9);
 }
 
 TEST(Mods, AndMasks) {
   check_mask(fa::and_masks({fa::mods::causal(), fa::mods::sliding_window()}), sliding_ref, 10);
-  check_mask(fa::and_masks({fa::mods::document(), fa::mods::causal()}),
-             [](const World& w, const Point& p) { return document_ref(w, p) && causal_ref(w, p); }, 11);
-  check_mask(fa::and_masks({fa::mods::padding(), fa::mods::document(), fa::mods::prefix_lm()}),
-             [](const World& w, const Point& p) {
-               return padding_ref(w, p) && document_ref(w, p) && prefix_ref(w, p);
-             },
-             12);
+  check_mask(
+      fa::and_masks({fa::mods::document(), fa::mods::causal()}),
+      [](const World& w, const Point& p) { return document_ref(w, p) && causal_ref(w, p); }, 11);
+  check_mask(
+      fa::and_masks({fa::mods::padding(), fa::mods::document(), fa::mods::prefix_lm()}),
+      [](const World& w, const Point& p) {
+        return padding_ref(w, p) && document_ref(w, p) && prefix_ref(w, p);
+      },
+      12);
   // Two mods reading the same scalar share it.
-  check_mask(fa::and_masks({fa::mods::sliding_window(), fa::mods::dilated_sliding_window()}), dilated_ref, 13);
-  check_mask(fa::and_masks({}), [](const World&, const Point&) { return true; }, 14, false);
+  check_mask(fa::and_masks({fa::mods::sliding_window(), fa::mods::dilated_sliding_window()}), dilated_ref,
+             13);
+  check_mask(
+      fa::and_masks({}), [](const World&, const Point&) { return true; }, 14, false);
   check_mask(fa::and_masks({fa::mods::causal()}), causal_ref, 15);
 }
 
 TEST(Mods, OrMasks) {
-  check_mask(fa::or_masks({fa::mods::document(), fa::mods::sliding_window()}),
-             [](const World& w, const Point& p) { return document_ref(w, p) || sliding_ref(w, p); }, 16);
-  check_mask(fa::or_masks({fa::mods::causal(), fa::mods::padding()}),
-             [](const World& w, const Point& p) { return causal_ref(w, p) || padding_ref(w, p); }, 17);
-  check_mask(fa::or_masks({}), [](const World&, const Point&) { return false; }, 18, false);
+  check_mask(
+      fa::or_masks({fa::mods::document(), fa::mods::sliding_window()}),
+      [](const World& w, const Point& p) { return document_ref(w, p) || sliding_ref(w, p); }, 16);
+  check_mask(
+      fa::or_masks({fa::mods::causal(), fa::mods::padding()}),
+      [](const World& w, const Point& p) { return causal_ref(w, p) || padding_ref(w, p); }, 17);
+  check_mask(
+      fa::or_masks({}), [](const World&, const Point&) { return false; }, 18, false);
   // Nested: (document && causal) || prefix.
-  check_mask(fa::or_masks({fa::and_masks({fa::mods::document(), fa::mods::causal()}), fa::mods::prefix_lm()}),
-             [](const World& w, const Point& p) {
-               return (document_ref(w, p) && causal_ref(w, p)) || prefix_ref(w, p);
-             },
-             19);
+  check_mask(
+      fa::or_masks({fa::and_masks({fa::mods::document(), fa::mods::causal()}), fa::mods::prefix_lm()}),
+      [](const World& w, const Point& p) {
+        return (document_ref(w, p) && causal_ref(w, p)) || prefix_ref(w, p);
+      },
+      19);
 }
 
 // ---- score mods -----------------------------------------------------------------------------
@@ -269,7 +280,8 @@ float relative_bias_scale(const World& w, const Point& p) {
 }
 
 TEST(Mods, Identity) {
-  check_score(fa::identity_score(), [](const World&, const Point& p) { return p.score; }, no_scale, 20);
+  check_score(
+      fa::identity_score(), [](const World&, const Point& p) { return p.score; }, no_scale, 20);
 }
 TEST(Mods, AlibiScalar) { check_score(fa::mods::alibi(), alibi_ref, alibi_scale, 21); }
 TEST(Mods, AlibiSlopesBuffer) {
@@ -279,7 +291,9 @@ TEST(Mods, Softcap) {
   // tanhf(float) as the interpreter calls it: the reference is the same float computation.
   check_score(fa::mods::softcap(), softcap_ref, no_scale, 23);
 }
-TEST(Mods, RelativeBias) { check_score(fa::mods::relative_bias(), relative_bias_ref, relative_bias_scale, 24); }
+TEST(Mods, RelativeBias) {
+  check_score(fa::mods::relative_bias(), relative_bias_ref, relative_bias_scale, 24);
+}
 
 // The mods' captures are what the comments in mods.h promise.
 TEST(Mods, CapturesAreTheDocumentedNames) {
@@ -290,7 +304,8 @@ TEST(Mods, CapturesAreTheDocumentedNames) {
   };
   EXPECT_EQ(names(fa::trace(fa::mods::alibi(), fa::mods::sliding_window())), "num_heads,window");
   EXPECT_EQ(names(fa::trace(fa::mods::relative_bias(), fa::mods::document())), "rel_bias,doc_ids,rel_offset");
-  EXPECT_EQ(names(fa::trace(fa::mods::softcap(), fa::mods::dilated_sliding_window())), "dilation,softcap,window");
+  EXPECT_EQ(names(fa::trace(fa::mods::softcap(), fa::mods::dilated_sliding_window())),
+            "dilation,softcap,window");
   EXPECT_EQ(names(fa::trace(fa::identity_score(), fa::mods::prefix_lm())), "prefix");
   EXPECT_EQ(names(fa::trace(fa::identity_score(), fa::mods::padding())), "n_pad");
 }

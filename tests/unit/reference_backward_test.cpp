@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "fa_test_util.h"
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/error.h"
-#include "fa_test_util.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 
@@ -32,7 +32,9 @@ fa::ModProgram compile_mod(const std::string& text) {
 // q >= kv + offset: rows q < offset have no keys at all.
 std::string shifted_causal(int offset) {
   return "fa.mask_mod @shifted(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
-         "  %o = arith.constant " + std::to_string(offset) + " : i32\n"
+         "  %o = arith.constant " +
+         std::to_string(offset) +
+         " : i32\n"
          "  %k = arith.addi %kv, %o : i32\n"
          "  %c = arith.cmpi sge, %q, %k : i32\n"
          "  fa.yield %c : i1\n}\n";
@@ -64,7 +66,7 @@ double numeric(std::vector<float>& x, size_t i, const std::function<double()>& f
 
 struct Case {
   fa::ReferenceShape shape;
-  int mask_offset;   // < 0: no mask
+  int mask_offset;  // < 0: no mask
   bool with_dlse;
 };
 
@@ -117,26 +119,26 @@ TEST_P(ReferenceBackward, MatchesCentralDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ReferenceBackward,
-    ::testing::Values(Case{{1, 1, 1, 3, 4, 4, 3}, -1, false},    // plain, Lq != Lkv, Dqk != Dv
-                      Case{{2, 4, 2, 5, 5, 3, 2}, 0, true},      // GQA 2, causal, dLSE
-                      Case{{1, 3, 1, 6, 4, 2, 4}, 2, true},      // MQA, rows 0-1 fully masked
-                      Case{{1, 2, 2, 1, 7, 4, 4}, -1, true}));   // one query row
+    ::testing::Values(Case{{1, 1, 1, 3, 4, 4, 3}, -1, false},   // plain, Lq != Lkv, Dqk != Dv
+                      Case{{2, 4, 2, 5, 5, 3, 2}, 0, true},     // GQA 2, causal, dLSE
+                      Case{{1, 3, 1, 6, 4, 2, 4}, 2, true},     // MQA, rows 0-1 fully masked
+                      Case{{1, 2, 2, 1, 7, 4, 4}, -1, true}));  // one query row
 
 TEST(ReferenceBackward, FullyMaskedRowsAndUnseenKeysGetZeroGradients) {
   const fa::ReferenceShape s{1, 1, 1, 4, 6, 2, 2};
   std::vector<float> q(8, 0.5f), k(12, -0.25f), v(12, 1.5f);
   std::vector<double> dout(8, 1.0), dlse(4, 1.0);
-  fa::ModProgram mask = compile_mod(shifted_causal(2));   // q=0,1 see nothing; kv 2..5 seen by no q < kv+2
+  fa::ModProgram mask = compile_mod(shifted_causal(2));  // q=0,1 see nothing; kv 2..5 seen by no q < kv+2
   fa::ReferenceOptions opt;
   opt.mask_mod = &mask;
-  const fa::ReferenceGrads g = fa::reference_attention_backward(s, q.data(), k.data(), v.data(), dout.data(),
-                                                                dlse.data(), opt);
+  const fa::ReferenceGrads g =
+      fa::reference_attention_backward(s, q.data(), k.data(), v.data(), dout.data(), dlse.data(), opt);
   for (int d = 0; d < 2; ++d) {
     EXPECT_EQ(g.dq[0 * 2 + d], 0.0);
     EXPECT_EQ(g.dq[1 * 2 + d], 0.0);
-    EXPECT_EQ(g.dk[5 * 2 + d], 0.0);   // key 5 needs q >= 7
+    EXPECT_EQ(g.dk[5 * 2 + d], 0.0);  // key 5 needs q >= 7
     EXPECT_EQ(g.dv[5 * 2 + d], 0.0);
-    EXPECT_EQ(g.dk[4 * 2 + d], 0.0);   // key 4 needs q >= 6
+    EXPECT_EQ(g.dk[4 * 2 + d], 0.0);  // key 4 needs q >= 6
   }
   for (double x : g.dq) EXPECT_TRUE(std::isfinite(x));
 }
@@ -150,9 +152,10 @@ TEST(ReferenceBackward, ScoreModNeedsItsDerivative) {
   opt.score_mod = &neg;
   const float one = 1.f;
   const double d = 1.0;
-  EXPECT_EQ(fa::test::error_of([&] { fa::reference_attention_backward(s, &one, &one, &one, &d, nullptr, opt); }),
-            "reference_attention_backward: score_mod @neg needs its derivative, which the fa-differentiate "
-            "pass provides; not available yet");
+  EXPECT_EQ(
+      fa::test::error_of([&] { fa::reference_attention_backward(s, &one, &one, &one, &d, nullptr, opt); }),
+      "reference_attention_backward: score_mod @neg needs its derivative, which the fa-differentiate "
+      "pass provides; not available yet");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Tests of fa::reference_attention and fa::brute_force_block_classes
 // (compiler/include/fajit/detail/reference.h) against plainly written loops.
-#include "fa_test_util.h"
 #include "fajit/detail/reference.h"
+#include "fa_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -86,8 +86,7 @@ using ScoreFn = std::function<double(double, int, int, int, int)>;
 using MaskFn = std::function<bool(int, int, int, int)>;
 
 // softmax(Q K^T * scale) V, written out plainly.
-fa::ReferenceResult naive(const Problem& p, double scale, const ScoreFn& score_mod,
-                          const MaskFn& mask_mod) {
+fa::ReferenceResult naive(const Problem& p, double scale, const ScoreFn& score_mod, const MaskFn& mask_mod) {
   fa::ReferenceResult r;
   r.out.assign(size_t(p.B) * p.Hq * p.Lq * p.Dv, 0.0);
   r.lse.assign(size_t(p.B) * p.Hq * p.Lq, 0.0);
@@ -121,8 +120,8 @@ fa::ReferenceResult naive(const Problem& p, double scale, const ScoreFn& score_m
           double acc = 0;
           for (int j = 0; j < p.Lkv; ++j)
             if (keep[j])
-              acc += std::exp(s[j] - mx) / sum *
-                     double(p.v[((size_t(b) * p.Hkv + hk) * p.Lkv + j) * p.Dv + d]);
+              acc +=
+                  std::exp(s[j] - mx) / sum * double(p.v[((size_t(b) * p.Hkv + hk) * p.Lkv + j) * p.Dv + d]);
           r.out[row * p.Dv + d] = acc;
         }
         r.lse[row] = mx + std::log(sum);
@@ -166,8 +165,7 @@ TEST(Reference, CausalMask) {
   fa::ReferenceOptions opt;
   opt.mask_mod = &causal;
   auto got = fa::reference_attention(p.shape(), p.q.data(), p.k.data(), p.v.data(), opt);
-  expect_close(got, naive(p, 1.0 / std::sqrt(8.0), nullptr,
-                          [](int, int, int q, int kv) { return q >= kv; }));
+  expect_close(got, naive(p, 1.0 / std::sqrt(8.0), nullptr, [](int, int, int q, int kv) { return q >= kv; }));
 }
 
 TEST(Reference, AlibiScoreModReadsBuffer) {
@@ -188,8 +186,7 @@ TEST(Reference, AlibiScoreModReadsBuffer) {
     float m = df * slopes[h];
     return double(static_cast<float>(s) + m);
   };
-  expect_close(got, naive(p, 1.0 / std::sqrt(8.0), ref,
-                          [](int, int, int q, int kv) { return q >= kv; }));
+  expect_close(got, naive(p, 1.0 / std::sqrt(8.0), ref, [](int, int, int q, int kv) { return q >= kv; }));
   // Without the mask too (kv - q positive).
   opt.mask_mod = nullptr;
   expect_close(fa::reference_attention(p.shape(), p.q.data(), p.k.data(), p.v.data(), opt),
@@ -350,8 +347,7 @@ TEST(Reference, EmptyKvGivesMaskedRows) {
 
 // ---- block classes -------------------------------------------------------------------------
 
-std::vector<uint8_t> enumerate_blocks(const MaskFn& mask, int B, int H, int Lq, int Lkv, int qb,
-                                      int kb) {
+std::vector<uint8_t> enumerate_blocks(const MaskFn& mask, int B, int H, int Lq, int Lkv, int qb, int kb) {
   int nq = (Lq + qb - 1) / qb, nk = (Lkv + kb - 1) / kb;
   std::vector<uint8_t> out;
   for (int b = 0; b < B; ++b)
@@ -399,14 +395,13 @@ TEST(Reference, BlockClassesReadBatchHeadAndBuffers) {
       "  fa.yield %r : i1\n"
       "}\n");
   const int B = 2, H = 3, L = 11;
-  std::vector<int32_t> ids = {0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2,
-                              0, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3};
+  std::vector<int32_t> ids = {0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 0, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3};
   fa::Bindings env;
   env.buffer("ids", fa::HostBuffer::i32(ids.data(), {B, L}));
   auto got = fa::brute_force_block_classes(doc, env, B, H, L, L, 4, 3);
   auto want = enumerate_blocks(
-      [&](int b, int h, int q, int kv) { return ids[b * L + q] == ids[b * L + kv] && h != 1; }, B, H,
-      L, L, 4, 3);
+      [&](int b, int h, int q, int kv) { return ids[b * L + q] == ids[b * L + kv] && h != 1; }, B, H, L, L, 4,
+      3);
   EXPECT_EQ(got, want);
   EXPECT_EQ(error_of([&] { fa::brute_force_block_classes(doc, env, B, H, L, L, 0, 3); }),
             "brute_force_block_classes: block sizes must be > 0, got 0 x 3");

@@ -15,6 +15,5 @@ int main(int argc, char **argv) {
   mlir::fa::registerFAPasses();
   mlir::DialectRegistry registry;
   mlir::fa::registerFADialects(registry);
-  return mlir::asMainReturnCode(
-      mlir::MlirOptMain(argc, argv, "fajit optimizer driver\n", registry));
+  return mlir::asMainReturnCode(mlir::MlirOptMain(argc, argv, "fajit optimizer driver\n", registry));
 }

@@ -12,8 +12,8 @@
 #include <iostream>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "fajit/detail/codegen.h"
 #include "fajit/detail/expr.h"
@@ -58,7 +58,8 @@ fa::ExprCaptureTypes capture_types(const std::vector<std::string>& decls) {
 fa::Program program_for(const DumpOptions& o) {
   bool any_mod = !o.mask.empty() || !o.score.empty() || !o.mask_expr.empty() || !o.score_expr.empty();
   if (!o.file.empty()) {
-    if (any_mod) throw fa::Error("give either an .mlir file or --mask/--score/--mask-mod/--score-mod, not both");
+    if (any_mod)
+      throw fa::Error("give either an .mlir file or --mask/--score/--mask-mod/--score-mod, not both");
     return fa::Program::parse(read_file(o.file), o.file);
   }
   if (!o.mask.empty() && !o.mask_expr.empty()) throw fa::Error("give --mask or --mask-mod, not both");
@@ -76,9 +77,12 @@ fa::Program program_for(const DumpOptions& o) {
 fa::KernelSpec spec_for(const DumpOptions& o) {
   fa::KernelSpec s;
   s.kind = o.block_mask ? fa::KernelKind::kBlockMask : fa::KernelKind::kForward;
-  if (o.dtype == "bf16") s.dtype = fa::DType::bf16;
-  else if (o.dtype == "f16" || o.dtype == "fp16") s.dtype = fa::DType::f16;
-  else throw fa::Error(fmt::format("--dtype '{}': expected bf16 or f16", o.dtype));
+  if (o.dtype == "bf16")
+    s.dtype = fa::DType::bf16;
+  else if (o.dtype == "f16" || o.dtype == "fp16")
+    s.dtype = fa::DType::f16;
+  else
+    throw fa::Error(fmt::format("--dtype '{}': expected bf16 or f16", o.dtype));
   s.head_dim_qk = o.head_dim_qk;
   s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim_qk;
   s.arch = o.arch.empty() ? "sm_90a" : o.arch;
@@ -156,7 +160,8 @@ int run_cache(const std::string& what) {
   } else if (what == "stats") {
     fa::jit::CacheStats s = cache.stats();
     std::cout << fmt::format("directory: {}{}\nentries:   {}\nbytes:     {}\n", cache.dir(),
-                             s.disk_enabled ? "" : " (not writable: memory only)", s.disk_entries, s.disk_bytes);
+                             s.disk_enabled ? "" : " (not writable: memory only)", s.disk_entries,
+                             s.disk_bytes);
   } else {
     size_t n = cache.clear();
     std::cout << fmt::format("removed {} entr{} from {}\n", n, n == 1 ? "y" : "ies", cache.dir());
@@ -183,21 +188,27 @@ int main(int argc, char** argv) {
   what->require_option(1);
   dump_cmd->add_option("--mask", dump.mask, "mask preset: " + fa::mods::mask_preset_help());
   dump_cmd->add_option("--score", dump.score, "score preset: " + fa::mods::score_preset_help());
-  dump_cmd->add_option("--mask-mod", dump.mask_expr, "mask_mod expression over b h q kv, e.g. 'q >= kv && q - kv < window'");
-  dump_cmd->add_option("--score-mod", dump.score_expr, "score_mod expression over score b h q kv, e.g. 'score + slopes[h] * (kv - q)'");
-  dump_cmd->add_option("--capture", dump.capture_types, "type of a capture in expressions: NAME:f32 or NAME:i32");
+  dump_cmd->add_option("--mask-mod", dump.mask_expr,
+                       "mask_mod expression over b h q kv, e.g. 'q >= kv && q - kv < window'");
+  dump_cmd->add_option("--score-mod", dump.score_expr,
+                       "score_mod expression over score b h q kv, e.g. 'score + slopes[h] * (kv - q)'");
+  dump_cmd->add_option("--capture", dump.capture_types,
+                       "type of a capture in expressions: NAME:f32 or NAME:i32");
   dump_cmd->add_option("--arch", dump.arch, "target: sm_80, sm_86, sm_89, sm_90a, ... (default sm_90a)");
   dump_cmd->add_option("--dtype", dump.dtype, "element type: bf16 (default) or f16");
   dump_cmd->add_option("--head-dim", dump.head_dim_qk, "QK head dim: 64 or 128 (default 128)");
   dump_cmd->add_option("--head-dim-v", dump.head_dim_v, "V head dim: 64 or 128 (default: the QK head dim)");
-  dump_cmd->add_option("--kernel", dump.family, "forward kernel: auto (wgmma on sm_90a, else mma), mma or wgmma")
+  dump_cmd
+      ->add_option("--kernel", dump.family, "forward kernel: auto (wgmma on sm_90a, else mma), mma or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
-  dump_cmd->add_flag("--block-mask", dump.block_mask, "the block-mask builder kernel instead of the forward kernel");
+  dump_cmd->add_flag("--block-mask", dump.block_mask,
+                     "the block-mask builder kernel instead of the forward kernel");
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 
   fajit_cli::RunOptions run;
   std::string run_dtype = "bf16";
-  CLI::App* run_cmd = app.add_subcommand("run", "run one variant on the GPU, check it against the float64 reference, time it");
+  CLI::App* run_cmd = app.add_subcommand(
+      "run", "run one variant on the GPU, check it against the float64 reference, time it");
   run_cmd->add_option("--mask", run.mask, "mask preset: " + fa::mods::mask_preset_help());
   run_cmd->add_option("--score", run.score, "score preset: " + fa::mods::score_preset_help());
   run_cmd->add_option("--dtype", run_dtype, "bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
@@ -208,8 +219,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--iters", run.iters, "timed launches (default 20)")->check(CLI::Range(1, 10000));
 
   std::string cache_what;
-  CLI::App* cache_cmd = app.add_subcommand("cache", "inspect or clear the on-disk cubin cache ($FAJIT_CACHE_DIR)");
-  cache_cmd->add_option("command", cache_what, "ls, stats or clear")->required()->check(CLI::IsMember({"ls", "stats", "clear"}));
+  CLI::App* cache_cmd =
+      app.add_subcommand("cache", "inspect or clear the on-disk cubin cache ($FAJIT_CACHE_DIR)");
+  cache_cmd->add_option("command", cache_what, "ls, stats or clear")
+      ->required()
+      ->check(CLI::IsMember({"ls", "stats", "clear"}));
 
   CLI::App* mask_cmd = add_mask_command(app);
 

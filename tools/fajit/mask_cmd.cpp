@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "fajit/block_mask.h"
 #include "fajit/detail/expr.h"
@@ -37,8 +37,8 @@ struct MaskOptions {
 MaskOptions g_mask;
 
 // One character per group of blocks: '#' all full, '.' all empty, '+' otherwise.
-void render(const std::vector<uint8_t>& kinds, int nq, int nkv, int max_cells, int64_t len_q,
-            int64_t len_kv, int block) {
+void render(const std::vector<uint8_t>& kinds, int nq, int nkv, int max_cells, int64_t len_q, int64_t len_kv,
+            int block) {
   const int gq = (nq + max_cells - 1) / max_cells, gk = (nkv + max_cells - 1) / max_cells;
   std::cout << fmt::format("block mask Lq={} Lkv={}, {}x{} blocks{}: '#' full, '+' partial, '.' empty\n",
                            len_q, len_kv, nq, nkv,
@@ -108,7 +108,8 @@ int run_mask_command() {
   }
   for (const std::string& s : o.scalars) {
     size_t eq = s.find('=');
-    if (eq == std::string::npos || eq == 0) throw fa::Error(fmt::format("--scalar '{}': expected NAME=VALUE", s));
+    if (eq == std::string::npos || eq == 0)
+      throw fa::Error(fmt::format("--scalar '{}': expected NAME=VALUE", s));
     try {
       size_t used = 0;
       std::string text = s.substr(eq + 1);
@@ -137,8 +138,10 @@ int run_mask_command() {
   if (a.undecided > 0 && buffers.empty()) {
     fa::Bindings env;
     for (const auto& [name, v] : sv) {
-      if (v.type == fa::ScalarType::kF32) env.scalar_f32(name, v.f);
-      else env.scalar_i32(name, v.i);
+      if (v.type == fa::ScalarType::kF32)
+        env.scalar_f32(name, v.f);
+      else
+        env.scalar_i32(name, v.i);
     }
     fa::ModProgram mp = fa::ModProgram::mask_of(program);
     on_cpu = fa::evaluate_undecided_blocks(a, mp, env, o.len_q, len_kv, o.block, o.block);
@@ -155,8 +158,8 @@ int run_mask_command() {
   }
   if (o.stats || !o.render) {
     std::cout << fmt::format("mask @{}  Lq={} Lkv={}  block {}x{}  tables [{}, {}, {}, {}]\n",
-                             program.mask_mod_name(), o.len_q, len_kv, o.block, o.block, a.batch,
-                             a.heads, a.num_q_blocks, a.num_kv_blocks);
+                             program.mask_mod_name(), o.len_q, len_kv, o.block, o.block, a.batch, a.heads,
+                             a.num_q_blocks, a.num_kv_blocks);
     if (a.undecided == 0)
       std::cout << fmt::format("density: {:.4f} (non-empty blocks / all)\n",
                                double(full + partial) / double(std::max<int64_t>(1, total)));
@@ -174,7 +177,6 @@ int run_mask_command() {
                  static_cast<long long>(a.undecided), buffers.c_str());
     return 1;
   }
-  if (o.render)
-    render(a.kinds, a.num_q_blocks, a.num_kv_blocks, o.render_width, o.len_q, len_kv, o.block);
+  if (o.render) render(a.kinds, a.num_q_blocks, a.num_kv_blocks, o.render_width, o.len_q, len_kv, o.block);
   return 0;
 }

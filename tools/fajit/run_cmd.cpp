@@ -57,7 +57,8 @@ int run_variant(const RunOptions& o) {
 
   auto t0 = std::chrono::steady_clock::now();
   fa::Kernel k = fa::compile(program, copts);
-  double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  double compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   fa::rt::ContextGuard guard;
   std::cout << fmt::format("device: {}  kernel: {}  ({} in {:.1f} ms)\n", fa::rt::current_device_info().name,
                            k.spec().to_string(), fa::to_string(k.origin()), compile_ms);
@@ -65,7 +66,8 @@ int run_variant(const RunOptions& o) {
   const int B = o.batch, H = o.heads, L = o.len, D = o.head_dim;
   std::mt19937 rng(std::random_device{}());
   size_t n = static_cast<size_t>(B) * H * L * D;
-  HostTensor q = random_tensor(n, o.dtype, rng), kk = random_tensor(n, o.dtype, rng), v = random_tensor(n, o.dtype, rng);
+  HostTensor q = random_tensor(n, o.dtype, rng), kk = random_tensor(n, o.dtype, rng),
+             v = random_tensor(n, o.dtype, rng);
 
   // Captures with defaults for whatever the preset did not fix.
   fa::Captures cap;
@@ -80,21 +82,24 @@ int run_variant(const RunOptions& o) {
   for (float& r : rel_bias) r = std::normal_distribution<float>(0.0f, 0.5f)(rng);
   std::vector<fa::rt::DeviceBuffer> keep;
   std::map<std::string, double> scalars = {{"num_heads", H}, {"softcap", 30.0}, {"rel_offset", L - 1},
-                                           {"window", 256},   {"prefix", L / 4},   {"n_pad", 3},
+                                           {"window", 256},  {"prefix", L / 4}, {"n_pad", 3},
                                            {"dilation", 2}};
   for (auto& [name, value] : mask_p.scalar_values) scalars[name] = value;
   for (auto& [name, value] : score_p.scalar_values) scalars[name] = value;
   for (const fa::CaptureSlot& s : k.capture_slots()) {
     if (s.is_buffer) {
-      const void* src = s.name == "doc_ids" ? static_cast<const void*>(doc_ids.data())
+      const void* src = s.name == "doc_ids"  ? static_cast<const void*>(doc_ids.data())
                         : s.name == "slopes" ? static_cast<const void*>(slopes.data())
                                              : static_cast<const void*>(rel_bias.data());
       int64_t len = s.name == "doc_ids" ? L : s.name == "slopes" ? H : 2 * L - 1;
       keep.emplace_back(static_cast<size_t>(len) * 4);
       keep.back().upload(src, static_cast<size_t>(len) * 4);
-      cap.buffer(s.name, fa::TensorView(keep.back().as<void>(), s.is_float ? fa::DType::f32 : fa::DType::i32, {len}));
-      if (s.is_float) env.buffer(s.name, fa::HostBuffer::f32(static_cast<const float*>(src), {len}));
-      else env.buffer(s.name, fa::HostBuffer::i32(static_cast<const int32_t*>(src), {len}));
+      cap.buffer(s.name,
+                 fa::TensorView(keep.back().as<void>(), s.is_float ? fa::DType::f32 : fa::DType::i32, {len}));
+      if (s.is_float)
+        env.buffer(s.name, fa::HostBuffer::f32(static_cast<const float*>(src), {len}));
+      else
+        env.buffer(s.name, fa::HostBuffer::i32(static_cast<const int32_t*>(src), {len}));
     } else if (s.is_float) {
       cap.scalar(s.name, static_cast<float>(scalars.at(s.name)));
       env.scalar_f32(s.name, static_cast<float>(scalars.at(s.name)));
@@ -133,8 +138,8 @@ int run_variant(const RunOptions& o) {
   ro.score_mod = &sp;
   ro.mask_mod = &mp;
   ro.bindings = &env;
-  fa::ReferenceResult ref = fa::reference_attention({B, H, H, L, L, D, D}, q.values.data(), kk.values.data(),
-                                                    v.values.data(), ro);
+  fa::ReferenceResult ref =
+      fa::reference_attention({B, H, H, L, L, D, D}, q.values.data(), kk.values.data(), v.values.data(), ro);
   double num = 0, den = 0, lse_err = 0;
   size_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -154,10 +159,12 @@ int run_variant(const RunOptions& o) {
   double tol = o.dtype == fa::DType::bf16 ? 1e-2 : 5e-3;
   bool ok = bad == 0 && rel < tol && lse_err < 2e-2;
   auto d = mask.density();
-  std::cout << fmt::format("B={} H={} L={} D={}  block mask: {:.1f}% dense ({} full, {} partial, {} empty) in {:.2f} ms\n",
-                           B, H, L, D, 100.0 * d.fraction, d.full, d.partial, d.empty, mask_ms);
-  std::cout << fmt::format("vs float64 reference: rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad values: {}\n",
-                           rel, tol, lse_err, bad, ok ? "OK" : "MISMATCH");
+  std::cout << fmt::format(
+      "B={} H={} L={} D={}  block mask: {:.1f}% dense ({} full, {} partial, {} empty) in {:.2f} ms\n", B, H,
+      L, D, 100.0 * d.fraction, d.full, d.partial, d.empty, mask_ms);
+  std::cout << fmt::format(
+      "vs float64 reference: rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad values: {}\n", rel,
+      tol, lse_err, bad, ok ? "OK" : "MISMATCH");
 
   // Timing: warm-up, then the median of repeated launches.
   std::vector<double> times;
@@ -166,7 +173,9 @@ int run_variant(const RunOptions& o) {
     auto s = std::chrono::steady_clock::now();
     k.forward(tq, tk, tv, to, mask, cap, fo);
     fa::rt::synchronize(nullptr);
-    if (i >= 3) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count());
+    if (i >= 3)
+      times.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count());
   }
   std::sort(times.begin(), times.end());
   double ms = times[times.size() / 2];
@@ -174,8 +183,9 @@ int run_variant(const RunOptions& o) {
   for (int qi = 0; qi < L; ++qi)
     for (int kv = 0; kv < L; ++kv) kept += mp.eval_mask(0, 0, qi, kv, env) ? 1 : 0;
   double flops = 4.0 * B * H * kept * D;
-  std::cout << fmt::format("forward: {:.3f} ms (median of {}), {:.1f} TFLOP/s on the unmasked work (host-timed)\n", ms,
-                           times.size(), flops / ms / 1e9);
+  std::cout << fmt::format(
+      "forward: {:.3f} ms (median of {}), {:.1f} TFLOP/s on the unmasked work (host-timed)\n", ms,
+      times.size(), flops / ms / 1e9);
   return ok ? 0 : 1;
 }
 

@@ -31,12 +31,7 @@ typedef enum fajit_status {
 } fajit_status;
 
 /* Element types; values match fa::DType. */
-typedef enum fajit_dtype {
-  FAJIT_F16 = 0,
-  FAJIT_BF16 = 1,
-  FAJIT_F32 = 2,
-  FAJIT_I32 = 3
-} fajit_dtype;
+typedef enum fajit_dtype { FAJIT_F16 = 0, FAJIT_BF16 = 1, FAJIT_F32 = 2, FAJIT_I32 = 3 } fajit_dtype;
 
 typedef struct fajit_options {
   fajit_dtype dtype; /* FAJIT_BF16 or FAJIT_F16 */
@@ -96,21 +91,19 @@ FA_API const void* fajit_kernel_cubin(const fajit_kernel* kernel, size_t* size);
 /* PTX, compiled on first request; owned by the kernel. */
 FA_API fajit_status fajit_kernel_ptx(fajit_kernel* kernel, const char** ptx);
 
-FA_API fajit_status fajit_kernel_block_mask(const fajit_kernel* kernel, int batch, int heads,
-                                            int64_t len_q, int64_t len_kv,
-                                            const fajit_captures* captures, void* cu_stream,
+FA_API fajit_status fajit_kernel_block_mask(const fajit_kernel* kernel, int batch, int heads, int64_t len_q,
+                                            int64_t len_kv, const fajit_captures* captures, void* cu_stream,
                                             fajit_block_mask** out);
 FA_API void fajit_block_mask_destroy(fajit_block_mask* mask);
 /* Fraction of non-empty blocks, and the counts of full / partial / empty ones (any may be NULL). */
-FA_API fajit_status fajit_block_mask_density(const fajit_block_mask* mask, double* fraction,
-                                             int64_t* full, int64_t* partial, int64_t* empty);
+FA_API fajit_status fajit_block_mask_density(const fajit_block_mask* mask, double* fraction, int64_t* full,
+                                             int64_t* partial, int64_t* empty);
 
 /* O = attention(Q, K, V); lse may be NULL; scale 0 = 1/sqrt(head_dim_qk). Asynchronous on
  * cu_stream (a CUstream; NULL = the default stream). */
 FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit_tensor* q,
-                                         const fajit_tensor* k, const fajit_tensor* v,
-                                         const fajit_tensor* o, const fajit_tensor* lse,
-                                         float scale, const fajit_block_mask* mask,
+                                         const fajit_tensor* k, const fajit_tensor* v, const fajit_tensor* o,
+                                         const fajit_tensor* lse, float scale, const fajit_block_mask* mask,
                                          const fajit_captures* captures, void* cu_stream);
 
 #ifdef __cplusplus

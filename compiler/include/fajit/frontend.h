@@ -37,14 +37,29 @@ struct Sym {
   unsigned long long trace = 0;
 };
 enum class ValueKind { kInt, kFloat, kBool };
-enum class BinOp { kAdd, kSub, kMul, kDiv, kRem, kMin, kMax, kLt, kLe, kGt, kGe, kEq, kNe,
-                   kAnd, kOr, kPow };
-enum class UnOp { kNeg, kNot, kAbs, kExp, kExp2, kLog, kLog2, kTanh, kSqrt, kRsqrt, kSin,
-                  kCos, kFloor, kCeil, kErf, kSigmoid };
+enum class BinOp { kAdd, kSub, kMul, kDiv, kRem, kMin, kMax, kLt, kLe, kGt, kGe, kEq, kNe, kAnd, kOr, kPow };
+enum class UnOp {
+  kNeg,
+  kNot,
+  kAbs,
+  kExp,
+  kExp2,
+  kLog,
+  kLog2,
+  kTanh,
+  kSqrt,
+  kRsqrt,
+  kSin,
+  kCos,
+  kFloor,
+  kCeil,
+  kErf,
+  kSigmoid
+};
 FA_API Sym constant_int(int32_t v);
 FA_API Sym constant_float(float v);
 FA_API Sym constant_bool(bool v);
-FA_API Sym binary(BinOp op, Sym a, Sym b);   // operands already of one kind
+FA_API Sym binary(BinOp op, Sym a, Sym b);  // operands already of one kind
 FA_API Sym unary(UnOp op, Sym a);
 FA_API Sym select(Sym cond, Sym a, Sym b);
 FA_API Sym convert(Sym a, ValueKind to);
@@ -69,9 +84,9 @@ class FA_API Index {
 // A symbolic f32: the score and float arithmetic. An Index promotes to a Score.
 class FA_API Score {
  public:
-  Score(float v) : sym_(detail::constant_float(v)) {}   // NOLINT
-  Score(int32_t v) : sym_(detail::constant_float(static_cast<float>(v))) {}  // NOLINT
-  Score(double v) : sym_(detail::constant_float(static_cast<float>(v))) {}  // NOLINT
+  Score(float v) : sym_(detail::constant_float(v)) {}                                   // NOLINT
+  Score(int32_t v) : sym_(detail::constant_float(static_cast<float>(v))) {}             // NOLINT
+  Score(double v) : sym_(detail::constant_float(static_cast<float>(v))) {}              // NOLINT
   Score(const Index& i) : sym_(detail::convert(i.sym(), detail::ValueKind::kFloat)) {}  // NOLINT
   explicit Score(detail::Sym s) : sym_(s) {}
   detail::Sym sym() const { return sym_; }
@@ -139,13 +154,23 @@ inline Bool where(const Bool& c, const Bool& a, const Bool& b) {
   return Bool(detail::select(c.sym(), a.sym(), b.sym()));
 }
 
-inline Index min(const Index& a, const Index& b) { return Index(detail::binary(detail::BinOp::kMin, a.sym(), b.sym())); }
-inline Index max(const Index& a, const Index& b) { return Index(detail::binary(detail::BinOp::kMax, a.sym(), b.sym())); }
-inline Score min(const Score& a, const Score& b) { return Score(detail::binary(detail::BinOp::kMin, a.sym(), b.sym())); }
-inline Score max(const Score& a, const Score& b) { return Score(detail::binary(detail::BinOp::kMax, a.sym(), b.sym())); }
+inline Index min(const Index& a, const Index& b) {
+  return Index(detail::binary(detail::BinOp::kMin, a.sym(), b.sym()));
+}
+inline Index max(const Index& a, const Index& b) {
+  return Index(detail::binary(detail::BinOp::kMax, a.sym(), b.sym()));
+}
+inline Score min(const Score& a, const Score& b) {
+  return Score(detail::binary(detail::BinOp::kMin, a.sym(), b.sym()));
+}
+inline Score max(const Score& a, const Score& b) {
+  return Score(detail::binary(detail::BinOp::kMax, a.sym(), b.sym()));
+}
 inline Index abs(const Index& a) { return Index(detail::unary(detail::UnOp::kAbs, a.sym())); }
 inline Score abs(const Score& a) { return Score(detail::unary(detail::UnOp::kAbs, a.sym())); }
-inline Score pow(const Score& a, const Score& b) { return Score(detail::binary(detail::BinOp::kPow, a.sym(), b.sym())); }
+inline Score pow(const Score& a, const Score& b) {
+  return Score(detail::binary(detail::BinOp::kPow, a.sym(), b.sym()));
+}
 
 #define FA_UNARY(NAME, KIND) \
   inline Score NAME(const Score& a) { return Score(detail::unary(detail::UnOp::KIND, a.sym())); }
@@ -211,8 +236,7 @@ class Buffer {
   template <typename... I>
   detail::SymbolicOf<T> operator()(const I&... idx) const {
     const detail::Sym syms[] = {Index(idx).sym()...};
-    return detail::SymbolicOf<T>(
-        detail::load(name_, detail::kind_of<T>(), rank_, syms, sizeof...(I)));
+    return detail::SymbolicOf<T>(detail::load(name_, detail::kind_of<T>(), rank_, syms, sizeof...(I)));
   }
   const std::string& name() const { return name_; }
   int rank() const { return rank_; }
@@ -241,8 +265,8 @@ struct MaskMod {
   MaskModFn fn;
 };
 
-FA_API ScoreMod identity_score();       // returns the score unchanged
-FA_API MaskMod noop_mask();             // keeps every (q, kv)
+FA_API ScoreMod identity_score();                      // returns the score unchanged
+FA_API MaskMod noop_mask();                            // keeps every (q, kv)
 FA_API MaskMod and_masks(std::vector<MaskMod> masks);  // all must hold (noop if empty)
 FA_API MaskMod or_masks(std::vector<MaskMod> masks);   // any may hold (masks all if empty)
 
@@ -261,17 +285,17 @@ class FA_API Program {
   // missing one is the identity / noop). `source_name` appears in diagnostics.
   static Program parse(std::string_view mlir_text, std::string_view source_name = "<input>");
 
-  std::string to_mlir() const;        // pretty-printed module
+  std::string to_mlir() const;  // pretty-printed module
   std::string score_mod_name() const;
   std::string mask_mod_name() const;
-  bool score_is_identity() const;     // the score_mod returns its score unchanged
-  bool mask_is_noop() const;          // the mask_mod is constant true
+  bool score_is_identity() const;  // the score_mod returns its score unchanged
+  bool mask_is_noop() const;       // the mask_mod is constant true
 
   struct Capture {
     std::string name;
-    bool is_buffer;       // else a runtime scalar
-    bool is_float;        // f32, else i32
-    int rank;             // buffers only
+    bool is_buffer;  // else a runtime scalar
+    bool is_float;   // f32, else i32
+    int rank;        // buffers only
     bool used_by_score;
     bool used_by_mask;
   };

@@ -30,9 +30,9 @@ struct Options {
   int head_dim_qk = 128;
   int head_dim_v = 128;
   KernelFamily family = KernelFamily::kAuto;  // wgmma on sm_90a, mma.sync elsewhere
-  TileConfig tile;        // mma.sync kernel only; default: per head dims
-  std::string arch;       // "" = the current GPU's; sm_90a when there is no GPU
-  bool line_info = false;  // NVRTC -lineinfo (for profilers)
+  TileConfig tile;                            // mma.sync kernel only; default: per head dims
+  std::string arch;                           // "" = the current GPU's; sm_90a when there is no GPU
+  bool line_info = false;                     // NVRTC -lineinfo (for profilers)
 };
 
 struct ForwardOptions {
@@ -66,15 +66,14 @@ class FA_API Kernel {
 
   // The block-sparse tables of this kernel's mask_mod for [B, H, Lq, Lkv], built on the GPU
   // by a kernel generated from the same mask_mod (B or H become 1 when the mask ignores them).
-  BlockMask block_mask(int batch, int heads, int64_t len_q, int64_t len_kv,
-                       const Captures& captures = {}, const BlockMaskOptions& options = {},
-                       Stream stream = nullptr) const;
+  BlockMask block_mask(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures = {},
+                       const BlockMaskOptions& options = {}, Stream stream = nullptr) const;
 
   // O = attention(Q, K, V) with this kernel's mods. Shapes, dtypes, strides, the mask and the
   // captures are validated before launch; errors name the offending argument.
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const BlockMask& mask, const Captures& captures = {},
-               const ForwardOptions& options = {}, Stream stream = nullptr) const;
+               const BlockMask& mask, const Captures& captures = {}, const ForwardOptions& options = {},
+               Stream stream = nullptr) const;
 
   // dQ, dK, dV of attention(Q, K, V) with this kernel's mods, from the forward's O and LSE
   // (Kernel::forward with ForwardOptions::lse) and dO = dL/dO (and optionally dL/dLSE):
@@ -119,8 +118,8 @@ template <typename S>
 constexpr bool is_score_mod_like_v = std::is_same_v<std::decay_t<S>, ScoreMod> ||
                                      std::is_invocable_r_v<Score, S, Score, Index, Index, Index, Index>;
 template <typename M>
-constexpr bool is_mask_mod_like_v = std::is_same_v<std::decay_t<M>, MaskMod> ||
-                                    std::is_invocable_r_v<Bool, M, Index, Index, Index, Index>;
+constexpr bool is_mask_mod_like_v =
+    std::is_same_v<std::decay_t<M>, MaskMod> || std::is_invocable_r_v<Bool, M, Index, Index, Index, Index>;
 }  // namespace detail
 
 template <typename S, typename M,
@@ -128,14 +127,13 @@ template <typename S, typename M,
                                       !(std::is_same_v<std::decay_t<S>, ScoreMod> &&
                                         std::is_same_v<std::decay_t<M>, MaskMod>)>>
 Kernel compile(S&& score, M&& mask, const Options& options = {}) {
-  return compile(detail::as_score_mod(std::forward<S>(score)),
-                 detail::as_mask_mod(std::forward<M>(mask)), options);
+  return compile(detail::as_score_mod(std::forward<S>(score)), detail::as_mask_mod(std::forward<M>(mask)),
+                 options);
 }
 
 // fa::create_block_mask(mask, B, H, Lq, Lkv): the block mask alone (compiles only the builder).
-FA_API BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q,
-                                   int64_t len_kv, const Captures& captures = {},
-                                   const BlockMaskOptions& options = {}, const Options& compile_options = {},
-                                   Stream stream = nullptr);
+FA_API BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q, int64_t len_kv,
+                                   const Captures& captures = {}, const BlockMaskOptions& options = {},
+                                   const Options& compile_options = {}, Stream stream = nullptr);
 
 }  // namespace fa

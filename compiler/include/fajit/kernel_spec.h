@@ -37,7 +37,7 @@ struct FA_API KernelSpec {
   int head_dim_qk = 128;      // 64 or 128
   int head_dim_v = 128;       // 64 or 128
   KernelFamily family = KernelFamily::kAuto;
-  TileConfig tile;            // resolved by resolved(); default picks per head dims
+  TileConfig tile;  // resolved by resolved(); default picks per head dims
   std::string arch = "sm_90a";
 
   // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits

@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "fajit/analysis/range_program.h"
-#include "fajit/error.h"
 #include "fajit/detail/reference.h"
+#include "fajit/error.h"
 
 namespace fa {
 namespace detail {
@@ -83,8 +83,10 @@ struct Classifier {
     bool seen_true = false, seen_false = false;
     auto point = [&](int64_t qi, int64_t ki) {
       MaskVerdict v = ev.eval(b, h, {qi, qi}, {ki, ki});
-      if (v == MaskVerdict::kTrue) seen_true = true;
-      else if (v == MaskVerdict::kFalse) seen_false = true;
+      if (v == MaskVerdict::kTrue)
+        seen_true = true;
+      else if (v == MaskVerdict::kFalse)
+        seen_false = true;
       return v != MaskVerdict::kUnknown;
     };
     if (b.lo != b.hi || h.lo != h.hi) return BlockKind::kUndecided;
@@ -94,7 +96,9 @@ struct Classifier {
     if (seen_true && seen_false) return BlockKind::kPartial;
     if (!point(q.lo, k.lo) || !point(q.hi, k.hi) || !point(qc, kc)) return BlockKind::kUndecided;
     if (seen_true && seen_false) return BlockKind::kPartial;
-    struct Box { IndexRange q, k; };
+    struct Box {
+      IndexRange q, k;
+    };
     Box stack[64 * 4];
     int top = 0;
     stack[top++] = {q, k};
@@ -120,30 +124,32 @@ struct Classifier {
       for (int i = 0; i < n; ++i) {
         if (--budget < 0) return BlockKind::kUndecided;
         MaskVerdict v = ev.eval(b, h, ch[i].q, ch[i].k);
-        if (v == MaskVerdict::kTrue) seen_true = true;
-        else if (v == MaskVerdict::kFalse) seen_false = true;
-        else if (ch[i].q.lo == ch[i].q.hi && ch[i].k.lo == ch[i].k.hi) return BlockKind::kUndecided;
-        else if (top < int(sizeof stack / sizeof stack[0])) stack[top++] = ch[i];
-        else return BlockKind::kUndecided;
+        if (v == MaskVerdict::kTrue)
+          seen_true = true;
+        else if (v == MaskVerdict::kFalse)
+          seen_false = true;
+        else if (ch[i].q.lo == ch[i].q.hi && ch[i].k.lo == ch[i].k.hi)
+          return BlockKind::kUndecided;
+        else if (top < int(sizeof stack / sizeof stack[0]))
+          stack[top++] = ch[i];
+        else
+          return BlockKind::kUndecided;
         if (seen_true && seen_false) return BlockKind::kPartial;
       }
     }
     // Every element was covered by a decided box.
-    return seen_true && seen_false ? BlockKind::kPartial
-           : seen_true            ? BlockKind::kFull
-                                  : BlockKind::kEmpty;
+    return seen_true && seen_false ? BlockKind::kPartial : seen_true ? BlockKind::kFull : BlockKind::kEmpty;
   }
 };
 
 }  // namespace
 }  // namespace detail
 
-MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int heads,
-                                int64_t len_q, int64_t len_kv, int q_block, int kv_block,
-                                const ScalarValues& scalars) {
+MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int heads, int64_t len_q,
+                                int64_t len_kv, int q_block, int kv_block, const ScalarValues& scalars) {
   if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
-    throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch,
-                            heads, len_q, len_kv));
+    throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads,
+                            len_q, len_kv));
   if (q_block < 1 || kv_block < 1)
     throw Error(fmt::format("block sizes must be positive, got {}x{}", q_block, kv_block));
   if (len_q > std::numeric_limits<int32_t>::max() || len_kv > std::numeric_limits<int32_t>::max())
@@ -160,8 +166,9 @@ MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int 
   detail::Evaluator ev(f, scalars);
   for (int bi = 0; bi < a.batch; ++bi)
     for (int hi = 0; hi < a.heads; ++hi) {
-      detail::Classifier c{ev, f, {bi, bi}, {hi, hi}, len_q, len_kv, q_block, kv_block,
-                           a.num_kv_blocks, a.kinds.data() + (size_t(bi) * a.heads + hi) * per};
+      detail::Classifier c{
+          ev,     f,       {bi, bi}, {hi, hi},        len_q,
+          len_kv, q_block, kv_block, a.num_kv_blocks, a.kinds.data() + (size_t(bi) * a.heads + hi) * per};
       c.region(0, a.num_q_blocks, 0, a.num_kv_blocks);
       a.undecided += c.undecided;
     }
@@ -170,16 +177,14 @@ MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int 
   return a;
 }
 
-MaskAnalysis analyze_block_mask(const Program& program, int batch, int heads, int64_t len_q,
-                                int64_t len_kv, int q_block, int kv_block,
-                                const Captures& captures) {
-  return analyze_block_mask(MaskRangeProgram::compile(program), batch, heads, len_q, len_kv,
-                            q_block, kv_block, scalar_values_of(captures));
+MaskAnalysis analyze_block_mask(const Program& program, int batch, int heads, int64_t len_q, int64_t len_kv,
+                                int q_block, int kv_block, const Captures& captures) {
+  return analyze_block_mask(MaskRangeProgram::compile(program), batch, heads, len_q, len_kv, q_block,
+                            kv_block, scalar_values_of(captures));
 }
 
-int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask,
-                                  const Bindings& bindings, int64_t len_q, int64_t len_kv,
-                                  int q_block, int kv_block) {
+int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask, const Bindings& bindings,
+                                  int64_t len_q, int64_t len_kv, int q_block, int kv_block) {
   if (a.undecided == 0) return 0;
   const BoundMod m = mask.bind(bindings);
   const size_t per = size_t(a.num_q_blocks) * a.num_kv_blocks;
@@ -188,8 +193,7 @@ int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask,
     for (int hi = 0; hi < a.heads; ++hi)
       for (int qb = 0; qb < a.num_q_blocks; ++qb)
         for (int kb = 0; kb < a.num_kv_blocks; ++kb) {
-          uint8_t& kind =
-              a.kinds[(size_t(bi) * a.heads + hi) * per + size_t(qb) * a.num_kv_blocks + kb];
+          uint8_t& kind = a.kinds[(size_t(bi) * a.heads + hi) * per + size_t(qb) * a.num_kv_blocks + kb];
           if (kind != uint8_t(BlockKind::kUndecided)) continue;
           const int q0 = qb * q_block, k0 = kb * kv_block;
           const int q1 = static_cast<int>(std::min<int64_t>(len_q, int64_t(q0) + q_block));

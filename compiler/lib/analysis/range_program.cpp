@@ -30,18 +30,26 @@ void step(const RInst& in, AVal* r) {
   const BodyOp op = static_cast<BodyOp>(in.op);
   switch (op) {
     case B::AddI:
-      if (w == 1) d = single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1);
-      else d = norm32(a.lo + b.lo, a.hi + b.hi);
+      if (w == 1)
+        d = single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1);
+      else
+        d = norm32(a.lo + b.lo, a.hi + b.hi);
       break;
     case B::SubI:
-      if (w == 1) d = single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1);
-      else d = norm32(a.lo - b.hi, a.hi - b.lo);
+      if (w == 1)
+        d = single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1);
+      else
+        d = norm32(a.lo - b.hi, a.hi - b.lo);
       break;
     case B::MulI:
-      if (w == 1) d = ival(a.lo & b.lo, a.hi & b.hi);
-      else d = corners(a, b, [](int64_t x, int64_t y) { return x * y; });
+      if (w == 1)
+        d = ival(a.lo & b.lo, a.hi & b.hi);
+      else
+        d = corners(a, b, [](int64_t x, int64_t y) { return x * y; });
       break;
-    case B::DivSI: case B::CeilDivSI: case B::FloorDivSI:
+    case B::DivSI:
+    case B::CeilDivSI:
+    case B::FloorDivSI:
       // Division by a range holding 0 (UB) or INT_MIN / -1 (UB): anything.
       if (w != 32 || (b.lo <= 0 && b.hi >= 0) || (a.lo == kMin32 && b.lo <= -1 && b.hi >= -1)) {
         d = itop(w);
@@ -59,7 +67,7 @@ void step(const RInst& in, AVal* r) {
         break;
       }
       int64_t m = std::max(std::llabs(b.lo), std::llabs(b.hi)) - 1;  // |a % b| <= |b| - 1
-      const int64_t c = std::llabs(b.lo);  // the sign of a % b is the dividend's
+      const int64_t c = std::llabs(b.lo);                            // the sign of a % b is the dividend's
       if (single(b) && (a.lo >= 0 || a.hi <= 0) && a.lo / c == a.hi / c) {
         d = ival(a.lo % c, a.hi % c);  // within one period of one sign: monotone
       } else if (a.lo >= 0) {
@@ -71,7 +79,8 @@ void step(const RInst& in, AVal* r) {
       }
       break;
     }
-    case B::DivUI: case B::RemUI: {
+    case B::DivUI:
+    case B::RemUI: {
       AVal x = uns(a, w), y = uns(b, w);
       if (y.lo == 0) {
         d = itop(w);
@@ -84,39 +93,49 @@ void step(const RInst& in, AVal* r) {
       }
       break;
     }
-    case B::MaxSI: case B::MinSI: {
+    case B::MaxSI:
+    case B::MinSI: {
       AVal x = sgn(a, w), y = sgn(b, w);
       d = from_sgn(op == B::MaxSI ? imax(x, y) : imin(x, y), w);
       break;
     }
-    case B::MaxUI: case B::MinUI: {
+    case B::MaxUI:
+    case B::MinUI: {
       AVal x = uns(a, w), y = uns(b, w);
       d = from_uns(op == B::MaxUI ? imax(x, y) : imin(x, y), w);
       break;
     }
     case B::AndI:
-      if (w == 1) d = ival(a.lo & b.lo, a.hi & b.hi);
-      else if (single(a) && single(b)) d = ival(a.lo & b.lo, a.lo & b.lo);
-      else if (a.lo >= 0 && b.lo >= 0) d = ival(0, std::min(a.hi, b.hi));
-      else if (a.lo >= 0) d = ival(0, a.hi);
-      else if (b.lo >= 0) d = ival(0, b.hi);
-      else d = itop(32);
+      if (w == 1)
+        d = ival(a.lo & b.lo, a.hi & b.hi);
+      else if (single(a) && single(b))
+        d = ival(a.lo & b.lo, a.lo & b.lo);
+      else if (a.lo >= 0 && b.lo >= 0)
+        d = ival(0, std::min(a.hi, b.hi));
+      else if (a.lo >= 0)
+        d = ival(0, a.hi);
+      else if (b.lo >= 0)
+        d = ival(0, b.hi);
+      else
+        d = itop(32);
       break;
-    case B::OrI: case B::XOrI:
+    case B::OrI:
+    case B::XOrI:
       if (w == 1) {
         d = op == B::OrI ? ival(a.lo | b.lo, a.hi | b.hi)
-                          : (single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1));
+                         : (single(a) && single(b) ? ival(a.lo ^ b.lo, a.lo ^ b.lo) : itop(1));
       } else if (single(a) && single(b)) {
         int64_t v = op == B::OrI ? (a.lo | b.lo) : (a.lo ^ b.lo);
         d = ival(v, v);
       } else if (a.lo >= 0 && b.lo >= 0) {
-        d = ival(op == B::OrI ? std::max(a.lo, b.lo) : 0,
-                 (int64_t{1} << bits_for(std::max(a.hi, b.hi))) - 1);
+        d = ival(op == B::OrI ? std::max(a.lo, b.lo) : 0, (int64_t{1} << bits_for(std::max(a.hi, b.hi))) - 1);
       } else {
         d = itop(32);
       }
       break;
-    case B::ShLI: case B::ShRSI: case B::ShRUI: {
+    case B::ShLI:
+    case B::ShRSI:
+    case B::ShRUI: {
       AVal s = uns(b, w);
       if (w != 32 || !single(s) || s.lo >= 32) {
         d = itop(w);
@@ -132,10 +151,14 @@ void step(const RInst& in, AVal* r) {
     }
     case B::CmpI: d = cmpi(in.pred, a, b, w); break;
     case B::AbsI:
-      if (w != 32 || a.lo == kMin32) d = itop(w);
-      else if (a.lo >= 0) d = a;
-      else if (a.hi <= 0) d = ival(-a.hi, -a.lo);
-      else d = ival(0, std::max(-a.lo, a.hi));
+      if (w != 32 || a.lo == kMin32)
+        d = itop(w);
+      else if (a.lo >= 0)
+        d = a;
+      else if (a.hi <= 0)
+        d = ival(-a.hi, -a.lo);
+      else
+        d = ival(0, std::max(-a.lo, a.hi));
       break;
     case B::Select: {
       const AVal c = r[in.src[2]];
@@ -157,8 +180,10 @@ void step(const RInst& in, AVal* r) {
     case B::ExtUI: d = from_uns(uns(a, w), in.rw); break;
     case B::ExtSI: d = from_sgn(sgn(a, w), in.rw); break;
     case B::TruncI:
-      if (in.rw == 1) d = single(a) ? ival(a.lo & 1, a.lo & 1) : itop(1);
-      else d = from_uns(uns(a, w), in.rw);
+      if (in.rw == 1)
+        d = single(a) ? ival(a.lo & 1, a.lo & 1) : itop(1);
+      else
+        d = from_uns(uns(a, w), in.rw);
       break;
     case B::SIToFP: {
       AVal x = sgn(a, w);
@@ -170,7 +195,8 @@ void step(const RInst& in, AVal* r) {
       d = fval(static_cast<float>(x.lo), static_cast<float>(x.hi));
       break;
     }
-    case B::FPToSI: case B::FPToUI: {
+    case B::FPToSI:
+    case B::FPToUI: {
       const unsigned rw = in.rw;
       if (rw != 32 || std::isnan(a.flo) || std::isnan(a.fhi)) {
         d = itop(rw);
@@ -191,26 +217,39 @@ void step(const RInst& in, AVal* r) {
     case B::SubF: d = fcorners(a, b, [](float x, float y) { return x - y; }); break;
     case B::MulF: d = fcorners(a, b, [](float x, float y) { return x * y; }); break;
     case B::DivF:
-      if (b.flo <= 0.0f && b.fhi >= 0.0f) d = ftop();
-      else d = fcorners(a, b, [](float x, float y) { return x / y; });
+      if (b.flo <= 0.0f && b.fhi >= 0.0f)
+        d = ftop();
+      else
+        d = fcorners(a, b, [](float x, float y) { return x / y; });
       break;
     case B::NegF: d = fval(-a.fhi, -a.flo), d.nan = a.nan; break;
     case B::AbsF:
-      if (a.flo >= 0.0f) d = fval(a.flo, a.fhi);
-      else if (a.fhi <= 0.0f) d = fval(-a.fhi, -a.flo);
-      else d = fval(0.0f, std::max(-a.flo, a.fhi));
+      if (a.flo >= 0.0f)
+        d = fval(a.flo, a.fhi);
+      else if (a.fhi <= 0.0f)
+        d = fval(-a.fhi, -a.flo);
+      else
+        d = fval(0.0f, std::max(-a.flo, a.fhi));
       d.nan = a.nan;
       break;
-    case B::MaximumF: case B::MaxNumF: case B::MinimumF: case B::MinNumF:
-      if (a.nan || b.nan) d = ftop();
-      else if (op == B::MaximumF || op == B::MaxNumF) d = fval(std::max(a.flo, b.flo), std::max(a.fhi, b.fhi));
-      else d = fval(std::min(a.flo, b.flo), std::min(a.fhi, b.fhi));
+    case B::MaximumF:
+    case B::MaxNumF:
+    case B::MinimumF:
+    case B::MinNumF:
+      if (a.nan || b.nan)
+        d = ftop();
+      else if (op == B::MaximumF || op == B::MaxNumF)
+        d = fval(std::max(a.flo, b.flo), std::max(a.fhi, b.fhi));
+      else
+        d = fval(std::min(a.flo, b.flo), std::min(a.fhi, b.fhi));
       break;
     case B::Floor: d = fval(std::floor(a.flo), std::floor(a.fhi)), d.nan = a.nan; break;
     case B::Ceil: d = fval(std::ceil(a.flo), std::ceil(a.fhi)), d.nan = a.nan; break;
     case B::Sqrt:
-      if (a.nan || a.flo < 0.0f) d = ftop();
-      else d = fval(std::sqrt(a.flo), std::sqrt(a.fhi));
+      if (a.nan || a.flo < 0.0f)
+        d = ftop();
+      else
+        d = fval(std::sqrt(a.flo), std::sqrt(a.fhi));
       break;
     case B::CmpF: d = cmpf(in.pred, a, b); break;
     default:  // the ops modelled_as_anything()
@@ -232,11 +271,19 @@ unsigned int_width(mlir::Type t) {
 bool modelled_as_anything(BodyOp op) {
   using B = BodyOp;
   switch (op) {
-    case B::Load: case B::RemF: case B::Exp: case B::Exp2: case B::Log: case B::Log2:
-    case B::Tanh: case B::Rsqrt: case B::Sin: case B::Cos: case B::PowF: case B::Erf:
-      return true;
-    default:
-      return false;
+    case B::Load:
+    case B::RemF:
+    case B::Exp:
+    case B::Exp2:
+    case B::Log:
+    case B::Log2:
+    case B::Tanh:
+    case B::Rsqrt:
+    case B::Sin:
+    case B::Cos:
+    case B::PowF:
+    case B::Erf: return true;
+    default: return false;
   }
 }
 
@@ -319,11 +366,8 @@ class RangeCompiler {
       case BodyOpKind::IntCompare:
       case BodyOpKind::IntExtend:
       case BodyOpKind::IntTruncate:
-      case BodyOpKind::IntToFloat:
-        in.w = static_cast<uint8_t>(int_width(op->getOperand(0).getType()));
-        break;
-      default:
-        break;
+      case BodyOpKind::IntToFloat: in.w = static_cast<uint8_t>(int_width(op->getOperand(0).getType())); break;
+      default: break;
     }
     if (auto c = llvm::dyn_cast<mlir::arith::CmpIOp>(op))
       in.pred = static_cast<uint8_t>(c.getPredicate());
@@ -403,8 +447,7 @@ ScalarValues scalar_values_of(const Captures& captures) {
   return out;
 }
 
-ScalarValues scalar_values_of(const std::map<std::string, double>& preset_values,
-                              const Program& program) {
+ScalarValues scalar_values_of(const std::map<std::string, double>& preset_values, const Program& program) {
   ScalarValues out;
   for (const auto& [name, x] : preset_values) {
     bool is_float = false;

@@ -45,7 +45,8 @@ fa::Options to_options(const fajit_options* o) {
   fajit_options d = fajit_default_options();
   if (!o) o = &d;
   fa::Options r;
-  if (o->dtype != FAJIT_BF16 && o->dtype != FAJIT_F16) throw fa::Error("options.dtype must be FAJIT_BF16 or FAJIT_F16");
+  if (o->dtype != FAJIT_BF16 && o->dtype != FAJIT_F16)
+    throw fa::Error("options.dtype must be FAJIT_BF16 or FAJIT_F16");
   r.dtype = static_cast<fa::DType>(o->dtype);
   r.head_dim_qk = o->head_dim_qk;
   r.head_dim_v = o->head_dim_v;
@@ -78,8 +79,10 @@ fa::Captures to_captures(const fajit_captures* c) {
   for (int i = 0; i < c->num_scalars; ++i) {
     const fajit_scalar_capture& s = c->scalars[i];
     if (!s.name) throw fa::Error("captures: scalar " + std::to_string(i) + " has no name");
-    if (s.is_float) r.scalar(s.name, s.f);
-    else r.scalar(s.name, s.i);
+    if (s.is_float)
+      r.scalar(s.name, s.f);
+    else
+      r.scalar(s.name, s.i);
   }
   return r;
 }
@@ -106,12 +109,13 @@ fajit_status fajit_compile_mlir(const char* mlir_text, const fajit_options* opti
   });
 }
 
-fajit_status fajit_compile_preset(const char* mask_preset, const char* score_preset, const fajit_options* options,
-                                  fajit_kernel** out) {
+fajit_status fajit_compile_preset(const char* mask_preset, const char* score_preset,
+                                  const fajit_options* options, fajit_kernel** out) {
   return guarded([&] {
     require(out, "out");
     fa::MaskMod m = mask_preset && *mask_preset ? fa::mods::mask_preset(mask_preset).mod : fa::noop_mask();
-    fa::ScoreMod s = score_preset && *score_preset ? fa::mods::score_preset(score_preset).mod : fa::identity_score();
+    fa::ScoreMod s =
+        score_preset && *score_preset ? fa::mods::score_preset(score_preset).mod : fa::identity_score();
     fa::Program p = fa::trace(s, m);
     *out = new fajit_kernel{fa::compile(p, to_options(options)), p.to_mlir(), {}};
   });
@@ -119,7 +123,9 @@ fajit_status fajit_compile_preset(const char* mask_preset, const char* score_pre
 
 void fajit_kernel_destroy(fajit_kernel* kernel) { delete kernel; }
 
-const char* fajit_kernel_cuda_source(const fajit_kernel* k) { return k ? k->kernel.cuda_source().c_str() : ""; }
+const char* fajit_kernel_cuda_source(const fajit_kernel* k) {
+  return k ? k->kernel.cuda_source().c_str() : "";
+}
 const char* fajit_kernel_mlir(const fajit_kernel* k) { return k ? k->mlir.c_str() : ""; }
 const char* fajit_kernel_cache_key(const fajit_kernel* k) { return k ? k->kernel.cache_key().c_str() : ""; }
 const char* fajit_kernel_origin(const fajit_kernel* k) { return k ? fa::to_string(k->kernel.origin()) : ""; }
@@ -139,8 +145,9 @@ fajit_status fajit_kernel_ptx(fajit_kernel* k, const char** ptx) {
   });
 }
 
-fajit_status fajit_kernel_block_mask(const fajit_kernel* k, int batch, int heads, int64_t len_q, int64_t len_kv,
-                                     const fajit_captures* captures, void* cu_stream, fajit_block_mask** out) {
+fajit_status fajit_kernel_block_mask(const fajit_kernel* k, int batch, int heads, int64_t len_q,
+                                     int64_t len_kv, const fajit_captures* captures, void* cu_stream,
+                                     fajit_block_mask** out) {
   return guarded([&] {
     require(k, "kernel");
     require(out, "out");
@@ -152,8 +159,8 @@ fajit_status fajit_kernel_block_mask(const fajit_kernel* k, int batch, int heads
 
 void fajit_block_mask_destroy(fajit_block_mask* mask) { delete mask; }
 
-fajit_status fajit_block_mask_density(const fajit_block_mask* m, double* fraction, int64_t* full, int64_t* partial,
-                                      int64_t* empty) {
+fajit_status fajit_block_mask_density(const fajit_block_mask* m, double* fraction, int64_t* full,
+                                      int64_t* partial, int64_t* empty) {
   return guarded([&] {
     require(m, "mask");
     auto d = m->mask.density();
@@ -165,8 +172,9 @@ fajit_status fajit_block_mask_density(const fajit_block_mask* m, double* fractio
 }
 
 fajit_status fajit_kernel_forward(const fajit_kernel* k, const fajit_tensor* q, const fajit_tensor* kk,
-                                  const fajit_tensor* v, const fajit_tensor* o, const fajit_tensor* lse, float scale,
-                                  const fajit_block_mask* mask, const fajit_captures* captures, void* cu_stream) {
+                                  const fajit_tensor* v, const fajit_tensor* o, const fajit_tensor* lse,
+                                  float scale, const fajit_block_mask* mask, const fajit_captures* captures,
+                                  void* cu_stream) {
   return guarded([&] {
     require(k, "kernel");
     require(mask, "mask");

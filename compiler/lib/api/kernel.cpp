@@ -14,9 +14,9 @@
 #include "fajit/jit/compile.h"
 #include "fajit/params.h"
 #include "fajit/runtime/block_mask_builder.h"
+#include "fajit/runtime/bwd_params.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
-#include "fajit/runtime/bwd_params.h"
 #include "fajit/runtime/fwd_params.h"
 
 namespace fa {
@@ -69,10 +69,12 @@ std::vector<unsigned char> pack_captures(const std::vector<CaptureSlot>& slots, 
     return names.empty() ? std::string("the mods capture nothing") : "the mods capture: " + names;
   };
   for (const auto& [name, _] : captures.buffers())
-    if (std::none_of(slots.begin(), slots.end(), [&](const CaptureSlot& s) { return s.is_buffer && s.name == name; }))
+    if (std::none_of(slots.begin(), slots.end(),
+                     [&](const CaptureSlot& s) { return s.is_buffer && s.name == name; }))
       throw Error(fmt::format("unknown buffer capture '{}'; {}", name, known()));
   for (const auto& [name, _] : captures.scalars())
-    if (std::none_of(slots.begin(), slots.end(), [&](const CaptureSlot& s) { return !s.is_buffer && s.name == name; }))
+    if (std::none_of(slots.begin(), slots.end(),
+                     [&](const CaptureSlot& s) { return !s.is_buffer && s.name == name; }))
       throw Error(fmt::format("unknown scalar '{}'; {}", name, known()));
   for (const CaptureSlot& s : slots) {
     const char* type = s.is_float ? "f32" : "i32";
@@ -83,7 +85,8 @@ std::vector<unsigned char> pack_captures(const std::vector<CaptureSlot>& slots, 
       const TensorView& t = it->second;
       DType want = s.is_float ? DType::f32 : DType::i32;
       if (t.dtype != want)
-        throw Error(fmt::format("capture '{}' must be a {} buffer, got {}", s.name, type, dtype_name(t.dtype)));
+        throw Error(
+            fmt::format("capture '{}' must be a {} buffer, got {}", s.name, type, dtype_name(t.dtype)));
       if (t.rank != s.rank)
         throw Error(fmt::format("capture '{}' must have rank {}, got {}", s.name, s.rank, t.rank));
       if (t.data == nullptr) throw Error(fmt::format("capture '{}' has a null data pointer", s.name));
@@ -91,8 +94,7 @@ std::vector<unsigned char> pack_captures(const std::vector<CaptureSlot>& slots, 
       for (int d = 0; d < t.rank; ++d) cap.buffers[s.slot].stride[d] = t.stride[d];
     } else {
       auto it = captures.scalars().find(s.name);
-      if (it == captures.scalars().end())
-        throw Error(fmt::format("missing scalar '{}' ({})", s.name, type));
+      if (it == captures.scalars().end()) throw Error(fmt::format("missing scalar '{}' ({})", s.name, type));
       const Captures::Scalar& v = it->second;
       if (s.is_float)
         cap.scalars[s.slot].f = v.is_float ? v.f : static_cast<float>(v.i);  // ints widen exactly enough
@@ -136,7 +138,8 @@ KernelSpec block_mask_spec(const KernelSpec& forward) {
 class MaskBuilder {
  public:
   explicit MaskBuilder(Program program)
-      : program_(std::move(program)), range_(MaskRangeProgram::compile(program_)),
+      : program_(std::move(program)),
+        range_(MaskRangeProgram::compile(program_)),
         slots_(capture_slots(program_)) {}
 
   const Program& program() const { return program_; }
@@ -146,8 +149,8 @@ class MaskBuilder {
   BlockMask build(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
                   const BlockMaskOptions& options, Stream stream) {
     if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
-      throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads, len_q,
-                              len_kv));
+      throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads,
+                              len_q, len_kv));
     // Block sizes are checked against the forward kernel's tile when the mask is used (forward).
     int bm = range_.reads_b() ? batch : 1;
     int hm = range_.reads_h() ? heads : 1;
@@ -196,16 +199,20 @@ class MaskBuilder {
 float check_call(const KernelSpec& s, const char* what, const AttentionShape& shape, const BlockMask& mask,
                  float scale) {
   if (shape.dtype != s.dtype)
-    throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype), dtype_name(shape.dtype)));
+    throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype),
+                            dtype_name(shape.dtype)));
   if (shape.dim_qk != s.head_dim_qk)
-    throw Error(fmt::format("q: the kernel was compiled for head_dim_qk={}, got {}", s.head_dim_qk, shape.dim_qk));
+    throw Error(
+        fmt::format("q: the kernel was compiled for head_dim_qk={}, got {}", s.head_dim_qk, shape.dim_qk));
   if (shape.dim_v != s.head_dim_v)
-    throw Error(fmt::format("v: the kernel was compiled for head_dim_v={}, got {}", s.head_dim_v, shape.dim_v));
-  if (!mask.valid()) throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
+    throw Error(
+        fmt::format("v: the kernel was compiled for head_dim_v={}, got {}", s.head_dim_v, shape.dim_v));
+  if (!mask.valid())
+    throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
   mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
   if (mask.q_block() % s.tile.block_m != 0 || mask.kv_block() % s.tile.block_n != 0)
-    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}", mask.q_block(),
-                            mask.kv_block(), what, s.tile.block_m, s.tile.block_n));
+    throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}",
+                            mask.q_block(), mask.kv_block(), what, s.tile.block_m, s.tile.block_n));
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
   if (!(scale > 0.0f) || !std::isfinite(scale))
     throw Error(fmt::format("scale must be positive and finite, got {}", scale));
@@ -215,9 +222,11 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
 // Stream-ordered device scratch: allocated on `stream`, freed on it after the work queued so far.
 class StreamScratch {
  public:
-  StreamScratch(size_t bytes, CUstream stream) : stream_(stream) { FA_CU(cuMemAllocAsync, &ptr_, bytes, stream_); }
+  StreamScratch(size_t bytes, CUstream stream) : stream_(stream) {
+    FA_CU(cuMemAllocAsync, &ptr_, bytes, stream_);
+  }
   ~StreamScratch() {
-    if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);   // best effort: a destructor reports nothing
+    if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);  // best effort: a destructor reports nothing
   }
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
@@ -283,7 +292,6 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   return impl_->mask.build(batch, heads, len_q, len_kv, captures, options, stream);
 }
 
-
 void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                      const BlockMask& mask, const Captures& captures, const ForwardOptions& options,
                      Stream stream) const {
@@ -308,9 +316,9 @@ const std::string& Kernel::backward_cuda_source() const { return impl_->backward
 const KernelSpec& Kernel::backward_spec() const { return impl_->backward_kernel().gen.spec; }
 
 void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                      const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                      const TensorView& dv, const BlockMask& mask, const Captures& captures,
-                      const BackwardOptions& options, Stream stream) const {
+                      const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                      const TensorView& dk, const TensorView& dv, const BlockMask& mask,
+                      const Captures& captures, const BackwardOptions& options, Stream stream) const {
   const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
   const Compiled& b = impl_->backward_kernel();
   const KernelSpec& s = b.gen.spec;
@@ -324,7 +332,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
   CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dq");
   const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
-  const size_t delta_floats = (rows + 3) / 4 * 4;   // dq_accum rows stay 16-byte aligned
+  const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
   StreamScratch scratch((delta_floats + rows * size_t(shape.dim_qk)) * sizeof(float), st);
   float* delta = scratch.f32();
   float* dq_accum = delta + delta_floats;
@@ -340,7 +348,8 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   rt::launch(dkdv,
              rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),
                       static_cast<unsigned>(shape.batch * shape.heads_kv)),
-             rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st, main_args);
+             rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st,
+             main_args);
   void* dq_args[] = {&p};
   rt::launch(dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
              rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
@@ -349,7 +358,8 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
 Kernel compile(const Program& program, const Options& options) {
   KernelSpec spec = forward_spec(options);
   auto impl = std::make_shared<Kernel::Impl>(program);
-  std::string what = fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
+  std::string what =
+      fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
   impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
   impl->mask.set_spec(block_mask_spec(impl->fwd.gen.spec));
   return Kernel(std::move(impl));

@@ -45,13 +45,15 @@ class ModEmitter {
     static const char* kMaskArgs[] = {"b", "h", "q", "kv"};
     unsigned fixed = is_score ? 5 : 4;
     names_.clear();
-    for (unsigned i = 0; i < fixed; ++i) names_[entry.getArgument(i).getAsOpaquePointer()] = is_score ? kScoreArgs[i] : kMaskArgs[i];
+    for (unsigned i = 0; i < fixed; ++i)
+      names_[entry.getArgument(i).getAsOpaquePointer()] = is_score ? kScoreArgs[i] : kMaskArgs[i];
     auto capture_names = mod->getAttrOfType<mlir::ArrayAttr>("capture_names");
     for (unsigned i = fixed; i < entry.getNumArguments(); ++i)
       captures_[entry.getArgument(i).getAsOpaquePointer()] =
           llvm::cast<mlir::StringAttr>(capture_names[i - fixed]).getValue().str();
     std::ostringstream os;
-    os << (is_score ? "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,\n"
+    os << (is_score ? "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, "
+                      "int kv,\n"
                       "                                                  const FaCaptures& cap) {\n"
                     : "  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,\n"
                       "                                                const FaCaptures& cap) {\n");
@@ -70,7 +72,8 @@ class ModEmitter {
       }
       Value r = op.getResult(0);
       std::string n = fresh_name(r);
-      os << "    const " << c_type(r.getType()) << " " << n << " = " << expr(op) << ";  // fa: " << origin << "\n";
+      os << "    const " << c_type(r.getType()) << " " << n << " = " << expr(op) << ";  // fa: " << origin
+         << "\n";
     }
     os << "  }\n";
     return os.str();
@@ -125,7 +128,8 @@ class ModEmitter {
 
   // maxsi/minsi read i1 true as -1, like the signed compares.
   std::string signed_minmax(Operation& op, const char* fn) {
-    std::string e = fmt::format("fa::mod::{}({}, {})", fn, as_signed(op.getOperand(0)), as_signed(op.getOperand(1)));
+    std::string e =
+        fmt::format("fa::mod::{}({}, {})", fn, as_signed(op.getOperand(0)), as_signed(op.getOperand(1)));
     return op.getResult(0).getType().isSignlessInteger(1) ? fmt::format("(bool)({} & 1)", e) : e;
   }
 
@@ -142,7 +146,8 @@ class ModEmitter {
       return v == INT32_MIN ? "(-2147483647 - 1)" : std::to_string(v);
     }
     if (auto s = llvm::dyn_cast<mlir::fa::ScalarOp>(op))
-      return fmt::format("cap.scalars[{}].{}", scalar_slot(s.getName().str()), s.getType().isF32() ? "f" : "i");
+      return fmt::format("cap.scalars[{}].{}", scalar_slot(s.getName().str()),
+                         s.getType().isF32() ? "f" : "i");
     std::optional<B> code = mlir::fa::getBodyOp(&op);
     if (!code) throw Error(fmt::format("codegen: unsupported op '{}'", op.getName().getStringRef().str()));
     switch (*code) {
@@ -291,9 +296,11 @@ std::vector<CaptureSlot> capture_slots(const Program& program) {
     slots.push_back(s);
   }
   if (buffers > FA_MAX_BUFFERS)
-    throw Error(fmt::format("the mods capture {} buffers; at most {} are supported", buffers, FA_MAX_BUFFERS));
+    throw Error(
+        fmt::format("the mods capture {} buffers; at most {} are supported", buffers, FA_MAX_BUFFERS));
   if (scalars > FA_MAX_SCALARS)
-    throw Error(fmt::format("the mods use {} runtime scalars; at most {} are supported", scalars, FA_MAX_SCALARS));
+    throw Error(
+        fmt::format("the mods use {} runtime scalars; at most {} are supported", scalars, FA_MAX_SCALARS));
   return slots;
 }
 
@@ -308,7 +315,8 @@ std::string emit_mods(const Program& program, bool with_backward) {
     os << "// capture '" << s.name << "': " << (s.is_buffer ? "buffers[" : "scalars[") << s.slot << "] ("
        << (s.is_float ? "f32" : "i32") << (s.is_buffer ? fmt::format(", rank {})", s.rank) : ")") << "\n";
   os << "struct FaMods {\n";
-  os << "  static constexpr bool kHasScoreMod = " << (program.score_is_identity() ? "false" : "true") << ";\n";
+  os << "  static constexpr bool kHasScoreMod = " << (program.score_is_identity() ? "false" : "true")
+     << ";\n";
   os << "  static constexpr bool kHasMaskMod = " << (program.mask_is_noop() ? "false" : "true") << ";\n";
   os << emitter.emit(mlir::fa::ScoreModOp(impl.score).getOperation(), true);
   os << emitter.emit(mlir::fa::MaskModOp(impl.mask).getOperation(), false);
@@ -338,37 +346,45 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
     if (g.spec.family == KernelFamily::kWgmma) {
       os << "#include \"fajit/forward_sm90.cuh\"\n";
       os << fmt::format("using FaConfig = fa::Sm90FwdConfig<{}, {}, {}, {}, {}, true, true>;\n",
-                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n, t.stages);
+                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n,
+                        t.stages);
       os << "FAJIT_DEFINE_FORWARD_SM90(" << g.kernel_name << ", FaConfig, FaMods)\n";
     } else {
       os << "#include \"fajit/forward.cuh\"\n";
-      os << fmt::format("using FaConfig = fa::FwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
-                        g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.block_n, t.warps, t.stages);
+      os << fmt::format("using FaConfig = fa::FwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n",
+                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m,
+                        t.block_n, t.warps, t.stages);
       os << "FAJIT_DEFINE_FORWARD(" << g.kernel_name << ", FaConfig, FaMods)\n";
     }
     // The host launches with KernelSpec::threads()/smem_bytes(); these keep it honest.
-    os << fmt::format("static_assert(FaConfig::kThreads == {}, \"host and template disagree on the block size\");\n",
-                      g.spec.threads());
-    os << fmt::format("static_assert(FaConfig::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
-                      g.spec.smem_bytes());
+    os << fmt::format(
+        "static_assert(FaConfig::kThreads == {}, \"host and template disagree on the block size\");\n",
+        g.spec.threads());
+    os << fmt::format(
+        "static_assert(FaConfig::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
+        g.spec.smem_bytes());
   } else if (g.spec.kind == KernelKind::kBackward) {
     if (!program.score_is_identity())
-      throw Error(fmt::format("backward of score_mod @{} is not available yet: its derivative comes with the "
-                              "differentiation pass",
-                              program.score_mod_name()));
+      throw Error(
+          fmt::format("backward of score_mod @{} is not available yet: its derivative comes with the "
+                      "differentiation pass",
+                      program.score_mod_name()));
     const TileConfig& t = g.spec.tile;
-    g.kernel_name = "fajit_bwd";   // fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq
+    g.kernel_name = "fajit_bwd";  // fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq
     os << "#include \"fajit/backward.cuh\"\n";
     os << fmt::format("using FaBwdCfg = fa::BwdConfig<{}, {}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
                       g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps, t.stages);
     os << "FAJIT_DEFINE_BACKWARD(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
-    os << fmt::format("static_assert(FaBwdCfg::kThreads == {}, \"host and template disagree on the block size\");\n",
-                      g.spec.threads());
-    os << fmt::format("static_assert(FaBwdCfg::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
-                      g.spec.smem_bytes());
-    os << fmt::format("static_assert(FaBwdCfg::kBlockN == {} && FaBwdCfg::kPreThreads == {},"
-                      " \"host and template disagree on the tiles\");\n",
-                      t.block_n, kBwdAuxThreads);
+    os << fmt::format(
+        "static_assert(FaBwdCfg::kThreads == {}, \"host and template disagree on the block size\");\n",
+        g.spec.threads());
+    os << fmt::format(
+        "static_assert(FaBwdCfg::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
+        g.spec.smem_bytes());
+    os << fmt::format(
+        "static_assert(FaBwdCfg::kBlockN == {} && FaBwdCfg::kPreThreads == {},"
+        " \"host and template disagree on the tiles\");\n",
+        t.block_n, kBwdAuxThreads);
   } else {
     g.kernel_name = "fajit_block_mask";
     os << "#include \"fajit/block_mask.cuh\"\n";

@@ -22,7 +22,7 @@ using detail::Sym;
 using detail::UnOp;
 using detail::ValueKind;
 
-constexpr int kMaxNesting = 256;   // parser recursion (parentheses, unary, calls, ?:)
+constexpr int kMaxNesting = 256;     // parser recursion (parentheses, unary, calls, ?:)
 constexpr int kMaxTreeDepth = 1024;  // depth of the parsed tree (long operator chains)
 
 enum class Type { kInt, kFloat, kBool };
@@ -56,9 +56,9 @@ struct Node {
   NodeKind kind;
   Type type;
   int depth = 1;
-  int32_t ival = 0;   // kInt; kVar: the Var; kUnary/kBinary: the op
-  float fval = 0.f;   // kFloat
-  std::string name;   // kScalar / kLoad
+  int32_t ival = 0;  // kInt; kVar: the Var; kUnary/kBinary: the op
+  float fval = 0.f;  // kFloat
+  std::string name;  // kScalar / kLoad
   std::vector<int> kids;
 };
 
@@ -121,10 +121,9 @@ struct Func {
   int arity;
 };
 constexpr Func kFuncs[] = {
-    {"min", 2},  {"max", 2},   {"abs", 1},     {"exp", 1},     {"exp2", 1}, {"log", 1},
-    {"log2", 1}, {"tanh", 1},  {"sqrt", 1},    {"rsqrt", 1},   {"sigmoid", 1}, {"sin", 1},
-    {"cos", 1},  {"floor", 1}, {"ceil", 1},    {"erf", 1},     {"pow", 2},  {"where", 3},
-    {"float", 1}, {"int", 1},
+    {"min", 2},  {"max", 2},  {"abs", 1},   {"exp", 1},     {"exp2", 1},  {"log", 1}, {"log2", 1},
+    {"tanh", 1}, {"sqrt", 1}, {"rsqrt", 1}, {"sigmoid", 1}, {"sin", 1},   {"cos", 1}, {"floor", 1},
+    {"ceil", 1}, {"erf", 1},  {"pow", 2},   {"where", 3},   {"float", 1}, {"int", 1},
 };
 
 // Roughly log10 of a well-formed unsigned decimal literal's magnitude (saturating), to tell
@@ -164,15 +163,13 @@ class Parser {
 
   std::shared_ptr<const Ast> run() {
     lex();
-    if (toks_.size() == 1)
-      throw Error(fmt::format("{} expression is empty", what()));
+    if (toks_.size() == 1) throw Error(fmt::format("{} expression is empty", what()));
     int root = parse_expr();
     if (peek().kind != Tok::kEnd) fail(fmt::format("unexpected {}", describe(peek())), peek().pos);
     size_t start = toks_.front().pos;
     const Node& r = node(root);
     if (score_mod_) {
-      if (r.type == Type::kBool)
-        fail("a score_mod expression must be a number, got a boolean", start);
+      if (r.type == Type::kBool) fail("a score_mod expression must be a number, got a boolean", start);
       if (r.type == Type::kInt) root = convert(root, Type::kFloat, start);
     } else if (r.type != Type::kBool) {
       fail(fmt::format("a mask_mod expression must be a boolean, got {}", type_phrase(r.type)), start);
@@ -189,11 +186,13 @@ class Parser {
     std::string echo(src_);
     for (char& c : echo) {
       auto u = static_cast<unsigned char>(c);
-      if (u == '\t' || u == '\n' || u == '\r') c = ' ';
-      else if (u < 0x20 || u >= 0x7f) c = '?';
+      if (u == '\t' || u == '\n' || u == '\r')
+        c = ' ';
+      else if (u < 0x20 || u >= 0x7f)
+        c = '?';
     }
-    throw Error(fmt::format("{} expression: {} at column {}\n  {}\n  {}^", what(), msg, pos + 1,
-                            echo, std::string(pos, ' ')));
+    throw Error(fmt::format("{} expression: {} at column {}\n  {}\n  {}^", what(), msg, pos + 1, echo,
+                            std::string(pos, ' ')));
   }
 
   std::string describe(const Token& t) const {
@@ -215,8 +214,8 @@ class Parser {
       } else if (is_digit(c) || (c == '.' && i + 1 < n && is_digit(src_[i + 1]))) {
         lex_number(i);
       } else {
-        static const char* const kOps[] = {"<=", ">=", "==", "!=", "&&", "||", "(", ")", "[", "]",
-                                           ",",  "?",  ":",  "+",  "-",  "*",  "/", "%", "!", "<", ">"};
+        static const char* const kOps[] = {"<=", ">=", "==", "!=", "&&", "||", "(", ")", "[", "]", ",",
+                                           "?",  ":",  "+",  "-",  "*",  "/",  "%", "!", "<", ">"};
         const char* op = nullptr;
         for (const char* o : kOps) {
           size_t len = std::char_traits<char>::length(o);
@@ -268,8 +267,7 @@ class Parser {
     std::string text(src_.substr(start, i - start));
     if (!is_float) {
       if (text.size() > 1 && text[0] == '0')
-        fail(fmt::format("bad number literal '{}' (no leading zeros: octal is not supported)", text),
-             start);
+        fail(fmt::format("bad number literal '{}' (no leading zeros: octal is not supported)", text), start);
       toks_.push_back({Tok::kInt, start, text});
       return;
     }
@@ -421,8 +419,7 @@ class Parser {
       BinOp op = t.text == "==" ? BinOp::kEq : BinOp::kNe;
       Type ta = node(a).type, tb = node(b).type;
       if ((ta == Type::kBool) != (tb == Type::kBool))
-        fail(fmt::format("'{}' cannot compare {} with {}", t.text, type_phrase(ta), type_phrase(tb)),
-             t.pos);
+        fail(fmt::format("'{}' cannot compare {} with {}", t.text, type_phrase(ta), type_phrase(tb)), t.pos);
       if (ta != Type::kBool) promote(a, b, t.text, t.pos);
       a = binary(op, Type::kBool, a, b, t.pos);
     }
@@ -434,7 +431,10 @@ class Parser {
     while (is_op("<") || is_op("<=") || is_op(">") || is_op(">=")) {
       Token t = take();
       int b = parse_add();
-      BinOp op = t.text == "<" ? BinOp::kLt : t.text == "<=" ? BinOp::kLe : t.text == ">" ? BinOp::kGt : BinOp::kGe;
+      BinOp op = t.text == "<"    ? BinOp::kLt
+                 : t.text == "<=" ? BinOp::kLe
+                 : t.text == ">"  ? BinOp::kGt
+                                  : BinOp::kGe;
       promote(a, b, t.text, t.pos);
       a = binary(op, Type::kBool, a, b, t.pos);
     }
@@ -499,8 +499,7 @@ class Parser {
     auto [ptr, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
     int64_t limit = negated ? int64_t{2147483648} : int64_t{2147483647};
     if (ec != std::errc() || v > limit)
-      fail(fmt::format("integer literal '{}{}' is out of the i32 range", negated ? "-" : "", t.text),
-           t.pos);
+      fail(fmt::format("integer literal '{}{}' is out of the i32 range", negated ? "-" : "", t.text), t.pos);
     int id = leaf(NodeKind::kInt, Type::kInt, t.pos);
     node(id).ival = static_cast<int32_t>(negated ? -v : v);
     return id;
@@ -603,8 +602,7 @@ class Parser {
       idx = parse_list(open, "]");
       if (idx.empty()) fail(fmt::format("buffer '{}' needs at least one index", name), t.pos);
       if (idx.size() > 4)
-        fail(fmt::format("buffer '{}' has rank {}; ranks 1 to 4 are supported", name, idx.size()),
-             t.pos);
+        fail(fmt::format("buffer '{}' has rank {}; ranks 1 to 4 are supported", name, idx.size()), t.pos);
       for (size_t i = 0; i < idx.size(); ++i)
         if (node(idx[i]).type != Type::kInt)
           fail(fmt::format("index {} of buffer '{}' must be an integer, got {}", i + 1, name,
@@ -616,8 +614,7 @@ class Parser {
     if (!fresh && it->second != rank) {
       if (it->second == 0 || rank == 0)
         fail(fmt::format("'{}' is used both as a buffer and as a scalar", name), t.pos);
-      fail(fmt::format("buffer '{}' is used with rank {} and with rank {}", name, it->second, rank),
-           t.pos);
+      fail(fmt::format("buffer '{}' is used with rank {} and with rank {}", name, it->second, rank), t.pos);
     }
     Node n{is_buffer ? NodeKind::kLoad : NodeKind::kScalar, type};
     n.name = name;
@@ -646,10 +643,9 @@ class Parser {
     need_number(args[0]);
     if (name == "abs") return unary(UnOp::kAbs, node(args[0]).type, args[0], pos);
     static const std::pair<const char*, UnOp> kMath[] = {
-        {"exp", UnOp::kExp},   {"exp2", UnOp::kExp2},   {"log", UnOp::kLog},
-        {"log2", UnOp::kLog2}, {"tanh", UnOp::kTanh},   {"sqrt", UnOp::kSqrt},
-        {"rsqrt", UnOp::kRsqrt}, {"sigmoid", UnOp::kSigmoid}, {"sin", UnOp::kSin},
-        {"cos", UnOp::kCos},   {"floor", UnOp::kFloor}, {"ceil", UnOp::kCeil},
+        {"exp", UnOp::kExp},   {"exp2", UnOp::kExp2}, {"log", UnOp::kLog},     {"log2", UnOp::kLog2},
+        {"tanh", UnOp::kTanh}, {"sqrt", UnOp::kSqrt}, {"rsqrt", UnOp::kRsqrt}, {"sigmoid", UnOp::kSigmoid},
+        {"sin", UnOp::kSin},   {"cos", UnOp::kCos},   {"floor", UnOp::kFloor}, {"ceil", UnOp::kCeil},
         {"erf", UnOp::kErf}};
     for (const auto& [fname, op] : kMath)
       if (name == fname) return unary(op, Type::kFloat, convert(args[0], Type::kFloat, pos), pos);

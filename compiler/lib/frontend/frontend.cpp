@@ -46,22 +46,21 @@ bool is_identifier(const std::string& s) {
 
 TraceState& active(const char* what) {
   if (!t_trace)
-    throw Error(fmt::format(
-        "{} used outside of a trace: build symbolic values inside a score_mod/mask_mod "
-        "traced by fa::trace or fa::compile",
-        what));
+    throw Error(
+        fmt::format("{} used outside of a trace: build symbolic values inside a score_mod/mask_mod "
+                    "traced by fa::trace or fa::compile",
+                    what));
   return *t_trace;
 }
 
 Value value_of(const Sym& s, const char* what) {
   TraceState& t = active(what);
-  if (s.value == nullptr)
-    throw Error(fmt::format("{}: uninitialised symbolic value in {}", what, t.what));
+  if (s.value == nullptr) throw Error(fmt::format("{}: uninitialised symbolic value in {}", what, t.what));
   if (s.trace != t.id)
-    throw Error(fmt::format(
-        "{}: a symbolic value from another trace was used in {} (symbolic values must not be "
-        "kept between traces)",
-        what, t.what));
+    throw Error(
+        fmt::format("{}: a symbolic value from another trace was used in {} (symbolic values must not be "
+                    "kept between traces)",
+                    what, t.what));
   return Value::getFromOpaquePointer(s.value);
 }
 
@@ -101,8 +100,8 @@ Sym constant_int(int32_t v) {
 
 Sym constant_float(float v) {
   TraceState& t = active("fa::Score constant");
-  return wrap(t.builder.create<mlir::arith::ConstantFloatOp>(t.loc, llvm::APFloat(v),
-                                                             t.builder.getF32Type()));
+  return wrap(
+      t.builder.create<mlir::arith::ConstantFloatOp>(t.loc, llvm::APFloat(v), t.builder.getF32Type()));
 }
 
 Sym constant_bool(bool v) {
@@ -117,8 +116,8 @@ Sym binary(BinOp op, Sym sa, Sym sb) {
   auto& bld = t.builder;
   ValueKind k = kind_of(a);
   if (kind_of(b) != k)
-    throw Error(fmt::format("operands of a binary operator in {} have different kinds ({} and {})",
-                            t.what, kind_name(k), kind_name(kind_of(b))));
+    throw Error(fmt::format("operands of a binary operator in {} have different kinds ({} and {})", t.what,
+                            kind_name(k), kind_name(kind_of(b))));
   auto cmpi = [&](arith::CmpIPredicate p) { return wrap(bld.create<arith::CmpIOp>(t.loc, p, a, b)); };
   auto cmpf = [&](arith::CmpFPredicate p) { return wrap(bld.create<arith::CmpFOp>(t.loc, p, a, b)); };
   if (k == ValueKind::kInt) {
@@ -239,22 +238,22 @@ Sym convert(Sym sa, ValueKind to) {
     return wrap(bld.create<arith::ExtUIOp>(t.loc, ty, a));
   if (from == ValueKind::kBool && to == ValueKind::kFloat)
     return wrap(bld.create<arith::UIToFPOp>(t.loc, ty, a));
-  throw Error(fmt::format("cannot convert {} to {} in {}; compare it instead", kind_name(from),
-                          kind_name(to), t.what));
+  throw Error(fmt::format("cannot convert {} to {} in {}; compare it instead", kind_name(from), kind_name(to),
+                          t.what));
 }
 
 Sym load(const std::string& name, ValueKind dtype, int rank, const Sym* idx, int n) {
   TraceState& t = active("fa::buffer");
-  if (!is_identifier(name))
-    throw Error(fmt::format("buffer name '{}' must be an identifier", name));
+  if (!is_identifier(name)) throw Error(fmt::format("buffer name '{}' must be an identifier", name));
   for (const char* reserved : {"score", "b", "h", "q", "kv"})
     if (name == reserved)
-      throw Error(fmt::format("buffer name '{}' is reserved (score, b, h, q and kv name the fixed arguments)", name));
+      throw Error(
+          fmt::format("buffer name '{}' is reserved (score, b, h, q and kv name the fixed arguments)", name));
   if (rank < 1 || rank > 4)
     throw Error(fmt::format("buffer '{}' has rank {}; ranks 1 to 4 are supported", name, rank));
   if (n != rank)
-    throw Error(fmt::format("buffer '{}' has rank {} but is indexed with {} {} in {}", name, rank,
-                            n, n == 1 ? "index" : "indices", t.what));
+    throw Error(fmt::format("buffer '{}' has rank {} but is indexed with {} {} in {}", name, rank, n,
+                            n == 1 ? "index" : "indices", t.what));
   auto it = t.captures.find(name);
   if (it == t.captures.end()) {
     mlir::Type elem = type_of(t.builder, dtype);
@@ -265,8 +264,8 @@ Sym load(const std::string& name, ValueKind dtype, int rank, const Sym* idx, int
   } else if (it->second.kind != dtype || it->second.rank != rank) {
     throw Error(fmt::format("buffer '{}' is used as {} rank {} and as {} rank {} in {}", name,
                             dtype == ValueKind::kFloat ? "float" : "int32", rank,
-                            it->second.kind == ValueKind::kFloat ? "float" : "int32",
-                            it->second.rank, t.what));
+                            it->second.kind == ValueKind::kFloat ? "float" : "int32", it->second.rank,
+                            t.what));
   }
   llvm::SmallVector<Value, 4> indices;
   for (int i = 0; i < n; ++i) indices.push_back(value_of(idx[i], "buffer index"));
@@ -276,20 +275,18 @@ Sym load(const std::string& name, ValueKind dtype, int rank, const Sym* idx, int
 
 Sym scalar(const std::string& name, ValueKind dtype) {
   TraceState& t = active("fa::scalar");
-  if (!is_identifier(name))
-    throw Error(fmt::format("scalar name '{}' must be an identifier", name));
-  return wrap(t.builder.create<mlir::fa::ScalarOp>(t.loc, type_of(t.builder, dtype),
-                                                   t.builder.getStringAttr(name)));
+  if (!is_identifier(name)) throw Error(fmt::format("scalar name '{}' must be an identifier", name));
+  return wrap(
+      t.builder.create<mlir::fa::ScalarOp>(t.loc, type_of(t.builder, dtype), t.builder.getStringAttr(name)));
 }
 
 namespace {
 
 // Sets up one mod op and runs `body` with this thread's trace pointing at it.
 template <typename ModOp, typename Body>
-void trace_mod(mlir::ModuleOp module, const std::string& kind, const std::string& name,
-               mlir::Type result, llvm::ArrayRef<mlir::Type> fixed, Body&& body) {
-  if (!is_identifier(name))
-    throw Error(fmt::format("{} name '{}' must be an identifier", kind, name));
+void trace_mod(mlir::ModuleOp module, const std::string& kind, const std::string& name, mlir::Type result,
+               llvm::ArrayRef<mlir::Type> fixed, Body&& body) {
+  if (!is_identifier(name)) throw Error(fmt::format("{} name '{}' must be an identifier", kind, name));
   mlir::MLIRContext* ctx = module.getContext();
   TraceState state{mlir::OpBuilder(ctx), nullptr, mlir::NameLoc::get(mlir::StringAttr::get(ctx, name))};
   state.id = g_next_trace++;
@@ -328,24 +325,22 @@ Program trace(const ScoreMod& score, const MaskMod& mask) {
   mlir::OwningOpRef<mlir::ModuleOp> module = mlir::ModuleOp::create(b.getUnknownLoc());
   mlir::Type f32 = b.getF32Type(), i32 = b.getI32Type();
   if (score.name == mask.name)
-    throw Error(fmt::format("score_mod and mask_mod are both named '{}'; give them different names",
-                            score.name));
-  trace_mod<mlir::fa::ScoreModOp>(*module, "score_mod", score.name, f32, {f32, i32, i32, i32, i32},
-                                  [&](TraceState& t) {
-                                    mlir::Block* blk = t.block;
-                                    auto arg = [&](unsigned i) { return wrap(blk->getArgument(i)); };
-                                    Score r = score.fn(Score(arg(0)), Index(arg(1)), Index(arg(2)),
-                                                       Index(arg(3)), Index(arg(4)));
-                                    return r.sym();
-                                  });
-  trace_mod<mlir::fa::MaskModOp>(*module, "mask_mod", mask.name, b.getI1Type(), {i32, i32, i32, i32},
-                                 [&](TraceState& t) {
-                                   mlir::Block* blk = t.block;
-                                   auto arg = [&](unsigned i) { return wrap(blk->getArgument(i)); };
-                                   Bool r = mask.fn(Index(arg(0)), Index(arg(1)), Index(arg(2)),
-                                                    Index(arg(3)));
-                                   return r.sym();
-                                 });
+    throw Error(
+        fmt::format("score_mod and mask_mod are both named '{}'; give them different names", score.name));
+  trace_mod<mlir::fa::ScoreModOp>(
+      *module, "score_mod", score.name, f32, {f32, i32, i32, i32, i32}, [&](TraceState& t) {
+        mlir::Block* blk = t.block;
+        auto arg = [&](unsigned i) { return wrap(blk->getArgument(i)); };
+        Score r = score.fn(Score(arg(0)), Index(arg(1)), Index(arg(2)), Index(arg(3)), Index(arg(4)));
+        return r.sym();
+      });
+  trace_mod<mlir::fa::MaskModOp>(
+      *module, "mask_mod", mask.name, b.getI1Type(), {i32, i32, i32, i32}, [&](TraceState& t) {
+        mlir::Block* blk = t.block;
+        auto arg = [&](unsigned i) { return wrap(blk->getArgument(i)); };
+        Bool r = mask.fn(Index(arg(0)), Index(arg(1)), Index(arg(2)), Index(arg(3)));
+        return r.sym();
+      });
   return finish_program(std::move(ctx), std::move(module),
                         fmt::format("score_mod '{}' / mask_mod '{}'", score.name, mask.name));
 }

@@ -24,9 +24,8 @@ MaskMod document(Buffer<int32_t> doc) {
 }
 
 MaskMod dilated_sliding_window(Scalar<int32_t> w, Scalar<int32_t> d) {
-  return {"dilated_sliding_window", [w, d](Index, Index, Index q, Index kv) {
-            return q >= kv && q - kv <= w && (q - kv) % d == 0;
-          }};
+  return {"dilated_sliding_window",
+          [w, d](Index, Index, Index q, Index kv) { return q >= kv && q - kv <= w && (q - kv) % d == 0; }};
 }
 
 MaskMod padding(Scalar<int32_t> n) {
@@ -49,9 +48,8 @@ ScoreMod softcap(Scalar<float> cap) {
 }
 
 ScoreMod relative_bias(Buffer<float> bias, Scalar<int32_t> offset) {
-  return {"relative_bias", [bias, offset](Score s, Index, Index, Index q, Index kv) {
-            return s + bias[q - kv + offset];
-          }};
+  return {"relative_bias",
+          [bias, offset](Score s, Index, Index, Index q, Index kv) { return s + bias[q - kv + offset]; }};
 }
 
 // ---- presets ---------------------------------------------------------------------------

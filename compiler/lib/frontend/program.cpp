@@ -76,8 +76,8 @@ void add_missing_mods(mlir::ModuleOp module) {
   }
   if (module.getOps<mlir::fa::MaskModOp>().empty()) {
     b.setInsertionPointToEnd(module.getBody());
-    auto op = b.create<mlir::fa::MaskModOp>(loc, b.getStringAttr("noop"),
-                                            mlir::TypeAttr::get(b.getI1Type()), b.getArrayAttr({}));
+    auto op = b.create<mlir::fa::MaskModOp>(loc, b.getStringAttr("noop"), mlir::TypeAttr::get(b.getI1Type()),
+                                            b.getArrayAttr({}));
     auto* blk = new mlir::Block();
     op.getBody().push_back(blk);
     for (mlir::Type t : {i32, i32, i32, i32}) blk->addArgument(t, loc);
@@ -97,8 +97,8 @@ void collect_captures(Program::Impl& impl) {
       auto it = std::find_if(impl.captures.begin(), impl.captures.end(),
                              [&](const Program::Capture& c) { return c.name == name; });
       if (it == impl.captures.end()) {
-        impl.captures.push_back({name, true, type.getElementType().isF32(),
-                                 static_cast<int>(type.getRank()), false, false});
+        impl.captures.push_back(
+            {name, true, type.getElementType().isF32(), static_cast<int>(type.getRank()), false, false});
         it = impl.captures.end() - 1;
       }
       (score ? it->used_by_score : it->used_by_mask) = true;
@@ -124,8 +124,8 @@ void collect_captures(Program::Impl& impl) {
 
 }  // namespace
 
-Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in,
-                       mlir::OwningOpRef<mlir::ModuleOp> module_in, std::string_view what) {
+Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in, mlir::OwningOpRef<mlir::ModuleOp> module_in,
+                       std::string_view what) {
   // Own both at once, module destroyed before its context whatever the way out (the
   // order in which the caller destroys these parameters is unspecified).
   auto impl = std::make_shared<Program::Impl>();
@@ -141,11 +141,13 @@ Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in,
     fail("failed verification");
   int scores = 0, masks = 0;
   for (mlir::Operation& op : module->getBody()->getOperations()) {
-    if (llvm::isa<mlir::fa::ScoreModOp>(op)) ++scores;
-    else if (llvm::isa<mlir::fa::MaskModOp>(op)) ++masks;
+    if (llvm::isa<mlir::fa::ScoreModOp>(op))
+      ++scores;
+    else if (llvm::isa<mlir::fa::MaskModOp>(op))
+      ++masks;
     else
-      throw Error(fmt::format("{}: unexpected top-level op '{}'; expected fa.score_mod and fa.mask_mod",
-                              what, op.getName().getStringRef().str()));
+      throw Error(fmt::format("{}: unexpected top-level op '{}'; expected fa.score_mod and fa.mask_mod", what,
+                              op.getName().getStringRef().str()));
   }
   if (scores > 1 || masks > 1)
     throw Error(fmt::format("{} defines {} fa.score_mod and {} fa.mask_mod ops; expected at most one of each",
@@ -178,8 +180,7 @@ Program Program::parse(std::string_view text, std::string_view source_name) {
     llvm::SourceMgr sm;
     sm.AddNewSourceBuffer(std::move(buffer), llvm::SMLoc());
     module = mlir::parseSourceFile<mlir::ModuleOp>(sm, config);
-    if (!module)
-      throw Error(fmt::format("invalid fa IR in {}:\n{}", source_name, diags.message()));
+    if (!module) throw Error(fmt::format("invalid fa IR in {}:\n{}", source_name, diags.message()));
   }
   return detail::finish_program(std::move(ctx), std::move(module), source_name);
 }
@@ -202,7 +203,8 @@ bool Program::score_is_identity() const {
 }
 
 bool Program::mask_is_noop() const {
-  auto y = llvm::dyn_cast<mlir::fa::YieldOp>(mlir::fa::MaskModOp(impl_->mask).getEntryBlock().getTerminator());
+  auto y =
+      llvm::dyn_cast<mlir::fa::YieldOp>(mlir::fa::MaskModOp(impl_->mask).getEntryBlock().getTerminator());
   if (!y) return false;
   auto c = y.getValue().getDefiningOp<mlir::arith::ConstantIntOp>();
   return c && c.value() != 0;

@@ -8,9 +8,8 @@ namespace fa::jit {
 
 const std::vector<std::string>& known_archs() {
   static const std::vector<std::string> kArchs = {
-      "sm_80",  "sm_86",   "sm_87",  "sm_89",   "sm_90",  "sm_90a",  "sm_100",
-      "sm_100a", "sm_103", "sm_103a", "sm_110", "sm_110a", "sm_120", "sm_120a",
-      "sm_121", "sm_121a"};
+      "sm_80",  "sm_86",   "sm_87",  "sm_89",   "sm_90",  "sm_90a",  "sm_100", "sm_100a",
+      "sm_103", "sm_103a", "sm_110", "sm_110a", "sm_120", "sm_120a", "sm_121", "sm_121a"};
   return kArchs;
 }
 

@@ -7,13 +7,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstddef>
-#include <ctime>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <future>
 #include <mutex>
@@ -58,10 +58,10 @@ struct FileHeader {
   char magic[8];
   uint32_t version;
   uint32_t key_size;
-  uint64_t payload_size;   // cubin_size + metadata size
+  uint64_t payload_size;  // cubin_size + metadata size
   uint64_t cubin_size;
-  uint64_t payload_hash;   // XXH3-64 of the payload
-  uint64_t header_hash;    // XXH3-64 of the fields above and the key
+  uint64_t payload_hash;  // XXH3-64 of the payload
+  uint64_t header_hash;   // XXH3-64 of the fields above and the key
 };
 static_assert(sizeof(FileHeader) == 48, "FileHeader must have no padding");
 
@@ -108,8 +108,7 @@ std::shared_ptr<Entry> decode(std::string_view bytes, const std::string& key, st
     return nullptr;
   }
   if (h.version != kFormatVersion) {
-    why = "format version " + std::to_string(h.version) + ", expected " +
-          std::to_string(kFormatVersion);
+    why = "format version " + std::to_string(h.version) + ", expected " + std::to_string(kFormatVersion);
     return nullptr;
   }
   if (h.key_size != key.size() || bytes.size() < sizeof h + h.key_size ||
@@ -188,8 +187,8 @@ bool env_flag(const char* name) {
 
 // "<key>.<pid>.<random>.tmp" -> pid, or -1 when `name` is not one of ours.
 long tmp_owner(const std::string& name) {
-  if (name.size() < 32 + 6 || !is_valid_key(std::string_view(name).substr(0, 32)) ||
-      name[32] != '.' || name.compare(name.size() - 4, 4, ".tmp") != 0)
+  if (name.size() < 32 + 6 || !is_valid_key(std::string_view(name).substr(0, 32)) || name[32] != '.' ||
+      name.compare(name.size() - 4, 4, ".tmp") != 0)
     return -1;
   std::string mid = name.substr(33, name.size() - 33 - 4);  // "<pid>.<random>"
   size_t dot = mid.find('.');
@@ -203,8 +202,7 @@ long tmp_owner(const std::string& name) {
 
 // The key of "<key>.fajit", or "".
 std::string entry_key(const std::string& name) {
-  if (name.size() != 32 + sizeof(kSuffix) - 1 || name.compare(32, std::string::npos, kSuffix) != 0)
-    return {};
+  if (name.size() != 32 + sizeof(kSuffix) - 1 || name.compare(32, std::string::npos, kSuffix) != 0) return {};
   std::string key = name.substr(0, 32);
   return is_valid_key(key) ? key : std::string();
 }
@@ -262,8 +260,8 @@ struct Cache::Impl {
     if (!e) {
       *bad = true;
       if (debug)
-        std::fprintf(stderr, "fajit: debug: cache file '%s' rejected (%s); recompiling\n",
-                     path.c_str(), why.c_str());
+        std::fprintf(stderr, "fajit: debug: cache file '%s' rejected (%s); recompiling\n", path.c_str(),
+                     why.c_str());
     }
     return e;
   }
@@ -326,8 +324,7 @@ Cache& Cache::global() {
 
 std::string Cache::default_dir() {
   if (const char* d = std::getenv("FAJIT_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/')
-    return std::string(x) + "/fajit";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x == '/') return std::string(x) + "/fajit";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/fajit";
   return {};
 }
@@ -436,8 +433,7 @@ std::vector<ListedEntry> Cache::list() const {
       }
     out.push_back(std::move(le));
   }
-  std::sort(out.begin(), out.end(),
-            [](const ListedEntry& a, const ListedEntry& b) { return a.key < b.key; });
+  std::sort(out.begin(), out.end(), [](const ListedEntry& a, const ListedEntry& b) { return a.key < b.key; });
   return out;
 }
 
@@ -487,8 +483,7 @@ size_t Cache::clear() {
     long pid = tmp_owner(name);
     if (pid < 0) continue;
     bool gone = pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-    if (gone || now - static_cast<int64_t>(st.st_mtime) > kStaleTmpSeconds)
-      doomed.push_back(it->path());
+    if (gone || now - static_cast<int64_t>(st.st_mtime) > kStaleTmpSeconds) doomed.push_back(it->path());
   }
   size_t removed = 0;
   for (const fs::path& p : doomed)

@@ -11,8 +11,7 @@ std::string request_key(const KernelRequest& req, const Nvrtc& nvrtc) {
   spec += "\n--nvrtc-options:";
   if (req.options.line_info) spec += " -lineinfo";
   for (const std::string& o : req.options.extra) spec += " " + o;
-  return kernel_key(req.source, templates_version(), spec, validate_arch(req.options.arch),
-                    nvrtc.version());
+  return kernel_key(req.source, templates_version(), spec, validate_arch(req.options.arch), nvrtc.version());
 }
 
 Lookup compile_cached(const KernelRequest& req, Cache& cache, const Nvrtc* nvrtc) {
@@ -20,8 +19,7 @@ Lookup compile_cached(const KernelRequest& req, Cache& cache, const Nvrtc* nvrtc
   CompileOptions opt = req.options;
   opt.want_ptx = false;  // the cache holds cubins only
   return cache.get_or_compile(
-      request_key(req, nv), [&] { return nv.compile(req.source, req.name, opt).cubin; },
-      req.meta);
+      request_key(req, nv), [&] { return nv.compile(req.source, req.name, opt).cubin; }, req.meta);
 }
 
 }  // namespace fa::jit

@@ -42,9 +42,8 @@ std::string KeyBuilder::hex() const {
   return out;
 }
 
-std::string kernel_key(std::string_view source, std::string_view templates_version,
-                       std::string_view spec, std::string_view arch,
-                       std::string_view nvrtc_version) {
+std::string kernel_key(std::string_view source, std::string_view templates_version, std::string_view spec,
+                       std::string_view arch, std::string_view nvrtc_version) {
   return KeyBuilder()
       .add("source", source)
       .add("templates", templates_version)

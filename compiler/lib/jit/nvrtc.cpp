@@ -117,8 +117,7 @@ std::string_view line_of(std::string_view text, long lineno) {
 
 // For each "file(LINE): error" (or "catastrophic error") in the log, the line quoted from
 // the generated source or from an embedded header, once each, in log order.
-std::string quote_error_lines(std::string_view log, std::string_view name,
-                              std::string_view source) {
+std::string quote_error_lines(std::string_view log, std::string_view name, std::string_view source) {
   int n_headers = 0;
   const detail::EmbeddedHeader* headers = detail::embedded_headers(&n_headers);
   std::set<std::pair<std::string, long>> seen;
@@ -165,9 +164,7 @@ std::string quote_error_lines(std::string_view log, std::string_view name,
 
 Nvrtc::~Nvrtc() = default;
 
-std::string Nvrtc::version() const {
-  return std::to_string(major_) + "." + std::to_string(minor_);
-}
+std::string Nvrtc::version() const { return std::to_string(major_) + "." + std::to_string(minor_); }
 
 std::vector<NvrtcPlace> Nvrtc::default_places() {
   const char* env = std::getenv("FAJIT_NVRTC_LIBRARY");
@@ -226,8 +223,7 @@ std::shared_ptr<const Nvrtc> Nvrtc::load(const std::vector<NvrtcPlace>& places) 
                        : place.path;
     return nv;
   }
-  throw Error("cannot load NVRTC; tried:\n" + tried +
-                  "set FAJIT_NVRTC_LIBRARY to the path of libnvrtc.so",
+  throw Error("cannot load NVRTC; tried:\n" + tried + "set FAJIT_NVRTC_LIBRARY to the path of libnvrtc.so",
               ErrorCode::kCompile);
 }
 
@@ -271,8 +267,8 @@ CompileResult Nvrtc::compile(std::string_view source, std::string_view name,
     r = api_->CompileProgram(p.prog, static_cast<int>(argv.size()), argv.data());
     std::string log = p.log();
     if (r != kSuccess) {
-      std::string msg = "cannot compile '" + prog_name + "' for " + arch + " (" +
-                        result_name(*api_, r) + "):\n" + log;
+      std::string msg =
+          "cannot compile '" + prog_name + "' for " + arch + " (" + result_name(*api_, r) + "):\n" + log;
       if (!msg.empty() && msg.back() != '\n') msg += '\n';
       std::string quoted = quote_error_lines(log, prog_name, source);
       if (!quoted.empty()) msg += "offending lines:\n" + quoted;
@@ -292,10 +288,8 @@ CompileResult Nvrtc::compile(std::string_view source, std::string_view name,
     Program p{*api_};
     result.log = run(p, result.options);
     if (!fetch(p, api_->GetCUBINSize, api_->GetCUBIN, result.cubin))
-      throw Error("NVRTC produced no cubin for '" + prog_name + "' (" + arch + ")",
-                  ErrorCode::kCompile);
-    if (opt.want_ptx && fetch(p, api_->GetPTXSize, api_->GetPTX, result.ptx) &&
-        result.ptx.size() <= 1)
+      throw Error("NVRTC produced no cubin for '" + prog_name + "' (" + arch + ")", ErrorCode::kCompile);
+    if (opt.want_ptx && fetch(p, api_->GetPTXSize, api_->GetPTX, result.ptx) && result.ptx.size() <= 1)
       result.ptx.clear();
   }
   if (opt.want_ptx && result.ptx.empty()) {
@@ -304,12 +298,10 @@ CompileResult Nvrtc::compile(std::string_view source, std::string_view name,
     Program p{*api_};
     run(p, options);
     if (!fetch(p, api_->GetPTXSize, api_->GetPTX, result.ptx))
-      throw Error("NVRTC produced no PTX for '" + prog_name + "' (" + arch + ")",
-                  ErrorCode::kCompile);
+      throw Error("NVRTC produced no PTX for '" + prog_name + "' (" + arch + ")", ErrorCode::kCompile);
   }
   if (!result.ptx.empty() && result.ptx.back() == '\0') result.ptx.pop_back();
-  result.wall_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  result.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }
 

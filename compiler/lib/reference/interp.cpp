@@ -46,8 +46,7 @@ std::string name_of(BodyOp op) { return mlir::fa::getBodyOpName(op).str(); }
   throw Error(fmt::format("signed division overflow ({} / {}) in {}", a, b, name_of(op)));
 }
 [[noreturn]] void throw_shift(BodyOp op, uint32_t amount, unsigned w) {
-  throw Error(
-      fmt::format("shift amount {} is out of range for i{} in {}", amount, w, name_of(op)));
+  throw Error(fmt::format("shift amount {} is out of range for i{} in {}", amount, w, name_of(op)));
 }
 
 // Signed division family: checks, then the rounding `op` asks for.
@@ -125,8 +124,8 @@ inline int64_t fp_to_int_sat(float f, int64_t lo, int64_t hi) {
 }
 
 [[noreturn]] void throw_oob(const std::string& capture, int32_t idx, int dim, int64_t size) {
-  throw Error(fmt::format("capture '{}' index {} is out of bounds for dimension {} of size {}",
-                          capture, idx, dim, size));
+  throw Error(fmt::format("capture '{}' index {} is out of bounds for dimension {} of size {}", capture, idx,
+                          dim, size));
 }
 
 }  // namespace
@@ -143,12 +142,10 @@ const char* scalar_type_name(ScalarType t) {
   return "?";
 }
 
-HostBuffer HostBuffer::f32(const float* data, std::vector<int64_t> shape,
-                           std::vector<int64_t> strides) {
+HostBuffer HostBuffer::f32(const float* data, std::vector<int64_t> shape, std::vector<int64_t> strides) {
   return HostBuffer{ScalarType::kF32, std::move(shape), std::move(strides), data};
 }
-HostBuffer HostBuffer::i32(const int32_t* data, std::vector<int64_t> shape,
-                           std::vector<int64_t> strides) {
+HostBuffer HostBuffer::i32(const int32_t* data, std::vector<int64_t> shape, std::vector<int64_t> strides) {
   return HostBuffer{ScalarType::kI32, std::move(shape), std::move(strides), data};
 }
 
@@ -218,8 +215,8 @@ class Compiler {
   uint32_t reg_of(mlir::Value v, mlir::Operation* user) {
     auto it = regs_.find(v);
     if (it == regs_.end())
-      throw Error(fmt::format("{} in {} @{} uses a value the interpreter cannot read",
-                              op_label(user), kind_name_, f_.name));
+      throw Error(fmt::format("{} in {} @{} uses a value the interpreter cannot read", op_label(user),
+                              kind_name_, f_.name));
     return it->second;
   }
   void emit(mlir::Operation* op, BodyOp code, unsigned width, uint16_t aux = 0) {
@@ -234,8 +231,8 @@ class Compiler {
     f_.code.push_back(in);
   }
   [[noreturn]] void unsupported(mlir::Operation* op, const std::string& why = "") {
-    throw Error(fmt::format("{} is not supported by the interpreter (in {} @{}){}",
-                            op_label(op), kind_name_, f_.name, why));
+    throw Error(fmt::format("{} is not supported by the interpreter (in {} @{}){}", op_label(op), kind_name_,
+                            f_.name, why));
   }
   void compile_op(mlir::Operation* op);
 
@@ -266,8 +263,8 @@ void Compiler::run(mlir::Operation* mod) {
     fixed = mlir::fa::MaskModOp::getNumFixedArgs();
     for (unsigned i = 0; i < m.getCaptures().size(); ++i) capture_names.push_back(m.getCaptureName(i));
   } else {
-    throw Error(fmt::format("ModProgram::compile: expected an fa.score_mod or fa.mask_mod, got {}",
-                            op_label(mod)));
+    throw Error(
+        fmt::format("ModProgram::compile: expected an fa.score_mod or fa.mask_mod, got {}", op_label(mod)));
   }
   // Fixed arguments live in registers 0..fixed-1: [score,] b, h, q, kv.
   for (unsigned i = 0; i < fixed; ++i) regs_[entry->getArgument(i)] = new_reg();
@@ -276,8 +273,7 @@ void Compiler::run(mlir::Operation* mod) {
     if (!bt) unsupported(mod, ": a capture is not an !fa.buffer");
     unsigned slot = i - fixed;
     capture_slot_[entry->getArgument(i)] = slot;
-    f_.captures.push_back(CaptureInfo{capture_names[slot].str(),
-                                      scalar_type_of(bt.getElementType()),
+    f_.captures.push_back(CaptureInfo{capture_names[slot].str(), scalar_type_of(bt.getElementType()),
                                       static_cast<int>(bt.getRank())});
   }
   bool yielded = false;
@@ -319,9 +315,9 @@ void Compiler::compile_op(mlir::Operation* op) {
     if (it != scalar_reg_.end()) {
       for (size_t i = 0; i < f_.scalars.size(); ++i)
         if (f_.scalars[i].name == s.getName() && f_.scalars[i].type != t)
-          throw Error(fmt::format("scalar '{}' is used as {} and as {} in {} @{}",
-                                  s.getName().str(), scalar_type_name(f_.scalars[i].type),
-                                  scalar_type_name(t), kind_name_, f_.name));
+          throw Error(fmt::format("scalar '{}' is used as {} and as {} in {} @{}", s.getName().str(),
+                                  scalar_type_name(f_.scalars[i].type), scalar_type_name(t), kind_name_,
+                                  f_.name));
       regs_[op->getResult(0)] = it->second;
       return;
     }
@@ -355,8 +351,7 @@ void Compiler::compile_op(mlir::Operation* op) {
   std::optional<BodyOp> code = mlir::fa::getBodyOp(op);
   if (!code || op->getNumOperands() > 3) unsupported(op);
   const BodyOpKind kind = mlir::fa::getBodyOpKind(*code);
-  const unsigned w =
-      kind == BodyOpKind::IntToFloat || kind == BodyOpKind::IntExtend ? src_width() : rw;
+  const unsigned w = kind == BodyOpKind::IntToFloat || kind == BodyOpKind::IntExtend ? src_width() : rw;
   // Operand types must be the body types too (the verifier checks; keep the oracle honest).
   for (mlir::Value v : op->getOperands()) {
     mlir::Type t = v.getType();
@@ -386,41 +381,40 @@ BoundMod ModProgram::bind(const Bindings& env) const {
       throw Error(fmt::format("missing capture '{}' (a {} buffer of rank {})", c.name,
                               scalar_type_name(c.dtype), c.rank));
     if (hb->dtype != c.dtype)
-      throw Error(fmt::format("capture '{}' must be a {} buffer, got {}", c.name,
-                              scalar_type_name(c.dtype), scalar_type_name(hb->dtype)));
+      throw Error(fmt::format("capture '{}' must be a {} buffer, got {}", c.name, scalar_type_name(c.dtype),
+                              scalar_type_name(hb->dtype)));
     if (static_cast<int>(hb->shape.size()) != c.rank)
-      throw Error(fmt::format("capture '{}' must have rank {}, got {}", c.name, c.rank,
-                              hb->shape.size()));
+      throw Error(fmt::format("capture '{}' must have rank {}, got {}", c.name, c.rank, hb->shape.size()));
     if (!hb->strides.empty() && hb->strides.size() != hb->shape.size())
-      throw Error(fmt::format("capture '{}' has {} strides for {} dimensions", c.name,
-                              hb->strides.size(), hb->shape.size()));
+      throw Error(fmt::format("capture '{}' has {} strides for {} dimensions", c.name, hb->strides.size(),
+                              hb->shape.size()));
     detail::BoundBuffer b{};
     b.data = static_cast<const char*>(hb->data);
     int64_t contiguous = 1, numel = 1;
     for (int d = c.rank - 1; d >= 0; --d) {
       if (hb->shape[d] < 0)
-        throw Error(fmt::format("capture '{}' has negative size {} in dimension {}", c.name,
-                                hb->shape[d], d));
+        throw Error(
+            fmt::format("capture '{}' has negative size {} in dimension {}", c.name, hb->shape[d], d));
       b.shape[d] = hb->shape[d];
       b.stride[d] = (hb->strides.empty() ? contiguous : hb->strides[d]) * 4;
       contiguous *= hb->shape[d];
       numel *= hb->shape[d];
     }
-    if (numel > 0 && !b.data)
-      throw Error(fmt::format("capture '{}' has no data", c.name));
+    if (numel > 0 && !b.data) throw Error(fmt::format("capture '{}' has no data", c.name));
     bm.buffers_.push_back(b);
   }
   bm.scalar_values_.reserve(f.scalars.size());
   for (const ScalarInfo& s : f.scalars) {
     const ScalarValue* v = env.find_scalar(s.name);
-    if (!v)
-      throw Error(fmt::format("missing scalar '{}' ({})", s.name, scalar_type_name(s.type)));
+    if (!v) throw Error(fmt::format("missing scalar '{}' ({})", s.name, scalar_type_name(s.type)));
     if (v->type != s.type)
-      throw Error(fmt::format("scalar '{}' must be {}, got {}", s.name,
-                              scalar_type_name(s.type), scalar_type_name(v->type)));
+      throw Error(fmt::format("scalar '{}' must be {}, got {}", s.name, scalar_type_name(s.type),
+                              scalar_type_name(v->type)));
     detail::Reg r;
-    if (s.type == ScalarType::kF32) r.f = v->f;
-    else r.i = v->i;
+    if (s.type == ScalarType::kF32)
+      r.f = v->f;
+    else
+      r.i = v->i;
     bm.scalar_values_.push_back(r);
   }
   return bm;
@@ -477,9 +471,10 @@ detail::Reg BoundMod::run(const int32_t* args, float score) const {
       case B::AddI: d.u = zext(a.u + b.u, w); break;
       case B::SubI: d.u = zext(a.u - b.u, w); break;
       case B::MulI: d.u = zext(a.u * b.u, w); break;
-      case B::DivSI: case B::RemSI: case B::FloorDivSI: case B::CeilDivSI:
-        d.u = sdiv(op, a.u, b.u, w);
-        break;
+      case B::DivSI:
+      case B::RemSI:
+      case B::FloorDivSI:
+      case B::CeilDivSI: d.u = sdiv(op, a.u, b.u, w); break;
       case B::DivUI:
       case B::RemUI: {
         uint32_t x = zext(a.u, w), y = zext(b.u, w);
@@ -494,12 +489,17 @@ detail::Reg BoundMod::run(const int32_t* args, float score) const {
       case B::AndI: d.u = a.u & b.u; break;
       case B::OrI: d.u = a.u | b.u; break;
       case B::XOrI: d.u = a.u ^ b.u; break;
-      case B::ShLI: case B::ShRSI: case B::ShRUI: {
+      case B::ShLI:
+      case B::ShRSI:
+      case B::ShRUI: {
         uint32_t amount = zext(b.u, w);
         if (amount >= w) throw_shift(op, amount, w);
-        if (op == B::ShLI) d.u = zext(a.u << amount, w);
-        else if (op == B::ShRSI) d.u = zext(static_cast<uint32_t>(sext(a.u, w) >> amount), w);
-        else d.u = zext(a.u, w) >> amount;
+        if (op == B::ShLI)
+          d.u = zext(a.u << amount, w);
+        else if (op == B::ShRSI)
+          d.u = zext(static_cast<uint32_t>(sext(a.u, w) >> amount), w);
+        else
+          d.u = zext(a.u, w) >> amount;
         break;
       }
       case B::CmpI: d.u = cmpi(in.aux, a.u, b.u, w) ? 1u : 0u; break;
@@ -522,12 +522,8 @@ detail::Reg BoundMod::run(const int32_t* args, float score) const {
         d.f = (std::isnan(a.f) || std::isnan(b.f)) ? std::numeric_limits<float>::quiet_NaN()
                                                    : fmin_ordered(a.f, b.f);
         break;
-      case B::MaxNumF:
-        d.f = std::isnan(a.f) ? b.f : std::isnan(b.f) ? a.f : fmax_ordered(a.f, b.f);
-        break;
-      case B::MinNumF:
-        d.f = std::isnan(a.f) ? b.f : std::isnan(b.f) ? a.f : fmin_ordered(a.f, b.f);
-        break;
+      case B::MaxNumF: d.f = std::isnan(a.f) ? b.f : std::isnan(b.f) ? a.f : fmax_ordered(a.f, b.f); break;
+      case B::MinNumF: d.f = std::isnan(a.f) ? b.f : std::isnan(b.f) ? a.f : fmin_ordered(a.f, b.f); break;
       case B::CmpF: d.u = cmpf(in.aux, a.f, b.f) ? 1u : 0u; break;
       case B::Exp: d.f = std::exp(a.f); break;
       case B::Exp2: d.f = std::exp2(a.f); break;
@@ -546,9 +542,7 @@ detail::Reg BoundMod::run(const int32_t* args, float score) const {
       case B::SIToFP: d.f = static_cast<float>(sext(a.u, w)); break;
       case B::UIToFP: d.f = static_cast<float>(zext(a.u, w)); break;
       case B::FPToSI: d.u = trunc(fp_to_int_sat(a.f, smin_of(w), smax_of(w)), w); break;
-      case B::FPToUI:
-        d.u = trunc(fp_to_int_sat(a.f, 0, static_cast<int64_t>(mask_of(w))), w);
-        break;
+      case B::FPToUI: d.u = trunc(fp_to_int_sat(a.f, 0, static_cast<int64_t>(mask_of(w))), w); break;
       case B::ExtUI: d.u = zext(a.u, w); break;
       case B::ExtSI: d.u = static_cast<uint32_t>(sext(a.u, w)); break;
       case B::TruncI: d.u = zext(a.u, w); break;
@@ -577,7 +571,5 @@ namespace fa {
 ModProgram ModProgram::score_of(const Program& program) {
   return compile(program.impl().score.getOperation());
 }
-ModProgram ModProgram::mask_of(const Program& program) {
-  return compile(program.impl().mask.getOperation());
-}
+ModProgram ModProgram::mask_of(const Program& program) { return compile(program.impl().mask.getOperation()); }
 }  // namespace fa

@@ -32,21 +32,19 @@ void check_shape(const ReferenceShape& s) {
   positive("dim_qk", s.dim_qk);
   positive("dim_v", s.dim_v);
   if (s.heads_q % s.heads_kv != 0)
-    throw Error(fmt::format("reference_attention: heads_q ({}) is not a multiple of heads_kv ({})",
-                            s.heads_q, s.heads_kv));
+    throw Error(fmt::format("reference_attention: heads_q ({}) is not a multiple of heads_kv ({})", s.heads_q,
+                            s.heads_kv));
 }
 
 }  // namespace
 
-ReferenceResult reference_attention(const ReferenceShape& s, const float* q, const float* k,
-                                    const float* v, const ReferenceOptions& opt) {
+ReferenceResult reference_attention(const ReferenceShape& s, const float* q, const float* k, const float* v,
+                                    const ReferenceOptions& opt) {
   check_shape(s);
   if (opt.score_mod && opt.score_mod->kind() != ModKind::kScore)
-    throw Error(fmt::format("reference_attention: score_mod @{} is a mask_mod",
-                            opt.score_mod->name()));
+    throw Error(fmt::format("reference_attention: score_mod @{} is a mask_mod", opt.score_mod->name()));
   if (opt.mask_mod && opt.mask_mod->kind() != ModKind::kMask)
-    throw Error(fmt::format("reference_attention: mask_mod @{} is a score_mod",
-                            opt.mask_mod->name()));
+    throw Error(fmt::format("reference_attention: mask_mod @{} is a score_mod", opt.mask_mod->name()));
   const Bindings empty;
   const Bindings& env = opt.bindings ? *opt.bindings : empty;
   std::optional<BoundMod> score_mod, mask_mod;
@@ -110,9 +108,10 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
                                             const float* v, const double* dout, const double* dlse,
                                             const ReferenceOptions& opt) {
   if (opt.score_mod)
-    throw Error(fmt::format("reference_attention_backward: score_mod @{} needs its derivative, which "
-                            "the fa-differentiate pass provides; not available yet",
-                            opt.score_mod->name()));
+    throw Error(
+        fmt::format("reference_attention_backward: score_mod @{} needs its derivative, which "
+                    "the fa-differentiate pass provides; not available yet",
+                    opt.score_mod->name()));
   ReferenceGrads g;
   g.forward = reference_attention(s, q, k, v, opt);
   if (s.batch > 0 && s.len_q > 0 && !dout) throw Error("reference_attention_backward: null dout");
@@ -165,18 +164,18 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
   return g;
 }
 
-std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask, const Bindings& bindings,
-                                               int batch, int heads, int len_q, int len_kv,
-                                               int q_block, int kv_block) {
+std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask, const Bindings& bindings, int batch,
+                                               int heads, int len_q, int len_kv, int q_block, int kv_block) {
   if (mask.kind() != ModKind::kMask)
-    throw Error(fmt::format("brute_force_block_classes: @{} is a score_mod, not a mask_mod",
-                            mask.name()));
+    throw Error(fmt::format("brute_force_block_classes: @{} is a score_mod, not a mask_mod", mask.name()));
   if (batch < 0 || heads < 0 || len_q < 0 || len_kv < 0)
-    throw Error(fmt::format("brute_force_block_classes: negative size (batch {}, heads {}, "
-                            "len_q {}, len_kv {})", batch, heads, len_q, len_kv));
+    throw Error(
+        fmt::format("brute_force_block_classes: negative size (batch {}, heads {}, "
+                    "len_q {}, len_kv {})",
+                    batch, heads, len_q, len_kv));
   if (q_block <= 0 || kv_block <= 0)
-    throw Error(fmt::format("brute_force_block_classes: block sizes must be > 0, got {} x {}",
-                            q_block, kv_block));
+    throw Error(
+        fmt::format("brute_force_block_classes: block sizes must be > 0, got {} x {}", q_block, kv_block));
   const BoundMod m = mask.bind(bindings);
   const int nq = (len_q + q_block - 1) / q_block, nkv = (len_kv + kv_block - 1) / kv_block;
   std::vector<uint8_t> kinds(static_cast<size_t>(batch) * heads * nq * nkv, 0);
@@ -187,20 +186,21 @@ std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask, const Bin
         for (int kb = 0; kb < nkv; ++kb, ++idx) {
           const int q_end = std::min(len_q, (qb + 1) * q_block);
           const int kv_end = std::min(len_kv, (kb + 1) * kv_block);
-          kinds[idx] = uint8_t(
-              detail::brute_force_block_kind(m, b, h, qb * q_block, q_end, kb * kv_block, kv_end));
+          kinds[idx] =
+              uint8_t(detail::brute_force_block_kind(m, b, h, qb * q_block, q_end, kb * kv_block, kv_end));
         }
   return kinds;
 }
 
 namespace detail {
-BlockKind brute_force_block_kind(const BoundMod& mask, int b, int h, int q0, int q1, int k0,
-                                 int k1) {
+BlockKind brute_force_block_kind(const BoundMod& mask, int b, int h, int q0, int q1, int k0, int k1) {
   bool any = false, all = true;
   for (int i = q0; i < q1 && !(any && !all); ++i)
     for (int j = k0; j < k1; ++j) {
-      if (mask.mask(b, h, i, j)) any = true;
-      else all = false;
+      if (mask.mask(b, h, i, j))
+        any = true;
+      else
+        all = false;
     }
   return all ? BlockKind::kFull : any ? BlockKind::kPartial : BlockKind::kEmpty;
 }

@@ -82,12 +82,12 @@ class FA_API BlockMask {
                                   const std::vector<int32_t>& kv_num_blocks,
                                   const std::vector<int32_t>& kv_indices,
                                   const std::vector<int32_t>& full_kv_num_blocks,
-                                  const std::vector<int32_t>& full_kv_indices,
-                                  int q_block = kDefaultBlock, int kv_block = kDefaultBlock);
+                                  const std::vector<int32_t>& full_kv_indices, int q_block = kDefaultBlock,
+                                  int kv_block = kDefaultBlock);
 
   // Every tile full (no mask_mod).
-  static BlockMask all_full(int batch, int heads, int64_t len_q, int64_t len_kv,
-                            int q_block = kDefaultBlock, int kv_block = kDefaultBlock);
+  static BlockMask all_full(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block = kDefaultBlock,
+                            int kv_block = kDefaultBlock);
 
   bool valid() const { return state_ != nullptr; }
   int batch() const;  // Bm: 1 (broadcast) or B

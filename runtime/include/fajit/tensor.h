@@ -51,9 +51,8 @@ struct AttentionShape {
 // Hq % Hkv == 0, non-null 16-byte aligned pointers, contiguous last dimensions, row strides
 // and head dims that keep 16-byte rows, positive sizes that fit int32. Throws fa::Error
 // (kInvalidArgument) naming the tensor and the dimension.
-FA_API AttentionShape validate_attention(const TensorView& q, const TensorView& k,
-                                         const TensorView& v, const TensorView& o,
-                                         const TensorView* lse = nullptr);
+FA_API AttentionShape validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                         const TensorView& o, const TensorView* lse = nullptr);
 
 // The backward's tensors: validate_attention(q, k, v, o, &lse) with the LSE required, then
 // each gradient like its primal (dout like o, dq like q, dk like k, dv like v: same sizes and
@@ -63,7 +62,6 @@ FA_API AttentionShape validate_attention_backward(const TensorView& q, const Ten
                                                   const TensorView& v, const TensorView& o,
                                                   const TensorView& lse, const TensorView& dout,
                                                   const TensorView& dq, const TensorView& dk,
-                                                  const TensorView& dv,
-                                                  const TensorView* dlse = nullptr);
+                                                  const TensorView& dv, const TensorView* dlse = nullptr);
 
 }  // namespace fa

@@ -59,15 +59,9 @@ inline AVal from_uns(const AVal& v, unsigned w) {
 }
 inline bool single(const AVal& v) { return v.lo == v.hi; }
 // max / min of two integer intervals read alike (both signed or both unsigned).
-inline AVal imax(const AVal& x, const AVal& y) {
-  return ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi));
-}
-inline AVal imin(const AVal& x, const AVal& y) {
-  return ival(std::min(x.lo, y.lo), std::min(x.hi, y.hi));
-}
-inline AVal tri(bool may_false, bool may_true) {
-  return ival(may_false ? 0 : 1, may_true ? 1 : 0);
-}
+inline AVal imax(const AVal& x, const AVal& y) { return ival(std::max(x.lo, y.lo), std::max(x.hi, y.hi)); }
+inline AVal imin(const AVal& x, const AVal& y) { return ival(std::min(x.lo, y.lo), std::min(x.hi, y.hi)); }
+inline AVal tri(bool may_false, bool may_true) { return ival(may_false ? 0 : 1, may_true ? 1 : 0); }
 
 // a op b over the corners (for ops monotone in each argument on the box).
 template <typename F>

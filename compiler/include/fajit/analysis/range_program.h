@@ -13,21 +13,21 @@
 namespace fa::detail {
 
 struct RInst {
-  uint8_t op;     // mlir::fa::BodyOp
-  uint8_t w;      // integer width of the result (cmpi, casts from int: of the operand)
-  uint8_t rw;     // integer width of the result (0 for f32)
-  uint8_t pred;   // cmpi / cmpf predicate
+  uint8_t op;    // mlir::fa::BodyOp
+  uint8_t w;     // integer width of the result (cmpi, casts from int: of the operand)
+  uint8_t rw;    // integer width of the result (0 for f32)
+  uint8_t pred;  // cmpi / cmpf predicate
   uint32_t dst;
   uint32_t src[3];
 };
 
 struct RangeFields {
-  std::vector<AVal> init;               // registers: b, h, q, kv, constants, scalars
+  std::vector<AVal> init;  // registers: b, h, q, kv, constants, scalars
   std::vector<RInst> code;
   std::vector<std::string> scalar_names;
   std::vector<uint8_t> scalar_is_float;
   std::vector<uint32_t> scalar_regs;
-  std::vector<uint8_t> scalar_rw;       // 0 for f32
+  std::vector<uint8_t> scalar_rw;  // 0 for f32
   uint32_t result = 0;
   bool reads_b = false, reads_h = false, reads_buffers = false;
   bool opaque = false;  // holds ops modelled as "anything" (loads, transcendental math)
@@ -38,8 +38,7 @@ class Evaluator {
  public:
   Evaluator(const RangeFields& f, const ScalarValues& scalars);
 
-  MaskVerdict eval(const IndexRange& b, const IndexRange& h, const IndexRange& q,
-                   const IndexRange& kv);
+  MaskVerdict eval(const IndexRange& b, const IndexRange& h, const IndexRange& q, const IndexRange& kv);
 
   int64_t evaluations = 0;
 

@@ -44,7 +44,6 @@
 #include <string_view>
 #include <vector>
 
-
 namespace mlir {
 class Operation;
 }
@@ -67,10 +66,8 @@ struct HostBuffer {
   std::vector<int64_t> strides;  // in elements; empty = contiguous
   const void* data = nullptr;
 
-  static HostBuffer f32(const float* data, std::vector<int64_t> shape,
-                        std::vector<int64_t> strides = {});
-  static HostBuffer i32(const int32_t* data, std::vector<int64_t> shape,
-                        std::vector<int64_t> strides = {});
+  static HostBuffer f32(const float* data, std::vector<int64_t> shape, std::vector<int64_t> strides = {});
+  static HostBuffer i32(const int32_t* data, std::vector<int64_t> shape, std::vector<int64_t> strides = {});
 };
 
 // A named runtime scalar's value.
@@ -119,10 +116,10 @@ union Reg {
 };
 
 struct Inst {
-  uint8_t op;      // mlir::fa::BodyOp (fajit/Dialect/FA/BodyOps.h)
-  uint8_t width;   // integer bit width (1 or 32) of the op / its source / its result
-  uint16_t aux;    // cmp predicate, or capture slot of a load
-  uint32_t dst;    // register written
+  uint8_t op;       // mlir::fa::BodyOp (fajit/Dialect/FA/BodyOps.h)
+  uint8_t width;    // integer bit width (1 or 32) of the op / its source / its result
+  uint16_t aux;     // cmp predicate, or capture slot of a load
+  uint32_t dst;     // register written
   uint32_t src[4];  // registers read (load: its indices)
 };
 
@@ -188,7 +185,7 @@ class ModProgram {
 class BoundMod {
  public:
   float score(float score, int b, int h, int q, int kv) const;  // a score_mod's result
-  bool mask(int b, int h, int q, int kv) const;                  // a mask_mod's result
+  bool mask(int b, int h, int q, int kv) const;                 // a mask_mod's result
   const ModProgram& program() const { return prog_; }
 
  private:

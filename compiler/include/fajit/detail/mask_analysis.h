@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
+#include "fajit/block_mask.h"
 #include "fajit/detail/interp.h"
 #include "fajit/frontend.h"
-#include "fajit/block_mask.h"
 
 namespace mlir {
 class Operation;
@@ -60,7 +60,7 @@ struct IndexRange {
 using ScalarValues = std::map<std::string, ScalarValue, std::less<>>;
 ScalarValues scalar_values_of(const Captures& captures);
 ScalarValues scalar_values_of(const std::map<std::string, double>& preset_values,
-                                     const Program& program);  // types from the program
+                              const Program& program);  // types from the program
 
 namespace detail {
 struct RangeFields;
@@ -93,12 +93,12 @@ class MaskRangeProgram {
 
 // What analyze_block_mask found.
 struct MaskAnalysis {
-  int batch = 1, heads = 1;       // Bm, Hm: 1 when the mask does not read b / h
+  int batch = 1, heads = 1;  // Bm, Hm: 1 when the mask does not read b / h
   int num_q_blocks = 0, num_kv_blocks = 0;
-  std::vector<uint8_t> kinds;     // [Bm, Hm, nq, nkv]: BlockKind values, kUndecided included
-  int64_t decided = 0;            // blocks with kinds != kUndecided
+  std::vector<uint8_t> kinds;  // [Bm, Hm, nq, nkv]: BlockKind values, kUndecided included
+  int64_t decided = 0;         // blocks with kinds != kUndecided
   int64_t undecided = 0;
-  int64_t evaluations = 0;        // interval/point evaluations performed (for benchmarks)
+  int64_t evaluations = 0;  // interval/point evaluations performed (for benchmarks)
   bool reads_buffers = false;
 };
 constexpr uint8_t kUndecidedBlock = static_cast<uint8_t>(BlockKind::kUndecided);
@@ -106,19 +106,16 @@ constexpr uint8_t kUndecidedBlock = static_cast<uint8_t>(BlockKind::kUndecided);
 // Classifies every block of [B, H, Lq, Lkv] (blocks q_block x kv_block, tails clipped to the
 // lengths) from the mask_mod's IR with the captures' scalar values bound. Never touches a GPU.
 // Throws fa::Error for non-positive sizes.
-MaskAnalysis analyze_block_mask(const Program& program, int batch, int heads,
-                                       int64_t len_q, int64_t len_kv, int q_block, int kv_block,
-                                       const Captures& captures);
-MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int heads,
-                                       int64_t len_q, int64_t len_kv, int q_block, int kv_block,
-                                       const ScalarValues& scalars);
+MaskAnalysis analyze_block_mask(const Program& program, int batch, int heads, int64_t len_q, int64_t len_kv,
+                                int q_block, int kv_block, const Captures& captures);
+MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int heads, int64_t len_q,
+                                int64_t len_kv, int q_block, int kv_block, const ScalarValues& scalars);
 
 // Fills the undecided blocks of `a` by evaluating `mask` (the same mask_mod as a
 // fa::ModProgram) on every element of those blocks on the CPU, with `bindings` (scalars and
 // host buffers). Afterwards a.kinds equals fa::brute_force_block_classes. Returns the number
 // of blocks evaluated.
-int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask,
-                                         const Bindings& bindings, int64_t len_q,
-                                         int64_t len_kv, int q_block, int kv_block);
+int64_t evaluate_undecided_blocks(MaskAnalysis& a, const ModProgram& mask, const Bindings& bindings,
+                                  int64_t len_q, int64_t len_kv, int q_block, int kv_block);
 
 }  // namespace fa

@@ -31,8 +31,8 @@ std::unique_ptr<mlir::MLIRContext> make_context();
 
 // Verifies (ops + module-level checks), canonicalizes and CSEs `module`, fills in a missing
 // score_mod/mask_mod, and wraps it. Diagnostics are collected into the fa::Error message.
-Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx,
-                       mlir::OwningOpRef<mlir::ModuleOp> module, std::string_view what);
+Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx, mlir::OwningOpRef<mlir::ModuleOp> module,
+                       std::string_view what);
 
 // Collects MLIR diagnostics emitted while alive; message() joins them.
 class DiagnosticCollector {

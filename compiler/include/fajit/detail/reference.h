@@ -31,10 +31,10 @@ struct ReferenceShape {
 };
 
 struct ReferenceOptions {
-  std::optional<double> scale;              // default 1 / sqrt(dim_qk)
-  const ModProgram* score_mod = nullptr;    // null: identity
-  const ModProgram* mask_mod = nullptr;     // null: keep everything
-  const Bindings* bindings = nullptr;       // for both mods; null = no bindings
+  std::optional<double> scale;            // default 1 / sqrt(dim_qk)
+  const ModProgram* score_mod = nullptr;  // null: identity
+  const ModProgram* mask_mod = nullptr;   // null: keep everything
+  const Bindings* bindings = nullptr;     // for both mods; null = no bindings
   // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
   // unset = contiguous.
   std::optional<std::array<int64_t, 4>> q_strides, k_strides, v_strides;
@@ -48,9 +48,8 @@ struct ReferenceResult {
 // q, k, v hold values already rounded to the run's dtype. Throws fa::Error for bad shapes
 // ("heads_q (6) is not a multiple of heads_kv (4)"), mods of the wrong kind, bad bindings,
 // and anything a mod throws while evaluated (out-of-bounds loads, division by zero).
-ReferenceResult reference_attention(const ReferenceShape& shape, const float* q,
-                                           const float* k, const float* v,
-                                           const ReferenceOptions& options = {});
+ReferenceResult reference_attention(const ReferenceShape& shape, const float* q, const float* k,
+                                    const float* v, const ReferenceOptions& options = {});
 
 // The gradients of L = sum(out * dout) + sum(lse * dlse) for reference_attention's out and
 // lse (flex_attention's backward), in double:
@@ -65,26 +64,22 @@ struct ReferenceGrads {
   std::vector<double> dk;   // [B, Hkv, Lkv, Dqk]
   std::vector<double> dv;   // [B, Hkv, Lkv, Dv]
 };
-ReferenceGrads reference_attention_backward(const ReferenceShape& shape, const float* q,
-                                                   const float* k, const float* v,
-                                                   const double* dout, const double* dlse,
-                                                   const ReferenceOptions& options = {});
+ReferenceGrads reference_attention_backward(const ReferenceShape& shape, const float* q, const float* k,
+                                            const float* v, const double* dout, const double* dlse,
+                                            const ReferenceOptions& options = {});
 
 // Classifies every q_block x kv_block tile of every (b, h) by evaluating `mask` on each
 // in-range element: 0 empty (false everywhere), 1 partial, 2 full (true everywhere); elements
 // past len_q / len_kv are ignored. Result [batch, heads, ceil(len_q / q_block),
 // ceil(len_kv / kv_block)], the layout fa::BlockMask::from_kinds takes.
-std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask,
-                                                      const Bindings& bindings, int batch,
-                                                      int heads, int len_q, int len_kv,
-                                                      int q_block, int kv_block);
+std::vector<uint8_t> brute_force_block_classes(const ModProgram& mask, const Bindings& bindings, int batch,
+                                               int heads, int len_q, int len_kv, int q_block, int kv_block);
 
 namespace detail {
 // The kind of the block [q0, q1) x [k0, k1) of (b, h): `mask` on its elements row by row,
 // stopping after the row that shows it partial. brute_force_block_classes and
 // fa::evaluate_undecided_blocks classify each block with it.
-BlockKind brute_force_block_kind(const BoundMod& mask, int b, int h, int q0, int q1, int k0,
-                                 int k1);
+BlockKind brute_force_block_kind(const BoundMod& mask, int b, int h, int q0, int q1, int k0, int k1);
 }  // namespace detail
 
 }  // namespace fa

@@ -10,7 +10,6 @@
 #include <string_view>
 #include <vector>
 
-
 namespace fa::jit {
 
 // The arch strings fajit accepts, oldest first: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, ...

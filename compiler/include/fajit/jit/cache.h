@@ -45,10 +45,10 @@ struct Lookup {
 // One file of the cache directory, as `fajit cache ls` shows it.
 struct ListedEntry {
   std::string key;
-  uint64_t size = 0;       // file size in bytes
-  int64_t mtime = 0;       // seconds since the epoch
-  bool valid = false;      // passes every check get_or_compile makes
-  std::string meta;        // empty when !valid
+  uint64_t size = 0;   // file size in bytes
+  int64_t mtime = 0;   // seconds since the epoch
+  bool valid = false;  // passes every check get_or_compile makes
+  std::string meta;    // empty when !valid
 };
 
 struct CacheStats {
@@ -57,7 +57,7 @@ struct CacheStats {
   uint64_t disk_bytes = 0;
   // This Cache object since it was made.
   uint64_t memory_entries = 0;
-  uint64_t memory_hits = 0;       // includes threads that waited for another's compile
+  uint64_t memory_hits = 0;  // includes threads that waited for another's compile
   uint64_t disk_hits = 0;
   uint64_t misses = 0;            // compiles, for any reason (corrupt files included)
   uint64_t corrupt_replaced = 0;  // files that failed a check and were recompiled

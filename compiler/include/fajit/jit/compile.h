@@ -18,11 +18,11 @@
 namespace fa::jit {
 
 struct KernelRequest {
-  std::string source;             // the generated translation unit
+  std::string source;                 // the generated translation unit
   std::string name = "fa_kernel.cu";  // NVRTC program name (appears in error messages)
-  std::string spec;               // KernelSpec text; part of the key
-  std::string meta;               // stored beside the cubin, shown by `fajit cache ls`
-  CompileOptions options;         // arch, -lineinfo, extra flags; all part of the key
+  std::string spec;                   // KernelSpec text; part of the key
+  std::string meta;                   // stored beside the cubin, shown by `fajit cache ls`
+  CompileOptions options;             // arch, -lineinfo, extra flags; all part of the key
 };
 
 // The cache key of `req` when compiled by `nvrtc`: kernel_key() over the source, the
@@ -32,7 +32,6 @@ std::string request_key(const KernelRequest& req, const Nvrtc& nvrtc);
 
 // Looks `req` up in `cache` (memory, then disk) and compiles it on a miss. `nvrtc` null
 // means Nvrtc::get(). Compile errors throw fa::Error (kCompile) and cache nothing.
-Lookup compile_cached(const KernelRequest& req, Cache& cache = Cache::global(),
-                             const Nvrtc* nvrtc = nullptr);
+Lookup compile_cached(const KernelRequest& req, Cache& cache = Cache::global(), const Nvrtc* nvrtc = nullptr);
 
 }  // namespace fa::jit

@@ -17,7 +17,6 @@
 #include <string>
 #include <string_view>
 
-
 namespace fa::jit {
 
 class KeyBuilder {
@@ -33,9 +32,8 @@ class KeyBuilder {
 };
 
 // The key of one generated kernel: the parts above, in that order.
-std::string kernel_key(std::string_view source, std::string_view templates_version,
-                              std::string_view spec, std::string_view arch,
-                              std::string_view nvrtc_version);
+std::string kernel_key(std::string_view source, std::string_view templates_version, std::string_view spec,
+                       std::string_view arch, std::string_view nvrtc_version);
 
 // A fingerprint of the embedded device templates (names and texts of every header in
 // fa::detail::embedded_headers()): any template edit changes it, and with it every key.

@@ -20,15 +20,14 @@
 #include <string_view>
 #include <vector>
 
-
 namespace fa::jit {
 
 struct CompileOptions {
-  std::string arch = "sm_80";        // validated with validate_arch()
-  bool want_ptx = false;             // also return PTX (a second compile for compute_XX
-                                     // when NVRTC does not hand out PTX with the cubin)
-  bool line_info = false;            // -lineinfo
-  std::vector<std::string> extra;    // appended after the defaults
+  std::string arch = "sm_80";      // validated with validate_arch()
+  bool want_ptx = false;           // also return PTX (a second compile for compute_XX
+                                   // when NVRTC does not hand out PTX with the cubin)
+  bool line_info = false;          // -lineinfo
+  std::vector<std::string> extra;  // appended after the defaults
 };
 
 struct CompileResult {
@@ -67,12 +66,11 @@ class Nvrtc {
   // (kCompile) whose message holds the log and, for every error line of the log, the
   // offending source line quoted as "  12 | text" (codegen's "// fa: <op>" comments come
   // along with it).
-  CompileResult compile(std::string_view source, std::string_view name,
-                        const CompileOptions& opt) const;
+  CompileResult compile(std::string_view source, std::string_view name, const CompileOptions& opt) const;
 
   int version_major() const { return major_; }
   int version_minor() const { return minor_; }
-  std::string version() const;               // "13.0"
+  std::string version() const;                             // "13.0"
   const std::string& library() const { return library_; }  // where it was loaded from
 
   struct Api;  // the resolved nvrtc* function table (internal)

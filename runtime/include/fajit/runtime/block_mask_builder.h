@@ -29,13 +29,12 @@ struct BlockMaskBuildOptions {
 // [batch, heads, len_q, len_kv] mask (batch/heads of 1 broadcast: mask_mod sees b = 0 / h = 0),
 // with `captures` (device pointers and scalars) as mask_mod's captures, in the current (or
 // primary) context, and returns the mask with host tables built from the classification.
-BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int batch,
-                           int heads, int64_t len_q, int64_t len_kv,
-                           const BlockMaskBuildOptions& options = {});
+BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int batch, int heads,
+                           int64_t len_q, int64_t len_kv, const BlockMaskBuildOptions& options = {});
 
 // The same, returning only the raw classification [Bm, Hm, nq, nkv].
-std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& captures,
-                                     int batch, int heads, int64_t len_q, int64_t len_kv,
+std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& captures, int batch, int heads,
+                                     int64_t len_q, int64_t len_kv,
                                      const BlockMaskBuildOptions& options = {});
 
 }  // namespace fa::rt

@@ -6,8 +6,8 @@
 //   void* args[] = {&p, &captures, &grads};
 #pragma once
 
-#include "fajit/params.h"
 #include "fajit/block_mask.h"
+#include "fajit/params.h"
 #include "fajit/tensor.h"
 
 namespace fa::rt {

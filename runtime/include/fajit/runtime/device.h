@@ -54,8 +54,7 @@ const DeviceInfo& device_info(int ordinal);
 // in a context loads `image` with cuModuleLoadData, later calls with the same key return
 // the cached module without reading `image`. Function lookups are cached too. Modules live
 // until the process ends.
-CUfunction load_function(const std::string& key, std::string_view image,
-                         const std::string& kernel_name);
+CUfunction load_function(const std::string& key, std::string_view image, const std::string& kernel_name);
 
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -65,8 +64,7 @@ struct Dim3 {
 // cuLaunchKernel in the current (or primary) context. Raises the function's dynamic shared
 // memory limit first when smem_bytes exceeds the default 48 KB (once per function and
 // size), with a clear error when the device cannot provide it.
-void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
-            void** args);
+void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args);
 
 // Blocks until `stream` (nullptr: the legacy default stream) has finished its work.
 void synchronize(CUstream stream);

@@ -68,8 +68,8 @@ struct DriverApi {
 #define FA_CUDA_DECLARE_MEMBER(fn) decltype(&::fn) fn = nullptr;
   FA_CUDA_DRIVER_FUNCTIONS(FA_CUDA_DECLARE_MEMBER)
 #undef FA_CUDA_DECLARE_MEMBER
-  int version = 0;        // cuDriverGetVersion, e.g. 13000
-  std::string library;    // the file that was dlopen()ed
+  int version = 0;      // cuDriverGetVersion, e.g. 13000
+  std::string library;  // the file that was dlopen()ed
 };
 
 // The driver table, loaded and initialised (cuInit) once per process, thread-safe.

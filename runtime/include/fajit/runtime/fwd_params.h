@@ -20,7 +20,6 @@ FaFwdParams make_fwd_params(const TensorView& q, const TensorView& k, const Tens
 // Same, with the block mask checked against the shapes (check_compatible) and its device
 // tables (uploaded to the current context on first use) filled in.
 FaFwdParams make_fwd_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& o, const TensorView* lse, float scale,
-                            const BlockMask& mask);
+                            const TensorView& o, const TensorView* lse, float scale, const BlockMask& mask);
 
 }  // namespace fa::rt

@@ -33,15 +33,16 @@ namespace half_detail {
 constexpr uint16_t f32_to_f16(uint32_t x) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN -> quiet NaN
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN -> quiet NaN
   if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 (incl. inf) -> inf
-  if (a >= 0x38800000u) {                                  // normal f16 (>= 2^-14)
-    uint32_t r = a - 0x38000000u;                          // rebias exponent 127 -> 15
-    r += 0xfffu + ((r >> 13) & 1u);                        // RNE on the 13 dropped bits
-    return uint16_t(sign | (r >> 13));                     // a carry bumps the exponent
+  if (a >= 0x38800000u) {                                 // normal f16 (>= 2^-14)
+    uint32_t r = a - 0x38000000u;                         // rebias exponent 127 -> 15
+    r += 0xfffu + ((r >> 13) & 1u);                       // RNE on the 13 dropped bits
+    return uint16_t(sign | (r >> 13));                    // a carry bumps the exponent
   }
-  if (a <= 0x33000000u) return uint16_t(sign);  // <= 2^-25: half the smallest subnormal or
-                                                // less (the tie goes to even, i.e. zero)
+  if (a <= 0x33000000u)
+    return uint16_t(sign);  // <= 2^-25: half the smallest subnormal or
+                            // less (the tie goes to even, i.e. zero)
   // Subnormal f16: the result counts units of 2^-24. a = m * 2^(e - 150) with e in [102, 112],
   // so the count is m >> (126 - e) rounded, a shift of 14..24 bits.
   const uint32_t e = a >> 23;
