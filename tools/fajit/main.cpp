@@ -3,6 +3,7 @@
 //   fajit dump --cuda --mask-mod 'q >= kv'             the generated CUDA translation unit
 //   fajit dump --ptx --arch sm_90a variant.mlir        PTX from NVRTC
 //   fajit dump --sass ...                              SASS (needs cuobjdump or nvdisasm)
+//   fajit dump --cuda --backward --mask causal         the backward kernels instead
 //   fajit cache ls | stats | clear                     the on-disk cubin cache
 #include <unistd.h>
 
@@ -32,6 +33,7 @@ struct DumpOptions {
   std::vector<std::string> capture_types;
   int head_dim_qk = 128, head_dim_v = 0;  // 0: same as head_dim_qk
   bool block_mask = false;
+  bool backward = false;  // the backward kernels (KernelKind::kBackward)
   std::string family = "auto";
 };
 
@@ -76,7 +78,10 @@ fa::Program program_for(const DumpOptions& o) {
 
 fa::KernelSpec spec_for(const DumpOptions& o) {
   fa::KernelSpec s;
-  s.kind = o.block_mask ? fa::KernelKind::kBlockMask : fa::KernelKind::kForward;
+  if (o.block_mask && o.backward) throw fa::Error("give --block-mask or --backward, not both");
+  s.kind = o.block_mask ? fa::KernelKind::kBlockMask
+           : o.backward ? fa::KernelKind::kBackward
+                        : fa::KernelKind::kForward;
   if (o.dtype == "bf16")
     s.dtype = fa::DType::bf16;
   else if (o.dtype == "f16" || o.dtype == "fp16")
@@ -203,6 +208,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   dump_cmd->add_flag("--block-mask", dump.block_mask,
                      "the block-mask builder kernel instead of the forward kernel");
+  dump_cmd->add_flag("--backward", dump.backward,
+                     "the backward kernels (preprocess, dK/dV, dQ) instead of the forward kernel");
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 
   fajit_cli::RunOptions run;
