@@ -219,6 +219,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--mask", run.mask, "mask preset: " + fa::mods::mask_preset_help());
   run_cmd->add_option("--score", run.score, "score preset: " + fa::mods::score_preset_help());
   run_cmd->add_option("--dtype", run_dtype, "bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
+  run_cmd->add_flag("--backward", run.backward,
+                    "also run the backward on random dO, check dQ, dK, dV against float64 and time it");
   run_cmd->add_option("--batch", run.batch, "B (default 2)")->check(CLI::Range(1, 64));
   run_cmd->add_option("--heads", run.heads, "H (default 8)")->check(CLI::Range(1, 128));
   run_cmd->add_option("--len", run.len, "Lq = Lkv (default 1024)")->check(CLI::Range(1, 8192));

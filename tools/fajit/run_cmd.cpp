@@ -3,11 +3,14 @@
 // the main job works on any machine.
 #include "run_cmd.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <random>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -38,6 +41,39 @@ HostTensor random_tensor(size_t n, fa::DType t, std::mt19937& rng) {
     h.values[i] = fa::from_bits(h.bits[i], t);
   }
   return h;
+}
+
+// Relative error ||got - ref|| / ||ref|| of a 16-bit device tensor, and its NaN count.
+std::pair<double, size_t> rel_error(const fa::rt::DeviceBuffer& buf, const std::vector<double>& ref,
+                                    fa::DType t) {
+  std::vector<uint16_t> bits(ref.size());
+  buf.download(bits.data(), bits.size() * 2);
+  double num = 0, den = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = fa::from_bits(bits[i], t);
+    if (std::isnan(g)) ++bad;
+    num += (g - ref[i]) * (g - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return {den > 0 ? std::sqrt(num / den) : std::sqrt(num), bad};
+}
+
+// Median wall time of `iters` calls of f after 3 warm-up calls, synchronizing around each.
+template <typename F>
+double median_ms(int iters, F&& f) {
+  std::vector<double> times;
+  for (int i = 0; i < 3 + iters; ++i) {
+    fa::rt::synchronize(nullptr);
+    auto s = std::chrono::steady_clock::now();
+    f();
+    fa::rt::synchronize(nullptr);
+    if (i >= 3)
+      times.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 }  // namespace
@@ -167,26 +203,53 @@ int run_variant(const RunOptions& o) {
       tol, lse_err, bad, ok ? "OK" : "MISMATCH");
 
   // Timing: warm-up, then the median of repeated launches.
-  std::vector<double> times;
-  for (int i = 0; i < 3 + o.iters; ++i) {
-    fa::rt::synchronize(nullptr);
-    auto s = std::chrono::steady_clock::now();
-    k.forward(tq, tk, tv, to, mask, cap, fo);
-    fa::rt::synchronize(nullptr);
-    if (i >= 3)
-      times.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s).count());
-  }
-  std::sort(times.begin(), times.end());
-  double ms = times[times.size() / 2];
+  const double ms = median_ms(o.iters, [&] { k.forward(tq, tk, tv, to, mask, cap, fo); });
   double kept = 0;  // pairs kept by the mask for b = h = 0 (the presets do not depend on b, h)
   for (int qi = 0; qi < L; ++qi)
     for (int kv = 0; kv < L; ++kv) kept += mp.eval_mask(0, 0, qi, kv, env) ? 1 : 0;
   double flops = 4.0 * B * H * kept * D;
   std::cout << fmt::format(
-      "forward: {:.3f} ms (median of {}), {:.1f} TFLOP/s on the unmasked work (host-timed)\n", ms,
-      times.size(), flops / ms / 1e9);
-  return ok ? 0 : 1;
+      "forward: {:.3f} ms (median of {}), {:.1f} TFLOP/s on the unmasked work (host-timed)\n", ms, o.iters,
+      flops / ms / 1e9);
+  if (!o.backward) return ok ? 0 : 1;
+
+  // ---- backward: random dO, gradients into poisoned buffers, each checked against float64.
+  HostTensor g_out = random_tensor(n, o.dtype, rng);
+  std::vector<double> dout_vals(g_out.values.begin(), g_out.values.end());
+  fa::rt::DeviceBuffer d_do(bytes), d_dq(bytes), d_dk(bytes), d_dv(bytes);
+  d_do.upload(g_out.bits.data(), bytes);
+  for (fa::rt::DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->memset8(0xff);
+  fa::TensorView tdo(d_do.as<void>(), o.dtype, {B, H, L, D}), tdq(d_dq.as<void>(), o.dtype, {B, H, L, D}),
+      tdk(d_dk.as<void>(), o.dtype, {B, H, L, D}), tdv(d_dv.as<void>(), o.dtype, {B, H, L, D});
+  fa::rt::synchronize(nullptr);
+  t0 = std::chrono::steady_clock::now();
+  k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap);
+  fa::rt::synchronize(nullptr);
+  const double first_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  fa::ReferenceOptions rb = ro;
+  if (program.score_is_identity()) rb.score_mod = nullptr;
+  const fa::ReferenceGrads g =
+      fa::reference_attention_backward({B, H, H, L, L, D, D}, q.values.data(), kk.values.data(),
+                                       v.values.data(), dout_vals.data(), nullptr, rb);
+  const double gtol = o.dtype == fa::DType::bf16 ? 3e-2 : 1e-2;
+  bool gok = true;
+  std::string line;
+  for (auto [name, buf, ref] : {std::tuple{"dq", &d_dq, &g.dq}, {"dk", &d_dk, &g.dk}, {"dv", &d_dv, &g.dv}}) {
+    auto [err, nan] = rel_error(*buf, *ref, o.dtype);
+    gok = gok && nan == 0 && err < gtol;
+    line += fmt::format("{} {:.2e}{} ", name, err, nan ? fmt::format(" ({} NaN)", nan) : "");
+  }
+  std::cout << fmt::format("backward: {} (first call, compile included: {:.0f} ms)\n",
+                           k.backward_spec().to_string(), first_ms);
+  std::cout << fmt::format("gradients vs float64 reference: rel err {}(bound {:.0e}): {}\n", line, gtol,
+                           gok ? "OK" : "MISMATCH");
+  const double bms =
+      median_ms(o.iters, [&] { k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap); });
+  std::cout << fmt::format(
+      "backward: {:.3f} ms (median of {}), {:.1f} TFLOP/s (2.5x the forward's FLOPs, host-timed)\n", bms,
+      o.iters, 2.5 * flops / bms / 1e9);
+  return ok && gok ? 0 : 1;
 }
 
 }  // namespace fajit_cli

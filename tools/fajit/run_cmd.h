@@ -10,9 +10,11 @@ struct RunOptions {
   std::string mask, score;
   fa::DType dtype = fa::DType::bf16;
   int batch = 2, heads = 8, len = 1024, head_dim = 128, iters = 20;
+  bool backward = false;  // also run, check and time the backward
 };
 
-// Compile, run on random data, check against the float64 reference, time. 0 = OK or no GPU.
+// Compile, run on random data, check against the float64 reference, time (the backward too
+// with `backward`: every gradient checked). 0 = OK or no GPU.
 int run_variant(const RunOptions& options);
 
 }  // namespace fajit_cli
