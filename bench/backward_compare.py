@@ -35,7 +35,7 @@ def bind_backward(lib):
     vp = ctypes.c_void_p
     lib.fajit_kernel_backward.restype = ctypes.c_int
     lib.fajit_kernel_backward.argtypes = [vp, T, T, T, T, T, T, T, T, T, T, ctypes.c_float, vp,
-                                          ctypes.POINTER(fc.FajitCaptures), vp]
+                                          ctypes.POINTER(fc.FajitCaptures), ctypes.POINTER(fc.FajitCaptures), vp]
 
 
 def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
@@ -118,7 +118,7 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
 
         def fajit_bwd():
             fj.check(fj.lib.fajit_kernel_backward(kern, r(tq), r(tk), r(tv), r(to), r(tl), r(tdo), r(tdq), r(tdk),
-                                                  r(tdv), None, 0.0, bm, r(caps), stream()),
+                                                  r(tdv), None, 0.0, bm, r(caps), None, stream()),
                      "fajit_kernel_backward")
         fajit_fwd()
         fajit_bwd()

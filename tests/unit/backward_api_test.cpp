@@ -82,4 +82,27 @@ TEST(BackwardApi, BadTensorsNameTheArgument) {
             "block mask block sizes 32x32 must be multiples of the backward tile 64x64");
 }
 
+TEST(BackwardApi, BufferGradientsAreCheckedByName) {
+  const fa::Kernel k =
+      fa::compile(fa::mods::alibi(fa::buffer<float>("slopes", 1)), fa::mods::document(), opts(64, 64));
+  const fa::BlockMask mask = fa::BlockMask::all_full(1, 1, 256, 256);
+  FakeTensors f;
+  const auto bf = fa::DType::bf16, f32 = fa::DType::f32;
+  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), lse = f.t(f32, {1, 2, 256});
+  fa::Captures cap;
+  cap.buffer("slopes", f.t(f32, {2})).buffer("doc_ids", f.t(fa::DType::i32, {256}));
+  auto error_with = [&](const std::string& name, const fa::TensorView& g) {
+    fa::BackwardOptions bo;
+    bo.buffer_grads.emplace(name, g);
+    return error_of([&] { k.backward(q, q, q, q, lse, q, q, q, q, mask, cap, bo); });
+  };
+  EXPECT_EQ(error_with("bias", f.t(f32, {2})), "buffer_grads: 'bias' is not a buffer the mods capture");
+  EXPECT_EQ(error_with("doc_ids", f.t(f32, {256})),
+            "buffer_grads: 'doc_ids' is an i32 buffer; only f32 buffers have gradients");
+  EXPECT_EQ(error_with("slopes", f.t(bf, {2})), "buffer_grads: 'slopes' must be f32, got bf16");
+  EXPECT_EQ(error_with("slopes", f.t(f32, {3}))
+                .rfind("buffer_grads: 'slopes' must have the capture's shape f32[2]", 0),
+            0u);
+}
+
 }  // namespace

@@ -110,13 +110,16 @@ FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit
  * lse output) and dO; dlse (fp32 [B, Hq, Lq], the gradient of a loss that also uses the LSE)
  * may be NULL; scale must be the forward's (0 = 1/sqrt(head_dim_qk)). Gradients have their
  * primal's shape and dtype. The backward kernels are compiled on the first call. Asynchronous
- * on cu_stream; fp32 scratch is allocated and freed in stream order. */
+ * on cu_stream; fp32 scratch is allocated and freed in stream order. buffer_grads (may be NULL;
+ * only its buffers are read) names fp32 tensors, one per captured f32 buffer whose gradient
+ * is wanted, of that buffer's shape: the gradient is added to what they hold. */
 FA_API fajit_status fajit_kernel_backward(const fajit_kernel* kernel, const fajit_tensor* q,
                                           const fajit_tensor* k, const fajit_tensor* v, const fajit_tensor* o,
                                           const fajit_tensor* lse, const fajit_tensor* dout,
-                                          const fajit_tensor* dq, const fajit_tensor* dk, const fajit_tensor* dv,
-                                          const fajit_tensor* dlse, float scale, const fajit_block_mask* mask,
-                                          const fajit_captures* captures, void* cu_stream);
+                                          const fajit_tensor* dq, const fajit_tensor* dk,
+                                          const fajit_tensor* dv, const fajit_tensor* dlse, float scale,
+                                          const fajit_block_mask* mask, const fajit_captures* captures,
+                                          const fajit_captures* buffer_grads, void* cu_stream);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,10 @@ struct ForwardOptions {
 struct BackwardOptions {
   float scale = 0.0f;                // the forward's scale; 0 = 1 / sqrt(head_dim_qk)
   const TensorView* dlse = nullptr;  // optional fp32 [B, Hq, Lq]: the loss's gradient of the LSE
+  // Gradients of captured f32 buffers, by capture name: fp32 tensors of the capture's shape
+  // (any strides). The gradient is ADDED to what they hold (pass zeros for the plain gradient),
+  // as autograd accumulates .grad; buffers not named get none.
+  std::map<std::string, TensorView> buffer_grads;
 };
 
 struct BlockMaskOptions {

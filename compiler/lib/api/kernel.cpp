@@ -1,6 +1,7 @@
 // fa::compile / fa::Kernel: trace -> codegen -> cache/NVRTC -> launch.
 #include "fajit/kernel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -237,6 +238,35 @@ class StreamScratch {
   CUstream stream_;
 };
 
+// The FaGradBuffers block of BackwardOptions::buffer_grads: each name must be a captured f32
+// buffer given in `captures`, its gradient an fp32 tensor of the same shape.
+FaGradBuffers grad_buffers_of(const std::vector<CaptureSlot>& slots, const Captures& captures,
+                              const std::map<std::string, TensorView>& wanted) {
+  FaGradBuffers g;
+  std::memset(&g, 0, sizeof g);
+  for (const auto& [name, t] : wanted) {
+    auto slot = std::find_if(slots.begin(), slots.end(), [&, &name = name](const CaptureSlot& s) {
+      return s.is_buffer && s.name == name;
+    });
+    if (slot == slots.end())
+      throw Error(fmt::format("buffer_grads: '{}' is not a buffer the mods capture", name));
+    if (!slot->is_float)
+      throw Error(fmt::format("buffer_grads: '{}' is an i32 buffer; only f32 buffers have gradients", name));
+    const TensorView& primal = captures.buffers().at(name);  // pack_captures checked it is there
+    if (t.dtype != DType::f32)
+      throw Error(fmt::format("buffer_grads: '{}' must be f32, got {}", name, dtype_name(t.dtype)));
+    if (t.data == nullptr) throw Error(fmt::format("buffer_grads: '{}' has a null data pointer", name));
+    bool same = t.rank == primal.rank;
+    for (int d = 0; same && d < t.rank; ++d) same = t.shape[d] == primal.shape[d];
+    if (!same)
+      throw Error(fmt::format("buffer_grads: '{}' must have the capture's shape {}, got {}", name,
+                              primal.to_string(), t.to_string()));
+    g.buffers[slot->slot].ptr = static_cast<float*>(t.data);
+    for (int d = 0; d < t.rank; ++d) g.buffers[slot->slot].stride[d] = t.stride[d];
+  }
+  return g;
+}
+
 // The backward kernels' spec beside a resolved forward spec (their own tile and family).
 KernelSpec backward_spec_of(const KernelSpec& forward) {
   KernelSpec s = forward;
@@ -320,11 +350,11 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
                       const TensorView& dk, const TensorView& dv, const BlockMask& mask,
                       const Captures& captures, const BackwardOptions& options, Stream stream) const {
   const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
+  std::vector<unsigned char> cap = pack_captures(captures);
+  FaGradBuffers grads = grad_buffers_of(capture_slots(), captures, options.buffer_grads);
   const Compiled& b = impl_->backward_kernel();
   const KernelSpec& s = b.gen.spec;
   const float scale = check_call(s, "backward", shape, mask, options.scale);
-  std::vector<unsigned char> cap = pack_captures(captures);
-  FaGradBuffers grads{};
 
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
