@@ -42,6 +42,7 @@ FaBwdParams make_bwd_params(const BwdTensors& t, float scale, const BlockMask& m
   p.len_kv = s.len_kv;
   p.scale = scale;
   mask.fill_transposed(p.mask_t);
+  mask.fill(p.mask);
   return p;
 }
 

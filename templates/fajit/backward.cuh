@@ -53,7 +53,8 @@
 
 namespace fa {
 
-template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kWarps_, int kStages_ = 2>
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kWarps_, int kStages_ = 2,
+          bool kDeterministic_ = false>
 struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -62,6 +63,7 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kWarps = kWarps_;
   static constexpr int kBlockN = 16 * kWarps;
   static constexpr int kStages = kStages_;
+  static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kThreads = kWarps * 32;
 
   static constexpr int kQT = kBlockM / 8;           // 8-column n-tiles of Sᵀ (query columns)
@@ -82,6 +84,14 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kSmemBytes = kSmemKBytes + kSmemVBytes + kStages * kSmemStageBytes + kSmemDsBytes;
 
+  // Deterministic dQ kernel: BLOCK_M query rows per CTA (16 per warp), keys in tiles of 64
+  // (kv_block % BLOCK_N == 0 implies kv_block % 64 == 0), 2 K/V stages.
+  static constexpr int kDetWarps = kBlockM / 16;
+  static constexpr int kDetThreads = kDetWarps * 32;
+  static constexpr int kDetKvTile = 64;
+  static constexpr int kDetSmemBytes =
+      kBlockM * (kHeadDimQK + kHeadDimV) * 2 + 2 * kDetKvTile * (kHeadDimQK + kHeadDimV) * 2;
+
   // Preprocess / dQ conversion: kPreThreads threads, one 16-byte chunk of a row each.
   static constexpr int kPreThreads = 128;
   static constexpr int kPreRows = kPreThreads / (kHeadDimV / 8);
@@ -97,6 +107,8 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   static_assert(kDqCols % 16 == 0, "dQ column parts must be whole 16-column pairs");
   static_assert(kStages == 2, "STAGES must be 2");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
+  static_assert(kDetSmemBytes <= 227 * 1024,
+                "deterministic dQ tile needs more than 227 KiB of shared memory");
 };
 
 namespace bwd {
@@ -220,6 +232,7 @@ __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
     const float dlse = p.dlse ? p.dlse[b * p.dlse_stride_b + h * p.dlse_stride_h + q] : 0.f;
     p.delta[bh * p.len_q + q] = acc - dlse;
   }
+  if (p.dq_accum == nullptr) return;  // deterministic mode: dQ is written directly
   float* dqa = p.dq_accum + (bh * p.len_q + q) * Cfg::kHeadDimQK;
   for (int cc = c; cc < kCQ4; cc += kCV) st_global_v4(dqa + cc * 4, u32x4{0u, 0u, 0u, 0u});
 }
@@ -399,6 +412,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         u32 da[Cfg::kMK][4];
         pack_a<E>(da, dp);
         bwd::mma_rb<E, Cfg::kDQKTiles, Cfg::kMK, kCQ>(dk, da, sQ(stage), offA_q);
+      }
+      if constexpr (!Cfg::kDeterministic) {  // else dQ comes from backward_dq_det_kernel
         // dSᵀ to shared memory (this warp's 16 key rows) for dQ = dS·K.
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
@@ -406,11 +421,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
           for (int j = 0; j < kQT; ++j)
             st_shared_b32(sDs + swizzle_offset<kCM>(warp * 16 + g + 8 * hh, j) + t * 4,
                           pack2<E>(dp[j][2 * hh], dp[j][2 * hh + 1]));
-      }
-      __syncthreads();
+        __syncthreads();
 
-      // ---- dQ(BLOCK_M x DQK) += dS·K: warp -> (16-row m-tile, column part), fp32 reductions
-      {
+        // ---- dQ(BLOCK_M x DQK) += dS·K: warp -> (16-row m-tile, column part), fp32 reductions
         constexpr int kNQ = Cfg::kDqCols / 8;
         const int mt = warp % (kBM / 16), part = warp / (kBM / 16);
         float dq[kNQ][4];
@@ -462,6 +475,138 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   store_rows<16, kCV, 32, SwizzledRows<kCV>>(dvg, p.dv_stride_n, sV, warp * 16, kv0, len_kv, lane);
 }
 
+// ================================ dQ, deterministic =========================================
+// dQ without reductions: one CTA per (BLOCK_M queries, batch x query head) walks the forward's
+// block tables (partial KV tiles, then full ones) in a fixed order and recomputes, per 64-key
+// tile, S = Q·Kᵀ, P, dP = dO·Vᵀ and dS, accumulating dQ += dS·K in registers; dQ·scale is
+// written once. Buffer gradients are not accumulated here (the dK/dV kernel does that).
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, const FaCaptures& cap) {
+  using E = typename Cfg::Element;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kDetKvTile, kThreads = Cfg::kDetThreads;
+  constexpr int kCQ = Cfg::kCQ, kCV = Cfg::kCV;
+  constexpr int kNT = kBN / 8;  // n-tiles of S (keys)
+  constexpr int kDQ = Cfg::kHeadDimQK / 8;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int q0 = blockIdx.x * kBM;
+  const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
+  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int len_q = p.len_q, len_kv = p.len_kv;
+
+  const u32 sQ = smem_addr(smem);
+  const u32 sDo = sQ + kBM * Cfg::kHeadDimQK * 2;
+  const u32 sKV0 = sDo + kBM * Cfg::kHeadDimV * 2;
+  constexpr int kStageBytes = kBN * (Cfg::kHeadDimQK + Cfg::kHeadDimV) * 2;
+  auto sK = [&](int s) { return sKV0 + s * kStageBytes; };
+  auto sV = [&](int s) { return sK(s) + kBN * Cfg::kHeadDimQK * 2; };
+
+  const E* kg = bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv);
+  const E* vg = bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv);
+  const BlockWalk<kBN> walk(p.mask, b, h, q0);
+  const int n_tiles = walk.n_tiles;
+  auto load_kv = [&](int it, int s) {
+    const int start = walk.tile_start(it);
+    bwd::load_tile<kBN, kCQ, kThreads>(sK(s), kg, p.k_stride_n, start, len_kv, tid);
+    bwd::load_tile<kBN, kCV, kThreads>(sV(s), vg, p.v_stride_n, start, len_kv, tid);
+  };
+  bwd::load_tile<kBM, kCQ, kThreads>(sQ, bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, h),
+                                     p.q_stride_m, q0, len_q, tid);
+  bwd::load_tile<kBM, kCV, kThreads>(sDo, bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h),
+                                     p.do_stride_m, q0, len_q, tid);
+  if (n_tiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  // This thread's query rows: LSE·log2e (+inf: no key, or past the end) and Δ.
+  int q_idx[2];
+  float lse2[2], delta[2];
+  const float* lseg = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
+  const float* deltag = p.delta + ((long long)b * p.heads_q + h) * len_q;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int q = q0 + warp * 16 + g + 8 * hh;
+    q_idx[hh] = q < len_q ? q : len_q - 1;
+    const float lse = q < len_q ? lseg[q] : -INFINITY;
+    lse2[hh] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    delta[hh] = q < len_q ? deltag[q] : 0.f;
+  }
+  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+  const FaGradBuffers no_grads{};
+
+  u32 offA_q[4], offA_v[4], offB_q[4], offB_v[4];
+  bwd::lane_offsets_a<kCQ>(offA_q, lane);
+  bwd::lane_offsets_a<kCV>(offA_v, lane);
+  bwd::lane_offsets_b<kCQ>(offB_q, lane);
+  bwd::lane_offsets_b<kCV>(offB_v, lane);
+
+  float dq[kDQ][4];
+#pragma unroll
+  for (int j = 0; j < kDQ; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it % 2;
+    cp_async_wait<0>();
+    __syncthreads();  // tile `it` visible to all; the other stage is free
+    if (it + 1 < n_tiles) load_kv(it + 1, stage ^ 1);
+    cp_async_commit();
+    const int start = walk.tile_start(it);
+    const bool is_full = walk.is_full(it);
+
+    // ---- S = Q·Kᵀ (this warp's 16 queries x 64 keys), mods, P
+    float s[kNT][4], dp[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[j][i] = dp[j][i] = 0.f;
+    bwd::mma_abt<E, kNT, Cfg::kKQ, kCQ, kCQ>(s, sQ, warp, sK(stage), offA_q, offB_q);
+    float sc[Mods::kScoreGrad ? kNT : 1][4];
+    if constexpr (Mods::kScoreGrad) {
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[j][i] = s[j][i] * p.scale;
+    }
+    score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[j][i] = ex2(fmaf(s[j][i], sl2, -lse2[i >> 1]));
+
+    // ---- dP = dO·Vᵀ, dS = grad(P∘(dP - Δ)), zero where P is
+    bwd::mma_abt<E, kNT, Cfg::kKV, kCV, kCV>(dp, sDo, warp, sV(stage), offA_v, offB_v);
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float dt = s[j][i] * (dp[j][i] - delta[i >> 1]);
+        float ds = dt;
+        if constexpr (Mods::kScoreGrad) {
+          const int kv = start + 8 * j + 2 * t + (i & 1);
+          ds = Mods::score_grad(sc[j][i], b, h, q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, dt, cap,
+                                no_grads);
+        }
+        dp[j][i] = s[j][i] == 0.f ? 0.f : ds;
+      }
+
+    // ---- dQ += dS·K (dS packed as A fragments; K rows = keys, read with .trans)
+    u32 da[kBN / 16][4];
+    pack_a<E>(da, dp);
+    bwd::mma_rb<E, kDQ, kBN / 16, kCQ>(dq, da, sK(stage), offA_q);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with Q before dQ is staged over it
+
+  const float kscale[2] = {p.scale, p.scale};
+  stage_rows<E, SwizzledRows<kCQ>>(sQ, dq, kscale, warp * 16 + g, t);
+  __syncwarp();
+  E* dqg = static_cast<E*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h;
+  store_rows<16, kCQ, 32, SwizzledRows<kCQ>>(dqg, p.dq_stride_m, sQ, warp * 16, q0, len_q, lane);
+}
+
 }  // namespace fa
 
 // Defines the extern "C" kernels name##_pre, name##_dkdv, name##_dq (single identifiers).
@@ -475,6 +620,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {  \
     fa::backward_dq_kernel<Config>(p);                                                                \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                   \
+      name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                      \
+    if constexpr (Config::kDeterministic) fa::backward_dq_det_kernel<Config, Mods>(p, cap);           \
   }
 
 #endif  // FAJIT_BACKWARD_CUH

@@ -111,6 +111,7 @@ typedef struct FaBwdParams {
   int batch, heads_q, heads_kv, len_q, len_kv;
   float scale;
   FaBlockTables mask_t;
+  FaBlockTables mask;   // the forward's tables (the deterministic dQ kernel walks them)
 } FaBwdParams;
 
 // Gradients of captured float buffers (the backward's third argument): slot i receives the

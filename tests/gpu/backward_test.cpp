@@ -27,9 +27,10 @@ struct BwdCase {
   int B, Hq, Hkv, Lq, Lkv;
   int param = -1;  // the variant's knob (window, prefix, n_pad, ...); < 0: default
   std::string tag = "";
-  bool dlse = false;       // the loss also uses the LSE (dLSE != 0)
-  bool noncontig = false;  // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
-  float scale = 0.0f;      // 0: default 1/sqrt(dqk)
+  bool dlse = false;           // the loss also uses the LSE (dLSE != 0)
+  bool noncontig = false;      // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
+  float scale = 0.0f;          // 0: default 1/sqrt(dqk)
+  bool deterministic = false;  // BackwardOptions::deterministic: also bit-identical over two runs
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -76,6 +77,15 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.noncontig = true; }),
       with({"sliding", f16, 64, 64, 1, 8, 1, 17, 1000, 300}, "noncontig_dlse",
            [](BwdCase& c) { c.noncontig = true, c.dlse = true; }),
+      // Deterministic mode: dQ from its own kernel over the forward tables, no atomics.
+      with({"causal", bf16, 128, 128, 2, 8, 2, 1000, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      with({"padding", f16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      with({"sliding", bf16, 64, 128, 1, 4, 1, 4097, 1000, 200}, "det_dlse",
+           [](BwdCase& c) { c.deterministic = true, c.dlse = true; }),
+      with({"document2d_causal", f16, 128, 64, 2, 2, 1, 17, 1000}, "det_noncontig",
+           [](BwdCase& c) { c.deterministic = true, c.noncontig = true; }),
   };
   return all;
 }
@@ -233,12 +243,24 @@ TEST_P(BackwardTest, MatchesReference) {
   fa::BackwardOptions bo;
   bo.scale = c.scale;
   bo.dlse = c.dlse ? &dlse : nullptr;
+  bo.deterministic = c.deterministic;
   const auto t1 = std::chrono::steady_clock::now();
   kernel.backward(q, k, v, o, lse, dout, dq, dk, dv, mask, captures, bo);
   fa::rt::synchronize(nullptr);
   const double gpu_ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() * 1e3;
   std::vector<uint16_t> grad_bits(in_bits.size());
   d_grad.download(grad_bits.data(), grad_bits.size() * 2);
+  if (c.deterministic) {  // a second run into re-poisoned gradients gives the same bits
+    d_grad.memset8(0xFF);
+    fa::rt::synchronize(nullptr);
+    kernel.backward(q, k, v, o, lse, dout, dq, dk, dv, mask, captures, bo);
+    fa::rt::synchronize(nullptr);
+    std::vector<uint16_t> again(grad_bits.size());
+    d_grad.download(again.data(), again.size() * 2);
+    size_t differ = 0;
+    for (size_t i = 0; i < again.size(); ++i) differ += again[i] != grad_bits[i];
+    EXPECT_EQ(differ, 0u) << "deterministic mode: gradients differ between two runs";
+  }
 
   // Where no gradient flows: query rows the mask empties (LSE = -inf), keys no query sees (the
   // reference dV row, a sum of P > 0 terms over the queries that see the key, is exactly 0).

@@ -1,7 +1,8 @@
 // Compiles every backward-kernel variant with NVRTC (no GPU needed): fp16/bf16 x head dims
-// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi with a slopes gradient} mods x the
-// tiles the host picks; prints compile time, registers and spills of the dK/dV kernel, and
-// fails on any compile error or on a misused config that compiles.
+// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi with a slopes gradient (compiled as
+// the deterministic variant: dK/dV without dQ reductions plus the dQ kernel over the forward
+// tables)} mods x the tiles the host picks; prints compile time, registers and spills of the dK/dV kernel,
+// and fails on any compile error or on a misused config that compiles.
 //   usage: fajit_kernel_backward_test
 #include "fa_nvrtc.h"
 
@@ -20,7 +21,9 @@ int main() {
             for (int mods = 0; mods < 2; ++mods) {
               const fa::TileConfig t =
                   fa::default_tile(dqk, dv, mods, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward);
-              const std::string cfg = std::to_string(t.block_m) + ", " + std::to_string(t.warps);
+              // with mods: the deterministic variant (dK/dV without dQ reductions, dQ kernel)
+              const std::string cfg = std::to_string(t.block_m) + ", " + std::to_string(t.warps) + ", 2, " +
+                                      (mods ? "true" : "false");
               fa_test::Compiled c = fa_test::compile(
                   fa_test::backward_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem,
                                            dqk, dv, cfg),

@@ -28,7 +28,7 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
   EXPECT_EQ(s.tile, fa::default_tile(128, 64, false, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward));
   EXPECT_EQ(s.to_string(), "backward bf16 qk128 v64 mma tile64x128w8s2 sm_90a");
   const std::string& src = k.backward_cuda_source();
-  EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2>;"), std::string::npos)
+  EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2, false>;"), std::string::npos)
       << src;
   EXPECT_NE(src.find("FAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)"), std::string::npos);
   EXPECT_NE(src.find("static constexpr bool kScoreGrad = false;"), std::string::npos);

@@ -47,6 +47,9 @@ struct BackwardOptions {
   // (any strides). The gradient is ADDED to what they hold (pass zeros for the plain gradient),
   // as autograd accumulates .grad; buffers not named get none.
   std::map<std::string, TensorView> buffer_grads;
+  // Bit-identical dQ, dK, dV run to run: dQ comes from its own kernel walking the forward's
+  // block tables in a fixed order instead of fp32 atomics (buffer gradients still use atomics).
+  bool deterministic = false;
 };
 
 struct BlockMaskOptions {

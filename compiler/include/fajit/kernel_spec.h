@@ -39,6 +39,7 @@ struct FA_API KernelSpec {
   KernelFamily family = KernelFamily::kAuto;
   TileConfig tile;  // resolved by resolved(); default picks per head dims
   std::string arch = "sm_90a";
+  bool deterministic = false;  // backward: dQ without atomics, bit-identical run to run
 
   // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits
   // static_asserts so the two cannot drift apart).
@@ -53,7 +54,7 @@ struct FA_API KernelSpec {
   std::string to_string() const;
   bool operator==(const KernelSpec& o) const {
     return kind == o.kind && dtype == o.dtype && family == o.family && head_dim_qk == o.head_dim_qk &&
-           head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch;
+           head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch && deterministic == o.deterministic;
   }
 };
 

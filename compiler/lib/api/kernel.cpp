@@ -283,17 +283,20 @@ struct Kernel::Impl {
   MaskBuilder mask;
   Compiled fwd;
   std::mutex bwd_mutex;
-  std::unique_ptr<Compiled> bwd;  // the backward kernels, compiled on first use
+  std::unique_ptr<Compiled> bwd[2];  // the backward kernels (atomic dQ, deterministic), on first use
 
-  const Compiled& backward_kernel() {
+  const Compiled& backward_kernel(bool deterministic = false) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
-    if (!bwd) {
+    std::unique_ptr<Compiled>& slot = bwd[deterministic ? 1 : 0];
+    if (!slot) {
       const Program& p = mask.program();
-      bwd = std::make_unique<Compiled>(compile_generated(
-          generate(p, backward_spec_of(fwd.gen.spec)), fwd.options.line_info,
+      KernelSpec spec = backward_spec_of(fwd.gen.spec);
+      spec.deterministic = deterministic;
+      slot = std::make_unique<Compiled>(compile_generated(
+          generate(p, spec), fwd.options.line_info,
           fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
     }
-    return *bwd;
+    return *slot;
   }
 };
 
@@ -352,7 +355,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
   std::vector<unsigned char> cap = pack_captures(captures);
   FaGradBuffers grads = grad_buffers_of(capture_slots(), captures, options.buffer_grads);
-  const Compiled& b = impl_->backward_kernel();
+  const Compiled& b = impl_->backward_kernel(options.deterministic);
   const KernelSpec& s = b.gen.spec;
   const float scale = check_call(s, "backward", shape, mask, options.scale);
 
@@ -360,12 +363,14 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   const CUstream st = reinterpret_cast<CUstream>(stream);
   CUfunction pre = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_pre");
   CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
-  CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dq");
+  CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin,
+                                       b.gen.kernel_name + (options.deterministic ? "_dq_det" : "_dq"));
   const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
-  StreamScratch scratch((delta_floats + rows * size_t(shape.dim_qk)) * sizeof(float), st);
+  const size_t accum_floats = options.deterministic ? 0 : rows * size_t(shape.dim_qk);
+  StreamScratch scratch((delta_floats + accum_floats) * sizeof(float), st);
   float* delta = scratch.f32();
-  float* dq_accum = delta + delta_floats;
+  float* dq_accum = options.deterministic ? nullptr : delta + delta_floats;
   const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, options.dlse};
   FaBwdParams p = rt::make_bwd_params(t, scale, mask, delta, dq_accum);
 
@@ -380,9 +385,17 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
                       static_cast<unsigned>(shape.batch * shape.heads_kv)),
              rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st,
              main_args);
-  void* dq_args[] = {&p};
-  rt::launch(dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
-             rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
+  if (options.deterministic) {
+    void* det_args[] = {&p, cap.data()};
+    rt::launch(dq_fn,
+               rt::Dim3(static_cast<unsigned>((shape.len_q + s.tile.block_m - 1) / s.tile.block_m), bh_q),
+               rt::Dim3(static_cast<unsigned>(bwd_det_threads(s))),
+               static_cast<unsigned>(bwd_det_smem_bytes(s)), st, det_args);
+  } else {
+    void* dq_args[] = {&p};
+    rt::launch(dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
+               rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
+  }
 }
 
 Kernel compile(const Program& program, const Options& options) {

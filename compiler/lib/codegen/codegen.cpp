@@ -372,9 +372,14 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
     const TileConfig& t = g.spec.tile;
     g.kernel_name = "fajit_bwd";  // fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq
     os << "#include \"fajit/backward.cuh\"\n";
-    os << fmt::format("using FaBwdCfg = fa::BwdConfig<{}, {}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
-                      g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps, t.stages);
+    os << fmt::format("using FaBwdCfg = fa::BwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n",
+                      element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps,
+                      t.stages, g.spec.deterministic ? "true" : "false");
     os << "FAJIT_DEFINE_BACKWARD(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
+    os << fmt::format(
+        "static_assert(FaBwdCfg::kDetThreads == {} && FaBwdCfg::kDetSmemBytes == {},"
+        " \"host and template disagree on the deterministic dQ kernel\");\n",
+        bwd_det_threads(g.spec), bwd_det_smem_bytes(g.spec));
     os << fmt::format(
         "static_assert(FaBwdCfg::kThreads == {}, \"host and template disagree on the block size\");\n",
         g.spec.threads());

@@ -18,6 +18,8 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
 }
 
 KernelSpec KernelSpec::resolved(bool has_score_mod) const {
+  if (deterministic && kind != KernelKind::kBackward)
+    throw Error("deterministic applies to the backward kernels only");
   KernelSpec s = *this;
   if (s.dtype != DType::f16 && s.dtype != DType::bf16)
     throw Error(fmt::format("kernel dtype must be f16 or bf16, got {}", dtype_name(s.dtype)));
@@ -68,8 +70,9 @@ std::string KernelSpec::to_string() const {
   const char* fam = family == KernelFamily::kWgmma     ? "wgmma"
                     : family == KernelFamily::kMmaSync ? "mma"
                                                        : "auto";
-  return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}", k, dtype_name(dtype), head_dim_qk, head_dim_v,
-                     fam, tile.block_m, tile.block_n, tile.warps, tile.stages, arch);
+  return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}{}", k, dtype_name(dtype), head_dim_qk, head_dim_v,
+                     fam, tile.block_m, tile.block_n, tile.warps, tile.stages, arch,
+                     deterministic ? " deterministic" : "");
 }
 
 int KernelSpec::threads() const { return tile.warps * 32; }

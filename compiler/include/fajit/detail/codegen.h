@@ -28,6 +28,12 @@ std::vector<CaptureSlot> capture_slots(const Program& program);
 // Threads per CTA of the backward's preprocess and dQ-conversion kernels (BwdConfig::
 // kPreThreads; each thread takes one 16-byte chunk of a row).
 constexpr int kBwdAuxThreads = 128;
+// The deterministic dQ kernel's launch shape (BwdConfig::kDetThreads / kDetSmemBytes): BLOCK_M
+// query rows, 16 per warp; Q and dO tiles plus two stages of 64-key K/V tiles.
+inline int bwd_det_threads(const KernelSpec& s) { return s.tile.block_m / 16 * 32; }
+inline int bwd_det_smem_bytes(const KernelSpec& s) {
+  return s.tile.block_m * (s.head_dim_qk + s.head_dim_v) * 2 + 2 * 64 * (s.head_dim_qk + s.head_dim_v) * 2;
+}
 
 // The FaMods struct for `program`; with_backward adds the backward's members (kScoreGrad,
 // score_grad: templates/fajit/backward.cuh).
