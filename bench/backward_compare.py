@@ -35,7 +35,8 @@ def bind_backward(lib):
     vp = ctypes.c_void_p
     lib.fajit_kernel_backward.restype = ctypes.c_int
     lib.fajit_kernel_backward.argtypes = [vp, T, T, T, T, T, T, T, T, T, T, ctypes.c_float, vp,
-                                          ctypes.POINTER(fc.FajitCaptures), ctypes.POINTER(fc.FajitCaptures), vp]
+                                          ctypes.POINTER(fc.FajitCaptures), ctypes.POINTER(fc.FajitCaptures),
+                                          ctypes.c_int, vp]
 
 
 def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
@@ -46,7 +47,8 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
     from triton.testing import do_bench
 
     mask_preset, score_preset, sdpa_kind = fc.CASES[case]
-    row = dict(case=case, B=B, Hq=Hq, Hkv=Hkv, S=S, D=D, fajit="-", fajit_fb="-", flex="-", flex_fb="-",
+    row = dict(case=case, B=B, Hq=Hq, Hkv=Hkv, S=S, D=D, fajit="-", fajit_fb="-", fajit_det="-", flex="-",
+               flex_fb="-",
                cudnn="n/a", cudnn_fb="n/a", err="-", check="?", errors=[])
     gen = torch.Generator(device="cuda").manual_seed(7 + S + D + Hq)
     mk = lambda h: torch.randn(B, h, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -116,9 +118,9 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
             fj.check(fj.lib.fajit_kernel_forward(kern, r(tq), r(tk), r(tv), r(to), r(tl), 0.0, bm, r(caps),
                                                  stream()), "fajit_kernel_forward")
 
-        def fajit_bwd():
+        def fajit_bwd(deterministic=0):
             fj.check(fj.lib.fajit_kernel_backward(kern, r(tq), r(tk), r(tv), r(to), r(tl), r(tdo), r(tdq), r(tdk),
-                                                  r(tdv), None, 0.0, bm, r(caps), None, stream()),
+                                                  r(tdv), None, 0.0, bm, r(caps), None, deterministic, stream()),
                      "fajit_kernel_backward")
         fajit_fwd()
         fajit_bwd()
@@ -130,6 +132,12 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
         row["fajit"] = do_bench(fajit_bwd, warmup=args.warmup, rep=args.rep, return_mode="median")
         row["fajit_fb"] = do_bench(lambda: (fajit_fwd(), fajit_bwd()), warmup=args.warmup, rep=args.rep,
                                    return_mode="median")
+        fajit_bwd(1)
+        torch.cuda.synchronize()
+        det_err = max(fc.rel_err(a, b) for a, b in zip((dq, dk, dv), grads["fajit"]))
+        if det_err > REL_TOL:
+            row["errors"].append(f"fajit deterministic: gradients differ from the default mode by {det_err:.1e}")
+        row["fajit_det"] = do_bench(lambda: fajit_bwd(1), warmup=args.warmup, rep=args.rep, return_mode="median")
     except Exception as e:  # noqa: BLE001
         msg = fc.short(e, 300)
         row["fajit"] = "n/a (no derivative yet)" if "not available yet" in msg else "ERR"
@@ -168,6 +176,7 @@ COLUMNS = [
     ("fajit bwd ms", lambda r: fc.fmt_ms(r["fajit"])),
     ("flex bwd ms", lambda r: fc.fmt_ms(r["flex"])),
     ("cudnn bwd ms", lambda r: fc.fmt_ms(r["cudnn"])),
+    ("fajit det bwd ms", lambda r: fc.fmt_ms(r.get("fajit_det", "-"))),
     ("fajit TFLOP/s", lambda r: fc.fmt_tf(r.get("fajit_tf", "-"))),
     ("flex TFLOP/s", lambda r: fc.fmt_tf(r.get("flex_tf", "-"))),
     ("cudnn TFLOP/s", lambda r: fc.fmt_tf(r.get("cudnn_tf", "n/a"))),

@@ -27,8 +27,8 @@ BW=Cases/BackwardTest.MatchesReference
 # kv read is out of bounds), no-LSE, a 4097 case, the builder, the validation paths.
 SMALL="$F/*_17x*:$F/relative_bias_f16_d64x64_b2h4g1_1000x1000:$F/*nolse_stream:$F/document_softcap_bf16_d64x128_b1h4g4_4097x4097:Cases/BlockMaskTest.MatchesBruteForce/document2d_causal_b4h1_17x1000_p5:ForwardValidation.*:$BW/*_17x*:$BW/padding_f16_d128x64_b1h4g1_17x1000_allmasked:$BW/causal_bf16_d128x128_b2h4g2_1000x1000_noncontig:$BW/dilated_f16_d64x128_b1h4g4_4097x1000"
 # racecheck: 4- and 8-warp configurations, with and without a score_mod; backward tiles of
-# 4 and 8 warps (64/64 and d128 configs).
-RACE="$BW/sliding_f16_d64x64_b2h4g4_1000x1000:$BW/prefix_lm_bf16_d128x64_b2h8g8_17x17:$BW/none_f16_d64x64_b1h8g8_17x17:$F/sliding_f16_d128x64_b2h4g2_17x4097_mma:$F/sliding_bf16_d64x128_b1h4g1_17x17:$F/none_f16_d64x64_b1h8g8_17x17:$F/causal_alibi_f16_d64x128_b2h4g1_17x1000:$F/dilated_bf16_d128x128_b1h2g1_1000x1000"
+# 4 and 8 warps (64/64 and d128 configs), and every deterministic-mode case.
+RACE="$BW/*det*:$BW/sliding_f16_d64x64_b2h4g4_1000x1000:$BW/prefix_lm_bf16_d128x64_b2h8g8_17x17:$BW/none_f16_d64x64_b1h8g8_17x17:$F/sliding_f16_d128x64_b2h4g2_17x4097_mma:$F/sliding_bf16_d64x128_b1h4g1_17x17:$F/none_f16_d64x64_b1h8g8_17x17:$F/causal_alibi_f16_d64x128_b2h4g1_17x1000:$F/dilated_bf16_d128x128_b1h2g1_1000x1000"
 # The runner the device machine executes: the suite, then memcheck and racecheck on subsets.
 cat > .device-build/bin/run-gpu-tests.sh <<RUNNER
 #!/usr/bin/env bash

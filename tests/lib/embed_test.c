@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   printf("errors: %s\n", fajit_last_error());
   /* The backward is in the C API too; its arguments are checked before anything runs. */
   if (fajit_kernel_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0.0f, NULL,
-                            NULL, NULL, NULL) != FAJIT_ERROR_INVALID_ARGUMENT ||
+                            NULL, NULL, 0, NULL) != FAJIT_ERROR_INVALID_ARGUMENT ||
       strcmp(fajit_last_error(), "kernel is NULL") != 0) {
     fprintf(stderr, "expected 'kernel is NULL' from fajit_kernel_backward, got: %s\n", fajit_last_error());
     return 1;

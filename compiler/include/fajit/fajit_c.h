@@ -112,14 +112,16 @@ FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit
  * primal's shape and dtype. The backward kernels are compiled on the first call. Asynchronous
  * on cu_stream; fp32 scratch is allocated and freed in stream order. buffer_grads (may be NULL;
  * only its buffers are read) names fp32 tensors, one per captured f32 buffer whose gradient
- * is wanted, of that buffer's shape: the gradient is added to what they hold. */
+ * is wanted, of that buffer's shape: the gradient is added to what they hold. deterministic != 0:
+ * bit-identical dQ, dK, dV run to run (dQ by its own kernel instead of fp32 atomics). */
 FA_API fajit_status fajit_kernel_backward(const fajit_kernel* kernel, const fajit_tensor* q,
                                           const fajit_tensor* k, const fajit_tensor* v, const fajit_tensor* o,
                                           const fajit_tensor* lse, const fajit_tensor* dout,
                                           const fajit_tensor* dq, const fajit_tensor* dk,
                                           const fajit_tensor* dv, const fajit_tensor* dlse, float scale,
                                           const fajit_block_mask* mask, const fajit_captures* captures,
-                                          const fajit_captures* buffer_grads, void* cu_stream);
+                                          const fajit_captures* buffer_grads, int deterministic,
+                                          void* cu_stream);
 
 #ifdef __cplusplus
 }

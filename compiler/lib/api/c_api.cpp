@@ -195,7 +195,7 @@ fajit_status fajit_kernel_backward(const fajit_kernel* k, const fajit_tensor* q,
                                    const fajit_tensor* dout, const fajit_tensor* dq, const fajit_tensor* dk,
                                    const fajit_tensor* dv, const fajit_tensor* dlse, float scale,
                                    const fajit_block_mask* mask, const fajit_captures* captures,
-                                   const fajit_captures* buffer_grads, void* cu_stream) {
+                                   const fajit_captures* buffer_grads, int deterministic, void* cu_stream) {
   return guarded([&] {
     require(k, "kernel");
     require(mask, "mask");
@@ -207,6 +207,7 @@ fajit_status fajit_kernel_backward(const fajit_kernel* k, const fajit_tensor* q,
       bo.dlse = &dlse_view;
     }
     if (buffer_grads) bo.buffer_grads = to_captures(buffer_grads).buffers();
+    bo.deterministic = deterministic != 0;
     k->kernel.backward(to_view(q, "q"), to_view(kk, "k"), to_view(v, "v"), to_view(o, "o"),
                        to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"), to_view(dk, "dk"),
                        to_view(dv, "dv"), mask->mask, to_captures(captures), bo,
