@@ -39,6 +39,25 @@ struct AttentionTileShape {
   static constexpr int kCV = kHeadDimV / 8;    // 16-byte chunks per V/O row
 };
 
+// ---- where a CTA and a thread are -------------------------------------------------------------
+// A query-block CTA (grid x: query blocks of block_m rows, y: batch x query heads): its first
+// query row, batch, query head and the KV head that query head reads (GQA).
+struct QueryBlockCta {
+  int q0, b, h, hkv;
+  __device__ __forceinline__ QueryBlockCta(int block_m, int heads_q, int heads_kv)
+      : q0(blockIdx.x * block_m),
+        b(blockIdx.y / heads_q),
+        h(blockIdx.y % heads_q),
+        hkv(h / (heads_q / heads_kv)) {}
+};
+// A thread's place in the mma.sync fragment layout: its warp, and within the warp the row
+// group g = lane / 4 and the column pair t = lane % 4 (fragment rows g, g + 8; columns 2t, 2t + 1).
+struct LaneCoords {
+  int tid, lane, warp, g, t;
+  __device__ __forceinline__ LaneCoords()
+      : tid(threadIdx.x), lane(tid & 31), warp(tid >> 5), g(lane >> 2), t(lane & 3) {}
+};
+
 // ---- the mods hook ---------------------------------------------------------------------------
 // One score at (q, kv): score_mod on x·scale (scores reach score_mod already multiplied by
 // `scale`, flex semantics); with kMask also the bound (`in_range`) and mask_mod unless the

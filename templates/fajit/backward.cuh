@@ -267,8 +267,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   constexpr int kCQ = Cfg::kCQ, kCV = Cfg::kCV, kCM = Cfg::kCM;
 
   extern __shared__ __align__(128) unsigned char smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  const LaneCoords lc;
+  const int tid = lc.tid, lane = lc.lane, warp = lc.warp, g = lc.g, t = lc.t;
 
   const int kv0 = blockIdx.x * kBN;
   const int b = blockIdx.y / p.heads_kv, hkv = blockIdx.y % p.heads_kv;
@@ -489,11 +489,10 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   constexpr int kDQ = Cfg::kHeadDimQK / 8;
 
   extern __shared__ __align__(128) unsigned char smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int q0 = blockIdx.x * kBM;
-  const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
-  const int hkv = h / (p.heads_q / p.heads_kv);
+  const LaneCoords lc;
+  const int tid = lc.tid, lane = lc.lane, warp = lc.warp, g = lc.g, t = lc.t;
+  const QueryBlockCta cta(kBM, p.heads_q, p.heads_kv);
+  const int q0 = cta.q0, b = cta.b, h = cta.h, hkv = cta.hkv;
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   const u32 sQ = smem_addr(smem);

@@ -120,12 +120,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   constexpr int kThreads = Cfg::kThreads;
 
   extern __shared__ __align__(128) unsigned char smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-
-  const int q0 = blockIdx.x * kBM;
-  const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
-  const int hkv = h / (p.heads_q / p.heads_kv);
+  const LaneCoords lc;
+  const int tid = lc.tid, lane = lc.lane, warp = lc.warp, g = lc.g, t = lc.t;
+  const QueryBlockCta cta(kBM, p.heads_q, p.heads_kv);
+  const int q0 = cta.q0, b = cta.b, h = cta.h, hkv = cta.hkv;
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;

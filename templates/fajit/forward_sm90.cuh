@@ -158,9 +158,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / kWG;
-  const int q0 = blockIdx.x * kBM;
-  const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
-  const int hkv = h / (p.heads_q / p.heads_kv);
+  const QueryBlockCta cta(kBM, p.heads_q, p.heads_kv);
+  const int q0 = cta.q0, b = cta.b, h = cta.h, hkv = cta.hkv;
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each

@@ -123,11 +123,12 @@ KernelSpec forward_spec(const Options& options) {
   return spec;
 }
 
-// The block-mask builder's spec beside a resolved forward spec: its element type, head dims
-// and arch (the builder has no tile or kernel family of its own).
-KernelSpec block_mask_spec(const KernelSpec& forward) {
+// The spec of another kernel of the same variant beside a resolved forward spec: its element
+// type, head dims and arch; its own tile and family (the block-mask builder has none, the
+// backward picks its own).
+KernelSpec spec_beside(const KernelSpec& forward, KernelKind kind) {
   KernelSpec s = forward;
-  s.kind = KernelKind::kBlockMask;
+  s.kind = kind;
   s.family = KernelFamily::kAuto;
   s.tile = TileConfig{};
   return s;
@@ -144,7 +145,7 @@ class MaskBuilder {
         slots_(capture_slots(program_)) {}
 
   const Program& program() const { return program_; }
-  // The builder kernel's spec (block_mask_spec); needed only once a mask is left undecided.
+  // The builder kernel's spec (spec_beside(..., kBlockMask)); needed only once a mask is left undecided.
   void set_spec(KernelSpec spec) { spec_ = std::move(spec); }
 
   BlockMask build(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
@@ -267,15 +268,6 @@ FaGradBuffers grad_buffers_of(const std::vector<CaptureSlot>& slots, const Captu
   return g;
 }
 
-// The backward kernels' spec beside a resolved forward spec (their own tile and family).
-KernelSpec backward_spec_of(const KernelSpec& forward) {
-  KernelSpec s = forward;
-  s.kind = KernelKind::kBackward;
-  s.family = KernelFamily::kAuto;
-  s.tile = TileConfig{};
-  return s;
-}
-
 }  // namespace
 
 struct Kernel::Impl {
@@ -290,7 +282,7 @@ struct Kernel::Impl {
     std::unique_ptr<Compiled>& slot = bwd[deterministic ? 1 : 0];
     if (!slot) {
       const Program& p = mask.program();
-      KernelSpec spec = backward_spec_of(fwd.gen.spec);
+      KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kBackward);
       spec.deterministic = deterministic;
       slot = std::make_unique<Compiled>(compile_generated(
           generate(p, spec), fwd.options.line_info,
@@ -404,7 +396,7 @@ Kernel compile(const Program& program, const Options& options) {
   std::string what =
       fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
   impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
-  impl->mask.set_spec(block_mask_spec(impl->fwd.gen.spec));
+  impl->mask.set_spec(spec_beside(impl->fwd.gen.spec, KernelKind::kBlockMask));
   return Kernel(std::move(impl));
 }
 
@@ -418,7 +410,7 @@ BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t l
   // Only the builder: the forward spec is resolved (checking the options as fa::compile does)
   // for the builder's element type, head dims and arch, and no forward kernel is generated.
   MaskBuilder builder(trace(identity_score(), mask));
-  builder.set_spec(block_mask_spec(forward_spec(compile_options).resolved()));
+  builder.set_spec(spec_beside(forward_spec(compile_options).resolved(), KernelKind::kBlockMask));
   return builder.build(batch, heads, len_q, len_kv, captures, options, stream);
 }
 
