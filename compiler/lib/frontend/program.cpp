@@ -133,9 +133,14 @@ void differentiate(Program::Impl& impl) {
   b.setInsertionPointToStart(impl.grad_module->getBody());
   b.clone(*impl.score.getOperation());
   DiagnosticCollector diags(ctx);
+  // The diagnostic names the op already; MLIR would append the op in generic form.
+  const bool print_op = ctx->shouldPrintOpOnDiagnostic();
+  ctx->printOpOnDiagnostic(false);
   mlir::PassManager pm(ctx);
   pm.addPass(mlir::fa::createFADifferentiate());
-  if (mlir::failed(pm.run(*impl.grad_module))) {
+  const bool failed = mlir::failed(pm.run(*impl.grad_module));
+  ctx->printOpOnDiagnostic(print_op);
+  if (failed) {
     impl.score_grad_error = fmt::format("cannot differentiate score_mod @{}:\n{}",
                                         impl.score.getSymName().str(), diags.message());
     return;
