@@ -131,21 +131,30 @@ void differentiate(Program::Impl& impl) {
   mlir::OpBuilder b(ctx);
   impl.grad_module = mlir::ModuleOp::create(b.getUnknownLoc());
   b.setInsertionPointToStart(impl.grad_module->getBody());
-  b.clone(*impl.score.getOperation());
+  auto mod = llvm::cast<mlir::fa::ScoreModOp>(b.clone(*impl.score.getOperation()));
   DiagnosticCollector diags(ctx);
   // The diagnostic names the op already; MLIR would append the op in generic form.
   const bool print_op = ctx->shouldPrintOpOnDiagnostic();
   ctx->printOpOnDiagnostic(false);
-  mlir::PassManager pm(ctx);
-  pm.addPass(mlir::fa::createFADifferentiate());
-  const bool failed = mlir::failed(pm.run(*impl.grad_module));
+  mlir::FailureOr<mlir::fa::ScoreGradOp> grad = mlir::fa::differentiateScoreMod(mod);
+  // What fa-differentiate does next: canonicalize + CSE the derivative. Skipped when it is
+  // already bare (`yield %dt`: the identity score_mod, the forward-only common case), which
+  // keeps tracing cheap.
+  bool ok = mlir::succeeded(grad);
+  if (ok && !llvm::isa<mlir::fa::YieldOp>(grad->getEntryBlock().front())) {
+    mlir::PassManager pm(ctx);
+    mlir::OpPassManager& nested = pm.nest<mlir::fa::ScoreGradOp>();
+    nested.addPass(mlir::createCanonicalizerPass());
+    nested.addPass(mlir::createCSEPass());
+    ok = mlir::succeeded(pm.run(*impl.grad_module));
+  }
   ctx->printOpOnDiagnostic(print_op);
-  if (failed) {
+  if (!ok) {
     impl.score_grad_error = fmt::format("cannot differentiate score_mod @{}:\n{}",
                                         impl.score.getSymName().str(), diags.message());
     return;
   }
-  impl.score_grad = *impl.grad_module->getOps<mlir::fa::ScoreGradOp>().begin();
+  impl.score_grad = *grad;
 }
 
 }  // namespace
