@@ -18,6 +18,7 @@ namespace {
 
 constexpr llvm::StringLiteral kScoreArgNames[] = {"score", "b", "h", "q", "kv"};
 constexpr llvm::StringLiteral kMaskArgNames[] = {"b", "h", "q", "kv"};
+constexpr llvm::StringLiteral kGradArgNames[] = {"score", "b", "h", "q", "kv", "dt"};
 
 bool isIdentifier(StringRef s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
@@ -32,10 +33,17 @@ bool isBodyType(Type t) { return t.isF32() || t.isSignlessInteger(32) || t.isSig
 //       attributes {...} { body }
 //===----------------------------------------------------------------------===//
 
+// fa.score_grad shares the syntax; its @name is the score_mod it differentiates (attribute
+// `mod`, a reference), not a symbol of its own.
 template <typename ModOp>
 ParseResult parseModOp(OpAsmParser &parser, OperationState &result) {
   StringAttr symName;
-  if (parser.parseSymbolName(symName, SymbolTable::getSymbolAttrName(), result.attributes)) return failure();
+  if constexpr (std::is_same_v<ModOp, ScoreGradOp>) {
+    if (parser.parseSymbolName(symName)) return failure();
+    result.addAttribute(ScoreGradOp::getModAttrName(result.name), FlatSymbolRefAttr::get(symName));
+  } else if (parser.parseSymbolName(symName, SymbolTable::getSymbolAttrName(), result.attributes)) {
+    return failure();
+  }
   SmallVector<OpAsmParser::Argument> args;
   if (parser.parseArgumentList(args, OpAsmParser::Delimiter::Paren, /*allowType=*/true)) return failure();
   SmallVector<Attribute> captureNames;
@@ -79,9 +87,13 @@ void printModOp(ModOp op, OpAsmPrinter &p) {
     p << ')';
   }
   p << " -> " << op.getResultType();
-  p.printOptionalAttrDictWithKeyword(
-      op->getAttrs(),
-      {SymbolTable::getSymbolAttrName(), op.getResultTypeAttrName(), op.getCaptureNamesAttrName()});
+  StringRef nameAttr;
+  if constexpr (std::is_same_v<ModOp, ScoreGradOp>)
+    nameAttr = op.getModAttrName().getValue();
+  else
+    nameAttr = SymbolTable::getSymbolAttrName();
+  p.printOptionalAttrDictWithKeyword(op->getAttrs(),
+                                     {nameAttr, op.getResultTypeAttrName(), op.getCaptureNamesAttrName()});
   p << ' ';
   p.printRegion(op.getBody(), /*printEntryBlockArgs=*/false, /*printBlockTerminators=*/true);
 }
@@ -132,14 +144,19 @@ LogicalResult verifyModOp(ModOp op, ArrayRef<llvm::StringLiteral> fixedNames, Ar
     if (llvm::is_contained(kScoreArgNames, name))
       return op.emitOpError() << "capture name '" << name
                               << "' is reserved (score, b, h, q and kv name the fixed arguments)";
+    if (llvm::is_contained(fixedNames, name))
+      return op.emitOpError() << "capture name '" << name << "' is reserved (it names a fixed argument)";
     if (!llvm::isa<BufferType>(c.getType()))
       return op.emitOpError() << "capture '" << name << "' must be a !fa.buffer, got " << c.getType();
   }
+  constexpr bool kIsGrad = std::is_same_v<ModOp, ScoreGradOp>;
   for (Operation &inner : entry) {
+    if (kIsGrad && isa<GradAddOp>(inner)) continue;  // verified on its own; writes by design
     if (!isSupportedBodyOp(&inner))
       return inner.emitOpError() << "is not supported in a " << opName
                                  << " body (allowed: pure arith and math ops on i1/i32/f32, "
-                                    "fa.load, fa.scalar, fa.yield)";
+                                    "fa.load, fa.scalar, fa.yield"
+                                 << (kIsGrad ? ", fa.grad_add)" : ")");
     if (!isMemoryEffectFree(&inner))
       return inner.emitOpError() << "has side effects; " << opName << " bodies must be pure";
     if (isa<arith::FPToSIOp, arith::FPToUIOp>(inner) && inner.getResult(0).getType().isSignlessInteger(1))
@@ -173,6 +190,7 @@ bool mlir::fa::isSupportedBodyOp(Operation *op) {
 
 unsigned ScoreModOp::getNumFixedArgs() { return 5; }
 unsigned MaskModOp::getNumFixedArgs() { return 4; }
+unsigned ScoreGradOp::getNumFixedArgs() { return 6; }
 
 ParseResult ScoreModOp::parse(OpAsmParser &parser, OperationState &result) {
   return parseModOp<ScoreModOp>(parser, result);
@@ -182,6 +200,10 @@ ParseResult MaskModOp::parse(OpAsmParser &parser, OperationState &result) {
   return parseModOp<MaskModOp>(parser, result);
 }
 void MaskModOp::print(OpAsmPrinter &p) { printModOp(*this, p); }
+ParseResult ScoreGradOp::parse(OpAsmParser &parser, OperationState &result) {
+  return parseModOp<ScoreGradOp>(parser, result);
+}
+void ScoreGradOp::print(OpAsmPrinter &p) { printModOp(*this, p); }
 
 void ScoreModOp::getAsmBlockArgumentNames(Region &region, OpAsmSetValueNameFn setNameFn) {
   nameBlockArgs(*this, region, setNameFn, kScoreArgNames);
@@ -189,11 +211,20 @@ void ScoreModOp::getAsmBlockArgumentNames(Region &region, OpAsmSetValueNameFn se
 void MaskModOp::getAsmBlockArgumentNames(Region &region, OpAsmSetValueNameFn setNameFn) {
   nameBlockArgs(*this, region, setNameFn, kMaskArgNames);
 }
+void ScoreGradOp::getAsmBlockArgumentNames(Region &region, OpAsmSetValueNameFn setNameFn) {
+  nameBlockArgs(*this, region, setNameFn, kGradArgNames);
+}
 
 LogicalResult ScoreModOp::verifyRegions() {
   Builder b(getContext());
   Type f32 = b.getF32Type(), i32 = b.getI32Type();
   return verifyModOp(*this, kScoreArgNames, {f32, i32, i32, i32, i32}, f32);
+}
+
+LogicalResult ScoreGradOp::verifyRegions() {
+  Builder b(getContext());
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
+  return verifyModOp(*this, kGradArgNames, {f32, i32, i32, i32, i32, f32}, f32);
 }
 
 LogicalResult MaskModOp::verifyRegions() {
@@ -214,6 +245,17 @@ LogicalResult LoadOp::verify() {
   return success();
 }
 
+LogicalResult GradAddOp::verify() {
+  BufferType type = getBuffer().getType();
+  if (!type.getElementType().isF32())
+    return emitOpError() << "needs an f32 buffer: " << type << " has no gradient";
+  unsigned rank = type.getRank();
+  if (getIndices().size() != rank)
+    return emitOpError() << "expects " << rank << (rank == 1 ? " index" : " indices") << " for a rank-"
+                         << rank << " buffer, got " << getIndices().size();
+  return success();
+}
+
 LogicalResult ScalarOp::verify() {
   if (!isIdentifier(getName())) return emitOpError() << "name '" << getName() << "' must be an identifier";
   return success();
@@ -221,8 +263,9 @@ LogicalResult ScalarOp::verify() {
 
 LogicalResult YieldOp::verify() {
   Operation *parent = (*this)->getParentOp();
-  Type expected = isa<ScoreModOp>(parent) ? cast<ScoreModOp>(parent).getResultType()
-                                          : cast<MaskModOp>(parent).getResultType();
+  Type expected = isa<ScoreModOp>(parent)    ? cast<ScoreModOp>(parent).getResultType()
+                  : isa<ScoreGradOp>(parent) ? cast<ScoreGradOp>(parent).getResultType()
+                                             : cast<MaskModOp>(parent).getResultType();
   if (getValue().getType() != expected)
     return emitOpError() << "yields " << getValue().getType() << " but '" << parent->getName() << "' returns "
                          << expected;

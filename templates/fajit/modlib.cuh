@@ -1,11 +1,13 @@
 // fajit mod library: the named device primitives generated score_mod / mask_mod code calls
 // for arith/math ops whose semantics C++ does not give directly (wrap-around, floor/ceil
 // division, NaN-propagating min/max, saturating casts, captured-buffer loads). Semantics
-// match the host interpreter (compiler/include/fajit/interp.h). No includes but params.h.
+// match the host interpreter (compiler/include/fajit/interp.h). No includes but params.h and
+// prelude.cuh (fa.grad_add's reduction).
 #ifndef FAJIT_MODLIB_CUH
 #define FAJIT_MODLIB_CUH
 
 #include "fajit/params.h"
+#include "fajit/prelude.cuh"
 
 namespace fa {
 namespace mod {
@@ -55,14 +57,21 @@ __device__ __forceinline__ int f2i(float a) { return __float2int_rz(a); }
 __device__ __forceinline__ int f2u(float a) { return (int)__float2uint_rz(a); }
 
 // fa.load: element [i0, i1, ...] of a captured buffer (read-only for the kernel's lifetime).
-__device__ __forceinline__ long long offset(const FaBuffer& b, int i0) { return (long long)i0 * b.stride[0]; }
-__device__ __forceinline__ long long offset(const FaBuffer& b, int i0, int i1) {
+// The offsets serve FaBuffer and FaGradBuffer (same strides layout).
+template <typename Buf>
+__device__ __forceinline__ long long offset(const Buf& b, int i0) {
+  return (long long)i0 * b.stride[0];
+}
+template <typename Buf>
+__device__ __forceinline__ long long offset(const Buf& b, int i0, int i1) {
   return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1];
 }
-__device__ __forceinline__ long long offset(const FaBuffer& b, int i0, int i1, int i2) {
+template <typename Buf>
+__device__ __forceinline__ long long offset(const Buf& b, int i0, int i1, int i2) {
   return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1] + (long long)i2 * b.stride[2];
 }
-__device__ __forceinline__ long long offset(const FaBuffer& b, int i0, int i1, int i2, int i3) {
+template <typename Buf>
+__device__ __forceinline__ long long offset(const Buf& b, int i0, int i1, int i2, int i3) {
   return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1] + (long long)i2 * b.stride[2] +
          (long long)i3 * b.stride[3];
 }
@@ -73,6 +82,14 @@ __device__ __forceinline__ float load_f32(const FaBuffer& b, I... idx) {
 template <typename... I>
 __device__ __forceinline__ int load_i32(const FaBuffer& b, I... idx) {
   return __ldg(static_cast<const int*>(b.ptr) + offset(b, idx...));
+}
+
+// fa.grad_add (score_grad only): grad[i0, ...] += v with an fp32 reduction, at the element the
+// forward's load reads (same strides arithmetic, no bounds check, as load_f32). Nothing when
+// the gradient is not wanted (null ptr) or v is 0 (masked and underflowed elements).
+template <typename... I>
+__device__ __forceinline__ void grad_add_f32(const FaGradBuffer& g, float v, I... idx) {
+  if (g.ptr != nullptr && v != 0.f) red_add_f32(g.ptr + offset(g, idx...), v);
 }
 
 }  // namespace mod

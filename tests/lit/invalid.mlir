@@ -162,7 +162,7 @@ fa.mask_mod @yield_i32(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {
 // -----
 
 %t = arith.constant true
-// expected-error @+1 {{'fa.yield' op expects parent op to be one of 'fa.score_mod, fa.mask_mod'}}
+// expected-error @+1 {{'fa.yield' op expects parent op to be one of 'fa.score_mod, fa.mask_mod, fa.score_grad'}}
 fa.yield %t : i1
 
 //===----------------------------------------------------------------------===//
@@ -329,7 +329,7 @@ fa.score_mod @load_result_type(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
 
 // The parent check comes before the operand type checks, so any operand reaches it.
 %c0 = arith.constant 0 : i32
-// expected-error @+1 {{'fa.load' op expects parent op to be one of 'fa.score_mod, fa.mask_mod'}}
+// expected-error @+1 {{'fa.load' op expects parent op to be one of 'fa.score_mod, fa.mask_mod, fa.score_grad'}}
 %x = "fa.load"(%c0) : (i32) -> f32
 
 //===----------------------------------------------------------------------===//
@@ -362,7 +362,7 @@ fa.score_mod @scalar_f16(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f3
 
 // -----
 
-// expected-error @+1 {{'fa.scalar' op expects parent op to be one of 'fa.score_mod, fa.mask_mod'}}
+// expected-error @+1 {{'fa.scalar' op expects parent op to be one of 'fa.score_mod, fa.mask_mod, fa.score_grad'}}
 %w = fa.scalar "window" : i32
 
 //===----------------------------------------------------------------------===//
@@ -499,4 +499,50 @@ fa.mask_mod @float_to_bool(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {
   // expected-error @+1 {{'arith.fptosi' op converts a float to i1; compare the float instead}}
   %r = arith.fptosi %f : f32 to i1
   fa.yield %r : i1
+}
+
+//===----------------------------------------------------------------------===//
+// fa.score_grad / fa.grad_add (what fa-differentiate builds)
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// expected-error @+1 {{'fa.score_grad' op argument #5 ('dt') must be 'f32', got 'i32'}}
+fa.score_grad @bad_dt(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32, %dt: i32) -> f32 {
+  fa.yield %score : f32
+}
+
+// -----
+
+// expected-error @+1 {{'fa.score_grad' op capture name 'dt' is reserved (it names a fixed argument)}}
+fa.score_grad @dt_capture(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32, %dt0: f32)
+    captures(%dt: !fa.buffer<f32, 1>) -> f32 {
+  fa.yield %score : f32
+}
+
+// -----
+
+fa.score_grad @int_grad(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32, %dt: f32)
+    captures(%doc: !fa.buffer<i32, 1>) -> f32 {
+  // expected-error @+1 {{'fa.grad_add' op needs an f32 buffer: '!fa.buffer<i32, 1>' has no gradient}}
+  fa.grad_add %doc[%q], %dt : !fa.buffer<i32, 1>
+  fa.yield %dt : f32
+}
+
+// -----
+
+fa.score_grad @grad_rank(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32, %dt: f32)
+    captures(%bias: !fa.buffer<f32, 2>) -> f32 {
+  // expected-error @+1 {{'fa.grad_add' op expects 2 indices for a rank-2 buffer, got 1}}
+  fa.grad_add %bias[%q], %dt : !fa.buffer<f32, 2>
+  fa.yield %dt : f32
+}
+
+// -----
+
+fa.score_mod @grad_add_in_mod(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
+    captures(%bias: !fa.buffer<f32, 1>) -> f32 {
+  // expected-error @+1 {{'fa.grad_add' op expects parent op 'fa.score_grad'}}
+  fa.grad_add %bias[%q], %score : !fa.buffer<f32, 1>
+  fa.yield %score : f32
 }

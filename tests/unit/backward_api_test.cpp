@@ -1,13 +1,15 @@
 // fa::Kernel::backward's compile-side contract, without a GPU: the backward kernels are generated
-// and NVRTC-compiled on demand with the host's backward tile; a score_mod without its derivative
-// is refused by name; bad tensors are rejected before anything touches the driver, with the
-// argument named (fake, aligned device addresses; nothing is launched).
+// and NVRTC-compiled on demand with the host's backward tile, with the score_mod's derivative
+// from fa-differentiate; a score_mod without one is refused naming the op; bad tensors are rejected before
+// anything touches the driver, with the argument named (fake, aligned device addresses; nothing is launched).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 
 #include "fa_test_util.h"
 #include "fajit/error.h"
+#include "fajit/frontend.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
 
@@ -36,11 +38,39 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
   EXPECT_EQ(k.spec().kind, fa::KernelKind::kForward);
 }
 
-TEST(BackwardApi, ScoreModWithoutDerivativeIsRefused) {
+// An additive bias differentiates to dS = dT: the identity hook, as for no score_mod at all.
+TEST(BackwardApi, AdditiveBiasKeepsDsEqualToDt) {
   const fa::Kernel k = fa::compile(fa::mods::alibi(), fa::mods::causal(), opts(64, 64));
-  EXPECT_EQ(error_of([&] { k.backward_cuda_source(); }),
-            "backward of score_mod @alibi is not available yet: its derivative comes with the "
-            "differentiation pass");
+  const std::string& src = k.backward_cuda_source();
+  EXPECT_NE(src.find("static constexpr bool kScoreGrad = false;"), std::string::npos) << src;
+}
+
+// softcap's derivative is generated code; a float buffer's gradient goes through grad_add_f32.
+// Both compile with NVRTC (backward_cuda_source compiles the kernels).
+TEST(BackwardApi, ScoreModDerivativesAreGenerated) {
+  const fa::Kernel cap = fa::compile(fa::mods::softcap(), fa::mods::causal(), opts(64, 64));
+  const std::string& src = cap.backward_cuda_source();
+  EXPECT_NE(src.find("static constexpr bool kScoreGrad = true;"), std::string::npos) << src;
+  EXPECT_NE(src.find("float score_grad(float score, int b, int h, int q, int kv, float dt,"),
+            std::string::npos);
+  EXPECT_NE(src.find("tanhf("), std::string::npos);
+  const fa::Kernel slopes =
+      fa::compile(fa::mods::alibi(fa::buffer<float>("slopes", 1)), fa::mods::causal(), opts(64, 64));
+  const std::string& src2 = slopes.backward_cuda_source();
+  EXPECT_NE(src2.find("static constexpr bool kScoreGrad = true;"), std::string::npos) << src2;
+  EXPECT_NE(src2.find("fa::mod::grad_add_f32(grads.buffers[0], "), std::string::npos) << src2;
+}
+
+TEST(BackwardApi, ScoreModWithoutDerivativeIsRefusedNamingTheOp) {
+  const fa::ScoreMod stepped{
+      "stepped", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s + fa::floor(s); }};
+  const fa::Kernel k = fa::compile(stepped, fa::mods::causal(), opts(64, 64));
+  const std::string e = error_of([&] { k.backward_cuda_source(); });
+  EXPECT_EQ(e.rfind("cannot differentiate score_mod @stepped:\n", 0), 0u) << e;
+  EXPECT_NE(e.find("'math.floor' op has no derivative (a step function); the gradient of score_mod @stepped "
+                   "would flow through it"),
+            std::string::npos)
+      << e;
 }
 
 // Tensors at fake, 256-byte aligned addresses: validation never dereferences them.

@@ -1,7 +1,8 @@
 // Tests of the body-op table (dialect/include/fajit/Dialect/FA/BodyOps.def): for every entry,
 // a one-op score_mod and mask_mod that the verifier accepts, the interpreter evaluates, the
-// interval analysis evaluates exactly on points (or knowingly models as "anything") and
-// codegen lowers. An op added to the table fails here until every evaluator handles it.
+// interval analysis evaluates exactly on points (or knowingly models as "anything"), codegen
+// lowers and fa-differentiate differentiates. An op added to the table fails here until every evaluator
+// handles it.
 #include "fajit/Dialect/FA/BodyOps.h"
 
 #include <gtest/gtest.h>
@@ -153,6 +154,15 @@ void check_op(BodyOp op) {
   std::string mods;
   ASSERT_EQ(error_of([&] { mods = fa::emit_mods(*p); }), kNoError);
   EXPECT_NE(mods.find(" = " + name + " "), std::string::npos) << mods;
+
+  // Differentiation (its chain rules are a switch over the table: -Wswitch names a missing
+  // one; tests/unit/differentiate_test.cpp checks them on the score): the op's value does not
+  // depend on the score here, so dS = dt, and the derivative lowers.
+  float ds = 0;
+  ASSERT_EQ(error_of([&] { ds = fa::ModProgram::grad_of(*p).eval_score_grad(0.0f, 0, 0, 0, 0, 1.5f, env); }),
+            kNoError);
+  EXPECT_EQ(ds, 1.5f);
+  ASSERT_EQ(error_of([&] { fa::emit_mods(*p, /*with_backward=*/true); }), kNoError);
 }
 
 TEST(BodyOps, EveryEvaluatorHandlesEveryTableOp) {

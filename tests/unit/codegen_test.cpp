@@ -685,6 +685,83 @@ TEST(CodegenNvrtc, EveryOpKindLowersToValidCuda) {
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name << "\n" << mods[i];
 }
 
+// ---- the backward hook: score_grad from fa-differentiate -------------------------------------
+
+TEST(Codegen, BackwardHookFromTheDerivative) {
+  // No score_mod, or an additive bias without buffers: dS = dT.
+  for (const fa::ScoreMod& s : {fa::identity_score(), fa::mods::alibi()}) {
+    std::string m = fa::emit_mods(fa::trace(s, fa::mods::causal()), /*with_backward=*/true);
+    EXPECT_HAS(m, "static constexpr bool kScoreGrad = false;");
+    EXPECT_HAS(m, "    return dt;\n");
+  }
+  // A buffer read: dS = dt, and the element's gradient through grad_add_f32 at the load's index.
+  std::string rel = fa::emit_mods(fa::trace(fa::mods::relative_bias(), fa::mods::causal()), true);
+  EXPECT_HAS(rel, "static constexpr bool kScoreGrad = true;");
+  EXPECT_HAS(rel, "fa::mod::grad_add_f32(grads.buffers[0], dt, v_");
+  EXPECT_HAS(rel, "    return dt;  // fa: fa.yield %dt : f32");
+  // softcap: generated, each line tagged with its op.
+  std::string cap = fa::emit_mods(fa::trace(fa::mods::softcap(), fa::mods::causal()), true);
+  EXPECT_HAS(cap, "static constexpr bool kScoreGrad = true;");
+  EXPECT_HAS(cap, "= tanhf(");
+  EXPECT_HAS(cap, "// fa: %5 = arith.subf %cst, %4 : f32");
+  EXPECT_LACKS(cap, "grad_add");
+  // Forward-only code has no hook at all.
+  EXPECT_LACKS(fa::emit_mods(fa::trace(fa::mods::softcap(), fa::mods::causal())), "kScoreGrad");
+}
+
+TEST(Codegen, BackwardOfAModWithoutDerivativeIsRefused) {
+  const fa::ScoreMod stepped{"stepped", [](Score s, Index, Index, Index, Index) { return s * fa::floor(s); }};
+  const fa::Program p = fa::trace(stepped, fa::mods::causal());
+  EXPECT_NO_THROW(fa::emit_mods(p));  // the forward does not need it
+  const std::string e = error_of([&] { fa::emit_mods(p, true); });
+  EXPECT_EQ(e.rfind("cannot differentiate score_mod @stepped:\n", 0), 0u) << e;
+  EXPECT_HAS(e, "'math.floor' op has no derivative (a step function)");
+}
+
+// Every differentiable f32 op's derivative (applied to the score and an element of an f32
+// buffer), called from a kernel, compiles with NVRTC.
+TEST(CodegenNvrtc, EveryDerivativeLowersToValidCuda) {
+  const char* unary[] = {"arith.negf", "math.exp",   "math.exp2", "math.log", "math.log2", "math.tanh",
+                         "math.sqrt",  "math.rsqrt", "math.absf", "math.sin", "math.cos",  "math.erf"};
+  const char* binary[] = {"arith.addf",     "arith.subf",    "arith.mulf",    "arith.divf", "arith.maximumf",
+                          "arith.minimumf", "arith.maxnumf", "arith.minnumf", "math.powf"};
+  std::vector<std::string> mlir;
+  for (const char* op : unary)
+    mlir.push_back(
+        fmt::format("fa.score_mod @d(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)\n"
+                    "    captures(%w: !fa.buffer<f32, 2>) -> f32 {{\n"
+                    "  %x = fa.load %w[%h, %kv] : !fa.buffer<f32, 2>\n  %y = {} %score : f32\n"
+                    "  %r = arith.mulf %y, %x : f32\n  fa.yield %r : f32\n}}\n",
+                    op));
+  for (const char* op : binary)
+    mlir.push_back(
+        fmt::format("fa.score_mod @d(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)\n"
+                    "    captures(%w: !fa.buffer<f32, 2>) -> f32 {{\n"
+                    "  %x = fa.load %w[%h, %kv] : !fa.buffer<f32, 2>\n  %r = {} %score, %x : f32\n"
+                    "  fa.yield %r : f32\n}}\n",
+                    op));
+  std::string unit = kProbeHeader;
+  for (size_t i = 0; i < mlir.size(); ++i) {
+    std::string mods = fa::emit_mods(fa::Program::parse(mlir[i], "d.mlir"), true);
+    EXPECT_HAS(mods, "static constexpr bool kScoreGrad = true;");
+    EXPECT_HAS(mods, "fa::mod::grad_add_f32(grads.buffers[0], ");
+    unit += fmt::format(
+        "namespace grad_ns_{0} {{\n{1}}}  // namespace grad_ns_{0}\n"
+        "extern \"C\" __global__ void grad_{0}(const FaCaptures cap, const FaGradBuffers grads, float* out,\n"
+        "                                     const int* in) {{\n"
+        "  int t = threadIdx.x + blockIdx.x * blockDim.x;\n"
+        "  out[t] = grad_ns_{0}::FaMods::score_grad(out[t], in[0], in[1], in[2] + t, in[3], out[t + 1], cap,"
+        " grads);\n"
+        "}}\n\n",
+        i, mods);
+  }
+  fa::jit::CompileOptions opt;
+  opt.arch = "sm_80";
+  fa::jit::CompileResult r = fa::jit::Nvrtc::get().compile(unit, "fa_grads.cu", opt);
+  EXPECT_TRUE(is_elf(r.cubin));
+  EXPECT_EQ(r.log.find("warning"), std::string::npos) << r.log;
+}
+
 // An NVRTC error points back at the fa op through the line's origin comment.
 TEST(CodegenNvrtc, ErrorsQuoteTheOriginComment) {
   std::string mods = fa::emit_mods(fa::trace(fa::identity_score(), fa::mods::causal()));

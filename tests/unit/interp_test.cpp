@@ -739,7 +739,7 @@ TEST(Interp, CompileRejectsNonMods) {
   auto module = mlir::parseSourceString<mlir::ModuleOp>("module {}", &ctx);
   ASSERT_TRUE(module);
   EXPECT_EQ(error_of([&] { fa::ModProgram::compile(module->getOperation()); }),
-            "ModProgram::compile: expected an fa.score_mod or fa.mask_mod, got 'builtin.module'");
+            "ModProgram::compile: expected an fa.score_mod, fa.mask_mod or fa.score_grad, got 'builtin.module'");
   EXPECT_EQ(error_of([&] { fa::ModProgram::compile(nullptr); }), "ModProgram::compile: null operation");
 }
 

@@ -38,28 +38,37 @@ class ModEmitter {
  public:
   ModEmitter(mlir::AsmState& state, const std::vector<CaptureSlot>& slots) : state_(state), slots_(slots) {}
 
-  // Emits `static __device__ ... name(args) { ... }` for a score_mod or mask_mod op.
-  std::string emit(Operation* mod, bool is_score) {
+  // Emits `static __device__ ... name(args) { ... }` for a score_mod, mask_mod or score_grad op.
+  std::string emit(Operation* mod) {
+    const bool is_grad = llvm::isa<mlir::fa::ScoreGradOp>(mod);
+    const bool is_score = llvm::isa<mlir::fa::ScoreModOp>(mod);
     mlir::Block& entry = mod->getRegion(0).front();
-    static const char* kScoreArgs[] = {"score", "b", "h", "q", "kv"};
+    static const char* kScoreArgs[] = {"score", "b", "h", "q", "kv", "dt"};
     static const char* kMaskArgs[] = {"b", "h", "q", "kv"};
-    unsigned fixed = is_score ? 5 : 4;
+    unsigned fixed = is_grad ? 6 : is_score ? 5 : 4;
     names_.clear();
     for (unsigned i = 0; i < fixed; ++i)
-      names_[entry.getArgument(i).getAsOpaquePointer()] = is_score ? kScoreArgs[i] : kMaskArgs[i];
+      names_[entry.getArgument(i).getAsOpaquePointer()] = is_grad || is_score ? kScoreArgs[i] : kMaskArgs[i];
     auto capture_names = mod->getAttrOfType<mlir::ArrayAttr>("capture_names");
     for (unsigned i = fixed; i < entry.getNumArguments(); ++i)
       captures_[entry.getArgument(i).getAsOpaquePointer()] =
           llvm::cast<mlir::StringAttr>(capture_names[i - fixed]).getValue().str();
     std::ostringstream os;
-    os << (is_score ? "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, "
-                      "int kv,\n"
-                      "                                                  const FaCaptures& cap) {\n"
-                    : "  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,\n"
-                      "                                                const FaCaptures& cap) {\n");
-    // Unused fixed arguments would warn; keep the signature fixed and silence them.
-    os << (is_score ? "    (void)score; (void)b; (void)h; (void)q; (void)kv; (void)cap;\n"
-                    : "    (void)b; (void)h; (void)q; (void)kv; (void)cap;\n");
+    if (is_grad)
+      os << "  static __device__ __forceinline__ float score_grad(float score, int b, int h, int q, int kv, "
+            "float dt,\n"
+            "                                                   const FaCaptures& cap, const FaGradBuffers& "
+            "grads) {\n"
+            "    (void)score; (void)b; (void)h; (void)q; (void)kv; (void)dt; (void)cap; (void)grads;\n";
+    else if (is_score)
+      os << "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,\n"
+            "                                                  const FaCaptures& cap) {\n"
+            "    (void)score; (void)b; (void)h; (void)q; (void)kv; (void)cap;\n";
+    else
+      os << "  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,\n"
+            "                                                const FaCaptures& cap) {\n"
+            "    (void)b; (void)h; (void)q; (void)kv; (void)cap;\n";
+    // (Unused fixed arguments would warn; the signature stays fixed and they are silenced.)
     for (Operation& op : entry) {
       std::string origin;
       llvm::raw_string_ostream ros(origin);
@@ -68,6 +77,13 @@ class ModEmitter {
         if (c == '\n') c = ' ';
       if (auto y = llvm::dyn_cast<mlir::fa::YieldOp>(op)) {
         os << "    return " << name(y.getValue()) << ";  // fa: " << origin << "\n";
+        continue;
+      }
+      if (auto g = llvm::dyn_cast<mlir::fa::GradAddOp>(op)) {
+        const CaptureSlot& s = slot_of(g.getBuffer());
+        os << "    fa::mod::grad_add_f32(grads.buffers[" << s.slot << "], " << name(g.getValue());
+        for (Value i : g.getIndices()) os << ", " << name(i);
+        os << ");  // fa: " << origin << "\n";
         continue;
       }
       Value r = op.getResult(0);
@@ -284,6 +300,13 @@ class ModEmitter {
   std::map<const void*, std::string> captures_;
 };
 
+// Whether the derivative is dS = dt with no buffer gradient: its body is `fa.yield %dt`.
+bool is_identity_grad(mlir::fa::ScoreGradOp grad) {
+  mlir::Block& entry = grad.getEntryBlock();
+  auto y = llvm::dyn_cast<mlir::fa::YieldOp>(entry.front());
+  return y && y.getValue() == entry.getArgument(5);
+}
+
 const char* element_type(DType t) { return t == DType::f16 ? "fa::f16_t" : "fa::bf16_t"; }
 
 }  // namespace
@@ -318,16 +341,26 @@ std::string emit_mods(const Program& program, bool with_backward) {
   os << "  static constexpr bool kHasScoreMod = " << (program.score_is_identity() ? "false" : "true")
      << ";\n";
   os << "  static constexpr bool kHasMaskMod = " << (program.mask_is_noop() ? "false" : "true") << ";\n";
-  os << emitter.emit(mlir::fa::ScoreModOp(impl.score).getOperation(), true);
-  os << emitter.emit(mlir::fa::MaskModOp(impl.mask).getOperation(), false);
-  // The backward's hook (templates/fajit/backward.cuh): dS = dT for the identity score_mod.
-  // A score_mod's derivative comes from the differentiation pass; generate() refuses a
-  // backward without it.
-  if (with_backward && program.score_is_identity())
-    os << "  static constexpr bool kScoreGrad = false;\n"
-          "  static __device__ __forceinline__ float score_grad(float, int, int, int, int, float dt,\n"
-          "                                                     const FaCaptures&, const FaGradBuffers&) {\n"
-          "    return dt;\n  }\n";
+  os << emitter.emit(mlir::fa::ScoreModOp(impl.score).getOperation());
+  os << emitter.emit(mlir::fa::MaskModOp(impl.mask).getOperation());
+  // The backward's hook (templates/fajit/backward.cuh), from fa-differentiate's fa.score_grad
+  // (fa::Error with the pass's diagnostic when the score_mod has none): dS = dT when the
+  // derivative is `yield %dt` with no buffer gradient, else the generated score_grad.
+  if (with_backward) {
+    mlir::fa::ScoreGradOp grad = detail::score_grad_of(program);
+    if (is_identity_grad(grad)) {
+      os << "  static constexpr bool kScoreGrad = false;\n"
+            "  static __device__ __forceinline__ float score_grad(float, int, int, int, int, float dt,\n"
+            "                                                     const FaCaptures&, const FaGradBuffers&) "
+            "{\n"
+            "    return dt;\n  }\n";
+    } else {
+      mlir::AsmState grad_state(impl.grad_module.get());
+      ModEmitter grad_emitter(grad_state, slots);
+      os << "  static constexpr bool kScoreGrad = true;\n";
+      os << grad_emitter.emit(grad.getOperation());
+    }
+  }
   os << "};\n";
   return os.str();
 }
@@ -364,11 +397,6 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
         "static_assert(FaConfig::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
         g.spec.smem_bytes());
   } else if (g.spec.kind == KernelKind::kBackward) {
-    if (!program.score_is_identity())
-      throw Error(
-          fmt::format("backward of score_mod @{} is not available yet: its derivative comes with the "
-                      "differentiation pass",
-                      program.score_mod_name()));
     const TileConfig& t = g.spec.tile;
     g.kernel_name = "fajit_bwd";  // fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq
     os << "#include \"fajit/backward.cuh\"\n";

@@ -1,4 +1,6 @@
 // fa::Program: a verified, simplified fa module with one score_mod and one mask_mod.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "llvm/Support/MemoryBuffer.h"
@@ -122,7 +124,63 @@ void collect_captures(Program::Impl& impl) {
   for (auto& [_, c] : scalars) impl.captures.push_back(c);
 }
 
+// Builds impl.score's derivative in a module of its own; a score_mod without one is no error
+// here (forward kernels do not need it): the reason is kept for whoever asks.
+void differentiate(Program::Impl& impl) {
+  mlir::MLIRContext* ctx = impl.context.get();
+  mlir::OpBuilder b(ctx);
+  impl.grad_module = mlir::ModuleOp::create(b.getUnknownLoc());
+  b.setInsertionPointToStart(impl.grad_module->getBody());
+  auto mod = llvm::cast<mlir::fa::ScoreModOp>(b.clone(*impl.score.getOperation()));
+  DiagnosticCollector diags(ctx);
+  // The diagnostic names the op already; MLIR would append the op in generic form.
+  const bool print_op = ctx->shouldPrintOpOnDiagnostic();
+  ctx->printOpOnDiagnostic(false);
+  mlir::FailureOr<mlir::fa::ScoreGradOp> grad = mlir::fa::differentiateScoreMod(mod);
+  // What fa-differentiate does next: canonicalize + CSE the derivative. Skipped when it is
+  // already bare (`yield %dt`: the identity score_mod, the forward-only common case), which
+  // keeps tracing cheap.
+  bool ok = mlir::succeeded(grad);
+  if (ok && !llvm::isa<mlir::fa::YieldOp>(grad->getEntryBlock().front())) {
+    mlir::PassManager pm(ctx);
+    mlir::OpPassManager& nested = pm.nest<mlir::fa::ScoreGradOp>();
+    nested.addPass(mlir::createCanonicalizerPass());
+    nested.addPass(mlir::createCSEPass());
+    ok = mlir::succeeded(pm.run(*impl.grad_module));
+  }
+  ctx->printOpOnDiagnostic(print_op);
+  if (!ok) {
+    impl.score_grad_error = fmt::format("cannot differentiate score_mod @{}:\n{}",
+                                        impl.score.getSymName().str(), diags.message());
+    return;
+  }
+  impl.score_grad = *grad;
+}
+
 }  // namespace
+
+mlir::fa::ScoreGradOp score_grad_of(const Program& program) {
+  const Program::Impl& impl = program.impl();
+  if (!impl.score_grad) throw Error(impl.score_grad_error);
+  return impl.score_grad;
+}
+
+std::vector<std::string> gradient_buffers(const Program& program) {
+  auto names = mlir::fa::differentiableBuffers(program.impl().score);
+  return std::vector<std::string>(names.begin(), names.end());
+}
+
+void check_gradient_buffers(const Program& program, const std::vector<std::string>& requested) {
+  std::vector<std::string> allowed = gradient_buffers(program);
+  for (const std::string& name : requested) {
+    if (std::find(allowed.begin(), allowed.end(), name) != allowed.end()) continue;
+    for (const Program::Capture& c : program.captures())
+      if (c.name == name && c.is_buffer && !c.is_float)
+        throw Error(fmt::format("capture '{}' is an i32 buffer: integer buffers have no gradient", name));
+    throw Error(
+        fmt::format("score_mod @{} does not read a float buffer named '{}'", program.score_mod_name(), name));
+  }
+}
 
 Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in, mlir::OwningOpRef<mlir::ModuleOp> module_in,
                        std::string_view what) {
@@ -161,6 +219,7 @@ Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in, mlir::OwningOp
   impl->score = *module->getOps<mlir::fa::ScoreModOp>().begin();
   impl->mask = *module->getOps<mlir::fa::MaskModOp>().begin();
   collect_captures(*impl);
+  differentiate(*impl);
   return Program(std::move(impl));
 }
 

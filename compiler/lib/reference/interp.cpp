@@ -262,11 +262,19 @@ void Compiler::run(mlir::Operation* mod) {
     entry = &m.getEntryBlock();
     fixed = mlir::fa::MaskModOp::getNumFixedArgs();
     for (unsigned i = 0; i < m.getCaptures().size(); ++i) capture_names.push_back(m.getCaptureName(i));
+  } else if (auto g = llvm::dyn_cast<mlir::fa::ScoreGradOp>(mod)) {
+    f_.kind = ModKind::kScoreGrad;
+    kind_name_ = "fa.score_grad";
+    f_.name = g.getSymName().str();
+    entry = &g.getEntryBlock();
+    fixed = mlir::fa::ScoreGradOp::getNumFixedArgs();
+    for (unsigned i = 0; i < g.getCaptures().size(); ++i) capture_names.push_back(g.getCaptureName(i));
   } else {
     throw Error(
-        fmt::format("ModProgram::compile: expected an fa.score_mod or fa.mask_mod, got {}", op_label(mod)));
+        fmt::format("ModProgram::compile: expected an fa.score_mod, fa.mask_mod or fa.score_grad, got {}",
+                    op_label(mod)));
   }
-  // Fixed arguments live in registers 0..fixed-1: [score,] b, h, q, kv.
+  // Fixed arguments live in registers 0..fixed-1: [score,] b, h, q, kv[, dt].
   for (unsigned i = 0; i < fixed; ++i) regs_[entry->getArgument(i)] = new_reg();
   for (unsigned i = fixed; i < entry->getNumArguments(); ++i) {
     auto bt = llvm::dyn_cast<mlir::fa::BufferType>(entry->getArgument(i).getType());
@@ -290,6 +298,19 @@ void Compiler::run(mlir::Operation* mod) {
 
 void Compiler::compile_op(mlir::Operation* op) {
   namespace arith = mlir::arith;
+  if (auto g = llvm::dyn_cast<mlir::fa::GradAddOp>(op)) {
+    auto it = capture_slot_.find(g.getBuffer());
+    if (it == capture_slot_.end()) unsupported(op, ": buffer is not a capture");
+    if (g.getIndices().size() > 4) unsupported(op, ": buffers have rank 4 at most");
+    Inst in{};
+    in.op = detail::kGradAddOp;
+    in.width = static_cast<uint8_t>(g.getIndices().size());
+    in.aux = static_cast<uint16_t>(it->second);
+    for (unsigned i = 0; i < g.getIndices().size(); ++i) in.src[i] = reg_of(g.getIndices()[i], op);
+    in.dst = reg_of(g.getValue(), op);
+    f_.code.push_back(in);
+    return;
+  }
   if (!mlir::fa::isSupportedBodyOp(op) || op->getNumResults() != 1) unsupported(op);
   mlir::Type rt = op->getResult(0).getType();
   if (!(rt.isF32() || rt.isSignlessInteger(1) || rt.isSignlessInteger(32)))
@@ -430,21 +451,44 @@ bool ModProgram::eval_mask(int b, int h, int q, int kv, const Bindings& env) con
 
 // ---- run -----------------------------------------------------------------------------------
 
+float ModProgram::eval_score_grad(float score, int b, int h, int q, int kv, float dt, const Bindings& env,
+                                  const GradSink& sink) const {
+  return bind(env).score_grad(score, b, h, q, kv, dt, sink);
+}
+
+namespace {
+const char* kind_noun(ModKind k) {
+  switch (k) {
+    case ModKind::kScore: return "a score_mod";
+    case ModKind::kMask: return "a mask_mod";
+    case ModKind::kScoreGrad: return "a score_grad";
+  }
+  return "?";
+}
+}  // namespace
+
 float BoundMod::score(float score, int b, int h, int q, int kv) const {
   if (prog_.f_->kind != ModKind::kScore)
-    throw Error(fmt::format("@{} is a mask_mod, not a score_mod", prog_.f_->name));
+    throw Error(fmt::format("@{} is {}, not a score_mod", prog_.f_->name, kind_noun(prog_.f_->kind)));
   const int32_t args[4] = {b, h, q, kv};
   return run(args, score).f;
 }
 
+float BoundMod::score_grad(float score, int b, int h, int q, int kv, float dt, const GradSink& sink) const {
+  if (prog_.f_->kind != ModKind::kScoreGrad)
+    throw Error(fmt::format("@{} is {}, not a score_grad", prog_.f_->name, kind_noun(prog_.f_->kind)));
+  const int32_t args[4] = {b, h, q, kv};
+  return run(args, score, dt, sink ? &sink : nullptr).f;
+}
+
 bool BoundMod::mask(int b, int h, int q, int kv) const {
   if (prog_.f_->kind != ModKind::kMask)
-    throw Error(fmt::format("@{} is a score_mod, not a mask_mod", prog_.f_->name));
+    throw Error(fmt::format("@{} is {}, not a mask_mod", prog_.f_->name, kind_noun(prog_.f_->kind)));
   const int32_t args[4] = {b, h, q, kv};
   return (run(args, 0.0f).u & 1u) != 0;
 }
 
-detail::Reg BoundMod::run(const int32_t* args, float score) const {
+detail::Reg BoundMod::run(const int32_t* args, float score, float dt, const GradSink* sink) const {
   using namespace detail;
   using B = BodyOp;
   const detail::ModFields& f = *prog_.f_;
@@ -458,11 +502,24 @@ detail::Reg BoundMod::run(const int32_t* args, float score) const {
   }
   std::memcpy(r, f.init.data(), f.init.size() * sizeof(Reg));
   unsigned a0 = 0;
-  if (f.kind == ModKind::kScore) r[a0++].f = score;
+  if (f.kind != ModKind::kMask) r[a0++].f = score;
   for (int i = 0; i < 4; ++i) r[a0 + i].i = args[i];
+  if (f.kind == ModKind::kScoreGrad) r[a0 + 4].f = dt;
   for (size_t i = 0; i < scalar_values_.size(); ++i) r[f.scalar_regs[i]] = scalar_values_[i];
 
   for (const Inst& in : f.code) {
+    if (in.op == kGradAddOp) {
+      const BoundBuffer& buf = buffers_[in.aux];
+      GradAdd g{f.captures[in.aux].name, in.aux, in.width, {0, 0, 0, 0}, r[in.dst].f};
+      for (unsigned k = 0; k < in.width; ++k) {
+        int32_t idx = r[in.src[k]].i;
+        if (idx < 0 || idx >= buf.shape[k])
+          throw_oob(f.captures[in.aux].name, idx, static_cast<int>(k), buf.shape[k]);
+        g.index[k] = idx;
+      }
+      if (sink) (*sink)(g);
+      continue;
+    }
     const unsigned w = in.width;
     const Reg a = r[in.src[0]], b = r[in.src[1]];
     Reg& d = r[in.dst];
@@ -572,4 +629,7 @@ ModProgram ModProgram::score_of(const Program& program) {
   return compile(program.impl().score.getOperation());
 }
 ModProgram ModProgram::mask_of(const Program& program) { return compile(program.impl().mask.getOperation()); }
+ModProgram ModProgram::grad_of(const Program& program) {
+  return compile(detail::score_grad_of(program).getOperation());
+}
 }  // namespace fa

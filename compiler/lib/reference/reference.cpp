@@ -107,17 +107,56 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
 ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float* q, const float* k,
                                             const float* v, const double* dout, const double* dlse,
                                             const ReferenceOptions& opt) {
-  if (opt.score_mod)
+  if (opt.score_mod && !opt.score_grad)
     throw Error(
-        fmt::format("reference_attention_backward: score_mod @{} needs its derivative, which "
-                    "the fa-differentiate pass provides; not available yet",
+        fmt::format("reference_attention_backward: score_mod @{} needs its derivative: set "
+                    "ReferenceOptions::score_grad (fa::ModProgram::grad_of)",
                     opt.score_mod->name()));
+  if (opt.score_grad && opt.score_grad->kind() != ModKind::kScoreGrad)
+    throw Error(fmt::format("reference_attention_backward: score_grad @{} is not an fa.score_grad",
+                            opt.score_grad->name()));
+  if (opt.score_grad && !opt.score_mod)
+    throw Error(fmt::format("reference_attention_backward: score_grad @{} without its score_mod",
+                            opt.score_grad->name()));
   ReferenceGrads g;
   g.forward = reference_attention(s, q, k, v, opt);
   if (s.batch > 0 && s.len_q > 0 && !dout) throw Error("reference_attention_backward: null dout");
   const Bindings empty;
-  std::optional<BoundMod> mask_mod;
-  if (opt.mask_mod) mask_mod.emplace(opt.mask_mod->bind(opt.bindings ? *opt.bindings : empty));
+  const Bindings& env = opt.bindings ? *opt.bindings : empty;
+  std::optional<BoundMod> mask_mod, score_mod, score_grad;
+  if (opt.mask_mod) mask_mod.emplace(opt.mask_mod->bind(env));
+  if (opt.score_mod) score_mod.emplace(opt.score_mod->bind(env));
+  if (opt.score_grad) score_grad.emplace(opt.score_grad->bind(env));
+  // One gradient per f32 capture, contiguous in its shape; grad_adds scatter into it.
+  std::vector<std::vector<double>*> buffer_grad;      // by capture slot (null: i32)
+  std::vector<std::array<int64_t, 4>> buffer_stride;  // contiguous element strides
+  if (opt.score_grad)
+    for (const CaptureInfo& c : opt.score_grad->captures()) {
+      if (c.dtype != ScalarType::kF32) {
+        buffer_grad.push_back(nullptr);
+        buffer_stride.push_back({});
+        continue;
+      }
+      const HostBuffer* hb = env.find_buffer(c.name);  // bind() checked it is there
+      std::array<int64_t, 4> st{};
+      int64_t n = 1;
+      for (int d = c.rank - 1; d >= 0; --d) {
+        st[d] = n;
+        n *= hb->shape[d];
+      }
+      std::vector<double>& grad = g.buffer_grads[c.name];
+      grad.assign(static_cast<size_t>(n), 0.0);
+      buffer_grad.push_back(&grad);
+      buffer_stride.push_back(st);
+    }
+  double pending_dt = 0;  // the dT the sink scales by
+  const GradSink sink = [&](const GradAdd& a) {
+    std::vector<double>* grad = buffer_grad[a.slot];
+    if (!grad) return;  // the verifier allows no grad_add of an i32 buffer; be safe
+    int64_t off = 0;
+    for (int d = 0; d < a.rank; ++d) off += a.index[d] * buffer_stride[a.slot][d];
+    (*grad)[off] += pending_dt * static_cast<double>(a.value);
+  };
   const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.dim_qk));
   const auto qs = opt.q_strides.value_or(contiguous(s.batch, s.heads_q, s.len_q, s.dim_qk));
   const auto ks = opt.k_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_qk));
@@ -148,8 +187,16 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
           for (int d = 0; d < s.dim_qk; ++d)
             dot += static_cast<double>(qrow[d * qs[3]]) * static_cast<double>(krow[d * ks[3]]);
           for (int d = 0; d < s.dim_v; ++d) dp += dorow[d] * static_cast<double>(vrow[d * vs[3]]);
-          const double p = std::exp(dot * scale - lse);
-          const double ds = p * (dp - delta);
+          double t = dot * scale;
+          if (score_mod) t = static_cast<double>(score_mod->score(static_cast<float>(t), b, h, i, j));
+          const double p = std::exp(t - lse);
+          double ds = p * (dp - delta);  // dT
+          if (score_grad) {
+            if (p == 0) continue;  // exp(-inf): nothing flows (never 0 * an infinite derivative)
+            pending_dt = ds;
+            ds *= static_cast<double>(
+                score_grad->score_grad(static_cast<float>(dot * scale), b, h, i, j, 1.0f, sink));
+          }
           const size_t kj = (static_cast<size_t>(b) * s.heads_kv + hk) * s.len_kv + j;
           double* dkrow = &g.dk[kj * s.dim_qk];
           double* dvrow = &g.dv[kj * s.dim_v];

@@ -10,6 +10,12 @@
 //   fa::BoundMod fast = alibi.bind(env);         // checks the bindings once, for hot loops
 //   for (...) acc += fast.score(s, b, h, q, kv);
 //
+//   // The derivative (fa.score_grad, from fa-differentiate): dS and the buffer gradients.
+//   fa::ModProgram grad = fa::ModProgram::grad_of(program);
+//   float ds = grad.bind(env).score_grad(s, b, h, q, kv, /*dt=*/1.0f, [&](const fa::GradAdd& g) {
+//     slopes_grad[g.index[0]] += g.value;       // g.capture: "slopes"
+//   });
+//
 // Semantics (what codegen must reproduce; pinned by tests/unit/interp_test.cpp):
 //  - i32 (and i1) integer ops wrap around in two's complement; nsw/nuw flags are ignored.
 //    i1 values are 0/1; signed i1 ops read true as -1, as arith does.
@@ -32,12 +38,14 @@
 //    fabsf, sinf, cosf, powf, floorf, ceilf, erff): exact for sqrt/abs/floor/ceil, within a
 //    few ulp of CUDA's for the transcendental ones. math.absi of INT_MIN is INT_MIN.
 //  - fa.load checks every index against its dimension and throws fa::Error when it is out
-//    of bounds ("capture 'slopes' index 16 is out of bounds for dimension 0 of size 16").
+//    of bounds ("capture 'slopes' index 16 is out of bounds for dimension 0 of size 16"), and
+//    so does fa.grad_add (a score_grad's), before it calls the sink.
 // Evaluation allocates nothing and never touches MLIR; a ModProgram and a BoundMod may be
 // used from many threads at once. A ModProgram is immutable and cheap to copy.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,7 +64,7 @@ class Program;
 enum class ScalarType : uint8_t { kI1, kI32, kF32 };
 const char* scalar_type_name(ScalarType t);  // "i1", "i32", "f32"
 
-enum class ModKind : uint8_t { kScore, kMask };
+enum class ModKind : uint8_t { kScore, kMask, kScoreGrad };
 
 // A host buffer bound to a capture: element type, sizes and element strides (empty strides =
 // contiguous row-major). Not owned.
@@ -107,6 +115,19 @@ struct ScalarInfo {
   ScalarType type;
 };
 
+// One fa.grad_add of a score_grad, as evaluated: `value` (dt * d score_mod / d element) is to
+// be added to the gradient of element `index[0..rank)` of the captured buffer `capture`
+// (slot `slot` of ModProgram::captures()).
+struct GradAdd {
+  const std::string& capture;
+  int slot;
+  int rank;
+  int32_t index[4];
+  float value;
+};
+// Called once per fa.grad_add, in program order. A null sink drops them.
+using GradSink = std::function<void(const GradAdd&)>;
+
 namespace detail {
 
 union Reg {
@@ -115,12 +136,16 @@ union Reg {
   float f;
 };
 
+// Inst::op of an fa.grad_add (not a body op of the table: only score_grads hold it).
+inline constexpr uint8_t kGradAddOp = 0xff;
+
 struct Inst {
-  uint8_t op;       // mlir::fa::BodyOp (fajit/Dialect/FA/BodyOps.h)
-  uint8_t width;    // integer bit width (1 or 32) of the op / its source / its result
-  uint16_t aux;     // cmp predicate, or capture slot of a load
-  uint32_t dst;     // register written
-  uint32_t src[4];  // registers read (load: its indices)
+  uint8_t op;       // mlir::fa::BodyOp (fajit/Dialect/FA/BodyOps.h), or kGradAddOp
+  uint8_t width;    // integer bit width (1 or 32) of the op / its source / its result; a
+                    // load's or grad_add's rank
+  uint16_t aux;     // cmp predicate, or capture slot of a load / grad_add
+  uint32_t dst;     // register written (grad_add: the register of the value it adds)
+  uint32_t src[4];  // registers read (load, grad_add: the indices)
 };
 
 struct BoundBuffer {
@@ -147,13 +172,16 @@ class BoundMod;
 
 class ModProgram {
  public:
-  // Compiles a verified fa.score_mod / fa.mask_mod. Throws fa::Error naming the op when the
+  // Compiles a verified fa.score_mod / fa.mask_mod / fa.score_grad. Throws fa::Error naming the op when the
   // body holds something the interpreter does not implement.
   // Takes MLIR: for the compiler itself; tools use score_of / mask_of.
   static ModProgram compile(mlir::Operation* mod);
   // The score_mod / mask_mod of a traced or parsed program.
   static ModProgram score_of(const Program& program);
   static ModProgram mask_of(const Program& program);
+  // The derivative of the program's score_mod (its fa.score_grad). Throws fa::Error with the
+  // differentiation pass's diagnostic when the score_mod has none.
+  static ModProgram grad_of(const Program& program);
 
   ModKind kind() const { return f_->kind; }
   const std::string& name() const { return f_->name; }  // symbol name, without '@'
@@ -173,6 +201,9 @@ class ModProgram {
   // score_mod, eval_mask a mask_mod (fa::Error otherwise).
   float eval_score(float score, int b, int h, int q, int kv, const Bindings& env) const;
   bool eval_mask(int b, int h, int q, int kv, const Bindings& env) const;
+  // A score_grad's dS = dt * d score_mod / d score, each grad_add passed to `sink`.
+  float eval_score_grad(float score, int b, int h, int q, int kv, float dt, const Bindings& env,
+                        const GradSink& sink = {}) const;
 
  private:
   friend class BoundMod;
@@ -186,12 +217,14 @@ class BoundMod {
  public:
   float score(float score, int b, int h, int q, int kv) const;  // a score_mod's result
   bool mask(int b, int h, int q, int kv) const;                 // a mask_mod's result
+  // A score_grad's dS; its grad_adds go to `sink` (dropped when null).
+  float score_grad(float score, int b, int h, int q, int kv, float dt, const GradSink& sink = {}) const;
   const ModProgram& program() const { return prog_; }
 
  private:
   friend class ModProgram;
   explicit BoundMod(ModProgram prog) : prog_(std::move(prog)) {}
-  detail::Reg run(const int32_t* args, float score) const;
+  detail::Reg run(const int32_t* args, float score, float dt = 0.0f, const GradSink* sink = nullptr) const;
 
   ModProgram prog_;
   std::vector<detail::BoundBuffer> buffers_;

@@ -22,6 +22,12 @@ struct Program::Impl {
   mutable mlir::fa::ScoreModOp score;  // never null (an identity one is synthesised when missing)
   mutable mlir::fa::MaskModOp mask;    // never null (a noop one is synthesised when missing)
   std::vector<Program::Capture> captures;
+  // The derivative of `score` (fa-differentiate), built with the program in a module of its
+  // own (to_mlir() prints the mods only): null when the score_mod has no derivative, with the
+  // pass's diagnostic in score_grad_error. Declared after `context`, so destroyed before it.
+  mlir::OwningOpRef<mlir::ModuleOp> grad_module;
+  mutable mlir::fa::ScoreGradOp score_grad;
+  std::string score_grad_error;
 };
 
 namespace detail {
@@ -33,6 +39,20 @@ std::unique_ptr<mlir::MLIRContext> make_context();
 // score_mod/mask_mod, and wraps it. Diagnostics are collected into the fa::Error message.
 Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx, mlir::OwningOpRef<mlir::ModuleOp> module,
                        std::string_view what);
+
+// The derivative of the program's score_mod; throws fa::Error with the differentiation pass's
+// diagnostic when it has none ("cannot differentiate score_mod @f:\n...: 'math.floor' op has
+// no derivative ...").
+mlir::fa::ScoreGradOp score_grad_of(const Program& program);
+
+// The f32 buffers the score_mod reads, by capture name in capture order: the buffers a
+// gradient can be asked for.
+std::vector<std::string> gradient_buffers(const Program& program);
+
+// Checks that each of `requested` names a buffer in gradient_buffers(program); throws
+// fa::Error otherwise: "capture 'doc' is an i32 buffer: integer buffers have no gradient",
+// "score_mod @alibi does not read a float buffer named 'bias'".
+void check_gradient_buffers(const Program& program, const std::vector<std::string>& requested);
 
 // Collects MLIR diagnostics emitted while alive; message() joins them.
 class DiagnosticCollector {

@@ -18,7 +18,9 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "fajit/block_mask.h"
@@ -34,7 +36,10 @@ struct ReferenceOptions {
   std::optional<double> scale;            // default 1 / sqrt(dim_qk)
   const ModProgram* score_mod = nullptr;  // null: identity
   const ModProgram* mask_mod = nullptr;   // null: keep everything
-  const Bindings* bindings = nullptr;     // for both mods; null = no bindings
+  // The score_mod's derivative (fa::ModProgram::grad_of): reference_attention_backward needs
+  // it whenever score_mod is set; the forward ignores it.
+  const ModProgram* score_grad = nullptr;
+  const Bindings* bindings = nullptr;  // for both mods; null = no bindings
   // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
   // unset = contiguous.
   std::optional<std::array<int64_t, 4>> q_strides, k_strides, v_strides;
@@ -58,11 +63,18 @@ ReferenceResult reference_attention(const ReferenceShape& shape, const float* q,
 // GQA sums dk, dv over the query heads of a KV head. Masked pairs and fully masked rows give
 // zero gradients. dout [B, Hq, Lq, Dv] and dlse [B, Hq, Lq] (null = 0) are contiguous; q, k, v
 // follow `options` as in reference_attention.
+// With a score_mod, options.score_grad (its fa.score_grad) is required: it is evaluated in f32
+// with dt = 1 at the float score, giving g = d score_mod / d score and, per fa.grad_add, the
+// element's partial; dS = dT * g and each float buffer's gradient gets dT * partial (scatter at
+// every read, in double). Pairs with P = 0 (a score_mod result of -inf) add nothing.
 struct ReferenceGrads {
   ReferenceResult forward;  // out, lse
   std::vector<double> dq;   // [B, Hq, Lq, Dqk]
   std::vector<double> dk;   // [B, Hkv, Lkv, Dqk]
   std::vector<double> dv;   // [B, Hkv, Lkv, Dv]
+  // d L / d buffer for every f32 buffer the score_mod captures, by capture name: contiguous
+  // row-major in the buffer's shape (whatever the bound strides).
+  std::map<std::string, std::vector<double>> buffer_grads;
 };
 ReferenceGrads reference_attention_backward(const ReferenceShape& shape, const float* q, const float* k,
                                             const float* v, const double* dout, const double* dlse,

@@ -67,7 +67,62 @@ def FA_MaskModOp : FA_ModOp<"mask_mod", "b, h, q, kv"> {
   }];
 }
 
-def FA_LoadOp : FA_Op<"load", [Pure, ParentOneOf<["ScoreModOp", "MaskModOp"]>,
+def FA_ScoreGradOp : FA_Op<"score_grad", [IsolatedFromAbove,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmBlockArgumentNames"]>]> {
+  let summary = "the derivative of a score_mod: (score, b, h, q, kv, f32 dt) -> f32 dS";
+  let description = [{
+    What `fa-differentiate` makes of the fa.score_mod named by `@mod` (not a symbol itself:
+    it names the mod it differentiates). Takes the score_mod's arguments plus `dt`, the
+    gradient of the loss with respect to the score_mod's result, and yields
+    dS = dt * d score_mod / d score at `score`. Each `fa.grad_add` in the body adds
+    dt * d score_mod / d buffer[indices] to the gradient of a captured f32 buffer. The
+    captures are the score_mod's. The body is straight-line: the forward ops first, then
+    their adjoints in reverse order.
+
+    ```mlir
+    fa.score_grad @bias(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32, %dt: f32)
+        captures(%bias: !fa.buffer<f32, 2>) -> f32 {
+      fa.grad_add %bias[%q, %kv], %dt : !fa.buffer<f32, 2>
+      fa.yield %dt : f32
+    }
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$mod, TypeAttr:$result_type, StrArrayAttr:$capture_names);
+  let regions = (region SizedRegion<1>:$body);
+  let hasCustomAssemblyFormat = 1;
+  let hasRegionVerifier = 1;
+  let extraClassDeclaration = [{
+    /// Number of fixed leading block arguments (score, b, h, q, kv, dt).
+    static unsigned getNumFixedArgs();
+    ::mlir::Block::BlockArgListType getCaptures() {
+      return getBody().front().getArguments().drop_front(getNumFixedArgs());
+    }
+    ::mlir::Block &getEntryBlock() { return getBody().front(); }
+    ::llvm::StringRef getCaptureName(unsigned i) {
+      return ::llvm::cast<::mlir::StringAttr>(getCaptureNames()[i]).getValue();
+    }
+    /// The name of the score_mod it differentiates (and its own name in diagnostics).
+    ::llvm::StringRef getSymName() { return getMod(); }
+  }];
+}
+
+def FA_GradAddOp : FA_Op<"grad_add", [ParentOneOf<["ScoreGradOp"]>,
+    MemoryEffects<[MemWrite]>]> {
+  let summary = "add to the gradient of one element of a captured f32 buffer";
+  let description = [{
+    Only inside fa.score_grad: adds `value` to d loss / d `buffer[indices]` (the adjoint of
+    an fa.load of that element). One op per read; reads of the same element add up.
+
+    ```mlir
+    fa.grad_add %slopes[%h], %g : !fa.buffer<f32, 1>
+    ```
+  }];
+  let arguments = (ins FA_BufferType:$buffer, Variadic<I32>:$indices, F32:$value);
+  let assemblyFormat = "$buffer `[` $indices `]` `,` $value attr-dict `:` qualified(type($buffer))";
+  let hasVerifier = 1;
+}
+
+def FA_LoadOp : FA_Op<"load", [Pure, ParentOneOf<["ScoreModOp", "MaskModOp", "ScoreGradOp"]>,
     TypesMatchWith<"result type is the buffer's element type", "buffer", "result",
                    "::llvm::cast<::mlir::fa::BufferType>($_self).getElementType()">]> {
   let summary = "read one element of a captured buffer";
@@ -85,7 +140,7 @@ def FA_LoadOp : FA_Op<"load", [Pure, ParentOneOf<["ScoreModOp", "MaskModOp"]>,
   let hasVerifier = 1;
 }
 
-def FA_ScalarOp : FA_Op<"scalar", [Pure, ParentOneOf<["ScoreModOp", "MaskModOp"]>]> {
+def FA_ScalarOp : FA_Op<"scalar", [Pure, ParentOneOf<["ScoreModOp", "MaskModOp", "ScoreGradOp"]>]> {
   let summary = "a named runtime scalar";
   let description = [{
     A value supplied at launch time (a kernel argument), such as a window size or a softcap.
@@ -102,8 +157,8 @@ def FA_ScalarOp : FA_Op<"scalar", [Pure, ParentOneOf<["ScoreModOp", "MaskModOp"]
 }
 
 def FA_YieldOp : FA_Op<"yield", [Pure, Terminator, ReturnLike,
-    ParentOneOf<["ScoreModOp", "MaskModOp"]>]> {
-  let summary = "the result of a score_mod (f32) or mask_mod (i1)";
+    ParentOneOf<["ScoreModOp", "MaskModOp", "ScoreGradOp"]>]> {
+  let summary = "the result of a score_mod (f32), mask_mod (i1) or score_grad (f32)";
   let arguments = (ins AnyType:$value);
   let assemblyFormat = "$value attr-dict `:` type($value)";
   let hasVerifier = 1;

@@ -45,4 +45,24 @@ def FAMaskBlockRange : Pass<"fa-mask-block-range", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::arith::ArithDialect"];
 }
 
+def FADifferentiate : Pass<"fa-differentiate", "::mlir::ModuleOp"> {
+  let summary = "derive an fa.score_grad from every fa.score_mod";
+  let description = [{
+    Reverse-mode differentiation of each fa.score_mod's straight-line body: after the
+    score_mod, inserts `fa.score_grad @name(score, b, h, q, kv, dt) captures(...)` that
+    recomputes the forward values, sweeps the ops backwards from the yielded value (seeded
+    with `dt`), yields the adjoint of `score` and adds each f32 fa.load's adjoint to its
+    buffer's gradient with `fa.grad_add`. Integer values carry no adjoint. An op with no
+    derivative (math.floor, math.ceil, arith.remf, arith.fptosi/fptoui) through which the
+    adjoint of the score or of a buffer would have to flow is an error naming the op.
+    Then canonicalize + CSE: `score + bias[q, kv]` becomes `grad_add %bias[%q, %kv], %dt`
+    and `yield %dt`. A score_mod that already has its fa.score_grad is left alone.
+
+    ```
+    fajit-opt --fa-differentiate in.mlir
+    ```
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
+}
+
 #endif // FAJIT_DIALECT_FA_PASSES_TD
