@@ -14,8 +14,9 @@
 //
 // ---- What FaMods adds for the backward ----------------------------------------------------
 //   static constexpr bool kScoreGrad;   false: dS = dT (no score_mod, or one whose derivative
-//                                       in the score is 1 and which reads no buffer that
-//                                       wants a gradient: ALiBi, relative bias)
+//                                       is exactly dT and which reads no float buffer, e.g.
+//                                       ALiBi from the head count); codegen decides from the
+//                                       fa.score_grad the differentiation pass made
 //   static __device__ float score_grad(float score, int b, int h, int q, int kv, float dt,
 //                                      const FaCaptures& cap, const FaGradBuffers& grads);
 //     returns dS = dt * d(score_mod)/d(score) at `score` (already scaled) and adds
@@ -27,8 +28,9 @@
 //   Sᵀ = K·Qᵀ (rows = keys, so P and dS land in registers as A operands), mods, then
 //   Pᵀ = exp2(Tᵀ·sl2 - LSE·log2e);  dPᵀ = V·dOᵀ;  dTᵀ = Pᵀ∘(dPᵀ - Δ);  dSᵀ = grad(dTᵀ)
 //   dV += Pᵀ·dO;  dK += dSᵀ·Q;  dSᵀ to shared memory; dQ += dS·K with fp32 reductions.
-// dS is zero wherever P is (masked, out of range, underflow): a select, never a product, so
-// a score_mod whose derivative is inf/NaN where it is masked cannot leak NaN.
+// dS is zero wherever P is (masked, out of range, underflow) and score_grad is not called
+// there: a branch, never a product, so a score_mod whose derivative is inf/NaN where it is
+// masked leaks NaN neither into dS nor into a buffer gradient.
 // At the end dK·scale and dV are stored (zero for a KV tile no query sees).
 //
 // ---- Config (fa::BwdConfig<Element, DQK, DV, BLOCK_M, WARPS, STAGES>) ---------------------
@@ -396,12 +398,17 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         for (int i = 0; i < 4; ++i) {
           const int col = 8 * j + 2 * t + (i & 1);
           const float dt = s[j][i] * (dp[j][i] - ld_shared_f32(sDelta(stage) + col * 4));
-          float ds = dt;
-          if constexpr (Mods::kScoreGrad) {
-            const int q = q0 + col < len_q ? q0 + col : len_q - 1;
-            ds = Mods::score_grad(sc[j][i], b, hq, q, kv_c[i >> 1], dt, cap, grads);
+          // Only where P != 0: masked, out-of-range and underflowed elements reach neither dS
+          // nor a buffer gradient (score_grad's reductions), whatever the derivative is there.
+          float ds = 0.f;
+          if (s[j][i] != 0.f) {
+            ds = dt;
+            if constexpr (Mods::kScoreGrad) {
+              const int q = q0 + col < len_q ? q0 + col : len_q - 1;
+              ds = Mods::score_grad(sc[j][i], b, hq, q, kv_c[i >> 1], dt, cap, grads);
+            }
           }
-          dp[j][i] = s[j][i] == 0.f ? 0.f : ds;
+          dp[j][i] = ds;
         }
 
       // ---- dV += Pᵀ·dO, dK += dSᵀ·Q (P, dS packed to 16 bits as A fragments)
@@ -582,13 +589,16 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float dt = s[j][i] * (dp[j][i] - delta[i >> 1]);
-        float ds = dt;
-        if constexpr (Mods::kScoreGrad) {
-          const int kv = start + 8 * j + 2 * t + (i & 1);
-          ds = Mods::score_grad(sc[j][i], b, h, q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, dt, cap,
-                                no_grads);
+        float ds = 0.f;  // only where P != 0, as in the dK/dV kernel
+        if (s[j][i] != 0.f) {
+          ds = dt;
+          if constexpr (Mods::kScoreGrad) {
+            const int kv = start + 8 * j + 2 * t + (i & 1);
+            ds = Mods::score_grad(sc[j][i], b, h, q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, dt, cap,
+                                  no_grads);
+          }
         }
-        dp[j][i] = s[j][i] == 0.f ? 0.f : ds;
+        dp[j][i] = ds;
       }
 
     // ---- dQ += dS·K (dS packed as A fragments; K rows = keys, read with .trans)

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "fajit/detail/program_impl.h"
 #include "fajit/runtime/device.h"
 #include "gpu_harness.h"
 
@@ -77,6 +78,18 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.noncontig = true; }),
       with({"sliding", f16, 64, 64, 1, 8, 1, 17, 1000, 300}, "noncontig_dlse",
            [](BwdCase& c) { c.noncontig = true, c.dlse = true; }),
+      // score_mods through their derivative (fa-differentiate): ALiBi (dS = dT), softcap
+      // (1 - tanh^2), and captured-bias gradients (slopes[h], rel_bias[q - kv + offset]).
+      {"causal_alibi", bf16, 128, 128, 1, 8, 1, 1000, 1000},
+      {"causal_alibi", f16, 64, 128, 2, 4, 4, 17, 1000},
+      {"alibi_slopes", f16, 128, 128, 1, 4, 1, 1000, 17},
+      {"alibi_slopes", bf16, 64, 64, 2, 8, 2, 1, 4097},
+      {"document_softcap", bf16, 64, 128, 1, 4, 1, 4097, 4097},
+      {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
+      {"relative_bias", bf16, 128, 64, 1, 2, 1, 17, 4097},
+      {"relative_bias", f16, 64, 64, 2, 4, 4, 1000, 1000},
+      with({"relative_bias", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
       // Deterministic mode: dQ from its own kernel over the forward tables, no atomics.
       with({"causal", bf16, 128, 128, 2, 8, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
@@ -205,10 +218,15 @@ TEST_P(BackwardTest, MatchesReference) {
   // Reference.
   const auto t0 = std::chrono::steady_clock::now();
   ModPrograms progs = mod_programs(kernel.program());
+  std::optional<fa::ModProgram> grad;
   fa::Bindings env = caps.bindings();
   fa::ReferenceOptions ro;
   if (c.scale != 0.0f) ro.scale = double(c.scale);
   ro.mask_mod = &progs.mask, ro.bindings = &env;
+  if (!kernel.program().score_is_identity()) {
+    grad.emplace(fa::ModProgram::grad_of(kernel.program()));
+    ro.score_mod = &progs.score, ro.score_grad = &*grad;
+  }
   ro.q_strides = lay.q.stride, ro.k_strides = lay.k.stride, ro.v_strides = lay.v.stride;
   const fa::ReferenceGrads ref = fa::reference_attention_backward(
       {c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, in_vals.data() + lay.q.offset,
@@ -240,7 +258,19 @@ TEST_P(BackwardTest, MatchesReference) {
   fa::ForwardOptions fo;
   fo.scale = c.scale, fo.lse = &lse;
   kernel.forward(q, k, v, o, mask, captures, fo);
+  // Gradients of every f32 buffer the score_mod reads, into zeroed fp32 tensors.
+  std::map<std::string, fa::rt::DeviceBuffer> d_bgrad;
   fa::BackwardOptions bo;
+  for (const std::string& name : fa::detail::gradient_buffers(kernel.program())) {
+    const fa::TensorView& primal = captures.buffers().at(name);
+    fa::rt::DeviceBuffer& buf = d_bgrad[name];
+    buf = fa::rt::DeviceBuffer(size_t(primal.numel()) * 4);
+    buf.memset8(0);
+    std::vector<int64_t> shape(primal.shape, primal.shape + primal.rank);
+    bo.buffer_grads.emplace(name, shape.size() == 1
+                                      ? fa::TensorView(buf.as<void>(), fa::DType::f32, {shape[0]})
+                                      : fa::TensorView(buf.as<void>(), fa::DType::f32, {shape[0], shape[1]}));
+  }
   bo.scale = c.scale;
   bo.dlse = c.dlse ? &dlse : nullptr;
   bo.deterministic = c.deterministic;
@@ -252,6 +282,7 @@ TEST_P(BackwardTest, MatchesReference) {
   d_grad.download(grad_bits.data(), grad_bits.size() * 2);
   if (c.deterministic) {  // a second run into re-poisoned gradients gives the same bits
     d_grad.memset8(0xFF);
+    for (auto& [name, buf] : d_bgrad) buf.memset8(0);   // buffer gradients accumulate: start again
     fa::rt::synchronize(nullptr);
     kernel.backward(q, k, v, o, lse, dout, dq, dk, dv, mask, captures, bo);
     fa::rt::synchronize(nullptr);
@@ -286,6 +317,22 @@ TEST_P(BackwardTest, MatchesReference) {
   for (const auto* s : {&sq, &sk, &sv}) {
     EXPECT_EQ(s->nan, 0) << s->first_bad;
     EXPECT_EQ(s->nonzero_masked, 0) << s->first_bad;
+  }
+  for (auto& [name, buf] : d_bgrad) {  // buffer gradients: fp32, accumulated by reductions
+    const std::vector<double>& r = ref.buffer_grads.at(name);
+    std::vector<float> got(r.size());
+    buf.download(got.data(), got.size() * 4);
+    double e2 = 0, r2 = 0;
+    long nan = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (std::isnan(got[i])) ++nan;
+      e2 += (got[i] - r[i]) * (got[i] - r[i]), r2 += r[i] * r[i];
+    }
+    const double rel = r2 > 0 ? std::sqrt(e2 / r2) : std::sqrt(e2);
+    std::printf("[ stats    ] d%s rel %.2e (%zu elements, |ref| %.3e)\n", name.c_str(), rel, r.size(),
+                std::sqrt(r2));
+    EXPECT_EQ(nan, 0) << "d" << name;
+    EXPECT_LT(rel, tol) << "d" << name;
   }
   EXPECT_LT(sq.rel, tol) << "dq " << sq.first_bad;
   EXPECT_LT(sk.rel, tol) << "dk " << sk.first_bad;

@@ -30,7 +30,8 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
   EXPECT_EQ(s.tile, fa::default_tile(128, 64, false, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward));
   EXPECT_EQ(s.to_string(), "backward bf16 qk128 v64 mma tile64x128w8s2 sm_90a");
   const std::string& src = k.backward_cuda_source();
-  EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2, false>;"), std::string::npos)
+  EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2, false>;"),
+            std::string::npos)
       << src;
   EXPECT_NE(src.find("FAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)"), std::string::npos);
   EXPECT_NE(src.find("static constexpr bool kScoreGrad = false;"), std::string::npos);
@@ -129,6 +130,17 @@ TEST(BackwardApi, BufferGradientsAreCheckedByName) {
   EXPECT_EQ(error_with("bias", f.t(f32, {2})), "buffer_grads: 'bias' is not a buffer the mods capture");
   EXPECT_EQ(error_with("doc_ids", f.t(f32, {256})),
             "buffer_grads: 'doc_ids' is an i32 buffer; only f32 buffers have gradients");
+  // A float buffer only the mask_mod reads has no gradient either.
+  const fa::MaskMod limited{"limited", [](fa::Index, fa::Index h, fa::Index q, fa::Index kv) {
+                              return q - kv < fa::buffer<float>("limit", 1)[h];
+                            }};
+  const fa::Kernel k2 = fa::compile(fa::identity_score(), limited, opts(64, 64));
+  fa::Captures cap2;
+  cap2.buffer("limit", f.t(f32, {2}));
+  fa::BackwardOptions bo2;
+  bo2.buffer_grads.emplace("limit", f.t(f32, {2}));
+  EXPECT_EQ(error_of([&] { k2.backward(q, q, q, q, lse, q, q, q, q, mask, cap2, bo2); }),
+            "buffer_grads: the score_mod @identity does not read 'limit', so it has no gradient");
   EXPECT_EQ(error_with("slopes", f.t(bf, {2})), "buffer_grads: 'slopes' must be f32, got bf16");
   EXPECT_EQ(error_with("slopes", f.t(f32, {3}))
                 .rfind("buffer_grads: 'slopes' must have the capture's shape f32[2]", 0),

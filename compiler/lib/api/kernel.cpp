@@ -241,8 +241,8 @@ class StreamScratch {
 
 // The FaGradBuffers block of BackwardOptions::buffer_grads: each name must be a captured f32
 // buffer given in `captures`, its gradient an fp32 tensor of the same shape.
-FaGradBuffers grad_buffers_of(const std::vector<CaptureSlot>& slots, const Captures& captures,
-                              const std::map<std::string, TensorView>& wanted) {
+FaGradBuffers grad_buffers_of(const Program& program, const std::vector<CaptureSlot>& slots,
+                              const Captures& captures, const std::map<std::string, TensorView>& wanted) {
   FaGradBuffers g;
   std::memset(&g, 0, sizeof g);
   for (const auto& [name, t] : wanted) {
@@ -253,6 +253,10 @@ FaGradBuffers grad_buffers_of(const std::vector<CaptureSlot>& slots, const Captu
       throw Error(fmt::format("buffer_grads: '{}' is not a buffer the mods capture", name));
     if (!slot->is_float)
       throw Error(fmt::format("buffer_grads: '{}' is an i32 buffer; only f32 buffers have gradients", name));
+    const std::vector<std::string> read = detail::gradient_buffers(program);
+    if (std::find(read.begin(), read.end(), name) == read.end())
+      throw Error(fmt::format("buffer_grads: the score_mod @{} does not read '{}', so it has no gradient",
+                              program.score_mod_name(), name));
     const TensorView& primal = captures.buffers().at(name);  // pack_captures checked it is there
     if (t.dtype != DType::f32)
       throw Error(fmt::format("buffer_grads: '{}' must be f32, got {}", name, dtype_name(t.dtype)));
@@ -346,7 +350,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
                       const Captures& captures, const BackwardOptions& options, Stream stream) const {
   const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
   std::vector<unsigned char> cap = pack_captures(captures);
-  FaGradBuffers grads = grad_buffers_of(capture_slots(), captures, options.buffer_grads);
+  FaGradBuffers grads = grad_buffers_of(program(), capture_slots(), captures, options.buffer_grads);
   const Compiled& b = impl_->backward_kernel(options.deterministic);
   const KernelSpec& s = b.gen.spec;
   const float scale = check_call(s, "backward", shape, mask, options.scale);
