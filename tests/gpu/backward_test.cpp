@@ -215,25 +215,6 @@ TEST_P(BackwardTest, MatchesReference) {
   if (c.dlse)
     for (size_t i = 0; i < rows; ++i) dlse_vals[i] = dlse_f[i] = ud(rng);
 
-  // Reference.
-  const auto t0 = std::chrono::steady_clock::now();
-  ModPrograms progs = mod_programs(kernel.program());
-  std::optional<fa::ModProgram> grad;
-  fa::Bindings env = caps.bindings();
-  fa::ReferenceOptions ro;
-  if (c.scale != 0.0f) ro.scale = double(c.scale);
-  ro.mask_mod = &progs.mask, ro.bindings = &env;
-  if (!kernel.program().score_is_identity()) {
-    grad.emplace(fa::ModProgram::grad_of(kernel.program()));
-    ro.score_mod = &progs.score, ro.score_grad = &*grad;
-  }
-  ro.q_strides = lay.q.stride, ro.k_strides = lay.k.stride, ro.v_strides = lay.v.stride;
-  const fa::ReferenceGrads ref = fa::reference_attention_backward(
-      {c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, in_vals.data() + lay.q.offset,
-      in_vals.data() + lay.k.offset, in_vals.data() + lay.v.offset, do_vals.data(),
-      c.dlse ? dlse_vals.data() : nullptr, ro);
-  const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
   // Device: forward for O and LSE, then the backward into poisoned gradients.
   fa::rt::ContextGuard guard;
   fa::rt::DeviceBuffer d_in(in_bits.size() * 2), d_grad(in_bits.size() * 2), d_o(o_elems * 2),
@@ -258,6 +239,32 @@ TEST_P(BackwardTest, MatchesReference) {
   fa::ForwardOptions fo;
   fo.scale = c.scale, fo.lse = &lse;
   kernel.forward(q, k, v, o, mask, captures, fo);
+  // Reference.
+  const auto t0 = std::chrono::steady_clock::now();
+  ModPrograms progs = mod_programs(kernel.program());
+  std::optional<fa::ModProgram> grad;
+  fa::Bindings env = caps.bindings();
+  fa::ReferenceOptions ro;
+  if (c.scale != 0.0f) ro.scale = double(c.scale);
+  ro.mask_mod = &progs.mask, ro.bindings = &env;
+  if (!kernel.program().score_is_identity()) {
+    grad.emplace(fa::ModProgram::grad_of(kernel.program()));
+    ro.score_mod = &progs.score, ro.score_grad = &*grad;
+  }
+  ro.q_strides = lay.q.stride, ro.k_strides = lay.k.stride, ro.v_strides = lay.v.stride;
+  // Δ from the kernel's own O (rounded to the dtype), as the kernel's preprocess computes it.
+  std::vector<uint16_t> o_bits(o_elems);
+  fa::rt::synchronize(nullptr);
+  d_o.download(o_bits.data(), o_elems * 2);
+  std::vector<double> o_vals(o_elems);
+  for (size_t i = 0; i < o_elems; ++i) o_vals[i] = from_bits(c.dtype, o_bits[i]);
+  ro.delta_out = o_vals.data();
+  const fa::ReferenceGrads ref = fa::reference_attention_backward(
+      {c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, in_vals.data() + lay.q.offset,
+      in_vals.data() + lay.k.offset, in_vals.data() + lay.v.offset, do_vals.data(),
+      c.dlse ? dlse_vals.data() : nullptr, ro);
+  const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
   // Gradients of every f32 buffer the score_mod reads, into zeroed fp32 tensors.
   std::map<std::string, fa::rt::DeviceBuffer> d_bgrad;
   fa::BackwardOptions bo;
@@ -282,7 +289,7 @@ TEST_P(BackwardTest, MatchesReference) {
   d_grad.download(grad_bits.data(), grad_bits.size() * 2);
   if (c.deterministic) {  // a second run into re-poisoned gradients gives the same bits
     d_grad.memset8(0xFF);
-    for (auto& [name, buf] : d_bgrad) buf.memset8(0);   // buffer gradients accumulate: start again
+    for (auto& [name, buf] : d_bgrad) buf.memset8(0);  // buffer gradients accumulate: start again
     fa::rt::synchronize(nullptr);
     kernel.backward(q, k, v, o, lse, dout, dq, dk, dv, mask, captures, bo);
     fa::rt::synchronize(nullptr);

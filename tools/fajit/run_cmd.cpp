@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <utility>
@@ -228,7 +229,16 @@ int run_variant(const RunOptions& o) {
   const double first_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   fa::ReferenceOptions rb = ro;
-  if (program.score_is_identity()) rb.score_mod = nullptr;
+  std::optional<fa::ModProgram> grad;
+  if (program.score_is_identity()) {
+    rb.score_mod = nullptr;
+  } else {
+    grad.emplace(fa::ModProgram::grad_of(program));
+    rb.score_grad = &*grad;
+  }
+  std::vector<double> o_vals(out.begin(), out.end());  // delta from the kernel's own O
+  for (size_t i = 0; i < n; ++i) o_vals[i] = fa::from_bits(out[i], o.dtype);
+  rb.delta_out = o_vals.data();
   const fa::ReferenceGrads g =
       fa::reference_attention_backward({B, H, H, L, L, D, D}, q.values.data(), kk.values.data(),
                                        v.values.data(), dout_vals.data(), nullptr, rb);

@@ -175,7 +175,7 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
         if (lse == neg_inf) continue;  // fully masked row: no gradient flows
         const float* qrow = q + b * qs[0] + h * qs[1] + i * qs[2];
         const double* dorow = dout + ri * s.dim_v;
-        const double* orow = &g.forward.out[ri * s.dim_v];
+        const double* orow = opt.delta_out ? opt.delta_out + ri * s.dim_v : &g.forward.out[ri * s.dim_v];
         double delta = dlse ? -dlse[ri] : 0.0;
         for (int d = 0; d < s.dim_v; ++d) delta += dorow[d] * orow[d];
         double* dqrow = &g.dq[ri * s.dim_qk];

@@ -39,6 +39,12 @@ struct ReferenceOptions {
   // The score_mod's derivative (fa::ModProgram::grad_of): reference_attention_backward needs
   // it whenever score_mod is set; the forward ignores it.
   const ModProgram* score_grad = nullptr;
+  // reference_attention_backward: the O whose rowsum(dO * O) gives delta, [B, Hq, Lq, Dv]
+  // contiguous; null = the reference's own O. A kernel test passes the kernel's O (rounded to
+  // its dtype, as the kernel's preprocess reads it), so the oracle sees the kernel's delta:
+  // sums of dS weighted by large values (a slopes[h] gradient sums dS * (kv - q)) amplify a
+  // difference in delta that dQ, dK and dV barely show.
+  const double* delta_out = nullptr;
   const Bindings* bindings = nullptr;  // for both mods; null = no bindings
   // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
   // unset = contiguous.
