@@ -123,7 +123,7 @@ std::string find_tool(std::initializer_list<const char*> names) {
 int run_dump(const DumpOptions& o) {
   fa::Program p = program_for(o);
   if (o.mlir) {
-    std::cout << p.to_mlir();
+    std::cout << (o.backward ? p.score_grad_mlir() : p.to_mlir());  // --backward: the derivative
     return 0;
   }
   fa::GeneratedKernel g = fa::generate(p, spec_for(o));

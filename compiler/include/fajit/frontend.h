@@ -286,6 +286,9 @@ class FA_API Program {
   static Program parse(std::string_view mlir_text, std::string_view source_name = "<input>");
 
   std::string to_mlir() const;  // pretty-printed module
+  // The score_mod's derivative (fa.score_grad, made by the fa-differentiate pass), printed;
+  // throws fa::Error with the pass's diagnostic when the score_mod has none.
+  std::string score_grad_mlir() const;
   std::string score_mod_name() const;
   std::string mask_mod_name() const;
   bool score_is_identity() const;  // the score_mod returns its score unchanged

@@ -252,6 +252,14 @@ std::string Program::to_mlir() const {
   return s;
 }
 
+std::string Program::score_grad_mlir() const {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  detail::score_grad_of(*this)->print(os, mlir::OpPrintingFlags());
+  os << "\n";
+  return s;
+}
+
 std::string Program::score_mod_name() const { return mlir::fa::ScoreModOp(impl_->score).getSymName().str(); }
 std::string Program::mask_mod_name() const { return mlir::fa::MaskModOp(impl_->mask).getSymName().str(); }
 
