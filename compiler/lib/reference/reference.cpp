@@ -36,6 +36,19 @@ void check_shape(const ReferenceShape& s) {
                             s.heads_kv));
 }
 
+// The scale, element strides and GQA group of one call (options filled in with defaults).
+struct Layout {
+  double scale;
+  std::array<int64_t, 4> qs, ks, vs;
+  int group;
+};
+Layout layout_of(const ReferenceShape& s, const ReferenceOptions& opt) {
+  return {opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.dim_qk)),
+          opt.q_strides.value_or(contiguous(s.batch, s.heads_q, s.len_q, s.dim_qk)),
+          opt.k_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_qk)),
+          opt.v_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_v)), s.heads_q / s.heads_kv};
+}
+
 }  // namespace
 
 ReferenceResult reference_attention(const ReferenceShape& s, const float* q, const float* k, const float* v,
@@ -51,11 +64,10 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
   if (opt.score_mod) score_mod.emplace(opt.score_mod->bind(env));
   if (opt.mask_mod) mask_mod.emplace(opt.mask_mod->bind(env));
 
-  const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.dim_qk));
-  const auto qs = opt.q_strides.value_or(contiguous(s.batch, s.heads_q, s.len_q, s.dim_qk));
-  const auto ks = opt.k_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_qk));
-  const auto vs = opt.v_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_v));
-  const int group = s.heads_q / s.heads_kv;
+  const Layout L = layout_of(s, opt);
+  const double scale = L.scale;
+  const auto &qs = L.qs, &ks = L.ks, &vs = L.vs;
+  const int group = L.group;
   const double neg_inf = -std::numeric_limits<double>::infinity();
 
   ReferenceResult r;
@@ -157,11 +169,10 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
     for (int d = 0; d < a.rank; ++d) off += a.index[d] * buffer_stride[a.slot][d];
     (*grad)[off] += pending_dt * static_cast<double>(a.value);
   };
-  const double scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(s.dim_qk));
-  const auto qs = opt.q_strides.value_or(contiguous(s.batch, s.heads_q, s.len_q, s.dim_qk));
-  const auto ks = opt.k_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_qk));
-  const auto vs = opt.v_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_v));
-  const int group = s.heads_q / s.heads_kv;
+  const Layout L = layout_of(s, opt);
+  const double scale = L.scale;
+  const auto &qs = L.qs, &ks = L.ks, &vs = L.vs;
+  const int group = L.group;
   const double neg_inf = -std::numeric_limits<double>::infinity();
   g.dq.assign(static_cast<size_t>(s.batch) * s.heads_q * s.len_q * s.dim_qk, 0.0);
   g.dk.assign(static_cast<size_t>(s.batch) * s.heads_kv * s.len_kv * s.dim_qk, 0.0);
