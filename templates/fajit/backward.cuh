@@ -121,49 +121,6 @@ __device__ __forceinline__ const E* row_base(const void* p, long long sb, long l
   return static_cast<const E*>(p) + b * sb + h * sh;
 }
 
-// cp.async of kRows rows x kChunks 16-byte chunks (row stride `stride` elements, rows >= len
-// zero-filled) into a swizzled shared tile, spread over kThreads threads.
-template <int kRows, int kChunks, int kThreads, typename E>
-__device__ __forceinline__ void load_tile(u32 dst, const E* src, long long stride, int row0, int len,
-                                          int tid) {
-  static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must divide evenly among threads");
-#pragma unroll
-  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool valid = row0 + r < len;
-    cp_async_16(dst + swizzle_offset<kChunks>(r, c),
-                src + (valid ? (long long)(row0 + r) * stride : 0ll) + c * 8, valid);
-  }
-}
-
-// ---- ldmatrix lane offsets (bytes, within a swizzled tile of kChunks chunks per row) -------
-// The four chunk offsets of this lane for the operand roles of m16n8k16 (k-step kk uses
-// off[kk % 4] + (kk / 4) * 128; kk spans 16 columns = 2 chunks); add the tile row base.
-//   A (rows = m, k contiguous) and B with .trans (rows = k, n contiguous):
-//     lane row (lane & 7) + 8 * ((lane >> 3) & 1), chunk bit lane >> 4
-//   B (rows = n, k contiguous) and A with .trans (rows = k, m contiguous):
-//     lane row (lane & 7) + 8 * (lane >> 4), chunk bit (lane >> 3) & 1
-template <int kChunks>
-__device__ __forceinline__ void lane_offsets_a(u32 (&off)[4], int lane) {
-#pragma unroll
-  for (int c = 0; c < 4; ++c)
-    off[c] =
-        ((lane & 7) + ((lane >> 3) & 1) * 8) * (kChunks * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
-}
-template <int kChunks>
-__device__ __forceinline__ void lane_offsets_b(u32 (&off)[4], int lane) {
-#pragma unroll
-  for (int c = 0; c < 4; ++c)
-    off[c] =
-        ((lane & 7) + (lane >> 4) * 8) * (kChunks * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
-}
-// Byte offset of the 16x16 block (16-row block rb, 16-column step kk) for a lane offset set.
-template <int kChunks>
-__device__ __forceinline__ u32 frag_at(const u32 (&off)[4], int rb, int kk) {
-  return off[kk % 4] + (kk / 4) * 128 + rb * 16 * (kChunks * 16);
-}
-
 // acc[kNT][4] += A(16 x 16k, fragments from `a_tile` rows a_row0..) · B where B's n = the rows
 // of b_tile (B = b_tileᵀ): C = A·Bᵀ, both operands K-contiguous (S = Q·Kᵀ shape).
 template <typename E, int kNT, int kKSteps, int kChunksA, int kChunksB>
@@ -287,20 +244,20 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto sDelta = [&](int s) { return sLse(s) + Cfg::kSmemRowBytes; };
 
   // ---- K and V of this CTA, once
-  bwd::load_tile<kBN, kCQ, kThreads>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
-                                     p.k_stride_n, kv0, len_kv, tid);
-  bwd::load_tile<kBN, kCV, kThreads>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
-                                     p.v_stride_n, kv0, len_kv, tid);
+  load_tile_async<kBN, kCQ, kThreads>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
+                                      p.k_stride_n, kv0, len_kv, tid);
+  load_tile_async<kBN, kCV, kThreads>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
+                                      p.v_stride_n, kv0, len_kv, tid);
   cp_async_commit();
 
   // Lane offsets: K, V rows of this warp as A operands; Q, dO as B (n = queries) and as B with
   // .trans (k = queries); K as B with .trans (k = keys) and dSᵀ as A with .trans for dQ.
   u32 offA_q[4], offA_v[4], offB_q[4], offB_v[4], offB_m[4];
-  bwd::lane_offsets_a<kCQ>(offA_q, lane);
-  bwd::lane_offsets_a<kCV>(offA_v, lane);
-  bwd::lane_offsets_b<kCQ>(offB_q, lane);
-  bwd::lane_offsets_b<kCV>(offB_v, lane);
-  bwd::lane_offsets_b<kCM>(offB_m, lane);
+  lane_offsets_a<kCQ>(offA_q, lane);
+  lane_offsets_a<kCV>(offA_v, lane);
+  lane_offsets_b<kCQ>(offB_q, lane);
+  lane_offsets_b<kCV>(offB_v, lane);
+  lane_offsets_b<kCM>(offB_m, lane);
 
   // This thread's key rows (Sᵀ rows): kv0 + 16 warp + g (+8), clamped for the mods.
   int kv_row[2], kv_c[2];
@@ -334,8 +291,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     // Q, dO by cp.async; LSE·log2e and Δ through registers (rows may not fill a 16-byte chunk).
     auto load_q_tile = [&](int it, int s) {
       const int q0 = walk.tile_start(it);
-      bwd::load_tile<kBM, kCQ, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
-      bwd::load_tile<kBM, kCV, kThreads>(sDo(s), dog, p.do_stride_m, q0, len_q, tid);
+      load_tile_async<kBM, kCQ, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
+      load_tile_async<kBM, kCV, kThreads>(sDo(s), dog, p.do_stride_m, q0, len_q, tid);
       for (int r = tid; r < kBM; r += kThreads) {
         const int q = q0 + r;
         const float lse = q < len_q ? lseg[q] : -INFINITY;
@@ -442,11 +399,11 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         for (int kk = 0; kk < kBN / 16; ++kk) {  // over keys
           u32 a[4];
           // A = dS (rows = queries mt*16.., k = keys kk*16..) from dSᵀ [keys][queries]: .trans
-          ldmatrix_x4_trans(a, sDs + bwd::frag_at<kCM>(offB_m, kk, mt));
+          ldmatrix_x4_trans(a, sDs + frag_at<kCM>(offB_m, kk, mt));
 #pragma unroll
           for (int jp = 0; jp < kNQ / 2; ++jp) {
             u32 bf[4];
-            ldmatrix_x4_trans(bf, sK + bwd::frag_at<kCQ>(offA_q, kk, part * (kNQ / 2) + jp));
+            ldmatrix_x4_trans(bf, sK + frag_at<kCQ>(offA_q, kk, part * (kNQ / 2) + jp));
             mma_16816<E>(dq[2 * jp], a, bf[0], bf[1]);
             mma_16816<E>(dq[2 * jp + 1], a, bf[2], bf[3]);
           }
@@ -515,13 +472,13 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   const int n_tiles = walk.n_tiles;
   auto load_kv = [&](int it, int s) {
     const int start = walk.tile_start(it);
-    bwd::load_tile<kBN, kCQ, kThreads>(sK(s), kg, p.k_stride_n, start, len_kv, tid);
-    bwd::load_tile<kBN, kCV, kThreads>(sV(s), vg, p.v_stride_n, start, len_kv, tid);
+    load_tile_async<kBN, kCQ, kThreads>(sK(s), kg, p.k_stride_n, start, len_kv, tid);
+    load_tile_async<kBN, kCV, kThreads>(sV(s), vg, p.v_stride_n, start, len_kv, tid);
   };
-  bwd::load_tile<kBM, kCQ, kThreads>(sQ, bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, h),
-                                     p.q_stride_m, q0, len_q, tid);
-  bwd::load_tile<kBM, kCV, kThreads>(sDo, bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h),
-                                     p.do_stride_m, q0, len_q, tid);
+  load_tile_async<kBM, kCQ, kThreads>(sQ, bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, h),
+                                      p.q_stride_m, q0, len_q, tid);
+  load_tile_async<kBM, kCV, kThreads>(sDo, bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h),
+                                      p.do_stride_m, q0, len_q, tid);
   if (n_tiles > 0) load_kv(0, 0);
   cp_async_commit();
 
@@ -542,10 +499,10 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   const FaGradBuffers no_grads{};
 
   u32 offA_q[4], offA_v[4], offB_q[4], offB_v[4];
-  bwd::lane_offsets_a<kCQ>(offA_q, lane);
-  bwd::lane_offsets_a<kCV>(offA_v, lane);
-  bwd::lane_offsets_b<kCQ>(offB_q, lane);
-  bwd::lane_offsets_b<kCV>(offB_v, lane);
+  lane_offsets_a<kCQ>(offA_q, lane);
+  lane_offsets_a<kCV>(offA_v, lane);
+  lane_offsets_b<kCQ>(offB_q, lane);
+  lane_offsets_b<kCV>(offB_v, lane);
 
   float dq[kDQ][4];
 #pragma unroll

@@ -90,27 +90,6 @@ struct FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
-namespace detail {
-
-// cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
-// `stride` elements) into a swizzled shared tile; rows >= len are zero-filled.
-template <int kRows, int kChunks, int kThreads, typename Element>
-__device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, long long stride, int row0,
-                                                int len, int tid) {
-  constexpr int kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool valid = row0 + r < len;
-    const Element* g = src + (valid ? (long long)(row0 + r) * stride : 0ll) + c * 8;
-    cp_async_16(dst + swizzle_offset<kChunks>(r, c), g, valid);
-  }
-}
-
-}  // namespace detail
-
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap) {
   using E = typename Cfg::Element;
@@ -142,14 +121,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const int start = tile_start(it);
     if (start >= len_kv) return;  // a sub-tile past the end of a tail block: never read
     const int s = it % kStages;
-    detail::load_tile_async<kBN, Cfg::kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n, start,
-                                                     len_kv, tid);
-    detail::load_tile_async<kBN, Cfg::kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n, start,
-                                                     len_kv, tid);
+    load_tile_async<kBN, Cfg::kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n, start, len_kv, tid);
+    load_tile_async<kBN, Cfg::kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n, start, len_kv, tid);
   };
 
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
-  detail::load_tile_async<kBM, Cfg::kCQ, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
+  load_tile_async<kBM, Cfg::kCQ, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -164,6 +141,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // in registers for the whole walk; otherwise re-read per k-step (each warp reads only its
   // own rows, so no barrier is involved either way).
   const int warp_row0 = warp * kRW;
+  // (lane_offsets_a's geometry with the tile base and the warp's rows folded in up front:
+  // computing it as lane_offsets_a + base measured a worse register allocation, 232 -> 241.)
   u32 q_off[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c)
@@ -208,13 +187,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // only touches the low 3 chunk bits, so chunk 2c+8a -> ((2c ^ x) + 8a): four lane offsets
   // per operand, the rest (a, row block) are immediates.
   u32 k_off[4], v_off[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    k_off[c] =
-        ((lane & 7) + (lane >> 4) * 8) * (Cfg::kCQ * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
-    v_off[c] =
-        ((lane & 7) + ((lane >> 3) & 1) * 8) * (Cfg::kCV * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
-  }
+  lane_offsets_b<Cfg::kCQ>(k_off, lane);  // K: B operand of S = Q·Kᵀ (rows = n)
+  lane_offsets_a<Cfg::kCV>(v_off, lane);  // V: B operand of P·V with .trans (rows = k)
 
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kStages - 2>();
@@ -251,7 +225,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 #pragma unroll
       for (int jp = 0; jp < Cfg::kNT / 2; ++jp) {
         u32 kf[4];
-        ldmatrix_x4(kf, sKs + k_off[kk % 4] + (kk / 4) * 128 + jp * 16 * (Cfg::kCQ * 16));
+        ldmatrix_x4(kf, sKs + frag_at<Cfg::kCQ>(k_off, jp, kk));
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           mma_16816<E>(s[mi][2 * jp], qa[mi], kf[0], kf[1]);
@@ -280,7 +254,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 #pragma unroll
       for (int jp = 0; jp < Cfg::kDT / 2; ++jp) {
         u32 vf[4];
-        ldmatrix_x4_trans(vf, sVs + v_off[jp % 4] + (jp / 4) * 128 + kk * 16 * (Cfg::kCV * 16));
+        ldmatrix_x4_trans(vf, sVs + frag_at<Cfg::kCV>(v_off, kk, jp));
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
           mma_16816<E>(o[mi][2 * jp], pa[mi], vf[0], vf[1]);

@@ -49,6 +49,33 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], u32 
   mma_16816(static_cast<Element*>(nullptr), d, a, b0, b1);
 }
 
+// ---- ldmatrix lane offsets (bytes, within a swizzled tile of kChunks chunks per row) -------
+// The four chunk offsets of this lane for the operand roles of m16n8k16 (k-step kk uses
+// off[kk % 4] + (kk / 4) * 128; kk spans 16 columns = 2 chunks); add the tile row base.
+//   A (rows = m, k contiguous) and B with .trans (rows = k, n contiguous):
+//     lane row (lane & 7) + 8 * ((lane >> 3) & 1), chunk bit lane >> 4
+//   B (rows = n, k contiguous) and A with .trans (rows = k, m contiguous):
+//     lane row (lane & 7) + 8 * (lane >> 4), chunk bit (lane >> 3) & 1
+template <int kChunks>
+__device__ __forceinline__ void lane_offsets_a(u32 (&off)[4], int lane) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    off[c] =
+        ((lane & 7) + ((lane >> 3) & 1) * 8) * (kChunks * 16) + (((2 * c) ^ (lane >> 4) ^ (lane & 7)) << 4);
+}
+template <int kChunks>
+__device__ __forceinline__ void lane_offsets_b(u32 (&off)[4], int lane) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    off[c] =
+        ((lane & 7) + (lane >> 4) * 8) * (kChunks * 16) + (((2 * c) ^ ((lane >> 3) & 1) ^ (lane & 7)) << 4);
+}
+// Byte offset of the 16x16 block (16-row block rb, 16-column step kk) for a lane offset set.
+template <int kChunks>
+__device__ __forceinline__ u32 frag_at(const u32 (&off)[4], int rb, int kk) {
+  return off[kk % 4] + (kk / 4) * 128 + rb * 16 * (kChunks * 16);
+}
+
 }  // namespace fa
 
 #endif  // FAJIT_MMA_CUH

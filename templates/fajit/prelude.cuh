@@ -175,6 +175,24 @@ struct SwizzledRows {
   }
 };
 
+// cp.async of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride `stride`
+// elements) into a swizzled shared tile, spread over kThreads threads (`tid` among them); rows
+// >= len are zero-filled and never read.
+template <int kRows, int kChunks, int kThreads, typename Element>
+__device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, long long stride, int row0,
+                                                int len, int tid) {
+  constexpr int kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < len;
+    const Element* g = src + (valid ? (long long)(row0 + r) * stride : 0ll) + c * 8;
+    cp_async_16(dst + swizzle_offset<kChunks>(r, c), g, valid);
+  }
+}
+
 }  // namespace fa
 
 #endif  // FAJIT_PRELUDE_CUH
