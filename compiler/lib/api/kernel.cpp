@@ -245,6 +245,8 @@ FaGradBuffers grad_buffers_of(const Program& program, const std::vector<CaptureS
                               const Captures& captures, const std::map<std::string, TensorView>& wanted) {
   FaGradBuffers g;
   std::memset(&g, 0, sizeof g);
+  if (wanted.empty()) return g;
+  const std::vector<std::string> read = detail::gradient_buffers(program);  // once, not per name
   for (const auto& [name, t] : wanted) {
     auto slot = std::find_if(slots.begin(), slots.end(), [&, &name = name](const CaptureSlot& s) {
       return s.is_buffer && s.name == name;
@@ -253,7 +255,6 @@ FaGradBuffers grad_buffers_of(const Program& program, const std::vector<CaptureS
       throw Error(fmt::format("buffer_grads: '{}' is not a buffer the mods capture", name));
     if (!slot->is_float)
       throw Error(fmt::format("buffer_grads: '{}' is an i32 buffer; only f32 buffers have gradients", name));
-    const std::vector<std::string> read = detail::gradient_buffers(program);
     if (std::find(read.begin(), read.end(), name) == read.end())
       throw Error(fmt::format("buffer_grads: the score_mod @{} does not read '{}', so it has no gradient",
                               program.score_mod_name(), name));
