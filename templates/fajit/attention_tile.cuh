@@ -16,6 +16,7 @@
 //   scale_rows      multiply each row of a fragment (O rescale)
 //   pack_a          16-bit A operand of the next GEMM (P·V) from an fp32 fragment
 //   stage_rows      O / l into a shared staging tile (any layout with offset(row, chunk))
+//   stage_packed    packed A fragments into a shared staging tile
 //   store_rows      staged rows to global memory with 16-byte stores
 //   store_lse       the natural-log LSE of a thread's two rows
 #ifndef FAJIT_ATTENTION_TILE_CUH
@@ -234,6 +235,19 @@ __device__ __forceinline__ void stage_rows(u32 tile, const float (&o)[kDT][4], c
     for (int dj = 0; dj < kDT; ++dj)
       st_shared_b32(tile + Layout::offset(row0 + 8 * hh, dj) + lane_t * 4,
                     pack2<E>(o[dj][2 * hh] * inv[hh], o[dj][2 * hh + 1] * inv[hh]));
+}
+
+// Packed 16-bit A fragments (pack_a: kK k-steps of 16 columns) into rows row0 and row0 + 8 of
+// a staging tile, columns 0..16kK-1 (the backward's dSᵀ for dQ = dS·K).
+template <typename Layout, int kK>
+__device__ __forceinline__ void stage_packed(u32 tile, const u32 (&a)[kK][4], int row0, int lane_t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int kk = 0; kk < kK; ++kk)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)  // a[kk][2 half + hh]: row half hh, chunk 2kk + half
+        st_shared_b32(tile + Layout::offset(row0 + 8 * hh, 2 * kk + half) + lane_t * 4, a[kk][2 * half + hh]);
 }
 
 // Rows row_begin..row_begin+kRows-1 of a staged tile of kChunks chunks per row to global rows

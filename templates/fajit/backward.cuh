@@ -156,6 +156,78 @@ __device__ __forceinline__ void mma_rb(float (&acc)[kNT][4], const u32 (&a)[kKSt
     }
 }
 
+// ---- the element-wise middle of a transposed tile (shared by every dK/dV kernel) ------------
+// A thread holds two key rows of Sᵀ (rows = keys, columns = queries, the m16n8 C layout): key
+// kv_row[hh] (clamped to kv_c[hh] for the mods) for row half hh, query q0 + 8j + 2t + i%2 for
+// element [j][i].
+struct KeyRows {
+  int kv_row[2], kv_c[2];
+  __device__ __forceinline__ KeyRows(int first_row, int len_kv) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      kv_row[hh] = first_row + 8 * hh;
+      kv_c[hh] = kv_row[hh] < len_kv ? kv_row[hh] : len_kv - 1;
+    }
+  }
+};
+
+// Sᵀ (q·k, unscaled) -> Pᵀ = exp2(mod(s)·sl2 - LSE·log2e) in place; sc keeps the scores
+// score_mod saw when the backward needs them (score_grad). lse2(col) is column col's LSE·log2e,
+// +inf for a query with no key or past len_q (P = 0 there). `masked`: mask_mod and key bounds
+// apply (a partial tile, or one crossing len_kv).
+template <typename Mods, int kQT, int kSC, typename Lse2>
+__device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4], const KeyRows& kr, int q0,
+                                        int t, int len_q, int len_kv, bool masked, bool is_full, float scale,
+                                        float sl2, int b, int hq, const FaCaptures& cap, Lse2&& lse2) {
+#pragma unroll
+  for (int j = 0; j < kQT; ++j) {
+    const int col0 = 8 * j + 2 * t;
+    const f32x2 l2 = lse2(col0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int col = col0 + (i & 1);
+      const int q = q0 + col < len_q ? q0 + col : len_q - 1;
+      const int hh = i >> 1;
+      if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * scale;
+      const float x = masked
+                          ? mod_score<Mods, true>(s[j][i], q, kr.kv_c[hh], kr.kv_row[hh] < len_kv, is_full,
+                                                  scale, b, hq, cap)
+                          : mod_score<Mods, false>(s[j][i], q, kr.kv_c[hh], true, is_full, scale, b, hq, cap);
+      s[j][i] = ex2(fmaf(x, sl2, -((i & 1) ? l2.y : l2.x)));
+    }
+  }
+}
+
+// dPᵀ -> dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)) in place, zero where P is: masked, out-of-range and
+// underflowed elements reach neither dS nor a buffer gradient (score_grad's reductions),
+// whatever the derivative is there — a branch, never a product. delta(col): Δ of columns col,
+// col + 1.
+template <typename Mods, int kQT, int kSC, typename Delta>
+__device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)[kQT][4],
+                                          const float (&sc)[kSC][4], const KeyRows& kr, int q0, int t,
+                                          int len_q, int b, int hq, const FaCaptures& cap,
+                                          const FaGradBuffers& grads, Delta&& delta) {
+#pragma unroll
+  for (int j = 0; j < kQT; ++j) {
+    const int col0 = 8 * j + 2 * t;
+    const f32x2 dl = delta(col0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float dt = pt[j][i] * (dp[j][i] - ((i & 1) ? dl.y : dl.x));
+      float ds = 0.f;
+      if (pt[j][i] != 0.f) {
+        ds = dt;
+        if constexpr (Mods::kScoreGrad) {
+          const int col = col0 + (i & 1);
+          const int q = q0 + col < len_q ? q0 + col : len_q - 1;
+          ds = Mods::score_grad(sc[j][i], b, hq, q, kr.kv_c[i >> 1], dt, cap, grads);
+        }
+      }
+      dp[j][i] = ds;
+    }
+  }
+}
+
 }  // namespace bwd
 
 // ================================ preprocess =================================================
@@ -260,12 +332,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   lane_offsets_b<kCM>(offB_m, lane);
 
   // This thread's key rows (Sᵀ rows): kv0 + 16 warp + g (+8), clamped for the mods.
-  int kv_row[2], kv_c[2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    kv_row[hh] = kv0 + warp * 16 + g + 8 * hh;
-    kv_c[hh] = kv_row[hh] < len_kv ? kv_row[hh] : len_kv - 1;
-  }
+  const bwd::KeyRows kr(kv0 + warp * 16 + g, len_kv);
   const bool kv_tail = kv0 + kBN > len_kv;
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
 
@@ -321,24 +388,11 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         for (int i = 0; i < 4; ++i) s[j][i] = 0.f;
       bwd::mma_abt<E, kQT, Cfg::kKQ, kCQ, kCQ>(s, sK, warp, sQ(stage), offA_q, offB_q);
 
-      // ---- mods (element [j][i]: key kv_row[i/2], query q0 + 8j + 2t + i%2), then P
-      // Scores as score_mod saw them, kept for score_grad.
+      // ---- mods, then Pᵀ (scores as score_mod saw them kept for score_grad)
       float sc[Mods::kScoreGrad ? kQT : 1][4];
       const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
-#pragma unroll
-      for (int j = 0; j < kQT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = 8 * j + 2 * t + (i & 1);
-          const int q = q0 + col < len_q ? q0 + col : len_q - 1;
-          const int hh = i >> 1;
-          if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * p.scale;
-          const float x =
-              masked ? mod_score<Mods, true>(s[j][i], q, kv_c[hh], kv_row[hh] < len_kv, is_full, p.scale, b,
-                                             hq, cap)
-                     : mod_score<Mods, false>(s[j][i], q, kv_c[hh], true, is_full, p.scale, b, hq, cap);
-          s[j][i] = ex2(fmaf(x, sl2, -ld_shared_f32(sLse(stage) + col * 4)));
-        }
+      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sl2, b, hq, cap,
+                         [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
 
       // ---- dPᵀ = V·dOᵀ
       float dp[kQT][4];
@@ -349,24 +403,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       bwd::mma_abt<E, kQT, Cfg::kKV, kCV, kCV>(dp, sV, warp, sDo(stage), offA_v, offB_v);
 
       // ---- dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)), zero where P is
-#pragma unroll
-      for (int j = 0; j < kQT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = 8 * j + 2 * t + (i & 1);
-          const float dt = s[j][i] * (dp[j][i] - ld_shared_f32(sDelta(stage) + col * 4));
-          // Only where P != 0: masked, out-of-range and underflowed elements reach neither dS
-          // nor a buffer gradient (score_grad's reductions), whatever the derivative is there.
-          float ds = 0.f;
-          if (s[j][i] != 0.f) {
-            ds = dt;
-            if constexpr (Mods::kScoreGrad) {
-              const int q = q0 + col < len_q ? q0 + col : len_q - 1;
-              ds = Mods::score_grad(sc[j][i], b, hq, q, kv_c[i >> 1], dt, cap, grads);
-            }
-          }
-          dp[j][i] = ds;
-        }
+      bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads,
+                           [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
 
       // ---- dV += Pᵀ·dO, dK += dSᵀ·Q (P, dS packed to 16 bits as A fragments)
       {

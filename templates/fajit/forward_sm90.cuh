@@ -107,37 +107,6 @@ namespace sm90 {
 constexpr int kBarEpilogue = 1;  // + consumer index
 constexpr int kBarTurn = 3;      // + consumer index
 
-namespace detail {
-
-// cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
-// `stride` elements) into kChunks/8 swizzled column blocks of kRows x 128 B (Sw128Blocks);
-// rows >= len are zero-filled. Consecutive threads take consecutive chunks of a row.
-template <int kRows, int kChunks, int kThreads, typename Element>
-__device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride, int row0,
-                                                int len, int tid) {
-  static_assert(kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0,
-                "tile chunks must divide evenly among threads");
-  constexpr int kRowStep = kThreads / kChunks;  // rows per pass; a thread keeps its chunk
-  const int c = tid % kChunks, r0 = tid / kChunks;
-  // Running pointer/address (few live registers: the producer runs on 40).
-  const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
-  const long long step = (long long)kRowStep * stride;
-  u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
-  // kRowStep is a multiple of 8 (128 threads, <= 16 chunks), so r % 8 == r0 % 8 throughout.
-  static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
-  int left = len - row0 - r0;  // rows of this thread still in range, counting down
-#pragma unroll 4
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const bool valid = left > 0;
-    cp_async_16(d, valid ? g : src, valid);
-    g += step;
-    d += kRowStep * kSw128RowBytes;
-    left -= kRowStep;
-  }
-}
-
-}  // namespace detail
-
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap) {
   using E = typename Cfg::Element;
@@ -182,18 +151,18 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
     const E* kg = static_cast<const E*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
     const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-    detail::load_tile_sw128<kBM, Cfg::kCQ, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
+    load_tile_sw128<kBM, Cfg::kCQ, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
     mbar_arrive_cp_async(bar_q);
     StageRing<kStages> ring;
     for (int it = 0; it < n_tiles; ++it) {
       const int start = walk.tile_start(it);
       if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
       mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-      detail::load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n, start,
-                                                  len_kv, tid);
+      load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n, start, len_kv,
+                                          tid);
       mbar_arrive_cp_async(bar_full_k(ring.stage));
-      detail::load_tile_sw128<kBN, Cfg::kCV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n, start,
-                                                  len_kv, tid);
+      load_tile_sw128<kBN, Cfg::kCV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n, start, len_kv,
+                                          tid);
       mbar_arrive_cp_async(bar_full_v(ring.stage));
       ring.advance();
     }

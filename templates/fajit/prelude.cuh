@@ -136,9 +136,22 @@ __device__ __forceinline__ float ld_shared_f32(u32 addr) {
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
   return v;
 }
+struct f32x2 {
+  float x, y;
+};
+// Two consecutive fp32 values (8-byte aligned address).
+__device__ __forceinline__ f32x2 ld_shared_v2_f32(u32 addr) {
+  f32x2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
 // *p += v in global memory, atomically, no result (fp32 reductions: dQ, buffer gradients).
 __device__ __forceinline__ void red_add_f32(float* p, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+// p[0] += a, p[1] += b as one vector reduction (8-byte aligned p). sm_90+ only.
+__device__ __forceinline__ void red_add_v2_f32(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
 // ---- cp.async (global -> shared, 16 bytes, L2 only) ------------------------------------

@@ -43,6 +43,34 @@ struct Sw128Blocks {
   }
 };
 
+// ---- tile loads ----------------------------------------------------------------------------
+// cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
+// `stride` elements) into kChunks/8 swizzled column blocks of kRows x 128 B (Sw128Blocks);
+// rows >= len are zero-filled. Consecutive threads take consecutive chunks of a row.
+template <int kRows, int kChunks, int kThreads, typename Element>
+__device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride, int row0,
+                                                int len, int tid) {
+  static_assert(kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0,
+                "tile chunks must divide evenly among threads");
+  constexpr int kRowStep = kThreads / kChunks;  // rows per pass; a thread keeps its chunk
+  const int c = tid % kChunks, r0 = tid / kChunks;
+  // Running pointer/address (few live registers: the producer runs on 40).
+  const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
+  const long long step = (long long)kRowStep * stride;
+  u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
+  // kRowStep is a multiple of 8 (128 threads, <= 16 chunks), so r % 8 == r0 % 8 throughout.
+  static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
+  int left = len - row0 - r0;  // rows of this thread still in range, counting down
+#pragma unroll 4
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool valid = left > 0;
+    cp_async_16(d, valid ? g : src, valid);
+    g += step;
+    d += kRowStep * kSw128RowBytes;
+    left -= kRowStep;
+  }
+}
+
 // ---- shared-memory matrix descriptors ----------------------------------------------------
 __device__ __forceinline__ u64 desc_sw128(u32 smem_addr, u32 lbo_bytes, u32 sbo_bytes) {
   return (u64)((smem_addr & 0x3FFFF) >> 4) | ((u64)((lbo_bytes >> 4) & 0x3FFF) << 16) |
@@ -106,6 +134,7 @@ __device__ __forceinline__ void pin(u32 (&r)[A][B]) {
 
 // ---- wgmma.mma_async m64nNk16, fp32 accumulate (scale_d = 0: D = A·B, else D += A·B) -------
 //   wgmma_ss<E, N>(d, desc_a, desc_b, scale_d)  A and B K-major in shared memory
+//   wgmma_ss_mn<E, N>(...)                        A and B MN-major in shared memory
 //   wgmma_rs<E, N>(d, a, desc_b, scale_d)       A in registers, B MN-major (imm-trans-b = 1)
 // Each (E, N) is one asm statement whose first N/2 operands are the accumulators ("+f",
 // d[j][i] in order); FA_WGMMA_SS / FA_WGMMA_RS below spell it once, given the accumulator
@@ -129,16 +158,18 @@ struct Tag {};
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
   "%62, %63}"
 
-// A, B from shared memory: operands ACC..., a = %IA, b = %IB, scale_d = %IS.
-#define FA_WGMMA_SS(E, PTX_T, N, ACC, REGS, IA, IB, IS)                                                 \
+// A, B from shared memory: operands ACC..., a = %IA, b = %IB, scale_d = %IS, and the
+// transpose immediates (0: K-major, 1: MN-major) of A = %ITA and B = %ITB.
+#define FA_WGMMA_SS(E, PTX_T, N, ACC, REGS, IA, IB, IS, ITA, ITB)                                       \
+  template <int kTransA, int kTransB>                                                                   \
   __device__ __forceinline__ void wgmma_ss(Tag<E, N>, float(&d)[N / 8][4], u64 a, u64 b, int scale_d) { \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                               \
                  ", 0;\n"                                                                               \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS             \
                  ", "                                                                                   \
-                 "%" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                              \
+                 "%" #IA ", %" #IB ", p, 1, 1, %" #ITA ", %" #ITB ";\n}\n"                              \
                  : ACC                                                                                  \
-                 : "l"(a), "l"(b), "r"(scale_d));                                                       \
+                 : "l"(a), "l"(b), "r"(scale_d), "n"(kTransA), "n"(kTransB));                           \
   }
 // A from registers: operands ACC..., a[0..3] = %A0..%A3, b = %IB, scale_d = %IS.
 #define FA_WGMMA_RS(E, PTX_T, N, ACC, REGS, A0, A1, A2, A3, IB, IS)                                 \
@@ -153,10 +184,10 @@ struct Tag {};
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));               \
   }
 
-FA_WGMMA_SS(f16_t, "f16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34)
-FA_WGMMA_SS(bf16_t, "bf16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34)
-FA_WGMMA_SS(f16_t, "f16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66)
-FA_WGMMA_SS(bf16_t, "bf16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66)
+FA_WGMMA_SS(f16_t, "f16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36)
+FA_WGMMA_SS(bf16_t, "bf16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36)
+FA_WGMMA_SS(f16_t, "f16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68)
+FA_WGMMA_SS(bf16_t, "bf16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68)
 FA_WGMMA_RS(f16_t, "f16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36, 37)
 FA_WGMMA_RS(bf16_t, "bf16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36, 37)
 FA_WGMMA_RS(f16_t, "f16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68, 69)
@@ -172,7 +203,13 @@ FA_WGMMA_RS(bf16_t, "bf16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68, 
 
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 a, u64 b, int scale_d) {
-  wgmma_ss(Tag<E, N>(), d, a, b, scale_d);
+  wgmma_ss<0, 0>(Tag<E, N>(), d, a, b, scale_d);
+}
+// Both operands MN-major (D = A·B with A stored [k][m] and B stored [k][n], m, n contiguous;
+// 16-bit types only): the dQ = dS·K shape of the backward, dS kept as dSᵀ.
+template <typename E, int N>
+__device__ __forceinline__ void wgmma_ss_mn(float (&d)[N / 8][4], u64 a, u64 b, int scale_d) {
+  wgmma_ss<1, 1>(Tag<E, N>(), d, a, b, scale_d);
 }
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b, int scale_d) {

@@ -32,12 +32,16 @@ struct BwdCase {
   bool noncontig = false;      // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
   float scale = 0.0f;          // 0: default 1/sqrt(dqk)
   bool deterministic = false;  // BackwardOptions::deterministic: also bit-identical over two runs
+  // kAuto: the backward the host picks (wgmma on sm_90a when dqk == dv); kMmaSync: forced
+  // (fa::Options::family, which the backward follows).
+  fa::KernelFamily family = fa::KernelFamily::kAuto;
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
                     std::to_string(dv) + "_b" + std::to_string(B) + "h" + std::to_string(Hq) + "g" +
                     std::to_string(Hq / Hkv) + "_" + std::to_string(Lq) + "x" + std::to_string(Lkv);
     if (!tag.empty()) n += "_" + tag;
+    if (family == fa::KernelFamily::kMmaSync) n += "_mma";
     return n;
   }
 };
@@ -186,7 +190,12 @@ TEST_P(BackwardTest, MatchesReference) {
   const Variant& var = variant(c.variant);
   fa::Options opt;
   opt.dtype = c.dtype, opt.head_dim_qk = c.dqk, opt.head_dim_v = c.dv;
+  opt.family = c.family;
   const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opt);
+  const bool want_wgmma =
+      c.family != fa::KernelFamily::kMmaSync && kernel.spec().arch == "sm_90a" && c.dqk == c.dv;
+  EXPECT_EQ(kernel.backward_spec().family, want_wgmma ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync)
+      << kernel.backward_spec().to_string();
 
   std::mt19937 rng(static_cast<uint32_t>(fnv1a(c.name())));
   CaptureSet caps;
@@ -346,7 +355,17 @@ TEST_P(BackwardTest, MatchesReference) {
   EXPECT_LT(sv.rel, tol) << "dv " << sv.first_bad;
 }
 
+// Every case with the backward the host picks (on an H100/H200: the wgmma kernel wherever
+// dqk == dv) and again with the mma.sync kernel forced.
+std::vector<BwdCase> mma_cases() {
+  std::vector<BwdCase> v = cases();
+  for (BwdCase& c : v) c.family = fa::KernelFamily::kMmaSync;
+  return v;
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, BackwardTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<BwdCase>& i) { return i.param.name(); });
+INSTANTIATE_TEST_SUITE_P(MmaSync, BackwardTest, ::testing::ValuesIn(mma_cases()),
                          [](const ::testing::TestParamInfo<BwdCase>& i) { return i.param.name(); });
 
 }  // namespace

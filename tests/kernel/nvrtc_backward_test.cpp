@@ -34,6 +34,26 @@ int main() {
                           mods ? "alibi+cau" : "noop", cfg.c_str(), c.seconds, c.regs, c.spill_stores,
                           c.spill_loads);
             }
+    // The Hopper dK/dV kernel (wgmma): equal head dims, the tiles the host picks, both dQ modes.
+    for (const char* elem : {"f16_t", "bf16_t"})
+      for (int d : {64, 128})
+        for (int mods = 0; mods < 3; ++mods) {  // noop; alibi+causal; alibi+causal deterministic
+          const fa::TileConfig t =
+              fa::default_tile(d, d, mods > 0, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
+          const std::string cfg = std::to_string(d) + ", " + std::to_string(t.block_m) + ", " +
+                                  std::to_string(t.stages) + ", " + (mods == 2 ? "true" : "false");
+          fa_test::Compiled c =
+              fa_test::compile(fa_test::backward_sm90_source(
+                                   mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem, cfg),
+                               "sm_90a", true, "fajit_bwd_dkdv");
+          ++count;
+          if (c.cubin.empty()) ++failures;
+          std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_90a", elem, d, d,
+                      mods == 0   ? "noop"
+                      : mods == 1 ? "alibi+cau"
+                                  : "alibi+det",
+                      ("wgmma " + cfg).c_str(), c.seconds, c.regs, c.spill_stores, c.spill_loads);
+        }
     try {
       fa_test::compile(fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"), "sm_80",
                        false, "fajit_bwd_dkdv");

@@ -129,7 +129,11 @@ KernelSpec forward_spec(const Options& options) {
 KernelSpec spec_beside(const KernelSpec& forward, KernelKind kind) {
   KernelSpec s = forward;
   s.kind = kind;
-  s.family = KernelFamily::kAuto;
+  // The backward takes the forward's family when that was mma.sync (asked for, or an explicit
+  // forward tile); otherwise it picks its own.
+  s.family = kind == KernelKind::kBackward && forward.family == KernelFamily::kMmaSync
+                 ? KernelFamily::kMmaSync
+                 : KernelFamily::kAuto;
   s.tile = TileConfig{};
   return s;
 }

@@ -399,11 +399,19 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   } else if (g.spec.kind == KernelKind::kBackward) {
     const TileConfig& t = g.spec.tile;
     g.kernel_name = "fajit_bwd";  // fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq
-    os << "#include \"fajit/backward.cuh\"\n";
-    os << fmt::format("using FaBwdCfg = fa::BwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n",
-                      element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps,
-                      t.stages, g.spec.deterministic ? "true" : "false");
-    os << "FAJIT_DEFINE_BACKWARD(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
+    const char* det = g.spec.deterministic ? "true" : "false";
+    if (g.spec.family == KernelFamily::kWgmma) {
+      os << "#include \"fajit/backward_sm90.cuh\"\n";
+      os << fmt::format("using FaBwdCfg = fa::Sm90BwdConfig<{}, {}, {}, {}, {}>;\n",
+                        element_type(g.spec.dtype), g.spec.head_dim_qk, t.block_m, t.stages, det);
+      os << "FAJIT_DEFINE_BACKWARD_SM90(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
+    } else {
+      os << "#include \"fajit/backward.cuh\"\n";
+      os << fmt::format("using FaBwdCfg = fa::BwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n",
+                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps,
+                        t.stages, det);
+      os << "FAJIT_DEFINE_BACKWARD(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
+    }
     os << fmt::format(
         "static_assert(FaBwdCfg::kDetThreads == {} && FaBwdCfg::kDetSmemBytes == {},"
         " \"host and template disagree on the deterministic dQ kernel\");\n",

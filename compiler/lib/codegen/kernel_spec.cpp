@@ -12,7 +12,11 @@ namespace fa {
 TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, KernelFamily family,
                         KernelKind kind) {
   const bool wide = head_dim_qk > 64 || head_dim_v > 64;
-  if (kind == KernelKind::kBackward) return wide ? TileConfig{64, 128, 8, 2} : TileConfig{64, 64, 4, 2};
+  if (kind == KernelKind::kBackward) {
+    if (family == KernelFamily::kWgmma)  // block_m queries x 128 keys, 3 warpgroups
+      return TileConfig{wide || has_score_mod ? 64 : 128, 128, 12, 2};
+    return wide ? TileConfig{64, 128, 8, 2} : TileConfig{64, 64, 4, 2};
+  }
   if (family == KernelFamily::kWgmma) return TileConfig{128, 128, 12, wide ? 3 : 2};
   return TileConfig{128, 64, has_score_mod && wide ? 8 : 4, 2};
 }
@@ -28,8 +32,12 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     if (v != 64 && v != 128) throw Error(fmt::format("{} must be 64 or 128, got {}", name, v));
   s.arch = jit::validate_arch(s.arch);
   if (s.kind == KernelKind::kBackward) {
-    // One backward family for now: mma.sync (sm_80+), also on sm_90a.
-    s.family = KernelFamily::kMmaSync;
+    // wgmma (backward_sm90.cuh) on sm_90a when the head dims agree, unless mma.sync was asked
+    // for; mma.sync (backward.cuh) everywhere else.
+    if (s.family == KernelFamily::kWgmma && s.arch != "sm_90a")
+      throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
+    const bool wgmma_ok = s.arch == "sm_90a" && s.head_dim_qk == s.head_dim_v;
+    s.family = s.family != KernelFamily::kMmaSync && wgmma_ok ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
     const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, s.family, s.kind);
     if (!s.tile.is_default() && !(s.tile == want))
       throw Error(fmt::format("the backward kernel has a fixed tile {}x{}w{}s{}; leave the tile empty",
@@ -78,6 +86,13 @@ std::string KernelSpec::to_string() const {
 int KernelSpec::threads() const { return tile.warps * 32; }
 
 int KernelSpec::smem_bytes() const {
+  if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
+    // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
+    // stages of Q and dO, two dSᵀ buffers, stages of LSE and delta rows, mbarriers
+    const int m = tile.block_m, n = tile.block_n, d = head_dim_qk;
+    return 1024 + 2 * n * 2 * d + tile.stages * 2 * m * 2 * d + 2 * 2 * n * m + tile.stages * m * 8 +
+           8 * (1 + 2 * tile.stages);
+  }
   if (kind == KernelKind::kBackward) {  // templates/fajit/backward.cuh, BwdConfig::kSmemBytes
     const int m = tile.block_m, n = tile.block_n;
     const int stage = 2 * m * (head_dim_qk + head_dim_v) + 2 * m * 4;  // Q, dO, LSE, delta

@@ -1,0 +1,372 @@
+// fajit backward attention for Hopper (sm_90a): the dK/dV kernel with wgmma and warp
+// specialisation (FlashAttention-3's layout); the preprocess, dQ conversion and deterministic
+// dQ kernels are fajit/backward.cuh's (same arguments, same scratch).
+//
+// ---- How codegen uses it ------------------------------------------------------------------
+//   #include "fajit/params.h"
+//   #include "fajit/prelude.cuh"
+//   struct FaMods { ...forward members...; kScoreGrad; score_grad(...) };   // backward.cuh
+//   #include "fajit/backward_sm90.cuh"
+//   using FaBwdCfg = fa::Sm90BwdConfig<fa::bf16_t, 128, 64, 2, false>;  // fa::default_tile()
+//   FAJIT_DEFINE_BACKWARD_SM90(fajit_bwd, FaBwdCfg, FaMods)
+// defines fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq and fajit_bwd_dq_det as
+// FAJIT_DEFINE_BACKWARD does; only the dK/dV kernel differs. NVRTC: --gpu-architecture=sm_90a.
+//
+// ---- Config (fa::Sm90BwdConfig<Element, D, BLOCK_M, STAGES, DETERMINISTIC>) ---------------
+//   D         head dim of Q, K, V, O (64 or 128; DQK == DV)
+//   BLOCK_M   query rows per step (64 or 128; 128 only at D 64: the dK/dV accumulators of 128
+//             keys x 128 and Sᵀ/dPᵀ of 128 queries do not fit the registers together)
+//   STAGES    Q/dO/LSE/Δ stages (2..3)
+//   BLOCK_N is fixed at 128 keys per CTA: two consumer warpgroups of 64 keys each.
+//
+// ---- Launch (host mirrors these) -----------------------------------------------------------
+//   dkdv:  grid (ceil(len_kv / 128), batch * heads_kv), block 384 (kThreads),
+//          dynamic shared memory kSmemBytes (> 48 KiB: set the function attribute)
+//   pre, dq, dq_det: as backward.cuh with BwdConfig<Element, D, D, BLOCK_M, BLOCK_M / 16>.
+//   Sparse block sizes must be multiples of BLOCK_M (q_block) and 128 (kv_block).
+//
+// ---- Structure (notation of KERNELS.md; one CTA = 128 keys of one KV head) -----------------
+//   Warpgroup 0 (producer, setmaxnreg down to 24): cp.async K and V once (mbarrier bar_kv),
+//   then for each query head of the GQA group and each query tile the transposed block tables
+//   list (partial, then full): Q and dO by cp.async and LSE·log2e, Δ by plain stores into a
+//   stage (mbarrier full[s]: 128 cp.async arrivals + 128 plain ones), after waiting for the
+//   consumers to release it (empty[s], one arrival per consumer warp).
+//   Warpgroups 1, 2 (consumers, setmaxnreg up to 240): keys 64·cw.., per query tile
+//     Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ           SS-wgmma m64n{BLOCK_M}, both issued at once
+//     Pᵀ, dSᵀ in registers                 (bwd::probs_t, bwd::dscores_t: mods, score_grad)
+//     dV += Pᵀ·dO, dK += dSᵀ·Q             RS-wgmma (P, dS packed as A operands)
+//     dSᵀ -> shared memory (double-buffered), one named barrier over both consumers
+//     dQ_part = dS·K                       SS-wgmma, both operands MN-major, m64n64
+//     dQ_part -> dq_accum                  red.global.add.v2.f32
+//   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
+//   columns at D 128, and at BLOCK_M 64 / D 64 the two take whole tiles in turn.
+//   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
+//   query sees). Deterministic mode leaves dQ to backward.cuh's dq_det kernel.
+#ifndef FAJIT_BACKWARD_SM90_CUH
+#define FAJIT_BACKWARD_SM90_CUH
+
+#include "fajit/backward.cuh"
+#include "fajit/wgmma_sm90.cuh"
+
+namespace fa {
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kStages_ = 2, bool kDeterministic_ = false>
+struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
+  using Element = Element_;
+  static constexpr int kHeadDimQK = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kDeterministic = kDeterministic_;
+  // The preprocess, dQ conversion and deterministic dQ kernels (backward.cuh).
+  using Aux = BwdConfig<Element, kHeadDimQK, kHeadDimV, kBlockM, kBlockM / 16, 2, kDeterministic>;
+  static constexpr int kPreThreads = Aux::kPreThreads;
+  static constexpr int kDetThreads = Aux::kDetThreads;
+  static constexpr int kDetSmemBytes = Aux::kDetSmemBytes;
+
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // 64: one wgmma M
+  static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
+
+  static constexpr int kQT = kBlockM / 8;   // 8-column n-tiles of Sᵀ (queries)
+  static constexpr int kMK = kBlockM / 16;  // k-steps over queries (dV, dK)
+  static constexpr int kKV = kHeadDimV / 16;
+  // dQ split: rows (BLOCK_M 128: 64 query rows each), columns (D 128: 64 columns each), or
+  // whole tiles in turn (BLOCK_M 64, D 64). Every warpgroup's part is m64n64.
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  static constexpr bool kDqSplitCols = kBlockM == 64 && kHeadDimQK == 128;
+  static constexpr int kDqN = 64;
+
+  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;
+  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;
+  static constexpr int kSmemQBytes = kBlockM * kHeadDimQK * 2;  // per stage
+  static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;  // per stage
+  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;    // per buffer (2)
+  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;        // LSE·log2e, Δ per stage
+  static constexpr int kSmemRowsOffset =
+      kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + 2 * kSmemDsBytes;
+  static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
+  static constexpr int kNumBarriers = 1 + 2 * kStages;  // kv, full, empty
+  static constexpr int kSmemBytes =
+      sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
+
+  static_assert(kHeadDim_ == 64 || kHeadDim_ == 128, "D must be 64 or 128");
+  static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
+  static_assert(kBlockM == 64 || kHeadDim_ == 64, "BLOCK_M 128 needs D 64 (registers)");
+  static_assert(kStages >= 2 && kStages <= 3, "STAGES must be 2 or 3");
+  static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
+};
+
+namespace sm90 {
+
+// Named barriers of the backward's consumers (0 is __syncthreads).
+constexpr int kBarDsReady = 1;   // dSᵀ of both warpgroups in shared memory (256 threads)
+constexpr int kBarDkdvDone = 2;  // both warpgroups done with K, V (256 threads)
+constexpr int kBarStaged = 3;    // + consumer index: that warpgroup's dK, dV staged (128)
+
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
+                                                     const FaGradBuffers& grads) {
+  using E = typename Cfg::Element;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kKeys = Cfg::kKeysPerWarpgroup;
+  constexpr int kWG = kWarpgroupThreads;
+  constexpr int kQT = Cfg::kQT;
+  constexpr int kTileBlock = kBN * kSw128RowBytes;  // one 64-column block of a 128-row tile
+
+  extern __shared__ unsigned char smem_raw[];
+  const u32 sK = (smem_addr(smem_raw) + (kSwizzleAtomBytes - 1)) & ~u32(kSwizzleAtomBytes - 1);
+  const u32 sV = sK + Cfg::kSmemKBytes;
+  const u32 sStages = sV + Cfg::kSmemVBytes;
+  auto sQ = [&](int s) { return sStages + s * (Cfg::kSmemQBytes + Cfg::kSmemDoBytes); };
+  auto sDo = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
+  const u32 sDs0 = sStages + kStages * (Cfg::kSmemQBytes + Cfg::kSmemDoBytes);
+  auto sDs = [&](int buf) { return sDs0 + buf * Cfg::kSmemDsBytes; };
+  auto sLse = [&](int s) { return sK + Cfg::kSmemRowsOffset + s * Cfg::kSmemRowsBytes; };
+  auto sDelta = [&](int s) { return sLse(s) + kBM * 4; };
+  const u32 bar_kv = sK + Cfg::kSmemBarOffset;
+  auto bar_full = [&](int s) { return bar_kv + kMbarBytes * (1 + s); };
+  auto bar_empty = [&](int s) { return bar_kv + kMbarBytes * (1 + kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int warpgroup = tid / kWG;
+  const int kv0 = blockIdx.x * kBN;
+  const int b = blockIdx.y / p.heads_kv, hkv = blockIdx.y % p.heads_kv;
+  const int group = p.heads_q / p.heads_kv;
+  const int len_q = p.len_q, len_kv = p.len_kv;
+
+  if (tid == 0) {
+    mbar_init(bar_kv, kWG);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full(s), 2 * kWG);                        // cp.async + plain arrivals
+      mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);  // one per consumer warp
+    }
+  }
+  __syncthreads();
+
+  // The query tiles of query head hq that see this CTA's keys, in walk order; sub-tiles that
+  // start past len_q are skipped by producer and consumers alike.
+  auto next_tile = [&](const BlockWalk<kBM>& walk, int it) {
+    while (it < walk.n_tiles && walk.tile_start(it) >= len_q) ++it;
+    return it;
+  };
+
+  if (warpgroup == 0) {
+    // ================= producer ==============================================================
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
+                                        p.k_stride_n, kv0, len_kv, tid);
+    load_tile_sw128<kBN, Cfg::kCV, kWG>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
+                                        p.v_stride_n, kv0, len_kv, tid);
+    mbar_arrive_cp_async(bar_kv);
+    StageRing<kStages> ring;
+    for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+      const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
+      const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
+      const float* lseg = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h;
+      const float* deltag = p.delta + ((long long)b * p.heads_q + hq) * len_q;
+      const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+      for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
+        const int q0 = walk.tile_start(it);
+        mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
+        load_tile_sw128<kBM, Cfg::kCQ, kWG>(sQ(ring.stage), qg, p.q_stride_m, q0, len_q, tid);
+        load_tile_sw128<kBM, Cfg::kCV, kWG>(sDo(ring.stage), dog, p.do_stride_m, q0, len_q, tid);
+        mbar_arrive_cp_async(bar_full(ring.stage));
+        // LSE·log2e (+inf: a query with no key, or past len_q: P = 0 there) and Δ.
+        for (int r = tid; r < kBM; r += kWG) {
+          const int q = q0 + r;
+          const float lse = q < len_q ? lseg[q] : -INFINITY;
+          st_shared_f32(sLse(ring.stage) + r * 4, lse == -INFINITY ? INFINITY : lse * kLog2e);
+          st_shared_f32(sDelta(ring.stage) + r * 4, q < len_q ? deltag[q] : 0.f);
+        }
+        mbar_arrive(bar_full(ring.stage));
+        ring.advance();
+      }
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // ================= consumers: keys kv0 + 64·cw .. + 63 =========================================
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int cw = warpgroup - 1;
+  const int wtid = tid - kWG * warpgroup;
+  const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const bwd::KeyRows kr(kv0 + cw * kKeys + warp * 16 + g, len_kv);
+  const bool kv_tail = kv0 + kBN > len_kv;
+  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+
+  float dk[Cfg::kHeadDimQK / 8][4], dv[Cfg::kHeadDimV / 8][4];
+#pragma unroll
+  for (int j = 0; j < Cfg::kHeadDimQK / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[j][i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < Cfg::kHeadDimV / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dv[j][i] = 0.f;
+
+  // Operand descriptors. K, V rows of this warpgroup as K-major A of Sᵀ, dPᵀ; Q, dO (a stage)
+  // as K-major B of Sᵀ, dPᵀ and as MN-major B of dK, dV; dSᵀ as MN-major A and K as MN-major B
+  // of dQ = dS·K.
+  const u64 dk_a = desc_sw128(sK + cw * kKeys * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  const u64 dv_a = desc_sw128(sV + cw * kKeys * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  const u64 dq_b = desc_sw128(sQ(0), 16, kSwizzleAtomBytes);
+  const u64 ddo_b = desc_sw128(sDo(0), 16, kSwizzleAtomBytes);
+  const u64 dq_bt = desc_sw128(sQ(0), kBM * kSw128RowBytes, kSwizzleAtomBytes);
+  const u64 ddo_bt = desc_sw128(sDo(0), kBM * kSw128RowBytes, kSwizzleAtomBytes);
+  const u64 dds_at = desc_sw128(sDs(0), kTileBlock, kSwizzleAtomBytes);
+  const u64 dkk_bt = desc_sw128(sK, kTileBlock, kSwizzleAtomBytes);
+  constexpr int kStageBytes = Cfg::kSmemQBytes + Cfg::kSmemDoBytes;
+
+  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: two commit groups.
+  auto issue_s_dp = [&](float(&s)[kQT][4], float(&dp)[kQT][4], int stage) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKQ; ++kk)
+      wgmma_ss<E, kBM>(s, desc_advance(dk_a, kmajor_kstep_offset<kBN>(kk)),
+                       desc_advance(dq_b, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKV; ++kk)
+      wgmma_ss<E, kBM>(dp, desc_advance(dv_a, kmajor_kstep_offset<kBN>(kk)),
+                       desc_advance(ddo_b, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)), kk > 0);
+    wgmma_commit();
+  };
+  // dV += Pᵀ·dO and dK += dSᵀ·Q: one commit group.
+  auto issue_dv_dk = [&](const u32(&pa)[Cfg::kMK][4], const u32(&da)[Cfg::kMK][4], int stage) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kMK; ++kk)
+      wgmma_rs<E, Cfg::kHeadDimV>(dv, pa[kk],
+                                  desc_advance(ddo_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kMK; ++kk)
+      wgmma_rs<E, Cfg::kHeadDimQK>(dk, da[kk],
+                                   desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+    wgmma_commit();
+  };
+  // This warpgroup's m64n64 part of dQ = dS·K (rows row0.., columns col0..): one commit group.
+  auto issue_dq = [&](float(&dq)[Cfg::kDqN / 8][4], int buf, int row0, int col0) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_ss_mn<E, Cfg::kDqN>(
+          dq,
+          desc_advance(dds_at, buf * Cfg::kSmemDsBytes + (row0 / 64) * kTileBlock + mnmajor_kstep_offset(kk)),
+          desc_advance(dkk_bt, (col0 / 64) * kTileBlock + mnmajor_kstep_offset(kk)), kk > 0);
+    wgmma_commit();
+  };
+
+  mbar_wait(bar_kv, 0);
+  fence_proxy_async();
+  StageRing<kStages> ring;
+  int n_done = 0;  // query tiles done: picks the dSᵀ buffer and, at BLOCK_M 64 / D 64, the dQ turn
+  for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+    float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
+    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+    for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1), ++n_done) {
+      const int stage = ring.stage;
+      const int q0 = walk.tile_start(it);
+      const bool is_full = walk.is_full(it);
+      const int buf = n_done & 1;
+
+      mbar_wait(bar_full(stage), ring.phase);
+      fence_proxy_async();
+      float s[kQT][4], dp[kQT][4];
+      wgmma_fence();
+      issue_s_dp(s, dp, stage);
+
+      // ---- Pᵀ from Sᵀ while dPᵀ is still on the tensor cores
+      wgmma_wait<1>();
+      pin(s);
+      float sc[Mods::kScoreGrad ? kQT : 1][4];
+      const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
+      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sl2, b, hq, cap,
+                         [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
+      wgmma_wait<0>();
+      pin(dp);
+      bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads,
+                           [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
+
+      // ---- dV += Pᵀ·dO, dK += dSᵀ·Q
+      u32 pa[Cfg::kMK][4], da[Cfg::kMK][4];
+      pack_a<E>(pa, s);
+      pack_a<E>(da, dp);
+      wgmma_fence();
+      issue_dv_dk(pa, da, stage);
+
+      // ---- dSᵀ (this warpgroup's 64 key rows) to shared memory, then this warpgroup's part
+      // of dQ = dS·K (else dQ comes from backward.cuh's dq_det kernel)
+      bool mine = false;
+      float dq[Cfg::kDqN / 8][4];
+      const int row0 = Cfg::kDqSplitRows ? 64 * cw : 0, col0 = Cfg::kDqSplitCols ? 64 * cw : 0;
+      if constexpr (!Cfg::kDeterministic) {
+        stage_packed<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16 + g, t);
+        fence_proxy_async();
+        named_barrier(kBarDsReady, 2 * kWG);
+        mine = Cfg::kDqSplitRows || Cfg::kDqSplitCols || (n_done & 1) == cw;
+        if (mine) issue_dq(dq, buf, row0, col0);
+      }
+      wgmma_wait<0>();  // dV, dK (and dQ) done: the stage goes back to the producer
+      pin(dk);
+      pin(dv);
+      pin(pa);
+      pin(da);
+      pin(dq);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_empty(stage));
+      if (mine) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int q = q0 + row0 + warp * 16 + g + 8 * hh;
+          if (q < len_q) {
+            float* row = dqa + (long long)q * Cfg::kHeadDimQK + col0 + 2 * t;
+#pragma unroll
+            for (int j = 0; j < Cfg::kDqN / 8; ++j)
+              red_add_v2_f32(row + 8 * j, dq[j][2 * hh], dq[j][2 * hh + 1]);
+          }
+        }
+      }
+      ring.advance();
+    }
+  }
+
+  // ---- epilogue: dK·scale and dV staged in the K / V tiles once both warpgroups are done with
+  // them, 16-byte stores of this warpgroup's rows (rows past len_kv are not written).
+  named_barrier(kBarDkdvDone, 2 * kWG);
+  {
+    const float kscale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
+    const int row = cw * kKeys + warp * 16 + g;
+    stage_rows<E, Sw128Blocks<kBN>>(sK, dk, kscale, row, t);
+    stage_rows<E, Sw128Blocks<kBN>>(sV, dv, one, row, t);
+  }
+  named_barrier(kBarStaged + cw, kWG);
+  E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
+  E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
+  store_rows<kKeys, Cfg::kCQ, kWG, Sw128Blocks<kBN>>(dkg, p.dk_stride_n, sK, cw * kKeys, kv0, len_kv, wtid);
+  store_rows<kKeys, Cfg::kCV, kWG, Sw128Blocks<kBN>>(dvg, p.dv_stride_n, sV, cw * kKeys, kv0, len_kv, wtid);
+}
+
+}  // namespace sm90
+}  // namespace fa
+
+// Defines the extern "C" kernels name##_pre, name##_dkdv, name##_dq, name##_dq_det (single
+// identifiers). __launch_bounds__(384, 1) caps registers at entry so setmaxnreg can redistribute.
+#define FAJIT_DEFINE_BACKWARD_SM90(name, Config, Mods)                                                    \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_pre(const FaBwdParams p) {     \
+    fa::backward_pre_kernel<typename Config::Aux>(p);                                                     \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                       \
+      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {                 \
+    fa::sm90::backward_dkdv_kernel<Config, Mods>(p, cap, grads);                                          \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {      \
+    fa::backward_dq_kernel<typename Config::Aux>(p);                                                      \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                       \
+      name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                          \
+    if constexpr (Config::kDeterministic) fa::backward_dq_det_kernel<typename Config::Aux, Mods>(p, cap); \
+  }
+
+#endif  // FAJIT_BACKWARD_SM90_CUH
