@@ -39,6 +39,38 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
   EXPECT_EQ(k.spec().kind, fa::KernelKind::kForward);
 }
 
+// Which backward: the Hopper (wgmma) kernel on sm_90a when the head dims agree, with the tile
+// default_tile gives it (block_m 64 at d128 or with a score_mod, 128 at d64 without one); the
+// mma.sync kernel on other archs, for unequal head dims, and when the forward is mma.sync.
+TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
+  struct Want {
+    int dqk, dv;
+    bool score_mod;
+    std::string arch;
+    fa::KernelFamily forward;
+    std::string spec;
+  };
+  const fa::KernelFamily kAuto = fa::KernelFamily::kAuto, kMma = fa::KernelFamily::kMmaSync;
+  for (const Want& w : std::vector<Want>{
+           {128, 128, false, "sm_90a", kAuto, "backward bf16 qk128 v128 wgmma tile64x128w12s2 sm_90a"},
+           {64, 64, false, "sm_90a", kAuto, "backward bf16 qk64 v64 wgmma tile128x128w12s2 sm_90a"},
+           {64, 64, true, "sm_90a", kAuto, "backward bf16 qk64 v64 wgmma tile64x128w12s2 sm_90a"},
+           {64, 64, false, "sm_90a", kMma, "backward bf16 qk64 v64 mma tile64x64w4s2 sm_90a"},
+           {128, 128, false, "sm_80", kAuto, "backward bf16 qk128 v128 mma tile64x128w8s2 sm_80"},
+           {64, 128, false, "sm_90a", kAuto, "backward bf16 qk64 v128 mma tile64x128w8s2 sm_90a"},
+       }) {
+    fa::Options o = opts(w.dqk, w.dv);
+    o.arch = w.arch, o.family = w.forward;
+    const fa::Kernel k =
+        fa::compile(w.score_mod ? fa::mods::softcap() : fa::identity_score(), fa::mods::causal(), o);
+    EXPECT_EQ(k.backward_spec().to_string(), w.spec);
+    const bool wgmma = k.backward_spec().family == fa::KernelFamily::kWgmma;
+    EXPECT_NE(k.backward_cuda_source().find(wgmma ? "FAJIT_DEFINE_BACKWARD_SM90(" : "FAJIT_DEFINE_BACKWARD("),
+              std::string::npos)
+        << w.spec;
+  }
+}
+
 // An additive bias differentiates to dS = dT: the identity hook, as for no score_mod at all.
 TEST(BackwardApi, AdditiveBiasKeepsDsEqualToDt) {
   const fa::Kernel k = fa::compile(fa::mods::alibi(), fa::mods::causal(), opts(64, 64));
@@ -110,7 +142,7 @@ TEST(BackwardApi, BadTensorsNameTheArgument) {
             "block mask was built for Lq=512, Lkv=256; got Lq=256, Lkv=256");
   const fa::BlockMask small = fa::BlockMask::all_full(1, 1, 256, 256, 32, 32);
   EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq, kk, dv, small); }),
-            "block mask block sizes 32x32 must be multiples of the backward tile 64x64");
+            "block mask block sizes 32x32 must be multiples of the backward tile 128x128");
 }
 
 TEST(BackwardApi, BufferGradientsAreCheckedByName) {
