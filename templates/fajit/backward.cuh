@@ -407,22 +407,17 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                            [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
 
       // ---- dV += Pᵀ·dO, dK += dSᵀ·Q (P, dS packed to 16 bits as A fragments)
+      u32 da[Cfg::kMK][4];
       {
         u32 pa[Cfg::kMK][4];
         pack_a<E>(pa, s);
         bwd::mma_rb<E, Cfg::kDT, Cfg::kMK, kCV>(dv, pa, sDo(stage), offA_v);
-        u32 da[Cfg::kMK][4];
         pack_a<E>(da, dp);
         bwd::mma_rb<E, Cfg::kDQKTiles, Cfg::kMK, kCQ>(dk, da, sQ(stage), offA_q);
       }
       if constexpr (!Cfg::kDeterministic) {  // else dQ comes from backward_dq_det_kernel
         // dSᵀ to shared memory (this warp's 16 key rows) for dQ = dS·K.
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int j = 0; j < kQT; ++j)
-            st_shared_b32(sDs + swizzle_offset<kCM>(warp * 16 + g + 8 * hh, j) + t * 4,
-                          pack2<E>(dp[j][2 * hh], dp[j][2 * hh + 1]));
+        stage_packed<SwizzledRows<kCM>>(sDs, da, warp * 16 + g, t);
         __syncthreads();
 
         // ---- dQ(BLOCK_M x DQK) += dS·K: warp -> (16-row m-tile, column part), fp32 reductions
