@@ -18,12 +18,15 @@ import ctypes as _C
 from . import _capi
 from ._capi import FajitError, library_path
 from ._trace import Buffer, Scalar, TraceError, buffer, scalar, trace
-from ._trace import (where, minimum, maximum, clamp, sigmoid, exp, exp2, log, log2, tanh, sqrt, rsqrt, sin,  # noqa: F401
+from ._trace import (where, minimum, maximum, clamp, sigmoid, exp, exp2, log, log2, tanh, sqrt, rsqrt, sin,
                      cos, erf)
 
 __version__ = "0.1.0"
 __all__ = ["mlir", "trace", "buffer", "scalar", "Buffer", "Scalar", "TraceError", "FajitError", "Program",
-           "Kernel", "compile", "preset_mlir", "library_path"]
+           "Kernel", "compile", "preset_mlir", "library_path",
+           # for mods written without torch (torch users call torch.where, torch.tanh, ...)
+           "where", "minimum", "maximum", "clamp", "sigmoid", "exp", "exp2", "log", "log2", "tanh", "sqrt",
+           "rsqrt", "sin", "cos", "erf"]
 
 
 class Program:

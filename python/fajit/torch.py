@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 
 from . import Program, _capi
-from . import _options as _fajit_options
 from ._trace import Buffer, Scalar, _name_hints, check_mod, trace
 
 __all__ = ["flex_attention", "create_block_mask", "BlockMask", "noop_mask", "and_masks", "or_masks"]
@@ -100,7 +99,10 @@ def _variant_key(score_mod, mask_mod):
             _BY_FUNCS.move_to_end(fkey)
             return hit[0]
         v = _trace_variant(score_mod, mask_mod)
-        _VARIANTS.setdefault(v.key, v)
+        if v.key not in _VARIANTS:
+            v.program = Program(v.text)  # verified now: errors surface at the call
+            v.gradient = {c["name"]: c["has_gradient"] for c in v.program.captures()}
+            _VARIANTS[v.key] = v
         v = _VARIANTS[v.key]
         _CAPTURES[v.key] = (tuple(v.objects[n] for n in v.buffer_names), tuple(v.objects[n] for n in v.scalar_names))
         _BY_FUNCS[fkey] = (v.key, snap)
@@ -122,9 +124,6 @@ def _kernel(variant, dtype, dqk, dv, device):
         if kern is None:
             from . import Kernel
 
-            if variant.program is None:
-                variant.program = Program(variant.text)
-                variant.gradient = {c["name"]: c["has_gradient"] for c in variant.program.captures()}
             kern = Kernel(variant.program, _DTYPES[dtype][0], dqk, dv)
             _KERNELS[k] = kern
     return kern
@@ -363,8 +362,6 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
         device = torch.device("cuda", torch.cuda.current_device())
     key = _variant_key(None, mask_mod)
     v = _VARIANTS[key]
-    if v.program is None:
-        v.program = Program(v.text)
     keep = []
     with torch.cuda.device(device):
         bufs, scalars = _bind(key, device, "mask_mod")
@@ -452,7 +449,11 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.variant, ctx.scale, ctx.mask_info = variant, scale, mask_info
     ctx.n_tables, ctx.n_buffers = len(tables), len(buffers)
-    ctx.buffer_grads = [b.requires_grad and b.is_floating_point() for b in buffers]
+    # Gradients for float buffers that need one and that the score_mod reads as values (the
+    # library's has_gradient); others get none (a buffer read only by the mask_mod, say).
+    has = _VARIANTS[variant].gradient
+    ctx.buffer_grads = [bool(b.requires_grad and has.get(n, False))
+                        for n, b in zip(_VARIANTS[variant].buffer_names, buffers)]
     ctx.save_for_backward(q, k, v, out, lse, *tables, *buffers, *scalars)
 
 
@@ -478,6 +479,7 @@ def _check_inputs(query, key, value, enable_gqa):
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
         if t.device.type != "cuda":
             raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
         if t.dim() != 4:
