@@ -704,10 +704,16 @@ def _torch_getitem(tensor, idx):
 
 
 def _has_value(x):
+    """Whether a torch call must be traced: it has a traced value, or a captured 0-d tensor (a
+    runtime scalar: `cap * 2` must read the value at run time, not compute it now)."""
     if isinstance(x, Value):
         return True
     if isinstance(x, (tuple, list)):
         return any(_has_value(i) for i in x)
+    t = _Trace.current
+    if t is not None and id(x) in t.names.hints and getattr(x, "dim", None) is not None:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(x, torch.Tensor) and x.dim() == 0
     return False
 
 
@@ -797,7 +803,11 @@ def _code_names(code):
 # ---- printing -------------------------------------------------------------------------------
 
 def _f32_literal(x):
-    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    try:
+        packed = struct.pack("<f", x)
+    except OverflowError:  # beyond float32: rounds to infinity
+        packed = struct.pack("<f", math.copysign(math.inf, x))
+    bits = struct.unpack("<I", packed)[0]
     return f"0x{bits:08X}"
 
 

@@ -57,6 +57,16 @@ def test_torch_functions_trace():
         assert op in ir, op
 
 
+def test_arithmetic_on_a_captured_scalar_is_traced_not_computed():
+    cap = torch.tensor(3.0)
+
+    def doubled(score, b, h, q_idx, kv_idx):
+        return score * (cap * 2)
+
+    ir = fajit.mlir(doubled)
+    assert 'fa.scalar "cap" : f32' in ir and ir.count("arith.mulf") == 2, ir
+
+
 def test_unsupported_torch_function_names_itself_and_the_line():
     def bad(score, b, h, q_idx, kv_idx):
         return torch.cumsum(score, 0)

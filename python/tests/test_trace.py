@@ -323,3 +323,10 @@ def test_bad_results_and_buffers():
 def test_library_errors_come_back_as_fajit_errors():
     with pytest.raises(fajit.FajitError, match="invalid fa IR"):
         fajit.Program("fa.mask_mod @m(")
+
+
+def test_float_constants_beyond_float32_round_to_infinity():
+    def big(score, b, h, q_idx, kv_idx):
+        return fajit.minimum(score, 1e40)
+
+    assert "arith.constant 0x7F800000 : f32" in fajit.mlir(big, canonicalize=False)
