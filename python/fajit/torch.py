@@ -99,11 +99,13 @@ def _variant_key(score_mod, mask_mod):
             _BY_FUNCS.move_to_end(fkey)
             return hit[0]
         v = _trace_variant(score_mod, mask_mod)
-        if v.key not in _VARIANTS:
+        old = _VARIANTS.get(v.key)
+        if old is not None:  # the same IR: keep its program (kernels are cached by key)
+            v.program, v.gradient = old.program, old.gradient
+        else:
             v.program = Program(v.text)  # verified now: errors surface at the call
             v.gradient = {c["name"]: c["has_gradient"] for c in v.program.captures()}
-            _VARIANTS[v.key] = v
-        v = _VARIANTS[v.key]
+        _VARIANTS[v.key] = v  # with the captured objects of this trace
         _CAPTURES[v.key] = (tuple(v.objects[n] for n in v.buffer_names), tuple(v.objects[n] for n in v.scalar_names))
         _BY_FUNCS[fkey] = (v.key, snap)
         while len(_BY_FUNCS) > _MAX_FUNCS:
