@@ -486,7 +486,7 @@ def _check_inputs(query, key, value, enable_gqa):
             raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dimensions [B, H, L, E], got shape {list(t.shape)}")
-        if t.dtype not in _DTYPES:
+        if t.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"{name} must be float16 or bfloat16, got {t.dtype}")
     if key.device != query.device or value.device != query.device:
         raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device}, "
