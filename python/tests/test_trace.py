@@ -330,3 +330,19 @@ def test_float_constants_beyond_float32_round_to_infinity():
         return fajit.minimum(score, 1e40)
 
     assert "arith.constant 0x7F800000 : f32" in fajit.mlir(big, canonicalize=False)
+
+
+def test_compile_a_traced_variant_without_a_gpu():
+    slopes = fajit.buffer("slopes", 1)
+
+    def alibi_slopes(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    k = fajit.compile(alibi_slopes, causal, dtype="f16", head_dim_qk=64, arch="sm_80")
+    src = k.cuda_source()
+    assert "score_mod" in src and "fa.load %slopes[%h]" in src
+    assert k.origin() in ("compiled", "disk", "memory") and len(k.cache_key()) >= 32
+    with pytest.raises(fajit.FajitError, match="head_dim_qk must be 64 or 128, got 96"):
+        fajit.compile(alibi_slopes, causal, head_dim_qk=96, arch="sm_80")
+    with pytest.raises(ValueError, match="dtype must be 'bf16' or 'f16', got 'f32'"):
+        fajit.compile(alibi_slopes, causal, dtype="f32")
