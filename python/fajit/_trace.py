@@ -322,6 +322,9 @@ def _coerce(x, what="operand"):
         return _scalar_node(t, name, x.kind)
     if isinstance(x, Buffer):
         _fail(f"buffer {x.name!r} used without indexing; index it with the mod's arguments ({x.name}[...])")
+    if isinstance(x, _PartialIndex):
+        _fail(f"buffer {x.name!r} has {x.rank} dimensions but is indexed with {len(x.idx)} "
+              f"ind{'ices' if len(x.idx) != 1 else 'ex'} (every dimension needs one traced integer)")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         if x.dim() == 0:
@@ -357,6 +360,8 @@ def _load(obj, name_hint, rank, kind, idx):
     if not isinstance(idx, tuple):
         idx = (idx,)
     name = t.names.name_of(obj, name_hint)
+    if len(idx) < rank and not any(i is None or i is Ellipsis or isinstance(i, slice) for i in idx):
+        return _PartialIndex(obj, name, rank, kind, idx)  # bias[h][q_idx]: indexed again next
     if len(idx) != rank:
         _fail(f"buffer {name!r} has {rank} dimension{'s' if rank != 1 else ''} but is indexed with "
               f"{len(idx)} ind{'ices' if len(idx) != 1 else 'ex'} (every dimension needs one traced integer)")
@@ -377,6 +382,24 @@ def _load(obj, name_hint, rank, kind, idx):
         t.buffers.append(name)
         t.buffer_info[name] = (kind, rank)
     return Value(t, kind, "load", tuple(ids), attr=name)
+
+
+class _PartialIndex:
+    """A captured buffer indexed in some of its leading dimensions (`bias[h]` of `bias[h][q]`)."""
+
+    def __init__(self, obj, name, rank, kind, idx):
+        self.obj, self.name, self.rank, self.kind, self.idx = obj, name, rank, kind, idx
+
+    def __getitem__(self, more):
+        more = more if isinstance(more, tuple) else (more,)
+        return _load(self.obj, self.name, self.rank, self.kind, self.idx + more)
+
+    def __bool__(self):
+        _fail(f"buffer {self.name!r} is indexed in {len(self.idx)} of its {self.rank} dimensions")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _fail(f"{_torch_name(func)} of a partly indexed buffer: index every dimension first")
 
 
 def _const_value(v):
@@ -706,7 +729,7 @@ def _torch_getitem(tensor, idx):
 def _has_value(x):
     """Whether a torch call must be traced: it has a traced value, or a captured 0-d tensor (a
     runtime scalar: `cap * 2` must read the value at run time, not compute it now)."""
-    if isinstance(x, Value):
+    if isinstance(x, (Value, _PartialIndex)):
         return True
     if isinstance(x, (tuple, list)):
         return any(_has_value(i) for i in x)

@@ -149,6 +149,18 @@ def test_alibi_from_a_captured_slopes_buffer_and_relative_bias_table():
         ("slopes", True, 1, True), ("table", True, 2, True)]
 
 
+def test_chained_indexing_is_one_load():
+    table = fajit.buffer("table", 2)
+
+    def chained(score, b, h, q_idx, kv_idx):
+        return score + table[h][q_idx - kv_idx]
+
+    def tupled(score, b, h, q_idx, kv_idx):
+        return score + table[h, q_idx - kv_idx]
+
+    assert fajit.mlir(chained).replace("@chained", "@f") == fajit.mlir(tupled).replace("@tupled", "@f")
+
+
 def test_softcap_with_a_python_number_is_a_constant():
     def tanh_softcap(score, b, h, q_idx, kv_idx):
         return 20 * fajit.tanh(score / 20)
@@ -314,6 +326,13 @@ def test_bad_results_and_buffers():
         fajit.mlir(mask_mod=int_mask)
     with pytest.raises(fajit.TraceError, match=r"buffer 'rel_bias' has 1 dimension but is indexed with 2 indices"):
         fajit.mlir(mask_mod=two_d)
+    table = fajit.buffer("table", 2)
+
+    def half_indexed(score, b, h, q_idx, kv_idx):
+        return score + table[h]
+
+    with pytest.raises(fajit.TraceError, match=r"buffer 'table' has 2 dimensions but is indexed with 1 index"):
+        fajit.mlir(half_indexed)
     with pytest.raises(fajit.TraceError, match=r"a score_mod must return a score \(a float\), got a boolean"):
         fajit.mlir(score_mod=bool_score)
     with pytest.raises(ValueError, match=r"buffer name 'q' is reserved"):
