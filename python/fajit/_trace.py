@@ -188,6 +188,9 @@ class Value:
     def minimum(self, o): return _minmax("min", self, o)
     def maximum(self, o): return _minmax("max", self, o)
     def where(self, cond, other): return _where_(cond, self, other)
+    # torch's and_masks/or_masks start from b.new_ones((), dtype=torch.bool) / new_zeros
+    def new_ones(self, size=(), dtype=None, **kw): return _filled(self, size, dtype, 1)
+    def new_zeros(self, size=(), dtype=None, **kw): return _filled(self, size, dtype, 0)
     def logical_not(self): return _invert(_convert(self, I1))
     def logical_and(self, o): return _bitwise("and", _convert(self, I1), _convert(_coerce(o), I1))
     def logical_or(self, o): return _bitwise("or", _convert(self, I1), _convert(_coerce(o), I1))
@@ -400,6 +403,13 @@ class _PartialIndex:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         _fail(f"{_torch_name(func)} of a partly indexed buffer: index every dimension first")
+
+
+def _filled(like, size, dtype, value):
+    if tuple(size) not in ((), (1,)):
+        _fail(f"a traced mod computes scalars; cannot make a tensor of size {tuple(size)}")
+    kind = _coerce(like).kind if dtype is None else _kind_of_dtype(dtype, "dtype")
+    return _coerce(bool(value) if kind == I1 else float(value) if kind == F32 else int(value))
 
 
 def _const_value(v):
@@ -705,6 +715,10 @@ def _torch_table():
     add([T.type_as], lambda x, o: _convert(x, _coerce(o).kind if isinstance(o, Value) else
                                            _kind_of_dtype(o.dtype, ".type_as()")))
     add([T.__getitem__], _torch_getitem)
+    add([T.new_ones], lambda x, size=(), dtype=None, **k: _filled(x, size, dtype, 1))
+    add([T.new_zeros], lambda x, size=(), dtype=None, **k: _filled(x, size, dtype, 0))
+    add([torch.ones_like], lambda x, dtype=None, **k: _filled(x, (), dtype, 1))
+    add([torch.zeros_like], lambda x, dtype=None, **k: _filled(x, (), dtype, 0))
     _TABLE = tab
     return tab
 

@@ -67,6 +67,20 @@ def test_arithmetic_on_a_captured_scalar_is_traced_not_computed():
     assert 'fa.scalar "cap" : f32' in ir and ir.count("arith.mulf") == 2, ir
 
 
+def test_torchs_own_and_or_masks_trace():
+    from torch.nn.attention.flex_attention import and_masks, or_masks
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def near(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx < 64
+
+    ir = fajit.mlir(mask_mod=and_masks(causal, near))
+    assert "arith.andi" in ir and "arith.cmpi sge, %q, %kv" in ir
+    assert "arith.ori" in fajit.mlir(mask_mod=or_masks(causal, near))
+
+
 def test_unsupported_torch_function_names_itself_and_the_line():
     def bad(score, b, h, q_idx, kv_idx):
         return torch.cumsum(score, 0)

@@ -180,6 +180,19 @@ def test_sigmoid_where_clamp_min_max_and_casts():
         assert op in ir, op
 
 
+def test_torch_style_and_masks_start_from_new_ones():
+    def and_masks(*masks):  # torch.nn.attention.flex_attention.and_masks, torch-free
+        def and_mask(b, h, q_idx, kv_idx):
+            result = b.new_ones((), dtype=bool)
+            for m in masks:
+                result = result & m(b, h, q_idx, kv_idx)
+            return result
+        return and_mask
+
+    same_ir(fajit.mlir(mask_mod=and_masks(causal, lambda b, h, q, kv: q - kv <= window)),
+            fajit.preset_mlir(mask="sliding:8").replace("@sliding_window", "@and_mask"))
+
+
 def test_combined_masks_and_lambdas():
     def and_masks(*masks):
         def m(b, h, q_idx, kv_idx):
