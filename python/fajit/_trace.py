@@ -794,6 +794,13 @@ def _name_hints(fns):
 
     def visit(fn, depth):
         if isinstance(fn, types.MethodType):
+            # a method of an nn.Module (say): its tensors, parameters and buffers by attribute
+            owner = getattr(fn.__self__, "__dict__", {})
+            for d in (owner, owner.get("_parameters") or {}, owner.get("_buffers") or {}):
+                if isinstance(d, dict):
+                    for name, obj in d.items():
+                        if isinstance(name, str) and type(obj).__name__ in ("Tensor", "Parameter"):
+                            hints.setdefault(id(obj), name)
             fn = fn.__func__
         if not isinstance(fn, types.FunctionType) or id(fn) in seen or depth > 4:
             if hasattr(fn, "func") and hasattr(fn, "args") and depth <= 4:  # functools.partial

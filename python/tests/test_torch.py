@@ -312,3 +312,16 @@ def test_bad_gpu_inputs_name_the_argument():
         ft.flex_attention(q, q, q, block_mask=mask)
     with pytest.raises(TypeError, match="score_mod must take 5 arguments"):
         ft.flex_attention(q, q, q, score_mod=causal)
+
+
+def test_a_module_method_as_score_mod_names_its_parameters():
+    class RelBias(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.zeros(4, 255))
+
+        def score_mod(self, score, b, h, q_idx, kv_idx):
+            return score + self.table[h, q_idx - kv_idx + 127]
+
+    ir = fajit.mlir(RelBias().score_mod)
+    assert "captures(%table: !fa.buffer<f32, 2>)" in ir, ir
