@@ -48,6 +48,7 @@ class _Variant:
     def __init__(self, key, text, buffer_names, scalar_names, buffer_kinds, scalar_kinds, objects):
         self.key = key
         self.text = text
+        self.text_key = hashlib.sha1(text.encode()).hexdigest()  # kernels are shared by IR
         self.buffer_names = buffer_names
         self.scalar_names = scalar_names
         self.buffer_kinds = buffer_kinds  # "f32" | "i32"
@@ -57,10 +58,15 @@ class _Variant:
         self.gradient = None  # buffer name -> has a gradient (from the library)
 
 
-_VARIANTS = {}  # key -> _Variant
+# A variant is the traced IR plus the objects it captures: its key hashes both, so two mods
+# with one IR and different tensors are two variants sharing kernels, and a mod made afresh on
+# every call (a lambda) capturing the same tensors is one variant.
+_VARIANTS = collections.OrderedDict()  # key -> _Variant (least recently used first)
 _CAPTURES = {}  # key -> (buffer tensors, scalar tensors): read by flex_attention (and by dynamo)
+_PROGRAMS = {}  # text_key -> (fajit.Program, {buffer name: has a gradient})
 _BY_FUNCS = collections.OrderedDict()  # (score_mod, mask_mod) -> (key, hints snapshot)
 _MAX_FUNCS = 1024
+_MAX_VARIANTS = 4096
 
 
 def _snapshot(score_mod, mask_mod):
@@ -82,7 +88,7 @@ def _trace_variant(score_mod, mask_mod):
         else:
             scalars.append(name)
             skinds.append(kind[1])
-    ident = f"{id(score_mod)}:{id(mask_mod)}"
+    ident = ",".join(f"{n}={id(t.objects[n])}" for n in buffers + scalars)
     key = hashlib.sha1((t.text + "\0" + ident).encode()).hexdigest()
     return _Variant(key, t.text, buffers, scalars, bkinds, skinds, t.objects)
 
@@ -95,29 +101,36 @@ def _variant_key(score_mod, mask_mod):
         fkey = (score_mod, mask_mod)
         snap = _snapshot(score_mod, mask_mod)
         hit = _BY_FUNCS.get(fkey)
-        if hit is not None and hit[1] == snap:
+        if hit is not None and hit[1] == snap and hit[0] in _CAPTURES:
             _BY_FUNCS.move_to_end(fkey)
+            _VARIANTS.move_to_end(hit[0])
             return hit[0]
         v = _trace_variant(score_mod, mask_mod)
-        old = _VARIANTS.get(v.key)
-        if old is not None:  # the same IR: keep its program (kernels are cached by key)
-            v.program, v.gradient = old.program, old.gradient
-        else:
-            v.program = Program(v.text)  # verified now: errors surface at the call
-            v.gradient = {c["name"]: c["has_gradient"] for c in v.program.captures()}
-        _VARIANTS[v.key] = v  # with the captured objects of this trace
+        prog = _PROGRAMS.get(v.text_key)
+        if prog is None:
+            p = Program(v.text)  # verified now: errors surface at the call
+            prog = _PROGRAMS[v.text_key] = (p, {c["name"]: c["has_gradient"] for c in p.captures()})
+        v.program, v.gradient = prog
+        _VARIANTS[v.key] = v
+        _VARIANTS.move_to_end(v.key)
         _CAPTURES[v.key] = (tuple(v.objects[n] for n in v.buffer_names), tuple(v.objects[n] for n in v.scalar_names))
         _BY_FUNCS[fkey] = (v.key, snap)
         while len(_BY_FUNCS) > _MAX_FUNCS:
             _BY_FUNCS.popitem(last=False)
+        # Keep the captured tensors of the most recent variants only (the rest is small and stays:
+        # a backward may still run with an old variant's tensors, which autograd holds).
+        while len(_CAPTURES) > _MAX_VARIANTS:
+            old = next(k for k in _VARIANTS if k in _CAPTURES)
+            _CAPTURES.pop(old)
+            _VARIANTS[old].objects = None
         return v.key
 
 
-_KERNELS = {}  # (key, dtype, dqk, dv, device index) -> fajit.Kernel
+_KERNELS = {}  # (text_key, dtype, dqk, dv, device index) -> fajit.Kernel
 
 
 def _kernel(variant, dtype, dqk, dv, device):
-    k = (variant.key, dtype, dqk, dv, device.index)
+    k = (variant.text_key, dtype, dqk, dv, device.index)
     kern = _KERNELS.get(k)
     if kern is not None:
         return kern
