@@ -53,5 +53,57 @@ int main(int argc, char** argv) {
     fprintf(stderr, "expected 'kernel is NULL' from fajit_kernel_backward, got: %s\n", fajit_last_error());
     return 1;
   }
+  /* Programs and block masks without a kernel: a causal mask over 300 x 300 in 128-blocks is
+   * decided by the symbolic analysis (no GPU), and its tables round-trip through from_kv_blocks. */
+  fajit_program* p = NULL;
+  if (fajit_program_parse("fa.mask_mod @causal(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
+                          "  %0 = arith.cmpi sge, %q, %kv : i32\n  fa.yield %0 : i1\n}\n",
+                          &p) != FAJIT_OK) {
+    fprintf(stderr, "parse failed: %s\n", fajit_last_error());
+    return 1;
+  }
+  if (!strstr(fajit_program_mlir(p), "fa.score_mod @identity") || fajit_program_num_captures(p) != 0) {
+    fprintf(stderr, "unexpected program:\n%s\n", fajit_program_mlir(p));
+    return 1;
+  }
+  fajit_block_mask* m = NULL;
+  if (fajit_program_block_mask(p, 2, 4, 300, 300, 0, 0, NULL, &o, NULL, &m) != FAJIT_OK) {
+    fprintf(stderr, "block mask failed: %s\n", fajit_last_error());
+    return 1;
+  }
+  fajit_block_mask_info info;
+  int32_t num[3], idx[9], fnum[3], fidx[9];
+  size = 0;
+  if (fajit_block_mask_get_info(m, &info) != FAJIT_OK || info.batch != 1 || info.heads != 1 ||
+      info.num_q_blocks != 3 || info.num_kv_blocks != 3 ||
+      fajit_block_mask_table(m, FAJIT_KV_INDICES, NULL, 0, &size) != FAJIT_OK || size != 9 ||
+      fajit_block_mask_table(m, FAJIT_KV_NUM_BLOCKS, num, 3, NULL) != FAJIT_OK ||
+      fajit_block_mask_table(m, FAJIT_KV_INDICES, idx, 9, NULL) != FAJIT_OK ||
+      fajit_block_mask_table(m, FAJIT_FULL_KV_NUM_BLOCKS, fnum, 3, NULL) != FAJIT_OK ||
+      fajit_block_mask_table(m, FAJIT_FULL_KV_INDICES, fidx, 9, NULL) != FAJIT_OK) {
+    fprintf(stderr, "block mask tables: %s\n", fajit_last_error());
+    return 1;
+  }
+  /* Causal: the diagonal blocks are partial, the ones below full. */
+  if (num[0] != 1 || num[1] != 1 || num[2] != 1 || idx[3] != 1 || idx[6] != 2 || fnum[0] != 0 ||
+      fnum[1] != 1 || fnum[2] != 2 || fidx[6] != 0 || fidx[7] != 1) {
+    fprintf(stderr, "unexpected causal tables:\n%s\n", fajit_block_mask_to_string(m, 0, 0));
+    return 1;
+  }
+  if (fajit_block_mask_table(m, FAJIT_KV_INDICES, idx, 8, NULL) != FAJIT_ERROR_INVALID_ARGUMENT ||
+      strcmp(fajit_last_error(), "count: the table holds 9 entries, got 8") != 0) {
+    fprintf(stderr, "expected a count error, got: %s\n", fajit_last_error());
+    return 1;
+  }
+  fajit_block_mask* m2 = NULL;
+  if (fajit_block_mask_from_kv_blocks(1, 1, 300, 300, 128, 128, num, idx, fnum, fidx, &m2) != FAJIT_OK ||
+      strcmp(fajit_block_mask_to_string(m2, 0, 0), fajit_block_mask_to_string(m, 0, 0)) != 0) {
+    fprintf(stderr, "from_kv_blocks differs: %s\n", fajit_last_error());
+    return 1;
+  }
+  printf("causal block mask:\n%s\n", fajit_block_mask_to_string(m2, 0, 0));
+  fajit_block_mask_destroy(m2);
+  fajit_block_mask_destroy(m);
+  fajit_program_destroy(p);
   return 0;
 }

@@ -91,10 +91,98 @@ FA_API const void* fajit_kernel_cubin(const fajit_kernel* kernel, size_t* size);
 /* PTX, compiled on first request; owned by the kernel. */
 FA_API fajit_status fajit_kernel_ptx(fajit_kernel* kernel, const char** ptx);
 
+/* A parsed, verified and simplified fa module (what fajit_compile_mlir compiles), for callers
+ * that want the canonical IR, its captures or block masks without compiling a forward kernel
+ * (the Python package traces mods to fa text and goes through these). */
+typedef struct fajit_program fajit_program;
+
+FA_API fajit_status fajit_program_parse(const char* mlir_text, fajit_program** out);
+/* The library mods by CLI preset name, as fajit_compile_preset traces them. */
+FA_API fajit_status fajit_program_preset(const char* mask_preset, const char* score_preset,
+                                         fajit_program** out);
+FA_API void fajit_program_destroy(fajit_program* program);
+/* The canonical fa-dialect text (owned by the program). */
+FA_API const char* fajit_program_mlir(const fajit_program* program);
+/* The score_mod's derivative (fa.score_grad) as text, or FAJIT_ERROR_COMPILE naming the op
+ * that has none. Owned by the program. */
+FA_API fajit_status fajit_program_score_grad_mlir(fajit_program* program, const char** text);
+
+typedef struct fajit_capture_info {
+  const char* name; /* owned by the program */
+  int is_buffer;    /* else a runtime scalar */
+  int is_float;     /* f32, else i32 */
+  int rank;         /* buffers only */
+  int used_by_score;
+  int used_by_mask;
+  int has_gradient; /* an f32 buffer the score_mod reads: fajit_kernel_backward can give its gradient */
+} fajit_capture_info;
+
+/* Captured buffers (first-use order) then scalars (by name). */
+FA_API int fajit_program_num_captures(const fajit_program* program);
+FA_API fajit_status fajit_program_capture(const fajit_program* program, int index, fajit_capture_info* out);
+
+FA_API fajit_status fajit_compile_program(const fajit_program* program, const fajit_options* options,
+                                          fajit_kernel** out);
+
+/* The program's mask_mod as a block mask for [B, H, Lq, Lkv] with q_block x kv_block tiles
+ * (0 = 128), without a kernel: blocks the symbolic analysis decides need nothing compiled;
+ * the rest are evaluated on the GPU by a builder compiled from the mask_mod (options: its
+ * element type, head dims and arch; NULL = defaults). */
+FA_API fajit_status fajit_program_block_mask(const fajit_program* program, int batch, int heads,
+                                             int64_t len_q, int64_t len_kv, int q_block, int kv_block,
+                                             const fajit_captures* captures, const fajit_options* options,
+                                             void* cu_stream, fajit_block_mask** out);
+
 FA_API fajit_status fajit_kernel_block_mask(const fajit_kernel* kernel, int batch, int heads, int64_t len_q,
                                             int64_t len_kv, const fajit_captures* captures, void* cu_stream,
                                             fajit_block_mask** out);
+/* fajit_kernel_block_mask with q_block x kv_block tiles (0 = 128). */
+FA_API fajit_status fajit_kernel_block_mask_sized(const fajit_kernel* kernel, int batch, int heads,
+                                                  int64_t len_q, int64_t len_kv, int q_block, int kv_block,
+                                                  const fajit_captures* captures, void* cu_stream,
+                                                  fajit_block_mask** out);
+/* From flex_attention's kv tables on the host (torch's BlockMask layout, int32, contiguous):
+ * kv_num_blocks [Bm, Hm, nq], kv_indices [Bm, Hm, nq, nkv], likewise full_kv_* (both NULL = no
+ * full blocks); Bm is 1 or B, Hm 1 or H, nq = ceil(len_q / q_block), nkv = ceil(len_kv /
+ * kv_block). Only each row's first count entries are read. */
+FA_API fajit_status fajit_block_mask_from_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                                    int q_block, int kv_block, const int32_t* kv_num_blocks,
+                                                    const int32_t* kv_indices,
+                                                    const int32_t* full_kv_num_blocks,
+                                                    const int32_t* full_kv_indices, fajit_block_mask** out);
+/* Every block full (no mask_mod). */
+FA_API fajit_status fajit_block_mask_all_full(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                              int q_block, int kv_block, fajit_block_mask** out);
 FA_API void fajit_block_mask_destroy(fajit_block_mask* mask);
+
+typedef struct fajit_block_mask_info {
+  int batch, heads; /* Bm, Hm: 1 (broadcast) or B, H */
+  int64_t len_q, len_kv;
+  int q_block, kv_block;
+  int num_q_blocks, num_kv_blocks;
+} fajit_block_mask_info;
+FA_API fajit_status fajit_block_mask_get_info(const fajit_block_mask* mask, fajit_block_mask_info* out);
+
+/* The eight tables (flex_attention's names); num_blocks tables hold Bm*Hm*rows entries, index
+ * tables Bm*Hm*rows*cols (rows = num_q_blocks for kv_*, num_kv_blocks for q_*), each row padded
+ * with 0 after its count. */
+typedef enum fajit_block_table {
+  FAJIT_KV_NUM_BLOCKS = 0,
+  FAJIT_KV_INDICES = 1,
+  FAJIT_FULL_KV_NUM_BLOCKS = 2,
+  FAJIT_FULL_KV_INDICES = 3,
+  FAJIT_Q_NUM_BLOCKS = 4,
+  FAJIT_Q_INDICES = 5,
+  FAJIT_FULL_Q_NUM_BLOCKS = 6,
+  FAJIT_FULL_Q_INDICES = 7
+} fajit_block_table;
+/* Copies table `which` into out[0..count): count must be its size (FAJIT_ERROR_INVALID_ARGUMENT
+ * naming the size otherwise; out = NULL and count = 0 only ask: *size gets it, may be NULL). */
+FA_API fajit_status fajit_block_mask_table(const fajit_block_mask* mask, fajit_block_table which,
+                                           int32_t* out, size_t count, size_t* size);
+/* One line per q block of batch b, head h: '#' full, '+' partial, '.' empty (owned by the
+ * mask until the next call on it). */
+FA_API const char* fajit_block_mask_to_string(fajit_block_mask* mask, int b, int h);
 /* Fraction of non-empty blocks, and the counts of full / partial / empty ones (any may be NULL). */
 FA_API fajit_status fajit_block_mask_density(const fajit_block_mask* mask, double* fraction, int64_t* full,
                                              int64_t* partial, int64_t* empty);

@@ -2,9 +2,16 @@
 // plus a thread-local message.
 #include "fajit/fajit_c.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include <fmt/format.h>
+
+#include "llvm/Support/raw_ostream.h"
+
+#include "fajit/detail/program_impl.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
 
@@ -16,6 +23,14 @@ struct fajit_kernel {
 
 struct fajit_block_mask {
   fa::BlockMask mask;
+  std::string text;  // fajit_block_mask_to_string
+};
+
+struct fajit_program {
+  fa::Program program;
+  std::string mlir;
+  std::string grad_mlir;
+  std::vector<std::string> gradient_buffers;
 };
 
 namespace {
@@ -92,6 +107,164 @@ void require(T* p, const char* what) {
   if (!p) throw fa::Error(std::string(what) + " is NULL");
 }
 
+fa::BlockMaskOptions mask_options(int q_block, int kv_block) {
+  fa::BlockMaskOptions o;
+  if (q_block < 0 || kv_block < 0)
+    throw fa::Error(fmt::format("block sizes must be positive (0 = {}), got {}x{}",
+                                fa::BlockMask::kDefaultBlock, q_block, kv_block));
+  if (q_block) o.q_block = q_block;
+  if (kv_block) o.kv_block = kv_block;
+  return o;
+}
+
+fajit_program* new_program(fa::Program p) {
+  auto* r = new fajit_program{p, p.to_mlir(), {}, fa::detail::gradient_buffers(p)};
+  return r;
+}
+
+// The mask_mod of `p` replayed through the tracing frontend, so fa::create_block_mask builds
+// its mask without compiling a forward kernel. Every op the canonical IR of a traced mask
+// holds is replayed; an op the frontend cannot express makes the replay throw `Unreplayable`
+// and the caller falls back to a kernel.
+struct Unreplayable {};
+
+fa::MaskMod replay_mask(const fa::Program& p) {
+  return {
+      p.mask_mod_name(), [p](fa::Index b, fa::Index h, fa::Index q, fa::Index kv) {
+        namespace arith = mlir::arith;
+        namespace math = mlir::math;
+        using fa::detail::BinOp;
+        using fa::detail::Sym;
+        using fa::detail::UnOp;
+        using fa::detail::ValueKind;
+        mlir::fa::MaskModOp mask = p.impl().mask;
+        mlir::Block& entry = mask.getEntryBlock();
+        llvm::DenseMap<mlir::Value, Sym> env;
+        const Sym fixed[] = {b.sym(), h.sym(), q.sym(), kv.sym()};
+        for (unsigned i = 0; i < 4; ++i) env[entry.getArgument(i)] = fixed[i];
+        auto names = mask.getCaptureNamesAttr();
+        auto kind = [](mlir::Type t) {
+          return t.isF32() ? ValueKind::kFloat : t.isSignlessInteger(1) ? ValueKind::kBool : ValueKind::kInt;
+        };
+        auto in = [&](mlir::Value v) { return env.at(v); };
+        auto bin = [&](mlir::Operation& op, BinOp k) {
+          return fa::detail::binary(k, in(op.getOperand(0)), in(op.getOperand(1)));
+        };
+        auto un = [&](mlir::Operation& op, UnOp k) { return fa::detail::unary(k, in(op.getOperand(0))); };
+        for (mlir::Operation& op : entry.getOperations()) {
+          Sym r{};
+          if (auto y = llvm::dyn_cast<mlir::fa::YieldOp>(op)) return fa::Bool(in(y.getValue()));
+          if (auto c = llvm::dyn_cast<arith::ConstantOp>(op)) {
+            mlir::Attribute a = c.getValue();
+            if (auto f = llvm::dyn_cast<mlir::FloatAttr>(a))
+              r = fa::detail::constant_float(static_cast<float>(f.getValueAsDouble()));
+            else if (auto i = llvm::dyn_cast<mlir::IntegerAttr>(a))
+              r = i.getType().isSignlessInteger(1)
+                      ? fa::detail::constant_bool(i.getValue().getBoolValue())
+                      : fa::detail::constant_int(static_cast<int32_t>(i.getValue().getSExtValue()));
+            else
+              throw Unreplayable{};
+          } else if (auto s = llvm::dyn_cast<mlir::fa::ScalarOp>(op)) {
+            r = fa::detail::scalar(s.getName().str(), kind(s.getType()));
+          } else if (auto l = llvm::dyn_cast<mlir::fa::LoadOp>(op)) {
+            auto arg = llvm::cast<mlir::BlockArgument>(l.getBuffer());
+            std::string name = llvm::cast<mlir::StringAttr>(names[arg.getArgNumber() - 4]).str();
+            std::vector<Sym> idx;
+            for (mlir::Value i : l.getIndices()) idx.push_back(in(i));
+            auto type = llvm::cast<mlir::fa::BufferType>(arg.getType());
+            r = fa::detail::load(name, kind(type.getElementType()), static_cast<int>(type.getRank()),
+                                 idx.data(), static_cast<int>(idx.size()));
+          } else if (auto c = llvm::dyn_cast<arith::CmpIOp>(op)) {
+            switch (c.getPredicate()) {
+              case arith::CmpIPredicate::slt: r = bin(op, BinOp::kLt); break;
+              case arith::CmpIPredicate::sle: r = bin(op, BinOp::kLe); break;
+              case arith::CmpIPredicate::sgt: r = bin(op, BinOp::kGt); break;
+              case arith::CmpIPredicate::sge: r = bin(op, BinOp::kGe); break;
+              case arith::CmpIPredicate::eq: r = bin(op, BinOp::kEq); break;
+              case arith::CmpIPredicate::ne: r = bin(op, BinOp::kNe); break;
+              default: throw Unreplayable{};
+            }
+          } else if (auto c = llvm::dyn_cast<arith::CmpFOp>(op)) {
+            switch (c.getPredicate()) {
+              case arith::CmpFPredicate::OLT: r = bin(op, BinOp::kLt); break;
+              case arith::CmpFPredicate::OLE: r = bin(op, BinOp::kLe); break;
+              case arith::CmpFPredicate::OGT: r = bin(op, BinOp::kGt); break;
+              case arith::CmpFPredicate::OGE: r = bin(op, BinOp::kGe); break;
+              case arith::CmpFPredicate::OEQ: r = bin(op, BinOp::kEq); break;
+              case arith::CmpFPredicate::UNE: r = bin(op, BinOp::kNe); break;
+              default: throw Unreplayable{};
+            }
+          } else if (llvm::isa<arith::AddIOp, arith::AddFOp>(op)) {
+            r = bin(op, BinOp::kAdd);
+          } else if (llvm::isa<arith::SubIOp, arith::SubFOp>(op)) {
+            r = bin(op, BinOp::kSub);
+          } else if (llvm::isa<arith::MulIOp, arith::MulFOp>(op)) {
+            r = bin(op, BinOp::kMul);
+          } else if (llvm::isa<arith::DivSIOp, arith::DivFOp>(op)) {
+            r = bin(op, BinOp::kDiv);
+          } else if (llvm::isa<arith::RemSIOp, arith::RemFOp>(op)) {
+            r = bin(op, BinOp::kRem);
+          } else if (llvm::isa<arith::MinSIOp, arith::MinimumFOp>(op)) {
+            r = bin(op, BinOp::kMin);
+          } else if (llvm::isa<arith::MaxSIOp, arith::MaximumFOp>(op)) {
+            r = bin(op, BinOp::kMax);
+          } else if (llvm::isa<arith::AndIOp>(op) && op.getResult(0).getType().isSignlessInteger(1)) {
+            r = bin(op, BinOp::kAnd);
+          } else if (llvm::isa<arith::OrIOp>(op) && op.getResult(0).getType().isSignlessInteger(1)) {
+            r = bin(op, BinOp::kOr);
+          } else if (llvm::isa<arith::XOrIOp>(op) && op.getResult(0).getType().isSignlessInteger(1)) {
+            r = bin(op, BinOp::kNe);  // xor of two i1 is !=
+          } else if (llvm::isa<arith::FloorDivSIOp>(op)) {
+            // floor(a / b) = a / b - (a % b != 0 && (a % b < 0) != (b < 0))
+            Sym a = in(op.getOperand(0)), d = in(op.getOperand(1));
+            Sym zero = fa::detail::constant_int(0), one = fa::detail::constant_int(1);
+            Sym rem = fa::detail::binary(BinOp::kRem, a, d);
+            Sym fix =
+                fa::detail::binary(BinOp::kAnd, fa::detail::binary(BinOp::kNe, rem, zero),
+                                   fa::detail::binary(BinOp::kNe, fa::detail::binary(BinOp::kLt, rem, zero),
+                                                      fa::detail::binary(BinOp::kLt, d, zero)));
+            r = fa::detail::binary(BinOp::kSub, fa::detail::binary(BinOp::kDiv, a, d),
+                                   fa::detail::select(fix, one, zero));
+          } else if (auto s = llvm::dyn_cast<arith::SelectOp>(op)) {
+            r = fa::detail::select(in(s.getCondition()), in(s.getTrueValue()), in(s.getFalseValue()));
+          } else if (llvm::isa<arith::SIToFPOp, arith::UIToFPOp>(op)) {
+            r = fa::detail::convert(in(op.getOperand(0)), ValueKind::kFloat);
+          } else if (llvm::isa<arith::FPToSIOp>(op) ||
+                     (llvm::isa<arith::ExtUIOp>(op) && op.getOperand(0).getType().isSignlessInteger(1))) {
+            r = fa::detail::convert(in(op.getOperand(0)), ValueKind::kInt);
+          } else if (llvm::isa<arith::NegFOp>(op)) {
+            r = un(op, UnOp::kNeg);
+          } else if (llvm::isa<math::AbsIOp, math::AbsFOp>(op)) {
+            r = un(op, UnOp::kAbs);
+          } else if (llvm::isa<math::PowFOp>(op)) {
+            r = bin(op, BinOp::kPow);
+          } else {
+            const std::pair<mlir::TypeID, UnOp> unary[] = {{mlir::TypeID::get<math::ExpOp>(), UnOp::kExp},
+                                                           {mlir::TypeID::get<math::Exp2Op>(), UnOp::kExp2},
+                                                           {mlir::TypeID::get<math::LogOp>(), UnOp::kLog},
+                                                           {mlir::TypeID::get<math::Log2Op>(), UnOp::kLog2},
+                                                           {mlir::TypeID::get<math::TanhOp>(), UnOp::kTanh},
+                                                           {mlir::TypeID::get<math::SqrtOp>(), UnOp::kSqrt},
+                                                           {mlir::TypeID::get<math::RsqrtOp>(), UnOp::kRsqrt},
+                                                           {mlir::TypeID::get<math::SinOp>(), UnOp::kSin},
+                                                           {mlir::TypeID::get<math::CosOp>(), UnOp::kCos},
+                                                           {mlir::TypeID::get<math::FloorOp>(), UnOp::kFloor},
+                                                           {mlir::TypeID::get<math::CeilOp>(), UnOp::kCeil},
+                                                           {mlir::TypeID::get<math::ErfOp>(), UnOp::kErf}};
+            bool found = false;
+            for (auto& [id, k] : unary)
+              if (op.getName().getTypeID() == id) {
+                r = un(op, k);
+                found = true;
+              }
+            if (!found) throw Unreplayable{};
+          }
+          env[op.getResult(0)] = r;
+        }
+        throw Unreplayable{};
+      }};
+}
+
 }  // namespace
 
 extern "C" {
@@ -118,6 +291,86 @@ fajit_status fajit_compile_preset(const char* mask_preset, const char* score_pre
         score_preset && *score_preset ? fa::mods::score_preset(score_preset).mod : fa::identity_score();
     fa::Program p = fa::trace(s, m);
     *out = new fajit_kernel{fa::compile(p, to_options(options)), p.to_mlir(), {}};
+  });
+}
+
+fajit_status fajit_program_parse(const char* mlir_text, fajit_program** out) {
+  return guarded([&] {
+    require(mlir_text, "mlir_text");
+    require(out, "out");
+    *out = new_program(fa::Program::parse(mlir_text, "<fajit_program_parse>"));
+  });
+}
+
+fajit_status fajit_program_preset(const char* mask_preset, const char* score_preset, fajit_program** out) {
+  return guarded([&] {
+    require(out, "out");
+    fa::MaskMod m = mask_preset && *mask_preset ? fa::mods::mask_preset(mask_preset).mod : fa::noop_mask();
+    fa::ScoreMod s =
+        score_preset && *score_preset ? fa::mods::score_preset(score_preset).mod : fa::identity_score();
+    *out = new_program(fa::trace(s, m));
+  });
+}
+
+void fajit_program_destroy(fajit_program* program) { delete program; }
+
+const char* fajit_program_mlir(const fajit_program* p) { return p ? p->mlir.c_str() : ""; }
+
+fajit_status fajit_program_score_grad_mlir(fajit_program* p, const char** text) {
+  return guarded([&] {
+    require(p, "program");
+    require(text, "text");
+    if (p->grad_mlir.empty()) p->grad_mlir = p->program.score_grad_mlir();
+    *text = p->grad_mlir.c_str();
+  });
+}
+
+int fajit_program_num_captures(const fajit_program* p) {
+  return p ? static_cast<int>(p->program.captures().size()) : 0;
+}
+
+fajit_status fajit_program_capture(const fajit_program* p, int index, fajit_capture_info* out) {
+  return guarded([&] {
+    require(p, "program");
+    require(out, "out");
+    const auto& caps = p->program.captures();
+    if (index < 0 || index >= static_cast<int>(caps.size()))
+      throw fa::Error(fmt::format("capture index {} is outside [0, {})", index, caps.size()));
+    const fa::Program::Capture& c = caps[index];
+    bool grad = false;
+    for (const std::string& g : p->gradient_buffers) grad = grad || (c.is_buffer && g == c.name);
+    *out = fajit_capture_info{c.name.c_str(),  c.is_buffer,    c.is_float, c.rank,
+                              c.used_by_score, c.used_by_mask, grad};
+  });
+}
+
+fajit_status fajit_compile_program(const fajit_program* p, const fajit_options* options, fajit_kernel** out) {
+  return guarded([&] {
+    require(p, "program");
+    require(out, "out");
+    *out = new fajit_kernel{fa::compile(p->program, to_options(options)), p->mlir, {}};
+  });
+}
+
+fajit_status fajit_program_block_mask(const fajit_program* p, int batch, int heads, int64_t len_q,
+                                      int64_t len_kv, int q_block, int kv_block,
+                                      const fajit_captures* captures, const fajit_options* options,
+                                      void* cu_stream, fajit_block_mask** out) {
+  return guarded([&] {
+    require(p, "program");
+    require(out, "out");
+    fa::BlockMaskOptions bo = mask_options(q_block, kv_block);
+    fa::Options o = to_options(options);
+    fa::Captures cap = to_captures(captures);
+    auto stream = static_cast<fa::Stream>(cu_stream);
+    fa::BlockMask m;
+    try {
+      m = fa::create_block_mask(replay_mask(p->program), batch, heads, len_q, len_kv, cap, bo, o, stream);
+    } catch (const Unreplayable&) {
+      // The frontend cannot express an op of this mask_mod: build it beside a kernel instead.
+      m = fa::compile(p->program, o).block_mask(batch, heads, len_q, len_kv, cap, bo, stream);
+    }
+    *out = new fajit_block_mask{std::move(m), {}};
   });
 }
 
@@ -153,11 +406,114 @@ fajit_status fajit_kernel_block_mask(const fajit_kernel* k, int batch, int heads
     require(out, "out");
     fa::BlockMask m = k->kernel.block_mask(batch, heads, len_q, len_kv, to_captures(captures), {},
                                            static_cast<fa::Stream>(cu_stream));
-    *out = new fajit_block_mask{std::move(m)};
+    *out = new fajit_block_mask{std::move(m), {}};
+  });
+}
+
+fajit_status fajit_kernel_block_mask_sized(const fajit_kernel* k, int batch, int heads, int64_t len_q,
+                                           int64_t len_kv, int q_block, int kv_block,
+                                           const fajit_captures* captures, void* cu_stream,
+                                           fajit_block_mask** out) {
+  return guarded([&] {
+    require(k, "kernel");
+    require(out, "out");
+    fa::BlockMask m =
+        k->kernel.block_mask(batch, heads, len_q, len_kv, to_captures(captures),
+                             mask_options(q_block, kv_block), static_cast<fa::Stream>(cu_stream));
+    *out = new fajit_block_mask{std::move(m), {}};
+  });
+}
+
+fajit_status fajit_block_mask_from_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block,
+                                             int kv_block, const int32_t* kv_num_blocks,
+                                             const int32_t* kv_indices, const int32_t* full_kv_num_blocks,
+                                             const int32_t* full_kv_indices, fajit_block_mask** out) {
+  return guarded([&] {
+    require(kv_num_blocks, "kv_num_blocks");
+    require(kv_indices, "kv_indices");
+    require(out, "out");
+    fa::BlockMaskOptions bo = mask_options(q_block, kv_block);
+    if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
+      throw fa::Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads,
+                                  len_q, len_kv));
+    if ((full_kv_num_blocks == nullptr) != (full_kv_indices == nullptr))
+      throw fa::Error("full_kv_num_blocks and full_kv_indices must both be given or both be NULL");
+    const size_t nq = static_cast<size_t>((len_q + bo.q_block - 1) / bo.q_block);
+    const size_t nkv = static_cast<size_t>((len_kv + bo.kv_block - 1) / bo.kv_block);
+    const size_t rows = static_cast<size_t>(batch) * heads * nq;
+    std::vector<int32_t> num(kv_num_blocks, kv_num_blocks + rows), idx(kv_indices, kv_indices + rows * nkv);
+    std::vector<int32_t> fnum, fidx;
+    if (full_kv_num_blocks) {
+      fnum.assign(full_kv_num_blocks, full_kv_num_blocks + rows);
+      fidx.assign(full_kv_indices, full_kv_indices + rows * nkv);
+    }
+    fa::BlockMask m = fa::BlockMask::from_kv_blocks(batch, heads, len_q, len_kv, num, idx, fnum, fidx,
+                                                    bo.q_block, bo.kv_block);
+    *out = new fajit_block_mask{std::move(m), {}};
+  });
+}
+
+fajit_status fajit_block_mask_all_full(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block,
+                                       int kv_block, fajit_block_mask** out) {
+  return guarded([&] {
+    require(out, "out");
+    fa::BlockMaskOptions bo = mask_options(q_block, kv_block);
+    if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
+      throw fa::Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads,
+                                  len_q, len_kv));
+    *out = new fajit_block_mask{fa::BlockMask::all_full(batch, heads, len_q, len_kv, bo.q_block, bo.kv_block),
+                                {}};
   });
 }
 
 void fajit_block_mask_destroy(fajit_block_mask* mask) { delete mask; }
+
+fajit_status fajit_block_mask_get_info(const fajit_block_mask* m, fajit_block_mask_info* out) {
+  return guarded([&] {
+    require(m, "mask");
+    require(out, "out");
+    const fa::BlockMask& b = m->mask;
+    *out = fajit_block_mask_info{b.batch(),   b.heads(),    b.len_q(),        b.len_kv(),
+                                 b.q_block(), b.kv_block(), b.num_q_blocks(), b.num_kv_blocks()};
+  });
+}
+
+fajit_status fajit_block_mask_table(const fajit_block_mask* m, fajit_block_table which, int32_t* out,
+                                    size_t count, size_t* size) {
+  return guarded([&] {
+    require(m, "mask");
+    const fa::BlockMask& b = m->mask;
+    const std::vector<int32_t>* t = nullptr;
+    switch (which) {
+      case FAJIT_KV_NUM_BLOCKS: t = &b.kv_num_blocks(); break;
+      case FAJIT_KV_INDICES: t = &b.kv_indices(); break;
+      case FAJIT_FULL_KV_NUM_BLOCKS: t = &b.full_kv_num_blocks(); break;
+      case FAJIT_FULL_KV_INDICES: t = &b.full_kv_indices(); break;
+      case FAJIT_Q_NUM_BLOCKS: t = &b.q_num_blocks(); break;
+      case FAJIT_Q_INDICES: t = &b.q_indices(); break;
+      case FAJIT_FULL_Q_NUM_BLOCKS: t = &b.full_q_num_blocks(); break;
+      case FAJIT_FULL_Q_INDICES: t = &b.full_q_indices(); break;
+      default: throw fa::Error(fmt::format("which: no block table {}", static_cast<int>(which)));
+    }
+    if (size) *size = t->size();
+    if (!out && count == 0) return;
+    require(out, "out");
+    if (count != t->size())
+      throw fa::Error(fmt::format("count: the table holds {} entries, got {}", t->size(), count));
+    std::memcpy(out, t->data(), t->size() * sizeof(int32_t));
+  });
+}
+
+const char* fajit_block_mask_to_string(fajit_block_mask* m, int b, int h) {
+  if (!m) return "";
+  try {
+    m->text = m->mask.to_string(b, h);
+  } catch (const std::exception& e) {
+    t_last_error = e.what();
+    m->text.clear();
+  }
+  return m->text.c_str();
+}
 
 fajit_status fajit_block_mask_density(const fajit_block_mask* m, double* fraction, int64_t* full,
                                       int64_t* partial, int64_t* empty) {

@@ -1,0 +1,179 @@
+"""ctypes bindings of the C API (compiler/include/fajit/fajit_c.h): the only way this package
+talks to libfajit.so.
+
+The library is found, in order, at $FAJIT_LIBRARY, next to this file (an installed wheel), or
+in the source tree's build directory ($FAJIT_BUILD_DIR, else build/) when running from a
+checkout with PYTHONPATH=python.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import glob
+import os
+import threading
+
+__all__ = ["lib", "FajitError", "check", "library_path", "Tensor", "Options", "Captures", "BufferCapture",
+           "ScalarCapture", "CaptureInfo", "BlockMaskInfo", "DTYPES"]
+
+# fajit_status
+OK, INVALID_ARGUMENT, COMPILE, CUDA, IO, INTERNAL = range(6)
+_STATUS = {INVALID_ARGUMENT: "invalid argument", COMPILE: "compile error", CUDA: "CUDA error", IO: "I/O error",
+           INTERNAL: "internal error"}
+
+# fajit_dtype
+F16, BF16, F32, I32 = 0, 1, 2, 3
+DTYPES = {"f16": F16, "bf16": BF16, "f32": F32, "i32": I32}
+
+# fajit_block_table
+TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+          "full_q_num_blocks", "full_q_indices")
+
+
+class FajitError(RuntimeError):
+    """An error reported by libfajit (the C API's status and message)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class Options(C.Structure):
+    _fields_ = [("dtype", C.c_int), ("head_dim_qk", C.c_int), ("head_dim_v", C.c_int), ("arch", C.c_char_p)]
+
+
+class Tensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("rank", C.c_int), ("shape", C.c_int64 * 4),
+                ("stride", C.c_int64 * 4)]
+
+
+class BufferCapture(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("tensor", Tensor)]
+
+
+class ScalarCapture(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("is_float", C.c_int), ("f", C.c_float), ("i", C.c_int32)]
+
+
+class Captures(C.Structure):
+    _fields_ = [("buffers", C.POINTER(BufferCapture)), ("num_buffers", C.c_int),
+                ("scalars", C.POINTER(ScalarCapture)), ("num_scalars", C.c_int)]
+
+
+class CaptureInfo(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("is_buffer", C.c_int), ("is_float", C.c_int), ("rank", C.c_int),
+                ("used_by_score", C.c_int), ("used_by_mask", C.c_int), ("has_gradient", C.c_int)]
+
+
+class BlockMaskInfo(C.Structure):
+    _fields_ = [("batch", C.c_int), ("heads", C.c_int), ("len_q", C.c_int64), ("len_kv", C.c_int64),
+                ("q_block", C.c_int), ("kv_block", C.c_int), ("num_q_blocks", C.c_int),
+                ("num_kv_blocks", C.c_int)]
+
+
+_P = C.c_void_p
+_PT = C.POINTER(Tensor)
+_PC = C.POINTER(Captures)
+_SIGNATURES = {
+    "fajit_last_error": (C.c_char_p, []),
+    "fajit_default_options": (Options, []),
+    "fajit_compile_mlir": (C.c_int, [C.c_char_p, C.POINTER(Options), C.POINTER(_P)]),
+    "fajit_compile_preset": (C.c_int, [C.c_char_p, C.c_char_p, C.POINTER(Options), C.POINTER(_P)]),
+    "fajit_program_parse": (C.c_int, [C.c_char_p, C.POINTER(_P)]),
+    "fajit_program_preset": (C.c_int, [C.c_char_p, C.c_char_p, C.POINTER(_P)]),
+    "fajit_program_destroy": (None, [_P]),
+    "fajit_program_mlir": (C.c_char_p, [_P]),
+    "fajit_program_score_grad_mlir": (C.c_int, [_P, C.POINTER(C.c_char_p)]),
+    "fajit_program_num_captures": (C.c_int, [_P]),
+    "fajit_program_capture": (C.c_int, [_P, C.c_int, C.POINTER(CaptureInfo)]),
+    "fajit_compile_program": (C.c_int, [_P, C.POINTER(Options), C.POINTER(_P)]),
+    "fajit_program_block_mask": (C.c_int, [_P, C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int, _PC,
+                                           C.POINTER(Options), _P, C.POINTER(_P)]),
+    "fajit_kernel_destroy": (None, [_P]),
+    "fajit_kernel_cuda_source": (C.c_char_p, [_P]),
+    "fajit_kernel_mlir": (C.c_char_p, [_P]),
+    "fajit_kernel_cache_key": (C.c_char_p, [_P]),
+    "fajit_kernel_origin": (C.c_char_p, [_P]),
+    "fajit_kernel_block_mask_sized": (C.c_int, [_P, C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int,
+                                                _PC, _P, C.POINTER(_P)]),
+    "fajit_block_mask_from_kv_blocks": (C.c_int, [C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int,
+                                                  _P, _P, _P, _P, C.POINTER(_P)]),
+    "fajit_block_mask_all_full": (C.c_int, [C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int,
+                                            C.POINTER(_P)]),
+    "fajit_block_mask_destroy": (None, [_P]),
+    "fajit_block_mask_get_info": (C.c_int, [_P, C.POINTER(BlockMaskInfo)]),
+    "fajit_block_mask_table": (C.c_int, [_P, C.c_int, _P, C.c_size_t, C.POINTER(C.c_size_t)]),
+    "fajit_block_mask_to_string": (C.c_char_p, [_P, C.c_int, C.c_int]),
+    "fajit_block_mask_density": (C.c_int, [_P, C.POINTER(C.c_double), C.POINTER(C.c_int64),
+                                           C.POINTER(C.c_int64), C.POINTER(C.c_int64)]),
+    "fajit_kernel_forward": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, C.c_float, _P, _PC, _P]),
+    "fajit_kernel_backward": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, C.c_float, _P,
+                                        _PC, _PC, C.c_int, _P]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def _candidates():
+    env = os.environ.get("FAJIT_LIBRARY")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sorted(glob.glob(os.path.join(here, "libfajit.so*")), key=len)
+    root = os.path.dirname(os.path.dirname(here))
+    build = os.environ.get("FAJIT_BUILD_DIR", "build")
+    build = build if os.path.isabs(build) else os.path.join(root, build)
+    out.append(os.path.join(build, "libfajit.so"))
+    return out
+
+
+def library_path():
+    """Where libfajit.so is (loading it if needed)."""
+    lib()
+    return _path
+
+
+def lib():
+    """The loaded library, with argument and result types set."""
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for p in _candidates():
+            if not os.path.exists(p):
+                tried.append(p + " (missing)")
+                continue
+            try:
+                handle = C.CDLL(p)
+            except OSError as e:
+                tried.append(f"{p} ({e})")
+                continue
+            for name, (res, args) in _SIGNATURES.items():
+                try:
+                    f = getattr(handle, name)
+                except AttributeError:
+                    raise FajitError(INTERNAL, f"{p} lacks {name}: it is older than this fajit package")
+                f.restype = res
+                f.argtypes = args
+            _lib, _path = handle, p
+            return _lib
+        raise FajitError(IO, "cannot find libfajit.so; set FAJIT_LIBRARY to its path (tried: "
+                         + "; ".join(tried) + ")")
+
+
+def last_error():
+    return (lib().fajit_last_error() or b"").decode("utf-8", "replace")
+
+
+def check(status, what=None):
+    if status != OK:
+        msg = last_error()
+        raise FajitError(status, f"{what}: {msg}" if what else msg)
+
+
+def text(p):
+    return (p or b"").decode("utf-8", "replace")

@@ -1,0 +1,1072 @@
+"""Tracing Python score_mod / mask_mod functions into fa-dialect MLIR text.
+
+The mod is called once with proxy values (`Value`) for score, b, h, q_idx and kv_idx; every
+operation on them records a node, and the nodes reachable from the result are printed as an
+`fa.score_mod` / `fa.mask_mod` op, the same IR the C++ frontend (fajit/frontend.h) records.
+
+What a mod may use:
+  * Python operators, comparisons, `&`, `|`, `^`, `~` on the arguments and on results;
+  * Python numbers (constants: a new value is a new kernel);
+  * `fajit.scalar("name", dtype)` or, with torch, a captured 0-d tensor: a runtime scalar
+    (`fa.scalar`), bound at call time, so a new value never recompiles;
+  * `fajit.buffer("name", rank, dtype)` or, with torch, a captured tensor indexed by traced
+    integers (`bias[h, q_idx - kv_idx]`): a captured buffer (`fa.load`), bound at call time;
+  * torch functions (`torch.where`, `torch.tanh`, ...; see `_torch_table`).
+Python control flow on a traced value (`if`, `and`, `or`, `not`, `bool()`, `int()`) cannot be
+traced and raises TraceError naming the construct and the source line.
+"""
+from __future__ import annotations
+
+import builtins
+import inspect
+import linecache
+import math
+import os
+import struct
+import sys
+import types
+
+__all__ = ["TraceError", "Value", "Buffer", "Scalar", "buffer", "scalar", "trace", "Trace"]
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_RESERVED = ("score", "b", "h", "q", "kv")
+
+F32, I32, I1 = "f32", "i32", "i1"
+_KIND_NAMES = {F32: "float", I32: "int", I1: "bool"}
+
+
+class TraceError(TypeError):
+    """A mod that cannot be traced: the message names the construct and the source line."""
+
+
+# ---- where in the user's code are we --------------------------------------------------------
+
+def _torch_dir():
+    t = sys.modules.get("torch")
+    f = getattr(t, "__file__", None) if t is not None else None
+    return os.path.dirname(os.path.abspath(f)) if f else None
+
+
+def _user_frame():
+    """The innermost frame outside fajit and torch: the line of the mod being traced."""
+    tdir = _torch_dir()
+    f = sys._getframe(1)
+    while f is not None:
+        fn = os.path.abspath(f.f_code.co_filename)
+        if not fn.startswith(_PKG_DIR + os.sep) and not (tdir and fn.startswith(tdir + os.sep)):
+            return f
+        f = f.f_back
+    return None
+
+
+def _where():
+    f = _user_frame()
+    if f is None:
+        return ""
+    line = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
+    loc = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+    return f" (at {loc}: {line})" if line else f" (at {loc})"
+
+
+def _fail(message):
+    t = _Trace.current
+    what = f"{t.what}: " if t is not None else ""
+    raise TraceError(f"cannot trace {what}{message}{_where()}")
+
+
+# ---- nodes ----------------------------------------------------------------------------------
+
+class Value:
+    """A traced value: an argument of the mod or the result of a recorded operation."""
+
+    __slots__ = ("trace", "kind", "op", "args", "attr", "index", "__weakref__")
+
+    def __init__(self, trace, kind, op, args=(), attr=None):
+        self.trace = trace
+        self.kind = kind
+        self.op = op
+        self.args = args
+        self.attr = attr
+        self.index = len(trace.nodes)
+        trace.nodes.append(self)
+
+    # Python control flow cannot be traced.
+    def __bool__(self):
+        _fail("Python control flow on a traced value (`if`, `while`, `and`, `or`, `not`, bool()) is "
+              "data-dependent; use torch.where(cond, a, b) and the operators &, |, ~ instead")
+
+    def __int__(self):
+        _fail("int() of a traced value needs its data; use .int() / .to(torch.int32) to convert it in the kernel")
+
+    def __float__(self):
+        _fail("float() of a traced value needs its data; use .float() / .to(torch.float32) to convert it "
+              "in the kernel")
+
+    def __index__(self):
+        _fail("a traced value cannot index a Python sequence (its value is known only in the kernel); "
+              "index a captured tensor or fajit.buffer instead")
+
+    def __iter__(self):
+        _fail("a traced value is a scalar and cannot be iterated")
+
+    def __len__(self):
+        _fail("a traced value is a scalar and has no len()")
+
+    def __getitem__(self, idx):
+        _fail("a traced value is a scalar and cannot be indexed")
+
+    def __hash__(self):
+        return id(self)
+
+    def __repr__(self):
+        return f"<fajit traced {_KIND_NAMES[self.kind]} %{self.index} ({self.op})>"
+
+    # arithmetic
+    def __add__(self, o): return _arith("add", self, o)
+    def __radd__(self, o): return _arith("add", o, self)
+    def __sub__(self, o): return _arith("sub", self, o)
+    def __rsub__(self, o): return _arith("sub", o, self)
+    def __mul__(self, o): return _arith("mul", self, o)
+    def __rmul__(self, o): return _arith("mul", o, self)
+    def __truediv__(self, o): return _truediv(self, o)
+    def __rtruediv__(self, o): return _truediv(o, self)
+    def __floordiv__(self, o): return _floordiv(self, o)
+    def __rfloordiv__(self, o): return _floordiv(o, self)
+    def __mod__(self, o): return _mod(self, o)
+    def __rmod__(self, o): return _mod(o, self)
+    def __pow__(self, o): return _pow(self, o)
+    def __rpow__(self, o): return _pow(o, self)
+    def __neg__(self): return _neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return _abs(self)
+    def __lshift__(self, o): return _shift("shli", self, o)
+    def __rshift__(self, o): return _shift("shrsi", self, o)
+
+    # comparisons
+    def __lt__(self, o): return _compare("lt", self, o)
+    def __le__(self, o): return _compare("le", self, o)
+    def __gt__(self, o): return _compare("gt", self, o)
+    def __ge__(self, o): return _compare("ge", self, o)
+    def __eq__(self, o): return _compare("eq", self, o)
+    def __ne__(self, o): return _compare("ne", self, o)
+
+    # logic / bitwise
+    def __and__(self, o): return _bitwise("and", self, o)
+    def __rand__(self, o): return _bitwise("and", o, self)
+    def __or__(self, o): return _bitwise("or", self, o)
+    def __ror__(self, o): return _bitwise("or", o, self)
+    def __xor__(self, o): return _bitwise("xor", self, o)
+    def __rxor__(self, o): return _bitwise("xor", o, self)
+    def __invert__(self): return _invert(self)
+
+    # tensor-like methods flex users call
+    def float(self): return _convert(self, F32)
+    def int(self): return _convert(self, I32)
+    def long(self): return _convert(self, I32)
+    def bool(self): return _convert(self, I1)
+    def half(self): return _convert(self, F32)
+    def bfloat16(self): return _convert(self, F32)
+    def double(self): return _convert(self, F32)
+    def to(self, *args, **kwargs): return _to(self, *args, **kwargs)
+    def type_as(self, other): return _convert(self, _coerce(other).kind)
+    def abs(self): return _abs(self)
+    def exp(self): return _unary("exp", self)
+    def exp2(self): return _unary("exp2", self)
+    def log(self): return _unary("log", self)
+    def log2(self): return _unary("log2", self)
+    def tanh(self): return _unary("tanh", self)
+    def sqrt(self): return _unary("sqrt", self)
+    def rsqrt(self): return _unary("rsqrt", self)
+    def sigmoid(self): return _sigmoid(self)
+    def sin(self): return _unary("sin", self)
+    def cos(self): return _unary("cos", self)
+    def floor(self): return _floor(self)
+    def ceil(self): return _ceil(self)
+    def erf(self): return _unary("erf", self)
+    def clamp(self, min=None, max=None): return _clamp(self, min, max)
+    clip = clamp
+    def minimum(self, o): return _minmax("min", self, o)
+    def maximum(self, o): return _minmax("max", self, o)
+    def where(self, cond, other): return _where_(cond, self, other)
+    # torch's and_masks/or_masks start from b.new_ones((), dtype=torch.bool) / new_zeros
+    def new_ones(self, size=(), dtype=None, **kw): return _filled(self, size, dtype, 1)
+    def new_zeros(self, size=(), dtype=None, **kw): return _filled(self, size, dtype, 0)
+    def logical_not(self): return _invert(_convert(self, I1))
+    def logical_and(self, o): return _bitwise("and", _convert(self, I1), _convert(_coerce(o), I1))
+    def logical_or(self, o): return _bitwise("or", _convert(self, I1), _convert(_coerce(o), I1))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _torch_call(func, args, kwargs or {})
+
+
+class Scalar:
+    """A named runtime scalar declared without torch: `fajit.scalar("window", "int")`."""
+
+    def __init__(self, name, dtype="int"):
+        self.name = _check_name(name, "scalar")
+        self.kind = _kind_of_dtype(dtype, "scalar " + repr(name))
+
+    def __repr__(self):
+        return f"fajit.scalar({self.name!r}, {_KIND_NAMES[self.kind]!r})"
+
+
+class Buffer:
+    """A named captured buffer declared without torch: `fajit.buffer("bias", 2, "float")`;
+    index it with traced integers inside a mod (`bias[h, q_idx - kv_idx]`)."""
+
+    def __init__(self, name, rank, dtype="float"):
+        self.name = _check_name(name, "buffer")
+        if not isinstance(rank, builtins.int) or not 1 <= rank <= 4:
+            raise ValueError(f"buffer {name!r}: rank must be 1 to 4, got {rank!r}")
+        self.rank = rank
+        self.kind = _kind_of_dtype(dtype, "buffer " + repr(name))
+        if self.kind == I1:
+            raise ValueError(f"buffer {name!r}: dtype must be float or int, got bool")
+
+    def __getitem__(self, idx):
+        return _load(self, self.name, self.rank, self.kind, idx)
+
+    def __repr__(self):
+        return f"fajit.buffer({self.name!r}, {self.rank}, {_KIND_NAMES[self.kind]!r})"
+
+
+def scalar(name, dtype="int"):
+    return Scalar(name, dtype)
+
+
+def buffer(name, rank, dtype="float"):
+    return Buffer(name, rank, dtype)
+
+
+def _check_name(name, what):
+    if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+        raise ValueError(f"{what} name must be an identifier, got {name!r}")
+    if name in _RESERVED:
+        raise ValueError(f"{what} name {name!r} is reserved (score, b, h, q and kv name the mod's arguments)")
+    return name
+
+
+def _kind_of_dtype(dtype, what):
+    if dtype in (float, "float", "f32", "float32"):
+        return F32
+    if dtype in (builtins.int, "int", "i32", "int32"):
+        return I32
+    if dtype in (bool, "bool", "i1"):
+        return I1
+    t = sys.modules.get("torch")
+    if t is not None and isinstance(dtype, t.dtype):
+        if dtype == t.bool:
+            return I1
+        return F32 if dtype.is_floating_point else I32
+    raise ValueError(f"{what}: dtype must be 'float', 'int' or 'bool' (or a torch dtype), got {dtype!r}")
+
+
+# ---- the trace ------------------------------------------------------------------------------
+
+class _Names:
+    """Names of captured objects, shared by the score_mod and mask_mod of one trace (a capture
+    used by both is one capture)."""
+
+    def __init__(self, hints):
+        self.hints = hints  # id(obj) -> variable name, from the mods' closures and globals
+        self.by_id = {}  # id(obj) -> name
+        self.objects = {}  # name -> obj
+        self.kinds = {}  # name -> ("buffer", kind, rank) | ("scalar", kind)
+
+    def name_of(self, obj, fallback):
+        key = id(obj)
+        if key in self.by_id:
+            return self.by_id[key]
+        declared = getattr(obj, "name", None) if isinstance(obj, (Buffer, Scalar)) else None
+        base = declared or self.hints.get(key) or fallback
+        if not base.isidentifier() or not base.isascii():
+            base = fallback
+        if base in _RESERVED:
+            base = base + "_"
+        name, n = base, 1
+        while name in self.objects and self.objects[name] is not obj:
+            if declared is not None and isinstance(self.objects[name], (Buffer, Scalar)):
+                break  # two declarations with one name are one capture (like the C++ frontend)
+            name = f"{base}_{n}"
+            n += 1
+        self.by_id[key] = name
+        self.objects.setdefault(name, obj)
+        return name
+
+
+class _Trace:
+    current = None
+
+    def __init__(self, what, names):
+        self.what = what
+        self.names = names
+        self.nodes = []
+        self.buffers = []  # capture order: names
+        self.buffer_info = {}  # name -> (kind, rank)
+
+
+def _coerce(x, what="operand"):
+    t = _Trace.current
+    if isinstance(x, Value):
+        if x.trace is not t:
+            _fail("a traced value from another trace was used (traced values must not be kept between calls)")
+        return x
+    if isinstance(x, bool):
+        return Value(t, I1, "const", attr=x)
+    if isinstance(x, builtins.int):
+        if not -2**31 <= x < 2**31:
+            _fail(f"the integer constant {x} does not fit in int32")
+        return Value(t, I32, "const", attr=x)
+    if isinstance(x, float):
+        return Value(t, F32, "const", attr=x)
+    if isinstance(x, Scalar):
+        name = t.names.name_of(x, "scalar")
+        return _scalar_node(t, name, x.kind)
+    if isinstance(x, Buffer):
+        _fail(f"buffer {x.name!r} used without indexing; index it with the mod's arguments ({x.name}[...])")
+    if isinstance(x, _PartialIndex):
+        _fail(f"buffer {x.name!r} has {x.rank} dimensions but is indexed with {len(x.idx)} "
+              f"ind{'ices' if len(x.idx) != 1 else 'ex'} (every dimension needs one traced integer)")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.dim() == 0:
+            kind = I1 if x.dtype == torch.bool else (F32 if x.dtype.is_floating_point else I32)
+            if kind == I1:
+                kind = I32
+            name = t.names.name_of(x, f"scalar{len(t.names.objects)}")
+            return _scalar_node(t, name, kind, obj=x)
+        _fail(f"a captured tensor of shape {list(x.shape)} is used without indexing; index it with the "
+              "mod's arguments (bias[h, q_idx - kv_idx])")
+    _fail(f"{type(x).__name__} {x!r} cannot be used as a traced {what} (expected a traced value, a Python "
+          "number, fajit.scalar/fajit.buffer or a captured tensor)")
+
+
+def _scalar_node(t, name, kind, obj=None):
+    prev = t.names.kinds.get(name)
+    if prev is not None and prev != ("scalar", kind):
+        _fail(f"capture {name!r} is used as {_describe(prev)} and as a {_KIND_NAMES[kind]} scalar")
+    t.names.kinds[name] = ("scalar", kind)
+    return Value(t, kind, "scalar", attr=name)
+
+
+def _describe(k):
+    if k[0] == "scalar":
+        return f"a {_KIND_NAMES[k[1]]} scalar"
+    return f"a rank-{k[2]} {_KIND_NAMES[k[1]]} buffer"
+
+
+def _load(obj, name_hint, rank, kind, idx):
+    t = _Trace.current
+    if t is None:
+        raise TraceError(f"buffer {name_hint!r} can be indexed only inside a traced score_mod/mask_mod")
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    name = t.names.name_of(obj, name_hint)
+    if len(idx) < rank and not any(i is None or i is Ellipsis or isinstance(i, slice) for i in idx):
+        return _PartialIndex(obj, name, rank, kind, idx)  # bias[h][q_idx]: indexed again next
+    if len(idx) != rank:
+        _fail(f"buffer {name!r} has {rank} dimension{'s' if rank != 1 else ''} but is indexed with "
+              f"{len(idx)} ind{'ices' if len(idx) != 1 else 'ex'} (every dimension needs one traced integer)")
+    ids = []
+    for i in idx:
+        if i is None or i is Ellipsis or isinstance(i, slice):
+            _fail(f"buffer {name!r} is indexed with {i!r}; only integers (traced or constant) can index a "
+                  "captured buffer")
+        v = _coerce(i, "index")
+        if v.kind == F32:
+            _fail(f"buffer {name!r} is indexed with a float; convert it with .int() first")
+        ids.append(_convert(v, I32))
+    prev = t.names.kinds.get(name)
+    if prev is not None and prev != ("buffer", kind, rank):
+        _fail(f"capture {name!r} is used as {_describe(prev)} and as {_describe(('buffer', kind, rank))}")
+    t.names.kinds[name] = ("buffer", kind, rank)
+    if name not in t.buffer_info:
+        t.buffers.append(name)
+        t.buffer_info[name] = (kind, rank)
+    return Value(t, kind, "load", tuple(ids), attr=name)
+
+
+class _PartialIndex:
+    """A captured buffer indexed in some of its leading dimensions (`bias[h]` of `bias[h][q]`)."""
+
+    def __init__(self, obj, name, rank, kind, idx):
+        self.obj, self.name, self.rank, self.kind, self.idx = obj, name, rank, kind, idx
+
+    def __getitem__(self, more):
+        more = more if isinstance(more, tuple) else (more,)
+        return _load(self.obj, self.name, self.rank, self.kind, self.idx + more)
+
+    def __bool__(self):
+        _fail(f"buffer {self.name!r} is indexed in {len(self.idx)} of its {self.rank} dimensions")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _fail(f"{_torch_name(func)} of a partly indexed buffer: index every dimension first")
+
+
+def _filled(like, size, dtype, value):
+    if tuple(size) not in ((), (1,)):
+        _fail(f"a traced mod computes scalars; cannot make a tensor of size {tuple(size)}")
+    kind = _coerce(like).kind if dtype is None else _kind_of_dtype(dtype, "dtype")
+    return _coerce(bool(value) if kind == I1 else float(value) if kind == F32 else int(value))
+
+
+def _const_value(v):
+    return v.attr if v.op == "const" else None
+
+
+def _convert(v, to):
+    v = _coerce(v)
+    if v.kind == to:
+        return v
+    c = _const_value(v)
+    if c is not None:  # fold constants so `score * 2` stays one mulf by a constant
+        if to == F32:
+            return _coerce(float(c))
+        if to == I32:
+            return _coerce(builtins.int(c) if v.kind != F32 else builtins.int(math.trunc(c)))
+        return _coerce(bool(c))
+    if to == I1:
+        zero = _coerce(0.0 if v.kind == F32 else 0)
+        return _compare("ne", v, zero)
+    if v.kind == I32 and to == F32:
+        return Value(v.trace, F32, "sitofp", (v,))
+    if v.kind == F32 and to == I32:
+        return Value(v.trace, I32, "fptosi", (v,))
+    if v.kind == I1 and to == I32:
+        return Value(v.trace, I32, "extui", (v,))
+    return Value(v.trace, F32, "uitofp", (v,))  # i1 -> f32
+
+
+def _promote(a, b, floor=I32):
+    """Both operands converted to one kind: f32 if either is float, else i32 (bools widen)."""
+    a, b = _coerce(a), _coerce(b)
+    kinds = (a.kind, b.kind)
+    if F32 in kinds:
+        k = F32
+    elif I32 in kinds or floor == I32:
+        k = I32
+    else:
+        k = I1
+    return _convert(a, k), _convert(b, k), k
+
+
+_IOPS = {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli"}
+_FOPS = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf"}
+
+
+def _arith(op, a, b):
+    a, b, k = _promote(a, b)
+    return Value(a.trace, k, (_FOPS if k == F32 else _IOPS)[op], (a, b))
+
+
+def _truediv(a, b):
+    a, b, _ = _promote(a, b)
+    a, b = _convert(a, F32), _convert(b, F32)
+    return Value(a.trace, F32, "arith.divf", (a, b))
+
+
+def _floordiv(a, b):
+    a, b, k = _promote(a, b)
+    if k == F32:
+        return _floor(Value(a.trace, F32, "arith.divf", (a, b)))
+    return Value(a.trace, I32, "arith.floordivsi", (a, b))
+
+
+def _mod(a, b):
+    """Python's (and torch.remainder's) %: the result has the divisor's sign."""
+    a, b, k = _promote(a, b)
+    if k == F32:
+        q = _floor(Value(a.trace, F32, "arith.divf", (a, b)))
+        return _arith("sub", a, _arith("mul", q, b))
+    # Recorded as one node: `x % d == 0` / `!= 0` compares the remainder alone (the sign fix-up
+    # cannot change whether it is zero), the C++ frontend's `(q - kv) % d == 0`.
+    return Value(a.trace, I32, "floormod", (a, b))
+
+
+def _fmod(a, b):
+    """torch.fmod: the result has the dividend's sign (C's %)."""
+    a, b, k = _promote(a, b)
+    return Value(a.trace, k, "arith.remf" if k == F32 else "arith.remsi", (a, b))
+
+
+def _pow(a, b):
+    a, b, _ = _promote(a, b)
+    a, b = _convert(a, F32), _convert(b, F32)
+    cb = _const_value(b)
+    if cb == 2.0:
+        return _arith("mul", a, a)
+    return Value(a.trace, F32, "math.powf", (a, b))
+
+
+def _neg(a):
+    a = _coerce(a)
+    if a.kind == F32:
+        return Value(a.trace, F32, "arith.negf", (a,))
+    if a.kind == I1:
+        a = _convert(a, I32)
+    return _arith("sub", 0, a)
+
+
+def _abs(a):
+    a = _coerce(a)
+    if a.kind == I1:
+        return a
+    return Value(a.trace, a.kind, "math.absf" if a.kind == F32 else "math.absi", (a,))
+
+
+def _shift(op, a, b):
+    a, b, k = _promote(a, b)
+    if k != I32:
+        _fail("shifts need integers")
+    return Value(a.trace, I32, "arith." + op, (a, b))
+
+
+_PRED_I = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
+_PRED_F = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
+
+
+def _compare(op, a, b):
+    a, b = _coerce(a), _coerce(b)
+    if op in ("eq", "ne"):
+        # x % d == 0: the remainder is zero exactly when C's remainder is.
+        for x, y in ((a, b), (b, a)):
+            if x.op == "floormod" and _const_value(y) == 0 and y.kind != F32:
+                x = Value(x.trace, I32, "arith.remsi", x.args)
+                a, b = x, y
+                break
+    if a.kind == I1 and b.kind == I1 and op in ("eq", "ne"):
+        return Value(a.trace, I1, "cmpi", (a, b), attr=op)
+    a, b, k = _promote(a, b)
+    if k == F32:
+        return Value(a.trace, I1, "cmpf", (a, b), attr=_PRED_F[op])
+    return Value(a.trace, I1, "cmpi", (a, b), attr=_PRED_I[op])
+
+
+def _bitwise(op, a, b):
+    a, b, k = _promote(a, b, floor=I1)
+    if k == F32:
+        _fail(f"bitwise `{ {'and': '&', 'or': '|', 'xor': '^'}[op] }` needs booleans or integers, got a float")
+    if op == "xor" and k == I1:
+        return Value(a.trace, I1, "cmpi", (a, b), attr="ne")
+    return Value(a.trace, k, f"arith.{op}i", (a, b))
+
+
+def _invert(a):
+    a = _coerce(a)
+    if a.kind == F32:
+        _fail("`~` needs a boolean or an integer, got a float")
+    return Value(a.trace, a.kind, "arith.xori", (a, _coerce(True if a.kind == I1 else -1)))
+
+
+_UNARY = {"exp": "math.exp", "exp2": "math.exp2", "log": "math.log", "log2": "math.log2", "tanh": "math.tanh",
+          "sqrt": "math.sqrt", "rsqrt": "math.rsqrt", "sin": "math.sin", "cos": "math.cos", "erf": "math.erf",
+          "floor": "math.floor", "ceil": "math.ceil"}
+
+
+def _unary(op, a):
+    a = _convert(_coerce(a), F32)
+    return Value(a.trace, F32, _UNARY[op], (a,))
+
+
+def _floor(a):
+    a = _coerce(a)
+    return a if a.kind != F32 else _unary("floor", a)
+
+
+def _ceil(a):
+    a = _coerce(a)
+    return a if a.kind != F32 else _unary("ceil", a)
+
+
+def _sigmoid(a):
+    # 1 / (1 + exp(-x)), as the C++ frontend's fa::sigmoid
+    a = _convert(_coerce(a), F32)
+    return _truediv(1.0, _arith("add", 1.0, _unary("exp", _neg(a))))
+
+
+def _minmax(op, a, b):
+    a, b, k = _promote(a, b)
+    name = {("min", F32): "arith.minimumf", ("max", F32): "arith.maximumf",
+            ("min", I32): "arith.minsi", ("max", I32): "arith.maxsi"}[(op, k)]
+    return Value(a.trace, k, name, (a, b))
+
+
+def _clamp(a, lo=None, hi=None):
+    a = _coerce(a)
+    if lo is None and hi is None:
+        _fail("clamp needs min or max")
+    if lo is not None:
+        a = _minmax("max", a, lo)
+    if hi is not None:
+        a = _minmax("min", a, hi)
+    return a
+
+
+def _where_(cond, a, b):
+    c = _convert(_coerce(cond, "condition"), I1)
+    a, b, k = _promote(a, b, floor=I1)
+    return Value(c.trace, k, "arith.select", (c, a, b))
+
+
+def _to(v, *args, **kwargs):
+    dtype = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, str) or type(a).__name__ == "device":
+            continue  # .to("cuda") / .to(device): the trace has no device
+        dtype = a
+    if dtype is None:
+        return v
+    return _convert(v, _kind_of_dtype(dtype, ".to()"))
+
+
+# ---- torch functions ------------------------------------------------------------------------
+
+_TABLE = None
+
+
+def _torch_table():
+    global _TABLE
+    if _TABLE is not None:
+        return _TABLE
+    import torch
+
+    T = torch.Tensor
+    un = lambda op: (lambda x, *a, **k: _unary(op, x))  # noqa: E731
+    tab = {}
+
+    def add(fns, handler):
+        for f in fns:
+            if f is not None:
+                tab[f] = handler
+
+    g = lambda obj, name: getattr(obj, name, None)  # noqa: E731
+    for op in _UNARY:
+        if op in ("floor", "ceil"):
+            continue
+        add([g(torch, op), g(T, op), g(torch.special, op) if op in ("exp2", "erf") else None], un(op))
+    add([torch.floor, T.floor], lambda x: _floor(x))
+    add([torch.ceil, T.ceil], lambda x: _ceil(x))
+    add([torch.sigmoid, T.sigmoid, g(torch.special, "expit"), g(torch.nn.functional, "sigmoid")],
+        lambda x: _sigmoid(x))
+    add([torch.abs, T.abs, T.__abs__, g(torch, "absolute")], lambda x: _abs(x))
+    add([torch.neg, T.neg, T.__neg__, g(torch, "negative")], lambda x: _neg(x))
+    add([torch.square, T.square], lambda x: _arith("mul", x, x))
+    add([torch.where, T.where], lambda c, a=None, b=None: _where_(c, a, b))
+    add([torch.minimum, T.minimum, torch.fmin], lambda a, b: _minmax("min", a, b))
+    add([torch.maximum, T.maximum, torch.fmax], lambda a, b: _minmax("max", a, b))
+
+    def minmax2(op):
+        def f(a, b=None, *rest, **kw):
+            if b is None or rest or kw:
+                _fail(f"torch.{op} of one traced value (a reduction) is not supported; use torch.{op}imum(a, b)")
+            return _minmax(op, a, b)
+        return f
+
+    add([torch.min, T.min], minmax2("min"))
+    add([torch.max, T.max], minmax2("max"))
+    add([torch.clamp, T.clamp, torch.clip, T.clip], lambda x, min=None, max=None: _clamp(x, min, max))
+    add([torch.pow, T.pow, T.__pow__], lambda a, b: _pow(a, b))
+    add([T.__rpow__], lambda a, b: _pow(b, a))
+    add([torch.add, T.add, T.__add__], lambda a, b, alpha=1: _arith("add", a, b if alpha == 1 else _arith("mul", b, alpha)))
+    add([T.__radd__], lambda a, b: _arith("add", b, a))
+    add([torch.sub, T.sub, T.__sub__], lambda a, b, alpha=1: _arith("sub", a, b if alpha == 1 else _arith("mul", b, alpha)))
+    add([T.__rsub__, g(torch, "rsub")], lambda a, b, alpha=1: _arith("sub", b, a))
+    add([torch.mul, T.mul, T.__mul__], lambda a, b: _arith("mul", a, b))
+    add([T.__rmul__], lambda a, b: _arith("mul", b, a))
+
+    def div(a, b, rounding_mode=None):
+        if rounding_mode is None:
+            return _truediv(a, b)
+        if rounding_mode == "floor":
+            return _floordiv(a, b)
+        a2, b2, k = _promote(a, b)
+        if k == F32:  # trunc
+            q = _truediv(a2, b2)
+            return _where_(_compare("lt", q, 0.0), _ceil(q), _floor(q))
+        return Value(a2.trace, I32, "arith.divsi", (a2, b2))
+
+    add([torch.div, T.div, torch.true_divide, T.__truediv__, g(T, "__div__")], div)
+    add([T.__rtruediv__, g(T, "__rdiv__")], lambda a, b: _truediv(b, a))
+    add([torch.floor_divide, T.floor_divide, T.__floordiv__], lambda a, b: _floordiv(a, b))
+    add([T.__rfloordiv__], lambda a, b: _floordiv(b, a))
+    add([torch.remainder, T.remainder, T.__mod__], lambda a, b: _mod(a, b))
+    add([g(T, "__rmod__")], lambda a, b: _mod(b, a))
+    add([torch.fmod, T.fmod], lambda a, b: _fmod(a, b))
+    for name, op in (("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"),
+                     ("less", "lt"), ("less_equal", "le"), ("greater", "gt"), ("greater_equal", "ge"),
+                     ("not_equal", "ne")):
+        add([g(torch, name), g(T, name), g(T, f"__{name}__")], (lambda op: lambda a, b: _compare(op, a, b))(op))
+    for name, op in (("and", "and"), ("or", "or"), ("xor", "xor")):
+        add([g(torch, f"bitwise_{name}"), g(T, f"bitwise_{name}"), g(T, f"__{name}__")],
+            (lambda op: lambda a, b: _bitwise(op, a, b))(op))
+        add([g(T, f"__r{name}__")], (lambda op: lambda a, b: _bitwise(op, b, a))(op))
+        add([g(torch, f"logical_{name}"), g(T, f"logical_{name}")],
+            (lambda op: lambda a, b: _bitwise(op, _convert(_coerce(a), I1), _convert(_coerce(b), I1)))(op))
+    add([torch.bitwise_not, T.bitwise_not, T.__invert__], lambda a: _invert(a))
+    add([torch.logical_not, T.logical_not], lambda a: _invert(_convert(_coerce(a), I1)))
+    add([T.__lshift__, g(torch, "bitwise_left_shift")], lambda a, b: _shift("shli", a, b))
+    add([T.__rshift__, g(torch, "bitwise_right_shift")], lambda a, b: _shift("shrsi", a, b))
+    add([T.to], lambda x, *a, **k: _to(x, *a, **k))
+    add([T.float, T.double, T.half, T.bfloat16], lambda x, *a, **k: _convert(x, F32))
+    add([T.int, T.long, T.short], lambda x, *a, **k: _convert(x, I32))
+    add([T.bool], lambda x, *a, **k: _convert(x, I1))
+    add([T.type_as], lambda x, o: _convert(x, _coerce(o).kind if isinstance(o, Value) else
+                                           _kind_of_dtype(o.dtype, ".type_as()")))
+    add([T.__getitem__], _torch_getitem)
+    add([T.new_ones], lambda x, size=(), dtype=None, **k: _filled(x, size, dtype, 1))
+    add([T.new_zeros], lambda x, size=(), dtype=None, **k: _filled(x, size, dtype, 0))
+    add([torch.ones_like], lambda x, dtype=None, **k: _filled(x, (), dtype, 1))
+    add([torch.zeros_like], lambda x, dtype=None, **k: _filled(x, (), dtype, 0))
+    _TABLE = tab
+    return tab
+
+
+def _torch_getitem(tensor, idx):
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        _fail(f"cannot index {type(tensor).__name__}")
+    if tensor.dim() == 0:
+        _fail("a 0-d captured tensor cannot be indexed")
+    if tensor.dim() > 4:
+        _fail(f"captured tensors of rank 1 to 4 can be indexed, got rank {tensor.dim()}")
+    if tensor.dtype == torch.bool or not (tensor.dtype.is_floating_point or tensor.dtype in (
+            torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)):
+        _fail(f"captured tensors of float or integer dtype can be indexed, got {tensor.dtype}")
+    kind = F32 if tensor.dtype.is_floating_point else I32
+    t = _Trace.current
+    return _load(tensor, t.names.hints.get(id(tensor), f"buf{len(t.names.objects)}"), tensor.dim(), kind, idx)
+
+
+def _has_value(x):
+    """Whether a torch call must be traced: it has a traced value, or a captured 0-d tensor (a
+    runtime scalar: `cap * 2` must read the value at run time, not compute it now)."""
+    if isinstance(x, (Value, _PartialIndex)):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_has_value(i) for i in x)
+    t = _Trace.current
+    if t is not None and id(x) in t.names.hints and getattr(x, "dim", None) is not None:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(x, torch.Tensor) and x.dim() == 0
+    return False
+
+
+def _torch_name(func):
+    mod = getattr(func, "__module__", None) or ""
+    q = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    if q.startswith("TensorBase.") or q.startswith("Tensor."):
+        return "Tensor." + q.split(".", 1)[1]
+    return f"{'torch' if mod.startswith('torch') else mod}.{q}" if mod else q
+
+
+def _torch_call(func, args, kwargs):
+    handler = _torch_table().get(func)
+    if handler is None:
+        _fail(f"{_torch_name(func)} is not supported on traced values (supported: arithmetic, comparisons, "
+              "&, |, ~, torch.where, exp, exp2, log, sqrt, tanh, sigmoid, abs, minimum, maximum, clamp, "
+              "floor/ceil, .to(dtype), .float(), .int(), //, %)")
+    return handler(*args, **kwargs)
+
+
+def _make_mode():
+    import torch
+
+    class _TraceMode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if _has_value(args) or _has_value(list(kwargs.values())):
+                return _torch_call(func, args, kwargs)
+            return func(*args, **kwargs)
+
+    return _TraceMode()
+
+
+# ---- captured names -------------------------------------------------------------------------
+
+def _name_hints(fns):
+    """id(obj) -> variable name for what the mods reach through closures and globals (also
+    through functions they call, a few levels deep): names for captured tensors."""
+    hints = {}
+    seen = set()
+
+    def visit(fn, depth):
+        if isinstance(fn, types.MethodType):
+            # a method of an nn.Module (say): its tensors, parameters and buffers by attribute
+            owner = getattr(fn.__self__, "__dict__", {})
+            for d in (owner, owner.get("_parameters") or {}, owner.get("_buffers") or {}):
+                if isinstance(d, dict):
+                    for name, obj in d.items():
+                        if isinstance(name, str) and type(obj).__name__ in ("Tensor", "Parameter"):
+                            hints.setdefault(id(obj), name)
+            fn = fn.__func__
+        if not isinstance(fn, types.FunctionType) or id(fn) in seen or depth > 4:
+            if hasattr(fn, "func") and hasattr(fn, "args") and depth <= 4:  # functools.partial
+                for a in list(fn.args) + list((fn.keywords or {}).values()):
+                    note("arg", a, depth)
+                visit(fn.func, depth + 1)
+            return
+        seen.add(id(fn))
+        code = fn.__code__
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                note(name, cell.cell_contents, depth)
+            except ValueError:  # empty cell
+                pass
+        g = fn.__globals__
+        for name in _code_names(code):
+            if name in g:
+                note(name, g[name], depth)
+
+    def note(name, obj, depth):
+        if callable(obj) and not isinstance(obj, type):
+            visit(obj, depth + 1)
+        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+            for o in obj:
+                if callable(o):
+                    visit(o, depth + 1)
+        elif type(obj).__name__ in ("Tensor", "Parameter") or isinstance(obj, (Buffer, Scalar)):
+            hints.setdefault(id(obj), name)
+
+    for f in fns:
+        if f is not None:
+            visit(f, 0)
+    return hints
+
+
+def _code_names(code):
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+# ---- printing -------------------------------------------------------------------------------
+
+def _f32_literal(x):
+    try:
+        packed = struct.pack("<f", x)
+    except OverflowError:  # beyond float32: rounds to infinity
+        packed = struct.pack("<f", math.copysign(math.inf, x))
+    bits = struct.unpack("<I", packed)[0]
+    return f"0x{bits:08X}"
+
+
+def _emit(trace, result, kind_name, sym, fixed):
+    """The fa op text for one traced mod whose value is `result`."""
+    # Reachable nodes, in creation order (which is a topological order).
+    live = set()
+    stack = [result]
+    while stack:
+        n = stack.pop()
+        if n.index in live:
+            continue
+        live.add(n.index)
+        stack.extend(n.args)
+    names = {a.index: "%" + a.attr for a in fixed}
+    lines = []
+    counter = [0]
+
+    def fresh():
+        counter[0] += 1
+        return f"%{counter[0] - 1}"
+
+    used_buffers = []
+    for n in trace.nodes:
+        if n.index not in live or n.op == "arg":
+            continue
+        ops = [names[a.index] for a in n.args]
+        ty = n.kind
+        if n.op == "const":
+            if n.kind == I1:
+                body = f"arith.constant {'true' if n.attr else 'false'}"
+            elif n.kind == I32:
+                body = f"arith.constant {n.attr} : i32"
+            else:
+                body = f"arith.constant {_f32_literal(n.attr)} : f32"
+        elif n.op == "scalar":
+            body = f'fa.scalar "{n.attr}" : {ty}'
+        elif n.op == "load":
+            kind, rank = trace.buffer_info[n.attr]
+            if n.attr not in used_buffers:
+                used_buffers.append(n.attr)
+            body = f"fa.load %{n.attr}[{', '.join(ops)}] : !fa.buffer<{kind}, {rank}>"
+        elif n.op == "cmpi":
+            body = f"arith.cmpi {n.attr}, {ops[0]}, {ops[1]} : {n.args[0].kind}"
+        elif n.op == "cmpf":
+            body = f"arith.cmpf {n.attr}, {ops[0]}, {ops[1]} : f32"
+        elif n.op == "arith.select":
+            body = f"arith.select {ops[0]}, {ops[1]}, {ops[2]} : {ty}"
+        elif n.op in ("sitofp", "fptosi", "extui", "uitofp"):
+            body = f"arith.{n.op} {ops[0]} : {n.args[0].kind} to {ty}"
+        elif n.op == "floormod":
+            # Python's a % b: r = a rem b, plus b where r != 0 and r, b differ in sign.
+            a, b = ops
+            r, z, nz, x, neg, fix, s = (fresh() for _ in range(7))
+            lines += [
+                f"    {r} = arith.remsi {a}, {b} : i32",
+                f"    {z} = arith.constant 0 : i32",
+                f"    {nz} = arith.cmpi ne, {r}, {z} : i32",
+                f"    {x} = arith.xori {r}, {b} : i32",
+                f"    {neg} = arith.cmpi slt, {x}, {z} : i32",
+                f"    {fix} = arith.andi {nz}, {neg} : i1",
+                f"    {s} = arith.addi {r}, {b} : i32",
+            ]
+            body = f"arith.select {fix}, {s}, {r} : i32"
+        else:
+            body = f"{n.op} {', '.join(ops)} : {ty}"
+        name = fresh()
+        names[n.index] = name
+        lines.append(f"    {name} = {body}")
+    caps = ""
+    if used_buffers:
+        order = [b for b in trace.buffers if b in used_buffers]
+        caps = " captures(" + ", ".join(
+            f"%{b}: !fa.buffer<{trace.buffer_info[b][0]}, {trace.buffer_info[b][1]}>" for b in order) + ")"
+    args = ", ".join(f"%{a.attr}: {a.kind}" for a in fixed)
+    res = "f32" if kind_name == "score_mod" else "i1"
+    head = f"  fa.{kind_name} @{sym}({args}){caps} -> {res} {{"
+    return "\n".join([head] + lines + [f"    fa.yield {names[result.index]} : {res}", "  }"]), \
+        [b for b in trace.buffers if b in used_buffers]
+
+
+# ---- entry point ----------------------------------------------------------------------------
+
+def _arity(fn):
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    n = 0
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL,):
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty:
+            n += 1
+    return n
+
+
+def _symbol(fn, default, taken):
+    name = getattr(fn, "__name__", "") or ""
+    if not name.isidentifier() or not name.isascii() or name == "<lambda>":
+        name = default
+    if name == taken:
+        name = name + "_" + default
+    return name
+
+
+def check_mod(fn, kind, argname):
+    """Raises TypeError/ValueError naming `argname` unless fn is a callable of the mod's arity."""
+    want = 5 if kind == "score_mod" else 4
+    if not callable(fn):
+        raise TypeError(f"{argname} must be a function of {want} arguments, got {type(fn).__name__}")
+    n = _arity(fn)
+    if n is not None and n != want:
+        params = "(score, b, h, q_idx, kv_idx)" if want == 5 else "(b, h, q_idx, kv_idx)"
+        raise TypeError(f"{argname} must take {want} arguments {params}; "
+                        f"{getattr(fn, '__name__', 'it')!s} takes {n}")
+
+
+class Trace:
+    """The result of tracing: fa-dialect text and what it captures, by name."""
+
+    def __init__(self, text, score_name, mask_name, objects, kinds):
+        self.text = text
+        self.score_name = score_name
+        self.mask_name = mask_name
+        self.objects = objects  # capture name -> the captured object (tensor, Buffer, Scalar)
+        self.kinds = kinds  # capture name -> ("buffer", kind, rank) | ("scalar", kind)
+
+    def __repr__(self):
+        return self.text
+
+
+def _trace_one(fn, kind, sym, names):
+    t = _Trace(f"{kind} '{sym}'", names)
+    if kind == "score_mod":
+        fixed = [Value(t, F32, "arg", attr="score")] + [Value(t, I32, "arg", attr=a) for a in ("b", "h", "q", "kv")]
+    else:
+        fixed = [Value(t, I32, "arg", attr=a) for a in ("b", "h", "q", "kv")]
+    saved = _Trace.current
+    _Trace.current = t
+    mode = None
+    try:
+        if "torch" in sys.modules:
+            mode = _make_mode()
+            mode.__enter__()
+        try:
+            r = fn(*fixed)
+        finally:
+            if mode is not None:
+                mode.__exit__(None, None, None)
+        if r is None:
+            _fail(f"the {kind} returned None")
+        if kind == "score_mod":
+            r = _coerce(r, "result")
+            if r.kind == I1:
+                _fail("a score_mod must return a score (a float), got a boolean")
+            r = _convert(r, F32)
+        else:
+            r = _coerce(r, "result")
+            if r.kind != I1:
+                _fail(f"a mask_mod must return a boolean (a comparison), got {'a float' if r.kind == F32 else 'an integer'}")
+        return _emit(t, r, kind, sym, fixed)
+    finally:
+        _Trace.current = saved
+
+
+def trace(score_mod=None, mask_mod=None):
+    """Traces the mods (either may be None: identity / keep everything) into one fa module."""
+    if score_mod is not None:
+        check_mod(score_mod, "score_mod", "score_mod")
+    if mask_mod is not None:
+        check_mod(mask_mod, "mask_mod", "mask_mod")
+    names = _Names(_name_hints([score_mod, mask_mod]))
+    parts = []
+    sname = mname = None
+    if score_mod is not None:
+        sname = _symbol(score_mod, "score_mod", None)
+        parts.append(_trace_one(score_mod, "score_mod", sname, names)[0])
+    if mask_mod is not None:
+        mname = _symbol(mask_mod, "mask_mod", sname)
+        parts.append(_trace_one(mask_mod, "mask_mod", mname, names)[0])
+    text = "module {\n" + "\n".join(parts) + ("\n" if parts else "") + "}\n"
+    return Trace(text, sname, mname, dict(names.objects), dict(names.kinds))
+
+
+# ---- functions for mods written without torch (torch users call torch.where etc.) ------------
+
+def where(cond, a, b):
+    """a where cond holds, else b (torch.where)."""
+    return _where_(cond, a, b)
+
+
+def minimum(a, b):
+    return _minmax("min", a, b)
+
+
+def maximum(a, b):
+    return _minmax("max", a, b)
+
+
+def clamp(x, min=None, max=None):
+    return _clamp(x, min, max)
+
+
+def sigmoid(x):
+    return _sigmoid(x)
+
+
+def _make_unary(op):
+    def f(x):
+        return _unary(op, x)
+    f.__name__ = op
+    f.__doc__ = f"{op}(x) of a traced value (torch.{op})."
+    return f
+
+
+exp, exp2, log, log2, tanh, sqrt, rsqrt, sin, cos, erf = (
+    _make_unary(o) for o in ("exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sin", "cos", "erf"))

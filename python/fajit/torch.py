@@ -1,0 +1,579 @@
+"""fajit as a drop-in for torch.nn.attention.flex_attention.
+
+    from fajit.torch import flex_attention, create_block_mask   # instead of torch's
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+    mask = create_block_mask(causal, B, H, L, L)
+    out = flex_attention(q, k, v, score_mod=my_score_mod, block_mask=mask)
+    out.sum().backward()                                   # dq, dk, dv, captured float tensors
+
+Same argument names, shapes, dtypes and results as torch's. The mods are traced once per
+(score_mod, mask_mod) into fa IR (fajit._trace) and compiled per variant, dtype and head dims
+(kept in memory here; libfajit also keeps cubins on disk). Captured tensors are bound at call
+time (a captured 0-d tensor is a runtime scalar: a new value never recompiles). The kernels run
+as the custom ops fajit::flex_fwd / fajit::flex_bwd (torch.library.custom_op, with fake
+implementations and autograd), on the current CUDA stream of the query's device, so
+torch.compile keeps them in its graph.
+
+Inside torch.compile, define mods outside the compiled function (module level or closures made
+before): the trace runs once at compile time (torch._dynamo.assume_constant_result) and the
+captured tensors reach the graph from a module-level registry.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes as C
+import hashlib
+import math
+import threading
+import weakref
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import Program, _capi
+from ._trace import Buffer, Scalar, _name_hints, check_mod, trace
+
+__all__ = ["flex_attention", "create_block_mask", "BlockMask", "noop_mask", "and_masks", "or_masks"]
+
+_DTYPES = {torch.float16: ("f16", _capi.F16), torch.bfloat16: ("bf16", _capi.BF16)}
+_lock = threading.RLock()
+
+
+# ---- variants: traced mods, their captures, compiled kernels --------------------------------
+
+class _Variant:
+    def __init__(self, key, text, buffer_names, scalar_names, buffer_kinds, scalar_kinds, objects):
+        self.key = key
+        self.text = text
+        self.text_key = hashlib.sha1(text.encode()).hexdigest()  # kernels are shared by IR
+        self.buffer_names = buffer_names
+        self.scalar_names = scalar_names
+        self.buffer_kinds = buffer_kinds  # "f32" | "i32"
+        self.scalar_kinds = scalar_kinds
+        self.objects = objects  # name -> captured object (kept alive while the variant is)
+        self.program = None  # parsed on first compile
+        self.gradient = None  # buffer name -> has a gradient (from the library)
+
+
+# A variant is the traced IR plus the objects it captures: its key hashes both, so two mods
+# with one IR and different tensors are two variants sharing kernels, and a mod made afresh on
+# every call (a lambda) capturing the same tensors is one variant.
+_VARIANTS = collections.OrderedDict()  # key -> _Variant (least recently used first)
+_CAPTURES = {}  # key -> (buffer tensors, scalar tensors): read by flex_attention (and by dynamo)
+_PROGRAMS = {}  # text_key -> (fajit.Program, {buffer name: has a gradient})
+_BY_FUNCS = collections.OrderedDict()  # (score_mod, mask_mod) -> (key, hints snapshot)
+_MAX_FUNCS = 1024
+_MAX_VARIANTS = 4096
+
+
+def _snapshot(score_mod, mask_mod):
+    hints = _name_hints([score_mod, mask_mod])
+    return tuple(sorted(hints))  # ids of the tensors/declarations the mods reach
+
+
+def _trace_variant(score_mod, mask_mod):
+    t = trace(score_mod, mask_mod)
+    buffers, scalars, bkinds, skinds = [], [], [], []
+    for name, kind in t.kinds.items():
+        obj = t.objects[name]
+        if isinstance(obj, (Buffer, Scalar)):
+            raise TypeError(f"the mods capture {obj!r}, a declaration without data: with fajit.torch, capture "
+                            "a tensor instead (a 0-d tensor for a runtime scalar)")
+        if kind[0] == "buffer":
+            buffers.append(name)
+            bkinds.append(kind[1])
+        else:
+            scalars.append(name)
+            skinds.append(kind[1])
+    ident = ",".join(f"{n}={id(t.objects[n])}" for n in buffers + scalars)
+    key = hashlib.sha1((t.text + "\0" + ident).encode()).hexdigest()
+    return _Variant(key, t.text, buffers, scalars, bkinds, skinds, t.objects)
+
+
+@torch.compiler.assume_constant_result
+def _variant_key(score_mod, mask_mod):
+    """The variant of (score_mod, mask_mod), traced on first use (again when what the mods
+    capture changes); its captured tensors are put in _CAPTURES[key]."""
+    with _lock:
+        fkey = (score_mod, mask_mod)
+        snap = _snapshot(score_mod, mask_mod)
+        hit = _BY_FUNCS.get(fkey)
+        if hit is not None and hit[1] == snap and hit[0] in _CAPTURES:
+            _BY_FUNCS.move_to_end(fkey)
+            _VARIANTS.move_to_end(hit[0])
+            return hit[0]
+        v = _trace_variant(score_mod, mask_mod)
+        prog = _PROGRAMS.get(v.text_key)
+        if prog is None:
+            p = Program(v.text)  # verified now: errors surface at the call
+            prog = _PROGRAMS[v.text_key] = (p, {c["name"]: c["has_gradient"] for c in p.captures()})
+        v.program, v.gradient = prog
+        _VARIANTS[v.key] = v
+        _VARIANTS.move_to_end(v.key)
+        _CAPTURES[v.key] = (tuple(v.objects[n] for n in v.buffer_names), tuple(v.objects[n] for n in v.scalar_names))
+        _BY_FUNCS[fkey] = (v.key, snap)
+        while len(_BY_FUNCS) > _MAX_FUNCS:
+            _BY_FUNCS.popitem(last=False)
+        # Keep the captured tensors of the most recent variants only (the rest is small and stays:
+        # a backward may still run with an old variant's tensors, which autograd holds).
+        while len(_CAPTURES) > _MAX_VARIANTS:
+            old = next(k for k in _VARIANTS if k in _CAPTURES)
+            _CAPTURES.pop(old)
+            _VARIANTS[old].objects = None
+        return v.key
+
+
+_KERNELS = {}  # (text_key, dtype, dqk, dv, device index) -> fajit.Kernel
+
+
+def _kernel(variant, dtype, dqk, dv, device):
+    k = (variant.text_key, dtype, dqk, dv, device.index)
+    kern = _KERNELS.get(k)
+    if kern is not None:
+        return kern
+    with _lock:
+        kern = _KERNELS.get(k)
+        if kern is None:
+            from . import Kernel
+
+            kern = Kernel(variant.program, _DTYPES[dtype][0], dqk, dv)
+            _KERNELS[k] = kern
+    return kern
+
+
+# ---- C API structs from torch tensors -------------------------------------------------------
+
+def _ctensor(t, code=None):
+    x = _capi.Tensor()
+    x.data = t.data_ptr()
+    x.dtype = code if code is not None else (_DTYPES[t.dtype][1] if t.dtype in _DTYPES else
+                                             _capi.F32 if t.dtype == torch.float32 else _capi.I32)
+    x.rank = t.dim()
+    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
+        x.shape[i] = s
+        x.stride[i] = st
+    return x
+
+
+def _ccaptures(variant, buffers, scalars, keep):
+    caps = _capi.Captures()
+    if buffers:
+        arr = (_capi.BufferCapture * len(buffers))()
+        for i, (name, t) in enumerate(zip(variant.buffer_names, buffers)):
+            arr[i].name = name.encode()
+            arr[i].tensor = _ctensor(t)
+        caps.buffers, caps.num_buffers = arr, len(buffers)
+        keep.append(arr)
+    if scalars:
+        arr = (_capi.ScalarCapture * len(scalars))()
+        for i, (name, kind, t) in enumerate(zip(variant.scalar_names, variant.scalar_kinds, scalars)):
+            arr[i].name = name.encode()
+            value = t.item()
+            if kind == "f32":
+                arr[i].is_float, arr[i].f = 1, float(value)
+            else:
+                arr[i].is_float, arr[i].i = 0, int(value)
+        caps.scalars, caps.num_scalars = arr, len(scalars)
+        keep.append(arr)
+    return caps
+
+
+def _stream(device):
+    return C.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+# ---- block masks ----------------------------------------------------------------------------
+
+class _MaskHandle:
+    """A fajit_block_mask, destroyed with this object."""
+
+    def __init__(self, handle):
+        self.h = handle
+        self.lib = _capi.lib()
+
+    def __del__(self):
+        if self.h:
+            self.lib.fajit_block_mask_destroy(self.h)
+            self.h = None
+
+
+# data_ptr of kv_num_blocks -> (weakref to it, its _version, _MaskHandle): the handle behind a
+# set of tables, found again when the tables come back through the custom ops.
+_MASKS = {}
+
+
+def _register_mask(kv_num_blocks, handle):
+    ptr = kv_num_blocks.data_ptr()
+
+    def forget(ref):
+        entry = _MASKS.get(ptr)
+        if entry is not None and entry[0] is ref:
+            del _MASKS[ptr]
+
+    _MASKS[ptr] = (weakref.ref(kv_num_blocks, forget), kv_num_blocks._version, handle)
+
+
+def _mask_for(tables, info, batch, heads, device):
+    """The fajit mask of flex kv tables [kv_num_blocks, kv_indices, full_kv_num_blocks,
+    full_kv_indices] (full ones may be missing), built from a host copy the first time."""
+    len_q, len_kv, qb, kvb = info
+    if not tables:
+        key = ("full", len_q, len_kv, qb, kvb)
+        hit = _MASKS.get(key)
+        if hit is None:
+            h = C.c_void_p()
+            _capi.check(_capi.lib().fajit_block_mask_all_full(1, 1, len_q, len_kv, qb, kvb, C.byref(h)), "block_mask")
+            hit = _MASKS[key] = (None, 0, _MaskHandle(h))
+        return hit[2]
+    num = tables[0]
+    hit = _MASKS.get(num.data_ptr())
+    if hit is not None:
+        ref, version, handle = hit
+        t = ref()
+        if t is not None and t.data_ptr() == num.data_ptr() and t._version == version:
+            return handle
+    host = [t.detach().to("cpu", torch.int32).contiguous() for t in tables]
+    bm, hm = host[0].shape[0], host[0].shape[1]
+    ptrs = [C.c_void_p(t.data_ptr()) for t in host] + [None] * (4 - len(host))
+    h = C.c_void_p()
+    _capi.check(_capi.lib().fajit_block_mask_from_kv_blocks(bm, hm, len_q, len_kv, qb, kvb, *ptrs, C.byref(h)),
+                "block_mask")
+    handle = _MaskHandle(h)
+    _register_mask(num, handle)
+    return handle
+
+
+def _mask_tables(handle, device):
+    lib = _capi.lib()
+    info = _capi.BlockMaskInfo()
+    _capi.check(lib.fajit_block_mask_get_info(handle.h, C.byref(info)))
+    out = {}
+    for i, name in enumerate(_capi.TABLES):
+        size = C.c_size_t()
+        _capi.check(lib.fajit_block_mask_table(handle.h, i, None, 0, C.byref(size)))
+        host = torch.empty(size.value, dtype=torch.int32)
+        _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(host.data_ptr()), size.value, None))
+        rows = info.num_q_blocks if name.startswith(("kv", "full_kv")) else info.num_kv_blocks
+        cols = info.num_kv_blocks if name.startswith(("kv", "full_kv")) else info.num_q_blocks
+        shape = (info.batch, info.heads, rows) + ((cols,) if name.endswith("indices") else ())
+        out[name] = host.view(shape).to(device)
+    return info, out
+
+
+class BlockMask:
+    """flex_attention's block-sparse tables (the same int32 tables as torch's BlockMask:
+    kv_num_blocks [B, H, nq], kv_indices [B, H, nq, nkv], full_kv_*, and the q_* transposes),
+    the mask_mod they come from, and fajit's own handle. to_torch() / from_torch() convert."""
+
+    def __init__(self, handle, tables, seq_lengths, block_size, mask_mod):
+        self._handle = handle
+        for name in _capi.TABLES:
+            setattr(self, name, tables[name])
+        self.seq_lengths = tuple(seq_lengths)
+        self.BLOCK_SIZE = tuple(block_size)
+        self.mask_mod = mask_mod
+        _register_mask(self.kv_num_blocks, handle)
+
+    @property
+    def shape(self):
+        b, h = self.kv_num_blocks.shape[:2]
+        return (b, h) + self.seq_lengths
+
+    def sparsity(self):
+        """Percentage of blocks skipped (torch's BlockMask.sparsity)."""
+        frac = C.c_double()
+        _capi.check(_capi.lib().fajit_block_mask_density(self._handle.h, C.byref(frac), None, None, None))
+        return 100.0 * (1.0 - frac.value)
+
+    def to_string(self, b=0, h=0):
+        return _capi.text(_capi.lib().fajit_block_mask_to_string(self._handle.h, b, h))
+
+    def __repr__(self):
+        return self.to_string().splitlines()[0]
+
+    def to_torch(self):
+        """torch.nn.attention.flex_attention.BlockMask with the same tables."""
+        from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+
+        kw = dict(full_kv_num_blocks=self.full_kv_num_blocks, full_kv_indices=self.full_kv_indices,
+                  BLOCK_SIZE=self.BLOCK_SIZE, mask_mod=self.mask_mod)
+        try:
+            return TorchBlockMask.from_kv_blocks(self.kv_num_blocks, self.kv_indices, seq_lengths=self.seq_lengths,
+                                                 **kw)
+        except TypeError:  # torch without seq_lengths
+            return TorchBlockMask.from_kv_blocks(self.kv_num_blocks, self.kv_indices, **kw)
+
+    @classmethod
+    def from_torch(cls, mask, seq_lengths=None):
+        """From torch's BlockMask (its kv tables; seq_lengths defaults to the mask's)."""
+        lens = seq_lengths or getattr(mask, "seq_lengths", None)
+        if lens is None:
+            raise ValueError("block_mask: this torch BlockMask has no seq_lengths; pass seq_lengths=(Q_LEN, KV_LEN)")
+        bs = mask.BLOCK_SIZE if isinstance(mask.BLOCK_SIZE, tuple) else (mask.BLOCK_SIZE, mask.BLOCK_SIZE)
+        tables = [mask.kv_num_blocks, mask.kv_indices]
+        if mask.full_kv_num_blocks is not None:
+            tables += [mask.full_kv_num_blocks, mask.full_kv_indices]
+        device = mask.kv_num_blocks.device
+        handle = _mask_for(tables, (int(lens[0]), int(lens[1]), int(bs[0]), int(bs[1])), 0, 0, device)
+        _, t = _mask_tables(handle, device)
+        return cls(handle, t, lens, bs, mask.mask_mod)
+
+
+def noop_mask(b, h, q_idx, kv_idx):
+    return b == b  # constant true after simplification
+
+
+def and_masks(*mask_mods):
+    def and_mask(b, h, q_idx, kv_idx):
+        r = mask_mods[0](b, h, q_idx, kv_idx)
+        for m in mask_mods[1:]:
+            r = r & m(b, h, q_idx, kv_idx)
+        return r
+    return and_mask
+
+
+def or_masks(*mask_mods):
+    def or_mask(b, h, q_idx, kv_idx):
+        r = mask_mods[0](b, h, q_idx, kv_idx)
+        for m in mask_mods[1:]:
+            r = r | m(b, h, q_idx, kv_idx)
+        return r
+    return or_mask
+
+
+def _bind(key, device, what):
+    """The captured tensors of a variant, ready for the kernel: buffers as contiguous f32 / i32
+    on `device` (converted with torch ops, so autograd reaches the originals), scalars as they are."""
+    bufs, scalars = _CAPTURES[key]
+    v = _VARIANTS[key]
+    out = []
+    for name, kind, t in zip(v.buffer_names, v.buffer_kinds, bufs):
+        if t.device != device:
+            raise ValueError(f"{what} captures tensor '{name}' on {t.device}; it must be on {device}")
+        t = t.to(torch.float32 if kind == "f32" else torch.int32)
+        out.append(t if t.is_contiguous() else t.contiguous())
+    return out, list(scalars)
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=128, _compile=False):
+    """torch's create_block_mask: the block mask of mask_mod for [B, H, Q_LEN, KV_LEN] (B or H
+    None = broadcast). Blocks the symbolic analysis decides need no GPU work; the rest are
+    evaluated by a kernel generated from the mask_mod."""
+    check_mod(mask_mod, "mask_mod", "mask_mod")
+    for name, v in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    for name, v in (("B", B), ("H", H)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+    bs = BLOCK_SIZE if isinstance(BLOCK_SIZE, tuple) else (BLOCK_SIZE, BLOCK_SIZE)
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, got {device}")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = _variant_key(None, mask_mod)
+    v = _VARIANTS[key]
+    keep = []
+    with torch.cuda.device(device):
+        bufs, scalars = _bind(key, device, "mask_mod")
+        caps = _ccaptures(v, bufs, scalars, keep)
+        h = C.c_void_p()
+        _capi.check(_capi.lib().fajit_program_block_mask(
+            v.program.handle, B or 1, H or 1, Q_LEN, KV_LEN, bs[0], bs[1], C.byref(caps), None, _stream(device),
+            C.byref(h)), "create_block_mask")
+        handle = _MaskHandle(h)
+        _, tables = _mask_tables(handle, device)
+    return BlockMask(handle, tables, (Q_LEN, KV_LEN), bs, mask_mod)
+
+
+# ---- the custom ops -------------------------------------------------------------------------
+
+@torch.library.custom_op("fajit::flex_fwd", mutates_args=())
+def _flex_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, tables: List[Tensor],
+              mask_info: List[int], buffers: List[Tensor], scalars: List[Tensor]) -> Tuple[Tensor, Tensor]:
+    B, Hq, Lq, D = q.shape
+    Dv = v.shape[3]
+    out = torch.empty((B, Hq, Lq, Dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
+    var = _VARIANTS[variant]
+    keep = []
+    with torch.cuda.device(q.device):
+        kern = _kernel(var, q.dtype, D, Dv, q.device)
+        mask = _mask_for(tables, mask_info, B, Hq, q.device)
+        caps = _ccaptures(var, buffers, scalars, keep)
+        ts = [_ctensor(t) for t in (q, k, v, out, lse)]
+        _capi.check(_capi.lib().fajit_kernel_forward(
+            kern.handle, *[C.byref(t) for t in ts], scale, mask.h, C.byref(caps), _stream(q.device)),
+            "flex_attention")
+    return out, lse
+
+
+@_flex_fwd.register_fake
+def _(q, k, v, variant, scale, tables, mask_info, buffers, scalars):
+    B, Hq, Lq, _ = q.shape
+    return (q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=torch.float32))
+
+
+@torch.library.custom_op("fajit::flex_bwd", mutates_args=())
+def _flex_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
+              scalars: List[Tensor], buffer_grads: List[bool]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+    B, Hq, Lq, D = q.shape
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    var = _VARIANTS[variant]
+    dbufs = [torch.zeros(b.shape, dtype=torch.float32, device=b.device) if want else b.new_empty((0,))
+             for b, want in zip(buffers, buffer_grads)]
+    keep = []
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    with torch.cuda.device(q.device):
+        kern = _kernel(var, q.dtype, D, v.shape[3], q.device)
+        mask = _mask_for(tables, mask_info, B, Hq, q.device)
+        caps = _ccaptures(var, buffers, scalars, keep)
+        grads = None
+        names = [n for n, want in zip(var.buffer_names, buffer_grads) if want]
+        if names:
+            arr = (_capi.BufferCapture * len(names))()
+            for i, (n, g) in enumerate(zip(names, [g for g, w in zip(dbufs, buffer_grads) if w])):
+                arr[i].name = n.encode()
+                arr[i].tensor = _ctensor(g)
+            keep.append(arr)
+            grads = _capi.Captures()
+            grads.buffers, grads.num_buffers = arr, len(names)
+        ts = [_ctensor(t) for t in (q, k, v, out, lse, dout, dq, dk, dv)]
+        dl = _ctensor(dlse.contiguous()) if dlse is not None else None
+        _capi.check(_capi.lib().fajit_kernel_backward(
+            kern.handle, *[C.byref(t) for t in ts], C.byref(dl) if dl is not None else None, scale, mask.h,
+            C.byref(caps), C.byref(grads) if grads is not None else None, 0, _stream(q.device)),
+            "flex_attention backward")
+    return dq, dk, dv, dbufs
+
+
+@_flex_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, variant, scale, tables, mask_info, buffers, scalars, buffer_grads):
+    dbufs = [b.new_empty(b.shape, dtype=torch.float32) if want else b.new_empty((0,))
+             for b, want in zip(buffers, buffer_grads)]
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbufs
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, variant, scale, tables, mask_info, buffers, scalars = inputs
+    out, lse = output
+    ctx.variant, ctx.scale, ctx.mask_info = variant, scale, mask_info
+    ctx.n_tables, ctx.n_buffers = len(tables), len(buffers)
+    # Gradients for float buffers that need one and that the score_mod reads as values (the
+    # library's has_gradient); others get none (a buffer read only by the mask_mod, say).
+    has = _VARIANTS[variant].gradient
+    ctx.buffer_grads = [bool(b.requires_grad and has.get(n, False))
+                        for n, b in zip(_VARIANTS[variant].buffer_names, buffers)]
+    ctx.save_for_backward(q, k, v, out, lse, *tables, *buffers, *scalars)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, *rest = ctx.saved_tensors
+    tables = rest[:ctx.n_tables]
+    buffers = rest[ctx.n_tables:ctx.n_tables + ctx.n_buffers]
+    scalars = rest[ctx.n_tables + ctx.n_buffers:]
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv, dbufs = _flex_bwd(dout, dlse, q, k, v, out, lse, ctx.variant, ctx.scale, list(tables),
+                                  ctx.mask_info, list(buffers), list(scalars), ctx.buffer_grads)
+    gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
+    return dq, dk, dv, None, None, None, None, gb, None
+
+
+_flex_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- flex_attention -------------------------------------------------------------------------
+
+def _check_inputs(query, key, value, enable_gqa):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions [B, H, L, E], got shape {list(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    if key.device != query.device or value.device != query.device:
+        raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device}, "
+                         f"{value.device}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ValueError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    B, Hq, L, E = query.shape
+    if key.shape[0] != B or value.shape[0] != B:
+        raise ValueError(f"key and value must have query's batch size {B}, got {key.shape[0]} and {value.shape[0]}")
+    if key.shape[3] != E:
+        raise ValueError(f"key's head dim must be query's ({E}), got {key.shape[3]}")
+    if value.shape[1] != key.shape[1] or value.shape[2] != key.shape[2]:
+        raise ValueError(f"value must have key's heads and length {list(key.shape[1:3])}, got "
+                         f"{list(value.shape[1:3])}")
+    Hkv = key.shape[1]
+    if Hq != Hkv:
+        if not enable_gqa:
+            raise ValueError(f"query has {Hq} heads and key {Hkv}: pass enable_gqa=True for grouped-query attention")
+        if Hq % Hkv != 0:
+            raise ValueError(f"enable_gqa: query heads ({Hq}) must be a multiple of key heads ({Hkv})")
+    for name, t in (("query", query), ("key", key)):
+        if t.shape[3] not in (64, 128):
+            raise ValueError(f"{name}: fajit supports head dims 64 and 128, got {t.shape[3]}")
+    if value.shape[3] not in (64, 128):
+        raise ValueError(f"value: fajit supports head dims 64 and 128, got {value.shape[3]}")
+
+
+def _rows(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                   return_lse=False, kernel_options=None):
+    """torch.nn.attention.flex_attention.flex_attention, computed by fajit's kernels.
+
+    query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (fp16 or bf16, CUDA, E and Ev
+    64 or 128); block_mask from fajit.torch.create_block_mask or torch's. Returns out
+    [B, Hq, L, Ev] (and the natural-log LSE [B, Hq, L], fp32, with return_lse=True)."""
+    _check_inputs(query, key, value, enable_gqa)
+    B, Hq, L, E = query.shape
+    S = key.shape[2]
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    mask_mod = None
+    tables = []
+    if block_mask is not None:
+        if not hasattr(block_mask, "kv_num_blocks"):
+            raise TypeError(f"block_mask must be a BlockMask, got {type(block_mask).__name__}")
+        lens = getattr(block_mask, "seq_lengths", None)
+        if lens is not None and (int(lens[0]), int(lens[1])) != (L, S):
+            raise ValueError(f"block_mask was created for Q_LEN={lens[0]}, KV_LEN={lens[1]}; query has L={L} and key "
+                             f"S={S}")
+        bs = block_mask.BLOCK_SIZE if isinstance(block_mask.BLOCK_SIZE, tuple) else (block_mask.BLOCK_SIZE,) * 2
+        nb = block_mask.kv_num_blocks.shape
+        if nb[0] not in (1, B) or nb[1] not in (1, Hq):
+            raise ValueError(f"block_mask was created for B={nb[0]}, H={nb[1]}; query has B={B}, H={Hq}")
+        if nb[2] != (L + bs[0] - 1) // bs[0]:
+            raise ValueError(f"block_mask has {nb[2]} query blocks of {bs[0]}; query length {L} needs "
+                             f"{(L + bs[0] - 1) // bs[0]}")
+        if block_mask.kv_num_blocks.device != query.device:
+            raise ValueError(f"block_mask is on {block_mask.kv_num_blocks.device}, query on {query.device}")
+        mask_mod = block_mask.mask_mod
+        if mask_mod is not None and getattr(mask_mod, "__name__", "") == "noop_mask":
+            mask_mod = None
+        tables = [block_mask.kv_num_blocks, block_mask.kv_indices]
+        if block_mask.full_kv_num_blocks is not None:
+            tables += [block_mask.full_kv_num_blocks, block_mask.full_kv_indices]
+        info = [L, S, int(bs[0]), int(bs[1])]
+    else:
+        info = [L, S, 128, 128]
+    vkey = _variant_key(score_mod, mask_mod)
+    buffers, scalars = _bind(vkey, query.device, "score_mod")
+    out, lse = torch.ops.fajit.flex_fwd(_rows(query), _rows(key), _rows(value), vkey,
+                                        float(scale) if scale is not None else 0.0, tables, info, buffers, scalars)
+    if return_lse:
+        return out, lse
+    return out

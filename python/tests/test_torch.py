@@ -1,0 +1,327 @@
+"""fajit.torch against torch.nn.attention.flex_attention (forward, LSE, gradients of q, k, v
+and captured tensors; fp16/bf16; GQA; odd lengths; torch.compile(fullgraph=True); runtime
+scalars). Skips, with the reason, without torch or without a GPU."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: fajit.torch tests need it")
+
+import fajit  # noqa: E402
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: fajit.torch kernels need one")
+
+# ---- tracing torch-style mods (torch, no GPU) -------------------------------------------------
+
+
+def structure(ir):
+    from test_trace import structure as s
+    return s(ir)
+
+
+def test_torch_style_mods_trace_to_the_cpp_library_ir():
+    doc_ids = torch.zeros(64, dtype=torch.int32)
+    rel_bias = torch.zeros(127)
+    rel_offset = torch.tensor(63)
+    softcap = torch.tensor(30.0)
+    num_heads = torch.tensor(16)
+
+    def document(b, h, q_idx, kv_idx):
+        return doc_ids[q_idx] == doc_ids[kv_idx]
+
+    def relative_bias(score, b, h, q_idx, kv_idx):
+        return score + rel_bias[q_idx - kv_idx + rel_offset]
+
+    def softcap_mod(score, b, h, q_idx, kv_idx):
+        return softcap * torch.tanh(score / softcap)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + torch.exp2(-8.0 * (h + 1) / num_heads) * (kv_idx - q_idx)
+
+    assert structure(fajit.mlir(mask_mod=document)) == structure(fajit.preset_mlir(mask="document"))
+    assert structure(fajit.mlir(relative_bias)) == structure(fajit.preset_mlir(score="relative_bias"))
+    assert structure(fajit.mlir(softcap_mod)) == structure(
+        fajit.preset_mlir(score="softcap:30").replace("@softcap", "@softcap_mod"))
+    assert structure(fajit.mlir(alibi)) == structure(fajit.preset_mlir(score="alibi"))
+
+
+def test_torch_functions_trace():
+    bias = torch.zeros(4, 64)
+
+    def mix(score, b, h, q_idx, kv_idx):
+        s = torch.where(q_idx >= kv_idx, torch.sigmoid(score), torch.clamp(score, min=-1.0, max=1.0))
+        s = s + torch.maximum(q_idx, kv_idx).float() + (q_idx // 3 % 2).to(torch.float32)
+        return s + torch.abs(bias[h, q_idx]) + torch.log(torch.sqrt(torch.exp(score))) + torch.minimum(score, s)
+
+    ir = fajit.mlir(mix)
+    for op in ("arith.select", "arith.maximumf", "arith.maxsi", "arith.floordivsi", "math.absf", "math.log",
+               "fa.load %bias[%h, %q] : !fa.buffer<f32, 2>"):
+        assert op in ir, op
+
+
+def test_arithmetic_on_a_captured_scalar_is_traced_not_computed():
+    cap = torch.tensor(3.0)
+
+    def doubled(score, b, h, q_idx, kv_idx):
+        return score * (cap * 2)
+
+    ir = fajit.mlir(doubled)
+    assert 'fa.scalar "cap" : f32' in ir and ir.count("arith.mulf") == 2, ir
+
+
+def test_torchs_own_and_or_masks_trace():
+    from torch.nn.attention.flex_attention import and_masks, or_masks
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def near(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx < 64
+
+    ir = fajit.mlir(mask_mod=and_masks(causal, near))
+    assert "arith.andi" in ir and "arith.cmpi sge, %q, %kv" in ir
+    assert "arith.ori" in fajit.mlir(mask_mod=or_masks(causal, near))
+
+
+def test_unsupported_torch_function_names_itself_and_the_line():
+    def bad(score, b, h, q_idx, kv_idx):
+        return torch.cumsum(score, 0)
+
+    with pytest.raises(fajit.TraceError, match=r"score_mod 'bad': torch.cumsum is not supported on traced values"
+                                               r".*\(at test_torch.py:\d+: return torch.cumsum\(score, 0\)\)"):
+        fajit.mlir(bad)
+
+
+def test_bad_inputs_name_the_argument():
+    import fajit.torch as ft
+
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="query must be a CUDA tensor, got one on cpu"):
+        ft.flex_attention(q, q, q)
+    with pytest.raises(TypeError, match="key must be a torch.Tensor, got list"):
+        ft.flex_attention(q, [1], q)
+
+    def f(a, b):
+        return a
+
+    with pytest.raises(TypeError, match=r"mask_mod must take 4 arguments \(b, h, q_idx, kv_idx\); f takes 2"):
+        ft.create_block_mask(f, 1, 1, 128, 128)
+
+
+# ---- GPU: against torch's flex_attention ------------------------------------------------------
+
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    return flex_attention, create_block_mask
+
+
+def _inputs(B, Hq, Hkv, L, S, D, dtype, Dv=None, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, Hq, L, D, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, Hkv, S, Dv or D, device="cuda", dtype=dtype, generator=g)
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+def _reference(q, k, v, score_mod, mask_mod, enable_gqa=False, captured=()):
+    """torch's flex_attention in float32 (eager) on copies; returns out, lse, grads."""
+    flex, cbm = _flex()
+    qf, kf, vf = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    L, S = q.shape[2], k.shape[2]
+    mask = cbm(mask_mod, None, None, L, S, device="cuda") if mask_mod is not None else None
+    out, lse = flex(qf, kf, vf, score_mod=score_mod, block_mask=mask, enable_gqa=enable_gqa, return_lse=True)
+    return out, lse, (qf, kf, vf)
+
+
+def _close(a, b, what, tol):
+    a, b = a.float(), b.float()
+    err = (a - b).abs().max().item()
+    scale = max(b.abs().max().item(), 1.0)
+    assert err <= tol * scale, f"{what}: max error {err:.4g} (scale {scale:.3g}, tol {tol})"
+
+
+def _kept(mask):
+    """[Bm, Hm, nq, nkv] bool: the blocks a mask's kv tables list (partial or full)."""
+    n, idx = mask.kv_num_blocks, mask.kv_indices
+    kept = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)
+    for num, ind in ((n, idx), (mask.full_kv_num_blocks, mask.full_kv_indices)):
+        if num is None:
+            continue
+        valid = torch.arange(ind.shape[-1], device=ind.device) < num.unsqueeze(-1)
+        for pos in zip(*torch.nonzero(valid, as_tuple=True)):
+            kept[pos[:-1] + (ind[pos].item(),)] = True
+    return kept
+
+
+TOL = {torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("B,Hq,Hkv,L,S,D", [(2, 4, 4, 256, 256, 64), (1, 8, 2, 200, 333, 128), (1, 2, 1, 77, 129, 64)])
+def test_forward_and_gradients_match_flex(dtype, B, Hq, Hkv, L, S, D):
+    import fajit.torch as ft
+
+    q, k, v = _inputs(B, Hq, Hkv, L, S, D, dtype)
+    gqa = Hq != Hkv
+    mask = ft.create_block_mask(causal, None, None, L, S)
+    out, lse = ft.flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa, return_lse=True)
+    ref, ref_lse, (qf, kf, vf) = _reference(q, k, v, None, causal, gqa)
+    _close(out, ref, "out", TOL[dtype])
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    _close(lse[finite], ref_lse[finite], "lse", 1e-3)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.float())
+    for name, a, b in (("dq", q.grad, qf.grad), ("dk", k.grad, kf.grad), ("dv", v.grad, vf.grad)):
+        assert a.dtype == dtype and a.shape == b.shape
+        _close(a, b, name, 3 * TOL[dtype])
+
+
+@needs_gpu
+def test_captured_bias_gradient_matches_flex():
+    import fajit.torch as ft
+
+    B, H, L, D = 1, 4, 256, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=1)
+    bias = (0.1 * torch.randn(H, 2 * L - 1, device="cuda")).requires_grad_()
+
+    def rel_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h, q_idx - kv_idx + L - 1]
+
+    out = ft.flex_attention(q, k, v, score_mod=rel_bias, block_mask=ft.create_block_mask(causal, None, None, L, L))
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    got = bias.grad.clone()
+    bias.grad = None
+    ref, _, _ = _reference(q, k, v, rel_bias, causal)
+    ref.backward(dout.float())
+    _close(out, ref, "out", TOL[torch.bfloat16])
+    _close(got, bias.grad, "dbias", 5e-2)
+
+
+@needs_gpu
+def test_document_mask_with_captured_ids_and_alibi():
+    import fajit.torch as ft
+
+    B, H, L, D = 2, 4, 300, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.float16, seed=2)
+    doc_ids = torch.repeat_interleave(torch.arange(3, device="cuda"), torch.tensor([100, 120, 80], device="cuda"))
+    slopes = torch.exp2(-8.0 * torch.arange(1, H + 1, device="cuda") / H)
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc_ids[q_idx] == doc_ids[kv_idx]) & (q_idx >= kv_idx)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    mask = ft.create_block_mask(document_causal, None, None, L, L)
+    out = ft.flex_attention(q, k, v, score_mod=alibi, block_mask=mask)
+    ref, _, _ = _reference(q, k, v, alibi, document_causal)
+    _close(out, ref, "out", TOL[torch.float16])
+    # The blocks torch's create_block_mask keeps (torch may call a tail block partial that
+    # fajit, ignoring elements past the length, calls full).
+    tmask = _flex()[1](document_causal, None, None, L, L, device="cuda")
+    assert torch.equal(_kept(mask), _kept(tmask))
+    # to and from torch's BlockMask
+    back = ft.BlockMask.from_torch(mask.to_torch())
+    assert torch.equal(back.kv_num_blocks, mask.kv_num_blocks)
+    out2 = ft.flex_attention(q, k, v, score_mod=alibi, block_mask=tmask)
+    _close(out2, out, "out with torch's BlockMask", 1e-3)
+
+
+@needs_gpu
+def test_runtime_scalar_changes_without_recompiling():
+    import fajit.torch as ft
+
+    B, H, L, D = 1, 2, 128, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=3)
+    cap = torch.tensor(20.0)
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    out1 = ft.flex_attention(q, k, v, score_mod=softcap)
+    n = len(ft._KERNELS)
+    cap.fill_(0.5)
+    out2 = ft.flex_attention(q, k, v, score_mod=softcap)
+    assert len(ft._KERNELS) == n, "a new scalar value compiled a new kernel"
+    ref, _, _ = _reference(q, k, v, softcap, None)
+    _close(out2, ref, "out after the scalar changed", TOL[torch.bfloat16])
+    assert (out1 - out2).abs().max().item() > 1e-2
+
+
+@needs_gpu
+def test_inside_torch_compile_fullgraph():
+    import torch._dynamo.testing
+
+    import fajit.torch as ft
+
+    B, H, L, D = 1, 4, 256, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=4)
+    cap = torch.tensor(10.0, device="cuda")
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    mask = ft.create_block_mask(causal, None, None, L, L)
+
+    def attn(q, k, v):
+        return ft.flex_attention(q, k, v, score_mod=softcap, block_mask=mask).sum()
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attn, fullgraph=True, backend=counter)
+    loss = compiled(q, k, v)
+    loss.backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    eager = attn(q, k, v)
+    eager.backward()
+    _close(loss, eager, "compiled loss", 1e-3)
+    for a, b in zip(grads, (q.grad, k.grad, v.grad)):
+        _close(a, b, "compiled grad", 1e-3)
+    cap.fill_(3.0)
+    compiled(q, k, v)
+    assert counter.frame_count == 1, "a new scalar value recompiled the graph"
+    # inductor keeps the custom op too
+    out = torch.compile(lambda q, k, v: ft.flex_attention(q, k, v, block_mask=mask), fullgraph=True)(q, k, v)
+    _close(out, ft.flex_attention(q, k, v, block_mask=mask), "inductor", 1e-3)
+
+
+@needs_gpu
+def test_bad_gpu_inputs_name_the_argument():
+    import fajit.torch as ft
+
+    q = torch.zeros(1, 4, 128, 64, device="cuda", dtype=torch.bfloat16)
+    k2 = torch.zeros(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="query has 4 heads and key 2: pass enable_gqa=True"):
+        ft.flex_attention(q, k2, k2)
+    with pytest.raises(ValueError, match="query, key and value must have one dtype"):
+        ft.flex_attention(q, q.half(), q)
+    with pytest.raises(ValueError, match="query must be float16 or bfloat16, got torch.float32"):
+        ft.flex_attention(q.float(), q, q)
+    with pytest.raises(ValueError, match="fajit supports head dims 64 and 128, got 96"):
+        z = torch.zeros(1, 4, 128, 96, device="cuda", dtype=torch.bfloat16)
+        ft.flex_attention(z, z, z)
+    mask = ft.create_block_mask(causal, None, None, 256, 256)
+    with pytest.raises(ValueError, match="block_mask was created for Q_LEN=256, KV_LEN=256; query has L=128 and key S=128"):
+        ft.flex_attention(q, q, q, block_mask=mask)
+    with pytest.raises(TypeError, match="score_mod must take 5 arguments"):
+        ft.flex_attention(q, q, q, score_mod=causal)
+
+
+def test_a_module_method_as_score_mod_names_its_parameters():
+    class RelBias(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.zeros(4, 255))
+
+        def score_mod(self, score, b, h, q_idx, kv_idx):
+            return score + self.table[h, q_idx - kv_idx + 127]
+
+    ir = fajit.mlir(RelBias().score_mod)
+    assert "captures(%table: !fa.buffer<f32, 2>)" in ir, ir
