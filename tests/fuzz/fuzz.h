@@ -146,13 +146,16 @@ fa::Bindings bindings_of(const Case& c);  // refers to c's buffers
 
 // The case's graph evaluated directly, with the interpreter's semantics (interp.h) in T = float,
 // or in double for finite differences. `branches`, when given, collects one entry per
-// non-smooth node evaluated (which side of a where/min/max/abs/compare/floor... was taken).
+// non-smooth node evaluated (which side of a where/min/max/abs/compare/floor... was taken, and
+// the sign of each divisor and log/sqrt/rsqrt/pow argument); `magnitude` gets the largest
+// finite |float value| computed.
 struct Point {
   int b = 0, h = 0, q = 0, kv = 0;
 };
 template <typename T>
 T eval_score(const Case& c, const NodeP& n, T score, const Point& p, std::vector<int64_t>* branches = nullptr,
-             const std::map<std::pair<std::string, int64_t>, double>* perturb = nullptr);
+             const std::map<std::pair<std::string, int64_t>, double>* perturb = nullptr,
+             double* magnitude = nullptr);
 bool eval_mask(const Case& c, const Point& p);
 
 // ---- running -----------------------------------------------------------------------------

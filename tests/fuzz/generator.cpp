@@ -634,9 +634,16 @@ struct Evaluator {
   Point p;
   std::vector<int64_t>* br;
   const std::map<std::pair<std::string, int64_t>, double>* perturb;
+  double magnitude = 0;  // the largest finite |float value| computed
 
   void note(int64_t v) {
     if (br) br->push_back(v);
+  }
+  // The side of a singular point (x = 0 of a divisor, log, sqrt, rsqrt or pow base).
+  void note_sign(T x) { note(std::isnan(x) ? 2 : x > 0 ? 1 : x < 0 ? -1 : 0); }
+  T sing(T x) {
+    note_sign(x);
+    return x;
   }
 
   Val<T> load(const NodeP& n) {
@@ -709,7 +716,12 @@ struct Evaluator {
       case Op::kAddF: v.f = F(0) + F(1); break;
       case Op::kSubF: v.f = F(0) - F(1); break;
       case Op::kMulF: v.f = F(0) * F(1); break;
-      case Op::kDivF: v.f = F(0) / F(1); break;
+      case Op::kDivF: {
+        T x = F(0), y = F(1);
+        v.f = x / y;
+        note_sign(y);  // a pole at y = 0
+        break;
+      }
       case Op::kRemF: {
         T x = F(0), y = F(1);
         v.f = std::fmod(x, y);
@@ -723,7 +735,12 @@ struct Evaluator {
         note(x < y ? 0 : x == y ? 1 : 2);
         break;
       }
-      case Op::kPowF: v.f = std::pow(F(0), F(1)); break;
+      case Op::kPowF: {
+        T x = F(0), y = F(1);
+        v.f = std::pow(x, y);
+        note_sign(x);
+        break;
+      }
       case Op::kNegF: v.f = -F(0); break;
       case Op::kAbsF: {
         T x = F(0);
@@ -733,11 +750,11 @@ struct Evaluator {
       }
       case Op::kExp: v.f = std::exp(F(0)); break;
       case Op::kExp2: v.f = std::exp2(F(0)); break;
-      case Op::kLog: v.f = std::log(F(0)); break;
-      case Op::kLog2: v.f = std::log2(F(0)); break;
+      case Op::kLog: v.f = std::log(sing(F(0))); break;
+      case Op::kLog2: v.f = std::log2(sing(F(0))); break;
       case Op::kTanh: v.f = std::tanh(F(0)); break;
-      case Op::kSqrt: v.f = std::sqrt(F(0)); break;
-      case Op::kRsqrt: v.f = T(1) / std::sqrt(F(0)); break;
+      case Op::kSqrt: v.f = std::sqrt(sing(F(0))); break;
+      case Op::kRsqrt: v.f = T(1) / std::sqrt(sing(F(0))); break;
       case Op::kSin: v.f = std::sin(F(0)); break;
       case Op::kCos: v.f = std::cos(F(0)); break;
       case Op::kFloor:
@@ -787,6 +804,7 @@ struct Evaluator {
       }
       case Op::kBToI: v.i = B(0) ? 1 : 0; break;
     }
+    if (n->ty == Ty::kScore && std::isfinite(v.f)) magnitude = std::max(magnitude, std::fabs(double(v.f)));
     return v;
   }
 };
@@ -795,14 +813,16 @@ struct Evaluator {
 
 template <typename T>
 T eval_score(const Case& c, const NodeP& n, T score, const Point& p, std::vector<int64_t>* branches,
-             const std::map<std::pair<std::string, int64_t>, double>* perturb) {
+             const std::map<std::pair<std::string, int64_t>, double>* perturb, double* magnitude) {
   Evaluator<T> e{c, score, p, branches, perturb};
-  return e.run(n).f;
+  T r = e.run(n).f;
+  if (magnitude) *magnitude = e.magnitude;
+  return r;
 }
 template float eval_score<float>(const Case&, const NodeP&, float, const Point&, std::vector<int64_t>*,
-                                 const std::map<std::pair<std::string, int64_t>, double>*);
+                                 const std::map<std::pair<std::string, int64_t>, double>*, double*);
 template double eval_score<double>(const Case&, const NodeP&, double, const Point&, std::vector<int64_t>*,
-                                   const std::map<std::pair<std::string, int64_t>, double>*);
+                                   const std::map<std::pair<std::string, int64_t>, double>*, double*);
 
 bool eval_mask(const Case& c, const Point& p) {
   Evaluator<float> e{c, 0.0f, p, nullptr, nullptr};
