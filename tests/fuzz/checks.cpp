@@ -329,6 +329,12 @@ int run(const Config& cfg, std::ostream& out) {
   out << fmt::format("fajit fuzz: seed {} cases [{}, {}){}{}\n", cfg.seed, first, last,
                      cfg.gpu ? " gpu" : " cpu",
                      cfg.seconds > 0 ? fmt::format(" within {} s", cfg.seconds) : "");
+  if (cfg.gpu) {
+    if (std::string why = gpu_unavailable(); !why.empty()) {
+      out << "fajit fuzz: --gpu needs a GPU: " << why << "\n";
+      return 1;
+    }
+  }
   int failures = 0, ran = 0;
   Stats st;
   for (int k = first; k < last; ++k) {

@@ -186,6 +186,8 @@ struct Stats {
 std::string check_cpu(const Case& c, bool nvrtc, Stats* stats = nullptr);
 // One case's GPU checks (tests/fuzz/gpu.cpp); "" or the failure text.
 std::string check_gpu(const Case& c);
+// Why the GPU mode cannot run here ("" when it can).
+std::string gpu_unavailable();
 
 // Runs the cases, prints progress and each failure (seed, case, mods as MLIR, shape, replay
 // command) to `out`. Returns the number of failing cases.
