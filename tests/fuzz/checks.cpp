@@ -62,9 +62,11 @@ bool active(const NodeP& n) {
     if (active(k)) return true;
   return false;
 }
-// An active floor / ceil / remf / fptosi: the ops the pass may refuse (README).
+// An active floor / ceil / remf / fptosi / fptoui: the ops the pass may refuse (README).
 bool has_refusable(const NodeP& n) {
-  if ((n->op == Op::kFloor || n->op == Op::kCeil || n->op == Op::kRemF || n->op == Op::kFToI) && active(n))
+  if ((n->op == Op::kFloor || n->op == Op::kCeil || n->op == Op::kRemF || n->op == Op::kFToI ||
+       n->op == Op::kFToUI) &&
+      active(n))
     return true;
   for (const NodeP& k : n->kids)
     if (has_refusable(k)) return true;
@@ -182,8 +184,8 @@ void check_derivative(const Case& c, const fa::Program& p, const fa::Bindings& e
     *has_grad = false;
     ++st.no_derivative;
     if (!has_refusable(c.score))
-      fail(std::string(
-               "the differentiation pass refused a score_mod with no active floor/ceil/remf/to_int:\n") +
+      fail(std::string("the differentiation pass refused a score_mod with no active "
+                       "floor/ceil/remf/fptosi/fptoui:\n") +
            e.what());
     return;
   }
@@ -284,7 +286,7 @@ std::string check_cpu(const Case& c, bool nvrtc, Stats* stats) {
   Stats& st = stats ? *stats : local;
   std::string stage = "trace";
   try {
-    fa::Program p = fa::trace(score_mod_of(c), mask_mod_of(c));
+    fa::Program p = program_of(c);
     fa::Bindings env = bindings_of(c);
     std::mt19937_64 rng(c.seed ^ (0x5bd1e995ull * (c.index + 1)));
     stage = "round trip";
@@ -349,9 +351,9 @@ int run(const Config& cfg, std::ostream& out) {
     ++failures;
     std::string mlir;
     try {
-      mlir = fa::trace(score_mod_of(c), mask_mod_of(c)).to_mlir();
+      mlir = program_of(c).to_mlir();
     } catch (const std::exception& e) {
-      mlir = std::string("(does not trace: ") + e.what() + ")\n";
+      mlir = std::string("(does not build: ") + e.what() + ")\n" + (c.text ? mlir_text(c) : "");
     }
     out << fmt::format("FAIL seed {} case {}: {}\n{}{}replay: {} fuzz --seed {} --case {}{}\n\n", cfg.seed, k,
                        err, describe(c), mlir, cfg.self, cfg.seed, k, cfg.gpu ? " --gpu" : "");

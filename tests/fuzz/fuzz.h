@@ -90,6 +90,27 @@ enum class Op : uint8_t {
   kBToF,  // to_float(Bool)
   kFToI,  // to_int(Score)
   kBToI,  // to_int(Bool)
+  // Only in MLIR-text cases (Case::text): ops the verifier accepts that the frontend cannot emit.
+  kDivUI,  // divui / remui / floordivsi / ceildivsi: divisor never 0 nor -1
+  kRemUI,
+  kFloorDivI,
+  kCeilDivI,
+  kMinUI,
+  kMaxUI,
+  kShlI,  // shift amounts are `e & 31`
+  kShrSI,
+  kShrUI,
+  kAndI,  // i32 bitwise
+  kOrI,
+  kXorI,
+  kMaxNumF,
+  kMinNumF,
+  kCmpFX,   // cmpf with any of 14 predicates (kCmpFPreds)
+  kCmpIU,   // cmpi ult / ule / ugt / uge (aux 0..3)
+  kFToUI,   // fptoui
+  kUIToF,   // uitofp of an i32
+  kExtSI,   // i1 -> i32 (true is -1)
+  kTruncI,  // i32 -> i1 (low bit)
 };
 
 struct Node;
@@ -133,11 +154,18 @@ struct Case {
   Shape shape;       // the run's shape (lengths up to 5000): GPU mode, analysis vs spot checks
   Shape small;       // a small shape for brute-force checks of the whole block grid
   std::string arch;  // NVRTC target of the codegen checks
+  // Built as fa-dialect MLIR text and parsed (Program::parse), which allows the ops the frontend
+  // cannot emit; else traced through the frontend.
+  bool text = false;
 };
 
 Case generate_case(uint64_t seed, int index);
 std::string to_string(const NodeP& n);  // C++-like text of the graph
 std::string describe(const Case& c);    // mods as expressions, captures, shapes
+
+// The case's program: traced from the frontend mods, or parsed from mlir_text(c) for text cases.
+fa::Program program_of(const Case& c);
+std::string mlir_text(const Case& c);  // the graphs as an fa-dialect module (any case)
 
 // The frontend mods of a case (named fuzz_score / fuzz_mask).
 fa::ScoreMod score_mod_of(const Case& c);

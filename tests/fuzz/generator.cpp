@@ -192,9 +192,25 @@ class Gen {
   }
 
   // ---- inner nodes ----
+  bool text = false;  // may use the MLIR-text-only ops
+
   NodeP index(int depth, bool score_ok) {
     if (depth <= 0 || chance(0.25)) return index_leaf(score_ok);
     int d = depth - 1;
+    if (text && chance(0.35)) {
+      static const Op kDiv[] = {Op::kDivUI, Op::kRemUI, Op::kFloorDivI, Op::kCeilDivI};
+      static const Op kBin[] = {Op::kMinUI, Op::kMaxUI, Op::kAndI, Op::kOrI, Op::kXorI};
+      static const Op kShift[] = {Op::kShlI, Op::kShrSI, Op::kShrUI};
+      switch (uniform(0, 4)) {
+        case 0: return mk(kDiv[uniform(0, 3)], Ty::kIndex, {index(d, score_ok), divisor(d, score_ok)});
+        case 1: return mk(kBin[uniform(0, 4)], Ty::kIndex, {index(d, score_ok), index(d, score_ok)});
+        case 2:
+          return mk(kShift[uniform(0, 2)], Ty::kIndex,
+                    {index(d, score_ok), mk(Op::kAndI, Ty::kIndex, {index(d, score_ok), cst_i(31)})});
+        case 3: return mk(Op::kFToUI, Ty::kIndex, {score(d, score_ok)});
+        default: return mk(Op::kExtSI, Ty::kIndex, {boolean(d, score_ok)});
+      }
+    }
     switch (uniform(0, 13)) {
       case 0: return mk(Op::kAddI, Ty::kIndex, {index(d, score_ok), index(d, score_ok)});
       case 1: return mk(Op::kSubI, Ty::kIndex, {index(d, score_ok), index(d, score_ok)});
@@ -219,6 +235,13 @@ class Gen {
   NodeP score(int depth, bool score_ok) {
     if (depth <= 0 || chance(0.2)) return score_leaf(score_ok);
     int d = depth - 1;
+    if (text && chance(0.2)) {
+      switch (uniform(0, 2)) {
+        case 0: return mk(Op::kMaxNumF, Ty::kScore, {score(d, score_ok), score(d, score_ok)});
+        case 1: return mk(Op::kMinNumF, Ty::kScore, {score(d, score_ok), score(d, score_ok)});
+        default: return mk(Op::kUIToF, Ty::kScore, {index(d, score_ok)});
+      }
+    }
     static const Op kBin[] = {Op::kAddF, Op::kSubF, Op::kMulF, Op::kDivF, Op::kMinF,
                               Op::kMaxF, Op::kPowF, Op::kRemF, Op::kAddF, Op::kMulF};
     static const Op kUn[] = {Op::kNegF, Op::kAbsF,  Op::kExp,  Op::kExp2,  Op::kLog,
@@ -245,6 +268,13 @@ class Gen {
   NodeP boolean(int depth, bool score_ok) {
     if (depth <= 0 || chance(0.2)) return bool_leaf(score_ok);
     int d = depth - 1;
+    if (text && chance(0.3)) {
+      switch (uniform(0, 2)) {
+        case 0: return cmp(Op::kCmpFX, uniform(0, 13), score(d, score_ok), score(d, score_ok));
+        case 1: return cmp(Op::kCmpIU, uniform(0, 3), index(d, score_ok), index(d, score_ok));
+        default: return mk(Op::kTruncI, Ty::kBool, {index(d, score_ok)});
+      }
+    }
     switch (uniform(0, 7)) {
       case 0:
       case 1: return cmp(Op::kCmpI, uniform(0, 5), index(d, score_ok), index(d, score_ok));
@@ -320,6 +350,8 @@ Case generate_case(uint64_t seed, int index) {
   c.seed = seed;
   c.index = index;
   g.make_captures(c);
+  c.text = g.chance(0.4);
+  g.text = c.text;
   c.score = g.score_mod(g.uniform(1, 5));
   c.mask = g.mask(g.uniform(1, 4));
   // Keep only the captures the graphs read.
@@ -365,6 +397,9 @@ Case generate_case(uint64_t seed, int index) {
 // ---- printing ------------------------------------------------------------------------------
 namespace {
 const char* const kPred[] = {"<", "<=", ">", ">=", "==", "!="};
+const char* const kCmpFPreds[] = {"olt", "ole", "ogt", "oge", "oeq", "one", "ueq",
+                                  "ult", "ule", "ugt", "uge", "une", "ord", "uno"};
+const char* const kCmpIUPreds[] = {"ult", "ule", "ugt", "uge"};
 
 const char* fn_name(Op op) {
   switch (op) {
@@ -393,6 +428,21 @@ const char* fn_name(Op op) {
     case Op::kBToF: return "to_float";
     case Op::kFToI:
     case Op::kBToI: return "to_int";
+    case Op::kDivUI: return "divui";
+    case Op::kRemUI: return "remui";
+    case Op::kFloorDivI: return "floordiv";
+    case Op::kCeilDivI: return "ceildiv";
+    case Op::kMinUI: return "minui";
+    case Op::kMaxUI: return "maxui";
+    case Op::kShlI: return "shl";
+    case Op::kShrSI: return "shrs";
+    case Op::kShrUI: return "shru";
+    case Op::kMaxNumF: return "maxnum";
+    case Op::kMinNumF: return "minnum";
+    case Op::kFToUI: return "fptoui";
+    case Op::kUIToF: return "uitofp";
+    case Op::kExtSI: return "extsi";
+    case Op::kTruncI: return "trunci";
     default: return nullptr;
   }
 }
@@ -410,6 +460,9 @@ const char* infix(Op op) {
     case Op::kRemF: return "%";
     case Op::kAnd: return "&&";
     case Op::kOr: return "||";
+    case Op::kAndI: return "&";
+    case Op::kOrI: return "|";
+    case Op::kXorI: return "^";
     default: return nullptr;
   }
 }
@@ -440,6 +493,8 @@ std::string to_string(const NodeP& n) {
     case Op::kCmpI:
     case Op::kCmpF:
     case Op::kCmpB: return "(" + k(0) + " " + kPred[n->i] + " " + k(1) + ")";
+    case Op::kCmpFX: return fmt::format("cmpf_{}({}, {})", kCmpFPreds[n->i], k(0), k(1));
+    case Op::kCmpIU: return fmt::format("cmpi_{}({}, {})", kCmpIUPreds[n->i], k(0), k(1));
     default: break;
   }
   if (const char* s = infix(n->op)) return "(" + k(0) + " " + s + " " + k(1) + ")";
@@ -464,7 +519,8 @@ std::string describe(const Case& c) {
     return fmt::format("B={} Hq={} Hkv={} Lq={} Lkv={} Dqk={} Dv={} {}", x.batch, x.heads_q, x.heads_kv,
                        x.len_q, x.len_kv, x.dim_qk, x.dim_v, x.dtype == fa::DType::bf16 ? "bf16" : "f16");
   };
-  s += fmt::format("shape: {}\nsmall shape (brute force): {}\narch: {}\n", sh(c.shape), sh(c.small), c.arch);
+  s += fmt::format("shape: {}\nsmall shape (brute force): {}\narch: {}\nbuilt from: {}\n", sh(c.shape),
+                   sh(c.small), c.arch, c.text ? "MLIR text (Program::parse)" : "the tracing frontend");
   return s;
 }
 
@@ -570,8 +626,9 @@ fa::detail::Sym lower(const NodeP& n, const Args& a, const Case& c) {
     case Op::kBToF: return fa::to_float(B(0)).sym();
     case Op::kFToI: return fa::to_int(S(0)).sym();
     case Op::kBToI: return fa::to_int(B(0)).sym();
+    default: break;
   }
-  throw fa::Error("fuzz: unknown node");
+  throw fa::Error("fuzz: an MLIR-text-only op reached the frontend lowering");
 }
 
 }  // namespace
@@ -813,6 +870,80 @@ struct Evaluator {
         break;
       }
       case Op::kBToI: v.i = B(0) ? 1 : 0; break;
+      case Op::kDivUI:
+      case Op::kRemUI:
+      case Op::kFloorDivI:
+      case Op::kCeilDivI: {
+        int32_t x = I(0), y = I(1);
+        if (y == 0 || y == -1) throw fa::Error("fuzz: generated divisor 0 or -1");
+        uint32_t ux = uint32_t(x), uy = uint32_t(y);
+        int32_t qt = x / y, r = x % y;
+        if (n->op == Op::kDivUI)
+          v.i = int32_t(ux / uy);
+        else if (n->op == Op::kRemUI)
+          v.i = int32_t(ux % uy);
+        else if (n->op == Op::kFloorDivI)
+          v.i = (r != 0 && ((r < 0) != (y < 0))) ? qt - 1 : qt;
+        else
+          v.i = (r != 0 && ((r < 0) == (y < 0))) ? qt + 1 : qt;
+        break;
+      }
+      case Op::kMinUI: v.i = int32_t(std::min(uint32_t(I(0)), uint32_t(I(1)))); break;
+      case Op::kMaxUI: v.i = int32_t(std::max(uint32_t(I(0)), uint32_t(I(1)))); break;
+      case Op::kShlI:
+      case Op::kShrSI:
+      case Op::kShrUI: {
+        int32_t x = I(0), a = I(1);
+        if (a < 0 || a > 31) throw fa::Error("fuzz: generated shift amount out of range");
+        v.i = n->op == Op::kShlI    ? int32_t(uint32_t(x) << a)
+              : n->op == Op::kShrSI ? (x >> a)
+                                    : int32_t(uint32_t(x) >> a);
+        break;
+      }
+      case Op::kAndI: v.i = I(0) & I(1); break;
+      case Op::kOrI: v.i = I(0) | I(1); break;
+      case Op::kXorI: v.i = I(0) ^ I(1); break;
+      case Op::kMaxNumF:
+      case Op::kMinNumF: {
+        T x = F(0), y = F(1);
+        if (std::isnan(x))
+          v.f = y;
+        else if (std::isnan(y))
+          v.f = x;
+        else
+          v.f = n->op == Op::kMinNumF ? minimum(x, y) : maximum(x, y);
+        note(x < y ? 0 : x == y ? 1 : 2);
+        break;
+      }
+      case Op::kCmpFX: {
+        T x = F(0), y = F(1);
+        bool ord = !std::isnan(x) && !std::isnan(y);
+        const bool rel[] = {x<y, x <= y, x> y, x >= y, x == y, x != y};
+        int pr = n->i;
+        v.b = pr < 6     ? ord && rel[pr]       // olt ole ogt oge oeq one
+              : pr == 6  ? !ord || x == y       // ueq
+              : pr < 11  ? !ord || rel[pr - 7]  // ult ule ugt uge
+              : pr == 11 ? !ord || x != y       // une
+              : pr == 12 ? ord
+                         : !ord;  // ord, uno
+        note(v.b);
+        break;
+      }
+      case Op::kCmpIU: {
+        uint32_t x = uint32_t(I(0)), y = uint32_t(I(1));
+        const bool r[] = {x<y, x <= y, x> y, x >= y};
+        v.b = r[n->i];
+        break;
+      }
+      case Op::kFToUI: {
+        T x = F(0);
+        v.i = std::isnan(x) || x <= T(0) ? 0 : x >= T(4294967296.0) ? -1 : int32_t(uint32_t(std::trunc(x)));
+        note(v.i);
+        break;
+      }
+      case Op::kUIToF: v.f = static_cast<T>(static_cast<float>(uint32_t(I(0)))); break;
+      case Op::kExtSI: v.i = B(0) ? -1 : 0; break;
+      case Op::kTruncI: v.b = (I(0) & 1) != 0; break;
     }
     if (n->ty == Ty::kScore && std::isfinite(v.f)) magnitude = std::max(magnitude, std::fabs(double(v.f)));
     return v;
@@ -837,6 +968,186 @@ template double eval_score<double>(const Case&, const NodeP&, double, const Poin
 bool eval_mask(const Case& c, const Point& p) {
   Evaluator<float> e{c, 0.0f, p, nullptr, nullptr};
   return e.run(c.mask).b;
+}
+
+// ---- MLIR text -----------------------------------------------------------------------------
+namespace {
+
+const char* type_name(Ty t) { return t == Ty::kScore ? "f32" : t == Ty::kIndex ? "i32" : "i1"; }
+
+struct Emitter {
+  const Case& c;
+  std::string body;
+  std::vector<std::string> captures;  // buffer names, first-use order
+  int next = 0;
+
+  std::string line(const std::string& rhs) {
+    std::string v = fmt::format("%v{}", next++);
+    body += fmt::format("    {} = {}\n", v, rhs);
+    return v;
+  }
+  std::string buffer_type(const std::string& name) {
+    for (const BufferSpec& b : c.buffers)
+      if (b.name == name)
+        return fmt::format("!fa.buffer<{}, {}>", b.is_float ? "f32" : "i32", b.shape.size());
+    throw fa::Error("fuzz: unknown buffer " + name);
+  }
+
+  std::string run(const NodeP& n) {
+    auto k = [&](size_t i) { return run(n->kids[i]); };
+    auto bin = [&](const char* op) {
+      std::string a = k(0), b = k(1);
+      return line(fmt::format("{} {}, {} : {}", op, a, b, type_name(n->kids[0]->ty)));
+    };
+    auto un = [&](const char* op) {
+      std::string a = k(0);
+      return line(fmt::format("{} {} : {}", op, a, type_name(n->kids[0]->ty)));
+    };
+    auto conv = [&](const char* op) {
+      std::string a = k(0);
+      return line(fmt::format("{} {} : {} to {}", op, a, type_name(n->kids[0]->ty), type_name(n->ty)));
+    };
+    static const char* const kCmpI[] = {"slt", "sle", "sgt", "sge", "eq", "ne"};
+    static const char* const kCmpF[] = {"olt", "ole", "ogt", "oge", "oeq", "une"};
+    switch (n->op) {
+      case Op::kScoreArg: return "%score";
+      case Op::kB: return "%b";
+      case Op::kH: return "%h";
+      case Op::kQ: return "%q";
+      case Op::kKv: return "%kv";
+      case Op::kConstF: {
+        uint32_t bits;
+        std::memcpy(&bits, &n->f, 4);
+        return line(fmt::format("arith.constant 0x{:08X} : f32", bits));
+      }
+      case Op::kConstI: return line(fmt::format("arith.constant {} : i32", n->i));
+      case Op::kConstB: return line(n->i ? "arith.constant true" : "arith.constant false");
+      case Op::kScalarF:
+      case Op::kScalarI: return line(fmt::format("fa.scalar \"{}\" : {}", n->name, type_name(n->ty)));
+      case Op::kLoadF:
+      case Op::kLoadI: {
+        std::vector<std::string> idx;
+        for (size_t i = 0; i < n->kids.size(); ++i) idx.push_back(k(i));
+        if (std::find(captures.begin(), captures.end(), n->name) == captures.end())
+          captures.push_back(n->name);
+        return line(fmt::format("fa.load %{}[{}] : {}", n->name, fmt::join(idx, ", "), buffer_type(n->name)));
+      }
+      case Op::kAddI: return bin("arith.addi");
+      case Op::kSubI: return bin("arith.subi");
+      case Op::kMulI: return bin("arith.muli");
+      case Op::kDivI: return bin("arith.divsi");
+      case Op::kRemI: return bin("arith.remsi");
+      case Op::kMinI: return bin("arith.minsi");
+      case Op::kMaxI: return bin("arith.maxsi");
+      case Op::kAbsI: return un("math.absi");
+      case Op::kNegI: {
+        std::string a = k(0), z = line("arith.constant 0 : i32");
+        return line(fmt::format("arith.subi {}, {} : i32", z, a));
+      }
+      case Op::kAddF: return bin("arith.addf");
+      case Op::kSubF: return bin("arith.subf");
+      case Op::kMulF: return bin("arith.mulf");
+      case Op::kDivF: return bin("arith.divf");
+      case Op::kRemF: return bin("arith.remf");
+      case Op::kMinF: return bin("arith.minimumf");
+      case Op::kMaxF: return bin("arith.maximumf");
+      case Op::kPowF: return bin("math.powf");
+      case Op::kNegF: return un("arith.negf");
+      case Op::kAbsF: return un("math.absf");
+      case Op::kExp: return un("math.exp");
+      case Op::kExp2: return un("math.exp2");
+      case Op::kLog: return un("math.log");
+      case Op::kLog2: return un("math.log2");
+      case Op::kTanh: return un("math.tanh");
+      case Op::kSqrt: return un("math.sqrt");
+      case Op::kRsqrt: return un("math.rsqrt");
+      case Op::kSin: return un("math.sin");
+      case Op::kCos: return un("math.cos");
+      case Op::kFloor: return un("math.floor");
+      case Op::kCeil: return un("math.ceil");
+      case Op::kErf: return un("math.erf");
+      case Op::kSigmoid: {  // as the frontend spells it: 1 / (1 + exp(-x))
+        std::string a = k(0), one = line("arith.constant 1.000000e+00 : f32");
+        std::string e = line(fmt::format("math.exp {} : f32", line(fmt::format("arith.negf {} : f32", a))));
+        return line(fmt::format("arith.divf {}, {} : f32", one,
+                                line(fmt::format("arith.addf {}, {} : f32", one, e))));
+      }
+      case Op::kCmpI:
+      case Op::kCmpB:
+      case Op::kCmpF:
+      case Op::kCmpFX:
+      case Op::kCmpIU: {
+        std::string a = k(0), b = k(1);
+        static const char* const kIU[] = {"ult", "ule", "ugt", "uge"};
+        static const char* const kFX[] = {"olt", "ole", "ogt", "oge", "oeq", "one", "ueq",
+                                          "ult", "ule", "ugt", "uge", "une", "ord", "uno"};
+        bool f = n->op == Op::kCmpF || n->op == Op::kCmpFX;
+        const char* pred = n->op == Op::kCmpF    ? kCmpF[n->i]
+                           : n->op == Op::kCmpFX ? kFX[n->i]
+                           : n->op == Op::kCmpIU ? kIU[n->i]
+                                                 : kCmpI[n->i];
+        return line(fmt::format("arith.{} {}, {}, {} : {}", f ? "cmpf" : "cmpi", pred, a, b,
+                                type_name(n->kids[0]->ty)));
+      }
+      case Op::kAnd: return bin("arith.andi");
+      case Op::kOr: return bin("arith.ori");
+      case Op::kNot: {
+        std::string a = k(0), t = line("arith.constant true");
+        return line(fmt::format("arith.xori {}, {} : i1", a, t));
+      }
+      case Op::kWhere: {
+        std::string cnd = k(0), a = k(1), b = k(2);
+        return line(fmt::format("arith.select {}, {}, {} : {}", cnd, a, b, type_name(n->ty)));
+      }
+      case Op::kIToF: return conv("arith.sitofp");
+      case Op::kBToF: return conv("arith.uitofp");
+      case Op::kFToI: return conv("arith.fptosi");
+      case Op::kBToI: return conv("arith.extui");
+      case Op::kDivUI: return bin("arith.divui");
+      case Op::kRemUI: return bin("arith.remui");
+      case Op::kFloorDivI: return bin("arith.floordivsi");
+      case Op::kCeilDivI: return bin("arith.ceildivsi");
+      case Op::kMinUI: return bin("arith.minui");
+      case Op::kMaxUI: return bin("arith.maxui");
+      case Op::kShlI: return bin("arith.shli");
+      case Op::kShrSI: return bin("arith.shrsi");
+      case Op::kShrUI: return bin("arith.shrui");
+      case Op::kAndI: return bin("arith.andi");
+      case Op::kOrI: return bin("arith.ori");
+      case Op::kXorI: return bin("arith.xori");
+      case Op::kMaxNumF: return bin("arith.maxnumf");
+      case Op::kMinNumF: return bin("arith.minnumf");
+      case Op::kFToUI: return conv("arith.fptoui");
+      case Op::kUIToF: return conv("arith.uitofp");
+      case Op::kExtSI: return conv("arith.extsi");
+      case Op::kTruncI: return conv("arith.trunci");
+    }
+    throw fa::Error("fuzz: unknown node");
+  }
+
+  std::string function(const char* head, const char* args, const NodeP& root) {
+    std::string r = run(root);
+    std::string caps;
+    for (const std::string& name : captures)
+      caps += fmt::format("{}%{}: {}", caps.empty() ? "" : ", ", name, buffer_type(name));
+    return fmt::format("  {}({}){} -> {} {{\n{}    fa.yield {} : {}\n  }}\n", head, args,
+                       caps.empty() ? "" : " captures(" + caps + ")", type_name(root->ty), body, r,
+                       type_name(root->ty));
+  }
+};
+
+}  // namespace
+
+std::string mlir_text(const Case& c) {
+  Emitter s{c, "", {}, 0}, m{c, "", {}, 0};
+  return "module {\n" +
+         s.function("fa.score_mod @fuzz_score", "%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32", c.score) +
+         m.function("fa.mask_mod @fuzz_mask", "%b: i32, %h: i32, %q: i32, %kv: i32", c.mask) + "}\n";
+}
+
+fa::Program program_of(const Case& c) {
+  if (c.text) return fa::Program::parse(mlir_text(c), fmt::format("fuzz case {}", c.index));
+  return fa::trace(score_mod_of(c), mask_mod_of(c));
 }
 
 }  // namespace fa_fuzz

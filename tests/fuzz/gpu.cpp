@@ -79,7 +79,7 @@ std::string check_gpu(const Case& c) {
   if (std::string why = gpu_unavailable(); !why.empty()) return "--gpu: " + why;
   const Shape& s = c.shape;
   const fa::DType t = s.dtype;
-  fa::Program program = fa::trace(score_mod_of(c), mask_mod_of(c));
+  fa::Program program = program_of(c);
   fa::Options opts;
   opts.dtype = t;
   opts.head_dim_qk = s.dim_qk;

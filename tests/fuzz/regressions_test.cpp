@@ -23,6 +23,30 @@ TEST(FuzzRegression, PrintedModuleParsesBackUnchanged) {
   EXPECT_EQ(text.find("fa.scalar"), std::string::npos) << text;  // w0 >= w0 folds to true
 }
 
+// fajit fuzz --seed 1 --case 262 (MLIR-text cases): maxnumf / minnumf whose second operand is
+// NaN return the first, but fa-differentiate gave the adjoint to the NaN operand: the buffer
+// element got d/dw = 1 and the score 1 instead of 2. (The case had sqrt(score) of a negative
+// score in the NaN operand; its 0 * NaN adjoint makes dS NaN, as torch.where's does.)
+TEST(FuzzRegression, MinnumfGradientSkipsTheNaNOperand) {
+  fa::Program p = fa::Program::parse(R"(
+    fa.score_mod @f(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) captures(%w: !fa.buffer<f32, 1>) -> f32 {
+      %x = fa.load %w[%h] : !fa.buffer<f32, 1>
+      %nan = arith.constant 0x7FC00000 : f32
+      %y = arith.addf %x, %nan : f32
+      %m = arith.minnumf %score, %y : f32
+      %r = arith.addf %score, %m : f32
+      fa.yield %r : f32
+    })");
+  float w[1] = {0.5f};
+  fa::Bindings env;
+  env.buffer("w", fa::HostBuffer::f32(w, {1}));
+  float dw = 0;
+  float ds = fa::ModProgram::grad_of(p).eval_score_grad(-2.9f, 0, 0, 0, 0, 1.0f, env,
+                                                        [&](const fa::GradAdd& g) { dw += g.value; });
+  EXPECT_EQ(ds, 2.0f);
+  EXPECT_EQ(dw, 0.0f);
+}
+
 // The generator is a pure function of (seed, case): a replay sees the same case.
 TEST(FuzzRegression, CasesAreReproducible) {
   for (int k = 0; k < 20; ++k) {
