@@ -799,7 +799,10 @@ struct Evaluator {
       case Op::kMaxF: {
         T x = F(0), y = F(1);
         v.f = n->op == Op::kMinF ? minimum(x, y) : maximum(x, y);
-        note(x < y ? 0 : x == y ? 1 : 2);
+        note(std::isnan(x) || std::isnan(y) ? 3 + std::isnan(x) + 2 * std::isnan(y)
+             : x < y                        ? 0
+             : x == y                       ? 1
+                                            : 2);
         break;
       }
       case Op::kPowF: {
@@ -912,7 +915,10 @@ struct Evaluator {
           v.f = x;
         else
           v.f = n->op == Op::kMinNumF ? minimum(x, y) : maximum(x, y);
-        note(x < y ? 0 : x == y ? 1 : 2);
+        note(std::isnan(x) || std::isnan(y) ? 3 + std::isnan(x) + 2 * std::isnan(y)
+             : x < y                        ? 0
+             : x == y                       ? 1
+                                            : 2);
         break;
       }
       case Op::kCmpFX: {
