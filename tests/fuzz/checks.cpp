@@ -363,6 +363,10 @@ int run(const Config& cfg, std::ostream& out) {
   for (int k = first; k < last; ++k) {
     if (cfg.seconds > 0 && std::chrono::duration<double>(clock::now() - t0).count() > cfg.seconds) break;
     Case c = generate_case(cfg.seed, k);
+    st.text_cases += c.text;
+    st.identity_scores += c.score->op == Op::kScoreArg;
+    st.gqa += c.shape.heads_q != c.shape.heads_kv;
+    st.long_seqs += std::max(c.shape.len_q, c.shape.len_kv) > 2048;
     bool nvrtc = cfg.only_case >= 0 || (cfg.nvrtc_every > 0 && k % cfg.nvrtc_every == 0);
     if (cfg.verbose) out << fmt::format("case {}:\n{}", k, describe(c));
     std::string err = check_cpu(c, nvrtc, &st);
@@ -386,9 +390,11 @@ int run(const Config& cfg, std::ostream& out) {
       "  mask analysis vs brute force: {} blocks ({} left undecided by the analysis)\n"
       "  derivative vs central differences: {} points checked, {} skipped by the kink rule; {} score_mods "
       "without a derivative\n"
-      "  codegen: {} sources generated, {} NVRTC compiles\n",
+      "  codegen: {} sources generated, {} NVRTC compiles\n"
+      "  mix: {} MLIR-text cases, {} identity score_mods, {} GQA shapes, {} with a length > 2048\n",
       ran, ran == 1 ? "" : "s", failures, failures == 1 ? "" : "s", secs, st.points, st.nonfinite_scores,
-      st.blocks, st.undecided, st.fd_checked, st.fd_skipped, st.no_derivative, st.sources, st.nvrtc);
+      st.blocks, st.undecided, st.fd_checked, st.fd_skipped, st.no_derivative, st.sources, st.nvrtc,
+      st.text_cases, st.identity_scores, st.gqa, st.long_seqs);
   return failures;
 }
 

@@ -208,6 +208,7 @@ struct Stats {
   int64_t fd_checked = 0, fd_skipped = 0;  // derivative points (README: the skip rule)
   int64_t no_derivative = 0;               // score_mods the differentiation pass refused (as expected)
   int64_t sources = 0, nvrtc = 0;          // generated sources, NVRTC compiles
+  int64_t text_cases = 0, identity_scores = 0, gqa = 0, long_seqs = 0;  // the case mix
 };
 
 // One case's CPU checks; returns "" or the failure text (the first failing check).
