@@ -160,11 +160,13 @@ LogicalResult backprop(Operation *op, BodyOp code, Value g, Adjoints &adj, Score
     }
     case B::MaxNumF:
     case B::MinNumF: {
-      // A tie goes to the first operand.
+      // A tie goes to the first operand; a NaN operand is not chosen (maxnumf(a, NaN) = a), so
+      // when b is NaN the adjoint goes to a (found by fajit fuzz: it went to b).
       Value zero = adj.cst(0.0);
       Value first = adj.cmp(code == B::MaxNumF ? P::OGE : P::OLE, a(), b());
-      if (adj.isActive(a())) adj.add(a(), adj.sel(first, g, zero));
-      if (adj.isActive(b())) adj.add(b(), adj.sel(first, zero, g));
+      Value bIsNaN = adj.cmp(P::UNO, b(), b());
+      if (adj.isActive(a())) adj.add(a(), adj.sel(bIsNaN, g, adj.sel(first, g, zero)));
+      if (adj.isActive(b())) adj.add(b(), adj.sel(bIsNaN, zero, adj.sel(first, zero, g)));
       return success();
     }
     case B::Exp: adj.add(a(), adj.mul(g, y)); return success();

@@ -252,15 +252,19 @@ fa.score_mod @minimumf(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
   fa.yield %r : f32
 }
 
-// maxnumf / minnumf: a tie goes to the first operand.
+// maxnumf / minnumf: a tie goes to the first operand; a NaN second operand is not chosen, so
+// the first gets the adjoint.
 // CHECK-LABEL: fa.score_grad @maxnumf(
 // CHECK-NEXT:    [[VCST:%[^ ]+]] = arith.constant 0.000000e+00 : f32
 // CHECK-NEXT:    [[V0:%[^ ]+]] = fa.load %w[%h] : !fa.buffer<f32, 1>
 // CHECK-NEXT:    [[V1:%[^ ]+]] = arith.cmpf oge, %score, [[V0]] : f32
+// CHECK-NEXT:    [[NAN:%[^ ]+]] = arith.cmpf uno, [[V0]], [[V0]] : f32
 // CHECK-NEXT:    [[V2:%[^ ]+]] = arith.select [[V1]], %dt, [[VCST]] : f32
+// CHECK-NEXT:    [[GA:%[^ ]+]] = arith.select [[NAN]], %dt, [[V2]] : f32
 // CHECK-NEXT:    [[V3:%[^ ]+]] = arith.select [[V1]], [[VCST]], %dt : f32
-// CHECK-NEXT:    fa.grad_add %w[%h], [[V3]] : !fa.buffer<f32, 1>
-// CHECK-NEXT:    fa.yield [[V2]] : f32
+// CHECK-NEXT:    [[GB:%[^ ]+]] = arith.select [[NAN]], [[VCST]], [[V3]] : f32
+// CHECK-NEXT:    fa.grad_add %w[%h], [[GB]] : !fa.buffer<f32, 1>
+// CHECK-NEXT:    fa.yield [[GA]] : f32
 // CHECK-NEXT:  }
 fa.score_mod @maxnumf(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
     captures(%w: !fa.buffer<f32, 1>) -> f32 {
@@ -273,10 +277,13 @@ fa.score_mod @maxnumf(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
 // CHECK-NEXT:    [[VCST:%[^ ]+]] = arith.constant 0.000000e+00 : f32
 // CHECK-NEXT:    [[V0:%[^ ]+]] = fa.load %w[%h] : !fa.buffer<f32, 1>
 // CHECK-NEXT:    [[V1:%[^ ]+]] = arith.cmpf ole, %score, [[V0]] : f32
+// CHECK-NEXT:    [[NAN:%[^ ]+]] = arith.cmpf uno, [[V0]], [[V0]] : f32
 // CHECK-NEXT:    [[V2:%[^ ]+]] = arith.select [[V1]], %dt, [[VCST]] : f32
+// CHECK-NEXT:    [[GA:%[^ ]+]] = arith.select [[NAN]], %dt, [[V2]] : f32
 // CHECK-NEXT:    [[V3:%[^ ]+]] = arith.select [[V1]], [[VCST]], %dt : f32
-// CHECK-NEXT:    fa.grad_add %w[%h], [[V3]] : !fa.buffer<f32, 1>
-// CHECK-NEXT:    fa.yield [[V2]] : f32
+// CHECK-NEXT:    [[GB:%[^ ]+]] = arith.select [[NAN]], [[VCST]], [[V3]] : f32
+// CHECK-NEXT:    fa.grad_add %w[%h], [[GB]] : !fa.buffer<f32, 1>
+// CHECK-NEXT:    fa.yield [[GA]] : f32
 // CHECK-NEXT:  }
 fa.score_mod @minnumf(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
     captures(%w: !fa.buffer<f32, 1>) -> f32 {

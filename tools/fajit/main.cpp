@@ -178,6 +178,8 @@ int run_cache(const std::string& what) {
 
 CLI::App* add_mask_command(CLI::App& app);  // tools/fajit/mask_cmd.cpp
 int run_mask_command();
+CLI::App* add_fuzz_command(CLI::App& app);  // tools/fajit/fuzz_cmd.cpp
+int run_fuzz_command(const char* argv0);
 
 int main(int argc, char** argv) {
   CLI::App app{"fajit: a just-in-time kernel compiler for FlexAttention-style attention", "fajit"};
@@ -235,6 +237,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ls", "stats", "clear"}));
 
   CLI::App* mask_cmd = add_mask_command(app);
+  CLI::App* fuzz_cmd = add_fuzz_command(app);
 
   try {
     app.parse(argc, argv);
@@ -245,6 +248,7 @@ int main(int argc, char** argv) {
     if (*dump_cmd) return run_dump(dump);
     if (*cache_cmd) return run_cache(cache_what);
     if (*mask_cmd) return run_mask_command();
+    if (*fuzz_cmd) return run_fuzz_command(argv[0]);
     if (*run_cmd) {
       run.dtype = run_dtype == "f16" ? fa::DType::f16 : fa::DType::bf16;
       return fajit_cli::run_variant(run);

@@ -214,7 +214,13 @@ Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in, mlir::OwningOp
   mlir::PassManager pm(ctx);
   pm.addPass(mlir::createCanonicalizerPass());
   pm.addPass(mlir::createCSEPass());
-  if (mlir::failed(pm.run(*module))) fail("failed to simplify");
+  // To a fixed point: CSE can expose folds (two fa.scalar "w" merged make `cmpi sge %w, %w`
+  // foldable), and a module printed and parsed again must come back unchanged (same cache key).
+  for (int round = 0; round < 8; ++round) {
+    mlir::OperationFingerPrint before(*module);
+    if (mlir::failed(pm.run(*module))) fail("failed to simplify");
+    if (mlir::OperationFingerPrint(*module) == before) break;
+  }
 
   impl->score = *module->getOps<mlir::fa::ScoreModOp>().begin();
   impl->mask = *module->getOps<mlir::fa::MaskModOp>().begin();
