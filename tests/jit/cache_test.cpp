@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -312,6 +313,138 @@ TEST_F(CacheTest, EightProcessesRaceOnOneKey) {
     EXPECT_EQ(e.path().extension(), ".fajit") << e.path();
   }
   EXPECT_EQ(files, 1);
+}
+
+// Every single-bit flip at every byte of an entry (header, key, payload, meta) is either
+// rejected (and the entry recompiled) or harmless: a lookup never returns different bytes.
+TEST_F(CacheTest, EveryBitFlipIsRejectedOrHarmless) {
+  {
+    Cache(dir_).get_or_compile(
+        kKey, [] { return kCubin; }, "meta");
+  }
+  const std::string good = read(file(kKey));
+  int rejected = 0, total = 0;
+  for (size_t at = 0; at < good.size(); ++at)
+    for (unsigned char bit : {0x01, 0x10, 0x80}) {
+      std::string bytes = good;
+      bytes[at] = static_cast<char>(bytes[at] ^ bit);
+      write(file(kKey), bytes);
+      Cache cache(dir_);
+      int compiles = 0;
+      fa::jit::Lookup r = cache.get_or_compile(
+          kKey,
+          [&] {
+            ++compiles;
+            return kCubin;
+          },
+          "meta");
+      ++total;
+      rejected += compiles;
+      ASSERT_EQ(r.entry->cubin, kCubin) << "flip 0x" << std::hex << int(bit) << " at byte " << std::dec << at;
+      ASSERT_EQ(r.entry->meta, "meta") << "flip at byte " << at;
+      ASSERT_EQ(read(file(kKey)), good) << "flip at byte " << at;  // a rejected file is replaced
+    }
+  // Header, key, payload and meta are all covered by checksums or compared: nothing slips by.
+  EXPECT_EQ(rejected, total);
+}
+
+// A process killed while writing an entry leaves at most its temporary file: lookups never
+// read it, the next writer publishes a complete entry, and clear() removes the orphan.
+TEST_F(CacheTest, ProcessKilledMidWriteLeavesNothingReadable) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Half an entry under the writer's temporary name, then wait to be killed.
+    ::close(ready[0]);
+    const std::string tmp = dir_ + "/" + kKey + "." + std::to_string(::getpid()) + ".00000000deadbeef.tmp";
+    std::ofstream(tmp, std::ios::binary) << std::string("FAJITCB\0\1", 9);
+    (void)!::write(ready[1], "x", 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  Cache cache(dir_);
+  int compiles = 0;
+  fa::jit::Lookup r = cache.get_or_compile(
+      kKey,
+      [&] {
+        ++compiles;
+        return kCubin;
+      },
+      "after");
+  EXPECT_EQ(compiles, 1);  // the orphan is not an entry
+  EXPECT_EQ(r.entry->cubin, kCubin);
+  EXPECT_EQ(Cache(dir_).get_or_compile(kKey, [] { return std::string("wrong"); }).origin, Origin::kDisk);
+  EXPECT_EQ(Cache(dir_).clear(), 2u);  // the entry and the dead writer's temporary file
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// 8 processes x 4 threads look up 16 keys in different orders at once: every lookup returns its
+// key's bytes, and the directory ends with exactly one valid entry per key.
+TEST_F(CacheTest, EightProcessesFourThreadsSixteenKeys) {
+  auto key_of = [](int k) { return fa::jit::KeyBuilder().add("race", std::to_string(k)).hex(); };
+  auto cubin_of = [](int k) { return kCubin + std::to_string(k); };
+  int gate[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  std::vector<pid_t> kids;
+  for (int i = 0; i < 8; ++i) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(gate[1]);
+      char c;
+      while (::read(gate[0], &c, 1) < 0) {
+      }
+      Cache cache(dir_);
+      std::atomic<int> bad{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 4; ++t)
+        threads.emplace_back([&, t] {
+          for (int j = 0; j < 16; ++j) {
+            const int k = (j * 5 + 3 * t + 7 * i) % 16;  // a different order per thread and process
+            fa::jit::Lookup r = cache.get_or_compile(
+                key_of(k),
+                [&] {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                  return cubin_of(k);
+                },
+                "k" + std::to_string(k));
+            if (r.entry->cubin != cubin_of(k) || r.entry->meta != "k" + std::to_string(k)) ++bad;
+          }
+        });
+      for (std::thread& th : threads) th.join();
+      ::_exit(bad.load() == 0 ? 0 : 1);
+    }
+    kids.push_back(pid);
+  }
+  ::close(gate[0]);
+  ::close(gate[1]);
+  for (pid_t pid : kids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  Cache cache(dir_);
+  for (int k = 0; k < 16; ++k) {
+    fa::jit::Lookup r = cache.get_or_compile(key_of(k), [] { return std::string("wrong"); });
+    EXPECT_EQ(r.origin, Origin::kDisk) << k;
+    EXPECT_EQ(r.entry->cubin, cubin_of(k)) << k;
+  }
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    ++files;
+    EXPECT_EQ(e.path().extension(), ".fajit") << e.path();
+  }
+  EXPECT_EQ(files, 16);
 }
 
 TEST_F(CacheTest, ListAndStats) {
