@@ -156,6 +156,28 @@ __device__ __forceinline__ void mma_rb(float (&acc)[kNT][4], const u32 (&a)[kKSt
     }
 }
 
+// The softmax statistics the backward needs of query row q of (b, hq): LSE·log2e (+inf for a
+// row with no key or past len_q, so P = 0 there) and Δ (0 past len_q).
+struct RowStats {
+  float lse2, delta;
+};
+__device__ __forceinline__ RowStats row_stats(const FaBwdParams& p, int b, int hq, int q) {
+  if (q >= p.len_q) return {INFINITY, 0.f};
+  const float lse = p.lse[b * p.lse_stride_b + hq * p.lse_stride_h + q];
+  return {lse == -INFINITY ? INFINITY : lse * kLog2e, p.delta[((long long)b * p.heads_q + hq) * p.len_q + q]};
+}
+// Rows q0..q0+kRows-1 of them into shared memory (fp32: LSE·log2e at s_lse, Δ at s_delta) by
+// kThreads threads (`tid` among them); plain stores (a row may not fill a 16-byte chunk).
+template <int kRows, int kThreads>
+__device__ __forceinline__ void stage_row_stats(u32 s_lse, u32 s_delta, const FaBwdParams& p, int b, int hq,
+                                                int q0, int tid) {
+  for (int r = tid; r < kRows; r += kThreads) {
+    const RowStats st = row_stats(p, b, hq, q0 + r);
+    st_shared_f32(s_lse + r * 4, st.lse2);
+    st_shared_f32(s_delta + r * 4, st.delta);
+  }
+}
+
 // ---- the element-wise middle of a transposed tile (shared by every dK/dV kernel) ------------
 // A thread holds two key rows of Sᵀ (rows = keys, columns = queries, the m16n8 C layout): key
 // kv_row[hh] (clamped to kv_c[hh] for the mods) for row half hh, query q0 + 8j + 2t + i%2 for
@@ -349,8 +371,6 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
     const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
     const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
-    const float* lseg = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h;
-    const float* deltag = p.delta + ((long long)b * p.heads_q + hq) * len_q;
     float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
     const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
     const int n_tiles = walk.n_tiles;
@@ -360,12 +380,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       const int q0 = walk.tile_start(it);
       load_tile_async<kBM, kCQ, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
       load_tile_async<kBM, kCV, kThreads>(sDo(s), dog, p.do_stride_m, q0, len_q, tid);
-      for (int r = tid; r < kBM; r += kThreads) {
-        const int q = q0 + r;
-        const float lse = q < len_q ? lseg[q] : -INFINITY;
-        st_shared_f32(sLse(s) + r * 4, lse == -INFINITY ? INFINITY : lse * kLog2e);
-        st_shared_f32(sDelta(s) + r * 4, q < len_q ? deltag[q] : 0.f);
-      }
+      bwd::stage_row_stats<kBM, kThreads>(sLse(s), sDelta(s), p, b, hq, q0, tid);
     };
     if (n_tiles > 0) load_q_tile(0, 0);
     cp_async_commit();
@@ -518,15 +533,13 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   // This thread's query rows: LSE·log2e (+inf: no key, or past the end) and Δ.
   int q_idx[2];
   float lse2[2], delta[2];
-  const float* lseg = p.lse + b * p.lse_stride_b + h * p.lse_stride_h;
-  const float* deltag = p.delta + ((long long)b * p.heads_q + h) * len_q;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int q = q0 + warp * 16 + g + 8 * hh;
     q_idx[hh] = q < len_q ? q : len_q - 1;
-    const float lse = q < len_q ? lseg[q] : -INFINITY;
-    lse2[hh] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-    delta[hh] = q < len_q ? deltag[q] : 0.f;
+    const bwd::RowStats st = bwd::row_stats(p, b, h, q);
+    lse2[hh] = st.lse2;
+    delta[hh] = st.delta;
   }
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
   const FaGradBuffers no_grads{};

@@ -166,8 +166,6 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
       const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
       const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
-      const float* lseg = p.lse + b * p.lse_stride_b + hq * p.lse_stride_h;
-      const float* deltag = p.delta + ((long long)b * p.heads_q + hq) * len_q;
       const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
       for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
         const int q0 = walk.tile_start(it);
@@ -175,13 +173,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         load_tile_sw128<kBM, Cfg::kCQ, kWG>(sQ(ring.stage), qg, p.q_stride_m, q0, len_q, tid);
         load_tile_sw128<kBM, Cfg::kCV, kWG>(sDo(ring.stage), dog, p.do_stride_m, q0, len_q, tid);
         mbar_arrive_cp_async(bar_full(ring.stage));
-        // LSE·log2e (+inf: a query with no key, or past len_q: P = 0 there) and Δ.
-        for (int r = tid; r < kBM; r += kWG) {
-          const int q = q0 + r;
-          const float lse = q < len_q ? lseg[q] : -INFINITY;
-          st_shared_f32(sLse(ring.stage) + r * 4, lse == -INFINITY ? INFINITY : lse * kLog2e);
-          st_shared_f32(sDelta(ring.stage) + r * 4, q < len_q ? deltag[q] : 0.f);
-        }
+        bwd::stage_row_stats<kBM, kWG>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0, tid);
         mbar_arrive(bar_full(ring.stage));
         ring.advance();
       }
