@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
+#include <vector>
 
 #include "fajit/error.h"
 #include "fajit/jit/key.h"
@@ -80,6 +82,41 @@ class CacheTest : public ::testing::Test {
     EXPECT_EQ(cache.stats().misses, 1u);
     EXPECT_EQ(read(file(kKey)), good);  // replaced by a valid file
     EXPECT_EQ(Cache(dir_).get_or_compile(kKey, [] { return std::string("x"); }).origin, Origin::kDisk);
+  }
+  // Forks n processes that start `child` at the same moment (a pipe closed by the parent is the
+  // gate); expects each to exit with 0, which `child` returns for success.
+  void race_processes(int n, const std::function<bool(int)>& child) const {
+    int gate[2];
+    ASSERT_EQ(::pipe(gate), 0);
+    std::vector<pid_t> kids;
+    for (int i = 0; i < n; ++i) {
+      pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        ::close(gate[1]);
+        char c;
+        while (::read(gate[0], &c, 1) < 0) {
+        }
+        ::_exit(child(i) ? 0 : 1);
+      }
+      kids.push_back(pid);
+    }
+    ::close(gate[0]);
+    ::close(gate[1]);  // EOF releases every child at once
+    for (pid_t pid : kids) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+  }
+  // Files in the cache directory; every one must be an entry (no temporary file left).
+  int entry_files() const {
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      ++files;
+      EXPECT_EQ(e.path().extension(), ".fajit") << e.path();
+    }
+    return files;
   }
   std::string dir_;
 };
@@ -273,50 +310,24 @@ TEST_F(CacheTest, WaitersSeeTheCompileError) {
 }
 
 TEST_F(CacheTest, EightProcessesRaceOnOneKey) {
-  int gate[2];
-  ASSERT_EQ(::pipe(gate), 0);
-  std::vector<pid_t> kids;
-  for (int i = 0; i < 8; ++i) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(gate[1]);
-      char c;
-      while (::read(gate[0], &c, 1) < 0) {
-      }
-      Cache cache(dir_);
-      fa::jit::Lookup r = cache.get_or_compile(
-          kKey,
-          [] {
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            return kCubin;
-          },
-          "raced");
-      ::_exit(r.entry->cubin == kCubin && r.entry->meta == "raced" ? 0 : 1);
-    }
-    kids.push_back(pid);
-  }
-  ::close(gate[0]);
-  ::close(gate[1]);  // EOF releases every child at once
-  for (pid_t pid : kids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  race_processes(8, [&](int) {
+    Cache cache(dir_);
+    fa::jit::Lookup r = cache.get_or_compile(
+        kKey,
+        [] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          return kCubin;
+        },
+        "raced");
+    return r.entry->cubin == kCubin && r.entry->meta == "raced";
+  });
   Cache cache(dir_);
   fa::jit::Lookup r = cache.get_or_compile(kKey, [] { return std::string("wrong"); });
   EXPECT_EQ(r.origin, Origin::kDisk);
   EXPECT_EQ(r.entry->cubin, kCubin);
-  int files = 0;
-  for (const auto& e : fs::directory_iterator(dir_)) {
-    ++files;
-    EXPECT_EQ(e.path().extension(), ".fajit") << e.path();
-  }
-  EXPECT_EQ(files, 1);
+  EXPECT_EQ(entry_files(), 1);
 }
 
-// Every single-bit flip at every byte of an entry (header, key, payload, meta) is either
-// rejected (and the entry recompiled) or harmless: a lookup never returns different bytes.
 TEST_F(CacheTest, EveryBitFlipIsRejectedOrHarmless) {
   {
     Cache(dir_).get_or_compile(
@@ -393,58 +404,34 @@ TEST_F(CacheTest, ProcessKilledMidWriteLeavesNothingReadable) {
 TEST_F(CacheTest, EightProcessesFourThreadsSixteenKeys) {
   auto key_of = [](int k) { return fa::jit::KeyBuilder().add("race", std::to_string(k)).hex(); };
   auto cubin_of = [](int k) { return kCubin + std::to_string(k); };
-  int gate[2];
-  ASSERT_EQ(::pipe(gate), 0);
-  std::vector<pid_t> kids;
-  for (int i = 0; i < 8; ++i) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(gate[1]);
-      char c;
-      while (::read(gate[0], &c, 1) < 0) {
-      }
-      Cache cache(dir_);
-      std::atomic<int> bad{0};
-      std::vector<std::thread> threads;
-      for (int t = 0; t < 4; ++t)
-        threads.emplace_back([&, t] {
-          for (int j = 0; j < 16; ++j) {
-            const int k = (j * 5 + 3 * t + 7 * i) % 16;  // a different order per thread and process
-            fa::jit::Lookup r = cache.get_or_compile(
-                key_of(k),
-                [&] {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(2));
-                  return cubin_of(k);
-                },
-                "k" + std::to_string(k));
-            if (r.entry->cubin != cubin_of(k) || r.entry->meta != "k" + std::to_string(k)) ++bad;
-          }
-        });
-      for (std::thread& th : threads) th.join();
-      ::_exit(bad.load() == 0 ? 0 : 1);
-    }
-    kids.push_back(pid);
-  }
-  ::close(gate[0]);
-  ::close(gate[1]);
-  for (pid_t pid : kids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  race_processes(8, [&](int i) {
+    Cache cache(dir_);
+    std::atomic<int> bad{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        for (int j = 0; j < 16; ++j) {
+          const int k = (j * 5 + 3 * t + 7 * i) % 16;  // a different order per thread and process
+          fa::jit::Lookup r = cache.get_or_compile(
+              key_of(k),
+              [&] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                return cubin_of(k);
+              },
+              "k" + std::to_string(k));
+          if (r.entry->cubin != cubin_of(k) || r.entry->meta != "k" + std::to_string(k)) ++bad;
+        }
+      });
+    for (std::thread& th : threads) th.join();
+    return bad.load() == 0;
+  });
   Cache cache(dir_);
   for (int k = 0; k < 16; ++k) {
     fa::jit::Lookup r = cache.get_or_compile(key_of(k), [] { return std::string("wrong"); });
     EXPECT_EQ(r.origin, Origin::kDisk) << k;
     EXPECT_EQ(r.entry->cubin, cubin_of(k)) << k;
   }
-  int files = 0;
-  for (const auto& e : fs::directory_iterator(dir_)) {
-    ++files;
-    EXPECT_EQ(e.path().extension(), ".fajit") << e.path();
-  }
-  EXPECT_EQ(files, 16);
+  EXPECT_EQ(entry_files(), 16);
 }
 
 TEST_F(CacheTest, ListAndStats) {
