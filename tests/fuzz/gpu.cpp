@@ -22,23 +22,6 @@
 namespace fa_fuzz {
 namespace {
 
-struct HostTensor {
-  std::vector<uint16_t> bits;
-  std::vector<float> values;  // the same values, widened
-};
-
-HostTensor random_tensor(size_t n, fa::DType t, std::mt19937_64& rng) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  HostTensor h;
-  h.bits.resize(n);
-  h.values.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    h.bits[i] = fa::to_bits(d(rng), t);
-    h.values[i] = fa::from_bits(h.bits[i], t);
-  }
-  return h;
-}
-
 struct Compared {
   double rel = 0;         // ||got - ref|| / ||ref|| over the entries where ref is finite
   size_t unexpected = 0;  // non-finite where the reference is finite, or finite where it is not
@@ -113,7 +96,8 @@ std::string check_gpu(const Case& c) {
   const size_t nq = size_t(B) * Hq * Lq * s.dim_qk, nk = size_t(B) * Hkv * Lkv * s.dim_qk,
                nv = size_t(B) * Hkv * Lkv * s.dim_v, no = size_t(B) * Hq * Lq * s.dim_v,
                nl = size_t(B) * Hq * Lq;
-  HostTensor q = random_tensor(nq, t, rng), kk = random_tensor(nk, t, rng), v = random_tensor(nv, t, rng);
+  fa::RoundedTensor q = fa::random_rounded(nq, t, rng), kk = fa::random_rounded(nk, t, rng),
+                    v = fa::random_rounded(nv, t, rng);
   fa::rt::DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nv * 2), dout(no * 2), dlse(nl * 4);
   dq.upload(q.bits.data(), nq * 2);
   dk.upload(kk.bits.data(), nk * 2);
@@ -170,7 +154,7 @@ std::string check_gpu(const Case& c) {
   }
   for (double x : ref.out)
     if (!std::isfinite(x)) return "";
-  HostTensor g_out = random_tensor(no, t, rng);
+  fa::RoundedTensor g_out = fa::random_rounded(no, t, rng);
   std::vector<double> dout_vals(g_out.values.begin(), g_out.values.end());
   fa::rt::DeviceBuffer d_do(no * 2), d_dq(nq * 2), d_dk(nk * 2), d_dv(nv * 2);
   d_do.upload(g_out.bits.data(), no * 2);

@@ -27,23 +27,6 @@
 namespace fajit_cli {
 namespace {
 
-struct HostTensor {
-  std::vector<uint16_t> bits;
-  std::vector<float> values;  // the same values, widened
-};
-
-HostTensor random_tensor(size_t n, fa::DType t, std::mt19937& rng) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  HostTensor h;
-  h.bits.resize(n);
-  h.values.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    h.bits[i] = fa::to_bits(d(rng), t);
-    h.values[i] = fa::from_bits(h.bits[i], t);
-  }
-  return h;
-}
-
 // Relative error ||got - ref|| / ||ref|| of a 16-bit device tensor, and its NaN count.
 std::pair<double, size_t> rel_error(const fa::rt::DeviceBuffer& buf, const std::vector<double>& ref,
                                     fa::DType t) {
@@ -103,8 +86,8 @@ int run_variant(const RunOptions& o) {
   const int B = o.batch, H = o.heads, L = o.len, D = o.head_dim;
   std::mt19937 rng(std::random_device{}());
   size_t n = static_cast<size_t>(B) * H * L * D;
-  HostTensor q = random_tensor(n, o.dtype, rng), kk = random_tensor(n, o.dtype, rng),
-             v = random_tensor(n, o.dtype, rng);
+  fa::RoundedTensor q = fa::random_rounded(n, o.dtype, rng), kk = fa::random_rounded(n, o.dtype, rng),
+                    v = fa::random_rounded(n, o.dtype, rng);
 
   // Captures with defaults for whatever the preset did not fix.
   fa::Captures cap;
@@ -215,7 +198,7 @@ int run_variant(const RunOptions& o) {
   if (!o.backward) return ok ? 0 : 1;
 
   // ---- backward: random dO, gradients into poisoned buffers, each checked against float64.
-  HostTensor g_out = random_tensor(n, o.dtype, rng);
+  fa::RoundedTensor g_out = fa::random_rounded(n, o.dtype, rng);
   std::vector<double> dout_vals(g_out.values.begin(), g_out.values.end());
   fa::rt::DeviceBuffer d_do(bytes), d_dq(bytes), d_dk(bytes), d_dv(bytes);
   d_do.upload(g_out.bits.data(), bytes);

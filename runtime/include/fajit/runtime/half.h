@@ -21,8 +21,11 @@
 // violation (it is treated as f16).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <random>
+#include <vector>
 
 #include "fajit/tensor.h"
 
@@ -92,6 +95,26 @@ inline float from_bits(uint16_t b, DType t) {
   float f;
   std::memcpy(&f, &x, sizeof f);
   return f;
+}
+
+// n standard-normal values drawn with `rng`, rounded to t: the 16-bit patterns a kernel reads
+// and the same values widened, which is what a float reference must read (random inputs of
+// `fajit run` and the fuzzer).
+struct RoundedTensor {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+};
+template <typename Rng>
+RoundedTensor random_rounded(size_t n, DType t, Rng& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  RoundedTensor h;
+  h.bits.resize(n);
+  h.values.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    h.bits[i] = to_bits(d(rng), t);
+    h.values[i] = from_bits(h.bits[i], t);
+  }
+  return h;
 }
 
 }  // namespace fa
