@@ -520,11 +520,10 @@ def _check_inputs(query, key, value, enable_gqa):
             raise ValueError(f"query has {Hq} heads and key {Hkv}: pass enable_gqa=True for grouped-query attention")
         if Hq % Hkv != 0:
             raise ValueError(f"enable_gqa: query heads ({Hq}) must be a multiple of key heads ({Hkv})")
-    for name, t in (("query", query), ("key", key)):
-        if t.shape[3] not in (64, 128):
-            raise ValueError(f"{name}: fajit supports head dims 64 and 128, got {t.shape[3]}")
-    if value.shape[3] not in (64, 128):
-        raise ValueError(f"value: fajit supports head dims 64 and 128, got {value.shape[3]}")
+    for name, t in (("query", query), ("value", value)):
+        d = t.shape[3]
+        if d % 8 != 0 or not 32 <= d <= 256:
+            raise ValueError(f"{name}: fajit takes head dims that are multiples of 8 from 32 to 256, got {d}")
 
 
 def _rows(t):
@@ -536,7 +535,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     """torch.nn.attention.flex_attention.flex_attention, computed by fajit's kernels.
 
     query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (fp16 or bf16, CUDA, E and Ev
-    64 or 128); block_mask from fajit.torch.create_block_mask or torch's. Returns out
+    multiples of 8 from 32 to 256); block_mask from fajit.torch.create_block_mask or torch's. Returns out
     [B, Hq, L, Ev] (and the natural-log LSE [B, Hq, L], fp32, with return_lse=True)."""
     _check_inputs(query, key, value, enable_gqa)
     B, Hq, L, E = query.shape

@@ -160,7 +160,8 @@ def causal(b, h, q_idx, kv_idx):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("B,Hq,Hkv,L,S,D", [(2, 4, 4, 256, 256, 64), (1, 8, 2, 200, 333, 128), (1, 2, 1, 77, 129, 64)])
+@pytest.mark.parametrize("B,Hq,Hkv,L,S,D", [(2, 4, 4, 256, 256, 64), (1, 8, 2, 200, 333, 128), (1, 2, 1, 77, 129, 64),
+                                           (1, 4, 2, 300, 300, 80), (1, 2, 2, 129, 77, 40)])
 def test_forward_and_gradients_match_flex(dtype, B, Hq, Hkv, L, S, D):
     import fajit.torch as ft
 
@@ -304,9 +305,11 @@ def test_bad_gpu_inputs_name_the_argument():
         ft.flex_attention(q, q.half(), q)
     with pytest.raises(ValueError, match="query must be float16 or bfloat16, got torch.float32"):
         ft.flex_attention(q.float(), q, q)
-    with pytest.raises(ValueError, match="fajit supports head dims 64 and 128, got 96"):
-        z = torch.zeros(1, 4, 128, 96, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="query: fajit takes head dims that are multiples of 8 from 32 to 256, got 100"):
+        z = torch.zeros(1, 4, 128, 100, device="cuda", dtype=torch.bfloat16)
         ft.flex_attention(z, z, z)
+    with pytest.raises(ValueError, match="value: fajit takes head dims that are multiples of 8 from 32 to 256, got 264"):
+        ft.flex_attention(q, q, torch.zeros(1, 4, 128, 264, device="cuda", dtype=torch.bfloat16))
     mask = ft.create_block_mask(causal, None, None, 256, 256)
     with pytest.raises(ValueError, match="block_mask was created for Q_LEN=256, KV_LEN=256; query has L=128 and key S=128"):
         ft.flex_attention(q, q, q, block_mask=mask)

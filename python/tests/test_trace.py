@@ -374,7 +374,9 @@ def test_compile_a_traced_variant_without_a_gpu():
     src = k.cuda_source()
     assert "score_mod" in src and "fa.load %slopes[%h]" in src
     assert k.origin() in ("compiled", "disk", "memory") and len(k.cache_key()) >= 32
-    with pytest.raises(fajit.FajitError, match="head_dim_qk must be 64 or 128, got 96"):
-        fajit.compile(alibi_slopes, causal, head_dim_qk=96, arch="sm_80")
+    k96 = fajit.compile(alibi_slopes, causal, head_dim_qk=96, head_dim_v=80, arch="sm_80")
+    assert "fa::FwdConfig<fa::bf16_t, 96, 80," in k96.cuda_source()
+    with pytest.raises(fajit.FajitError, match="head_dim_qk must be a multiple of 8 from 32 to 256, got 100"):
+        fajit.compile(alibi_slopes, causal, head_dim_qk=100, arch="sm_80")
     with pytest.raises(ValueError, match="dtype must be 'bf16' or 'f16', got 'f32'"):
         fajit.compile(alibi_slopes, causal, dtype="f32")

@@ -29,15 +29,18 @@ namespace fa {
 
 // ---- tile shape ------------------------------------------------------------------------------
 // Fragment and chunk counts of an attention tile of kBlockN keys with head dims kHeadDimQK
-// (Q·Kᵀ) and kHeadDimV (P·V, O); the kernel configs derive from it.
+// (Q·Kᵀ) and kHeadDimV (P·V, O), any multiples of 8 (HeadRow: an odd chunk count computes one
+// zero chunk more, shared rows are padded to swizzle groups); the kernel configs derive from it.
 template <int kBlockN, int kHeadDimQK, int kHeadDimV>
 struct AttentionTileShape {
-  static constexpr int kNT = kBlockN / 8;      // 8-column n-tiles of S
-  static constexpr int kKQ = kHeadDimQK / 16;  // k-steps of Q·Kᵀ
-  static constexpr int kKP = kBlockN / 16;     // k-steps of P·V
-  static constexpr int kDT = kHeadDimV / 8;    // 8-column n-tiles of O
-  static constexpr int kCQ = kHeadDimQK / 8;   // 16-byte chunks per Q/K row
-  static constexpr int kCV = kHeadDimV / 8;    // 16-byte chunks per V/O row
+  using RowQK = HeadRow<kHeadDimQK>;         // a Q / K row
+  using RowV = HeadRow<kHeadDimV>;           // a V / O / dO row
+  static constexpr int kNT = kBlockN / 8;    // 8-column n-tiles of S
+  static constexpr int kKQ = RowQK::kSteps;  // k-steps of Q·Kᵀ
+  static constexpr int kKP = kBlockN / 16;   // k-steps of P·V
+  static constexpr int kDT = RowV::kUsed;    // 8-column n-tiles of O (an even count)
+  static constexpr int kCQ = RowQK::kPitch;  // 16-byte chunks per shared Q/K row
+  static constexpr int kCV = RowV::kPitch;   // 16-byte chunks per shared V/O row
 };
 
 // ---- where a CTA and a thread are -------------------------------------------------------------
@@ -250,21 +253,18 @@ __device__ __forceinline__ void stage_packed(u32 tile, const u32 (&a)[kK][4], in
         st_shared_b32(tile + Layout::offset(row0 + 8 * hh, 2 * kk + half) + lane_t * 4, a[kk][2 * half + hh]);
 }
 
-// Rows row_begin..row_begin+kRows-1 of a staged tile of kChunks chunks per row to global rows
-// q0 + row (row stride `stride` elements) with 16-byte stores by kThreads threads (`tid` the
-// thread's index among them); rows at or past `len` are not written.
+// Rows row_begin..row_begin+kRows-1 of a staged tile, chunks 0..kChunks-1 of each (a row's
+// global chunks: HeadRow::kChunks), to global rows q0 + row (row stride `stride` elements) with
+// 16-byte stores by kThreads threads (`tid` the thread's index among them); rows at or past
+// `len` are not written.
 template <int kRows, int kChunks, int kThreads, typename Layout, typename E>
 __device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, int row_begin, int q0, int len,
                                            int tid) {
-  constexpr int kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "staged rows must split evenly over the threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
+  for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {
     const int r = row_begin + idx / kChunks, c = idx % kChunks;
     if (q0 + r < len)
       st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, ld_shared_v4(tile + Layout::offset(r, c)));
-  }
+  });
 }
 
 // The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), written by

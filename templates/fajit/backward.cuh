@@ -68,20 +68,23 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kThreads = kWarps * 32;
 
-  static constexpr int kQT = kBlockM / 8;           // 8-column n-tiles of Sᵀ (query columns)
-  static constexpr int kKV = kHeadDimV / 16;        // k-steps of V·dOᵀ
-  static constexpr int kDQKTiles = kHeadDimQK / 8;  // 8-column n-tiles of dK
-  static constexpr int kMK = kBlockM / 16;          // k-steps over queries (dV, dK)
-  static constexpr int kCM = kBlockM / 8;           // 16-byte chunks per dSᵀ row
+  using Shape = AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_>;
+  using RowQK = typename Shape::RowQK;
+  using RowV = typename Shape::RowV;
+  static constexpr int kQT = kBlockM / 8;         // 8-column n-tiles of Sᵀ (query columns)
+  static constexpr int kKV = RowV::kSteps;        // k-steps of V·dOᵀ
+  static constexpr int kDQKTiles = RowQK::kUsed;  // 8-column n-tiles of dK (and of dQ)
+  static constexpr int kMK = kBlockM / 16;        // k-steps over queries (dV, dK)
+  static constexpr int kCM = kBlockM / 8;         // 16-byte chunks per dSᵀ row
   // dQ tile (BLOCK_M x DQK) split over the warps: 16-row m-tiles x kDqSplit column parts.
   static constexpr int kDqSplit = kWarps / (kBlockM / 16) > 0 ? kWarps / (kBlockM / 16) : 1;
-  static constexpr int kDqCols = kHeadDimQK / kDqSplit;
+  static constexpr int kDqCols = RowQK::kUsed * 8 / kDqSplit;
 
-  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;
-  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;
-  static constexpr int kSmemQBytes = kBlockM * kHeadDimQK * 2;  // one stage
-  static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;  // one stage
-  static constexpr int kSmemRowBytes = kBlockM * 4;             // LSE or Δ of one stage
+  static constexpr int kSmemKBytes = kBlockN * RowQK::kRowBytes;
+  static constexpr int kSmemVBytes = kBlockN * RowV::kRowBytes;
+  static constexpr int kSmemQBytes = kBlockM * RowQK::kRowBytes;  // one stage
+  static constexpr int kSmemDoBytes = kBlockM * RowV::kRowBytes;  // one stage
+  static constexpr int kSmemRowBytes = kBlockM * 4;               // LSE or Δ of one stage
   static constexpr int kSmemStageBytes = kSmemQBytes + kSmemDoBytes + 2 * kSmemRowBytes;
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kSmemBytes = kSmemKBytes + kSmemVBytes + kStages * kSmemStageBytes + kSmemDsBytes;
@@ -91,22 +94,28 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kDetWarps = kBlockM / 16;
   static constexpr int kDetThreads = kDetWarps * 32;
   static constexpr int kDetKvTile = 64;
-  static constexpr int kDetSmemBytes =
-      kBlockM * (kHeadDimQK + kHeadDimV) * 2 + 2 * kDetKvTile * (kHeadDimQK + kHeadDimV) * 2;
+  static constexpr int kDetSmemBytes = (kBlockM + 2 * kDetKvTile) * (RowQK::kRowBytes + RowV::kRowBytes);
 
-  // Preprocess / dQ conversion: kPreThreads threads, one 16-byte chunk of a row each.
+  // Preprocess / dQ conversion: kPreThreads threads, one 16-byte chunk of a row each, in
+  // groups of a power of two lanes per row (lanes past the row's chunks idle).
   static constexpr int kPreThreads = 128;
-  static constexpr int kPreRows = kPreThreads / (kHeadDimV / 8);
-  static constexpr int kDqRows = kPreThreads / (kHeadDimQK / 8);
+  static constexpr int kPreLanes = pow2_at_least(RowV::kChunks);
+  static constexpr int kDqLanes = pow2_at_least(RowQK::kChunks);
+  static constexpr int kPreRows = kPreThreads / kPreLanes;
+  static constexpr int kDqRows = kPreThreads / kDqLanes;
 
-  static_assert(kHeadDimQK == 64 || kHeadDimQK == 128, "DQK must be 64 or 128");
-  static_assert(kHeadDimV == 64 || kHeadDimV == 128, "DV must be 64 or 128");
+  static_assert(kHeadDimQK % 8 == 0 && kHeadDimQK >= 32 && kHeadDimQK <= 256,
+                "DQK must be a multiple of 8 from 32 to 256");
+  static_assert(kHeadDimV % 8 == 0 && kHeadDimV >= 32 && kHeadDimV <= 256,
+                "DV must be a multiple of 8 from 32 to 256");
+  static_assert(RowQK::kUsed + RowV::kUsed <= 32,
+                "dK and dV of a warp's 16 keys live in registers: DQK + DV (rounded to 16) <= 256");
   static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
   static_assert(kWarps == 4 || kWarps == 8, "WARPS must be 4 or 8");
   static_assert(kWarps % (kBlockM / 16) == 0 || (kBlockM / 16) % kWarps == 0,
                 "the dQ tile must split evenly over the warps");
   static_assert((kBlockM / 16) <= kWarps, "every warp owns at least one 16-row m-tile of dQ");
-  static_assert(kDqCols % 16 == 0, "dQ column parts must be whole 16-column pairs");
+  static_assert(RowQK::kUsed % (2 * kDqSplit) == 0, "dQ column parts must be whole 16-column pairs");
   static_assert(kStages == 2, "STAGES must be 2");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
   static_assert(kDetSmemBytes <= 227 * 1024,
@@ -253,17 +262,18 @@ __device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)
 }  // namespace bwd
 
 // ================================ preprocess =================================================
-// delta[b, h, q] = sum_d dO·O (fp32) - dLSE; dq_accum rows zeroed. kCV threads per row.
+// delta[b, h, q] = sum_d dO·O (fp32) - dLSE; dq_accum rows zeroed. kPreLanes threads per row,
+// one 16-byte chunk each.
 template <typename Cfg>
 __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
   using E = typename Cfg::Element;
-  constexpr int kCV = Cfg::kHeadDimV / 8;
+  constexpr int kLanes = Cfg::kPreLanes;
   constexpr int kCQ4 = Cfg::kHeadDimQK / 4;  // 16-byte fp32 chunks of a dq_accum row
   const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
-  const int q = blockIdx.x * Cfg::kPreRows + threadIdx.x / kCV, c = threadIdx.x % kCV;
+  const int q = blockIdx.x * Cfg::kPreRows + threadIdx.x / kLanes, c = threadIdx.x % kLanes;
   const bool in = q < p.len_q;
   float acc = 0.f;
-  if (in) {
+  if (in && c < Cfg::RowV::kChunks) {
     const u32x4 o = ld_global_v4(bwd::row_base<E>(p.o, p.o_stride_b, p.o_stride_h, b, h) +
                                  (long long)q * p.o_stride_m + c * 8);
     const u32x4 d = ld_global_v4(bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h) +
@@ -278,7 +288,7 @@ __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
     }
   }
 #pragma unroll
-  for (int m = kCV / 2; m > 0; m /= 2) acc += shfl_xor(acc, m);  // the row's kCV lanes
+  for (int m = kLanes / 2; m > 0; m /= 2) acc += shfl_xor(acc, m);  // the row's lanes
   if (!in) return;
   const long long bh = (long long)b * p.heads_q + h;
   if (c == 0) {
@@ -287,17 +297,17 @@ __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
   }
   if (p.dq_accum == nullptr) return;  // deterministic mode: dQ is written directly
   float* dqa = p.dq_accum + (bh * p.len_q + q) * Cfg::kHeadDimQK;
-  for (int cc = c; cc < kCQ4; cc += kCV) st_global_v4(dqa + cc * 4, u32x4{0u, 0u, 0u, 0u});
+  for (int cc = c; cc < kCQ4; cc += kLanes) st_global_v4(dqa + cc * 4, u32x4{0u, 0u, 0u, 0u});
 }
 
 // ================================ dQ conversion ==============================================
 template <typename Cfg>
 __device__ __forceinline__ void backward_dq_kernel(const FaBwdParams& p) {
   using E = typename Cfg::Element;
-  constexpr int kCQ = Cfg::kHeadDimQK / 8;
+  constexpr int kLanes = Cfg::kDqLanes;
   const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
-  const int q = blockIdx.x * Cfg::kDqRows + threadIdx.x / kCQ, c = threadIdx.x % kCQ;
-  if (q >= p.len_q) return;
+  const int q = blockIdx.x * Cfg::kDqRows + threadIdx.x / kLanes, c = threadIdx.x % kLanes;
+  if (q >= p.len_q || c >= Cfg::RowQK::kChunks) return;
   const long long bh = (long long)b * p.heads_q + h;
   const float* src = p.dq_accum + (bh * p.len_q + q) * Cfg::kHeadDimQK + c * 8;
   const u32x4 lo = ld_global_v4(src), hi = ld_global_v4(src + 4);
@@ -318,6 +328,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kQT = Cfg::kQT;  // n-tiles of Sᵀ (query columns)
   constexpr int kCQ = Cfg::kCQ, kCV = Cfg::kCV, kCM = Cfg::kCM;
+  using RowQK = typename Cfg::RowQK;
+  using RowV = typename Cfg::RowV;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const LaneCoords lc;
@@ -338,10 +350,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto sDelta = [&](int s) { return sLse(s) + Cfg::kSmemRowBytes; };
 
   // ---- K and V of this CTA, once
-  load_tile_async<kBN, kCQ, kThreads>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
-                                      p.k_stride_n, kv0, len_kv, tid);
-  load_tile_async<kBN, kCV, kThreads>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
-                                      p.v_stride_n, kv0, len_kv, tid);
+  load_tile_async<kBN, RowQK, kThreads>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
+                                        p.k_stride_n, kv0, len_kv, tid);
+  load_tile_async<kBN, RowV, kThreads>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
+                                       p.v_stride_n, kv0, len_kv, tid);
   cp_async_commit();
 
   // Lane offsets: K, V rows of this warp as A operands; Q, dO as B (n = queries) and as B with
@@ -378,8 +390,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     // Q, dO by cp.async; LSE·log2e and Δ through registers (rows may not fill a 16-byte chunk).
     auto load_q_tile = [&](int it, int s) {
       const int q0 = walk.tile_start(it);
-      load_tile_async<kBM, kCQ, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
-      load_tile_async<kBM, kCV, kThreads>(sDo(s), dog, p.do_stride_m, q0, len_q, tid);
+      load_tile_async<kBM, RowQK, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
+      load_tile_async<kBM, RowV, kThreads>(sDo(s), dog, p.do_stride_m, q0, len_q, tid);
       bwd::stage_row_stats<kBM, kThreads>(sLse(s), sDelta(s), p, b, hq, q0, tid);
     };
     if (n_tiles > 0) load_q_tile(0, 0);
@@ -463,6 +475,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
             float* row = dqa + (long long)q * Cfg::kHeadDimQK + part * Cfg::kDqCols + 2 * t;
 #pragma unroll
             for (int j = 0; j < kNQ; ++j) {
+              // the zero chunk after an odd chunk count is computed, never stored
+              if (RowQK::kUsed != RowQK::kChunks && part * Cfg::kDqCols + 8 * j >= Cfg::kHeadDimQK) continue;
               red_add_f32(row + 8 * j, dq[j][2 * hh]);
               red_add_f32(row + 8 * j + 1, dq[j][2 * hh + 1]);
             }
@@ -483,8 +497,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   __syncwarp();
   E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
   E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
-  store_rows<16, kCQ, 32, SwizzledRows<kCQ>>(dkg, p.dk_stride_n, sK, warp * 16, kv0, len_kv, lane);
-  store_rows<16, kCV, 32, SwizzledRows<kCV>>(dvg, p.dv_stride_n, sV, warp * 16, kv0, len_kv, lane);
+  store_rows<16, RowQK::kChunks, 32, SwizzledRows<kCQ>>(dkg, p.dk_stride_n, sK, warp * 16, kv0, len_kv, lane);
+  store_rows<16, RowV::kChunks, 32, SwizzledRows<kCV>>(dvg, p.dv_stride_n, sV, warp * 16, kv0, len_kv, lane);
 }
 
 // ================================ dQ, deterministic =========================================
@@ -498,7 +512,9 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kDetKvTile, kThreads = Cfg::kDetThreads;
   constexpr int kCQ = Cfg::kCQ, kCV = Cfg::kCV;
   constexpr int kNT = kBN / 8;  // n-tiles of S (keys)
-  constexpr int kDQ = Cfg::kHeadDimQK / 8;
+  constexpr int kDQ = Cfg::kDQKTiles;
+  using RowQK = typename Cfg::RowQK;
+  using RowV = typename Cfg::RowV;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const LaneCoords lc;
@@ -508,11 +524,11 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   const u32 sQ = smem_addr(smem);
-  const u32 sDo = sQ + kBM * Cfg::kHeadDimQK * 2;
-  const u32 sKV0 = sDo + kBM * Cfg::kHeadDimV * 2;
-  constexpr int kStageBytes = kBN * (Cfg::kHeadDimQK + Cfg::kHeadDimV) * 2;
+  const u32 sDo = sQ + kBM * RowQK::kRowBytes;
+  const u32 sKV0 = sDo + kBM * RowV::kRowBytes;
+  constexpr int kStageBytes = kBN * (RowQK::kRowBytes + RowV::kRowBytes);
   auto sK = [&](int s) { return sKV0 + s * kStageBytes; };
-  auto sV = [&](int s) { return sK(s) + kBN * Cfg::kHeadDimQK * 2; };
+  auto sV = [&](int s) { return sK(s) + kBN * RowQK::kRowBytes; };
 
   const E* kg = bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv);
   const E* vg = bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv);
@@ -520,13 +536,13 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   const int n_tiles = walk.n_tiles;
   auto load_kv = [&](int it, int s) {
     const int start = walk.tile_start(it);
-    load_tile_async<kBN, kCQ, kThreads>(sK(s), kg, p.k_stride_n, start, len_kv, tid);
-    load_tile_async<kBN, kCV, kThreads>(sV(s), vg, p.v_stride_n, start, len_kv, tid);
+    load_tile_async<kBN, RowQK, kThreads>(sK(s), kg, p.k_stride_n, start, len_kv, tid);
+    load_tile_async<kBN, RowV, kThreads>(sV(s), vg, p.v_stride_n, start, len_kv, tid);
   };
-  load_tile_async<kBM, kCQ, kThreads>(sQ, bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, h),
-                                      p.q_stride_m, q0, len_q, tid);
-  load_tile_async<kBM, kCV, kThreads>(sDo, bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h),
-                                      p.do_stride_m, q0, len_q, tid);
+  load_tile_async<kBM, RowQK, kThreads>(sQ, bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, h),
+                                        p.q_stride_m, q0, len_q, tid);
+  load_tile_async<kBM, RowV, kThreads>(sDo, bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h),
+                                       p.do_stride_m, q0, len_q, tid);
   if (n_tiles > 0) load_kv(0, 0);
   cp_async_commit();
 
@@ -616,7 +632,7 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   stage_rows<E, SwizzledRows<kCQ>>(sQ, dq, kscale, warp * 16 + g, t);
   __syncwarp();
   E* dqg = static_cast<E*>(p.dq) + b * p.dq_stride_b + h * p.dq_stride_h;
-  store_rows<16, kCQ, 32, SwizzledRows<kCQ>>(dqg, p.dq_stride_m, sQ, warp * 16, q0, len_q, lane);
+  store_rows<16, RowQK::kChunks, 32, SwizzledRows<kCQ>>(dqg, p.dq_stride_m, sQ, warp * 16, q0, len_q, lane);
 }
 
 }  // namespace fa

@@ -62,6 +62,8 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   // The preprocess, dQ conversion and deterministic dQ kernels (backward.cuh).
   using Aux = BwdConfig<Element, kHeadDimQK, kHeadDimV, kBlockM, kBlockM / 16, 2, kDeterministic>;
   static constexpr int kPreThreads = Aux::kPreThreads;
+  static constexpr int kPreRows = Aux::kPreRows;
+  static constexpr int kDqRows = Aux::kDqRows;
   static constexpr int kDetThreads = Aux::kDetThreads;
   static constexpr int kDetSmemBytes = Aux::kDetSmemBytes;
 

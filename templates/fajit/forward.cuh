@@ -17,14 +17,16 @@
 // ---- Config (fa::FwdConfig<Element, DQK, DV, BLOCK_M, BLOCK_N, WARPS, STAGES, MIN_BLOCKS,
 //                            Q_IN_REGS>)
 //   Element      storage type of Q/K/V/O (fa::f16_t or fa::bf16_t)
-//   DQK, DV      head dims of Q·Kᵀ and of V/O: 64 or 128, independently
+//   DQK, DV      head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 256, independently
+//                (an odd number of 16-byte chunks computes one zero chunk more; shared rows
+//                are padded to multiples of 64 elements: fajit::HeadRow)
 //   BLOCK_M      query rows per CTA; each warp owns BLOCK_M / WARPS rows (16 or 32)
 //   BLOCK_N      key/value rows per pipeline tile (32, 64 or 128)
 //   WARPS        warps per CTA (4 or 8)
 //   STAGES       K/V shared-memory stages of the cp.async pipeline (2..4)
 //   MIN_BLOCKS   __launch_bounds__ min blocks per SM (1 = no register cap)
 //   Q_IN_REGS    keep Q fragments in registers for the whole KV walk (default: when a warp
-//                owns 16 rows); false re-reads them from the shared Q tile at each k-step,
+//                owns 16 rows and DQK <= 128); false re-reads them from the shared Q tile at each k-step,
 //                which frees registers for 32-row warps (better K/V fragment reuse)
 // The sparse block sizes of FaBlockTables must be multiples of BLOCK_M (q_block) and BLOCK_N
 // (kv_block); the kernel walks kv_block / BLOCK_N sub-tiles of each sparse block.
@@ -33,7 +35,8 @@
 //   grid  = ( ceil(len_q / BLOCK_M), batch * heads_q, 1 )
 //   block = ( WARPS * 32, 1, 1 )                               == Config::kThreads
 //   dynamic shared memory bytes                                == Config::kSmemBytes
-//         = 2 * ( BLOCK_M * max(DQK, DV) + STAGES * BLOCK_N * (DQK + DV) )
+//         = 2 * ( BLOCK_M * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV) )
+//   with PQK, PV the head dims rounded up to multiples of 64 (HeadRow::kPitch * 8)
 //   when > 48 KiB: cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n).
 //   Kernel arguments: (const FaFwdParams p, const FaCaptures cap), by value.
 //   Host-validated preconditions: scale > 0; heads_q % heads_kv == 0; len_q, len_kv >= 1;
@@ -60,7 +63,8 @@
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kWarps_,
-          int kStages_, int kMinBlocksPerSM_ = 1, bool kQInRegisters_ = (kBlockM_ / kWarps_ == 16)>
+          int kStages_, int kMinBlocksPerSM_ = 1,
+          bool kQInRegisters_ = (kBlockM_ / kWarps_ == 16 && kHeadDimQK_ <= 128)>
 struct FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -74,14 +78,17 @@ struct FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
 
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
-  static constexpr int kMaxHeadDim = kHeadDimQK > kHeadDimV ? kHeadDimQK : kHeadDimV;
-  static constexpr int kSmemQOBytes = kBlockM * kMaxHeadDim * 2;  // Q tile, then O staging
-  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;    // one K stage
-  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;     // one V stage
+  using Shape = AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_>;
+  static constexpr int kMaxPitch = Shape::kCQ > Shape::kCV ? Shape::kCQ : Shape::kCV;
+  static constexpr int kSmemQOBytes = kBlockM * kMaxPitch * 16;          // Q tile, then O staging
+  static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;  // one K stage
+  static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;   // one V stage
   static constexpr int kSmemBytes = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
 
-  static_assert(kHeadDimQK == 64 || kHeadDimQK == 128, "DQK must be 64 or 128");
-  static_assert(kHeadDimV == 64 || kHeadDimV == 128, "DV must be 64 or 128");
+  static_assert(kHeadDimQK % 8 == 0 && kHeadDimQK >= 32 && kHeadDimQK <= 256,
+                "DQK must be a multiple of 8 from 32 to 256");
+  static_assert(kHeadDimV % 8 == 0 && kHeadDimV >= 32 && kHeadDimV <= 256,
+                "DV must be a multiple of 8 from 32 to 256");
   static_assert(kWarps == 4 || kWarps == 8, "WARPS must be 4 or 8");
   static_assert(kBlockM % kWarps == 0 && (kRowsPerWarp == 16 || kRowsPerWarp == 32),
                 "BLOCK_M / WARPS (rows per warp) must be 16 or 32");
@@ -97,6 +104,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   constexpr int kRW = Cfg::kRowsPerWarp;
   constexpr int kMT = kRW / 16;  // 16-row m-tiles per warp
   constexpr int kThreads = Cfg::kThreads;
+  using RowQK = typename Cfg::RowQK;
+  using RowV = typename Cfg::RowV;
 
   extern __shared__ __align__(128) unsigned char smem[];
   const LaneCoords lc;
@@ -121,12 +130,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const int start = tile_start(it);
     if (start >= len_kv) return;  // a sub-tile past the end of a tail block: never read
     const int s = it % kStages;
-    load_tile_async<kBN, Cfg::kCQ, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n, start, len_kv, tid);
-    load_tile_async<kBN, Cfg::kCV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n, start, len_kv, tid);
+    load_tile_async<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n, start, len_kv, tid);
+    load_tile_async<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n, start, len_kv, tid);
   };
 
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
-  load_tile_async<kBM, Cfg::kCQ, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
+  load_tile_async<kBM, RowQK, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -279,7 +288,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   }
   __syncwarp();
   E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-  store_rows<kRW, Cfg::kCV, 32, Staging>(og, p.o_stride_m, sQ, warp_row0, q0, len_q, lane);
+  store_rows<kRW, RowV::kChunks, 32, Staging>(og, p.o_stride_m, sQ, warp_row0, q0, len_q, lane);
 }
 
 }  // namespace fa

@@ -169,41 +169,68 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// The smallest power of two >= n (n >= 1).
+__host__ __device__ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+
+// ---- strided work split -----------------------------------------------------------------
+// f(idx) for idx = tid, tid + kThreads, ... below kTotal: kTotal items spread over kThreads
+// threads (`tid` the caller's index among them), unrolled; the last round is guarded only when
+// kTotal is not a multiple of kThreads.
+template <int kTotal, int kThreads, typename F>
+__device__ __forceinline__ void for_each_strided(int tid, F&& f) {
+#pragma unroll
+  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    if (kTotal % kThreads == 0 || idx < kTotal) f(idx);
+  }
+}
+
 // ---- swizzled tiles ----------------------------------------------------------------------
-// A shared tile of `rows` x `kChunks` 16-byte chunks (8 elements each). Chunk c of row r is
-// stored at chunk (c ^ (r % 8)): the 8 rows an ldmatrix phase reads (same logical chunk)
-// land in 8 distinct 16-byte bank groups, so ldmatrix, cp.async and the epilogue's 4-byte
-// stores are conflict-free. Needs kChunks >= 8 (head dim >= 64).
-template <int kChunks>
+// A shared tile of rows of kPitch 16-byte chunks (8 elements each). Chunk c of row r is stored
+// at chunk (c ^ (r % 8)): the 8 rows an ldmatrix phase reads (same logical chunk) land in 8
+// distinct 16-byte bank groups, so ldmatrix, cp.async and the epilogue's 4-byte stores are
+// conflict-free. The XOR stays inside a group of 8 chunks, so kPitch is a multiple of 8.
+template <int kPitch>
 __device__ __forceinline__ u32 swizzle_offset(int row, int chunk) {
-  static_assert(kChunks >= 8 && (kChunks & (kChunks - 1)) == 0,
-                "swizzled tiles need a power-of-two row of >= 8 chunks (head dim >= 64)");
-  return static_cast<u32>((row * kChunks + (chunk ^ (row & 7))) * 16);
+  static_assert(kPitch > 0 && kPitch % 8 == 0, "swizzled rows are whole groups of 8 chunks (64 elements)");
+  return static_cast<u32>((row * kPitch + (chunk ^ (row & 7))) * 16);
 }
 // The same layout as a staging-layout type (attention_tile.cuh's epilogue takes any).
-template <int kChunks>
+template <int kPitch>
 struct SwizzledRows {
   static __device__ __forceinline__ u32 offset(int row, int chunk) {
-    return swizzle_offset<kChunks>(row, chunk);
+    return swizzle_offset<kPitch>(row, chunk);
   }
 };
 
-// cp.async of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride `stride`
-// elements) into a swizzled shared tile, spread over kThreads threads (`tid` among them); rows
-// >= len are zero-filled and never read.
-template <int kRows, int kChunks, int kThreads, typename Element>
+// A row of kDim 16-bit elements (a head dim: any multiple of 8) as the MMAs and a swizzled
+// shared tile see it. Global memory holds kChunks 16-byte chunks; the MMAs work in 16-column
+// steps (kSteps), so an odd chunk count is read with one zero chunk after it (kUsed chunks);
+// a shared row is kPitch chunks, kUsed rounded up to whole swizzle groups (d 80 -> 16).
+template <int kDim>
+struct HeadRow {
+  static_assert(kDim > 0 && kDim % 8 == 0, "a head dim is a multiple of 8");
+  static constexpr int kDimension = kDim;
+  static constexpr int kChunks = kDim / 8;
+  static constexpr int kSteps = (kChunks + 1) / 2;
+  static constexpr int kUsed = 2 * kSteps;
+  static constexpr int kPitch = (kUsed + 7) / 8 * 8;
+  static constexpr int kRowBytes = kPitch * 16;  // one shared row
+};
+
+// cp.async of kRows head rows (Row = HeadRow<D>) from global rows row0.. (row stride `stride`
+// elements) into a swizzled shared tile, spread over kThreads threads (`tid` among them): the
+// kUsed chunks of each row, zero-filled past the row's kChunks and for rows >= len (neither
+// read from global memory).
+template <int kRows, typename Row, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, long long stride, int row0,
                                                 int len, int tid) {
-  constexpr int kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / kChunks, c = idx % kChunks;
-    const bool valid = row0 + r < len;
-    const Element* g = src + (valid ? (long long)(row0 + r) * stride : 0ll) + c * 8;
-    cp_async_16(dst + swizzle_offset<kChunks>(r, c), g, valid);
-  }
+  for_each_strided<kRows * Row::kUsed, kThreads>(tid, [&](int idx) {
+    const int r = idx / Row::kUsed, c = idx % Row::kUsed;
+    const bool valid = row0 + r < len && (Row::kUsed == Row::kChunks || c < Row::kChunks);
+    const Element* g = src + (valid ? (long long)(row0 + r) * stride + c * 8 : 0ll);
+    cp_async_16(dst + swizzle_offset<Row::kPitch>(r, c), g, valid);
+  });
 }
 
 }  // namespace fa

@@ -323,7 +323,20 @@ std::string check_cpu(const Case& c, bool nvrtc, Stats* stats) {
     std::vector<fa::GeneratedKernel> gen;
     gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kForward)));
     gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kBlockMask)));
-    if (has_grad) gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kBackward)));
+    if (has_grad && fa::head_dim_mma(c.shape.dim_qk) + fa::head_dim_mma(c.shape.dim_v) > 256) {
+      // past the backward's register limit: refused with the limit named, never generated
+      std::string e = "no error";
+      try {
+        fa::generate(p, spec_of(c, fa::KernelKind::kBackward));
+      } catch (const fa::Error& err) {
+        e = err.what();
+      }
+      if (e.find("must be at most 256") == std::string::npos)
+        fail(fmt::format("backward at head dims {}/{} was not refused with the limit: {}", c.shape.dim_qk,
+                         c.shape.dim_v, e));
+    } else if (has_grad) {
+      gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kBackward)));
+    }
     st.sources += static_cast<int64_t>(gen.size());
     if (nvrtc) {
       stage = "nvrtc";

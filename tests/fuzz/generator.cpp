@@ -371,8 +371,13 @@ Case generate_case(uint64_t seed, int index) {
   s.heads_q = s.heads_kv * (g.chance(0.5) ? 1 : g.uniform(2, 4));
   s.len_q = length(g);
   s.len_kv = g.chance(0.2) ? s.len_q : length(g);
-  s.dim_qk = g.chance(0.5) ? 64 : 128;
-  s.dim_v = g.chance(0.7) ? s.dim_qk : 192 - s.dim_qk;
+  if (g.chance(0.6)) {  // the common head dims (and the Hopper kernels' only ones)
+    s.dim_qk = g.chance(0.5) ? 64 : 128;
+    s.dim_v = g.chance(0.7) ? s.dim_qk : 192 - s.dim_qk;
+  } else {  // any multiple of 8 from 32 to 256 (the mma.sync kernels)
+    s.dim_qk = 8 * g.uniform(4, 32);
+    s.dim_v = g.chance(0.5) ? s.dim_qk : 8 * g.uniform(4, 32);
+  }
   s.dtype = g.chance(0.5) ? fa::DType::bf16 : fa::DType::f16;
   // The float64 reference of the GPU mode costs B * Hq * Lq * Lkv * D: at most 2e7 pairs, so
   // long sequences come with few heads.

@@ -103,6 +103,17 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.deterministic = true, c.dlse = true; }),
       with({"document2d_causal", f16, 128, 64, 2, 2, 1, 17, 1000}, "det_noncontig",
            [](BwdCase& c) { c.deterministic = true, c.noncontig = true; }),
+      // Head dims beyond 64 / 128 (mma.sync): odd chunk counts (40, 80, 136), padded shared
+      // rows, QK != V; the backward takes head_dim_qk + head_dim_v <= 256.
+      {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},
+      {"document_softcap", f16, 40, 40, 1, 4, 1, 17, 1000},
+      {"alibi_slopes", bf16, 80, 80, 1, 4, 4, 1000, 4097},
+      {"sliding", f16, 96, 96, 2, 4, 2, 4097, 4097, 200},
+      {"relative_bias", bf16, 136, 112, 1, 2, 1, 1000, 1000},
+      with({"causal_alibi", bf16, 96, 64, 1, 4, 2, 1000, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      with({"prefix_lm", f16, 80, 48, 1, 4, 2, 1000, 1000, 300}, "noncontig_dlse",
+           [](BwdCase& c) { c.noncontig = true, c.dlse = true; }),
   };
   return all;
 }
@@ -192,8 +203,8 @@ TEST_P(BackwardTest, MatchesReference) {
   opt.dtype = c.dtype, opt.head_dim_qk = c.dqk, opt.head_dim_v = c.dv;
   opt.family = c.family;
   const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opt);
-  const bool want_wgmma =
-      c.family != fa::KernelFamily::kMmaSync && kernel.spec().arch == "sm_90a" && c.dqk == c.dv;
+  const bool want_wgmma = c.family != fa::KernelFamily::kMmaSync && kernel.spec().arch == "sm_90a" &&
+                          c.dqk == c.dv && (c.dqk == 64 || c.dqk == 128);
   EXPECT_EQ(kernel.backward_spec().family, want_wgmma ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync)
       << kernel.backward_spec().to_string();
 
@@ -356,10 +367,14 @@ TEST_P(BackwardTest, MatchesReference) {
 }
 
 // Every case with the backward the host picks (on an H100/H200: the wgmma kernel wherever
-// dqk == dv) and again with the mma.sync kernel forced.
+// dqk == dv, 64 or 128) and again with the mma.sync kernel forced (where that differs).
 std::vector<BwdCase> mma_cases() {
-  std::vector<BwdCase> v = cases();
-  for (BwdCase& c : v) c.family = fa::KernelFamily::kMmaSync;
+  std::vector<BwdCase> v;
+  for (BwdCase c : cases())
+    if (c.dqk == c.dv && (c.dqk == 64 || c.dqk == 128)) {
+      c.family = fa::KernelFamily::kMmaSync;
+      v.push_back(c);
+    }
   return v;
 }
 

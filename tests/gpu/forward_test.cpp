@@ -113,6 +113,21 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.noncontig = true; }),
       with({"causal", f16, 64, 64, 1, 2, 1, 1000, 1000}, "nolse_stream",
            [](FwdCase& c) { c.no_lse = true, c.own_stream = true; }),
+      // Head dims beyond 64 / 128 (the mma.sync kernel on every arch): odd chunk counts (40,
+      // 72, 80), padded shared rows, 16 rows per warp above 128, QK != V (192/128).
+      {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},
+      {"document_softcap", f16, 40, 40, 1, 4, 1, 4097, 4097},
+      {"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17},
+      {"sliding", f16, 96, 96, 2, 4, 4, 1000, 1000, 100},
+      {"causal", bf16, 192, 128, 1, 8, 1, 4097, 4097},
+      {"relative_bias", f16, 256, 256, 1, 2, 2, 1000, 1000},
+      {"prefix_lm", bf16, 256, 256, 2, 4, 1, 17, 4097, 5},
+      with({"padding", bf16, 72, 136, 1, 4, 2, 1000, 1000, 333}, "noncontig",
+           [](FwdCase& c) { c.noncontig = true; }),
+      with({"causal_alibi", f16, 160, 160, 1, 4, 1, 1000, 1000}, "tile64x32w4s3",
+           [](FwdCase& c) {
+             c.tile = fa::TileConfig{64, 32, 4, 3};
+           }),
       // The mma.sync kernel on the same device (the default above is wgmma on Hopper).
       with({"causal_alibi", bf16, 128, 128, 1, 8, 1, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),

@@ -34,6 +34,23 @@ int main() {
                           mods ? "alibi+cau" : "noop", cfg.c_str(), c.seconds, c.regs, c.spill_stores,
                           c.spill_loads);
             }
+    // Other head-dim classes (mma.sync, sm_80): odd chunk counts, padded rows, QK != V.
+    for (auto [dqk, dv] : {std::pair{32, 32}, {40, 40}, {80, 80}, {96, 96}, {136, 112}})
+      for (int mods = 0; mods < 2; ++mods) {
+        const fa::TileConfig t =
+            fa::default_tile(dqk, dv, mods, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward);
+        const std::string cfg =
+            std::to_string(t.block_m) + ", " + std::to_string(t.warps) + ", 2, " + (mods ? "true" : "false");
+        fa_test::Compiled c = fa_test::compile(
+            fa_test::backward_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), "bf16_t",
+                                     dqk, dv, cfg),
+            "sm_80", true, "fajit_bwd_dkdv");
+        ++count;
+        if (c.cubin.empty()) ++failures;
+        std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_80", "bf16_t", dqk, dv,
+                    mods ? "alibi+cau" : "noop", cfg.c_str(), c.seconds, c.regs, c.spill_stores,
+                    c.spill_loads);
+      }
     // The Hopper dK/dV kernel (wgmma): equal head dims, the tiles the host picks, both dQ modes.
     for (const char* elem : {"f16_t", "bf16_t"})
       for (int d : {64, 128})

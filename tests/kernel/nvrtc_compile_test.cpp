@@ -1,6 +1,6 @@
 // Compiles every forward-kernel variant with NVRTC (no GPU needed): fp16/bf16 x head dims
 // {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi} mods, from the embedded headers only
-// (fa::jit::Nvrtc, as libfajit compiles);
+// (fa::jit::Nvrtc, as libfajit compiles); one of each other head-dim class on sm_80;
 // then the Hopper kernel (forward_sm90.cuh, sm_90a) over the same grid plus its config knobs.
 // Prints compile time, registers and spills; fails on any compile error.
 //   usage: fajit_kernel_compile_test
@@ -33,6 +33,24 @@ int main() {
                           mods ? "alibi+cau" : "noop", c.seconds, c.regs, c.spill_stores, c.spill_loads,
                           spills ? "  <-- SPILLS" : "");
             }
+    // Every other head-dim class on sm_80 with the host's default tile (odd chunk counts, padded
+    // shared rows, 16 rows per warp above 128, QK != V).
+    for (auto [dqk, dv] :
+         {std::pair{32, 32}, {40, 40}, {80, 80}, {96, 96}, {192, 128}, {256, 256}, {104, 56}})
+      for (int mods = 0; mods < 2; ++mods) {
+        const std::string src = fa_test::variant_source(
+            mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), "bf16_t", dqk, dv);
+        fa_test::Compiled c = fa_test::compile(src, "sm_80");
+        ++count;
+        total += c.seconds;
+        worst = c.seconds > worst ? c.seconds : worst;
+        const bool spills = c.spill_stores > 0 || c.spill_loads > 0;
+        if (c.cubin.empty()) ++failures;
+        if (spills) ++spilling;
+        std::printf("%-7s %-6s %4d %4d %-10s %8.3f %5d %d/%d%s\n", "sm_80", "bf16_t", dqk, dv,
+                    mods ? "alibi+cau" : "noop", c.seconds, c.regs, c.spill_stores, c.spill_loads,
+                    spills ? "  <-- SPILLS" : "");
+      }
     // Hopper kernel: default config over the grid, then the non-default knobs once each.
     struct V90 {
       const char* elem;
@@ -73,12 +91,13 @@ int main() {
     }
     // Misuse is rejected at compile time with a readable message.
     try {
-      fa_test::compile(fa_test::variant_source(fa_test::mods_noop(), "bf16_t", 96, 64), "sm_80", false);
-      std::printf("FAIL: head dim 96 compiled\n");
+      fa_test::compile(fa_test::variant_source(fa_test::mods_noop(), "bf16_t", 100, 64, "128, 64, 4, 2"),
+                       "sm_80", false);
+      std::printf("FAIL: head dim 100 compiled\n");
       ++failures;
     } catch (const std::exception& e) {
-      if (std::string(e.what()).find("DQK must be 64 or 128") == std::string::npos) {
-        std::printf("FAIL: unexpected message for head dim 96:\n%s\n", e.what());
+      if (std::string(e.what()).find("a head dim is a multiple of 8") == std::string::npos) {
+        std::printf("FAIL: unexpected message for head dim 100:\n%s\n", e.what());
         ++failures;
       }
     }

@@ -19,6 +19,7 @@
 
 #include "fajit/error.h"
 #include "fajit/frontend.h"
+#include "fajit/jit/arch.h"
 #include "fajit/jit/nvrtc.h"
 #include "fajit/kernel_spec.h"
 #include "fajit/mods.h"
@@ -229,12 +230,14 @@ TEST(Codegen, BadKernelSpec) {
             "kernel dtype must be f16 or bf16, got f32");
   EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::i32)); }),
             "kernel dtype must be f16 or bf16, got i32");
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 96, 128)); }),
-            "head_dim_qk must be 64 or 128, got 96");
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 96)); }),
-            "head_dim_v must be 64 or 128, got 96");
-  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 256, 256)); }),
-            "head_dim_qk must be 64 or 128, got 256");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 100, 128)); }),
+            "head_dim_qk must be a multiple of 8 from 32 to 256, got 100");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 264)); }),
+            "head_dim_v must be a multiple of 8 from 32 to 256, got 264");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 24, 128)); }),
+            "head_dim_qk must be a multiple of 8 from 32 to 256, got 24");
+  EXPECT_EQ(error_of([&] { fa::generate(p, spec(fa::DType::bf16, 0, 128)); }),
+            "head_dim_qk must be a multiple of 8 from 32 to 256, got 0");
   std::string arch = error_of([&] { fa::generate(p, spec(fa::DType::bf16, 128, 128, "sm_7")); });
   EXPECT_EQ(arch.rfind("unknown target arch 'sm_7'; expected sm_80, sm_86, ", 0), 0u) << arch;
   EXPECT_HAS(arch, "sm_90a");
@@ -269,6 +272,86 @@ TEST(Codegen, DefaultTiles) {
   EXPECT_EQ(spec().resolved(true).to_string(), "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a");
   EXPECT_EQ(spec(fa::DType::bf16, 128, 128, "sm_80", fa::KernelKind::kBlockMask).resolved().to_string(),
             "block_mask sm_80");
+}
+
+// Head dims other than 64 / 128: the mma.sync kernels take every multiple of 8 from 32 to 256,
+// the wgmma ones 64 and 128 (auto falls back, an explicit request is refused with the limit);
+// shared rows are padded to 64 elements and tiles shrink until the arch's shared memory holds them.
+TEST(Codegen, EveryHeadDimResolves) {
+  EXPECT_EQ(fa::head_dim_mma(40), 48);
+  EXPECT_EQ(fa::head_dim_pitch(40), 64);
+  EXPECT_EQ(fa::head_dim_pitch(80), 128);
+  EXPECT_EQ(fa::head_dim_pitch(192), 192);
+  for (int dqk = 32; dqk <= 256; dqk += 8)
+    for (int dv : {32, 40, 64, 80, 96, 128, 136, 192, 256}) {
+      fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a");
+      s.family = fa::KernelFamily::kAuto;
+      const fa::KernelSpec r = s.resolved(true);
+      const bool hopper = (dqk == 64 || dqk == 128) && (dv == 64 || dv == 128);
+      EXPECT_EQ(r.family, hopper ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync) << dqk << "/" << dv;
+      EXPECT_LE(r.smem_bytes(), 227 * 1024) << dqk << "/" << dv;
+      for (const char* arch : {"sm_80", "sm_86"}) {
+        const fa::KernelSpec a = spec(fa::DType::bf16, dqk, dv, arch).resolved(true);
+        EXPECT_LE(a.smem_bytes(), fa::jit::max_dynamic_smem(arch)) << dqk << "/" << dv << " " << arch;
+        if (fa::head_dim_mma(dqk) > 128 || fa::head_dim_mma(dv) > 128) {
+          EXPECT_EQ(a.tile.block_m / a.tile.warps, 16) << dqk << "/" << dv << " " << arch;
+        }
+      }
+    }
+  EXPECT_EQ(spec(fa::DType::bf16, 256, 256, "sm_90a").resolved().to_string(),
+            "forward bf16 qk256 v256 mma tile128x64w8s2 sm_90a");
+  EXPECT_EQ(spec(fa::DType::bf16, 256, 256, "sm_80").resolved().to_string(),
+            "forward bf16 qk256 v256 mma tile128x32w8s2 sm_80");
+  EXPECT_EQ(spec(fa::DType::bf16, 256, 256, "sm_86").resolved().to_string(),
+            "forward bf16 qk256 v256 mma tile64x32w4s2 sm_86");
+  EXPECT_EQ(spec(fa::DType::bf16, 80, 80, "sm_86").resolved().to_string(),
+            "forward bf16 qk80 v80 mma tile128x64w4s2 sm_86");
+
+  fa::KernelSpec w = spec(fa::DType::bf16, 96, 96);
+  w.family = fa::KernelFamily::kWgmma;
+  EXPECT_EQ(
+      error_of([&] { w.resolved(); }),
+      "the wgmma forward kernel takes head dims 64 or 128, got head_dim_qk=96 head_dim_v=96; the mma.sync "
+      "kernel takes them (leave the family on auto)");
+  w.kind = fa::KernelKind::kBackward;
+  w.head_dim_qk = 64;
+  w.head_dim_v = 128;
+  EXPECT_EQ(
+      error_of([&] { w.resolved(); }),
+      "the wgmma backward kernel takes head dims 64 or 128, equal, got head_dim_qk=64 head_dim_v=128; the "
+      "mma.sync kernel takes them (leave the family on auto)");
+
+  fa::KernelSpec big = spec(fa::DType::bf16, 128, 128, "sm_86");
+  big.tile = {128, 128, 8, 4};
+  EXPECT_EQ(
+      error_of([&] { big.resolved(); }),
+      "the forward tile 128x128w8s4 needs 294912 bytes of shared memory at head dims 128/128; sm_86 allows "
+      "at most 101376");
+  big.head_dim_qk = big.head_dim_v = 256;
+  big.tile = {128, 64, 4, 2};
+  EXPECT_EQ(error_of([&] { big.resolved(); }),
+            "tile 128x64w4s2: a head dim above 128 needs 16 rows per warp (block_m / warps), got 32");
+
+  // The mma.sync backward: dK and dV of 16 keys per warp stay in registers.
+  auto bwd = [&](int dqk, int dv, const char* arch = "sm_80") {
+    fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, arch, fa::KernelKind::kBackward);
+    s.family = fa::KernelFamily::kAuto;
+    return s.resolved(true);
+  };
+  EXPECT_EQ(bwd(32, 32).to_string(), "backward bf16 qk32 v32 mma tile64x64w4s2 sm_80");
+  EXPECT_EQ(bwd(96, 96).to_string(), "backward bf16 qk96 v96 mma tile64x128w8s2 sm_80");
+  EXPECT_EQ(bwd(80, 80).to_string(), "backward bf16 qk80 v80 mma tile64x64w4s2 sm_80");
+  EXPECT_EQ(bwd(136, 112).to_string(), "backward bf16 qk136 v112 mma tile64x64w4s2 sm_80");
+  EXPECT_EQ(bwd(96, 96, "sm_90a").family, fa::KernelFamily::kMmaSync);
+  EXPECT_EQ(bwd(128, 128, "sm_90a").family, fa::KernelFamily::kWgmma);
+  EXPECT_EQ(
+      error_of([&] { bwd(192, 128); }),
+      "the backward kernel keeps dK and dV of a warp's 16 keys in registers: head_dim_qk + head_dim_v (each "
+      "rounded up to a multiple of 16) must be at most 256, got 192 + 128");
+  EXPECT_EQ(
+      error_of([&] { bwd(128, 128, "sm_86"); }),
+      "the backward tile 64x64w4s2 needs 107520 bytes of shared memory at head dims 128/128; sm_86 allows at "
+      "most 101376 (no smaller tile fits either)");
 }
 
 TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
@@ -375,6 +458,40 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
   for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
   std::vector<std::string> errors = run_parallel(jobs);
   ASSERT_EQ(cases.size(), 26u);
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
+}
+
+// Head dims beyond 64 / 128 (odd chunk counts, padded shared rows, 16 rows per warp above 128,
+// QK != V), forward and backward (deterministic too), on the archs whose shared memory differs.
+TEST(CodegenNvrtc, EveryHeadDimClassCompiles) {
+  fa::Program p = rich_program();
+  struct Case {
+    std::string name;
+    fa::KernelSpec spec;
+  };
+  std::vector<Case> cases;
+  const std::pair<int, int> fwd_dims[] = {{32, 32},   {40, 40},   {80, 80}, {96, 96},
+                                          {192, 128}, {256, 256}, {104, 56}};
+  for (auto [dqk, dv] : fwd_dims)
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      const fa::DType dt = dqk % 16 ? fa::DType::f16 : fa::DType::bf16;
+      fa::KernelSpec s = spec(dt, dqk, dv, arch);
+      s.family = fa::KernelFamily::kAuto;
+      cases.push_back({fmt::format("forward {} {}x{} {}", fa::dtype_name(dt), dqk, dv, arch), s});
+    }
+  cases.push_back({"forward bf16 256x256 sm_86", spec(fa::DType::bf16, 256, 256, "sm_86")});
+  const std::pair<int, int> bwd_dims[] = {{32, 32}, {40, 40}, {80, 80}, {96, 96}, {136, 112}};
+  for (auto [dqk, dv] : bwd_dims)
+    for (bool det : {false, true}) {
+      fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a", fa::KernelKind::kBackward);
+      s.family = fa::KernelFamily::kAuto;
+      s.deterministic = det;
+      cases.push_back({fmt::format("backward {}x{}{}", dqk, dv, det ? " deterministic" : ""), s});
+    }
+  std::vector<std::function<std::string()>> jobs;
+  for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
+  std::vector<std::string> errors = run_parallel(jobs);
+  ASSERT_EQ(cases.size(), 25u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 }
 

@@ -27,9 +27,9 @@ TEST(CreateBlockMask, CompilesNoForwardKernel) {
 
 TEST(CreateBlockMask, ChecksTheOptionsLikeCompile) {
   fa::Options o;
-  o.head_dim_qk = 96;
+  o.head_dim_qk = 100;
   EXPECT_EQ(fa::test::error_of([&] { fa::create_block_mask(fa::mods::causal(), 1, 1, 256, 256, {}, {}, o); }),
-            "head_dim_qk must be 64 or 128, got 96");
+            "head_dim_qk must be a multiple of 8 from 32 to 256, got 100");
 }
 
 }  // namespace

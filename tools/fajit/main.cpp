@@ -203,8 +203,10 @@ int main(int argc, char** argv) {
                        "type of a capture in expressions: NAME:f32 or NAME:i32");
   dump_cmd->add_option("--arch", dump.arch, "target: sm_80, sm_86, sm_89, sm_90a, ... (default sm_90a)");
   dump_cmd->add_option("--dtype", dump.dtype, "element type: bf16 (default) or f16");
-  dump_cmd->add_option("--head-dim", dump.head_dim_qk, "QK head dim: 64 or 128 (default 128)");
-  dump_cmd->add_option("--head-dim-v", dump.head_dim_v, "V head dim: 64 or 128 (default: the QK head dim)");
+  dump_cmd->add_option("--head-dim", dump.head_dim_qk,
+                       "QK head dim: a multiple of 8 from 32 to 256 (default 128)");
+  dump_cmd->add_option("--head-dim-v", dump.head_dim_v,
+                       "V head dim: a multiple of 8 from 32 to 256 (default: the QK head dim)");
   dump_cmd
       ->add_option("--kernel", dump.family, "forward kernel: auto (wgmma on sm_90a, else mma), mma or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
@@ -226,7 +228,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--batch", run.batch, "B (default 2)")->check(CLI::Range(1, 64));
   run_cmd->add_option("--heads", run.heads, "H (default 8)")->check(CLI::Range(1, 128));
   run_cmd->add_option("--len", run.len, "Lq = Lkv (default 1024)")->check(CLI::Range(1, 8192));
-  run_cmd->add_option("--head-dim", run.head_dim, "64 or 128 (default 128)")->check(CLI::IsMember({64, 128}));
+  run_cmd->add_option("--head-dim", run.head_dim,
+                      "QK head dim: a multiple of 8 from 32 to 256 (default 128)");
+  run_cmd->add_option("--head-dim-v", run.head_dim_v, "V head dim (default: the QK head dim)");
   run_cmd->add_option("--iters", run.iters, "timed launches (default 20)")->check(CLI::Range(1, 10000));
 
   std::string cache_what;

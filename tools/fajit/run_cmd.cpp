@@ -69,8 +69,9 @@ int run_variant(const RunOptions& o) {
   }
   fa::Options copts;
   copts.dtype = o.dtype;
-  copts.head_dim_qk = o.head_dim;
-  copts.head_dim_v = o.head_dim;
+  const int DQK = o.head_dim, DV = o.head_dim_v ? o.head_dim_v : o.head_dim;
+  copts.head_dim_qk = DQK;
+  copts.head_dim_v = DV;
   auto mask_p = fa::mods::mask_preset(o.mask.empty() ? "noop" : o.mask);
   auto score_p = fa::mods::score_preset(o.score.empty() ? "identity" : o.score);
   fa::Program program = fa::trace(score_p.mod, mask_p.mod);
@@ -83,11 +84,11 @@ int run_variant(const RunOptions& o) {
   std::cout << fmt::format("device: {}  kernel: {}  ({} in {:.1f} ms)\n", fa::rt::current_device_info().name,
                            k.spec().to_string(), fa::to_string(k.origin()), compile_ms);
 
-  const int B = o.batch, H = o.heads, L = o.len, D = o.head_dim;
+  const int B = o.batch, H = o.heads, L = o.len;
   std::mt19937 rng(std::random_device{}());
-  size_t n = static_cast<size_t>(B) * H * L * D;
-  fa::RoundedTensor q = fa::random_rounded(n, o.dtype, rng), kk = fa::random_rounded(n, o.dtype, rng),
-                    v = fa::random_rounded(n, o.dtype, rng);
+  const size_t rows = static_cast<size_t>(B) * H * L, n_qk = rows * DQK, n_v = rows * DV;
+  fa::RoundedTensor q = fa::random_rounded(n_qk, o.dtype, rng), kk = fa::random_rounded(n_qk, o.dtype, rng),
+                    v = fa::random_rounded(n_v, o.dtype, rng);
 
   // Captures with defaults for whatever the preset did not fix.
   fa::Captures cap;
@@ -129,15 +130,15 @@ int run_variant(const RunOptions& o) {
     }
   }
 
-  size_t bytes = n * 2;
-  fa::rt::DeviceBuffer dq(bytes), dk(bytes), dv(bytes), dout(bytes), dlse(static_cast<size_t>(B) * H * L * 4);
-  dq.upload(q.bits.data(), bytes);
-  dk.upload(kk.bits.data(), bytes);
-  dv.upload(v.bits.data(), bytes);
+  const size_t bytes_qk = n_qk * 2, bytes_v = n_v * 2;
+  fa::rt::DeviceBuffer dq(bytes_qk), dk(bytes_qk), dv(bytes_v), dout(bytes_v), dlse(rows * 4);
+  dq.upload(q.bits.data(), bytes_qk);
+  dk.upload(kk.bits.data(), bytes_qk);
+  dv.upload(v.bits.data(), bytes_v);
   dout.memset8(0xff);  // poison: NaN in both fp16 and bf16
   dlse.memset8(0xff);
-  fa::TensorView tq(dq.as<void>(), o.dtype, {B, H, L, D}), tk(dk.as<void>(), o.dtype, {B, H, L, D}),
-      tv(dv.as<void>(), o.dtype, {B, H, L, D}), to(dout.as<void>(), o.dtype, {B, H, L, D}),
+  fa::TensorView tq(dq.as<void>(), o.dtype, {B, H, L, DQK}), tk(dk.as<void>(), o.dtype, {B, H, L, DQK}),
+      tv(dv.as<void>(), o.dtype, {B, H, L, DV}), to(dout.as<void>(), o.dtype, {B, H, L, DV}),
       tl(dlse.as<void>(), fa::DType::f32, {B, H, L});
 
   t0 = std::chrono::steady_clock::now();
@@ -147,9 +148,9 @@ int run_variant(const RunOptions& o) {
   fo.lse = &tl;
   k.forward(tq, tk, tv, to, mask, cap, fo);
   fa::rt::synchronize(nullptr);
-  std::vector<uint16_t> out(n);
-  std::vector<float> lse(static_cast<size_t>(B) * H * L);
-  dout.download(out.data(), bytes);
+  std::vector<uint16_t> out(n_v);
+  std::vector<float> lse(rows);
+  dout.download(out.data(), bytes_v);
   dlse.download(lse.data(), lse.size() * 4);
 
   fa::ModProgram sp = fa::ModProgram::score_of(program);
@@ -158,11 +159,11 @@ int run_variant(const RunOptions& o) {
   ro.score_mod = &sp;
   ro.mask_mod = &mp;
   ro.bindings = &env;
-  fa::ReferenceResult ref =
-      fa::reference_attention({B, H, H, L, L, D, D}, q.values.data(), kk.values.data(), v.values.data(), ro);
+  fa::ReferenceResult ref = fa::reference_attention({B, H, H, L, L, DQK, DV}, q.values.data(),
+                                                    kk.values.data(), v.values.data(), ro);
   double num = 0, den = 0, lse_err = 0;
   size_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n_v; ++i) {
     double g = fa::from_bits(out[i], o.dtype);
     if (std::isnan(g)) ++bad;
     num += (g - ref.out[i]) * (g - ref.out[i]);
@@ -180,8 +181,8 @@ int run_variant(const RunOptions& o) {
   bool ok = bad == 0 && rel < tol && lse_err < 2e-2;
   auto d = mask.density();
   std::cout << fmt::format(
-      "B={} H={} L={} D={}  block mask: {:.1f}% dense ({} full, {} partial, {} empty) in {:.2f} ms\n", B, H,
-      L, D, 100.0 * d.fraction, d.full, d.partial, d.empty, mask_ms);
+      "B={} H={} L={} D={}/{}  block mask: {:.1f}% dense ({} full, {} partial, {} empty) in {:.2f} ms\n", B,
+      H, L, DQK, DV, 100.0 * d.fraction, d.full, d.partial, d.empty, mask_ms);
   std::cout << fmt::format(
       "vs float64 reference: rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad values: {}\n", rel,
       tol, lse_err, bad, ok ? "OK" : "MISMATCH");
@@ -191,20 +192,20 @@ int run_variant(const RunOptions& o) {
   double kept = 0;  // pairs kept by the mask for b = h = 0 (the presets do not depend on b, h)
   for (int qi = 0; qi < L; ++qi)
     for (int kv = 0; kv < L; ++kv) kept += mp.eval_mask(0, 0, qi, kv, env) ? 1 : 0;
-  double flops = 4.0 * B * H * kept * D;
+  double flops = 2.0 * B * H * kept * (DQK + DV);
   std::cout << fmt::format(
       "forward: {:.3f} ms (median of {}), {:.1f} TFLOP/s on the unmasked work (host-timed)\n", ms, o.iters,
       flops / ms / 1e9);
   if (!o.backward) return ok ? 0 : 1;
 
   // ---- backward: random dO, gradients into poisoned buffers, each checked against float64.
-  fa::RoundedTensor g_out = fa::random_rounded(n, o.dtype, rng);
+  fa::RoundedTensor g_out = fa::random_rounded(n_v, o.dtype, rng);
   std::vector<double> dout_vals(g_out.values.begin(), g_out.values.end());
-  fa::rt::DeviceBuffer d_do(bytes), d_dq(bytes), d_dk(bytes), d_dv(bytes);
-  d_do.upload(g_out.bits.data(), bytes);
+  fa::rt::DeviceBuffer d_do(bytes_v), d_dq(bytes_qk), d_dk(bytes_qk), d_dv(bytes_v);
+  d_do.upload(g_out.bits.data(), bytes_v);
   for (fa::rt::DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->memset8(0xff);
-  fa::TensorView tdo(d_do.as<void>(), o.dtype, {B, H, L, D}), tdq(d_dq.as<void>(), o.dtype, {B, H, L, D}),
-      tdk(d_dk.as<void>(), o.dtype, {B, H, L, D}), tdv(d_dv.as<void>(), o.dtype, {B, H, L, D});
+  fa::TensorView tdo(d_do.as<void>(), o.dtype, {B, H, L, DV}), tdq(d_dq.as<void>(), o.dtype, {B, H, L, DQK}),
+      tdk(d_dk.as<void>(), o.dtype, {B, H, L, DQK}), tdv(d_dv.as<void>(), o.dtype, {B, H, L, DV});
   fa::rt::synchronize(nullptr);
   t0 = std::chrono::steady_clock::now();
   k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap);
@@ -220,10 +221,10 @@ int run_variant(const RunOptions& o) {
     rb.score_grad = &*grad;
   }
   std::vector<double> o_vals(out.begin(), out.end());  // delta from the kernel's own O
-  for (size_t i = 0; i < n; ++i) o_vals[i] = fa::from_bits(out[i], o.dtype);
+  for (size_t i = 0; i < n_v; ++i) o_vals[i] = fa::from_bits(out[i], o.dtype);
   rb.delta_out = o_vals.data();
   const fa::ReferenceGrads g =
-      fa::reference_attention_backward({B, H, H, L, L, D, D}, q.values.data(), kk.values.data(),
+      fa::reference_attention_backward({B, H, H, L, L, DQK, DV}, q.values.data(), kk.values.data(),
                                        v.values.data(), dout_vals.data(), nullptr, rb);
   const double gtol = o.dtype == fa::DType::bf16 ? 3e-2 : 1e-2;
   bool gok = true;

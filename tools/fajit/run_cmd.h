@@ -10,6 +10,7 @@ struct RunOptions {
   std::string mask, score;
   fa::DType dtype = fa::DType::bf16;
   int batch = 2, heads = 8, len = 1024, head_dim = 128, iters = 20;
+  int head_dim_v = 0;     // 0: head_dim
   bool backward = false;  // also run, check and time the backward
 };
 

@@ -35,8 +35,8 @@ typedef enum fajit_dtype { FAJIT_F16 = 0, FAJIT_BF16 = 1, FAJIT_F32 = 2, FAJIT_I
 
 typedef struct fajit_options {
   fajit_dtype dtype; /* FAJIT_BF16 or FAJIT_F16 */
-  int head_dim_qk;   /* 64 or 128 */
-  int head_dim_v;    /* 64 or 128 */
+  int head_dim_qk;   /* a multiple of 8 from 32 to 256 */
+  int head_dim_v;    /* a multiple of 8 from 32 to 256 */
   const char* arch;  /* NULL or "" = the current GPU's (sm_90a without one) */
 } fajit_options;
 

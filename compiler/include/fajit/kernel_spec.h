@@ -34,8 +34,8 @@ struct TileConfig {
 struct FA_API KernelSpec {
   KernelKind kind = KernelKind::kForward;
   DType dtype = DType::bf16;  // Q/K/V/O element type: f16 or bf16
-  int head_dim_qk = 128;      // 64 or 128
-  int head_dim_v = 128;       // 64 or 128
+  int head_dim_qk = 128;      // a multiple of 8 from 32 to 256
+  int head_dim_v = 128;       // a multiple of 8 from 32 to 256, independent of head_dim_qk
   KernelFamily family = KernelFamily::kAuto;
   TileConfig tile;  // resolved by resolved(); default picks per head dims
   std::string arch = "sm_90a";
@@ -47,7 +47,8 @@ struct FA_API KernelSpec {
   int smem_bytes() const;
 
   // The same spec with the tile filled in and every field checked; throws fa::Error naming
-  // the bad field ("head_dim_qk must be 64 or 128, got 96").
+  // the bad field ("head_dim_qk must be a multiple of 8 from 32 to 256, got 100"), the
+  // family that cannot take the head dims, or the tile the arch's shared memory cannot hold.
   // The default tile depends on whether the score_mod does anything (register pressure).
   KernelSpec resolved(bool has_score_mod = false) const;
   // Canonical one-line text: "forward bf16 qk128 v128 tile128x64w8s2 sm_90a".
@@ -67,6 +68,15 @@ struct CaptureSlot {
   int slot = 0;
 };
 
+// Head dims: any multiple of 8 from kMinHeadDim to kMaxHeadDim. The mma.sync kernels compute in
+// 16-column steps (head_dim_mma: an odd multiple of 8 computes one zero chunk more) and keep
+// shared rows in 64-element swizzle groups (head_dim_pitch: 80 -> 128); the wgmma kernels take
+// 64 and 128 (the backward equal ones), and kAuto falls back to mma.sync for the rest. The
+// mma.sync backward keeps dK and dV in registers: head_dim_mma(qk) + head_dim_mma(v) <= 256.
+constexpr int kMinHeadDim = 32, kMaxHeadDim = 256;
+FA_API int head_dim_mma(int head_dim);
+FA_API int head_dim_pitch(int head_dim);
+
 // The one source of the default tiles (the templates have none; codegen spells the config).
 // Measured on an H200. mma.sync (templates/fajit/forward.cuh): 128x64 tiles, 2 stages; 4 warps
 // (32 rows each, Q re-read from shared memory) in general, 8 warps with Q in registers when a
@@ -76,7 +86,12 @@ struct CaptureSlot {
 // score_mod does not change that choice.
 // Backward (mma.sync, templates/fajit/backward.cuh): block_m query rows per step, warps x 16
 // keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps at 64/64, 64 x 128 with
-// 8 warps when a head dim is 128 (a first choice, to be measured).
+// 8 warps when a head dim is above 64 (a first choice, to be measured).
+// Other head dims (not measured yet): a head dim above 128 takes 16 rows per warp in the
+// forward (128x64, 8 warps, Q re-read from shared memory); the backward at an odd number of
+// 16-column steps of head_dim_qk takes 64 x 64 with 4 warps (dQ columns split over no warps).
+// This returns the first choice; KernelSpec::resolved falls back to smaller tiles (block_n 32,
+// then block_m 64) until the arch's shared memory (jit::max_dynamic_smem) holds it.
 FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod,
                                KernelFamily family = KernelFamily::kMmaSync,
                                KernelKind kind = KernelKind::kForward);

@@ -376,7 +376,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   FaBwdParams p = rt::make_bwd_params(t, scale, mask, delta, dq_accum);
 
   const unsigned bh_q = static_cast<unsigned>(shape.batch * shape.heads_q);
-  const int pre_rows = kBwdAuxThreads / (shape.dim_v / 8), dq_rows = kBwdAuxThreads / (shape.dim_qk / 8);
+  const int pre_rows = bwd_aux_rows(shape.dim_v), dq_rows = bwd_aux_rows(shape.dim_qk);
   void* pre_args[] = {&p};
   rt::launch(pre, rt::Dim3(static_cast<unsigned>((shape.len_q + pre_rows - 1) / pre_rows), bh_q),
              rt::Dim3(kBwdAuxThreads), 0, st, pre_args);

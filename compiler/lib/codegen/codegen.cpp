@@ -426,6 +426,10 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
         "static_assert(FaBwdCfg::kBlockN == {} && FaBwdCfg::kPreThreads == {},"
         " \"host and template disagree on the tiles\");\n",
         t.block_n, kBwdAuxThreads);
+    os << fmt::format(
+        "static_assert(FaBwdCfg::kPreRows == {} && FaBwdCfg::kDqRows == {},"
+        " \"host and template disagree on the preprocess / dQ rows\");\n",
+        bwd_aux_rows(g.spec.head_dim_v), bwd_aux_rows(g.spec.head_dim_qk));
   } else {
     g.kernel_name = "fajit_block_mask";
     os << "#include \"fajit/block_mask.cuh\"\n";

@@ -1,6 +1,7 @@
 #include "fajit/kernel_spec.h"
 
 #include <algorithm>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -9,16 +10,51 @@
 
 namespace fa {
 
+namespace {
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+// The Hopper kernels' head dims: forward 64 or 128 each, backward equal and 64 or 128.
+bool wgmma_takes(int dqk, int dv, KernelKind kind) {
+  auto ok = [](int d) { return d == 64 || d == 128; };
+  return ok(dqk) && ok(dv) && (kind != KernelKind::kBackward || dqk == dv);
+}
+
+std::string tile_text(const TileConfig& t) {
+  return fmt::format("{}x{}w{}s{}", t.block_m, t.block_n, t.warps, t.stages);
+}
+
+// Tiles in order of preference for the mma.sync kernels; resolved() takes the first that fits
+// the arch's shared memory.
+std::vector<TileConfig> mma_tiles(int dqk, int dv, bool has_score_mod, KernelKind kind) {
+  const int mq = head_dim_mma(dqk), mv = head_dim_mma(dv);
+  if (kind == KernelKind::kBackward) {
+    // 8 warps split dQ's columns in two: whole 16-column pairs need an even step count
+    if (mq > 64 || mv > 64) {
+      if (mq / 16 % 2 == 0) return {{64, 128, 8, 2}, {64, 64, 4, 2}};
+      return {{64, 64, 4, 2}};
+    }
+    return {{64, 64, 4, 2}};
+  }
+  if (mq > 128 || mv > 128)  // 16 rows per warp: O of up to 256 columns in registers
+    return {{128, 64, 8, 2}, {128, 32, 8, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
+  const bool wide = dqk > 64 || dv > 64;
+  const int warps = has_score_mod && wide ? 8 : 4;
+  return {{128, 64, warps, 2}, {128, 32, warps, 2}, {64, 64, 4, 2}, {64, 32, 4, 2}};
+}
+
+}  // namespace
+
+int head_dim_mma(int d) { return round_up(d, 16); }
+int head_dim_pitch(int d) { return round_up(d, 64); }
+
 TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, KernelFamily family,
                         KernelKind kind) {
   const bool wide = head_dim_qk > 64 || head_dim_v > 64;
-  if (kind == KernelKind::kBackward) {
-    if (family == KernelFamily::kWgmma)  // block_m queries x 128 keys, 3 warpgroups
-      return TileConfig{wide || has_score_mod ? 64 : 128, 128, 12, 2};
-    return wide ? TileConfig{64, 128, 8, 2} : TileConfig{64, 64, 4, 2};
-  }
+  if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma)  // block_m x 128 keys, 3 WGs
+    return TileConfig{wide || has_score_mod ? 64 : 128, 128, 12, 2};
   if (family == KernelFamily::kWgmma) return TileConfig{128, 128, 12, wide ? 3 : 2};
-  return TileConfig{128, 64, has_score_mod && wide ? 8 : 4, 2};
+  return mma_tiles(head_dim_qk, head_dim_v, has_score_mod, kind).front();
 }
 
 KernelSpec KernelSpec::resolved(bool has_score_mod) const {
@@ -29,34 +65,70 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     throw Error(fmt::format("kernel dtype must be f16 or bf16, got {}", dtype_name(s.dtype)));
   for (auto [name, v] :
        {std::pair<const char*, int>{"head_dim_qk", s.head_dim_qk}, {"head_dim_v", s.head_dim_v}})
-    if (v != 64 && v != 128) throw Error(fmt::format("{} must be 64 or 128, got {}", name, v));
+    if (v % 8 != 0 || v < kMinHeadDim || v > kMaxHeadDim)
+      throw Error(
+          fmt::format("{} must be a multiple of 8 from {} to {}, got {}", name, kMinHeadDim, kMaxHeadDim, v));
   s.arch = jit::validate_arch(s.arch);
+  const int smem_limit = jit::max_dynamic_smem(s.arch);
+  const bool wgmma_dims = wgmma_takes(s.head_dim_qk, s.head_dim_v, s.kind);
+  if (s.family == KernelFamily::kWgmma) {
+    if (s.arch != "sm_90a") throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
+    if (!wgmma_dims)
+      throw Error(fmt::format(
+          "the wgmma {} kernel takes head dims {}, got head_dim_qk={} head_dim_v={}; the mma.sync kernel "
+          "takes them (leave the family on auto)",
+          s.kind == KernelKind::kBackward ? "backward" : "forward",
+          s.kind == KernelKind::kBackward ? "64 or 128, equal" : "64 or 128", s.head_dim_qk, s.head_dim_v));
+  }
+  // The tile the spec resolves to, checked against the arch's shared memory (a default tile
+  // falls back to smaller ones first).
+  auto fit = [&](const std::vector<TileConfig>& candidates, bool fixed) {
+    for (const TileConfig& t : candidates) {
+      s.tile = t;
+      if (s.smem_bytes() <= smem_limit) return;
+    }
+    throw Error(fmt::format(
+        "{} tile {} needs {} bytes of shared memory at head dims {}/{}; {} allows at most {}{}",
+        s.kind == KernelKind::kBackward ? "the backward" : "the forward", tile_text(s.tile), s.smem_bytes(),
+        s.head_dim_qk, s.head_dim_v, s.arch, smem_limit, fixed ? "" : " (no smaller tile fits either)"));
+  };
   if (s.kind == KernelKind::kBackward) {
-    // wgmma (backward_sm90.cuh) on sm_90a when the head dims agree, unless mma.sync was asked
-    // for; mma.sync (backward.cuh) everywhere else.
-    if (s.family == KernelFamily::kWgmma && s.arch != "sm_90a")
-      throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
-    const bool wgmma_ok = s.arch == "sm_90a" && s.head_dim_qk == s.head_dim_v;
+    // wgmma (backward_sm90.cuh) on sm_90a when it takes the head dims, unless mma.sync was
+    // asked for; mma.sync (backward.cuh) everywhere else.
+    const bool wgmma_ok = s.arch == "sm_90a" && wgmma_dims;
     s.family = s.family != KernelFamily::kMmaSync && wgmma_ok ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
+    if (s.family == KernelFamily::kMmaSync && head_dim_mma(s.head_dim_qk) + head_dim_mma(s.head_dim_v) > 256)
+      throw Error(fmt::format(
+          "the backward kernel keeps dK and dV of a warp's 16 keys in registers: head_dim_qk + head_dim_v "
+          "(each rounded up to a multiple of 16) must be at most 256, got {} + {}",
+          s.head_dim_qk, s.head_dim_v));
     const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, s.family, s.kind);
-    if (!s.tile.is_default() && !(s.tile == want))
-      throw Error(fmt::format("the backward kernel has a fixed tile {}x{}w{}s{}; leave the tile empty",
-                              want.block_m, want.block_n, want.warps, want.stages));
-    s.tile = want;
+    std::vector<TileConfig> candidates = s.family == KernelFamily::kWgmma
+                                             ? std::vector<TileConfig>{want}
+                                             : mma_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod, s.kind);
+    if (!s.tile.is_default()) {
+      if (std::find(candidates.begin(), candidates.end(), s.tile) == candidates.end())
+        throw Error(
+            fmt::format("the backward kernel has a fixed tile {}; leave the tile empty", tile_text(want)));
+      candidates = {s.tile};
+    }
+    fit(candidates, candidates.size() == 1);
     return s;
   }
   if (s.family == KernelFamily::kAuto)
-    s.family = s.arch == "sm_90a" && s.tile.is_default() ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
+    s.family = s.arch == "sm_90a" && s.tile.is_default() && wgmma_dims ? KernelFamily::kWgmma
+                                                                       : KernelFamily::kMmaSync;
   if (s.family == KernelFamily::kWgmma) {
-    if (s.arch != "sm_90a") throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
     const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, KernelFamily::kWgmma);
     if (!s.tile.is_default() && !(s.tile == want))
-      throw Error(fmt::format("the wgmma kernel has a fixed tile {}x{}w{}s{}; leave the tile empty",
-                              want.block_m, want.block_n, want.warps, want.stages));
-    s.tile = want;
+      throw Error(fmt::format("the wgmma kernel has a fixed tile {}; leave the tile empty", tile_text(want)));
+    fit({want}, true);
     return s;
   }
-  if (s.tile.is_default()) s.tile = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod);
+  if (s.tile.is_default()) {
+    fit(mma_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod, s.kind), false);
+    return s;
+  }
   const TileConfig& t = s.tile;
   if (t.block_m != 64 && t.block_m != 128)
     throw Error(fmt::format("tile block_m must be 64 or 128, got {}", t.block_m));
@@ -67,6 +139,10 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     throw Error(
         fmt::format("tile block_m / warps must be 16 or 32 rows per warp, got {}/{}", t.block_m, t.warps));
   if (t.stages < 2 || t.stages > 4) throw Error(fmt::format("tile stages must be 2 to 4, got {}", t.stages));
+  if (t.block_m / t.warps == 32 && (head_dim_mma(s.head_dim_qk) > 128 || head_dim_mma(s.head_dim_v) > 128))
+    throw Error(fmt::format("tile {}: a head dim above 128 needs 16 rows per warp (block_m / warps), got {}",
+                            tile_text(t), t.block_m / t.warps));
+  fit({t}, true);
   return s;
 }
 
@@ -86,6 +162,7 @@ std::string KernelSpec::to_string() const {
 int KernelSpec::threads() const { return tile.warps * 32; }
 
 int KernelSpec::smem_bytes() const {
+  const int pq = head_dim_pitch(head_dim_qk), pv = head_dim_pitch(head_dim_v);
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
     // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
     // stages of Q and dO, two dSᵀ buffers, stages of LSE and delta rows, mbarriers
@@ -95,11 +172,12 @@ int KernelSpec::smem_bytes() const {
   }
   if (kind == KernelKind::kBackward) {  // templates/fajit/backward.cuh, BwdConfig::kSmemBytes
     const int m = tile.block_m, n = tile.block_n;
-    const int stage = 2 * m * (head_dim_qk + head_dim_v) + 2 * m * 4;  // Q, dO, LSE, delta
-    return 2 * n * (head_dim_qk + head_dim_v) + tile.stages * stage + 2 * n * m;
+    const int stage = 2 * m * (pq + pv) + 2 * m * 4;  // Q, dO, LSE, delta
+    return 2 * n * (pq + pv) + tile.stages * stage + 2 * n * m;
   }
-  int dmax = std::max(head_dim_qk, head_dim_v);
-  int tiles = 2 * (tile.block_m * dmax + tile.stages * tile.block_n * (head_dim_qk + head_dim_v));
+  // Shared rows are padded to multiples of 64 elements (templates/fajit/prelude.cuh, HeadRow)
+  // in the mma.sync kernel; the wgmma kernel takes 64 and 128 only, where the two agree.
+  int tiles = 2 * (tile.block_m * std::max(pq, pv) + tile.stages * tile.block_n * (pq + pv));
   if (family == KernelFamily::kWgmma) return 1024 + tiles + 8 * (1 + 3 * tile.stages);  // + mbarriers
   return tiles;
 }

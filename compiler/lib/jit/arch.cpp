@@ -35,6 +35,13 @@ std::string arch_for_device(int major, int minor) {
   return arch;
 }
 
+int max_dynamic_smem(std::string_view arch) {
+  const std::string a = validate_arch(arch);
+  if (a == "sm_80" || a == "sm_87") return 163 * 1024;
+  if (a == "sm_86" || a == "sm_89" || a.rfind("sm_12", 0) == 0) return 99 * 1024;
+  return 227 * 1024;  // sm_90, sm_100, sm_103, sm_110
+}
+
 std::string virtual_arch(std::string_view arch) {
   std::string a = validate_arch(arch);
   return "compute_" + a.substr(3);

@@ -32,7 +32,14 @@ constexpr int kBwdAuxThreads = 128;
 // query rows, 16 per warp; Q and dO tiles plus two stages of 64-key K/V tiles.
 inline int bwd_det_threads(const KernelSpec& s) { return s.tile.block_m / 16 * 32; }
 inline int bwd_det_smem_bytes(const KernelSpec& s) {
-  return s.tile.block_m * (s.head_dim_qk + s.head_dim_v) * 2 + 2 * 64 * (s.head_dim_qk + s.head_dim_v) * 2;
+  return (s.tile.block_m + 2 * 64) * (head_dim_pitch(s.head_dim_qk) + head_dim_pitch(s.head_dim_v)) * 2;
+}
+// Rows per CTA of the preprocess (V rows) and dQ-conversion (QK rows) kernels: a power of two
+// lanes per row, one 16-byte chunk each (BwdConfig::kPreRows / kDqRows).
+inline int bwd_aux_rows(int head_dim) {
+  int lanes = 1;
+  while (lanes < head_dim / 8) lanes *= 2;
+  return kBwdAuxThreads / lanes;
 }
 
 // The FaMods struct for `program`; with_backward adds the backward's members (kScoreGrad,

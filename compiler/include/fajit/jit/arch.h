@@ -26,6 +26,11 @@ std::string validate_arch(std::string_view arch);
 // capabilities it does not know.
 std::string arch_for_device(int major, int minor);
 
+// The most dynamic shared memory one CTA may opt into on `arch` (the CUDA programming guide's
+// table): 163 KiB on sm_80 / sm_87, 99 KiB on sm_86 / sm_89 / sm_12x, 227 KiB on sm_90 and
+// sm_100 / sm_103 / sm_110. Tile choices are checked against it before anything compiles.
+int max_dynamic_smem(std::string_view arch);
+
 // "sm_90a" -> "compute_90a": the virtual arch NVRTC needs to produce PTX.
 std::string virtual_arch(std::string_view arch);
 
