@@ -24,12 +24,13 @@ du -sh .device-build/bin
 F=Cases/ForwardTest.MatchesReference
 BW=Cases/BackwardTest.MatchesReference      # the family the host picks: wgmma on sm_90a when dqk == dv
 BM=MmaSync/BackwardTest.MatchesReference    # the same cases on the mma.sync backward
-# memcheck: every 17-row case (forward and backward), exact-size capture buffers with tail tiles (an out-of-range q or
+# memcheck: every 17-row case (forward -- the decoding kernel -- and backward), odd head dims, exact-size capture buffers with tail tiles (an out-of-range q or
 # kv read is out of bounds), no-LSE, a 4097 case, the builder, the validation paths.
-SMALL="$F/*_17x*:$F/relative_bias_f16_d64x64_b2h4g1_1000x1000:$F/*nolse_stream:$F/document_softcap_bf16_d64x128_b1h4g4_4097x4097:Cases/BlockMaskTest.MatchesBruteForce/document2d_causal_b4h1_17x1000_p5:ForwardValidation.*:$BW/*_17x*:$BW/padding_f16_d128x64_b1h4g1_17x1000_allmasked:$BW/causal_bf16_d128x128_b2h4g2_1000x1000_noncontig:$BW/dilated_f16_d64x128_b1h4g4_4097x1000:$BM/*_17x*_mma:$BM/causal_bf16_d128x128_b2h4g2_1000x1000_noncontig_mma"
+SMALL="$F/*_17x*:$F/relative_bias_f16_d64x64_b2h4g1_1000x1000:$F/*nolse_stream:$F/document_softcap_bf16_d64x128_b1h4g4_4097x4097:Cases/BlockMaskTest.MatchesBruteForce/document2d_causal_b4h1_17x1000_p5:ForwardValidation.*:$BW/*_17x*:$BW/padding_f16_d128x64_b1h4g1_17x1000_allmasked:$BW/causal_bf16_d128x128_b2h4g2_1000x1000_noncontig:$BW/dilated_f16_d64x128_b1h4g4_4097x1000:$BM/*_17x*_mma:$BM/causal_bf16_d128x128_b2h4g2_1000x1000_noncontig_mma:$F/causal_offset_bf16_d256x256_b1h4g4_1x3000:$F/*d40x40*:$F/*d72x136*:$BW/*d40x40*:$BW/*d80x48*"
 # racecheck: 4- and 8-warp configurations, with and without a score_mod; backward tiles of
-# both families (64/64 and d128 configs), and every deterministic-mode case of both.
-RACE="$BW/*det*:$BM/*det*:$BM/sliding_f16_d64x64_b2h4g4_1000x1000_mma:$BW/sliding_f16_d64x64_b2h4g4_1000x1000:$BW/prefix_lm_bf16_d128x64_b2h8g8_17x17:$BW/none_f16_d64x64_b1h8g8_17x17:$F/sliding_f16_d128x64_b2h4g2_17x4097_mma:$F/sliding_bf16_d64x128_b1h4g1_17x17:$F/none_f16_d64x64_b1h8g8_17x17:$F/causal_alibi_f16_d64x128_b2h4g1_17x1000:$F/dilated_bf16_d128x128_b1h2g1_1000x1000"
+# both families (64/64 and d128 configs), and every deterministic-mode case of both; the
+# decoding kernel with forced splits and per-head tiles; 16-row warps at d192.
+RACE="$BW/*det*:$BM/*det*:$BM/sliding_f16_d64x64_b2h4g4_1000x1000_mma:$BW/sliding_f16_d64x64_b2h4g4_1000x1000:$BW/prefix_lm_bf16_d128x64_b2h8g8_17x17:$BW/none_f16_d64x64_b1h8g8_17x17:$F/sliding_f16_d128x64_b2h4g2_17x4097_mma:$F/sliding_bf16_d64x128_b1h4g1_17x17:$F/none_f16_d64x64_b1h8g8_17x17:$F/causal_alibi_f16_d64x128_b2h4g1_17x1000:$F/dilated_bf16_d128x128_b1h2g1_1000x1000:$F/*splits7:$F/head_sliding_f16_d128x128_b2h8g4_3x5000:$F/causal_bf16_d192x128_b1h8g8_4097x4097:$BW/*d96x96*"
 # The runner the device machine executes: the suite, then memcheck and racecheck on subsets.
 cat > .device-build/bin/run-gpu-tests.sh <<RUNNER
 #!/usr/bin/env bash

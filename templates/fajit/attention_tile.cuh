@@ -80,11 +80,27 @@ __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool in_ran
   return x;
 }
 
-// The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2], column
-// kv0 + 8j + i%2), kv0 = tile start + 2t; columns at or past len_kv are masked (kMask).
-template <typename Mods, bool kMask, int kNT>
+// The query head of a fragment's rows: one head for the whole tile (an int), or one per row
+// half (int[2]: the decoding kernel packs the heads of a GQA group into one tile); and the
+// heads of m-tile mi of a kMT-tile fragment set.
+__device__ __forceinline__ int head_of(int h, int) { return h; }
+__device__ __forceinline__ int head_of(const int (&h)[2], int hh) { return h[hh]; }
+template <typename H>
+__device__ __forceinline__ const H& heads_of(const H& h, int) {
+  return h;
+}
+template <int kMT>
+__device__ __forceinline__ const int (&heads_of(const int (&h)[kMT][2], int mi))[2] {
+  return h[mi];
+}
+
+// The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2] of head
+// head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t; columns at or past len_kv
+// are masked (kMask).
+template <typename Mods, bool kMask, int kNT, typename H>
 __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
-                                           bool is_full, float scale, int b, int h, const FaCaptures& cap) {
+                                           bool is_full, float scale, int b, const H& h,
+                                           const FaCaptures& cap) {
   if constexpr (Mods::kHasScoreMod || kMask) {
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
@@ -92,7 +108,7 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
       for (int i = 0; i < 4; ++i) {
         const int kv = kv0 + j * 8 + (i & 1);
         s[j][i] = mod_score<Mods, kMask>(s[j][i], q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, kv < len_kv,
-                                         is_full, scale, b, h, cap);
+                                         is_full, scale, b, head_of(h, i >> 1), cap);
       }
   }
 }
@@ -105,20 +121,21 @@ __device__ __forceinline__ bool tile_needs_mask(int start, int len_kv, bool is_f
 }
 
 // The hook on the kMT fragments (m-tiles) of one S tile of kBlockN keys from `start`; the
-// masked/unmasked choice is made once for the whole tile. lane_t = lane % 4.
-template <typename Mods, int kBlockN, int kMT, int kNT>
+// masked/unmasked choice is made once for the whole tile. lane_t = lane % 4; h: one head, or
+// int[kMT][2] per row (heads_of).
+template <typename Mods, int kBlockN, int kMT, int kNT, typename H>
 __device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int start,
-                                           int lane_t, int len_kv, bool is_full, float scale, int b, int h,
-                                           const FaCaptures& cap) {
+                                           int lane_t, int len_kv, bool is_full, float scale, int b,
+                                           const H& h, const FaCaptures& cap) {
   const int kv0 = start + 2 * lane_t;
   if (tile_needs_mask<Mods, kBlockN>(start, len_kv, is_full)) {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
-      apply_mods<Mods, true>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, h, cap);
+      apply_mods<Mods, true>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, heads_of(h, mi), cap);
   } else {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
-      apply_mods<Mods, false>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, h, cap);
+      apply_mods<Mods, false>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, heads_of(h, mi), cap);
   }
 }
 // One fragment (a warp's share of a wgmma accumulator).

@@ -5,7 +5,7 @@
 #ifndef FAJIT_PARAMS_H
 #define FAJIT_PARAMS_H
 
-#define FAJIT_ABI_VERSION 3
+#define FAJIT_ABI_VERSION 4
 
 #define FA_MAX_BUFFERS 16
 #define FA_MAX_BUFFER_RANK 4
@@ -72,6 +72,22 @@ typedef struct FaFwdParams {
   FaBlockTables mask;
 } FaFwdParams;
 
+// Split-KV decoding (fajit/decode.cuh): the forward's tensors and tables for a short query
+// (len_q <= the q_block of the tables, so one row of block tables), the rows of `heads_per_cta`
+// query heads of one GQA group packed into one tile (row r: head h0 + r / len_q, query
+// r % len_q; heads_per_cta is the group size when the tables are the same for every head
+// (mask.row_stride_h == 0), else 1), and the KV walk cut into `splits` parts over the grid:
+//   o_part   [splits, B, Hq, Lq, Dv] fp32: each part's O, normalised by its own row sum
+//   lse_part [splits, B, Hq, Lq]     fp32: each part's LSE (natural log; -inf: nothing seen)
+// The combine kernel weighs the parts by exp(lse_part - LSE) into fwd.o and fwd.lse.
+typedef struct FaDecodeParams {
+  FaFwdParams fwd;
+  float* o_part;
+  float* lse_part;
+  int heads_per_cta;
+  int splits;
+} FaDecodeParams;
+
 // Backward attention (fajit/backward.cuh). Element strides; the head dimension is contiguous.
 // Inputs as in the forward plus O, dO [B, Hq, Lq, Dv] and the forward's LSE [B, Hq, Lq]
 // (fp32, natural log); dLSE (same shape, null = 0) is the gradient of a loss that uses the
@@ -111,7 +127,7 @@ typedef struct FaBwdParams {
   int batch, heads_q, heads_kv, len_q, len_kv;
   float scale;
   FaBlockTables mask_t;
-  FaBlockTables mask;   // the forward's tables (the deterministic dQ kernel walks them)
+  FaBlockTables mask;  // the forward's tables (the deterministic dQ kernel walks them)
 } FaBwdParams;
 
 // Gradients of captured float buffers (the backward's third argument): slot i receives the

@@ -121,6 +121,14 @@ __device__ __forceinline__ void st_global_v4(void* p, u32x4 v) {
                : "memory");
 }
 
+// 4 bytes (a packed 16-bit pair) / two fp32 values (8-byte aligned) to global memory.
+__device__ __forceinline__ void st_global_b32(void* p, u32 v) {
+  asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_global_v2_f32(float* p, float a, float b) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
 __device__ __forceinline__ u32x4 ld_global_v4(const void* p) {
   u32x4 v;
   asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
@@ -218,10 +226,26 @@ struct HeadRow {
   static constexpr int kRowBytes = kPitch * 16;  // one shared row
 };
 
-// cp.async of kRows head rows (Row = HeadRow<D>) from global rows row0.. (row stride `stride`
-// elements) into a swizzled shared tile, spread over kThreads threads (`tid` among them): the
-// kUsed chunks of each row, zero-filled past the row's kChunks and for rows >= len (neither
-// read from global memory).
+// cp.async of kRows head rows (Row = HeadRow<D>) into a swizzled shared tile, spread over
+// kThreads threads (`tid` among them): the kUsed chunks of each row, zero-filled past the row's
+// kChunks and for rows the source does not have (neither read from global memory).
+// row_src(r, valid) gives the global address of row r and sets `valid`; for an invalid row it
+// still returns an in-bounds address (cp.async forms it, reads nothing).
+template <int kRows, typename Row, int kThreads, typename RowSrc>
+__device__ __forceinline__ void load_rows_async(u32 dst, int tid, RowSrc&& row_src) {
+  for_each_strided<kRows * Row::kUsed, kThreads>(tid, [&](int idx) {
+    const int r = idx / Row::kUsed, c = idx % Row::kUsed;
+    bool valid;
+    const auto* row = row_src(r, valid);
+    // the zero tail chunk (odd chunk counts) points at the row's last chunk, reads nothing
+    const int cs = Row::kUsed == Row::kChunks || c < Row::kChunks ? c : Row::kChunks - 1;
+    valid = valid && (Row::kUsed == Row::kChunks || c < Row::kChunks);
+    cp_async_16(dst + swizzle_offset<Row::kPitch>(r, c), row + cs * 8, valid);
+  });
+}
+// The same for rows row0.. of a [len, D] operand with row stride `stride` elements; rows
+// >= len are zero-filled. (Written out rather than through load_rows_async: this form keeps
+// the address arithmetic the GPU-verified kernels were measured with, PTX for PTX.)
 template <int kRows, typename Row, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, long long stride, int row0,
                                                 int len, int tid) {

@@ -41,8 +41,10 @@ struct FwdCase {
   fa::TileConfig tile{};   // default: per head dims
   fa::KernelFamily family = fa::KernelFamily::kAuto;  // wgmma on sm_90a devices, else mma.sync
   int q_block = 128, kv_block = 128;
-  bool no_lse = false;      // launch without the LSE output
-  bool own_stream = false;  // launch on a non-blocking stream of our own
+  bool no_lse = false;                            // launch without the LSE output
+  bool own_stream = false;                        // launch on a non-blocking stream of our own
+  fa::ForwardPath path = fa::ForwardPath::kAuto;  // auto: the decoding kernel for Lq <= 64
+  int splits = 0;                                 // decoding: 0 = the host's choice
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -113,6 +115,24 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.noncontig = true; }),
       with({"causal", f16, 64, 64, 1, 2, 1, 1000, 1000}, "nolse_stream",
            [](FwdCase& c) { c.no_lse = true, c.own_stream = true; }),
+      // Split-KV decoding (decode.cuh, chosen for Lq <= 64; the short cases above take it too):
+      // Lq 1, 2, 16, 64 over long KV, GQA 1/4/8 (heads of a group share a tile when the mask
+      // ignores the head), causal with an offset (a decoding step at the end of the cache),
+      // per-head masks (one head per tile), forced split counts, the prefill kernel forced on
+      // a short query for comparison.
+      {"none", bf16, 128, 128, 2, 8, 1, 1, 32768},
+      {"causal_offset", bf16, 128, 128, 1, 32, 4, 2, 131072},
+      {"alibi_slopes", f16, 64, 64, 2, 8, 8, 16, 20000},
+      {"sliding", bf16, 128, 128, 1, 16, 2, 64, 9000, 1000},
+      {"head_sliding", f16, 128, 128, 2, 8, 2, 3, 5000},
+      {"document_softcap", bf16, 80, 80, 1, 8, 2, 16, 4097},
+      {"causal_offset", bf16, 256, 256, 1, 4, 1, 1, 3000},
+      with({"none", f16, 64, 64, 1, 4, 1, 17, 4096}, "splits7", [](FwdCase& c) { c.splits = 7; }),
+      with({"causal_offset", bf16, 128, 128, 1, 8, 8, 1, 1000}, "splits1", [](FwdCase& c) { c.splits = 1; }),
+      with({"padding", bf16, 128, 64, 2, 4, 2, 5, 4000, 333}, "noncontig",
+           [](FwdCase& c) { c.noncontig = true; }),
+      with({"causal_offset", f16, 128, 128, 1, 8, 2, 16, 8192}, "prefill",
+           [](FwdCase& c) { c.path = fa::ForwardPath::kPrefill; }),
       // Head dims beyond 64 / 128 (the mma.sync kernel on every arch): odd chunk counts (40,
       // 72, 80), padded shared rows, 16 rows per warp above 128, QK != V (192/128).
       {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},
@@ -324,6 +344,8 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
   fa::ForwardOptions fo;
   fo.scale = c.scale;
   fo.lse = c.no_lse ? nullptr : &lse;
+  fo.path = c.path;
+  fo.decode_splits = c.splits;
   fa::rt::synchronize(nullptr);  // the poison memsets are asynchronous
   CUstream stream = nullptr;
   if (c.own_stream) FA_CU(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);

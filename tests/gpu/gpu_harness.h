@@ -205,6 +205,17 @@ inline const Variant& variant(const std::string& name) {
          },
          [](CaptureSet& c, const Dims&, int p, std::mt19937&) { c.scalar_i32("window", p >= 0 ? p : 50); }, 0,
          1});
+    // Causal with the queries at the end of the keys (a decoding step over a KV cache):
+    // q + offset >= kv, offset = Lkv - Lq by default.
+    v.push_back({"causal_offset", identity_score,
+                 [] {
+                   return MaskMod{"causal_offset", [](Index, Index, Index q, Index kv) {
+                                    return q + scalar<int32_t>("offset") >= kv;
+                                  }};
+                 },
+                 [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
+                   c.scalar_i32("offset", p >= 0 ? p : std::max(0, d.Lkv - d.Lq));
+                 }});
     v.push_back({"prefix_lm", identity_score, [] { return mods::prefix_lm(); },
                  [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
                    c.scalar_i32("prefix", p >= 0 ? p : std::max(1, d.Lkv / 3));

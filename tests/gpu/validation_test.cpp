@@ -185,6 +185,21 @@ TEST_F(ForwardValidation, NegativeScale) {
   expect_rejected(args(), mask(), good(), "scale must be positive and finite, got -1", fo);
 }
 
+TEST_F(ForwardValidation, DecodePathOnALongQuery) {
+  fa::ForwardOptions fo;
+  fo.path = fa::ForwardPath::kDecode;
+  expect_rejected(args(), mask(), good(),
+                  "path kDecode: the decoding kernel takes len_q <= 64 within one block row (len_q <= the "
+                  "mask's q_block 128), got len_q=256",
+                  fo);
+}
+
+TEST_F(ForwardValidation, NegativeDecodeSplits) {
+  fa::ForwardOptions fo;
+  fo.decode_splits = -1;
+  expect_rejected(args(), mask(), good(), "decode_splits must be >= 0, got -1", fo);
+}
+
 // Kernel::block_mask checks the captures before the driver too.
 TEST_F(ForwardValidation, BlockMaskMissingScalar) {
   fa::Captures c;

@@ -332,6 +332,16 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(error_of([&] { big.resolved(); }),
             "tile 128x64w4s2: a head dim above 128 needs 16 rows per warp (block_m / warps), got 32");
 
+  // The decoding kernel: 64 packed rows, 4 warps, the deepest pipeline the arch holds.
+  EXPECT_EQ(spec(fa::DType::bf16, 128, 128, "sm_90a", fa::KernelKind::kDecode).resolved().to_string(),
+            "decode bf16 qk128 v128 mma tile64x64w4s4 sm_90a");
+  EXPECT_EQ(spec(fa::DType::bf16, 256, 256, "sm_86", fa::KernelKind::kDecode).resolved().to_string(),
+            "decode bf16 qk256 v256 mma tile64x32w4s2 sm_86");
+  fa::KernelSpec dec = spec(fa::DType::bf16, 128, 128, "sm_80", fa::KernelKind::kDecode);
+  dec.tile = {128, 64, 4, 2};
+  EXPECT_EQ(error_of([&] { dec.resolved(); }),
+            "the decode kernel takes tiles 64xNw4sS with N 32, 64 or 128 and S 2 to 6, got 128x64w4s2");
+
   // The mma.sync backward: dK and dV of 16 keys per warp stay in registers.
   auto bwd = [&](int dqk, int dv, const char* arch = "sm_80") {
     fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, arch, fa::KernelKind::kBackward);
@@ -488,10 +498,17 @@ TEST(CodegenNvrtc, EveryHeadDimClassCompiles) {
       s.deterministic = det;
       cases.push_back({fmt::format("backward {}x{}{}", dqk, dv, det ? " deterministic" : ""), s});
     }
+  // The split-KV decoding kernels (decode.cuh), with the host's tiles.
+  for (auto [dqk, dv] : {std::pair{64, 64}, {128, 128}, {40, 40}, {192, 128}, {256, 256}})
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      const fa::DType dt = dqk == 40 ? fa::DType::f16 : fa::DType::bf16;
+      cases.push_back(
+          {fmt::format("decode {}x{} {}", dqk, dv, arch), spec(dt, dqk, dv, arch, fa::KernelKind::kDecode)});
+    }
   std::vector<std::function<std::string()>> jobs;
   for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
   std::vector<std::string> errors = run_parallel(jobs);
-  ASSERT_EQ(cases.size(), 25u);
+  ASSERT_EQ(cases.size(), 35u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 }
 

@@ -4,6 +4,7 @@
 //   fajit dump --ptx --arch sm_90a variant.mlir        PTX from NVRTC
 //   fajit dump --sass ...                              SASS (needs cuobjdump or nvdisasm)
 //   fajit dump --cuda --backward --mask causal         the backward kernels instead
+//   fajit dump --cuda --kernel decode --mask causal    the split-KV decoding kernels instead
 //   fajit cache ls | stats | clear                     the on-disk cubin cache
 #include <unistd.h>
 
@@ -79,9 +80,12 @@ fa::Program program_for(const DumpOptions& o) {
 fa::KernelSpec spec_for(const DumpOptions& o) {
   fa::KernelSpec s;
   if (o.block_mask && o.backward) throw fa::Error("give --block-mask or --backward, not both");
-  s.kind = o.block_mask ? fa::KernelKind::kBlockMask
-           : o.backward ? fa::KernelKind::kBackward
-                        : fa::KernelKind::kForward;
+  if (o.family == "decode" && (o.block_mask || o.backward))
+    throw fa::Error("--kernel decode is the forward's decoding kernel: not with --block-mask or --backward");
+  s.kind = o.block_mask           ? fa::KernelKind::kBlockMask
+           : o.backward           ? fa::KernelKind::kBackward
+           : o.family == "decode" ? fa::KernelKind::kDecode
+                                  : fa::KernelKind::kForward;
   if (o.dtype == "bf16")
     s.dtype = fa::DType::bf16;
   else if (o.dtype == "f16" || o.dtype == "fp16")
@@ -208,8 +212,10 @@ int main(int argc, char** argv) {
   dump_cmd->add_option("--head-dim-v", dump.head_dim_v,
                        "V head dim: a multiple of 8 from 32 to 256 (default: the QK head dim)");
   dump_cmd
-      ->add_option("--kernel", dump.family, "forward kernel: auto (wgmma on sm_90a, else mma), mma or wgmma")
-      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
+      ->add_option("--kernel", dump.family,
+                   "forward kernel: auto (wgmma on sm_90a, else mma), mma, wgmma, or decode (split-KV "
+                   "decoding for short queries)")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma", "decode"}));
   dump_cmd->add_flag("--block-mask", dump.block_mask,
                      "the block-mask builder kernel instead of the forward kernel");
   dump_cmd->add_flag("--backward", dump.backward,

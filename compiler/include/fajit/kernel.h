@@ -35,9 +35,18 @@ struct Options {
   bool line_info = false;                     // NVRTC -lineinfo (for profilers)
 };
 
+// Which kernel runs a forward call: kAuto takes the split-KV decoding kernel
+// (templates/fajit/decode.cuh) for short queries (len_q <= kDecodeMaxLenQ and within one row
+// of block tables, len_q <= the mask's q_block) and the prefill kernel otherwise; kPrefill and
+// kDecode force one (kDecode on a query the decoding kernel cannot take is an error).
+enum class ForwardPath : uint8_t { kAuto, kPrefill, kDecode };
+constexpr int kDecodeMaxLenQ = 64;
+
 struct ForwardOptions {
   float scale = 0.0f;               // 0 = 1 / sqrt(head_dim_qk)
   const TensorView* lse = nullptr;  // optional fp32 [B, Hq, Lq] log-sum-exp output
+  ForwardPath path = ForwardPath::kAuto;
+  int decode_splits = 0;  // decoding: parts of the KV walk; 0 = enough CTAs for every SM twice
 };
 
 struct BackwardOptions {
@@ -94,6 +103,9 @@ class FA_API Kernel {
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const BlockMask& mask, const Captures& captures = {},
                 const BackwardOptions& options = {}, Stream stream = nullptr) const;
+  // The decoding kernel's generated CUDA source and spec (compiled on first request).
+  const std::string& decode_cuda_source() const;
+  const KernelSpec& decode_spec() const;
   // The backward's generated CUDA source and spec (compiled on first request).
   const std::string& backward_cuda_source() const;
   const KernelSpec& backward_spec() const;

@@ -14,6 +14,7 @@ enum class KernelKind : uint8_t {
   kForward,    // attention forward (templates/fajit/forward.cuh)
   kBlockMask,  // block classification from the mask_mod (templates/fajit/block_mask.cuh)
   kBackward,   // attention backward: preprocess, dK/dV (+ dQ partials), dQ (backward.cuh)
+  kDecode,     // split-KV decoding for short queries: parts, then combine (decode.cuh)
 };
 
 // Which forward kernel: FlashAttention-2 style mma.sync (sm_80+), or the Hopper kernel with

@@ -285,6 +285,20 @@ struct Kernel::Impl {
   Compiled fwd;
   std::mutex bwd_mutex;
   std::unique_ptr<Compiled> bwd[2];  // the backward kernels (atomic dQ, deterministic), on first use
+  std::unique_ptr<Compiled> dec;     // the split-KV decoding kernels, on first use
+
+  const Compiled& decode_kernel() {
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    if (!dec) {
+      const Program& p = mask.program();
+      KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kDecode);
+      spec.tile = TileConfig{};
+      dec = std::make_unique<Compiled>(compile_generated(
+          generate(p, spec), fwd.options.line_info,
+          fmt::format("decoding of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
+    }
+    return *dec;
+  }
 
   const Compiled& backward_kernel(bool deterministic = false) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
@@ -334,6 +348,58 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
   const float scale = check_call(s, "forward", shape, mask, options.scale);
   std::vector<unsigned char> cap = pack_captures(captures);
 
+  const bool decode_fits = shape.len_q <= kDecodeMaxLenQ && shape.len_q <= mask.q_block();
+  if (options.path == ForwardPath::kDecode && !decode_fits)
+    throw Error(
+        fmt::format("path kDecode: the decoding kernel takes len_q <= {} within one block row "
+                    "(len_q <= the mask's q_block {}), got len_q={}",
+                    kDecodeMaxLenQ, mask.q_block(), shape.len_q));
+  if (options.decode_splits < 0)
+    throw Error(fmt::format("decode_splits must be >= 0, got {}", options.decode_splits));
+  if (options.path == ForwardPath::kDecode || (options.path == ForwardPath::kAuto && decode_fits)) {
+    // Split-KV decoding (templates/fajit/decode.cuh): the heads of a GQA group share a tile
+    // when the tables do not depend on the head; the KV walk is cut so every SM streams.
+    const Compiled& d = impl_->decode_kernel();
+    const KernelSpec& ds = d.gen.spec;
+    if (mask.q_block() % ds.tile.block_m != 0 || mask.kv_block() % ds.tile.block_n != 0)
+      throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the decode tile {}x{}",
+                              mask.q_block(), mask.kv_block(), ds.tile.block_m, ds.tile.block_n));
+    rt::ContextGuard guard;
+    const CUstream st = reinterpret_cast<CUstream>(stream);
+    FaDecodeParams dp{};
+    dp.fwd = rt::make_fwd_params(q, k, v, o, options.lse, scale, mask);
+    const int group = shape.heads_q / shape.heads_kv;
+    dp.heads_per_cta = dp.fwd.mask.row_stride_h == 0 ? group : 1;
+    const int rows = dp.heads_per_cta * shape.len_q;
+    const int row_blocks = (rows + ds.tile.block_m - 1) / ds.tile.block_m;
+    const int64_t units = int64_t(shape.batch) * (shape.heads_q / dp.heads_per_cta) * row_blocks;
+    const int64_t tiles = int64_t(mask.num_kv_blocks()) * (mask.kv_block() / ds.tile.block_n);
+    int64_t splits = options.decode_splits;
+    if (splits == 0) {
+      const int64_t sms = std::max(1, rt::current_device_info().sm_count);
+      splits = std::clamp<int64_t>((2 * sms + units - 1) / units, 1, 128);
+    }
+    splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
+    dp.splits = static_cast<int>(splits);
+    const size_t part_rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
+    StreamScratch scratch(size_t(splits) * part_rows * (shape.dim_v + 1) * sizeof(float), st);
+    dp.o_part = scratch.f32();
+    dp.lse_part = dp.o_part + size_t(splits) * part_rows * shape.dim_v;
+    CUfunction fn = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name);
+    CUfunction combine = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name + "_combine");
+    void* args[] = {&dp, cap.data()};
+    rt::launch(fn,
+               rt::Dim3(static_cast<unsigned>(row_blocks * splits),
+                        static_cast<unsigned>(shape.batch * (shape.heads_q / dp.heads_per_cta))),
+               rt::Dim3(static_cast<unsigned>(ds.threads())), static_cast<unsigned>(ds.smem_bytes()), st,
+               args);
+    void* cargs[] = {&dp};
+    rt::launch(combine,
+               rt::Dim3(static_cast<unsigned>((part_rows + kDecodeCombineWarps - 1) / kDecodeCombineWarps)),
+               rt::Dim3(kDecodeCombineWarps * 32), 0, st, cargs);
+    return;
+  }
+
   rt::ContextGuard guard;
   CUfunction fn = rt::load_function(impl_->fwd.key, impl_->fwd.entry->cubin, impl_->fwd.gen.kernel_name);
   FaFwdParams p = rt::make_fwd_params(q, k, v, o, options.lse, scale, mask);
@@ -345,6 +411,9 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
   rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem,
              reinterpret_cast<CUstream>(stream), args);
 }
+
+const std::string& Kernel::decode_cuda_source() const { return impl_->decode_kernel().gen.source; }
+const KernelSpec& Kernel::decode_spec() const { return impl_->decode_kernel().gen.spec; }
 
 const std::string& Kernel::backward_cuda_source() const { return impl_->backward_kernel().gen.source; }
 const KernelSpec& Kernel::backward_spec() const { return impl_->backward_kernel().gen.spec; }

@@ -396,6 +396,20 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
     os << fmt::format(
         "static_assert(FaConfig::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
         g.spec.smem_bytes());
+  } else if (g.spec.kind == KernelKind::kDecode) {
+    const TileConfig& t = g.spec.tile;
+    g.kernel_name = "fajit_decode";  // fajit_decode, fajit_decode_combine
+    os << "#include \"fajit/decode.cuh\"\n";
+    os << fmt::format("using FaDecCfg = fa::DecodeConfig<{}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
+                      g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n, t.stages);
+    os << "FAJIT_DEFINE_DECODE(" << g.kernel_name << ", FaDecCfg, FaMods)\n";
+    os << fmt::format(
+        "static_assert(FaDecCfg::kThreads == {} && FaDecCfg::kBlockM == {} && FaDecCfg::kCombineWarps == {},"
+        " \"host and template disagree on the decode launch\");\n",
+        g.spec.threads(), t.block_m, kDecodeCombineWarps);
+    os << fmt::format(
+        "static_assert(FaDecCfg::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
+        g.spec.smem_bytes());
   } else if (g.spec.kind == KernelKind::kBackward) {
     const TileConfig& t = g.spec.tile;
     g.kernel_name = "fajit_bwd";  // fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq

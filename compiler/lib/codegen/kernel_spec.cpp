@@ -28,6 +28,8 @@ std::string tile_text(const TileConfig& t) {
 // the arch's shared memory.
 std::vector<TileConfig> mma_tiles(int dqk, int dv, bool has_score_mod, KernelKind kind) {
   const int mq = head_dim_mma(dqk), mv = head_dim_mma(dv);
+  if (kind == KernelKind::kDecode)  // 64 packed rows, 4 warps; deep K/V pipelines first
+    return {{64, 64, 4, 4}, {64, 64, 4, 3}, {64, 64, 4, 2}, {64, 32, 4, 2}};
   if (kind == KernelKind::kBackward) {
     // 8 warps split dQ's columns in two: whole 16-column pairs need an even step count
     if (mq > 64 || mv > 64) {
@@ -92,6 +94,20 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
         s.kind == KernelKind::kBackward ? "the backward" : "the forward", tile_text(s.tile), s.smem_bytes(),
         s.head_dim_qk, s.head_dim_v, s.arch, smem_limit, fixed ? "" : " (no smaller tile fits either)"));
   };
+  if (s.kind == KernelKind::kDecode) {  // decode.cuh: mma.sync on every arch
+    s.family = KernelFamily::kMmaSync;
+    if (s.tile.is_default()) {
+      fit(mma_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod, s.kind), false);
+      return s;
+    }
+    const TileConfig& t = s.tile;
+    if (t.block_m != 64 || t.warps != 4 || (t.block_n != 32 && t.block_n != 64 && t.block_n != 128) ||
+        t.stages < 2 || t.stages > 6)
+      throw Error(fmt::format(
+          "the decode kernel takes tiles 64xNw4sS with N 32, 64 or 128 and S 2 to 6, got {}", tile_text(t)));
+    fit({t}, true);
+    return s;
+  }
   if (s.kind == KernelKind::kBackward) {
     // wgmma (backward_sm90.cuh) on sm_90a when it takes the head dims, unless mma.sync was
     // asked for; mma.sync (backward.cuh) everywhere else.
@@ -149,6 +165,7 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
 std::string KernelSpec::to_string() const {
   const char* k = kind == KernelKind::kForward    ? "forward"
                   : kind == KernelKind::kBackward ? "backward"
+                  : kind == KernelKind::kDecode   ? "decode"
                                                   : "block_mask";
   if (kind == KernelKind::kBlockMask) return fmt::format("{} {}", k, arch);
   const char* fam = family == KernelFamily::kWgmma     ? "wgmma"
@@ -175,6 +192,8 @@ int KernelSpec::smem_bytes() const {
     const int stage = 2 * m * (pq + pv) + 2 * m * 4;  // Q, dO, LSE, delta
     return 2 * n * (pq + pv) + tile.stages * stage + 2 * n * m;
   }
+  if (kind == KernelKind::kDecode)  // templates/fajit/decode.cuh, DecodeConfig::kSmemBytes
+    return 2 * (tile.block_m * pq + tile.stages * tile.block_n * (pq + pv));
   // Shared rows are padded to multiples of 64 elements (templates/fajit/prelude.cuh, HeadRow)
   // in the mma.sync kernel; the wgmma kernel takes 64 and 128 only, where the two agree.
   int tiles = 2 * (tile.block_m * std::max(pq, pv) + tile.stages * tile.block_n * (pq + pv));

@@ -25,6 +25,9 @@ struct GeneratedKernel {
 // Throws fa::Error when there are more than FA_MAX_BUFFERS / FA_MAX_SCALARS.
 std::vector<CaptureSlot> capture_slots(const Program& program);
 
+// Output rows (one warp each) per CTA of the decode combine kernel (DecodeConfig::kCombineWarps).
+constexpr int kDecodeCombineWarps = 4;
+
 // Threads per CTA of the backward's preprocess and dQ-conversion kernels (BwdConfig::
 // kPreThreads; each thread takes one 16-byte chunk of a row).
 constexpr int kBwdAuxThreads = 128;
