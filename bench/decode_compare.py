@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Decoding: fajit's split-KV kernel (through the fajit Python package, C API) vs torch
+flex_attention (torch.compile'd: its flex_decoding path for short queries) vs SDPA (flash and
+cuDNN backends) vs a plain copy of K and V, on the same bf16 tensors in one process.
+
+    FAJIT_LIBRARY=$PWD/.device-build/bin/libfajit.so PYTHONPATH=$PWD/python \\
+        python3 bench/decode_compare.py [--lq 1,16] [--lkv 8192,32768,131072]
+
+Shape (issue "head dims, split-KV decoding"): B=4 Hq=32 Hkv=8 D=128, no mask (every query sees
+every key; causal-at-the-end is the same work), Lq queries over Lkv keys. Every backend's output
+is checked against flex's (rel. error < 2e-2) before timing; times are
+triton.testing.do_bench medians; GB/s counts the K+V bytes read (the bound of a decode).
+Writes the table to stdout and as markdown to $OUT/decode.md (or --out).
+"""
+import argparse
+import datetime
+import os
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lq", default="1,16")
+    ap.add_argument("--lkv", default="8192,32768,131072")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads-q", type=int, default=32)
+    ap.add_argument("--heads-kv", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+
+    import torch
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    import fajit.torch as ft
+
+    dev = torch.cuda.get_device_name()
+    flex = torch.compile(flex_attention, dynamic=False)
+    B, Hq, Hkv, D = args.batch, args.heads_q, args.heads_kv, args.dim
+    rows = []
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    def noop(b, h, q, kv):
+        return q >= 0
+
+    for lkv in [int(x) for x in args.lkv.split(",")]:
+        for lq in [int(x) for x in args.lq.split(",")]:
+            torch.manual_seed(0)
+            q = torch.randn(B, Hq, lq, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(B, Hkv, lkv, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(B, Hkv, lkv, D, device="cuda", dtype=torch.bfloat16)
+            kv_bytes = 2 * k.numel() * k.element_size()
+            row = {"lq": lq, "lkv": lkv}
+
+            tmask = create_block_mask(noop, None, None, lq, lkv)
+            ref = flex(q, k, v, block_mask=tmask, enable_gqa=True)
+            row["flex"] = bench(lambda: flex(q, k, v, block_mask=tmask, enable_gqa=True))
+
+            fmask = ft.create_block_mask(noop, None, None, lq, lkv)
+            out = ft.flex_attention(q, k, v, block_mask=fmask, enable_gqa=True)
+            err = rel(out, ref)
+            row["fajit_err"] = err
+            row["fajit"] = bench(lambda: ft.flex_attention(q, k, v, block_mask=fmask, enable_gqa=True)) \
+                if err < 2e-2 else float("nan")
+
+            kr = k.repeat_interleave(Hq // Hkv, dim=1)
+            vr = v.repeat_interleave(Hq // Hkv, dim=1)
+            for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel(backend):
+                        s = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                        assert rel(s, ref) < 2e-2
+                        row[name] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, enable_gqa=True))
+                except Exception as e:  # a backend that refuses the shape
+                    try:
+                        with sdpa_kernel(backend):
+                            row[name] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, kr, vr))
+                        row[name + "_note"] = "expanded KV"
+                    except Exception as e2:
+                        row[name] = float("nan")
+                        row[name + "_note"] = str(e2)[:60] or str(e)[:60]
+            kc, vc = torch.empty_like(k), torch.empty_like(v)
+            row["copy"] = bench(lambda: (kc.copy_(k), vc.copy_(v)))  # reads and writes K+V
+            row["kv_bytes"] = kv_bytes
+            rows.append(row)
+            print(row, flush=True)
+
+    def tbs(ms, nbytes):
+        return nbytes / (ms * 1e-3) / 1e12
+
+    lines = [f"Decoding, {dev}, {datetime.date.today()}: bf16 B={B} Hq={Hq} Hkv={Hkv} D={D}, no mask; "
+             "ms (TB/s of K+V read)", "",
+             "| Lq | Lkv | fajit | flex | SDPA flash | SDPA cuDNN | copy K,V (TB/s read+write) | fajit / flex | "
+             "fajit TB/s / copy TB/s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        n = r["kv_bytes"]
+        cells = [f"{r[x]:.3f} ({tbs(r[x], n):.2f})" for x in ("fajit", "flex", "flash", "cudnn")]
+        cells.append(f"{r['copy']:.3f} ({tbs(r['copy'], 2 * n):.2f})")
+        lines.append(f"| {r['lq']} | {r['lkv']} | " + " | ".join(cells) +
+                     f" | {r['flex'] / r['fajit']:.2f}x | {tbs(r['fajit'], n) / tbs(r['copy'], 2 * n):.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode.md"), "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
