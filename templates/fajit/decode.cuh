@@ -283,17 +283,30 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     for (int s = 0; s < dp.splits; ++s) sum += ex2((dp.lse_part[s * part_rows + row] - m) * kLog2e);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
 
-  E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + (long long)q * p.o_stride_m;
-  for (int c = 2 * lc.lane; c < kDV; c += 64) {
-    float a0 = 0.f, a1 = 0.f;
-    if (m != -INFINITY)
-      for (int s = 0; s < dp.splits; ++s) {
-        const float w = ex2((dp.lse_part[s * part_rows + row] - m) * kLog2e);
-        const float* src = dp.o_part + (s * part_rows + row) * kDV + c;
-        a0 = fmaf(w, src[0], a0);
-        a1 = fmaf(w, src[1], a1);
+  // Each lane's column pairs 2 lane + 64 i; every part's weight computed once, then applied
+  // to all of them.
+  constexpr int kPairs = (kDV + 63) / 64;
+  float acc[kPairs][2];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) acc[i][0] = acc[i][1] = 0.f;
+  if (m != -INFINITY)
+    for (int s = 0; s < dp.splits; ++s) {
+      const float w = ex2((dp.lse_part[s * part_rows + row] - m) * kLog2e);
+      const float* src = dp.o_part + (s * part_rows + row) * kDV;
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const int c = 2 * lc.lane + 64 * i;
+        if (c < kDV) {
+          acc[i][0] = fmaf(w, src[c], acc[i][0]);
+          acc[i][1] = fmaf(w, src[c + 1], acc[i][1]);
+        }
       }
-    st_global_b32(og + c, pack2<E>(a0 * inv, a1 * inv));
+    }
+  E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + (long long)q * p.o_stride_m;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int c = 2 * lc.lane + 64 * i;
+    if (c < kDV) st_global_b32(og + c, pack2<E>(acc[i][0] * inv, acc[i][1] * inv));
   }
   if (p.lse != nullptr && lc.lane == 0)
     p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = sum > 0.f ? m + lg2(sum) * kLn2 : -INFINITY;
