@@ -41,6 +41,69 @@ struct AttentionTileShape {
   static constexpr int kDT = RowV::kUsed;    // 8-column n-tiles of O (an even count)
   static constexpr int kCQ = RowQK::kPitch;  // 16-byte chunks per shared Q/K row
   static constexpr int kCV = RowV::kPitch;   // 16-byte chunks per shared V/O row
+  static constexpr int kLayout = 0;          // kDenseLayout unless WithLayout says otherwise
+};
+
+// ---- sequence layouts (fa::SequenceLayout on the host; FaFwdParams' ragged/paged fields) -----
+// Dense: [B, H, L, D] operands. Ragged: each sequence's rows, lengths from the cu_seqlens /
+// seqlens tables (rebase_sequence, once per CTA). Paged: ragged, and K/V rows gathered
+// through the page table (KvRows). A kernel config takes one with WithLayout.
+constexpr int kDenseLayout = 0, kRaggedLayout = 1, kPagedLayout = 2;
+template <typename Config, int kLayout_>
+struct WithLayout : Config {
+  static constexpr int kLayout = kLayout_;
+};
+
+// p rebased on sequence b of a ragged batch: q, o, lse (and k, v when packed) at its first
+// rows, len_q / len_kv its own. Kernels read every table entry they use from here on.
+template <typename E>
+__device__ __forceinline__ void rebase_sequence(FaFwdParams& p, int b) {
+  if (p.cu_seqlens_q != nullptr) {
+    const int first = p.cu_seqlens_q[b];
+    p.len_q = p.cu_seqlens_q[b + 1] - first;
+    p.q = static_cast<const E*>(p.q) + (long long)first * p.q_stride_m;
+    p.o = static_cast<E*>(p.o) + (long long)first * p.o_stride_m;
+    if (p.lse != nullptr) p.lse += first;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const int first = p.cu_seqlens_k[b];
+    p.len_kv = p.cu_seqlens_k[b + 1] - first;
+    p.k = static_cast<const E*>(p.k) + (long long)first * p.k_stride_n;
+    p.v = static_cast<const E*>(p.v) + (long long)first * p.v_stride_n;
+  }
+  if (p.seqlens_k != nullptr) p.len_kv = p.seqlens_k[b];
+}
+
+// Key (or value) rows of KV head hkv of sequence b: a strided [len, D] operand, or, paged,
+// row kv at row kv % page_size of page pages[kv / page_size] (stride_b is the page stride).
+// load() puts rows start..start+kRows-1 into a swizzled shared tile (rows >= len zero-filled).
+template <typename E, bool kPaged>
+struct KvRows {
+  const E* base;
+  long long stride_n, stride_page;
+  const int* pages;
+  int page_size;
+  __device__ __forceinline__ KvRows(const void* ptr, long long stride_b, long long stride_h,
+                                    long long stride_n_, const FaFwdParams& p, int b, int hkv)
+      : base(static_cast<const E*>(ptr) + (kPaged ? 0ll : b * stride_b) + hkv * stride_h),
+        stride_n(stride_n_),
+        stride_page(stride_b),
+        pages(kPaged ? p.page_table + b * p.page_table_stride : nullptr),
+        page_size(p.page_size) {}
+  template <int kRows, typename Row, int kThreads>
+  __device__ __forceinline__ void load(u32 dst, int start, int len, int tid) const {
+    if constexpr (!kPaged) {
+      load_tile_async<kRows, Row, kThreads>(dst, base, stride_n, start, len, tid);
+    } else {
+      load_rows_async<kRows, Row, kThreads>(dst, tid, [&](int r, bool& valid) {
+        const int kv = start + r;
+        valid = kv < len;
+        const int row = valid ? kv : 0;  // an invalid row reads nothing; page 0 of the row exists
+        const int slot = row / page_size;
+        return base + pages[slot] * stride_page + (long long)(row - slot * page_size) * stride_n;
+      });
+    }
+  }
 };
 
 // ---- where a CTA and a thread are -------------------------------------------------------------

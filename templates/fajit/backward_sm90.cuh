@@ -143,8 +143,11 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if (tid == 0) {
     mbar_init(bar_kv, kWG);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full(s), 2 * kWG);                        // cp.async + plain arrivals
-      mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);  // one per consumer warp
+      mbar_init(bar_full(s), 2 * kWG);  // cp.async + plain arrivals
+      // every consumer thread arrives: the producer overwrites the stage's LSE/Δ rows with plain
+      // stores, so each reader's own arrival orders its reads before them (a warp leader's
+      // arrival after __syncwarp does too, but racecheck cannot see that and reports hazards)
+      mbar_init(bar_empty(s), 2 * kWG);
     }
   }
   __syncthreads();
@@ -308,8 +311,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       pin(pa);
       pin(da);
       pin(dq);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_empty(stage));
+      mbar_arrive(bar_empty(stage));
       if (mine) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {

@@ -95,8 +95,11 @@ __device__ __forceinline__ long long out_row(const FaFwdParams& p, int b, int h,
 }  // namespace dec
 
 // ================================ one split of the KV walk ===================================
+// p: the CTA's sequence (dp.fwd itself when dense); dp.fwd keeps the launch's layout (the
+// longest sequence: grid rows, part rows).
 template <typename Cfg, typename Mods>
-__device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const FaCaptures& cap) {
+__device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const FaFwdParams& p,
+                                              const FaCaptures& cap) {
   using E = typename Cfg::Element;
   using RowQK = typename Cfg::RowQK;
   using RowV = typename Cfg::RowV;
@@ -106,17 +109,20 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
   extern __shared__ __align__(128) unsigned char smem[];
   const LaneCoords lc;
   const int tid = lc.tid, lane = lc.lane, warp = lc.warp, g = lc.g, t = lc.t;
-  const FaFwdParams& p = dp.fwd;
+  const FaFwdParams& pm = dp.fwd;
   const int len_q = p.len_q, len_kv = p.len_kv;
   const int packs = p.heads_q / dp.heads_per_cta;  // head packs per batch
   const int b = blockIdx.y / packs, h0 = (blockIdx.y % packs) * dp.heads_per_cta;
   const int hkv = h0 / (p.heads_q / p.heads_kv);
   const int rows = dp.heads_per_cta * len_q;
-  const int row_blocks = (rows + kBM - 1) / kBM;
+  const int row_blocks = (dp.heads_per_cta * pm.len_q + kBM - 1) / kBM;
   const int split = blockIdx.x / row_blocks, r0 = (blockIdx.x - split * row_blocks) * kBM;
+  if constexpr (Cfg::kLayout != kDenseLayout)
+    if (r0 >= rows) return;  // rows of a shorter sequence than the longest
 
-  const E* kg = static_cast<const E*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  constexpr bool kPaged = Cfg::kLayout == kPagedLayout;
+  const KvRows<E, kPaged> ksrc(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, p, b, hkv);
+  const KvRows<E, kPaged> vsrc(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, p, b, hkv);
   const u32 sQ = smem_addr(smem);
   const u32 sK = sQ + Cfg::kSmemQBytes;
   const u32 sV = sK + kStages * Cfg::kSmemKBytes;
@@ -130,8 +136,8 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
     const int start = walk.tile_start(it0 + i);
     if (start >= len_kv) return;
     const int s = i % kStages;
-    load_tile_async<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n, start, len_kv, tid);
-    load_tile_async<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n, start, len_kv, tid);
+    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, start, len_kv, tid);
+    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, start, len_kv, tid);
   };
 
   // ---- prologue: the packed Q rows (gathered over the heads), then STAGES-1 K/V tiles
@@ -244,12 +250,12 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
   // ---- this split's part: O / l (fp32) and the LSE of each real row
   float inv[2];
   srow.finish(inv);
-  const long long part_rows = (long long)p.batch * p.heads_q * len_q;
+  const long long part_rows = (long long)pm.batch * pm.heads_q * pm.len_q;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = r0 + warp_row0 + g + 8 * hh;
     if (r >= rows) continue;
-    const long long part = split * part_rows + dec::out_row(p, b, h_idx[0][hh], q_idx[0][hh]);
+    const long long part = split * part_rows + dec::out_row(pm, b, h_idx[0][hh], q_idx[0][hh]);
     float* dst = dp.o_part + part * kDV + 2 * t;
 #pragma unroll
     for (int dj = 0; dj < Cfg::kDT; ++dj)
@@ -267,14 +273,19 @@ template <typename Cfg>
 __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) {
   using E = typename Cfg::Element;
   constexpr int kDV = Cfg::kHeadDimV;
-  const FaFwdParams& p = dp.fwd;
+  const FaFwdParams& pm = dp.fwd;  // the launch's layout (part rows)
   const LaneCoords lc;
-  const long long part_rows = (long long)p.batch * p.heads_q * p.len_q;
+  const long long part_rows = (long long)pm.batch * pm.heads_q * pm.len_q;
   const long long row = (long long)blockIdx.x * Cfg::kCombineWarps + lc.warp;
   if (row >= part_rows) return;
-  const int q = static_cast<int>(row % p.len_q);
-  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
-  const int b = static_cast<int>(row / ((long long)p.len_q * p.heads_q));
+  const int q = static_cast<int>(row % pm.len_q);
+  const int h = static_cast<int>((row / pm.len_q) % pm.heads_q);
+  const int b = static_cast<int>(row / ((long long)pm.len_q * pm.heads_q));
+  FaFwdParams p = pm;  // where the row's output goes: its sequence's rows when ragged
+  if constexpr (Cfg::kLayout != kDenseLayout) {
+    rebase_sequence<E>(p, b);
+    if (q >= p.len_q) return;
+  }
 
   float m = -INFINITY;
   for (int s = 0; s < dp.splits; ++s) m = fmaxf(m, dp.lse_part[s * part_rows + row]);
@@ -312,13 +323,25 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = sum > 0.f ? m + lg2(sum) * kLn2 : -INFINITY;
 }
 
+// The kernel for a layout: dense as is; ragged / paged on the CTA's sequence.
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void decode_entry(const FaDecodeParams& dp, const FaCaptures& cap) {
+  if constexpr (Cfg::kLayout == kDenseLayout) {
+    decode_kernel<Cfg, Mods>(dp, dp.fwd, cap);
+  } else {
+    FaFwdParams seq = dp.fwd;
+    rebase_sequence<typename Cfg::Element>(seq, blockIdx.y / (dp.fwd.heads_q / dp.heads_per_cta));
+    decode_kernel<Cfg, Mods>(dp, seq, cap);
+  }
+}
+
 }  // namespace fa
 
 // Defines the extern "C" kernels name and name##_combine (single identifiers).
 #define FAJIT_DEFINE_DECODE(name, Config, Mods)                         \
   extern "C" __global__ void __launch_bounds__(Config::kThreads)        \
       name(const FaDecodeParams p, const FaCaptures cap) {              \
-    fa::decode_kernel<Config, Mods>(p, cap);                            \
+    fa::decode_entry<Config, Mods>(p, cap);                             \
   }                                                                     \
   extern "C" __global__ void __launch_bounds__(Config::kCombineThreads) \
       name##_combine(const FaDecodeParams p) {                          \

@@ -115,8 +115,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  const E* kg = static_cast<const E*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-  const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
+  constexpr bool kPaged = Cfg::kLayout == kPagedLayout;
+  const KvRows<E, kPaged> ksrc(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, p, b, hkv);
+  const KvRows<E, kPaged> vsrc(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, p, b, hkv);
 
   const u32 sQ = smem_addr(smem);
   const u32 sK = sQ + Cfg::kSmemQOBytes;
@@ -130,8 +131,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const int start = tile_start(it);
     if (start >= len_kv) return;  // a sub-tile past the end of a tail block: never read
     const int s = it % kStages;
-    load_tile_async<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, kg, p.k_stride_n, start, len_kv, tid);
-    load_tile_async<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, vg, p.v_stride_n, start, len_kv, tid);
+    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, start, len_kv, tid);
+    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, start, len_kv, tid);
   };
 
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
@@ -291,13 +292,27 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   store_rows<kRW, RowV::kChunks, 32, Staging>(og, p.o_stride_m, sQ, warp_row0, q0, len_q, lane);
 }
 
+// The kernel for a layout: dense as is; ragged / paged on the CTA's sequence (a query block
+// past its end has nothing to do).
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void forward_entry(const FaFwdParams& p, const FaCaptures& cap) {
+  if constexpr (Cfg::kLayout == kDenseLayout) {
+    forward_kernel<Cfg, Mods>(p, cap);
+  } else {
+    FaFwdParams seq = p;
+    rebase_sequence<typename Cfg::Element>(seq, blockIdx.y / p.heads_q);
+    if (static_cast<int>(blockIdx.x) * Cfg::kBlockM >= seq.len_q) return;
+    forward_kernel<Cfg, Mods>(seq, cap);
+  }
+}
+
 }  // namespace fa
 
 // Defines the extern "C" kernel `name` for a config and mods struct (single identifiers).
 #define FAJIT_DEFINE_FORWARD(name, Config, Mods)                                          \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSM) \
       name(const FaFwdParams p, const FaCaptures cap) {                                   \
-    fa::forward_kernel<Config, Mods>(p, cap);                                             \
+    fa::forward_entry<Config, Mods>(p, cap);                                              \
   }
 
 #endif  // FAJIT_FORWARD_CUH

@@ -5,7 +5,7 @@
 #ifndef FAJIT_PARAMS_H
 #define FAJIT_PARAMS_H
 
-#define FAJIT_ABI_VERSION 4
+#define FAJIT_ABI_VERSION 5
 
 #define FA_MAX_BUFFERS 16
 #define FA_MAX_BUFFER_RANK 4
@@ -70,6 +70,22 @@ typedef struct FaFwdParams {
   int batch, heads_q, heads_kv, len_q, len_kv;
   float scale;
   FaBlockTables mask;
+  // Ragged and paged layouts, read only by kernels compiled for them (fa::SequenceLayout; null
+  // and 0 otherwise). The tables are device int32. For sequence b:
+  //   cu_seqlens_q [B+1]: its queries are rows cu_seqlens_q[b] .. [b+1]-1 along q_stride_m of
+  //                       q and o (q_stride_b = o_stride_b = 0), its LSE entries from
+  //                       cu_seqlens_q[b] on (lse_stride_b = 0); len_q is the longest
+  //   cu_seqlens_k [B+1]: its keys are rows cu_seqlens_k[b] .. [b+1]-1 of k and v
+  //   seqlens_k    [B]:   its key count (keys at or past it are never read)
+  //   page_table   [B, page_table_stride]: key kv is row kv % page_size of page
+  //                       page_table[b][kv / page_size]; k_stride_b / v_stride_b are the
+  //                       page strides of the pools
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  const int* seqlens_k;
+  const int* page_table;
+  long long page_table_stride;
+  int page_size;
 } FaFwdParams;
 
 // Split-KV decoding (fajit/decode.cuh): the forward's tensors and tables for a short query

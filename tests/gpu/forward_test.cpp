@@ -203,7 +203,8 @@ std::shared_ptr<Prepared> prepare(const FwdCase& c) {
   // Inputs.
   int64_t total = 0;
   if (c.noncontig) {
-    const int64_t L = std::max(c.Lq, c.Lkv), Ht = c.Hq + 2 * c.Hkv, D = c.dqk;
+    // every slot as wide as the wider head dim (V may be wider than Q/K: 72/136)
+    const int64_t L = std::max(c.Lq, c.Lkv), Ht = c.Hq + 2 * c.Hkv, D = std::max(c.dqk, c.dv);
     const std::array<int64_t, 4> s{L * Ht * D, D, Ht * D, 1};
     p->q = {0, s}, p->k = {c.Hq * D, s}, p->v = {(c.Hq + c.Hkv) * D, s};
     total = c.B * L * Ht * D;

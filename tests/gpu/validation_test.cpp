@@ -214,5 +214,162 @@ TEST_F(ForwardValidation, BlockMaskFloatForI32Scalar) {
             "scalar 'window' must be i32, got f32");
 }
 
+// ---- ragged and paged layouts (fa::Sequences): shapes and tables before any launch --------
+class SequencesValidation : public ForwardValidation {
+ protected:
+  // Packed q/o [total_q, H, 128], packed or paged k/v; tables of `batch` sequences.
+  fa::TensorView table(std::vector<int64_t> shape) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= size_t(d);
+    void* p = buffer(n * 4);
+    return shape.size() == 1 ? fa::TensorView(p, fa::DType::i32, {shape[0]})
+                             : fa::TensorView(p, fa::DType::i32, {shape[0], shape[1]});
+  }
+  fa::TensorView packed(int64_t rows, int d = 128) {
+    return fa::TensorView(buffer(size_t(rows) * kH * d * 2), fa::DType::bf16, {rows, kH, d});
+  }
+  fa::TensorView pool(int64_t pages, int64_t page_size) {
+    return fa::TensorView(buffer(size_t(pages * page_size) * kH * 128 * 2), fa::DType::bf16,
+                          {pages, page_size, kH, 128});
+  }
+  // forward on packed q/o with these k, v and options must throw exactly `message`
+  void expect(const fa::TensorView& k, const fa::TensorView& v, fa::ForwardOptions fo,
+              const std::string& message, int64_t total_q = 300, int64_t mask_q = 128, int64_t mask_kv = 256,
+              int mask_b = 1) {
+    const fa::TensorView q = packed(total_q), o = packed(total_q);
+    const fa::BlockMask m = fa::BlockMask::all_full(mask_b, 1, mask_q, mask_kv);
+    EXPECT_EQ(error_of([&] { kernel().forward(q, k, v, o, m, good(), fo); }), message);
+  }
+};
+
+TEST_F(SequencesValidation, TablesDisagreeOnTheBatch) {
+  fa::TensorView cq = table({5}), ck = table({4});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo,
+         "cu_seqlens_k: expected 5 entries (B+1, B = 4 from cu_seqlens_q), got 4");
+}
+
+TEST_F(SequencesValidation, MaxSeqlenQRequired) {
+  fa::TensorView cq = table({3}), ck = table({3});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo, "max_seqlen_q must be positive with cu_seqlens_q, got 0");
+}
+
+TEST_F(SequencesValidation, TableOfWrongDtype) {
+  fa::TensorView cq(buffer(12), fa::DType::f32, {3});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  expect(packed(500), packed(500), fo, "cu_seqlens_q: dtype must be i32, got f32");
+}
+
+TEST_F(SequencesValidation, PackedQueriesNeedThreeDimensions) {
+  fa::TensorView cq = table({2}), ck = table({2});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  const Args d = args();  // dense [1, H, 256, 128] q, o
+  EXPECT_EQ(error_of([&] { kernel().forward(d.q, packed(256), packed(256), d.o, mask(), good(), fo); }),
+            "q: a packed tensor has 3 dimensions [total, H, D], got 4");
+}
+
+TEST_F(SequencesValidation, PackedLseShape) {
+  fa::TensorView cq = table({3}), ck = table({3});
+  fa::TensorView lse(buffer(300 * kH * 4), fa::DType::f32, {300, kH});  // transposed
+  fa::ForwardOptions fo;
+  fo.lse = &lse;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo, "lse: expected [Hq, total_q] = [2, 300], got [300, 2]");
+}
+
+TEST_F(SequencesValidation, PackedAndPagedKeys) {
+  fa::TensorView cq = table({3}), ck = table({3}), pt = table({2, 4}), n = table({2});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.page_table = &pt, fo.sequences.seqlens_k = &n;
+  fo.sequences.max_seqlen_k = 256;
+  expect(pool(8, 64), pool(8, 64), fo,
+         "cu_seqlens_k and page_table: keys are either packed or paged, give one");
+}
+
+TEST_F(SequencesValidation, PageTableNeedsSeqlensK) {
+  fa::TensorView cq = table({3}), pt = table({2, 4});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.page_table = &pt, fo.sequences.max_seqlen_k = 256;
+  expect(pool(8, 64), pool(8, 64), fo, "page_table needs seqlens_k (each sequence's key count)");
+}
+
+TEST_F(SequencesValidation, MismatchedPageSizes) {
+  fa::TensorView cq = table({3}), pt = table({2, 4}), n = table({2});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.page_table = &pt, fo.sequences.seqlens_k = &n, fo.sequences.max_seqlen_k = 256;
+  expect(pool(16, 32), pool(8, 64), fo, "v: num_pages must match k (16), got 8");
+  expect(pool(8, 32), pool(8, 64), fo, "v: page_size must match k (32), got 64");
+}
+
+TEST_F(SequencesValidation, MaxSeqlenKBeyondThePageTable) {
+  fa::TensorView cq = table({3}), pt = table({2, 4}), n = table({2});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.page_table = &pt, fo.sequences.seqlens_k = &n, fo.sequences.max_seqlen_k = 300;
+  expect(pool(8, 64), pool(8, 64), fo,
+         "max_seqlen_k (300) exceeds the page table's capacity (4 pages of 64 keys)", 300, 128, 300);
+}
+
+TEST_F(SequencesValidation, BlockMaskForTheLongestSequence) {
+  fa::TensorView cq = table({3}), ck = table({3});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 100;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  // the mask must be for [B or 1, H, max_seqlen_q, max_seqlen_k]: here for 128 queries
+  const std::string e = error_of([&] {
+    kernel().forward(packed(300), packed(500), packed(500), packed(300),
+                     fa::BlockMask::all_full(1, 1, 128, 256), good(), fo);
+  });
+  EXPECT_NE(e.find("128"), std::string::npos) << e;
+  EXPECT_NE(e.find("100"), std::string::npos) << e;
+}
+
+// With check_tables the contents are checked too (needs the tables on a device).
+TEST_F(SequencesValidation, CheckedTables) {
+  if (!gpu_) GTEST_SKIP() << "table contents need a GPU";
+  auto with = [&](fa::TensorView t, std::vector<int32_t> host) {
+    fa::rt::check(
+        fa::rt::driver().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(t.data), host.data(), host.size() * 4),
+        "cuMemcpyHtoD");
+    return t;
+  };
+  fa::TensorView cq = with(table({3}), {0, 200, 150}), ck = with(table({3}), {0, 256, 500});
+  fa::ForwardOptions fo;
+  fo.sequences.check_tables = true;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 200;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo, "cu_seqlens_q: offsets must not decrease, got 200 then 150 at 2", 300,
+         200, 256);
+  cq = with(table({3}), {0, 200, 301});
+  fo.sequences.cu_seqlens_q = &cq;
+  expect(packed(500), packed(500), fo, "cu_seqlens_q: last offset 301 is past the end of q (300 rows)", 300,
+         200, 256);
+  cq = with(table({3}), {0, 50, 300});
+  fo.sequences.cu_seqlens_q = &cq;
+  expect(packed(500), packed(500), fo, "cu_seqlens_q: sequence 1 has 250 rows, more than max_seqlen_q (200)",
+         300, 200, 256);
+  // paged: a page past the pool
+  fa::TensorView pt = with(table({2, 4}), {0, 1, 2, -1, 3, 9, -1, -1}), n = with(table({2}), {150, 100});
+  fa::ForwardOptions fp;
+  fp.sequences.check_tables = true;
+  fp.sequences.cu_seqlens_q = &cq, fp.sequences.max_seqlen_q = 200;
+  fp.sequences.page_table = &pt, fp.sequences.seqlens_k = &n, fp.sequences.max_seqlen_k = 256;
+  cq = with(table({3}), {0, 100, 300});
+  expect(pool(8, 64), pool(8, 64), fp, "page_table: entry [1][1] = 9 is outside the pool's 8 pages", 300, 200,
+         256);
+}
+
 }  // namespace
 }  // namespace fa_gpu_test

@@ -512,6 +512,44 @@ TEST(CodegenNvrtc, EveryHeadDimClassCompiles) {
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 }
 
+// Ragged and paged layouts (fa::Sequences): the mma.sync prefill and the decoding kernels of
+// each, on sm_80 and sm_90a, with odd head dims and QK != V too; the rules on which kernels
+// take them.
+TEST(CodegenNvrtc, RaggedAndPagedLayoutsCompile) {
+  fa::Program p = rich_program();
+  struct Case {
+    std::string name;
+    fa::KernelSpec spec;
+  };
+  std::vector<Case> cases;
+  for (fa::SequenceLayout layout : {fa::SequenceLayout::kRagged, fa::SequenceLayout::kPaged})
+    for (fa::KernelKind kind : {fa::KernelKind::kForward, fa::KernelKind::kDecode})
+      for (auto [dqk, dv, arch] :
+           {std::tuple{128, 128, "sm_90a"}, {64, 64, "sm_80"}, {80, 80, "sm_90a"}, {192, 128, "sm_80"}}) {
+        fa::KernelSpec s = spec(dqk == 80 ? fa::DType::f16 : fa::DType::bf16, dqk, dv, arch, kind);
+        s.layout = layout;
+        if (kind == fa::KernelKind::kForward) s.family = fa::KernelFamily::kAuto;  // -> mma.sync
+        cases.push_back({s.resolved(true).to_string(), s});
+      }
+  ASSERT_EQ(cases.size(), 16u);
+  EXPECT_EQ(cases[0].name, "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a ragged");
+  EXPECT_EQ(cases[12].name, "decode bf16 qk128 v128 mma tile64x64w4s4 sm_90a paged");
+  std::vector<std::function<std::string()>> jobs;
+  for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
+  std::vector<std::string> errors = run_parallel(jobs);
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
+
+  fa::KernelSpec w = spec(fa::DType::bf16, 128, 128, "sm_90a");
+  w.family = fa::KernelFamily::kWgmma;
+  w.layout = fa::SequenceLayout::kPaged;
+  EXPECT_EQ(error_of([&] { (void)w.resolved(); }),
+            "the wgmma forward kernel takes dense operands only; ragged and paged layouts use mma.sync");
+  fa::KernelSpec b = spec(fa::DType::bf16, 128, 128, "sm_90a", fa::KernelKind::kBackward);
+  b.layout = fa::SequenceLayout::kRagged;
+  EXPECT_EQ(error_of([&] { (void)b.resolved(); }),
+            "ragged and paged layouts apply to the forward and decoding kernels only");
+}
+
 // The default mods too (identity / noop: kHasScoreMod / kHasMaskMod false paths).
 TEST(CodegenNvrtc, TrivialModsCompile) {
   fa::Program p = fa::trace(fa::identity_score(), fa::noop_mask());

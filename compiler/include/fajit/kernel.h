@@ -21,6 +21,7 @@
 #include "fajit/captures.h"
 #include "fajit/frontend.h"
 #include "fajit/kernel_spec.h"
+#include "fajit/sequences.h"
 #include "fajit/tensor.h"
 
 namespace fa {
@@ -47,6 +48,10 @@ struct ForwardOptions {
   const TensorView* lse = nullptr;  // optional fp32 [B, Hq, Lq] log-sum-exp output
   ForwardPath path = ForwardPath::kAuto;
   int decode_splits = 0;  // decoding: parts of the KV walk; 0 = enough CTAs for every SM twice
+  // Ragged (packed, variable-length) batches and paged KV caches (fajit/sequences.h). Any table
+  // given switches q/k/v/o/lse to the layouts described there; the kernels for it (mma.sync
+  // prefill, decoding) are compiled on first use, once: lengths and pages are run-time data.
+  Sequences sequences;
 };
 
 struct BackwardOptions {

@@ -22,6 +22,12 @@ enum class KernelKind : uint8_t {
 // sm_90a unless an explicit tile is given (tiles describe the mma.sync kernel).
 enum class KernelFamily : uint8_t { kAuto, kMmaSync, kWgmma };
 
+// How a kernel finds a sequence's rows: dense [B, H, L, D] operands; ragged (packed
+// sequences: cu_seqlens / seqlens tables read per CTA, lengths change without a new kernel);
+// paged (ragged, and K/V rows gathered from a page pool through a page table). Forward
+// (mma.sync) and decoding kernels take all three; the others are dense.
+enum class SequenceLayout : uint8_t { kDense, kRagged, kPaged };
+
 // The forward kernel's tile: BLOCK_M query rows per CTA, BLOCK_N key rows per pipeline
 // stage, warps per CTA, cp.async stages. All zero = the default for the head dims.
 struct TileConfig {
@@ -41,6 +47,7 @@ struct FA_API KernelSpec {
   TileConfig tile;  // resolved by resolved(); default picks per head dims
   std::string arch = "sm_90a";
   bool deterministic = false;  // backward: dQ without atomics, bit-identical run to run
+  SequenceLayout layout = SequenceLayout::kDense;
 
   // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits
   // static_asserts so the two cannot drift apart).
@@ -56,7 +63,8 @@ struct FA_API KernelSpec {
   std::string to_string() const;
   bool operator==(const KernelSpec& o) const {
     return kind == o.kind && dtype == o.dtype && family == o.family && head_dim_qk == o.head_dim_qk &&
-           head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch && deterministic == o.deterministic;
+           head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch &&
+           deterministic == o.deterministic && layout == o.layout;
   }
 };
 

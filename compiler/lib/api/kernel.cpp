@@ -285,19 +285,45 @@ struct Kernel::Impl {
   Compiled fwd;
   std::mutex bwd_mutex;
   std::unique_ptr<Compiled> bwd[2];  // the backward kernels (atomic dQ, deterministic), on first use
-  std::unique_ptr<Compiled> dec;     // the split-KV decoding kernels, on first use
+  // On first use, per sequence layout (dense, ragged, paged): the split-KV decoding kernels,
+  // and the ragged / paged prefill kernels (mma.sync; the dense one is fwd).
+  std::unique_ptr<Compiled> dec[3];
+  std::unique_ptr<Compiled> prefill[3];
 
-  const Compiled& decode_kernel() {
+  const Compiled& decode_kernel(SequenceLayout layout = SequenceLayout::kDense) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
-    if (!dec) {
+    std::unique_ptr<Compiled>& slot = dec[static_cast<int>(layout)];
+    if (!slot) {
       const Program& p = mask.program();
       KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kDecode);
       spec.tile = TileConfig{};
-      dec = std::make_unique<Compiled>(compile_generated(
+      spec.layout = layout;
+      slot = std::make_unique<Compiled>(compile_generated(
           generate(p, spec), fwd.options.line_info,
           fmt::format("decoding of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
     }
-    return *dec;
+    return *slot;
+  }
+
+  // The prefill kernel for a layout: fwd when dense, else the mma.sync forward compiled for it
+  // (the forward's tile when that is an mma.sync one, else the default).
+  const Compiled& prefill_kernel(SequenceLayout layout) {
+    if (layout == SequenceLayout::kDense) return fwd;
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    std::unique_ptr<Compiled>& slot = prefill[static_cast<int>(layout)];
+    if (!slot) {
+      const Program& p = mask.program();
+      KernelSpec spec = fwd.gen.spec;
+      if (spec.family != KernelFamily::kMmaSync) spec.tile = TileConfig{};
+      spec.family = KernelFamily::kMmaSync;
+      spec.layout = layout;
+      slot = std::make_unique<Compiled>(
+          compile_generated(generate(p, spec), fwd.options.line_info,
+                            fmt::format("{} forward of score_mod @{} mask_mod @{}",
+                                        layout == SequenceLayout::kPaged ? "paged" : "ragged",
+                                        p.score_mod_name(), p.mask_mod_name())));
+    }
+    return *slot;
   }
 
   const Compiled& backward_kernel(bool deterministic = false) {
@@ -340,12 +366,36 @@ BlockMask Kernel::block_mask(int batch, int heads, int64_t len_q, int64_t len_kv
   return impl_->mask.build(batch, heads, len_q, len_kv, captures, options, stream);
 }
 
-void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                     const BlockMask& mask, const Captures& captures, const ForwardOptions& options,
-                     Stream stream) const {
-  AttentionShape shape = validate_attention(q, k, v, o, options.lse);
-  const KernelSpec& s = spec();
-  const float scale = check_call(s, "forward", shape, mask, options.scale);
+void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
+                     const TensorView& o_in, const BlockMask& mask, const Captures& captures,
+                     const ForwardOptions& options, Stream stream) const {
+  // Ragged / paged calls run on [B, H, Lmax, D]-shaped views of the packed or paged tensors.
+  const Sequences& seq = options.sequences;
+  RaggedViews rv;
+  if (seq.any()) rv = ragged_views(q_in, k_in, v_in, o_in, options.lse, seq, stream);
+  const SequenceLayout layout = !seq.any() ? SequenceLayout::kDense
+                                : rv.paged ? SequenceLayout::kPaged
+                                           : SequenceLayout::kRagged;
+  const bool dense = layout == SequenceLayout::kDense;
+  const TensorView &q = dense ? q_in : rv.q, &k = dense ? k_in : rv.k, &v = dense ? v_in : rv.v,
+                   &o = dense ? o_in : rv.o;
+  const TensorView* lse = dense ? options.lse : rv.has_lse ? &rv.lse : nullptr;
+  // The tables of a ragged / paged call (FaFwdParams' sequence fields).
+  auto with_sequences = [&](FaFwdParams p) {
+    if (dense) return p;
+    p.cu_seqlens_q = seq.cu_seqlens_q ? static_cast<const int*>(seq.cu_seqlens_q->data) : nullptr;
+    p.cu_seqlens_k = seq.cu_seqlens_k ? static_cast<const int*>(seq.cu_seqlens_k->data) : nullptr;
+    p.seqlens_k = seq.seqlens_k ? static_cast<const int*>(seq.seqlens_k->data) : nullptr;
+    if (seq.page_table) {
+      p.page_table = static_cast<const int*>(seq.page_table->data);
+      p.page_table_stride = seq.page_table->stride[0];
+      p.page_size = static_cast<int>(k_in.shape[1]);
+    }
+    return p;
+  };
+
+  AttentionShape shape = validate_attention(q, k, v, o, lse);
+  const float scale = check_call(spec(), "forward", shape, mask, options.scale);
   std::vector<unsigned char> cap = pack_captures(captures);
 
   const bool decode_fits = shape.len_q <= kDecodeMaxLenQ && shape.len_q <= mask.q_block();
@@ -359,7 +409,7 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
   if (options.path == ForwardPath::kDecode || (options.path == ForwardPath::kAuto && decode_fits)) {
     // Split-KV decoding (templates/fajit/decode.cuh): the heads of a GQA group share a tile
     // when the tables do not depend on the head; the KV walk is cut so every SM streams.
-    const Compiled& d = impl_->decode_kernel();
+    const Compiled& d = impl_->decode_kernel(layout);
     const KernelSpec& ds = d.gen.spec;
     if (mask.q_block() % ds.tile.block_m != 0 || mask.kv_block() % ds.tile.block_n != 0)
       throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the decode tile {}x{}",
@@ -367,7 +417,7 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
     rt::ContextGuard guard;
     const CUstream st = reinterpret_cast<CUstream>(stream);
     FaDecodeParams dp{};
-    dp.fwd = rt::make_fwd_params(q, k, v, o, options.lse, scale, mask);
+    dp.fwd = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
     const int group = shape.heads_q / shape.heads_kv;
     dp.heads_per_cta = dp.fwd.mask.row_stride_h == 0 ? group : 1;
     const int rows = dp.heads_per_cta * shape.len_q;
@@ -400,9 +450,12 @@ void Kernel::forward(const TensorView& q, const TensorView& k, const TensorView&
     return;
   }
 
+  const Compiled& f = impl_->prefill_kernel(layout);
+  const KernelSpec& s = f.gen.spec;
+  if (!dense) check_call(s, "forward", shape, mask, options.scale);  // the mask against its tile
   rt::ContextGuard guard;
-  CUfunction fn = rt::load_function(impl_->fwd.key, impl_->fwd.entry->cubin, impl_->fwd.gen.kernel_name);
-  FaFwdParams p = rt::make_fwd_params(q, k, v, o, options.lse, scale, mask);
+  CUfunction fn = rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name);
+  FaFwdParams p = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
   const TileConfig& t = s.tile;
   unsigned grid_x = static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m);
   unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);

@@ -365,6 +365,13 @@ std::string emit_mods(const Program& program, bool with_backward) {
   return os.str();
 }
 
+// A kernel config for the spec's sequence layout (templates: fa::WithLayout).
+static std::string with_layout(const std::string& config, SequenceLayout layout) {
+  if (layout == SequenceLayout::kDense) return config;
+  return fmt::format("fa::WithLayout<{}, {}>", config,
+                     layout == SequenceLayout::kRagged ? "fa::kRaggedLayout" : "fa::kPagedLayout");
+}
+
 GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   GeneratedKernel g;
   g.spec = spec_in.resolved(!program.score_is_identity());
@@ -384,9 +391,12 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
       os << "FAJIT_DEFINE_FORWARD_SM90(" << g.kernel_name << ", FaConfig, FaMods)\n";
     } else {
       os << "#include \"fajit/forward.cuh\"\n";
-      os << fmt::format("using FaConfig = fa::FwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n",
-                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m,
-                        t.block_n, t.warps, t.stages);
+      os << "using FaConfig = "
+         << with_layout(
+                fmt::format("fa::FwdConfig<{}, {}, {}, {}, {}, {}, {}>", element_type(g.spec.dtype),
+                            g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.block_n, t.warps, t.stages),
+                g.spec.layout)
+         << ";\n";
       os << "FAJIT_DEFINE_FORWARD(" << g.kernel_name << ", FaConfig, FaMods)\n";
     }
     // The host launches with KernelSpec::threads()/smem_bytes(); these keep it honest.
@@ -400,8 +410,11 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
     const TileConfig& t = g.spec.tile;
     g.kernel_name = "fajit_decode";  // fajit_decode, fajit_decode_combine
     os << "#include \"fajit/decode.cuh\"\n";
-    os << fmt::format("using FaDecCfg = fa::DecodeConfig<{}, {}, {}, {}, {}>;\n", element_type(g.spec.dtype),
-                      g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n, t.stages);
+    os << "using FaDecCfg = "
+       << with_layout(fmt::format("fa::DecodeConfig<{}, {}, {}, {}, {}>", element_type(g.spec.dtype),
+                                  g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n, t.stages),
+                      g.spec.layout)
+       << ";\n";
     os << "FAJIT_DEFINE_DECODE(" << g.kernel_name << ", FaDecCfg, FaMods)\n";
     os << fmt::format(
         "static_assert(FaDecCfg::kThreads == {} && FaDecCfg::kBlockM == {} && FaDecCfg::kCombineWarps == {},"

@@ -62,7 +62,15 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
 KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   if (deterministic && kind != KernelKind::kBackward)
     throw Error("deterministic applies to the backward kernels only");
+  if (layout != SequenceLayout::kDense) {
+    if (kind != KernelKind::kForward && kind != KernelKind::kDecode)
+      throw Error("ragged and paged layouts apply to the forward and decoding kernels only");
+    if (kind == KernelKind::kForward && family == KernelFamily::kWgmma)
+      throw Error(
+          "the wgmma forward kernel takes dense operands only; ragged and paged layouts use mma.sync");
+  }
   KernelSpec s = *this;
+  if (s.layout != SequenceLayout::kDense && s.kind == KernelKind::kForward) s.family = KernelFamily::kMmaSync;
   if (s.dtype != DType::f16 && s.dtype != DType::bf16)
     throw Error(fmt::format("kernel dtype must be f16 or bf16, got {}", dtype_name(s.dtype)));
   for (auto [name, v] :
@@ -171,9 +179,12 @@ std::string KernelSpec::to_string() const {
   const char* fam = family == KernelFamily::kWgmma     ? "wgmma"
                     : family == KernelFamily::kMmaSync ? "mma"
                                                        : "auto";
-  return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}{}", k, dtype_name(dtype), head_dim_qk, head_dim_v,
-                     fam, tile.block_m, tile.block_n, tile.warps, tile.stages, arch,
-                     deterministic ? " deterministic" : "");
+  return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}{}{}", k, dtype_name(dtype), head_dim_qk,
+                     head_dim_v, fam, tile.block_m, tile.block_n, tile.warps, tile.stages, arch,
+                     deterministic ? " deterministic" : "",
+                     layout == SequenceLayout::kRagged  ? " ragged"
+                     : layout == SequenceLayout::kPaged ? " paged"
+                                                        : "");
 }
 
 int KernelSpec::threads() const { return tile.warps * 32; }

@@ -1,0 +1,258 @@
+// Ragged (packed, variable-length) batches and paged KV caches on the GPU (fa::Sequences):
+// each sequence's output and LSE against the float64 reference of that sequence alone (its
+// mods seeing positions from 0 and its own b), on fresh random inputs with O and LSE poisoned;
+// the same K/V scattered over shuffled pages of a pool gives bit-identical results; lengths
+// 0 and 1 included; the short-query cases take the decoding kernel, the others the prefill.
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "fajit/runtime/device.h"
+#include "gpu_harness.h"
+
+namespace fa_gpu_test {
+namespace {
+
+struct SeqCase {
+  std::string variant;
+  fa::DType dtype;
+  int dqk, dv, Hq, Hkv;
+  std::vector<int> lens_q, lens_kv;
+  int page_size;
+  bool dense_q = false;  // q, o [B, Hq, Lq, D] (all lens_q equal) instead of packed
+  int param = -1;        // the variant's knob (window, ...)
+  std::string name() const {
+    std::string n = fmt::format("{}_{}_d{}x{}_h{}g{}_p{}", variant, fa::dtype_name(dtype), dqk, dv, Hq,
+                                Hq / Hkv, page_size);
+    for (size_t b = 0; b < lens_q.size(); ++b) n += fmt::format("_{}x{}", lens_q[b], lens_kv[b]);
+    return n + (dense_q ? "_denseq" : "");
+  }
+};
+
+std::vector<SeqCase> cases() {
+  const fa::DType bf16 = fa::DType::bf16, f16 = fa::DType::f16;
+  return {
+      // prefill: empty and one-token sequences, lengths off the tile, GQA 4
+      {"causal", bf16, 128, 128, 8, 2, {0, 1, 300, 17, 1000}, {0, 1, 300, 17, 1000}, 16},
+      {"sliding", f16, 64, 64, 4, 4, {129, 5, 0, 700}, {129, 900, 3, 700}, 64, false, 64},
+      {"document2d_causal", bf16, 64, 64, 2, 1, {200, 77, 333}, {250, 77, 333}, 32},  // mods read b
+      {"alibi_slopes", f16, 80, 80, 4, 2, {70, 1, 260}, {90, 2, 260}, 1},             // page size 1
+      // decoding (max_q <= 64): one token over long caches (vLLM), a few tokens, GQA 8
+      {"none", bf16, 128, 128, 32, 4, {1, 1, 1, 1}, {1, 8191, 0, 33000}, 16, true},
+      {"sliding", f16, 128, 128, 8, 1, {16, 3, 0, 9}, {5000, 17, 12, 131072}, 128, false, 256},
+      {"document_softcap", bf16, 96, 96, 8, 8, {2, 64, 1}, {4097, 64, 1000}, 48},
+      {"causal", bf16, 192, 128, 4, 2, {64, 7}, {3000, 7}, 16},
+  };
+}
+
+class SequencesTest : public ::testing::TestWithParam<SeqCase> {};
+
+// Random 16-bit values and their exact doubles.
+struct Tensor16 {
+  std::vector<uint16_t> bits;
+  std::vector<float> vals;  // exact: 16-bit values are floats
+  Tensor16(size_t n, fa::DType t, std::mt19937& rng) : bits(n), vals(n) {
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (size_t i = 0; i < n; ++i) bits[i] = to_bits(t, u(rng)), vals[i] = from_bits(t, bits[i]);
+  }
+};
+
+fa::rt::DeviceBuffer upload(const void* host, size_t bytes) {
+  fa::rt::DeviceBuffer d(std::max<size_t>(bytes, 16));
+  if (bytes) d.upload(host, bytes);
+  return d;
+}
+
+TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const SeqCase& c = GetParam();
+  const Variant& var = variant(c.variant);
+  const int B = static_cast<int>(c.lens_q.size());
+  const int max_q = std::max(1, *std::max_element(c.lens_q.begin(), c.lens_q.end()));
+  const int max_kv = std::max(1, *std::max_element(c.lens_kv.begin(), c.lens_kv.end()));
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  fa::rt::ContextGuard guard;
+
+  fa::Options opts;
+  opts.dtype = c.dtype, opts.head_dim_qk = c.dqk, opts.head_dim_v = c.dv;
+  const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opts);
+  CaptureSet caps;
+  var.fill(caps, Dims{B, c.Hq, max_q, max_kv}, c.param, rng);
+  caps.upload();
+  const fa::Captures cap = caps.captures();
+  const fa::BlockMask mask = kernel.block_mask(B, c.Hq, max_q, max_kv, cap);
+
+  // Packed rows: sequence b's queries from cu_q[b], keys from cu_k[b].
+  std::vector<int32_t> cu_q(B + 1, 0), cu_k(B + 1, 0);
+  for (int b = 0; b < B; ++b) cu_q[b + 1] = cu_q[b] + c.lens_q[b], cu_k[b + 1] = cu_k[b] + c.lens_kv[b];
+  const int64_t total_q = c.dense_q ? int64_t(B) * max_q : cu_q[B], total_kv = cu_k[B];
+  auto q_row = [&](int b, int i) { return c.dense_q ? int64_t(b) * max_q + i : int64_t(cu_q[b]) + i; };
+  // q/o rows are [row, H, D] packed; dense q is [B, H, Lq, D]: row (b, i) of head h at
+  // ((b * H + h) * Lq + i) * D.
+  auto q_at = [&](int b, int h, int i, int D) {
+    return c.dense_q ? ((int64_t(b) * c.Hq + h) * max_q + i) * D : (q_row(b, i) * c.Hq + h) * D;
+  };
+  Tensor16 q(size_t(std::max<int64_t>(total_q, 1)) * c.Hq * c.dqk, c.dtype, rng);
+  Tensor16 k(size_t(std::max<int64_t>(total_kv, 1)) * c.Hkv * c.dqk, c.dtype, rng);
+  Tensor16 v(size_t(std::max<int64_t>(total_kv, 1)) * c.Hkv * c.dv, c.dtype, rng);
+
+  // The paged pool: every sequence's keys in pages of page_size, pages shuffled over the pool
+  // (plus a few never used), the page table padded with -1 past each sequence's pages.
+  const int ps = c.page_size;
+  const int max_pages = (max_kv + ps - 1) / ps;
+  std::vector<int> first_page(B + 1, 0);
+  for (int b = 0; b < B; ++b) first_page[b + 1] = first_page[b] + (c.lens_kv[b] + ps - 1) / ps;
+  const int num_pages = first_page[B] + 3;
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(size_t(B) * max_pages, -1);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < first_page[b + 1] - first_page[b]; ++j)
+      table[size_t(b) * max_pages + j] = perm[first_page[b] + j];
+  auto pool_of = [&](const Tensor16& t, int D) {
+    std::vector<uint16_t> pool(size_t(num_pages) * ps * c.Hkv * D);
+    for (uint16_t& x : pool) x = to_bits(c.dtype, 1e4f);  // unused slots: loud if ever read
+    for (int b = 0; b < B; ++b)
+      for (int kv = 0; kv < c.lens_kv[b]; ++kv) {
+        const int64_t dst = (int64_t(table[size_t(b) * max_pages + kv / ps]) * ps + kv % ps) * c.Hkv * D;
+        std::memcpy(&pool[size_t(dst)], &t.bits[size_t(int64_t(cu_k[b] + kv) * c.Hkv * D)],
+                    size_t(c.Hkv) * D * 2);
+      }
+    return pool;
+  };
+  const std::vector<uint16_t> k_pool = pool_of(k, c.dqk), v_pool = pool_of(v, c.dv);
+
+  fa::rt::DeviceBuffer dq = upload(q.bits.data(), q.bits.size() * 2),
+                       dk = upload(k.bits.data(), k.bits.size() * 2),
+                       dv = upload(v.bits.data(), v.bits.size() * 2),
+                       dkp = upload(k_pool.data(), k_pool.size() * 2),
+                       dvp = upload(v_pool.data(), v_pool.size() * 2),
+                       dcu_q = upload(cu_q.data(), cu_q.size() * 4),
+                       dcu_k = upload(cu_k.data(), cu_k.size() * 4),
+                       dtable = upload(table.data(), table.size() * 4),
+                       dlens_k = upload(c.lens_kv.data(), c.lens_kv.size() * 4);
+  const size_t o_elems = size_t(std::max<int64_t>(total_q, 1)) * c.Hq * c.dv,
+               lse_elems = size_t(c.Hq) * std::max<int64_t>(total_q, 1);
+  fa::rt::DeviceBuffer o_packed(o_elems * 2), o_paged(o_elems * 2), lse_packed(lse_elems * 4),
+      lse_paged(lse_elems * 4);
+
+  const int64_t tq = std::max<int64_t>(total_q, 1), tk = std::max<int64_t>(total_kv, 1);
+  fa::TensorView cuq_v(dcu_q.as<void>(), fa::DType::i32, {B + 1}),
+      cuk_v(dcu_k.as<void>(), fa::DType::i32, {B + 1}), lens_v(dlens_k.as<void>(), fa::DType::i32, {B}),
+      table_v(dtable.as<void>(), fa::DType::i32, {B, max_pages});
+  auto q_view = [&]() {
+    return c.dense_q ? fa::TensorView(dq.as<void>(), c.dtype, {B, c.Hq, max_q, c.dqk})
+                     : fa::TensorView(dq.as<void>(), c.dtype, {tq, c.Hq, c.dqk});
+  };
+  auto o_view = [&](fa::rt::DeviceBuffer& o) {
+    return c.dense_q ? fa::TensorView(o.as<void>(), c.dtype, {B, c.Hq, max_q, c.dv})
+                     : fa::TensorView(o.as<void>(), c.dtype, {tq, c.Hq, c.dv});
+  };
+  auto lse_view = [&](fa::rt::DeviceBuffer& l) {
+    return c.dense_q ? fa::TensorView(l.as<void>(), fa::DType::f32, {B, c.Hq, max_q})
+                     : fa::TensorView(l.as<void>(), fa::DType::f32, {c.Hq, tq});
+  };
+
+  // packed K/V (cu_seqlens_k); dense q takes packed keys too when lengths differ
+  auto run = [&](bool paged, fa::rt::DeviceBuffer& o, fa::rt::DeviceBuffer& lse) {
+    o.memset8(0xFF);
+    lse.memset8(0xFF);
+    fa::TensorView lv = lse_view(lse);
+    fa::ForwardOptions fo;
+    fo.lse = &lv;
+    fo.sequences.check_tables = true;
+    if (!c.dense_q) fo.sequences.cu_seqlens_q = &cuq_v, fo.sequences.max_seqlen_q = max_q;
+    fo.sequences.max_seqlen_k = max_kv;
+    if (paged) {
+      fo.sequences.page_table = &table_v, fo.sequences.seqlens_k = &lens_v;
+      kernel.forward(q_view(), fa::TensorView(dkp.as<void>(), c.dtype, {num_pages, ps, c.Hkv, c.dqk}),
+                     fa::TensorView(dvp.as<void>(), c.dtype, {num_pages, ps, c.Hkv, c.dv}), o_view(o), mask,
+                     cap, fo);
+    } else {
+      fo.sequences.cu_seqlens_k = &cuk_v;
+      kernel.forward(q_view(), fa::TensorView(dk.as<void>(), c.dtype, {tk, c.Hkv, c.dqk}),
+                     fa::TensorView(dv.as<void>(), c.dtype, {tk, c.Hkv, c.dv}), o_view(o), mask, cap, fo);
+    }
+    fa::rt::synchronize(nullptr);
+  };
+  run(false, o_packed, lse_packed);
+  run(true, o_paged, lse_paged);
+
+  std::vector<uint16_t> out(o_elems), out_paged(o_elems);
+  std::vector<float> lse(lse_elems), lse_p(lse_elems);
+  o_packed.download(out.data(), o_elems * 2);
+  o_paged.download(out_paged.data(), o_elems * 2);
+  lse_packed.download(lse.data(), lse_elems * 4);
+  lse_paged.download(lse_p.data(), lse_elems * 4);
+  // Paged = packed, bit for bit (same kernel arithmetic, only the addresses differ).
+  EXPECT_EQ(std::memcmp(out.data(), out_paged.data(), o_elems * 2), 0) << "paged output differs from packed";
+  EXPECT_EQ(std::memcmp(lse.data(), lse_p.data(), lse_elems * 4), 0) << "paged LSE differs from packed";
+
+  // Each sequence against the float64 reference of that sequence alone (mods that read b see
+  // it: the reference runs b + 1 batches over the same rows and keeps the last).
+  ModPrograms progs = mod_programs(kernel.program());
+  fa::Bindings env = caps.bindings();
+  double num = 0, den = 0, lse_err = 0;
+  size_t bad = 0, rows = 0;
+  for (int b = 0; b < B; ++b) {
+    const int lq = c.lens_q[b], lkv = c.lens_kv[b];
+    if (lq == 0) continue;
+    rows += size_t(lq) * c.Hq;
+    auto lse_at = [&](int h, int i) {
+      return c.dense_q ? (size_t(b) * c.Hq + h) * max_q + i : size_t(h) * tq + size_t(q_row(b, i));
+    };
+    if (lkv == 0) {  // no key: O = 0, LSE = -inf
+      for (int h = 0; h < c.Hq; ++h)
+        for (int i = 0; i < lq; ++i) {
+          for (int d = 0; d < c.dv; ++d)
+            bad += from_bits(c.dtype, out[size_t(q_at(b, h, i, c.dv) + d)]) != 0.0;
+          bad += !(std::isinf(lse[lse_at(h, i)]) && lse[lse_at(h, i)] < 0);
+        }
+      continue;
+    }
+    const int rb = var.mask_batch ? b + 1 : 1;
+    fa::ReferenceOptions ro;
+    ro.score_mod = &progs.score, ro.mask_mod = &progs.mask, ro.bindings = &env;
+    const int64_t qs_h = c.dense_q ? int64_t(max_q) * c.dqk : c.dqk,
+                  qs_m = c.dense_q ? c.dqk : int64_t(c.Hq) * c.dqk;
+    ro.q_strides = std::array<int64_t, 4>{0, qs_h, qs_m, 1};
+    ro.k_strides = std::array<int64_t, 4>{0, c.dqk, int64_t(c.Hkv) * c.dqk, 1};
+    ro.v_strides = std::array<int64_t, 4>{0, c.dv, int64_t(c.Hkv) * c.dv, 1};
+    const fa::ReferenceResult ref =
+        fa::reference_attention({rb, c.Hq, c.Hkv, lq, lkv, c.dqk, c.dv}, q.vals.data() + q_at(b, 0, 0, c.dqk),
+                                k.vals.data() + int64_t(cu_k[b]) * c.Hkv * c.dqk,
+                                v.vals.data() + int64_t(cu_k[b]) * c.Hkv * c.dv, ro);
+    const size_t last = size_t(rb - 1) * c.Hq;
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < lq; ++i) {
+        const size_t r = (last + h) * lq + i;
+        for (int d = 0; d < c.dv; ++d) {
+          const double g = from_bits(c.dtype, out[size_t(q_at(b, h, i, c.dv) + d)]),
+                       want = ref.out[r * c.dv + d];
+          bad += std::isnan(g);
+          num += (g - want) * (g - want), den += want * want;
+        }
+        const float l = lse[lse_at(h, i)];
+        if (std::isinf(ref.lse[r]))
+          bad += !(std::isinf(l) && l < 0);
+        else
+          lse_err = std::max(lse_err, std::abs(double(l) - ref.lse[r]));
+      }
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  const double tol = c.dtype == fa::DType::bf16 ? 1e-2 : 5e-3;
+  std::printf("[ stats    ] rel %.2e  max |lse err| %.2e  bad %zu  rows %zu  (seed %u)\n", rel, lse_err, bad,
+              rows, seed);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_LT(rel, tol);
+  EXPECT_LT(lse_err, 2e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, SequencesTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<SeqCase>& i) { return i.param.name(); });
+
+}  // namespace
+}  // namespace fa_gpu_test
