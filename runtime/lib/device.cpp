@@ -125,26 +125,41 @@ CUfunction load_function(const std::string& key, std::string_view image, const s
   return fn;
 }
 
+namespace {
+// Raises fn's dynamic shared memory limit to smem_bytes once (per function), or throws when
+// the device cannot give that much.
+void allow_smem(CUfunction fn, unsigned smem_bytes, ContextGuard& guard) {
+  if (smem_bytes <= kDefaultSmemLimit) return;
+  ModuleCache& cache = module_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  unsigned& set = cache.smem_limits[fn];
+  if (set < smem_bytes) {
+    const DeviceInfo& info = device_info(static_cast<int>(guard.device()));
+    if (static_cast<long long>(smem_bytes) > info.max_smem_per_block_optin)
+      throw Error(fmt::format("launch: kernel needs {} bytes of shared memory; {} allows {}", smem_bytes,
+                              info.name, info.max_smem_per_block_optin),
+                  ErrorCode::kCuda);
+    FA_CU(cuFuncSetAttribute, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+          static_cast<int>(smem_bytes));
+    set = smem_bytes;
+  }
+}
+}  // namespace
+
+int max_active_blocks(CUfunction fn, unsigned threads, unsigned smem_bytes) {
+  ContextGuard guard;
+  allow_smem(fn, smem_bytes, guard);
+  int blocks = 0;
+  FA_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor, &blocks, fn, static_cast<int>(threads), smem_bytes);
+  return blocks;
+}
+
 void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args) {
   if (!fn) throw Error("launch: null kernel function");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0)
     throw Error(fmt::format("launch: empty grid ({}, {}, {})", grid.x, grid.y, grid.z));
   ContextGuard guard;
-  if (smem_bytes > kDefaultSmemLimit) {
-    ModuleCache& cache = module_cache();
-    std::lock_guard<std::mutex> lock(cache.mutex);
-    unsigned& set = cache.smem_limits[fn];
-    if (set < smem_bytes) {
-      const DeviceInfo& info = device_info(static_cast<int>(guard.device()));
-      if (static_cast<long long>(smem_bytes) > info.max_smem_per_block_optin)
-        throw Error(fmt::format("launch: kernel needs {} bytes of shared memory; {} allows {}", smem_bytes,
-                                info.name, info.max_smem_per_block_optin),
-                    ErrorCode::kCuda);
-      FA_CU(cuFuncSetAttribute, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            static_cast<int>(smem_bytes));
-      set = smem_bytes;
-    }
-  }
+  allow_smem(fn, smem_bytes, guard);
   FA_CU(cuLaunchKernel, fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes, stream, args,
         nullptr);
 }

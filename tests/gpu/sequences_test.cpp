@@ -45,6 +45,8 @@ std::vector<SeqCase> cases() {
   };
 }
 
+void PrintTo(const SeqCase& c, std::ostream* os) { *os << c.name(); }  // readable ctest names
+
 class SequencesTest : public ::testing::TestWithParam<SeqCase> {};
 
 // Random 16-bit values and their exact doubles.

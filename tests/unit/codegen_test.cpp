@@ -334,7 +334,7 @@ TEST(Codegen, EveryHeadDimResolves) {
 
   // The decoding kernel: 64 packed rows, 4 warps, the deepest pipeline the arch holds.
   EXPECT_EQ(spec(fa::DType::bf16, 128, 128, "sm_90a", fa::KernelKind::kDecode).resolved().to_string(),
-            "decode bf16 qk128 v128 mma tile64x64w4s4 sm_90a");
+            "decode bf16 qk128 v128 mma tile64x64w4s3 sm_90a");
   EXPECT_EQ(spec(fa::DType::bf16, 256, 256, "sm_86", fa::KernelKind::kDecode).resolved().to_string(),
             "decode bf16 qk256 v256 mma tile64x32w4s2 sm_86");
   fa::KernelSpec dec = spec(fa::DType::bf16, 128, 128, "sm_80", fa::KernelKind::kDecode);
@@ -533,7 +533,7 @@ TEST(CodegenNvrtc, RaggedAndPagedLayoutsCompile) {
       }
   ASSERT_EQ(cases.size(), 16u);
   EXPECT_EQ(cases[0].name, "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a ragged");
-  EXPECT_EQ(cases[12].name, "decode bf16 qk128 v128 mma tile64x64w4s4 sm_90a paged");
+  EXPECT_EQ(cases[12].name, "decode bf16 qk128 v128 mma tile64x64w4s3 sm_90a paged");
   std::vector<std::function<std::string()>> jobs;
   for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
   std::vector<std::string> errors = run_parallel(jobs);

@@ -36,6 +36,7 @@ struct DumpOptions {
   bool block_mask = false;
   bool backward = false;  // the backward kernels (KernelKind::kBackward)
   std::string family = "auto";
+  std::string layout = "dense";  // dense, ragged or paged (fa::SequenceLayout)
 };
 
 std::string read_file(const std::string& path) {
@@ -98,6 +99,9 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
   s.family = o.family == "wgmma" ? fa::KernelFamily::kWgmma
              : o.family == "mma" ? fa::KernelFamily::kMmaSync
                                  : fa::KernelFamily::kAuto;
+  s.layout = o.layout == "ragged"  ? fa::SequenceLayout::kRagged
+             : o.layout == "paged" ? fa::SequenceLayout::kPaged
+                                   : fa::SequenceLayout::kDense;
   return s;  // generate() resolves it (the default tile depends on the mods)
 }
 
@@ -220,6 +224,12 @@ int main(int argc, char** argv) {
                      "the block-mask builder kernel instead of the forward kernel");
   dump_cmd->add_flag("--backward", dump.backward,
                      "the backward kernels (preprocess, dK/dV, dQ) instead of the forward kernel");
+  dump_cmd
+      ->add_option(
+          "--layout", dump.layout,
+          "sequence layout of the forward / decoding kernel: dense (default), ragged (cu_seqlens) or "
+          "paged (K/V through a page table)")
+      ->check(CLI::IsMember({"dense", "ragged", "paged"}));
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 
   fajit_cli::RunOptions run;
@@ -238,6 +248,25 @@ int main(int argc, char** argv) {
                       "QK head dim: a multiple of 8 from 32 to 256 (default 128)");
   run_cmd->add_option("--head-dim-v", run.head_dim_v, "V head dim (default: the QK head dim)");
   run_cmd->add_option("--iters", run.iters, "timed launches (default 20)")->check(CLI::Range(1, 10000));
+  run_cmd->add_option("--len-q", run.len_q, "Lq, the queries of each sequence (default: --len)")
+      ->check(CLI::Range(1, 1 << 20));
+  run_cmd->add_option("--len-kv", run.len_kv, "Lkv, the keys of each sequence (default: --len)")
+      ->check(CLI::Range(1, 1 << 22));
+  run_cmd->add_option("--heads-kv", run.heads_kv, "Hkv for GQA, dividing --heads (default: --heads)")
+      ->check(CLI::Range(1, 128));
+  run_cmd->add_option("--path", run.path, "forward kernel: auto (decoding for Lq <= 64), prefill or decode")
+      ->check(CLI::IsMember({"auto", "prefill", "decode"}));
+  run_cmd
+      ->add_option("--splits", run.splits, "decoding: parts of the KV walk (default 0: enough for every SM)")
+      ->check(CLI::Range(0, 1024));
+  run_cmd->add_flag(
+      "--varlen", run.varlen,
+      "a ragged batch: random lengths up to --len-q / --len-kv per sequence (0 and 1 included), "
+      "packed with cu_seqlens");
+  run_cmd
+      ->add_option("--paged", run.page_size,
+                   "K/V in a paged pool of this page size, pages shuffled, with a page table and seqlens_k")
+      ->check(CLI::Range(1, 1 << 16));
 
   std::string cache_what;
   CLI::App* cache_cmd =

@@ -4,10 +4,13 @@
 #include "run_cmd.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <tuple>
@@ -60,6 +63,257 @@ double median_ms(int iters, F&& f) {
   return times[times.size() / 2];
 }
 
+// The captures a preset needs, with defaults for whatever it did not fix: doc ids over L
+// positions, per-head slopes, a relative bias over 2L - 1 offsets, the presets' scalars; on the
+// device for the kernel (cap) and on the host for the reference (env).
+struct CaptureData {
+  fa::Captures cap;
+  fa::Bindings env;
+  std::vector<int32_t> doc_ids;
+  std::vector<float> slopes, rel_bias;
+  std::vector<fa::rt::DeviceBuffer> keep;
+
+  CaptureData(const fa::Kernel& k, const fa::mods::Preset<fa::MaskMod>& mask_p,
+              const fa::mods::Preset<fa::ScoreMod>& score_p, int H, int L, std::mt19937& rng)
+      : doc_ids(L), slopes(H), rel_bias(2 * L - 1) {
+    for (int i = 0, doc = 0; i < L; ++i) {
+      if (i > 0 && rng() % 97 == 0) ++doc;
+      doc_ids[i] = doc;
+    }
+    for (float& s : slopes) s = std::ldexp(1.0f, -static_cast<int>(rng() % 8) - 1);
+    for (float& r : rel_bias) r = std::normal_distribution<float>(0.0f, 0.5f)(rng);
+    keep.reserve(k.capture_slots().size());
+    std::map<std::string, double> scalars = {{"num_heads", H}, {"softcap", 30.0}, {"rel_offset", L - 1},
+                                             {"window", 256},  {"prefix", L / 4}, {"n_pad", 3},
+                                             {"dilation", 2}};
+    for (auto& [name, value] : mask_p.scalar_values) scalars[name] = value;
+    for (auto& [name, value] : score_p.scalar_values) scalars[name] = value;
+    for (const fa::CaptureSlot& s : k.capture_slots()) {
+      if (s.is_buffer) {
+        const void* src = s.name == "doc_ids"  ? static_cast<const void*>(doc_ids.data())
+                          : s.name == "slopes" ? static_cast<const void*>(slopes.data())
+                                               : static_cast<const void*>(rel_bias.data());
+        int64_t len = s.name == "doc_ids" ? L : s.name == "slopes" ? H : 2 * L - 1;
+        keep.emplace_back(static_cast<size_t>(len) * 4);
+        keep.back().upload(src, static_cast<size_t>(len) * 4);
+        cap.buffer(s.name, fa::TensorView(keep.back().as<void>(),
+                                          s.is_float ? fa::DType::f32 : fa::DType::i32, {len}));
+        if (s.is_float)
+          env.buffer(s.name, fa::HostBuffer::f32(static_cast<const float*>(src), {len}));
+        else
+          env.buffer(s.name, fa::HostBuffer::i32(static_cast<const int32_t*>(src), {len}));
+      } else if (s.is_float) {
+        cap.scalar(s.name, static_cast<float>(scalars.at(s.name)));
+        env.scalar_f32(s.name, static_cast<float>(scalars.at(s.name)));
+      } else {
+        cap.scalar(s.name, static_cast<int32_t>(scalars.at(s.name)));
+        env.scalar_i32(s.name, static_cast<int32_t>(scalars.at(s.name)));
+      }
+    }
+  }
+};
+
+// `fajit run` with per-sequence lengths, GQA, a forced kernel path, a ragged batch or a paged
+// KV cache (forward only): every sequence checked against the float64 reference of that
+// sequence alone, then timed.
+int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& program,
+                  const fa::mods::Preset<fa::MaskMod>& mask_p,
+                  const fa::mods::Preset<fa::ScoreMod>& score_p) {
+  const int B = o.batch, Hq = o.heads, Hkv = o.heads_kv ? o.heads_kv : o.heads;
+  const int max_q = o.len_q ? o.len_q : o.len, max_kv = o.len_kv ? o.len_kv : o.len;
+  const int DQK = o.head_dim, DV = o.head_dim_v ? o.head_dim_v : o.head_dim;
+  if (Hq % Hkv != 0) {
+    std::cerr << fmt::format("fajit run: --heads ({}) must be a multiple of --heads-kv ({})\n", Hq, Hkv);
+    return 2;
+  }
+  std::mt19937 rng(std::random_device{}());
+  // Lengths: all equal, or (--varlen) random with one sequence at each maximum and, from 3
+  // sequences on, one of length 0 and one of length 1.
+  std::vector<int32_t> lq(B, max_q), lk(B, max_kv);
+  if (o.varlen) {
+    for (int b = 0; b < B; ++b) {
+      lq[b] = static_cast<int32_t>(rng() % (max_q + 1));
+      lk[b] = static_cast<int32_t>(rng() % (max_kv + 1));
+    }
+    lq[0] = max_q, lk[0] = max_kv;
+    if (B >= 3) lq[1] = lk[1] = 0, lq[2] = lk[2] = 1;
+  }
+  std::vector<int32_t> cu_q(B + 1, 0), cu_k(B + 1, 0);
+  for (int b = 0; b < B; ++b) cu_q[b + 1] = cu_q[b] + lq[b], cu_k[b + 1] = cu_k[b] + lk[b];
+  const int64_t tq = std::max(cu_q[B], 1), tk = std::max(cu_k[B], 1);
+
+  // Rows stored packed [total, H, D] (a dense batch is the same memory as [B, L, H, D]).
+  fa::RoundedTensor q = fa::random_rounded(size_t(tq) * Hq * DQK, o.dtype, rng),
+                    kk = fa::random_rounded(size_t(tk) * Hkv * DQK, o.dtype, rng),
+                    v = fa::random_rounded(size_t(tk) * Hkv * DV, o.dtype, rng);
+  CaptureData captures(k, mask_p, score_p, Hq, std::max(max_q, max_kv), rng);
+
+  // The paged pool: each sequence's keys in pages of --paged keys, shuffled over the pool.
+  const int ps = o.page_size;
+  const int max_pages = ps ? (max_kv + ps - 1) / ps : 0;
+  std::vector<int32_t> table(size_t(B) * std::max(max_pages, 1), 0);
+  int num_pages = 0;
+  std::vector<uint16_t> k_pool, v_pool;
+  if (ps) {
+    for (int b = 0; b < B; ++b) num_pages += (lk[b] + ps - 1) / ps;
+    num_pages = std::max(num_pages, 1);
+    std::vector<int32_t> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int b = 0, next = 0; b < B; ++b)
+      for (int j = 0; j * ps < lk[b]; ++j) table[size_t(b) * max_pages + j] = perm[next++];
+    auto scatter = [&](const fa::RoundedTensor& t, int D) {
+      std::vector<uint16_t> pool(size_t(num_pages) * ps * Hkv * D);
+      for (int b = 0; b < B; ++b)
+        for (int kv = 0; kv < lk[b]; ++kv)
+          std::memcpy(
+              &pool[size_t((int64_t(table[size_t(b) * max_pages + kv / ps]) * ps + kv % ps) * Hkv * D)],
+              &t.bits[size_t(int64_t(cu_k[b] + kv) * Hkv * D)], size_t(Hkv) * D * 2);
+      return pool;
+    };
+    k_pool = scatter(kk, DQK), v_pool = scatter(v, DV);
+  }
+
+  auto upload = [](const void* host, size_t bytes) {
+    fa::rt::DeviceBuffer d(std::max<size_t>(bytes, 16));
+    d.upload(host, bytes);
+    return d;
+  };
+  fa::rt::DeviceBuffer dq = upload(q.bits.data(), q.bits.size() * 2),
+                       dk = ps ? upload(k_pool.data(), k_pool.size() * 2)
+                               : upload(kk.bits.data(), kk.bits.size() * 2),
+                       dv = ps ? upload(v_pool.data(), v_pool.size() * 2)
+                               : upload(v.bits.data(), v.bits.size() * 2),
+                       dcq = upload(cu_q.data(), cu_q.size() * 4), dck = upload(cu_k.data(), cu_k.size() * 4),
+                       dlk = upload(lk.data(), lk.size() * 4), dpt = upload(table.data(), table.size() * 4);
+  fa::rt::DeviceBuffer dout(size_t(tq) * Hq * DV * 2), dlse(size_t(tq) * Hq * 4);
+  dout.memset8(0xff);  // poison: NaN in both fp16 and bf16
+  dlse.memset8(0xff);
+
+  const fa::DType t = o.dtype;
+  fa::TensorView cqv(dcq.as<void>(), fa::DType::i32, {B + 1}), ckv(dck.as<void>(), fa::DType::i32, {B + 1}),
+      lkv(dlk.as<void>(), fa::DType::i32, {B}),
+      ptv(dpt.as<void>(), fa::DType::i32, {B, std::max(max_pages, 1)});
+  fa::TensorView tq4, tk4, tv4, to4, tl;
+  fa::ForwardOptions fo;
+  fo.path = o.path == "prefill"  ? fa::ForwardPath::kPrefill
+            : o.path == "decode" ? fa::ForwardPath::kDecode
+                                 : fa::ForwardPath::kAuto;
+  fo.decode_splits = o.splits;
+  fa::Sequences& seq = fo.sequences;
+  seq.check_tables = true;  // checked once here; the timed launches reuse the same tables
+  if (o.varlen) {
+    tq4 = fa::TensorView(dq.as<void>(), t, {tq, Hq, DQK});
+    to4 = fa::TensorView(dout.as<void>(), t, {tq, Hq, DV});
+    tl = fa::TensorView(dlse.as<void>(), fa::DType::f32, {Hq, tq});
+    seq.cu_seqlens_q = &cqv, seq.max_seqlen_q = max_q;
+  } else {
+    tq4 = fa::TensorView(dq.as<void>(), t, {B, Hq, max_q, DQK},
+                         {int64_t(max_q) * Hq * DQK, DQK, int64_t(Hq) * DQK, 1});
+    to4 = fa::TensorView(dout.as<void>(), t, {B, Hq, max_q, DV},
+                         {int64_t(max_q) * Hq * DV, DV, int64_t(Hq) * DV, 1});
+    tl = fa::TensorView(dlse.as<void>(), fa::DType::f32, {B, Hq, max_q});
+  }
+  if (ps) {
+    tk4 = fa::TensorView(dk.as<void>(), t, {num_pages, ps, Hkv, DQK});
+    tv4 = fa::TensorView(dv.as<void>(), t, {num_pages, ps, Hkv, DV});
+    seq.page_table = &ptv, seq.seqlens_k = &lkv, seq.max_seqlen_k = max_kv;
+  } else if (o.varlen) {
+    tk4 = fa::TensorView(dk.as<void>(), t, {tk, Hkv, DQK});
+    tv4 = fa::TensorView(dv.as<void>(), t, {tk, Hkv, DV});
+    seq.cu_seqlens_k = &ckv, seq.max_seqlen_k = max_kv;
+  } else {
+    tk4 = fa::TensorView(dk.as<void>(), t, {B, Hkv, max_kv, DQK},
+                         {int64_t(max_kv) * Hkv * DQK, DQK, int64_t(Hkv) * DQK, 1});
+    tv4 = fa::TensorView(dv.as<void>(), t, {B, Hkv, max_kv, DV},
+                         {int64_t(max_kv) * Hkv * DV, DV, int64_t(Hkv) * DV, 1});
+  }
+  fo.lse = &tl;
+
+  auto t0 = std::chrono::steady_clock::now();
+  fa::BlockMask mask = k.block_mask(B, Hq, max_q, max_kv, captures.cap);
+  const double mask_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  t0 = std::chrono::steady_clock::now();
+  k.forward(tq4, tk4, tv4, to4, mask, captures.cap, fo);
+  fa::rt::synchronize(nullptr);
+  const double first_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<uint16_t> out(size_t(tq) * Hq * DV);
+  std::vector<float> lse(size_t(tq) * Hq);
+  dout.download(out.data(), out.size() * 2);
+  dlse.download(lse.data(), lse.size() * 4);
+
+  // Each sequence against the float64 reference of that sequence (b = 0 for its mods unless
+  // the mask reads b: then b + 1 batches over the same rows, the last kept).
+  fa::ModProgram sp = fa::ModProgram::score_of(program), mp = fa::ModProgram::mask_of(program);
+  double num = 0, den = 0, lse_err = 0;
+  size_t bad = 0;
+  const bool reads_b = mask.batch() > 1;
+  for (int b = 0; b < B; ++b) {
+    if (lq[b] == 0) continue;
+    auto o_at = [&](int h, int i) { return (size_t(cu_q[b] + i) * Hq + h) * DV; };
+    auto l_at = [&](int h, int i) {
+      return o.varlen ? size_t(h) * tq + cu_q[b] + i : (size_t(b) * Hq + h) * max_q + i;
+    };
+    if (lk[b] == 0) {  // no keys: O = 0, LSE = -inf
+      for (int h = 0; h < Hq; ++h)
+        for (int i = 0; i < lq[b]; ++i) {
+          for (int d = 0; d < DV; ++d) bad += fa::from_bits(out[o_at(h, i) + d], t) != 0.0;
+          bad += !(std::isinf(lse[l_at(h, i)]) && lse[l_at(h, i)] < 0);
+        }
+      continue;
+    }
+    fa::ReferenceOptions ro;
+    ro.score_mod = &sp, ro.mask_mod = &mp, ro.bindings = &captures.env;
+    ro.q_strides = std::array<int64_t, 4>{0, DQK, int64_t(Hq) * DQK, 1};
+    ro.k_strides = std::array<int64_t, 4>{0, DQK, int64_t(Hkv) * DQK, 1};
+    ro.v_strides = std::array<int64_t, 4>{0, DV, int64_t(Hkv) * DV, 1};
+    const int rb = reads_b ? b + 1 : 1;
+    const fa::ReferenceResult ref = fa::reference_attention(
+        {rb, Hq, Hkv, lq[b], lk[b], DQK, DV}, q.values.data() + size_t(cu_q[b]) * Hq * DQK,
+        kk.values.data() + size_t(cu_k[b]) * Hkv * DQK, v.values.data() + size_t(cu_k[b]) * Hkv * DV, ro);
+    for (int h = 0; h < Hq; ++h)
+      for (int i = 0; i < lq[b]; ++i) {
+        const size_t r = (size_t(rb - 1) * Hq + h) * lq[b] + i;
+        for (int d = 0; d < DV; ++d) {
+          const double g = fa::from_bits(out[o_at(h, i) + d], t), want = ref.out[r * DV + d];
+          if (std::isnan(g)) ++bad;
+          num += (g - want) * (g - want), den += want * want;
+        }
+        const float l = lse[l_at(h, i)];
+        if (std::isinf(ref.lse[r]))
+          bad += !(std::isinf(l) && l < 0);
+        else
+          lse_err = std::max(lse_err, std::fabs(l - ref.lse[r]));
+      }
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  const double tol = t == fa::DType::bf16 ? 1e-2 : 5e-3;
+  const bool ok = bad == 0 && rel < tol && lse_err < 2e-2;
+  const bool decode =
+      fo.path == fa::ForwardPath::kDecode ||
+      (fo.path == fa::ForwardPath::kAuto && max_q <= fa::kDecodeMaxLenQ && max_q <= mask.q_block());
+  std::cout << fmt::format(
+      "B={} Hq={} Hkv={} Lq={} Lkv={} D={}/{}{}{}  kernel: {}  block mask in {:.2f} ms\n", B, Hq, Hkv, max_q,
+      max_kv, DQK, DV, o.varlen ? "  ragged (lengths random)" : "",
+      ps ? fmt::format("  paged (page size {}, {} pages)", ps, num_pages) : "",
+      decode ? "split-KV decoding" : "prefill", mask_ms);
+  std::cout << fmt::format("first call (kernel compile included): {:.0f} ms\n", first_ms);
+  std::cout << fmt::format(
+      "vs float64 reference (each sequence): rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad "
+      "values: "
+      "{}\n",
+      rel, tol, lse_err, bad, ok ? "OK" : "MISMATCH");
+  seq.check_tables = false;
+  const double ms = median_ms(o.iters, [&] { k.forward(tq4, tk4, tv4, to4, mask, captures.cap, fo); });
+  double kv_bytes = 0;
+  for (int b = 0; b < B; ++b) kv_bytes += double(lk[b]) * Hkv * (DQK + DV) * 2;
+  std::cout << fmt::format("forward: {:.3f} ms (median of {}), K+V read once: {:.2f} TB/s (host-timed)\n", ms,
+                           o.iters, kv_bytes / ms / 1e9);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int run_variant(const RunOptions& o) {
@@ -84,51 +338,23 @@ int run_variant(const RunOptions& o) {
   std::cout << fmt::format("device: {}  kernel: {}  ({} in {:.1f} ms)\n", fa::rt::current_device_info().name,
                            k.spec().to_string(), fa::to_string(k.origin()), compile_ms);
 
+  if (o.layouts()) {
+    if (o.backward) {
+      std::cerr << "fajit run: --backward takes dense equal-length batches (no --len-q/--len-kv/--heads-kv/"
+                   "--path/--splits/--varlen/--paged)\n";
+      return 2;
+    }
+    return run_sequences(o, k, program, mask_p, score_p);
+  }
   const int B = o.batch, H = o.heads, L = o.len;
   std::mt19937 rng(std::random_device{}());
   const size_t rows = static_cast<size_t>(B) * H * L, n_qk = rows * DQK, n_v = rows * DV;
   fa::RoundedTensor q = fa::random_rounded(n_qk, o.dtype, rng), kk = fa::random_rounded(n_qk, o.dtype, rng),
                     v = fa::random_rounded(n_v, o.dtype, rng);
 
-  // Captures with defaults for whatever the preset did not fix.
-  fa::Captures cap;
-  fa::Bindings env;
-  std::vector<int32_t> doc_ids(L);
-  std::vector<float> slopes(H), rel_bias(2 * L - 1);
-  for (int i = 0, doc = 0; i < L; ++i) {
-    if (i > 0 && rng() % 97 == 0) ++doc;
-    doc_ids[i] = doc;
-  }
-  for (float& s : slopes) s = std::ldexp(1.0f, -static_cast<int>(rng() % 8) - 1);
-  for (float& r : rel_bias) r = std::normal_distribution<float>(0.0f, 0.5f)(rng);
-  std::vector<fa::rt::DeviceBuffer> keep;
-  std::map<std::string, double> scalars = {{"num_heads", H}, {"softcap", 30.0}, {"rel_offset", L - 1},
-                                           {"window", 256},  {"prefix", L / 4}, {"n_pad", 3},
-                                           {"dilation", 2}};
-  for (auto& [name, value] : mask_p.scalar_values) scalars[name] = value;
-  for (auto& [name, value] : score_p.scalar_values) scalars[name] = value;
-  for (const fa::CaptureSlot& s : k.capture_slots()) {
-    if (s.is_buffer) {
-      const void* src = s.name == "doc_ids"  ? static_cast<const void*>(doc_ids.data())
-                        : s.name == "slopes" ? static_cast<const void*>(slopes.data())
-                                             : static_cast<const void*>(rel_bias.data());
-      int64_t len = s.name == "doc_ids" ? L : s.name == "slopes" ? H : 2 * L - 1;
-      keep.emplace_back(static_cast<size_t>(len) * 4);
-      keep.back().upload(src, static_cast<size_t>(len) * 4);
-      cap.buffer(s.name,
-                 fa::TensorView(keep.back().as<void>(), s.is_float ? fa::DType::f32 : fa::DType::i32, {len}));
-      if (s.is_float)
-        env.buffer(s.name, fa::HostBuffer::f32(static_cast<const float*>(src), {len}));
-      else
-        env.buffer(s.name, fa::HostBuffer::i32(static_cast<const int32_t*>(src), {len}));
-    } else if (s.is_float) {
-      cap.scalar(s.name, static_cast<float>(scalars.at(s.name)));
-      env.scalar_f32(s.name, static_cast<float>(scalars.at(s.name)));
-    } else {
-      cap.scalar(s.name, static_cast<int32_t>(scalars.at(s.name)));
-      env.scalar_i32(s.name, static_cast<int32_t>(scalars.at(s.name)));
-    }
-  }
+  CaptureData captures(k, mask_p, score_p, H, L, rng);
+  const fa::Captures& cap = captures.cap;
+  const fa::Bindings& env = captures.env;
 
   const size_t bytes_qk = n_qk * 2, bytes_v = n_v * 2;
   fa::rt::DeviceBuffer dq(bytes_qk), dk(bytes_qk), dv(bytes_v), dout(bytes_v), dlse(rows * 4);

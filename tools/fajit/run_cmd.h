@@ -12,6 +12,15 @@ struct RunOptions {
   int batch = 2, heads = 8, len = 1024, head_dim = 128, iters = 20;
   int head_dim_v = 0;     // 0: head_dim
   bool backward = false;  // also run, check and time the backward
+  // Forward-only layouts (run_sequences): per-sequence lengths, GQA, kernel path, ragged, paged.
+  int len_q = 0, len_kv = 0, heads_kv = 0;  // 0: len / heads
+  std::string path = "auto";
+  int splits = 0;
+  bool varlen = false;
+  int page_size = 0;  // 0: contiguous K/V
+  bool layouts() const {
+    return len_q || len_kv || heads_kv || path != "auto" || splits || varlen || page_size;
+  }
 };
 
 // Compile, run on random data, check against the float64 reference, time (the backward too

@@ -194,6 +194,42 @@ FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit
                                          const fajit_tensor* lse, float scale, const fajit_block_mask* mask,
                                          const fajit_captures* captures, void* cu_stream);
 
+/* The forward's options beyond fajit_kernel_forward's: the kernel path, decoding splits, and
+ * ragged / paged layouts (fajit/sequences.h describes the shapes). Start from
+ * fajit_forward_options_init (it sets struct_size, which lets this struct grow compatibly). */
+typedef enum fajit_forward_path {
+  FAJIT_PATH_AUTO = 0,    /* the decoding kernel for len_q <= 64 within one block row, else prefill */
+  FAJIT_PATH_PREFILL = 1, /* always the query-block (prefill) kernel */
+  FAJIT_PATH_DECODE = 2   /* always the split-KV decoding kernel (error for a longer query) */
+} fajit_forward_path;
+typedef struct fajit_forward_options {
+  size_t struct_size;
+  float scale; /* 0 = 1/sqrt(head_dim_qk) */
+  fajit_forward_path path;
+  int decode_splits; /* 0 = enough CTAs for every SM */
+  /* Ragged / paged (all may be NULL): int32 device tables. With cu_seqlens_q, q and o are
+   * packed [total_q, Hq, D] and lse is [Hq, total_q]; with cu_seqlens_k, k and v are packed
+   * [total_kv, Hkv, D]; with page_table ([B, max_pages], needs seqlens_k [B]), k and v are
+   * pools [num_pages, page_size, Hkv, D]. The block mask is for [B or 1, H, max_seqlen_q,
+   * max_seqlen_k]. check_tables != 0 copies the tables to the host and checks them first. */
+  const fajit_tensor* cu_seqlens_q;
+  const fajit_tensor* cu_seqlens_k;
+  const fajit_tensor* seqlens_k;
+  const fajit_tensor* page_table;
+  int max_seqlen_q;
+  int max_seqlen_k;
+  int check_tables;
+} fajit_forward_options;
+FA_API void fajit_forward_options_init(fajit_forward_options* options);
+
+/* fajit_kernel_forward with options (NULL = the defaults). */
+FA_API fajit_status fajit_kernel_forward_ex(const fajit_kernel* kernel, const fajit_tensor* q,
+                                            const fajit_tensor* k, const fajit_tensor* v,
+                                            const fajit_tensor* o, const fajit_tensor* lse,
+                                            const fajit_forward_options* options,
+                                            const fajit_block_mask* mask, const fajit_captures* captures,
+                                            void* cu_stream);
+
 /* dQ, dK, dV of attention(Q, K, V) from the forward's O and LSE (fajit_kernel_forward with an
  * lse output) and dO; dlse (fp32 [B, Hq, Lq], the gradient of a loss that also uses the LSE)
  * may be NULL; scale must be the forward's (0 = 1/sqrt(head_dim_qk)). Gradients have their

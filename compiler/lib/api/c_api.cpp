@@ -2,6 +2,7 @@
 // plus a thread-local message.
 #include "fajit/fajit_c.h"
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -541,6 +542,55 @@ fajit_status fajit_kernel_forward(const fajit_kernel* k, const fajit_tensor* q, 
       lse_view = to_view(lse, "lse");
       fo.lse = &lse_view;
     }
+    k->kernel.forward(to_view(q, "q"), to_view(kk, "k"), to_view(v, "v"), to_view(o, "o"), mask->mask,
+                      to_captures(captures), fo, static_cast<fa::Stream>(cu_stream));
+  });
+}
+
+void fajit_forward_options_init(fajit_forward_options* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+}
+
+fajit_status fajit_kernel_forward_ex(const fajit_kernel* k, const fajit_tensor* q, const fajit_tensor* kk,
+                                     const fajit_tensor* v, const fajit_tensor* o, const fajit_tensor* lse,
+                                     const fajit_forward_options* options, const fajit_block_mask* mask,
+                                     const fajit_captures* captures, void* cu_stream) {
+  return guarded([&] {
+    require(k, "kernel");
+    require(mask, "mask");
+    fajit_forward_options opt;
+    fajit_forward_options_init(&opt);
+    if (options) {
+      if (options->struct_size < offsetof(fajit_forward_options, cu_seqlens_q) ||
+          options->struct_size > sizeof opt)
+        throw fa::Error(
+            fmt::format("options: struct_size {} is not a fajit_forward_options size (this library's "
+                        "is {}); call fajit_forward_options_init",
+                        options->struct_size, sizeof opt));
+      std::memcpy(&opt, options, options->struct_size);
+    }
+    if (opt.path < FAJIT_PATH_AUTO || opt.path > FAJIT_PATH_DECODE)
+      throw fa::Error(fmt::format("options: path must be FAJIT_PATH_AUTO, _PREFILL or _DECODE, got {}",
+                                  static_cast<int>(opt.path)));
+    fa::TensorView lse_view, cq, ck, nk, pt;
+    fa::ForwardOptions fo;
+    fo.scale = opt.scale;
+    fo.path = static_cast<fa::ForwardPath>(opt.path);
+    fo.decode_splits = opt.decode_splits;
+    if (lse) {
+      lse_view = to_view(lse, "lse");
+      fo.lse = &lse_view;
+    }
+    fa::Sequences& s = fo.sequences;
+    if (opt.cu_seqlens_q) cq = to_view(opt.cu_seqlens_q, "cu_seqlens_q"), s.cu_seqlens_q = &cq;
+    if (opt.cu_seqlens_k) ck = to_view(opt.cu_seqlens_k, "cu_seqlens_k"), s.cu_seqlens_k = &ck;
+    if (opt.seqlens_k) nk = to_view(opt.seqlens_k, "seqlens_k"), s.seqlens_k = &nk;
+    if (opt.page_table) pt = to_view(opt.page_table, "page_table"), s.page_table = &pt;
+    s.max_seqlen_q = opt.max_seqlen_q;
+    s.max_seqlen_k = opt.max_seqlen_k;
+    s.check_tables = opt.check_tables != 0;
     k->kernel.forward(to_view(q, "q"), to_view(kk, "k"), to_view(v, "v"), to_view(o, "o"), mask->mask,
                       to_captures(captures), fo, static_cast<fa::Stream>(cu_stream));
   });

@@ -424,10 +424,13 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     const int row_blocks = (rows + ds.tile.block_m - 1) / ds.tile.block_m;
     const int64_t units = int64_t(shape.batch) * (shape.heads_q / dp.heads_per_cta) * row_blocks;
     const int64_t tiles = int64_t(mask.num_kv_blocks()) * (mask.kv_block() / ds.tile.block_n);
+    CUfunction fn = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name);
     int64_t splits = options.decode_splits;
-    if (splits == 0) {
+    if (splits == 0) {  // as many parts as fill one wave of CTAs (at least one part each)
       const int64_t sms = std::max(1, rt::current_device_info().sm_count);
-      splits = std::clamp<int64_t>((2 * sms + units - 1) / units, 1, 128);
+      const int64_t per_sm = std::max(1, rt::max_active_blocks(fn, static_cast<unsigned>(ds.threads()),
+                                                               static_cast<unsigned>(ds.smem_bytes())));
+      splits = std::clamp<int64_t>(sms * per_sm / units, 1, 128);
     }
     splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
     dp.splits = static_cast<int>(splits);
@@ -435,7 +438,6 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     StreamScratch scratch(size_t(splits) * part_rows * (shape.dim_v + 1) * sizeof(float), st);
     dp.o_part = scratch.f32();
     dp.lse_part = dp.o_part + size_t(splits) * part_rows * shape.dim_v;
-    CUfunction fn = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name);
     CUfunction combine = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name + "_combine");
     void* args[] = {&dp, cap.data()};
     rt::launch(fn,

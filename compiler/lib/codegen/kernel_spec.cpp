@@ -28,8 +28,8 @@ std::string tile_text(const TileConfig& t) {
 // the arch's shared memory.
 std::vector<TileConfig> mma_tiles(int dqk, int dv, bool has_score_mod, KernelKind kind) {
   const int mq = head_dim_mma(dqk), mv = head_dim_mma(dv);
-  if (kind == KernelKind::kDecode)  // 64 packed rows, 4 warps; deep K/V pipelines first
-    return {{64, 64, 4, 4}, {64, 64, 4, 3}, {64, 64, 4, 2}, {64, 32, 4, 2}};
+  if (kind == KernelKind::kDecode)  // 64 packed rows, 4 warps; 3 stages keep 2 CTAs per SM at d128
+    return {{64, 64, 4, 3}, {64, 64, 4, 2}, {64, 32, 4, 2}};
   if (kind == KernelKind::kBackward) {
     // 8 warps split dQ's columns in two: whole 16-column pairs need an even step count
     if (mq > 64 || mv > 64) {
