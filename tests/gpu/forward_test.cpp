@@ -115,7 +115,8 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.noncontig = true; }),
       with({"causal", f16, 64, 64, 1, 2, 1, 1000, 1000}, "nolse_stream",
            [](FwdCase& c) { c.no_lse = true, c.own_stream = true; }),
-      // Split-KV decoding (decode.cuh, chosen for Lq <= 64; the short cases above take it too):
+      // Split-KV decoding (decode.cuh, chosen for Lq <= 64 with at most 128 packed rows per KV
+      // head; the short cases above take it too):
       // Lq 1, 2, 16, 64 over long KV, GQA 1/4/8 (heads of a group share a tile when the mask
       // ignores the head), causal with an offset (a decoding step at the end of the cache),
       // per-head masks (one head per tile), forced split counts, the prefill kernel forced on
@@ -133,6 +134,10 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.noncontig = true; }),
       with({"causal_offset", f16, 128, 128, 1, 8, 2, 16, 8192}, "prefill",
            [](FwdCase& c) { c.path = fa::ForwardPath::kPrefill; }),
+      // 512 packed rows per KV head (Lq 64 x GQA 8): auto takes the prefill kernel there
+      // (kDecodeAutoRows), the decoding kernel forced still takes it (8 row blocks per head).
+      with({"causal_offset", bf16, 128, 128, 1, 8, 1, 64, 5000}, "decode",
+           [](FwdCase& c) { c.path = fa::ForwardPath::kDecode; }),
       // Head dims beyond 64 / 128 (the mma.sync kernel on every arch): odd chunk counts (40,
       // 72, 80), padded shared rows, 16 rows per warp above 128, QK != V (192/128).
       {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},

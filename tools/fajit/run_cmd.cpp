@@ -250,7 +250,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   double num = 0, den = 0, lse_err = 0;
   size_t bad = 0;
   const bool reads_b = mask.batch() > 1;
-  for (int b = 0; b < B; ++b) {
+  for (int b = 0; b < B && !o.no_check; ++b) {
     if (lq[b] == 0) continue;
     auto o_at = [&](int h, int i) { return (size_t(cu_q[b] + i) * Hq + h) * DV; };
     auto l_at = [&](int h, int i) {
@@ -290,21 +290,25 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   const double tol = t == fa::DType::bf16 ? 1e-2 : 5e-3;
-  const bool ok = bad == 0 && rel < tol && lse_err < 2e-2;
+  const bool ok = o.no_check || (bad == 0 && rel < tol && lse_err < 2e-2);
   const bool decode =
       fo.path == fa::ForwardPath::kDecode ||
-      (fo.path == fa::ForwardPath::kAuto && max_q <= fa::kDecodeMaxLenQ && max_q <= mask.q_block());
+      (fo.path == fa::ForwardPath::kAuto && max_q <= fa::kDecodeMaxLenQ && max_q <= mask.q_block() &&
+       max_q * (mask.heads() == 1 ? Hq / Hkv : 1) <= fa::kDecodeAutoRows);
   std::cout << fmt::format(
       "B={} Hq={} Hkv={} Lq={} Lkv={} D={}/{}{}{}  kernel: {}  block mask in {:.2f} ms\n", B, Hq, Hkv, max_q,
       max_kv, DQK, DV, o.varlen ? "  ragged (lengths random)" : "",
       ps ? fmt::format("  paged (page size {}, {} pages)", ps, num_pages) : "",
       decode ? "split-KV decoding" : "prefill", mask_ms);
   std::cout << fmt::format("first call (kernel compile included): {:.0f} ms\n", first_ms);
-  std::cout << fmt::format(
-      "vs float64 reference (each sequence): rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad "
-      "values: "
-      "{}\n",
-      rel, tol, lse_err, bad, ok ? "OK" : "MISMATCH");
+  if (o.no_check)
+    std::cout << "not checked (--no-check)\n";
+  else
+    std::cout << fmt::format(
+        "vs float64 reference (each sequence): rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad "
+        "values: "
+        "{}\n",
+        rel, tol, lse_err, bad, ok ? "OK" : "MISMATCH");
   seq.check_tables = false;
   const double ms = median_ms(o.iters, [&] { k.forward(tq4, tk4, tv4, to4, mask, captures.cap, fo); });
   double kv_bytes = 0;

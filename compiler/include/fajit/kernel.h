@@ -37,11 +37,16 @@ struct Options {
 };
 
 // Which kernel runs a forward call: kAuto takes the split-KV decoding kernel
-// (templates/fajit/decode.cuh) for short queries (len_q <= kDecodeMaxLenQ and within one row
-// of block tables, len_q <= the mask's q_block) and the prefill kernel otherwise; kPrefill and
-// kDecode force one (kDecode on a query the decoding kernel cannot take is an error).
+// (templates/fajit/decode.cuh) for short queries — len_q <= kDecodeMaxLenQ within one row of
+// block tables (len_q <= the mask's q_block) and at most kDecodeAutoRows packed rows per KV
+// head (len_q x the GQA group when the tables do not depend on the head, else len_q) — and the
+// prefill kernel otherwise; kPrefill and kDecode force one (kDecode on a query the decoding
+// kernel cannot take is an error). The row limit is the measured crossover (H200, bf16 d128,
+// Hq 32 / Hkv 8, 32k keys): decode 0.45 vs prefill 0.50 ms at 128 rows (Lq 32), 0.65 vs 0.50
+// at 256 (Lq 64); bench/RESULTS.md.
 enum class ForwardPath : uint8_t { kAuto, kPrefill, kDecode };
 constexpr int kDecodeMaxLenQ = 64;
+constexpr int kDecodeAutoRows = 128;
 
 struct ForwardOptions {
   float scale = 0.0f;               // 0 = 1 / sqrt(head_dim_qk)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -305,6 +306,19 @@ struct Kernel::Impl {
     return *slot;
   }
 
+  // CTAs of a decoding kernel one SM holds (asked of the driver once per layout and context's
+  // device: the occupancy query costs more than a short decode).
+  std::map<std::pair<int, int>, int> decode_occupancy;
+  int decode_ctas_per_sm(SequenceLayout layout, CUfunction fn, const KernelSpec& ds) {
+    const int device = static_cast<int>(rt::ContextGuard().device());
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    int& n = decode_occupancy[{static_cast<int>(layout), device}];
+    if (n == 0)
+      n = std::max(1, rt::max_active_blocks(fn, static_cast<unsigned>(ds.threads()),
+                                            static_cast<unsigned>(ds.smem_bytes())));
+    return n;
+  }
+
   // The prefill kernel for a layout: fwd when dense, else the mma.sync forward compiled for it
   // (the forward's tile when that is an mma.sync one, else the default).
   const Compiled& prefill_kernel(SequenceLayout layout) {
@@ -406,7 +420,11 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                     kDecodeMaxLenQ, mask.q_block(), shape.len_q));
   if (options.decode_splits < 0)
     throw Error(fmt::format("decode_splits must be >= 0, got {}", options.decode_splits));
-  if (options.path == ForwardPath::kDecode || (options.path == ForwardPath::kAuto && decode_fits)) {
+  // packed rows per KV head the decoding kernel would take (decode.cuh: a GQA group shares a
+  // tile when the tables do not depend on the head)
+  const int packed_rows = shape.len_q * (mask.heads() == 1 ? shape.heads_q / shape.heads_kv : 1);
+  const bool decode_auto = decode_fits && packed_rows <= kDecodeAutoRows;
+  if (options.path == ForwardPath::kDecode || (options.path == ForwardPath::kAuto && decode_auto)) {
     // Split-KV decoding (templates/fajit/decode.cuh): the heads of a GQA group share a tile
     // when the tables do not depend on the head; the KV walk is cut so every SM streams.
     const Compiled& d = impl_->decode_kernel(layout);
@@ -428,8 +446,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     int64_t splits = options.decode_splits;
     if (splits == 0) {  // as many parts as fill one wave of CTAs (at least one part each)
       const int64_t sms = std::max(1, rt::current_device_info().sm_count);
-      const int64_t per_sm = std::max(1, rt::max_active_blocks(fn, static_cast<unsigned>(ds.threads()),
-                                                               static_cast<unsigned>(ds.smem_bytes())));
+      const int64_t per_sm = impl_->decode_ctas_per_sm(layout, fn, ds);
       splits = std::clamp<int64_t>(sms * per_sm / units, 1, 128);
     }
     splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
