@@ -29,8 +29,11 @@ BUILD="${FAJIT_BUILD_DIR:-build}"
 WERROR=OFF
 if [ "${CI:-}" = true ]; then WERROR=ON; fi
 if [ ! -f "$BUILD/build.ninja" ]; then
+  # FAJIT_CMAKE_ARGS: more cache settings for a new build tree (scripts/sanitize.sh uses it)
+  # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCUDAToolkit_ROOT="${CUDAToolkit_ROOT:-/usr/local/cuda}" -DFAJIT_WERROR="$WERROR" >/dev/null
+        -DCUDAToolkit_ROOT="${CUDAToolkit_ROOT:-/usr/local/cuda}" -DFAJIT_WERROR="$WERROR" \
+        ${FAJIT_CMAKE_ARGS:-} >/dev/null
 elif [ "$WERROR" = ON ]; then
   cmake -S . -B "$BUILD" -DFAJIT_WERROR=ON >/dev/null
 fi

@@ -84,22 +84,21 @@ void check_offsets(const std::vector<int32_t>& cu, const char* name, int64_t tot
 
 RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                          const TensorView* lse, const Sequences& s, void* stream) {
+  // Each table given: its own checks, and the B it implies agrees with the others'.
+  struct Table {
+    const TensorView* t;
+    const char* name;
+    int rank, plus;  // dimensions; first dimension = B + plus
+    const char* what;
+  };
   Batch batch;
-  if (s.cu_seqlens_q) {
-    check_table(*s.cu_seqlens_q, "cu_seqlens_q", 1);
-    batch.agree(s.cu_seqlens_q->shape[0], 1, "cu_seqlens_q", "entries (B+1,");
-  }
-  if (s.cu_seqlens_k) {
-    check_table(*s.cu_seqlens_k, "cu_seqlens_k", 1);
-    batch.agree(s.cu_seqlens_k->shape[0], 1, "cu_seqlens_k", "entries (B+1,");
-  }
-  if (s.seqlens_k) {
-    check_table(*s.seqlens_k, "seqlens_k", 1);
-    batch.agree(s.seqlens_k->shape[0], 0, "seqlens_k", "entries (B,");
-  }
-  if (s.page_table) {
-    check_table(*s.page_table, "page_table", 2);
-    batch.agree(s.page_table->shape[0], 0, "page_table", "rows (B,");
+  for (const Table& t : {Table{s.cu_seqlens_q, "cu_seqlens_q", 1, 1, "entries (B+1,"},
+                         Table{s.cu_seqlens_k, "cu_seqlens_k", 1, 1, "entries (B+1,"},
+                         Table{s.seqlens_k, "seqlens_k", 1, 0, "entries (B,"},
+                         Table{s.page_table, "page_table", 2, 0, "rows (B,"}}) {
+    if (t.t == nullptr) continue;
+    check_table(*t.t, t.name, t.rank);
+    batch.agree(t.t->shape[0], t.plus, t.name, t.what);
   }
   if (batch.b < 0)
     throw Error("sequences: no table given (cu_seqlens_q, cu_seqlens_k, seqlens_k or page_table)");
