@@ -33,6 +33,42 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("compiled %s: %zu-byte cubin (%s)\n", fajit_kernel_cache_key(k), size, fajit_kernel_origin(k));
+
+  /* fajit_kernel_forward_ex: ragged / paged tables and the options struct are checked before
+   * anything runs (fake, aligned device addresses: nothing is launched, no GPU needed). */
+  {
+    fajit_block_mask* m = NULL;
+    if (fajit_block_mask_all_full(1, 1, 128, 256, 128, 128, &m) != FAJIT_OK) {
+      fprintf(stderr, "all_full mask: %s\n", fajit_last_error());
+      return 1;
+    }
+    fajit_tensor q = {(void*)0x100000, FAJIT_BF16, 3, {300, 2, 128, 0}, {256, 128, 1, 0}};
+    fajit_tensor pool = {(void*)0x200000, FAJIT_BF16, 4, {8, 64, 2, 128}, {16384, 256, 128, 1}};
+    fajit_tensor cu_q = {(void*)0x300000, FAJIT_I32, 1, {3, 0, 0, 0}, {1, 0, 0, 0}};
+    fajit_tensor table = {(void*)0x400000, FAJIT_I32, 2, {2, 4, 0, 0}, {4, 1, 0, 0}};
+    fajit_forward_options fo;
+    fajit_forward_options_init(&fo);
+    fo.cu_seqlens_q = &cu_q;
+    fo.max_seqlen_q = 128;
+    fo.page_table = &table;
+    fo.max_seqlen_k = 256;
+    if (fajit_kernel_forward_ex(k, &q, &pool, &pool, &q, NULL, &fo, m, NULL, NULL) !=
+            FAJIT_ERROR_INVALID_ARGUMENT ||
+        strcmp(fajit_last_error(), "page_table needs seqlens_k (each sequence's key count)") != 0) {
+      fprintf(stderr, "expected the seqlens_k error from fajit_kernel_forward_ex, got: %s\n",
+              fajit_last_error());
+      return 1;
+    }
+    fo.struct_size = 8;
+    if (fajit_kernel_forward_ex(k, &q, &pool, &pool, &q, NULL, &fo, m, NULL, NULL) !=
+            FAJIT_ERROR_INVALID_ARGUMENT ||
+        strstr(fajit_last_error(), "options: struct_size 8 is not a fajit_forward_options size") == NULL) {
+      fprintf(stderr, "expected the struct_size error, got: %s\n", fajit_last_error());
+      return 1;
+    }
+    printf("forward_ex errors: %s\n", fajit_last_error());
+    fajit_block_mask_destroy(m);
+  }
   fajit_kernel_destroy(k);
 
   /* Errors come back as codes plus a message naming the problem. */

@@ -198,7 +198,8 @@ FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit
  * ragged / paged layouts (fajit/sequences.h describes the shapes). Start from
  * fajit_forward_options_init (it sets struct_size, which lets this struct grow compatibly). */
 typedef enum fajit_forward_path {
-  FAJIT_PATH_AUTO = 0,    /* the decoding kernel for len_q <= 64 within one block row, else prefill */
+  FAJIT_PATH_AUTO = 0,    /* decoding for len_q <= 64 within one block row and <= 128 packed rows per
+                            KV head (len_q x the GQA group), else prefill (fa::ForwardPath::kAuto) */
   FAJIT_PATH_PREFILL = 1, /* always the query-block (prefill) kernel */
   FAJIT_PATH_DECODE = 2   /* always the split-KV decoding kernel (error for a longer query) */
 } fajit_forward_path;
