@@ -309,8 +309,7 @@ struct Kernel::Impl {
   // CTAs of a decoding kernel one SM holds (asked of the driver once per layout and context's
   // device: the occupancy query costs more than a short decode).
   std::map<std::pair<int, int>, int> decode_occupancy;
-  int decode_ctas_per_sm(SequenceLayout layout, CUfunction fn, const KernelSpec& ds) {
-    const int device = static_cast<int>(rt::ContextGuard().device());
+  int decode_ctas_per_sm(SequenceLayout layout, CUfunction fn, const KernelSpec& ds, int device) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
     int& n = decode_occupancy[{static_cast<int>(layout), device}];
     if (n == 0)
@@ -446,7 +445,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     int64_t splits = options.decode_splits;
     if (splits == 0) {  // as many parts as fill one wave of CTAs (at least one part each)
       const int64_t sms = std::max(1, rt::current_device_info().sm_count);
-      const int64_t per_sm = impl_->decode_ctas_per_sm(layout, fn, ds);
+      const int64_t per_sm = impl_->decode_ctas_per_sm(layout, fn, ds, static_cast<int>(guard.device()));
       splits = std::clamp<int64_t>(sms * per_sm / units, 1, 128);
     }
     splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
