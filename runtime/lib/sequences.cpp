@@ -46,10 +46,19 @@ struct Batch {
   }
 };
 
+// A row stride the kernels step with 16-byte accesses: a multiple of 8 elements (checked even
+// where validate_attention would skip it: a packed dimension of size 1 still strides sequences).
+void check_row_stride(const char* name, const char* dim, int64_t stride) {
+  if (stride % 8 != 0)
+    throw Error(fmt::format("{}: stride of {} must be a multiple of 8 elements (16 bytes), got {}", name, dim,
+                            stride));
+}
+
 // A packed [total, H, D] tensor as [B, H, max_len, D] with batch stride 0.
 TensorView packed_view(const TensorView& t, const char* name, int64_t batch, int64_t max_len) {
   if (t.rank != 3)
     throw Error(fmt::format("{}: a packed tensor has 3 dimensions [total, H, D], got {}", name, t.rank));
+  check_row_stride(name, "total", t.stride[0]);
   return TensorView(t.data, t.dtype, {batch, t.shape[1], max_len, t.shape[2]},
                     {0, t.stride[1], t.stride[0], t.stride[2]});
 }
@@ -102,6 +111,9 @@ RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorV
   }
   if (batch.b < 0)
     throw Error("sequences: no table given (cu_seqlens_q, cu_seqlens_k, seqlens_k or page_table)");
+  if (s.max_seqlen_q != 0 && !s.cu_seqlens_q)
+    throw Error(fmt::format("max_seqlen_q ({}) is for packed queries: give cu_seqlens_q, or leave it 0",
+                            s.max_seqlen_q));
   if (batch.b < 1) throw Error(fmt::format("{}: needs at least one sequence", batch.from));
   if (s.cu_seqlens_k && s.page_table)
     throw Error("cu_seqlens_k and page_table: keys are either packed or paged, give one");
@@ -125,8 +137,10 @@ RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorV
       if (lse->shape[0] != q.shape[1] || lse->shape[1] != q.shape[0])
         throw Error(fmt::format("lse: expected [Hq, total_q] = [{}, {}], got [{}, {}]", q.shape[1],
                                 q.shape[0], lse->shape[0], lse->shape[1]));
-      r.lse = TensorView(lse->data, lse->dtype, {B, lse->shape[0], s.max_seqlen_q},
-                         {0, lse->stride[0], lse->stride[1]});
+      // the kernels index a sequence's LSE entries from its first row one by one
+      if (lse->stride[1] != 1)
+        throw Error(fmt::format("lse: total_q must be contiguous (stride 1), got stride {}", lse->stride[1]));
+      r.lse = TensorView(lse->data, lse->dtype, {B, lse->shape[0], s.max_seqlen_q}, {0, lse->stride[0], 1});
     }
   } else {
     if (q.rank == 4 && q.shape[0] != B)
@@ -151,6 +165,10 @@ RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorV
         throw Error(fmt::format("{}: a paged pool has 4 dimensions [num_pages, page_size, Hkv, D], got {}",
                                 name, t->rank));
     num_pages = k.shape[0], page_size = k.shape[1];
+    for (auto [t, name] : {std::pair{&k, "k"}, {&v, "v"}}) {
+      check_row_stride(name, "num_pages", t->stride[0]);
+      check_row_stride(name, "page_size", t->stride[1]);
+    }
     if (v.shape[0] != num_pages)
       throw Error(fmt::format("v: num_pages must match k ({}), got {}", num_pages, v.shape[0]));
     if (v.shape[1] != page_size)

@@ -55,23 +55,26 @@ struct WithLayout : Config {
 };
 
 // p rebased on sequence b of a ragged batch: q, o, lse (and k, v when packed) at its first
-// rows, len_q / len_kv its own. Kernels read every table entry they use from here on.
+// rows, len_q / len_kv its own, clamped to [0, the launch's longest] so tables that break the
+// contract (unchecked: Sequences::check_tables) cannot make a kernel read past the views.
 template <typename E>
 __device__ __forceinline__ void rebase_sequence(FaFwdParams& p, int b) {
+  const int max_q = p.len_q, max_kv = p.len_kv;
+  auto clamp_len = [](int n, int hi) { return n < 0 ? 0 : n > hi ? hi : n; };
   if (p.cu_seqlens_q != nullptr) {
     const int first = p.cu_seqlens_q[b];
-    p.len_q = p.cu_seqlens_q[b + 1] - first;
+    p.len_q = clamp_len(p.cu_seqlens_q[b + 1] - first, max_q);
     p.q = static_cast<const E*>(p.q) + (long long)first * p.q_stride_m;
     p.o = static_cast<E*>(p.o) + (long long)first * p.o_stride_m;
     if (p.lse != nullptr) p.lse += first;
   }
   if (p.cu_seqlens_k != nullptr) {
     const int first = p.cu_seqlens_k[b];
-    p.len_kv = p.cu_seqlens_k[b + 1] - first;
+    p.len_kv = clamp_len(p.cu_seqlens_k[b + 1] - first, max_kv);
     p.k = static_cast<const E*>(p.k) + (long long)first * p.k_stride_n;
     p.v = static_cast<const E*>(p.v) + (long long)first * p.v_stride_n;
   }
-  if (p.seqlens_k != nullptr) p.len_kv = p.seqlens_k[b];
+  if (p.seqlens_k != nullptr) p.len_kv = clamp_len(p.seqlens_k[b], max_kv);
 }
 
 // Key (or value) rows of KV head hkv of sequence b: a strided [len, D] operand, or, paged,

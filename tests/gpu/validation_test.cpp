@@ -286,6 +286,50 @@ TEST_F(SequencesValidation, PackedLseShape) {
   expect(packed(500), packed(500), fo, "lse: expected [Hq, total_q] = [2, 300], got [300, 2]");
 }
 
+TEST_F(SequencesValidation, PackedLseMustBeContiguousAlongTotal) {
+  // [Hq, total_q] with a transposed stride: only caught by its own check when max_seqlen_q is 1
+  fa::TensorView cq = table({3}), ck = table({3});
+  fa::TensorView lse(buffer(300 * kH * 4), fa::DType::f32, {kH, 300}, {1, kH});
+  fa::ForwardOptions fo;
+  fo.lse = &lse;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 1;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo, "lse: total_q must be contiguous (stride 1), got stride 2", 300, 1);
+}
+
+TEST_F(SequencesValidation, PackedRowStrideKeeps16ByteRows) {
+  fa::TensorView cq = table({3}), ck = table({3});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  const fa::TensorView k(buffer(500 * 300 * 2), fa::DType::bf16, {500, 1, 128}, {300, 300, 1});
+  expect(k, packed(500), fo, "k: stride of total must be a multiple of 8 elements (16 bytes), got 300");
+}
+
+TEST_F(SequencesValidation, MaxSeqlenWithoutItsTable) {
+  fa::TensorView n = table({1});
+  fa::ForwardOptions fo;
+  fo.sequences.seqlens_k = &n, fo.sequences.max_seqlen_q = 64;
+  const Args a = args();
+  EXPECT_EQ(error_of([&] { kernel().forward(a.q, a.k, a.v, a.o, mask(), good(), fo); }),
+            "max_seqlen_q (64) is for packed queries: give cu_seqlens_q, or leave it 0");
+  fa::ForwardOptions none;
+  none.sequences.max_seqlen_k = 64;
+  EXPECT_EQ(error_of([&] { kernel().forward(a.q, a.k, a.v, a.o, mask(), good(), none); }),
+            "sequences: max_seqlen_q / max_seqlen_k / check_tables given without a table (cu_seqlens_q, "
+            "cu_seqlens_k, seqlens_k or page_table)");
+}
+
+TEST_F(SequencesValidation, GridLimitOnBatchTimesHeads) {
+  // 40000 sequences x 2 heads: more CTAs along y than a grid holds
+  fa::TensorView cq = table({40001}), ck = table({40001});
+  fa::ForwardOptions fo;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo,
+         "B x Hq = 40000 x 2 = 80000 exceeds the 65535 the kernels' grid takes; split the batch");
+}
+
 TEST_F(SequencesValidation, PackedAndPagedKeys) {
   fa::TensorView cq = table({3}), ck = table({3}), pt = table({2, 4}), n = table({2});
   fa::ForwardOptions fo;

@@ -563,8 +563,9 @@ fajit_status fajit_kernel_forward_ex(const fajit_kernel* k, const fajit_tensor* 
     fajit_forward_options opt;
     fajit_forward_options_init(&opt);
     if (options) {
-      if (options->struct_size < offsetof(fajit_forward_options, cu_seqlens_q) ||
-          options->struct_size > sizeof opt)
+      // the one layout this library knows (a later, larger one will be accepted field by field,
+      // never cut inside a field)
+      if (options->struct_size != sizeof opt)
         throw fa::Error(
             fmt::format("options: struct_size {} is not a fajit_forward_options size (this library's "
                         "is {}); call fajit_forward_options_init",

@@ -204,7 +204,7 @@ class MaskBuilder {
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
 // the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
 float check_call(const KernelSpec& s, const char* what, const AttentionShape& shape, const BlockMask& mask,
-                 float scale) {
+                 float scale, bool check_tile = true) {
   if (shape.dtype != s.dtype)
     throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype),
                             dtype_name(shape.dtype)));
@@ -217,7 +217,7 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
   if (!mask.valid())
     throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
   mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
-  if (mask.q_block() % s.tile.block_m != 0 || mask.kv_block() % s.tile.block_n != 0)
+  if (check_tile && (mask.q_block() % s.tile.block_m != 0 || mask.kv_block() % s.tile.block_n != 0))
     throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}",
                             mask.q_block(), mask.kv_block(), what, s.tile.block_m, s.tile.block_n));
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
@@ -407,8 +407,19 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     return p;
   };
 
+  if (!seq.any() && (seq.max_seqlen_q || seq.max_seqlen_k || seq.check_tables))
+    throw Error(
+        "sequences: max_seqlen_q / max_seqlen_k / check_tables given without a table (cu_seqlens_q, "
+        "cu_seqlens_k, seqlens_k or page_table)");
   AttentionShape shape = validate_attention(q, k, v, o, lse);
-  const float scale = check_call(spec(), "forward", shape, mask, options.scale);
+  // A ragged / paged call's mask is checked against the tile of the kernel that runs it, below.
+  const float scale = check_call(spec(), "forward", shape, mask, options.scale, dense);
+  // CUDA grids hold at most 65535 CTAs along y: the prefill's B x Hq (decoding's B x Hq / the
+  // heads sharing a tile is never larger).
+  if (int64_t(shape.batch) * shape.heads_q > 65535)
+    throw Error(
+        fmt::format("B x Hq = {} x {} = {} exceeds the 65535 the kernels' grid takes; split the batch",
+                    shape.batch, shape.heads_q, int64_t(shape.batch) * shape.heads_q));
   std::vector<unsigned char> cap = pack_captures(captures);
 
   const bool decode_fits = shape.len_q <= kDecodeMaxLenQ && shape.len_q <= mask.q_block();
