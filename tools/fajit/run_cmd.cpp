@@ -291,10 +291,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   const double tol = t == fa::DType::bf16 ? 1e-2 : 5e-3;
   const bool ok = o.no_check || (bad == 0 && rel < tol && lse_err < 2e-2);
-  const bool decode =
-      fo.path == fa::ForwardPath::kDecode ||
-      (fo.path == fa::ForwardPath::kAuto && max_q <= fa::kDecodeMaxLenQ && max_q <= mask.q_block() &&
-       max_q * (mask.heads() == 1 ? Hq / Hkv : 1) <= fa::kDecodeAutoRows);
+  const bool decode = fa::takes_decoding_kernel(fo.path, max_q, Hq, Hkv, mask);
   std::cout << fmt::format(
       "B={} Hq={} Hkv={} Lq={} Lkv={} D={}/{}{}{}  kernel: {}  block mask in {:.2f} ms\n", B, Hq, Hkv, max_q,
       max_kv, DQK, DV, o.varlen ? "  ragged (lengths random)" : "",

@@ -47,6 +47,10 @@ struct Options {
 enum class ForwardPath : uint8_t { kAuto, kPrefill, kDecode };
 constexpr int kDecodeMaxLenQ = 64;
 constexpr int kDecodeAutoRows = 128;
+// Whether Kernel::forward runs the decoding kernel for a query of len_q rows per sequence over
+// `mask` (the rule above; kDecode always, kPrefill never).
+FA_API bool takes_decoding_kernel(ForwardPath path, int len_q, int heads_q, int heads_kv,
+                                  const BlockMask& mask);
 
 struct ForwardOptions {
   float scale = 0.0f;               // 0 = 1 / sqrt(head_dim_qk)

@@ -430,11 +430,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                     kDecodeMaxLenQ, mask.q_block(), shape.len_q));
   if (options.decode_splits < 0)
     throw Error(fmt::format("decode_splits must be >= 0, got {}", options.decode_splits));
-  // packed rows per KV head the decoding kernel would take (decode.cuh: a GQA group shares a
-  // tile when the tables do not depend on the head)
-  const int packed_rows = shape.len_q * (mask.heads() == 1 ? shape.heads_q / shape.heads_kv : 1);
-  const bool decode_auto = decode_fits && packed_rows <= kDecodeAutoRows;
-  if (options.path == ForwardPath::kDecode || (options.path == ForwardPath::kAuto && decode_auto)) {
+  if (takes_decoding_kernel(options.path, shape.len_q, shape.heads_q, shape.heads_kv, mask)) {
     // Split-KV decoding (templates/fajit/decode.cuh): the heads of a GQA group share a tile
     // when the tables do not depend on the head; the KV walk is cut so every SM streams.
     const Compiled& d = impl_->decode_kernel(layout);
@@ -548,6 +544,14 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
     rt::launch(dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
                rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
   }
+}
+
+bool takes_decoding_kernel(ForwardPath path, int len_q, int heads_q, int heads_kv, const BlockMask& mask) {
+  if (path != ForwardPath::kAuto) return path == ForwardPath::kDecode;
+  // packed rows per KV head the decoding kernel would take (decode.cuh: a GQA group shares a
+  // tile when the tables do not depend on the head)
+  const int packed_rows = len_q * (mask.heads() == 1 ? heads_q / heads_kv : 1);
+  return len_q <= kDecodeMaxLenQ && len_q <= mask.q_block() && packed_rows <= kDecodeAutoRows;
 }
 
 Kernel compile(const Program& program, const Options& options) {
