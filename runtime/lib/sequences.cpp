@@ -63,11 +63,10 @@ TensorView packed_view(const TensorView& t, const char* name, int64_t batch, int
                     {0, t.stride[1], t.stride[0], t.stride[2]});
 }
 
-std::vector<int32_t> download(const TensorView& t, CUstream stream) {
+// A table's entries on the host (the caller made the stream's writes to it visible).
+std::vector<int32_t> download(const TensorView& t) {
   const int64_t n = t.rank == 1 ? t.shape[0] : (t.shape[0] - 1) * t.stride[0] + t.shape[1];
   std::vector<int32_t> host(static_cast<size_t>(n));
-  rt::ContextGuard guard;
-  FA_CU(cuStreamSynchronize, stream);
   FA_CU(cuMemcpyDtoH, host.data(), reinterpret_cast<CUdeviceptr>(t.data), host.size() * 4);
   return host;
 }
@@ -197,21 +196,21 @@ RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorV
   }
 
   if (!s.check_tables) return r;
-  const CUstream st = reinterpret_cast<CUstream>(stream);
+  // the tables as the stream will see them: whatever it still has queued, once
+  rt::ContextGuard guard;
+  FA_CU(cuStreamSynchronize, reinterpret_cast<CUstream>(stream));
   if (s.cu_seqlens_q)
-    check_offsets(download(*s.cu_seqlens_q, st), "cu_seqlens_q", q.shape[0], "q", s.max_seqlen_q,
-                  "max_seqlen_q");
+    check_offsets(download(*s.cu_seqlens_q), "cu_seqlens_q", q.shape[0], "q", s.max_seqlen_q, "max_seqlen_q");
   if (s.cu_seqlens_k)
-    check_offsets(download(*s.cu_seqlens_k, st), "cu_seqlens_k", k.shape[0], "k", s.max_seqlen_k,
-                  "max_seqlen_k");
+    check_offsets(download(*s.cu_seqlens_k), "cu_seqlens_k", k.shape[0], "k", s.max_seqlen_k, "max_seqlen_k");
   if (s.seqlens_k) {
-    const std::vector<int32_t> n = download(*s.seqlens_k, st);
+    const std::vector<int32_t> n = download(*s.seqlens_k);
     const int64_t max_k = r.k.shape[2];
     for (size_t b = 0; b < n.size(); ++b)
       if (n[b] < 0 || n[b] > max_k)
         throw Error(fmt::format("seqlens_k: sequence {} has {} keys, outside 0..{}", b, n[b], max_k));
     if (s.page_table) {
-      const std::vector<int32_t> pt = download(*s.page_table, st);
+      const std::vector<int32_t> pt = download(*s.page_table);
       const int64_t row = s.page_table->stride[0];
       for (size_t b = 0; b < n.size(); ++b)
         for (int64_t j = 0; j * page_size < n[b]; ++j) {
