@@ -9,7 +9,8 @@
 //   FAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)
 // defines three extern "C" kernels, launched in this order on one stream:
 //   fajit_bwd_pre   delta = rowsum(dO * O) - dLSE; zeroes dq_accum
-//   fajit_bwd_dkdv  one CTA per (KV tile, batch x KV head): dK, dV; dQ partials into dq_accum
+//   fajit_bwd_dkdv  one CTA per (KV tile, batch x KV head[, part]): dK, dV; dQ partials into
+//                   dq_accum
 //   fajit_bwd_dq    dQ = scale * dq_accum, in the element type
 //
 // ---- What FaMods adds for the backward ----------------------------------------------------
@@ -32,6 +33,10 @@
 // there: a branch, never a product, so a score_mod whose derivative is inf/NaN where it is
 // masked leaks NaN neither into dS nor into a buffer gradient.
 // At the end dK·scale and dV are stored (zero for a KV tile no query sees).
+// Wide heads (DQK + DV above 256 columns, e.g. 192/128, 256/256): dK and dV of a warp's keys do
+// not fit in registers together, so the dK/dV grid has two parts (kDkDvParts, blockIdx.z): part 0
+// computes Sᵀ, Pᵀ and dV only; part 1 everything else (dPᵀ, dSᵀ, dK, dQ, buffer gradients).
+// Sᵀ is computed twice: 6 of the 5 matmuls' work instead of 5, and twice the CTAs.
 //
 // ---- Config (fa::BwdConfig<Element, DQK, DV, BLOCK_M, WARPS, STAGES>) ---------------------
 //   BLOCK_M   query rows per step (64 or 128): columns of Sᵀ
@@ -41,7 +46,8 @@
 //
 // ---- Launch (host mirrors these) -----------------------------------------------------------
 //   pre:   grid (ceil(len_q / kPreRows), batch * heads_q), block kPreThreads
-//   dkdv:  grid (ceil(len_kv / BLOCK_N), batch * heads_kv), block kThreads, smem kSmemBytes
+//   dkdv:  grid (ceil(len_kv / BLOCK_N), batch * heads_kv, kDkDvParts), block kThreads,
+//          smem kSmemBytes
 //   dq:    grid (ceil(len_q / kDqRows), batch * heads_q), block kPreThreads
 //   Arguments: (const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads).
 #ifndef FAJIT_BACKWARD_CUH
@@ -79,6 +85,10 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
   // dQ tile (BLOCK_M x DQK) split over the warps: 16-row m-tiles x kDqSplit column parts.
   static constexpr int kDqSplit = kWarps / (kBlockM / 16) > 0 ? kWarps / (kBlockM / 16) : 1;
   static constexpr int kDqCols = RowQK::kUsed * 8 / kDqSplit;
+  // dK and dV of a warp's 16 keys in registers together up to 256 columns; wider heads split
+  // the dK/dV grid in a dV part and a dK (+ dQ) part, and dQ goes in 64-column chunks.
+  static constexpr int kDkDvParts = RowQK::kUsed + RowV::kUsed > 32 ? 2 : 1;
+  static constexpr int kDqChunkTiles = kDkDvParts == 2 && kDqCols > 64 ? 8 : kDqCols / 8;
 
   static constexpr int kSmemKBytes = kBlockN * RowQK::kRowBytes;
   static constexpr int kSmemVBytes = kBlockN * RowV::kRowBytes;
@@ -108,8 +118,6 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
                 "DQK must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV % 8 == 0 && kHeadDimV >= 32 && kHeadDimV <= 256,
                 "DV must be a multiple of 8 from 32 to 256");
-  static_assert(RowQK::kUsed + RowV::kUsed <= 32,
-                "dK and dV of a warp's 16 keys live in registers: DQK + DV (rounded to 16) <= 256");
   static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
   static_assert(kWarps == 4 || kWarps == 8, "WARPS must be 4 or 8");
   static_assert(kWarps % (kBlockM / 16) == 0 || (kBlockM / 16) % kWarps == 0,
@@ -259,6 +267,56 @@ __device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)
   }
 }
 
+// dQ(BLOCK_M x DQK) += dS·K of one query tile, as fp32 reductions into dq_accum rows (dqa):
+// dSᵀ [keys][queries] at sDs, K at sK. Warp -> (16-row m-tile, column part); the part's
+// columns in chunks of kDqChunkTiles n-tiles (a wide head's chunks bound the registers).
+template <typename Cfg>
+__device__ __forceinline__ void add_dq(float* dqa, u32 sDs, u32 sK, int q0, int len_q, int warp, int g, int t,
+                                       const u32 (&offA_q)[4], const u32 (&offB_m)[4]) {
+  using E = typename Cfg::Element;
+  using RowQK = typename Cfg::RowQK;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kCQ = Cfg::kCQ, kCM = Cfg::kCM;
+  constexpr int kNQ = Cfg::kDqCols / 8, kNC = Cfg::kDqChunkTiles;
+  const int mt = warp % (kBM / 16), part = warp / (kBM / 16);
+#pragma unroll
+  for (int c0 = 0; c0 < kNQ; c0 += kNC) {
+    float dq[kNC][4];
+#pragma unroll
+    for (int j = 0; j < kNC; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {  // over keys
+      u32 a[4];
+      // A = dS (rows = queries mt*16.., k = keys kk*16..) from dSᵀ [keys][queries]: .trans
+      ldmatrix_x4_trans(a, sDs + frag_at<kCM>(offB_m, kk, mt));
+#pragma unroll
+      for (int jp = 0; jp < kNC / 2; ++jp) {
+        if (c0 + 2 * jp >= kNQ) continue;  // a last, shorter chunk
+        u32 bf[4];
+        ldmatrix_x4_trans(bf, sK + frag_at<kCQ>(offA_q, kk, part * (kNQ / 2) + c0 / 2 + jp));
+        mma_16816<E>(dq[2 * jp], a, bf[0], bf[1]);
+        mma_16816<E>(dq[2 * jp + 1], a, bf[2], bf[3]);
+      }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = q0 + mt * 16 + g + 8 * hh;
+      if (q >= len_q) continue;
+      float* row = dqa + (long long)q * Cfg::kHeadDimQK + part * Cfg::kDqCols + 2 * t;
+#pragma unroll
+      for (int j = 0; j < kNC; ++j) {
+        const int col = part * Cfg::kDqCols + 8 * (c0 + j);
+        if (c0 + j >= kNQ) continue;
+        // the zero chunk after an odd chunk count is computed, never stored
+        if (RowQK::kUsed != RowQK::kChunks && col >= Cfg::kHeadDimQK) continue;
+        red_add_f32(row + 8 * (c0 + j), dq[j][2 * hh]);
+        red_add_f32(row + 8 * (c0 + j) + 1, dq[j][2 * hh + 1]);
+      }
+    }
+  }
+}
+
 }  // namespace bwd
 
 // ================================ preprocess =================================================
@@ -321,9 +379,13 @@ __device__ __forceinline__ void backward_dq_kernel(const FaBwdParams& p) {
 }
 
 // ================================ dK / dV ====================================================
-template <typename Cfg, typename Mods>
-__device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
-                                                     const FaGradBuffers& grads) {
+// What one dK/dV CTA computes: everything, or one part of a wide head's split grid.
+enum class DkDvPart { kAll, kDv, kDk };
+
+template <typename Cfg, typename Mods, DkDvPart kPart>
+__device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const FaCaptures& cap,
+                                                   const FaGradBuffers& grads) {
+  constexpr bool kDoDv = kPart != DkDvPart::kDk, kDoDk = kPart != DkDvPart::kDv;
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kQT = Cfg::kQT;  // n-tiles of Sᵀ (query columns)
@@ -352,8 +414,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   // ---- K and V of this CTA, once
   load_tile_async<kBN, RowQK, kThreads>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
                                         p.k_stride_n, kv0, len_kv, tid);
-  load_tile_async<kBN, RowV, kThreads>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
-                                       p.v_stride_n, kv0, len_kv, tid);
+  if constexpr (kDoDk)  // V only for dPᵀ
+    load_tile_async<kBN, RowV, kThreads>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
+                                         p.v_stride_n, kv0, len_kv, tid);
   cp_async_commit();
 
   // Lane offsets: K, V rows of this warp as A operands; Q, dO as B (n = queries) and as B with
@@ -370,13 +433,14 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const bool kv_tail = kv0 + kBN > len_kv;
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
 
-  float dk[Cfg::kDQKTiles][4], dv[Cfg::kDT][4];
+  constexpr int kDkTiles = kDoDk ? Cfg::kDQKTiles : 1, kDvTiles = kDoDv ? Cfg::kDT : 1;
+  float dk[kDkTiles][4], dv[kDvTiles][4];
 #pragma unroll
-  for (int j = 0; j < Cfg::kDQKTiles; ++j)
+  for (int j = 0; j < kDkTiles; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk[j][i] = 0.f;
 #pragma unroll
-  for (int j = 0; j < Cfg::kDT; ++j)
+  for (int j = 0; j < kDvTiles; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dv[j][i] = 0.f;
 
@@ -421,66 +485,34 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sl2, b, hq, cap,
                          [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
 
-      // ---- dPᵀ = V·dOᵀ
-      float dp[kQT][4];
-#pragma unroll
-      for (int j = 0; j < kQT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) dp[j][i] = 0.f;
-      bwd::mma_abt<E, kQT, Cfg::kKV, kCV, kCV>(dp, sV, warp, sDo(stage), offA_v, offB_v);
-
-      // ---- dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)), zero where P is
-      bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads,
-                           [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
-
-      // ---- dV += Pᵀ·dO, dK += dSᵀ·Q (P, dS packed to 16 bits as A fragments)
-      u32 da[Cfg::kMK][4];
-      {
+      // ---- dV += Pᵀ·dO (P packed to 16 bits as A fragments)
+      if constexpr (kDoDv) {
         u32 pa[Cfg::kMK][4];
         pack_a<E>(pa, s);
         bwd::mma_rb<E, Cfg::kDT, Cfg::kMK, kCV>(dv, pa, sDo(stage), offA_v);
+      }
+      if constexpr (kDoDk) {
+        // ---- dPᵀ = V·dOᵀ
+        float dp[kQT][4];
+#pragma unroll
+        for (int j = 0; j < kQT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dp[j][i] = 0.f;
+        bwd::mma_abt<E, kQT, Cfg::kKV, kCV, kCV>(dp, sV, warp, sDo(stage), offA_v, offB_v);
+
+        // ---- dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)), zero where P is
+        bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads,
+                             [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
+
+        // ---- dK += dSᵀ·Q (dS packed to 16 bits as A fragments)
+        u32 da[Cfg::kMK][4];
         pack_a<E>(da, dp);
         bwd::mma_rb<E, Cfg::kDQKTiles, Cfg::kMK, kCQ>(dk, da, sQ(stage), offA_q);
-      }
-      if constexpr (!Cfg::kDeterministic) {  // else dQ comes from backward_dq_det_kernel
-        // dSᵀ to shared memory (this warp's 16 key rows) for dQ = dS·K.
-        stage_packed<SwizzledRows<kCM>>(sDs, da, warp * 16 + g, t);
-        __syncthreads();
-
-        // ---- dQ(BLOCK_M x DQK) += dS·K: warp -> (16-row m-tile, column part), fp32 reductions
-        constexpr int kNQ = Cfg::kDqCols / 8;
-        const int mt = warp % (kBM / 16), part = warp / (kBM / 16);
-        float dq[kNQ][4];
-#pragma unroll
-        for (int j = 0; j < kNQ; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {  // over keys
-          u32 a[4];
-          // A = dS (rows = queries mt*16.., k = keys kk*16..) from dSᵀ [keys][queries]: .trans
-          ldmatrix_x4_trans(a, sDs + frag_at<kCM>(offB_m, kk, mt));
-#pragma unroll
-          for (int jp = 0; jp < kNQ / 2; ++jp) {
-            u32 bf[4];
-            ldmatrix_x4_trans(bf, sK + frag_at<kCQ>(offA_q, kk, part * (kNQ / 2) + jp));
-            mma_16816<E>(dq[2 * jp], a, bf[0], bf[1]);
-            mma_16816<E>(dq[2 * jp + 1], a, bf[2], bf[3]);
-          }
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int q = q0 + mt * 16 + g + 8 * hh;
-          if (q < len_q) {
-            float* row = dqa + (long long)q * Cfg::kHeadDimQK + part * Cfg::kDqCols + 2 * t;
-#pragma unroll
-            for (int j = 0; j < kNQ; ++j) {
-              // the zero chunk after an odd chunk count is computed, never stored
-              if (RowQK::kUsed != RowQK::kChunks && part * Cfg::kDqCols + 8 * j >= Cfg::kHeadDimQK) continue;
-              red_add_f32(row + 8 * j, dq[j][2 * hh]);
-              red_add_f32(row + 8 * j + 1, dq[j][2 * hh + 1]);
-            }
-          }
+        if constexpr (!Cfg::kDeterministic) {  // else dQ comes from backward_dq_det_kernel
+          // dSᵀ to shared memory (this warp's 16 key rows), then dQ += dS·K
+          stage_packed<SwizzledRows<kCM>>(sDs, da, warp * 16 + g, t);
+          __syncthreads();
+          bwd::add_dq<Cfg>(dqa, sDs, sK, q0, len_q, warp, g, t, offA_q, offB_m);
         }
       }
     }
@@ -492,13 +524,29 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   // 16-byte stores of this warp's rows; rows past len_kv are not written.
   const float kscale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
   const int row0 = warp * 16 + g;
-  stage_rows<E, SwizzledRows<kCQ>>(sK, dk, kscale, row0, t);
-  stage_rows<E, SwizzledRows<kCV>>(sV, dv, one, row0, t);
+  if constexpr (kDoDk) stage_rows<E, SwizzledRows<kCQ>>(sK, dk, kscale, row0, t);
+  if constexpr (kDoDv) stage_rows<E, SwizzledRows<kCV>>(sV, dv, one, row0, t);
   __syncwarp();
   E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
   E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
-  store_rows<16, RowQK::kChunks, 32, SwizzledRows<kCQ>>(dkg, p.dk_stride_n, sK, warp * 16, kv0, len_kv, lane);
-  store_rows<16, RowV::kChunks, 32, SwizzledRows<kCV>>(dvg, p.dv_stride_n, sV, warp * 16, kv0, len_kv, lane);
+  if constexpr (kDoDk)
+    store_rows<16, RowQK::kChunks, 32, SwizzledRows<kCQ>>(dkg, p.dk_stride_n, sK, warp * 16, kv0, len_kv,
+                                                          lane);
+  if constexpr (kDoDv)
+    store_rows<16, RowV::kChunks, 32, SwizzledRows<kCV>>(dvg, p.dv_stride_n, sV, warp * 16, kv0, len_kv,
+                                                         lane);
+}
+
+// One CTA of the dK/dV grid: all of it, or (a wide head) the part blockIdx.z names.
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
+                                                     const FaGradBuffers& grads) {
+  if constexpr (Cfg::kDkDvParts == 1)
+    backward_dkdv_part<Cfg, Mods, DkDvPart::kAll>(p, cap, grads);
+  else if (blockIdx.z == 0)
+    backward_dkdv_part<Cfg, Mods, DkDvPart::kDv>(p, cap, grads);
+  else
+    backward_dkdv_part<Cfg, Mods, DkDvPart::kDk>(p, cap, grads);
 }
 
 // ================================ dQ, deterministic =========================================

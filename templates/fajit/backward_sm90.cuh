@@ -70,6 +70,7 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
+  static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together (64/128 only)
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
 

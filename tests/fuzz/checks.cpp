@@ -323,19 +323,14 @@ std::string check_cpu(const Case& c, bool nvrtc, Stats* stats) {
     std::vector<fa::GeneratedKernel> gen;
     gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kForward)));
     gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kBlockMask)));
-    if (has_grad && fa::head_dim_mma(c.shape.dim_qk) + fa::head_dim_mma(c.shape.dim_v) > 256) {
-      // past the backward's register limit: refused with the limit named, never generated
-      std::string e = "no error";
+    if (has_grad) {
       try {
-        fa::generate(p, spec_of(c, fa::KernelKind::kBackward));
+        gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kBackward)));
       } catch (const fa::Error& err) {
-        e = err.what();
+        // a wide head's backward tiles past the arch's shared memory (sm_80: 256/256): refused
+        // with the limit named
+        if (std::string(err.what()).find("bytes of shared memory") == std::string::npos) throw;
       }
-      if (e.find("must be at most 256") == std::string::npos)
-        fail(fmt::format("backward at head dims {}/{} was not refused with the limit: {}", c.shape.dim_qk,
-                         c.shape.dim_v, e));
-    } else if (has_grad) {
-      gen.push_back(fa::generate(p, spec_of(c, fa::KernelKind::kBackward)));
     }
     st.sources += static_cast<int64_t>(gen.size());
     if (nvrtc) {

@@ -104,7 +104,8 @@ const std::vector<BwdCase>& cases() {
       with({"document2d_causal", f16, 128, 64, 2, 2, 1, 17, 1000}, "det_noncontig",
            [](BwdCase& c) { c.deterministic = true, c.noncontig = true; }),
       // Head dims beyond 64 / 128 (mma.sync): odd chunk counts (40, 80, 136), padded shared
-      // rows, QK != V; the backward takes head_dim_qk + head_dim_v <= 256.
+      // rows, QK != V; above 256 columns (192/128, 256/256, 200/72) the dK/dV grid splits in
+      // a dV part and a dK + dQ part (buffer gradients in the dK part only, once).
       {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},
       {"document_softcap", f16, 40, 40, 1, 4, 1, 17, 1000},
       {"alibi_slopes", bf16, 80, 80, 1, 4, 4, 1000, 4097},
@@ -114,6 +115,13 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.deterministic = true; }),
       with({"prefix_lm", f16, 80, 48, 1, 4, 2, 1000, 1000, 300}, "noncontig_dlse",
            [](BwdCase& c) { c.noncontig = true, c.dlse = true; }),
+      {"causal", bf16, 192, 128, 2, 4, 1, 1000, 1000},
+      {"relative_bias", f16, 256, 256, 1, 4, 2, 17, 1000},
+      {"document_softcap", bf16, 256, 256, 1, 2, 2, 1000, 1000},
+      with({"sliding", f16, 200, 72, 1, 4, 4, 1000, 4097, 200}, "dlse", [](BwdCase& c) { c.dlse = true; }),
+      with({"alibi_slopes", bf16, 192, 128, 1, 4, 2, 1000, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      with({"causal", f16, 256, 256, 2, 2, 1, 17, 1000}, "noncontig", [](BwdCase& c) { c.noncontig = true; }),
   };
   return all;
 }

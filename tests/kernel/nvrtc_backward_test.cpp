@@ -34,20 +34,28 @@ int main() {
                           mods ? "alibi+cau" : "noop", cfg.c_str(), c.seconds, c.regs, c.spill_stores,
                           c.spill_loads);
             }
-    // Other head-dim classes (mma.sync, sm_80): odd chunk counts, padded rows, QK != V.
-    for (auto [dqk, dv] : {std::pair{32, 32}, {40, 40}, {80, 80}, {96, 96}, {136, 112}})
+    // Other head-dim classes (mma.sync): odd chunk counts, padded rows, QK != V; above 256
+    // columns the split dK/dV grid (sm_90a: sm_80's shared memory does not hold them).
+    for (auto [dqk, dv] :
+         {std::pair{32, 32}, {40, 40}, {80, 80}, {96, 96}, {136, 112}, {192, 128}, {200, 72}, {256, 256}})
       for (int mods = 0; mods < 2; ++mods) {
-        const fa::TileConfig t =
-            fa::default_tile(dqk, dv, mods, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward);
+        const char* arch = dqk + dv > 256 ? "sm_90a" : "sm_80";
+        fa::KernelSpec spec;
+        spec.kind = fa::KernelKind::kBackward;
+        spec.dtype = fa::DType::bf16;
+        spec.head_dim_qk = dqk, spec.head_dim_v = dv;
+        spec.family = fa::KernelFamily::kMmaSync;
+        spec.arch = arch;
+        const fa::TileConfig t = spec.resolved(mods).tile;
         const std::string cfg =
             std::to_string(t.block_m) + ", " + std::to_string(t.warps) + ", 2, " + (mods ? "true" : "false");
         fa_test::Compiled c = fa_test::compile(
             fa_test::backward_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), "bf16_t",
                                      dqk, dv, cfg),
-            "sm_80", true, "fajit_bwd_dkdv");
+            arch, true, "fajit_bwd_dkdv");
         ++count;
         if (c.cubin.empty()) ++failures;
-        std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_80", "bf16_t", dqk, dv,
+        std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", arch, "bf16_t", dqk, dv,
                     mods ? "alibi+cau" : "noop", cfg.c_str(), c.seconds, c.regs, c.spill_stores,
                     c.spill_loads);
       }

@@ -354,10 +354,17 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(bwd(136, 112).to_string(), "backward bf16 qk136 v112 mma tile64x64w4s2 sm_80");
   EXPECT_EQ(bwd(96, 96, "sm_90a").family, fa::KernelFamily::kMmaSync);
   EXPECT_EQ(bwd(128, 128, "sm_90a").family, fa::KernelFamily::kWgmma);
+  // Above 256 columns the dK/dV grid has a dV part and a dK part (bwd_dkdv_parts).
+  EXPECT_EQ(bwd(192, 128).to_string(), "backward bf16 qk192 v128 mma tile64x64w4s2 sm_80");
+  EXPECT_EQ(bwd(192, 128, "sm_90a").to_string(), "backward bf16 qk192 v128 mma tile64x128w8s2 sm_90a");
+  EXPECT_EQ(bwd(256, 256, "sm_90a").to_string(), "backward bf16 qk256 v256 mma tile64x64w4s2 sm_90a");
+  EXPECT_EQ(fa::bwd_dkdv_parts(bwd(192, 128)), 2);
+  EXPECT_EQ(fa::bwd_dkdv_parts(bwd(136, 112)), 1);
+  EXPECT_EQ(fa::bwd_dkdv_parts(bwd(128, 128, "sm_90a")), 1);
   EXPECT_EQ(
-      error_of([&] { bwd(192, 128); }),
-      "the backward kernel keeps dK and dV of a warp's 16 keys in registers: head_dim_qk + head_dim_v (each "
-      "rounded up to a multiple of 16) must be at most 256, got 192 + 128");
+      error_of([&] { bwd(256, 256); }),
+      "the backward tile 64x64w4s2 needs 205824 bytes of shared memory at head dims 256/256; sm_80 allows at "
+      "most 166912 (no smaller tile fits either)");
   EXPECT_EQ(
       error_of([&] { bwd(128, 128, "sm_86"); }),
       "the backward tile 64x64w4s2 needs 107520 bytes of shared memory at head dims 128/128; sm_86 allows at "

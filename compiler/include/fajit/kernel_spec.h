@@ -81,7 +81,7 @@ struct CaptureSlot {
 // 16-column steps (head_dim_mma: an odd multiple of 8 computes one zero chunk more) and keep
 // shared rows in 64-element swizzle groups (head_dim_pitch: 80 -> 128); the wgmma kernels take
 // 64 and 128 (the backward equal ones), and kAuto falls back to mma.sync for the rest. The
-// mma.sync backward keeps dK and dV in registers: head_dim_mma(qk) + head_dim_mma(v) <= 256.
+// mma.sync backward splits its dK/dV grid above 256 columns (detail/codegen.h bwd_dkdv_parts).
 constexpr int kMinHeadDim = 32, kMaxHeadDim = 256;
 FA_API int head_dim_mma(int head_dim);
 FA_API int head_dim_pitch(int head_dim);

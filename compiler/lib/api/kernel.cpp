@@ -528,11 +528,11 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   rt::launch(pre, rt::Dim3(static_cast<unsigned>((shape.len_q + pre_rows - 1) / pre_rows), bh_q),
              rt::Dim3(kBwdAuxThreads), 0, st, pre_args);
   void* main_args[] = {&p, cap.data(), &grads};
-  rt::launch(dkdv,
-             rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),
-                      static_cast<unsigned>(shape.batch * shape.heads_kv)),
-             rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st,
-             main_args);
+  rt::launch(
+      dkdv,
+      rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),
+               static_cast<unsigned>(shape.batch * shape.heads_kv), static_cast<unsigned>(bwd_dkdv_parts(s))),
+      rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st, main_args);
   if (options.deterministic) {
     void* det_args[] = {&p, cap.data()};
     rt::launch(dq_fn,

@@ -450,9 +450,9 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
         "static_assert(FaBwdCfg::kSmemBytes == {}, \"host and template disagree on shared memory\");\n",
         g.spec.smem_bytes());
     os << fmt::format(
-        "static_assert(FaBwdCfg::kBlockN == {} && FaBwdCfg::kPreThreads == {},"
+        "static_assert(FaBwdCfg::kBlockN == {} && FaBwdCfg::kPreThreads == {} && FaBwdCfg::kDkDvParts == {},"
         " \"host and template disagree on the tiles\");\n",
-        t.block_n, kBwdAuxThreads);
+        t.block_n, kBwdAuxThreads, bwd_dkdv_parts(g.spec));
     os << fmt::format(
         "static_assert(FaBwdCfg::kPreRows == {} && FaBwdCfg::kDqRows == {},"
         " \"host and template disagree on the preprocess / dQ rows\");\n",

@@ -121,11 +121,6 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     // asked for; mma.sync (backward.cuh) everywhere else.
     const bool wgmma_ok = s.arch == "sm_90a" && wgmma_dims;
     s.family = s.family != KernelFamily::kMmaSync && wgmma_ok ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
-    if (s.family == KernelFamily::kMmaSync && head_dim_mma(s.head_dim_qk) + head_dim_mma(s.head_dim_v) > 256)
-      throw Error(fmt::format(
-          "the backward kernel keeps dK and dV of a warp's 16 keys in registers: head_dim_qk + head_dim_v "
-          "(each rounded up to a multiple of 16) must be at most 256, got {} + {}",
-          s.head_dim_qk, s.head_dim_v));
     const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, s.family, s.kind);
     std::vector<TileConfig> candidates = s.family == KernelFamily::kWgmma
                                              ? std::vector<TileConfig>{want}

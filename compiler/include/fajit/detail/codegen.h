@@ -37,6 +37,14 @@ inline int bwd_det_threads(const KernelSpec& s) { return s.tile.block_m / 16 * 3
 inline int bwd_det_smem_bytes(const KernelSpec& s) {
   return (s.tile.block_m + 2 * 64) * (head_dim_pitch(s.head_dim_qk) + head_dim_pitch(s.head_dim_v)) * 2;
 }
+// Parts of the dK/dV grid (BwdConfig::kDkDvParts, grid z): the mma.sync backward keeps dK and
+// dV of a warp's keys in registers together up to 256 columns (each head dim rounded up to 16);
+// a wider head runs a dV part and a dK (+ dQ) part.
+inline int bwd_dkdv_parts(const KernelSpec& s) {
+  return s.family == KernelFamily::kMmaSync && head_dim_mma(s.head_dim_qk) + head_dim_mma(s.head_dim_v) > 256
+             ? 2
+             : 1;
+}
 // Rows per CTA of the preprocess (V rows) and dQ-conversion (QK rows) kernels: a power of two
 // lanes per row, one 16-byte chunk each (BwdConfig::kPreRows / kDqRows).
 inline int bwd_aux_rows(int head_dim) {
