@@ -36,7 +36,8 @@ from torch import Tensor
 from . import Program, _capi
 from ._trace import Buffer, Scalar, _name_hints, check_mod, trace
 
-__all__ = ["flex_attention", "create_block_mask", "BlockMask", "noop_mask", "and_masks", "or_masks"]
+__all__ = ["flex_attention", "flex_attention_varlen", "create_block_mask", "BlockMask", "noop_mask", "and_masks",
+           "or_masks"]
 
 _DTYPES = {torch.float16: ("f16", _capi.F16), torch.bfloat16: ("bf16", _capi.BF16)}
 _lock = threading.RLock()
@@ -620,3 +621,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if return_lse:
         return out, lse
     return out
+
+
+# ragged / paged batches (forward only): defined beside, on the helpers above
+from ._varlen import flex_attention_varlen  # noqa: E402
