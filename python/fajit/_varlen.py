@@ -3,7 +3,8 @@ different lengths) batches and paged KV caches, forward only, through the C API'
 fajit_kernel_forward_ex (the library's fa::Sequences; runtime/include/fajit/sequences.h).
 
 Imported by fajit.torch (its public home), whose variant, kernel, block-mask and C-struct
-helpers it shares: import fajit.torch, not this module.
+helpers it shares (imported at the end: fajit.torch imports this module at its own end, and
+either may be imported first).
 """
 from __future__ import annotations
 
@@ -16,9 +17,6 @@ import torch
 from torch import Tensor
 
 from . import _capi
-from .torch import (_VARIANTS, _bind, _block_mask_args, _ccaptures, _check_cuda, _check_dtype, _check_head_dims,
-                    _check_heads, _check_one_device, _check_one_dtype, _check_scale, _check_types, _ctensor, _kernel,
-                    _mask_for, _rows, _stream, _variant_key)
 
 __all__ = ["flex_attention_varlen"]
 
@@ -237,3 +235,9 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
 _NO_BACKWARD = ("flex_attention_varlen: {} with grad mode on, but ragged / paged layouts are forward only (fajit "
                 "has no backward for them); call it under torch.no_grad() or torch.inference_mode(), or pass "
                 "detached tensors")
+
+
+# fajit.torch's helpers, read when called (this module is imported at the end of fajit.torch)
+from .torch import (_VARIANTS, _bind, _block_mask_args, _ccaptures, _check_cuda, _check_dtype,  # noqa: E402
+                    _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale, _check_types,
+                    _ctensor, _kernel, _mask_for, _rows, _stream, _variant_key)

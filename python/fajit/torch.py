@@ -16,6 +16,9 @@ as the custom ops fajit::flex_fwd / fajit::flex_bwd (torch.library.custom_op, wi
 implementations and autograd), on the current CUDA stream of the query's device, so
 torch.compile keeps them in its graph.
 
+flex_attention_varlen (fajit._varlen, on the same helpers) takes ragged (packed) batches and
+paged KV caches, forward only, as the custom op fajit::flex_varlen_fwd.
+
 Inside torch.compile, define mods outside the compiled function (module level or closures made
 before): the trace runs once at compile time (torch._dynamo.assume_constant_result) and the
 captured tensors reach the graph from a module-level registry.
