@@ -13,7 +13,7 @@ import os
 import threading
 
 __all__ = ["lib", "FajitError", "check", "library_path", "Tensor", "Options", "Captures", "BufferCapture",
-           "ScalarCapture", "CaptureInfo", "BlockMaskInfo", "DTYPES"]
+           "ScalarCapture", "CaptureInfo", "BlockMaskInfo", "ForwardOptions", "forward_options", "DTYPES", "PATHS"]
 
 # fajit_status
 OK, INVALID_ARGUMENT, COMPILE, CUDA, IO, INTERNAL = range(6)
@@ -23,6 +23,10 @@ _STATUS = {INVALID_ARGUMENT: "invalid argument", COMPILE: "compile error", CUDA:
 # fajit_dtype
 F16, BF16, F32, I32 = 0, 1, 2, 3
 DTYPES = {"f16": F16, "bf16": BF16, "f32": F32, "i32": I32}
+
+# fajit_forward_path
+PATH_AUTO, PATH_PREFILL, PATH_DECODE = 0, 1, 2
+PATHS = {"auto": PATH_AUTO, "prefill": PATH_PREFILL, "decode": PATH_DECODE}
 
 # fajit_block_table
 TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
@@ -70,6 +74,14 @@ class BlockMaskInfo(C.Structure):
                 ("num_kv_blocks", C.c_int)]
 
 
+class ForwardOptions(C.Structure):
+    """fajit_forward_options; start from forward_options() (struct_size set by the library)."""
+    _fields_ = [("struct_size", C.c_size_t), ("scale", C.c_float), ("path", C.c_int), ("decode_splits", C.c_int),
+                ("cu_seqlens_q", C.POINTER(Tensor)), ("cu_seqlens_k", C.POINTER(Tensor)),
+                ("seqlens_k", C.POINTER(Tensor)), ("page_table", C.POINTER(Tensor)), ("max_seqlen_q", C.c_int),
+                ("max_seqlen_k", C.c_int), ("check_tables", C.c_int)]
+
+
 _P = C.c_void_p
 _PT = C.POINTER(Tensor)
 _PC = C.POINTER(Captures)
@@ -106,6 +118,8 @@ _SIGNATURES = {
     "fajit_block_mask_density": (C.c_int, [_P, C.POINTER(C.c_double), C.POINTER(C.c_int64),
                                            C.POINTER(C.c_int64), C.POINTER(C.c_int64)]),
     "fajit_kernel_forward": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, C.c_float, _P, _PC, _P]),
+    "fajit_forward_options_init": (None, [C.POINTER(ForwardOptions)]),
+    "fajit_kernel_forward_ex": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, C.POINTER(ForwardOptions), _P, _PC, _P]),
     "fajit_kernel_backward": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, C.c_float, _P,
                                         _PC, _PC, C.c_int, _P]),
 }
@@ -177,3 +191,14 @@ def check(status, what=None):
 
 def text(p):
     return (p or b"").decode("utf-8", "replace")
+
+
+def forward_options():
+    """A fajit_forward_options set to the defaults by the library (fajit_forward_options_init),
+    checked to be the layout this module mirrors."""
+    o = ForwardOptions()
+    lib().fajit_forward_options_init(C.byref(o))
+    if o.struct_size != C.sizeof(ForwardOptions):
+        raise FajitError(INTERNAL, f"{_path}: fajit_forward_options is {o.struct_size} bytes there and "
+                         f"{C.sizeof(ForwardOptions)} in this fajit package; they are from different versions")
+    return o

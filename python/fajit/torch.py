@@ -16,6 +16,9 @@ as the custom ops fajit::flex_fwd / fajit::flex_bwd (torch.library.custom_op, wi
 implementations and autograd), on the current CUDA stream of the query's device, so
 torch.compile keeps them in its graph.
 
+flex_attention_varlen (fajit._varlen, on the same helpers) takes ragged (packed) batches and
+paged KV caches, forward only, as the custom op fajit::flex_varlen_fwd.
+
 Inside torch.compile, define mods outside the compiled function (module level or closures made
 before): the trace runs once at compile time (torch._dynamo.assume_constant_result) and the
 captured tensors reach the graph from a module-level registry.
@@ -36,7 +39,8 @@ from torch import Tensor
 from . import Program, _capi
 from ._trace import Buffer, Scalar, _name_hints, check_mod, trace
 
-__all__ = ["flex_attention", "create_block_mask", "BlockMask", "noop_mask", "and_masks", "or_masks"]
+__all__ = ["flex_attention", "flex_attention_varlen", "create_block_mask", "BlockMask", "noop_mask", "and_masks",
+           "or_masks"]
 
 _DTYPES = {torch.float16: ("f16", _capi.F16), torch.bfloat16: ("bf16", _capi.BF16)}
 _lock = threading.RLock()
@@ -490,40 +494,111 @@ _flex_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 # ---- flex_attention -------------------------------------------------------------------------
 
-def _check_inputs(query, key, value, enable_gqa):
-    for name, t in (("query", query), ("key", key), ("value", value)):
+def _check_types(named):
+    for name, t in named:
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions [B, H, L, E], got shape {list(t.shape)}")
-        if t.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+
+
+def _check_cuda(name, t):
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
+
+
+def _check_dtype(name, t):
+    if t.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+
+
+def _check_one_device(query, key, value):
     if key.device != query.device or value.device != query.device:
         raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device}, "
                          f"{value.device}")
+
+
+def _check_one_dtype(query, key, value):
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise ValueError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
-    B, Hq, L, E = query.shape
-    if key.shape[0] != B or value.shape[0] != B:
-        raise ValueError(f"key and value must have query's batch size {B}, got {key.shape[0]} and {value.shape[0]}")
-    if key.shape[3] != E:
-        raise ValueError(f"key's head dim must be query's ({E}), got {key.shape[3]}")
-    if value.shape[1] != key.shape[1] or value.shape[2] != key.shape[2]:
-        raise ValueError(f"value must have key's heads and length {list(key.shape[1:3])}, got "
-                         f"{list(value.shape[1:3])}")
-    Hkv = key.shape[1]
+
+
+def _check_heads(Hq, Hkv, enable_gqa):
     if Hq != Hkv:
         if not enable_gqa:
             raise ValueError(f"query has {Hq} heads and key {Hkv}: pass enable_gqa=True for grouped-query attention")
         if Hq % Hkv != 0:
             raise ValueError(f"enable_gqa: query heads ({Hq}) must be a multiple of key heads ({Hkv})")
+
+
+def _check_head_dims(query, key, value):
+    """Head dims are the last dimension in every layout."""
+    E = query.shape[-1]
+    if key.shape[-1] != E:
+        raise ValueError(f"key's head dim must be query's ({E}), got {key.shape[-1]}")
     for name, t in (("query", query), ("value", value)):
-        d = t.shape[3]
+        d = t.shape[-1]
         if d % 8 != 0 or not 32 <= d <= 256:
             raise ValueError(f"{name}: fajit takes head dims that are multiples of 8 from 32 to 256, got {d}")
+
+
+def _check_scale(scale):
+    """scale as the C API takes it (0.0: 1/sqrt(E))."""
+    if scale is None:
+        return 0.0
+    if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def _check_inputs(query, key, value, enable_gqa):
+    _check_types((("query", query), ("key", key), ("value", value)))
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_cuda(name, t)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions [B, H, L, E], got shape {list(t.shape)}")
+        _check_dtype(name, t)
+    _check_one_device(query, key, value)
+    _check_one_dtype(query, key, value)
+    B = query.shape[0]
+    if key.shape[0] != B or value.shape[0] != B:
+        raise ValueError(f"key and value must have query's batch size {B}, got {key.shape[0]} and {value.shape[0]}")
+    if value.shape[1] != key.shape[1] or value.shape[2] != key.shape[2]:
+        raise ValueError(f"value must have key's heads and length {list(key.shape[1:3])}, got "
+                         f"{list(value.shape[1:3])}")
+    _check_heads(query.shape[1], key.shape[1], enable_gqa)
+    _check_head_dims(query, key, value)
+
+
+def _block_mask_args(block_mask, B, H, L, S, device, notes):
+    """(mask_mod, kv tables, mask info) of a block_mask argument for [B, H, L, S] (None: no mask).
+    notes: how errors describe the call, templates of "lens" (L, S), "sizes" (B, H), "len_q" (L)."""
+    if block_mask is None:
+        return None, [], [L, S, 128, 128]
+    if not hasattr(block_mask, "kv_num_blocks"):
+        raise TypeError(f"block_mask must be a BlockMask, got {type(block_mask).__name__}")
+    lens = getattr(block_mask, "seq_lengths", None)
+    if lens is not None and (int(lens[0]), int(lens[1])) != (L, S):
+        raise ValueError(f"block_mask was created for Q_LEN={lens[0]}, KV_LEN={lens[1]}; "
+                         + notes["lens"].format(L=L, S=S))
+    bs = block_mask.BLOCK_SIZE if isinstance(block_mask.BLOCK_SIZE, tuple) else (block_mask.BLOCK_SIZE,) * 2
+    nb = block_mask.kv_num_blocks.shape
+    if nb[0] not in (1, B) or nb[1] not in (1, H):
+        raise ValueError(f"block_mask was created for B={nb[0]}, H={nb[1]}; " + notes["sizes"].format(B=B, H=H))
+    if nb[2] != (L + bs[0] - 1) // bs[0]:
+        raise ValueError(f"block_mask has {nb[2]} query blocks of {bs[0]}; " + notes["len_q"].format(L=L)
+                         + f" needs {(L + bs[0] - 1) // bs[0]}")
+    if block_mask.kv_num_blocks.device != device:
+        raise ValueError(f"block_mask is on {block_mask.kv_num_blocks.device}, query on {device}")
+    mask_mod = block_mask.mask_mod
+    if mask_mod is not None and getattr(mask_mod, "__name__", "") == "noop_mask":
+        mask_mod = None
+    tables = [block_mask.kv_num_blocks, block_mask.kv_indices]
+    if block_mask.full_kv_num_blocks is not None:
+        tables += [block_mask.full_kv_num_blocks, block_mask.full_kv_indices]
+    return mask_mod, tables, [L, S, int(bs[0]), int(bs[1])]
+
+
+_FLEX_NOTES = {"lens": "query has L={L} and key S={S}", "sizes": "query has B={B}, H={H}",
+               "len_q": "query length {L}"}
 
 
 def _rows(t):
@@ -540,39 +615,16 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     _check_inputs(query, key, value, enable_gqa)
     B, Hq, L, E = query.shape
     S = key.shape[2]
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    mask_mod = None
-    tables = []
-    if block_mask is not None:
-        if not hasattr(block_mask, "kv_num_blocks"):
-            raise TypeError(f"block_mask must be a BlockMask, got {type(block_mask).__name__}")
-        lens = getattr(block_mask, "seq_lengths", None)
-        if lens is not None and (int(lens[0]), int(lens[1])) != (L, S):
-            raise ValueError(f"block_mask was created for Q_LEN={lens[0]}, KV_LEN={lens[1]}; query has L={L} and key "
-                             f"S={S}")
-        bs = block_mask.BLOCK_SIZE if isinstance(block_mask.BLOCK_SIZE, tuple) else (block_mask.BLOCK_SIZE,) * 2
-        nb = block_mask.kv_num_blocks.shape
-        if nb[0] not in (1, B) or nb[1] not in (1, Hq):
-            raise ValueError(f"block_mask was created for B={nb[0]}, H={nb[1]}; query has B={B}, H={Hq}")
-        if nb[2] != (L + bs[0] - 1) // bs[0]:
-            raise ValueError(f"block_mask has {nb[2]} query blocks of {bs[0]}; query length {L} needs "
-                             f"{(L + bs[0] - 1) // bs[0]}")
-        if block_mask.kv_num_blocks.device != query.device:
-            raise ValueError(f"block_mask is on {block_mask.kv_num_blocks.device}, query on {query.device}")
-        mask_mod = block_mask.mask_mod
-        if mask_mod is not None and getattr(mask_mod, "__name__", "") == "noop_mask":
-            mask_mod = None
-        tables = [block_mask.kv_num_blocks, block_mask.kv_indices]
-        if block_mask.full_kv_num_blocks is not None:
-            tables += [block_mask.full_kv_num_blocks, block_mask.full_kv_indices]
-        info = [L, S, int(bs[0]), int(bs[1])]
-    else:
-        info = [L, S, 128, 128]
+    scale = _check_scale(scale)
+    mask_mod, tables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _FLEX_NOTES)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
-    out, lse = torch.ops.fajit.flex_fwd(_rows(query), _rows(key), _rows(value), vkey,
-                                        float(scale) if scale is not None else 0.0, tables, info, buffers, scalars)
+    out, lse = torch.ops.fajit.flex_fwd(_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers,
+                                        scalars)
     if return_lse:
         return out, lse
     return out
+
+
+# ragged / paged batches (forward only): defined beside, on the helpers above
+from ._varlen import flex_attention_varlen  # noqa: E402

@@ -1,0 +1,243 @@
+"""fajit.torch.flex_attention_varlen: flex_attention over ragged ("varlen": packed sequences of
+different lengths) batches and paged KV caches, forward only, through the C API's
+fajit_kernel_forward_ex (the library's fa::Sequences; runtime/include/fajit/sequences.h).
+
+Imported by fajit.torch (its public home), whose variant, kernel, block-mask and C-struct
+helpers it shares (imported at the end: fajit.torch imports this module at its own end, and
+either may be imported first).
+"""
+from __future__ import annotations
+
+import ctypes as C
+import math
+import operator
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _capi
+
+__all__ = ["flex_attention_varlen"]
+
+_TABLES = ("cu_seqlens_q", "cu_seqlens_k", "seqlens_k", "page_table")
+_TABLE_SHAPES = {"cu_seqlens_q": "[B+1]", "cu_seqlens_k": "[B+1]", "seqlens_k": "[B]",
+                 "page_table": "[B, max_pages]"}
+# (rank, shape) of key and value ({E}: E or Ev) per key layout
+_KV_LAYOUTS = {"packed": (3, "[total_k, Hkv, {E}] (cu_seqlens_k given: packed keys)"),
+               "paged": (4, "[num_pages, page_size, Hkv, {E}] (page_table given: a page pool)"),
+               "dense": (4, "[B, Hkv, S, {E}] (neither cu_seqlens_k nor page_table given)")}
+_NOTES = {"lens": "the call has max_seqlen_q={L} and max_seqlen_k={S}",
+          "sizes": "the call has B={B} sequences and H={H} query heads", "len_q": "max_seqlen_q={L}"}
+
+
+def _out_shapes(q, v, packed_q):
+    """out and lse shapes: packed [total_q, Hq, Dv] and [Hq, total_q], else [B, Hq, L, Dv] and [B, Hq, L]."""
+    if packed_q:
+        total, Hq = q.shape[0], q.shape[1]
+        return (total, Hq, v.shape[-1]), (Hq, total)
+    B, Hq, L = q.shape[0], q.shape[1], q.shape[2]
+    return (B, Hq, L, v.shape[-1]), (B, Hq, L)
+
+
+@torch.library.custom_op("fajit::flex_varlen_fwd", mutates_args=())
+def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                seqlens_k: Optional[Tensor], page_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
+                scalars: List[Tensor], path: int, decode_splits: int,
+                check_tables: bool) -> Tuple[Tensor, Tensor]:
+    oshape, lshape = _out_shapes(q, v, cu_seqlens_q is not None)
+    out = torch.empty(oshape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lshape, dtype=torch.float32, device=q.device)
+    # What the library takes no tensors for (it wants data): no query at all, or no key at all
+    # (every row then attends to nothing: 0 and -inf, as the kernels write for an empty sequence).
+    if max_seqlen_q == 0 or q.numel() == 0:
+        return out, lse
+    if max_seqlen_k == 0 or k.numel() == 0 or v.numel() == 0:
+        return out.zero_(), lse.fill_(-math.inf)
+    var = _VARIANTS[variant]
+    keep = []
+    with torch.cuda.device(q.device):
+        kern = _kernel(var, q.dtype, q.shape[-1], v.shape[-1], q.device)
+        mask = _mask_for(tables, mask_info, 0, 0, q.device)
+        caps = _ccaptures(var, buffers, scalars, keep)
+        ts = [_ctensor(t) for t in (q, k, v, out, lse)]
+        opts = _capi.forward_options()
+        opts.scale, opts.path, opts.decode_splits, opts.check_tables = scale, path, decode_splits, int(check_tables)
+        for name, t in zip(_TABLES, (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)):
+            if t is not None:
+                ct = _ctensor(t)
+                keep.append(ct)
+                setattr(opts, name, C.pointer(ct))
+        # the library takes max_seqlen_* only with the tables they bound (dense: the tensor's length)
+        opts.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
+        opts.max_seqlen_k = max_seqlen_k if cu_seqlens_k is not None or page_table is not None else 0
+        _capi.check(_capi.lib().fajit_kernel_forward_ex(
+            kern.handle, *[C.byref(t) for t in ts], C.byref(opts), mask.h, C.byref(caps), _stream(q.device)),
+            "flex_attention_varlen")
+    return out, lse
+
+
+@_varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table, max_seqlen_q, max_seqlen_k, variant, scale, tables,
+      mask_info, buffers, scalars, path, decode_splits, check_tables):
+    oshape, lshape = _out_shapes(q, v, cu_seqlens_q is not None)
+    return q.new_empty(oshape), q.new_empty(lshape, dtype=torch.float32)
+
+
+def _length(name, value):
+    """A non-negative Python int (or another integer type that is not a tensor, e.g. numpy's)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, (bool, Tensor)) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        value = operator.index(value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _max_length(name, value, table, dense_len):
+    """max_seqlen_q / _k: required with its table (`table` names it), else the dense length (or None)."""
+    if table is not None:
+        if value is None:
+            raise ValueError(f"{name} is required with {table}: the most {'queries' if name.endswith('q') else 'keys'}"
+                             f" of any sequence, a Python int (fajit does not read the table back: that would "
+                             f"synchronize with the GPU)")
+        return _length(name, value)
+    if value is not None and _length(name, value) != dense_len:
+        raise ValueError(f"{name}: dense {'queries' if name.endswith('q') else 'keys'} hold {dense_len} per sequence "
+                         f"(dimension 2), got {name}={value}; leave it None")
+    return dense_len
+
+
+def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                          max_seqlen_k=None, *, seqlens_k=None, page_table=None, score_mod=None, block_mask=None,
+                          scale=None, enable_gqa=False, return_lse=False, path="auto", decode_splits=0,
+                          check_tables=False):
+    """flex_attention over ragged (packed, variable-length) batches and paged KV caches: forward
+    only (inference). Positional arguments follow flash-attn's flash_attn_varlen_func.
+
+    Queries (fp16/bf16; E and Ev multiples of 8 from 32 to 256):
+      packed, cu_seqlens_q given: query [total_q, Hq, E], sequence b's queries are rows
+          cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1; returns out [total_q, Hq, Ev] and (return_lse)
+          lse [Hq, total_q] (flash-attn's varlen LSE layout). Rows no sequence covers are left unwritten.
+      dense, no cu_seqlens_q: query [B, Hq, L, E] (flex_attention's; flash-attn's [B, L, Hq, E] is
+          query.transpose(1, 2)); returns out [B, Hq, L, Ev] and lse [B, Hq, L].
+    Keys and values (Hq a multiple of Hkv; enable_gqa=True when they differ):
+      packed, cu_seqlens_k given: key [total_k, Hkv, E], value [total_k, Hkv, Ev].
+      paged, page_table and seqlens_k given: key [num_pages, page_size, Hkv, E] and value
+          [num_pages, page_size, Hkv, Ev] pools; key j of sequence b is row j % page_size of page
+          page_table[b, j // page_size], and it has seqlens_k[b] keys (vLLM's block tables: entries
+          past a sequence's pages are never read).
+      dense, neither: key [B, Hkv, S, E], value [B, Hkv, S, Ev]; with seqlens_k, a padded cache
+          (flash_attn_with_kvcache's cache_seqlens): keys at or past seqlens_k[b] are never read.
+    Tables are int32 CUDA tensors on query's device: cu_seqlens_q / cu_seqlens_k [B+1] (non-
+    decreasing offsets), seqlens_k [B], page_table [B, max_pages]. max_seqlen_q / max_seqlen_k are
+    Python ints, the most queries / keys of any sequence: required with cu_seqlens_q / with
+    cu_seqlens_k or page_table (dense tensors have theirs in dimension 2: leave them None). The
+    tables can change from call to call without compiling anything.
+
+    score_mod and block_mask work as in flex_attention; the mods see each sequence's own
+    positions (q_idx and kv_idx from 0 at its first query and key) and its index b. The block
+    mask is for [B or 1, H or 1, max_seqlen_q, max_seqlen_k]:
+    create_block_mask(mask_mod, None, None, max_seqlen_q, max_seqlen_k). q_idx >= kv_idx is
+    causal from each sequence's start (top-left); with more keys than queries (decoding, chunked
+    prefill), shift it with a captured tensor: q_idx + (seqlens_k[b] - seqlens_q[b]) >= kv_idx.
+    A query row left without any key (none, or all masked) gives 0 and an LSE of -inf.
+
+    scale: as flex_attention's (None: 1/sqrt(E)). path: "auto" (the split-KV decoding kernel for
+    short queries: max_seqlen_q <= 64, else the prefill kernel), "prefill", or "decode"
+    (max_seqlen_q <= 64); decode_splits: the decoding kernel's KV splits (0: enough to fill the
+    GPU). check_tables=True copies the tables to the host and checks them before the launch
+    (synchronizing the stream; a debugging aid): otherwise tables that break the rules above are
+    undefined behaviour.
+
+    Forward only: the library has no backward for these layouts, so with grad mode on, a query,
+    key or value (or a float tensor the score_mod reads) that requires grad raises
+    NotImplementedError; run under torch.no_grad() or torch.inference_mode(). Runs as the custom
+    op fajit::flex_varlen_fwd on the current CUDA stream (torch.compile keeps it in its graph;
+    max_seqlen_* are constants there)."""
+    # 1. What every argument is, without touching a device (these run without a GPU).
+    _check_types((("query", query), ("key", key), ("value", value)))
+    given = {n: t for n, t in zip(_TABLES, (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)) if t is not None}
+    _check_types(given.items())
+    if not given:
+        raise ValueError("flex_attention_varlen: give cu_seqlens_q, cu_seqlens_k, page_table (with seqlens_k) or "
+                         "seqlens_k; without any, use flex_attention")
+    for name, t in given.items():
+        rank = 2 if name == "page_table" else 1
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dimension{'s' if rank > 1 else ''} {_TABLE_SHAPES[name]}, got "
+                             f"shape {list(t.shape)}")
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if cu_seqlens_k is not None and page_table is not None:
+        raise ValueError("cu_seqlens_k and page_table: keys are either packed or paged, give one")
+    if cu_seqlens_k is not None and seqlens_k is not None:
+        raise ValueError("cu_seqlens_k and seqlens_k: packed keys take their counts from cu_seqlens_k, give one")
+    if page_table is not None and seqlens_k is None:
+        raise ValueError("page_table needs seqlens_k (each sequence's key count)")
+    packed_q = cu_seqlens_q is not None
+    kv = "packed" if cu_seqlens_k is not None else "paged" if page_table is not None else "dense"
+    q_layout = ((3, "[total_q, Hq, E] (cu_seqlens_q given: packed queries)") if packed_q
+                else (4, "[B, Hq, L, E] (no cu_seqlens_q: dense queries)"))
+    for name, t, (rank, layout) in (("query", query, q_layout), ("key", key, _KV_LAYOUTS[kv]),
+                                    ("value", value, _KV_LAYOUTS[kv])):
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dimensions {layout.format(E='Ev' if name == 'value' else 'E')}"
+                             f", got shape {list(t.shape)}")
+        _check_dtype(name, t)
+    _check_one_dtype(query, key, value)
+    _check_heads(query.shape[1], key.shape[2] if kv == "paged" else key.shape[1], enable_gqa)
+    _check_head_dims(query, key, value)
+    L = _max_length("max_seqlen_q", max_seqlen_q, "cu_seqlens_q" if packed_q else None,
+                    None if packed_q else query.shape[2])
+    S = _max_length("max_seqlen_k", max_seqlen_k, {"packed": "cu_seqlens_k", "paged": "page_table"}.get(kv),
+                    key.shape[2] if kv == "dense" else None)
+    scale = _check_scale(scale)
+    if not isinstance(path, str) or path not in _capi.PATHS:
+        raise ValueError(f"path must be 'auto', 'prefill' or 'decode', got {path!r}")
+    decode_splits = _length("decode_splits", decode_splits)
+    if torch.is_grad_enabled():
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.requires_grad:
+                raise NotImplementedError(_NO_BACKWARD.format(f"{name} requires grad"))
+
+    # 2. Where they are.
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_cuda(name, t)
+    _check_one_device(query, key, value)
+    for name, t in given.items():
+        if t.device != query.device:
+            raise ValueError(f"{name} must be on query's device ({query.device}), got {t.device}")
+
+    # 3. The variant and the call (the library checks the tables against each other and the tensors).
+    B = (cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else cu_seqlens_k.shape[0] - 1
+         if cu_seqlens_k is not None else (seqlens_k if seqlens_k is not None else page_table).shape[0])
+    Hq = query.shape[1]
+    mask_mod, mtables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _NOTES)
+    vkey = _variant_key(score_mod, mask_mod)
+    buffers, scalars = _bind(vkey, query.device, "score_mod")
+    if torch.is_grad_enabled():
+        var = _VARIANTS[vkey]
+        for name, b in zip(var.buffer_names, buffers):
+            if b.requires_grad and var.gradient.get(name, False):
+                raise NotImplementedError(_NO_BACKWARD.format(f"score_mod reads '{name}', which requires grad"))
+    tabs = [_rows(t) if t is not None else None for t in (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)]
+    out, lse = torch.ops.fajit.flex_varlen_fwd(_rows(query), _rows(key), _rows(value), *tabs, L, S, vkey, scale,
+                                               mtables, info, [b.detach() for b in buffers], scalars,
+                                               _capi.PATHS[path], decode_splits, bool(check_tables))
+    if return_lse:
+        return out, lse
+    return out
+
+
+_NO_BACKWARD = ("flex_attention_varlen: {} with grad mode on, but ragged / paged layouts are forward only (fajit "
+                "has no backward for them); call it under torch.no_grad() or torch.inference_mode(), or pass "
+                "detached tensors")
+
+
+# fajit.torch's helpers, read when called (this module is imported at the end of fajit.torch)
+from .torch import (_VARIANTS, _bind, _block_mask_args, _ccaptures, _check_cuda, _check_dtype,  # noqa: E402
+                    _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale, _check_types,
+                    _ctensor, _kernel, _mask_for, _rows, _stream, _variant_key)
