@@ -10,7 +10,9 @@ Shape (issue "head dims, split-KV decoding"): B=4 Hq=32 Hkv=8 D=128, no mask (ev
 every key; causal-at-the-end is the same work), Lq queries over Lkv keys. Every backend's output
 is checked against fp32 SDPA math on expanded K/V (rel. error < 2e-2) before timing; a backend
 that fails or refuses the shape is n/a with its error in the notes; times are
-triton.testing.do_bench medians; GB/s counts the K+V bytes read (the bound of a decode).
+triton.testing.do_bench medians; GB/s counts the K+V bytes read (the bound of a decode). fajit is
+timed twice: the eager Python call (host cost included when it exceeds the GPU's) and the same
+call replayed from a CUDA graph (GPU time only).
 Writes the table to stdout and as markdown to $OUT/decode.md (or --out).
 """
 import argparse
@@ -92,6 +94,16 @@ def main():
             row["fajit_err"] = err
             row["fajit"] = bench(lambda: ft.flex_attention(q, k, v, block_mask=fmask, enable_gqa=True)) \
                 if err < 2e-2 else float("nan")
+            row["fajit_graph"] = float("nan")  # the same call replayed from a CUDA graph: GPU time only
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    gout = ft.flex_attention(q, k, v, block_mask=fmask, enable_gqa=True)
+                graph.replay()
+                assert torch.equal(gout, out), "the graph's output differs from the eager call's"
+                row["fajit_graph"] = bench(graph.replay)
+            except Exception as e:
+                row["fajit_graph_note"] = f"{type(e).__name__}: {str(e)[:100]}"
 
             for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                 try:
@@ -121,17 +133,19 @@ def main():
 
     lines = [f"Decoding, {dev}, {datetime.date.today()}: bf16 B={B} Hq={Hq} Hkv={Hkv} D={D}, no mask; "
              "ms (TB/s of K+V read)", "",
-             "| Lq | Lkv | fajit | flex | SDPA flash | SDPA cuDNN | copy K,V (TB/s read+write) | fajit / flex | "
-             "fajit TB/s / copy TB/s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| Lq | Lkv | fajit | fajit, CUDA graph | flex | SDPA flash | SDPA cuDNN | copy K,V (TB/s read+write) | "
+             "fajit / flex | fajit TB/s / copy TB/s | graph TB/s / copy TB/s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         n = r["kv_bytes"]
-        cells = [f"{r[x]:.3f} ({tbs(r[x], n):.2f})" for x in ("fajit", "flex", "flash", "cudnn")]
+        cells = [f"{r[x]:.3f} ({tbs(r[x], n):.2f})" for x in ("fajit", "fajit_graph", "flex", "flash", "cudnn")]
         cells.append(f"{r['copy']:.3f} ({tbs(r['copy'], 2 * n):.2f})")
+        copy = tbs(r['copy'], 2 * n)
         lines.append(f"| {r['lq']} | {r['lkv']} | " + " | ".join(cells) +
-                     f" | {r['flex'] / r['fajit']:.2f}x | {tbs(r['fajit'], n) / tbs(r['copy'], 2 * n):.2f} |")
+                     f" | {r['flex'] / r['fajit']:.2f}x | {tbs(r['fajit'], n) / copy:.2f} | "
+                     f"{tbs(r['fajit_graph'], n) / copy:.2f} |")
     notes = [f"- Lq={r['lq']} Lkv={r['lkv']} {x}: {r[x + '_note']}" for r in rows
-             for x in ("flex", "flash", "cudnn") if x + "_note" in r]
+             for x in ("flex", "fajit_graph", "flash", "cudnn") if x + "_note" in r]
     if notes:
         lines += ["", "Notes:"] + notes
     text = "\n".join(lines)

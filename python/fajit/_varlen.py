@@ -40,12 +40,11 @@ def _out_shapes(q, v, packed_q):
     return (B, Hq, L, v.shape[-1]), (B, Hq, L)
 
 
-@torch.library.custom_op("fajit::flex_varlen_fwd", mutates_args=())
-def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                seqlens_k: Optional[Tensor], page_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
-                scalars: List[Tensor], path: int, decode_splits: int,
-                check_tables: bool) -> Tuple[Tensor, Tensor]:
+def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                     seqlens_k: Optional[Tensor], page_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                     variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
+                     scalars: List[Tensor], path: int, decode_splits: int,
+                     check_tables: bool) -> Tuple[Tensor, Tensor]:
     oshape, lshape = _out_shapes(q, v, cu_seqlens_q is not None)
     out = torch.empty(oshape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lshape, dtype=torch.float32, device=q.device)
@@ -76,6 +75,11 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
             kern.handle, *[C.byref(t) for t in ts], C.byref(opts), mask.h, C.byref(caps), _stream(q.device)),
             "flex_attention_varlen")
     return out, lse
+
+
+# The op for torch.compile; an eager call runs _varlen_fwd_impl directly (no autograd here,
+# and the custom op's dispatch costs more host time than a short decode).
+_varlen_fwd = torch.library.custom_op("fajit::flex_varlen_fwd", mutates_args=())(_varlen_fwd_impl)
 
 
 @_varlen_fwd.register_fake
@@ -224,9 +228,9 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
             if b.requires_grad and var.gradient.get(name, False):
                 raise NotImplementedError(_NO_BACKWARD.format(f"score_mod reads '{name}', which requires grad"))
     tabs = [_rows(t) if t is not None else None for t in (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)]
-    out, lse = torch.ops.fajit.flex_varlen_fwd(_rows(query), _rows(key), _rows(value), *tabs, L, S, vkey, scale,
-                                               mtables, info, [b.detach() for b in buffers], scalars,
-                                               _capi.PATHS[path], decode_splits, bool(check_tables))
+    op = torch.ops.fajit.flex_varlen_fwd if torch.compiler.is_compiling() else _varlen_fwd_impl
+    out, lse = op(_rows(query), _rows(key), _rows(value), *tabs, L, S, vkey, scale, mtables, info,
+                  [b.detach() for b in buffers], scalars, _capi.PATHS[path], decode_splits, bool(check_tables))
     if return_lse:
         return out, lse
     return out

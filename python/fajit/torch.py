@@ -155,10 +155,9 @@ def _ctensor(t, code=None):
     x.data = t.data_ptr()
     x.dtype = code if code is not None else (_DTYPES[t.dtype][1] if t.dtype in _DTYPES else
                                              _capi.F32 if t.dtype == torch.float32 else _capi.I32)
-    x.rank = t.dim()
-    for i, (s, st) in enumerate(zip(t.shape, t.stride())):
-        x.shape[i] = s
-        x.stride[i] = st
+    x.rank = n = t.dim()
+    x.shape[:n] = t.shape
+    x.stride[:n] = t.stride()
     return x
 
 
@@ -396,9 +395,8 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
 
 # ---- the custom ops -------------------------------------------------------------------------
 
-@torch.library.custom_op("fajit::flex_fwd", mutates_args=())
-def _flex_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, tables: List[Tensor],
-              mask_info: List[int], buffers: List[Tensor], scalars: List[Tensor]) -> Tuple[Tensor, Tensor]:
+def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, tables: List[Tensor],
+                   mask_info: List[int], buffers: List[Tensor], scalars: List[Tensor]) -> Tuple[Tensor, Tensor]:
     B, Hq, Lq, D = q.shape
     Dv = v.shape[3]
     out = torch.empty((B, Hq, Lq, Dv), dtype=q.dtype, device=q.device)
@@ -414,6 +412,19 @@ def _flex_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, table
             kern.handle, *[C.byref(t) for t in ts], scale, mask.h, C.byref(caps), _stream(q.device)),
             "flex_attention")
     return out, lse
+
+
+# The op for autograd and torch.compile; an eager call that needs no gradient runs
+# _flex_fwd_impl directly (the custom op's dispatch costs more host time than a short decode).
+_flex_fwd = torch.library.custom_op("fajit::flex_fwd", mutates_args=())(_flex_fwd_impl)
+
+
+def _needs_op(tensors):
+    """Whether a forward must go through the custom op: inside torch.compile, or when autograd
+    would record it (grad mode on and an input that requires grad)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 @_flex_fwd.register_fake
@@ -619,8 +630,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     mask_mod, tables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _FLEX_NOTES)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
-    out, lse = torch.ops.fajit.flex_fwd(_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers,
-                                        scalars)
+    args = (_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers, scalars)
+    if _needs_op((query, key, value, *buffers)):
+        out, lse = torch.ops.fajit.flex_fwd(*args)
+    else:
+        out, lse = _flex_fwd_impl(*args)
     if return_lse:
         return out, lse
     return out
