@@ -759,6 +759,8 @@ def _torch_name(func):
     q = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
     if q.startswith("TensorBase.") or q.startswith("Tensor."):
         return "Tensor." + q.split(".", 1)[1]
+    if q.startswith("_VariableFunctionsClass."):  # torch.cumsum and friends (some torch versions)
+        return "torch." + q.split(".", 1)[1]
     return f"{'torch' if mod.startswith('torch') else mod}.{q}" if mod else q
 
 
@@ -774,9 +776,17 @@ def _torch_call(func, args, kwargs):
 def _make_mode():
     import torch
 
+    T = torch.Tensor
+    # What a captured tensor is asked about while it is traced (its rank, dtype, shape): answered,
+    # never traced (a captured 0-d tensor is otherwise traced on every call, .dim() included).
+    metadata = {T.dim, T.size, T.is_floating_point, T.numel, T.dtype.__get__, T.shape.__get__, T.ndim.__get__,
+                T.device.__get__, T.requires_grad.__get__, T.is_cuda.__get__}
+
     class _TraceMode(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func in metadata:
+                return func(*args, **kwargs)
             if _has_value(args) or _has_value(list(kwargs.values())):
                 return _torch_call(func, args, kwargs)
             return func(*args, **kwargs)
