@@ -378,7 +378,13 @@ int run(const Config& cfg, std::ostream& out) {
     bool nvrtc = cfg.only_case >= 0 || (cfg.nvrtc_every > 0 && k % cfg.nvrtc_every == 0);
     if (cfg.verbose) out << fmt::format("case {}:\n{}", k, describe(c));
     std::string err = check_cpu(c, nvrtc, &st);
-    if (err.empty() && cfg.gpu) err = check_gpu(c);
+    if (err.empty() && cfg.gpu) {
+      try {  // a library error on a valid case is a finding of this case, not the end of the run
+        err = check_gpu(c);
+      } catch (const std::exception& e) {
+        err = std::string("GPU check threw: ") + e.what();
+      }
+    }
     ++ran;
     if (err.empty()) continue;
     ++failures;

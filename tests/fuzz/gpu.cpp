@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -223,10 +224,15 @@ std::string check_gpu(const Case& c) {
   fa::Kernel k = fa::compile(program, opts);
   fa::rt::ContextGuard guard;
 
-  // Captures: the case's buffers on the device, its scalars.
+  // Captures: the case's buffers on the device, its scalars; only those the program still reads
+  // (simplification may drop a read, e.g. a scalar under a folded condition, and the kernel
+  // refuses a capture it does not have).
+  std::set<std::string> read;
+  for (const fa::Program::Capture& pc : program.captures()) read.insert(pc.name);
   fa::Captures cap;
   std::vector<fa::rt::DeviceBuffer> keep;
   for (const BufferSpec& b : c.buffers) {
+    if (!read.count(b.name)) continue;
     size_t bytes = (b.is_float ? b.f.size() : b.i.size()) * 4;
     keep.emplace_back(bytes);
     keep.back().upload(
@@ -237,6 +243,7 @@ std::string check_gpu(const Case& c) {
                            : fa::TensorView(keep.back().as<void>(), dt, {b.shape[0], b.shape[1]}));
   }
   for (const ScalarSpec& sc : c.scalars) {
+    if (!read.count(sc.name)) continue;
     if (sc.is_float)
       cap.scalar(sc.name, static_cast<float>(sc.value));
     else
