@@ -497,7 +497,8 @@ def _backward(ctx, dout, dlse):
     dq, dk, dv, dbufs = _flex_bwd(dout, dlse, q, k, v, out, lse, ctx.variant, ctx.scale, list(tables),
                                   ctx.mask_info, list(buffers), list(scalars), ctx.buffer_grads)
     gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
-    return dq, dk, dv, None, None, None, None, gb, None
+    # one entry per input, tensor lists as long as the input lists (torch checks the structure)
+    return dq, dk, dv, None, None, [None] * len(tables), None, gb, [None] * len(scalars)
 
 
 _flex_fwd.register_autograd(_backward, setup_context=_setup_context)
