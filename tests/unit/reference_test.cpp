@@ -262,6 +262,29 @@ TEST(Reference, FullyMaskedRowsGiveZeroAndMinusInf) {
   for (double l : all.lse) EXPECT_EQ(l, -std::numeric_limits<double>::infinity());
 }
 
+// A row whose every unmasked score is NaN is NaN (softmax of NaN), not a fully masked row; one
+// NaN among finite scores makes the row NaN too. Causal: row 0 has one key, later rows several.
+TEST(Reference, NanScoresPropagateNotMask) {
+  Problem p;
+  fa::ModProgram nan_at_0 = compile_mod(
+      "fa.score_mod @nan0(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
+      "  %z = arith.constant 0 : i32\n"
+      "  %c = arith.cmpi eq, %kv, %z : i32\n"
+      "  %n = arith.constant 0x7FC00000 : f32\n"
+      "  %r = arith.select %c, %n, %score : f32\n"
+      "  fa.yield %r : f32\n"
+      "}\n");
+  fa::ModProgram causal = compile_mod(kCausal);
+  fa::ReferenceOptions opt;
+  opt.score_mod = &nan_at_0;
+  opt.mask_mod = &causal;
+  auto got = fa::reference_attention(p.shape(), p.q.data(), p.k.data(), p.v.data(), opt);
+  for (size_t row = 0; row < got.lse.size(); ++row) {
+    EXPECT_TRUE(std::isnan(got.lse[row])) << "lse[" << row << "]";
+    for (int d = 0; d < p.Dv; ++d) EXPECT_TRUE(std::isnan(got.out[row * p.Dv + d])) << "out row " << row;
+  }
+}
+
 TEST(Reference, GqaMapsQueryHeadsToKvGroups) {
   Problem p;
   // Same problem with K/V repeated per query head (Hkv = Hq) must give the same answer.

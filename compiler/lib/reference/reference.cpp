@@ -83,6 +83,7 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
       for (int i = 0; i < s.len_q; ++i) {
         const float* qrow = q + b * qs[0] + h * qs[1] + i * qs[2];
         double m = neg_inf;
+        bool nan_score = false;
         for (int j = 0; j < s.len_kv; ++j) {
           if (mask_mod && !mask_mod->mask(b, h, i, j)) {
             row[j] = neg_inf;
@@ -96,8 +97,15 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
           if (score_mod) sc = static_cast<double>(score_mod->score(static_cast<float>(sc), b, h, i, j));
           row[j] = sc;
           if (sc > m) m = sc;  // a NaN score does not set the max; it propagates below
+          nan_score |= std::isnan(sc);
         }
         const size_t ri = (static_cast<size_t>(b) * s.heads_q + h) * s.len_q + i;
+        if (m == neg_inf && nan_score) {  // only NaN scores (and masked ones): NaN, as softmax gives
+          const double nan = std::numeric_limits<double>::quiet_NaN();
+          std::fill_n(&r.out[ri * s.dim_v], s.dim_v, nan);
+          r.lse[ri] = nan;
+          continue;
+        }
         if (m == neg_inf) continue;  // fully masked: out 0, lse -inf
         double sum = 0;
         double* o = &r.out[ri * s.dim_v];
