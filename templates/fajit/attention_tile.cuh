@@ -261,18 +261,19 @@ struct SoftmaxRows {
   }
 
   // After the last step: reduces l over the quad to the full row sums and gives inv[hh] =
-  // 1 / row sum (0 for a row with no unmasked score, so its output is 0).
+  // 1 / row sum (0 for a row with no unmasked score, so its output is 0; NaN for a row with a
+  // NaN score, which the max skips and the sum keeps: NaN output, as softmax gives).
   __device__ __forceinline__ void finish(float (&inv)[2]) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       l[hh] = quad_sum(l[hh]);
-      inv[hh] = l[hh] > 0.f ? 1.f / l[hh] : 0.f;
+      inv[hh] = !(l[hh] <= 0.f) ? 1.f / l[hh] : 0.f;
     }
   }
   // After finish(): the row's log-sum-exp of the scores in natural log, max + log(row sum)
-  // (-inf for a row with no unmasked score).
+  // (-inf for a row with no unmasked score, NaN for a row with a NaN score).
   __device__ __forceinline__ float lse(int hh, float sl2) const {
-    return l[hh] > 0.f ? (m[hh] * sl2 + lg2(l[hh])) * kLn2 : -INFINITY;
+    return !(l[hh] <= 0.f) ? (m[hh] * sl2 + lg2(l[hh])) * kLn2 : -INFINITY;
   }
 };
 

@@ -288,11 +288,16 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
   }
 
   float m = -INFINITY;
-  for (int s = 0; s < dp.splits; ++s) m = fmaxf(m, dp.lse_part[s * part_rows + row]);
-  float sum = 0.f;
-  if (m != -INFINITY)
+  bool nan_part = false;  // a part with a NaN score: the row is NaN (out and LSE), as softmax gives
+  for (int s = 0; s < dp.splits; ++s) {
+    const float x = dp.lse_part[s * part_rows + row];
+    m = fmaxf(m, x);
+    nan_part |= x != x;
+  }
+  float sum = nan_part ? __int_as_float(0x7fc00000) : 0.f;  // quiet NaN
+  if (m != -INFINITY && !nan_part)
     for (int s = 0; s < dp.splits; ++s) sum += ex2((dp.lse_part[s * part_rows + row] - m) * kLog2e);
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const float inv = !(sum <= 0.f) ? 1.f / sum : 0.f;
 
   // Each lane's column pairs 2 lane + 64 i; every part's weight computed once, then applied
   // to all of them.
@@ -320,7 +325,7 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     if (c < kDV) st_global_b32(og + c, pack2<E>(acc[i][0] * inv, acc[i][1] * inv));
   }
   if (p.lse != nullptr && lc.lane == 0)
-    p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = sum > 0.f ? m + lg2(sum) * kLn2 : -INFINITY;
+    p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = !(sum <= 0.f) ? m + lg2(sum) * kLn2 : -INFINITY;
 }
 
 // The kernel for a layout: dense as is; ragged / paged on the CTA's sequence.
