@@ -225,17 +225,31 @@ __device__ __forceinline__ float softmax_log2_scale(bool has_score_mod, float sc
 }
 
 // Running max m (of x, not of x·sl2) and per-thread partial sum l of a thread's two rows.
+//
+// Each row's probabilities are relative to a reference R(m) in log2 units: p = exp2(x·sl2 - R),
+// l = Σ p, LSE·log2(e) = R + log2(l). While |m·sl2| < 2^24, R is m·sl2 rounded to f32 and
+// p = exp2(fma(x, sl2, -R)) is one FFMA (the exact product minus R: the largest p is within
+// 2^±0.5 of 1, and LSE stays exact). From 2^24 on, R's rounding (half an ulp, 1 and more)
+// would push the largest p to 2^±ulp/2 — past f32's (and f16's) range from about 2^31 — so such
+// a row subtracts first: R is the exact m·sl2 and p = exp2((x - m)·sl2) <= 1. resid(m) =
+// m·sl2 - R(m) (exact, from an FMA) lets the rescale and the LSE use either form.
 struct SoftmaxRows {
   float m[2], l[2];
+
+  static constexpr float kExactFrom = 16777216.f;  // 2^24: |m·sl2| from which p is formed exactly
+  static __device__ __forceinline__ float resid(float mx, float sl2) {
+    const float r = __fmul_rn(mx, sl2);
+    return fabsf(r) < kExactFrom ? fmaf(mx, sl2, -r) : 0.f;
+  }
 
   __device__ __forceinline__ void init() {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f;
   }
 
-  // Folds an S fragment in: S becomes P = exp2(S·sl2 - m_new·sl2) in place, l is rescaled and
-  // grows, and alpha[hh] = exp2((m_old - m_new)·sl2) is what O's rows must be multiplied by.
-  // A row with nothing unmasked yet keeps m = -inf and subtracts 0, never -inf (no NaN).
+  // Folds an S fragment in: S becomes P = exp2(S·sl2 - R(m_new)) in place, l is rescaled and
+  // grows, and alpha[hh] = exp2(R(m_old) - R(m_new)) is what O's rows must be multiplied by.
+  // A row with nothing unmasked yet keeps m = -inf, R = 0 (masked scores give p = 0, no NaN).
   template <int kNT>
   __device__ __forceinline__ void step(float (&s)[kNT][4], float (&alpha)[2], float sl2) {
 #pragma unroll
@@ -244,18 +258,32 @@ struct SoftmaxRows {
 #pragma unroll
       for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
       mx = quad_max(mx);
-      const float sub = mx == -INFINITY ? 0.f : mx * sl2;
-      alpha[hh] = ex2(m[hh] * sl2 - sub);
+      const float sub = mx == -INFINITY ? 0.f : __fmul_rn(mx, sl2);
+      alpha[hh] = mx == -INFINITY ? 1.f
+                  : m[hh] == -INFINITY
+                      ? 0.f
+                      : ex2(fmaf(m[hh] - mx, sl2, resid(mx, sl2) - resid(m[hh], sl2)));
       m[hh] = mx;
       float rs = 0.f;
+      if (fabsf(sub) < kExactFrom) {
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+        for (int j = 0; j < kNT; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = ex2(fmaf(s[j][2 * hh + e], sl2, -sub));
-          s[j][2 * hh + e] = pv;
-          rs += pv;
-        }
+          for (int e = 0; e < 2; ++e) {
+            const float pv = ex2(fmaf(s[j][2 * hh + e], sl2, -sub));
+            s[j][2 * hh + e] = pv;
+            rs += pv;
+          }
+      } else {  // a huge row (or m = +inf: then p is 0, or NaN for the +inf scores, as softmax)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = ex2(__fmul_rn(s[j][2 * hh + e] - mx, sl2));
+            s[j][2 * hh + e] = pv;
+            rs += pv;
+          }
+      }
       l[hh] = l[hh] * alpha[hh] + rs;  // quad-reduced once, in finish()
     }
   }
@@ -270,10 +298,10 @@ struct SoftmaxRows {
       inv[hh] = !(l[hh] <= 0.f) ? 1.f / l[hh] : 0.f;
     }
   }
-  // After finish(): the row's log-sum-exp of the scores in natural log, max + log(row sum)
+  // After finish(): the row's log-sum-exp of the scores in natural log, (R + log2(l))·ln 2
   // (-inf for a row with no unmasked score, NaN for a row with a NaN score).
   __device__ __forceinline__ float lse(int hh, float sl2) const {
-    return !(l[hh] <= 0.f) ? (m[hh] * sl2 + lg2(l[hh])) * kLn2 : -INFINITY;
+    return !(l[hh] <= 0.f) ? fmaf(m[hh], sl2, lg2(l[hh]) - resid(m[hh], sl2)) * kLn2 : -INFINITY;
   }
 };
 

@@ -183,6 +183,12 @@ __device__ __forceinline__ RowStats row_stats(const FaBwdParams& p, int b, int h
   const float lse = p.lse[b * p.lse_stride_b + hq * p.lse_stride_h + q];
   return {lse == -INFINITY ? INFINITY : lse * kLog2e, p.delta[((long long)b * p.heads_q + hq) * p.len_q + q]};
 }
+// P = exp2(x·sl2 - LSE·log2e) of one element; 0 for a query with no key or past len_q (lse2 =
+// +inf) whatever its score is: a padded row's score may be NaN (0/0 of a zero Q row) and must
+// reach neither dK/dV nor a buffer gradient.
+__device__ __forceinline__ float prob(float x, float sl2, float lse2) {
+  return lse2 == INFINITY ? 0.f : ex2(fmaf(x, sl2, -lse2));
+}
 // Rows q0..q0+kRows-1 of them into shared memory (fp32: LSE·log2e at s_lse, Δ at s_delta) by
 // kThreads threads (`tid` among them); plain stores (a row may not fill a 16-byte chunk).
 template <int kRows, int kThreads>
@@ -232,7 +238,7 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
                           ? mod_score<Mods, true>(s[j][i], q, kr.kv_c[hh], kr.kv_row[hh] < len_kv, is_full,
                                                   scale, b, hq, cap)
                           : mod_score<Mods, false>(s[j][i], q, kr.kv_c[hh], true, is_full, scale, b, hq, cap);
-      s[j][i] = ex2(fmaf(x, sl2, -((i & 1) ? l2.y : l2.x)));
+      s[j][i] = prob(x, sl2, (i & 1) ? l2.y : l2.x);
     }
   }
 }
@@ -647,7 +653,7 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[j][i] = ex2(fmaf(s[j][i], sl2, -lse2[i >> 1]));
+      for (int i = 0; i < 4; ++i) s[j][i] = bwd::prob(s[j][i], sl2, lse2[i >> 1]);
 
     // ---- dP = dO·Vᵀ, dS = grad(P∘(dP - Δ)), zero where P is
     bwd::mma_abt<E, kNT, Cfg::kKV, kCV, kCV>(dp, sDo, warp, sV(stage), offA_v, offB_v);

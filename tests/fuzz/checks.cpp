@@ -377,13 +377,23 @@ int run(const Config& cfg, std::ostream& out) {
     st.long_seqs += std::max(c.shape.len_q, c.shape.len_kv) > 2048;
     bool nvrtc = cfg.only_case >= 0 || (cfg.nvrtc_every > 0 && k % cfg.nvrtc_every == 0);
     if (cfg.verbose) out << fmt::format("case {}:\n{}", k, describe(c));
+    auto tc = clock::now();
     std::string err = check_cpu(c, nvrtc, &st);
+    st.t_cpu += std::chrono::duration<double>(clock::now() - tc).count();
     if (err.empty() && cfg.gpu) {
+      // One line per case, flushed before the kernels run: a case that hangs or crashes the
+      // process is the last one named in its log.
+      out << fmt::format("case {} ...", k) << std::flush;
+      auto tg = clock::now();
+      const double inner = st.t_compile + st.t_reference;
       try {  // a library error on a valid case is a finding of this case, not the end of the run
-        err = check_gpu(c);
+        err = check_gpu(c, &st);
       } catch (const std::exception& e) {
         err = std::string("GPU check threw: ") + e.what();
       }
+      const double took = std::chrono::duration<double>(clock::now() - tg).count();
+      st.t_gpu_other += took - (st.t_compile + st.t_reference - inner);
+      out << fmt::format(" {} {:.1f} s\n", err.empty() ? "ok" : "FAILED", took) << std::flush;
     }
     ++ran;
     if (err.empty()) continue;
@@ -396,6 +406,7 @@ int run(const Config& cfg, std::ostream& out) {
     }
     out << fmt::format("FAIL seed {} case {}: {}\n{}{}replay: {} fuzz --seed {} --case {}{}\n\n", cfg.seed, k,
                        err, describe(c), mlir, cfg.self, cfg.seed, k, cfg.gpu ? " --gpu" : "");
+    out << std::flush;
   }
   double secs = std::chrono::duration<double>(clock::now() - t0).count();
   out << fmt::format(
@@ -409,6 +420,15 @@ int run(const Config& cfg, std::ostream& out) {
       ran, ran == 1 ? "" : "s", failures, failures == 1 ? "" : "s", secs, st.points, st.nonfinite_scores,
       st.blocks, st.undecided, st.fd_checked, st.fd_skipped, st.no_derivative, st.sources, st.nvrtc,
       st.text_cases, st.identity_scores, st.gqa, st.long_seqs);
+  if (cfg.gpu)
+    out << fmt::format(
+        "  gpu: {} forwards, {} ragged/paged layouts, {} backwards compared with the float64 reference; {} "
+        "rows in {} cases over the bound but inside the reference's f32 envelope (ill-conditioned)\n"
+        "  time: {:.1f} s CPU checks, {:.1f} s fa::compile (NVRTC), {:.1f} s float64 references, {:.1f} s "
+        "the "
+        "rest (inputs, kernels, comparisons)\n",
+        st.gpu_forward, st.gpu_layouts, st.gpu_backward, st.ill_rows, st.ill_cases, st.t_cpu, st.t_compile,
+        st.t_reference, st.t_gpu_other);
   return failures;
 }
 

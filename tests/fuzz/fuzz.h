@@ -209,12 +209,19 @@ struct Stats {
   int64_t no_derivative = 0;               // score_mods the differentiation pass refused (as expected)
   int64_t sources = 0, nvrtc = 0;          // generated sources, NVRTC compiles
   int64_t text_cases = 0, identity_scores = 0, gqa = 0, long_seqs = 0;  // the case mix
+  // GPU mode: cases whose forward / ragged-paged layouts / backward were compared, and where the
+  // time went (seconds: CPU checks, fa::compile incl. NVRTC, float64 references, the rest).
+  int64_t gpu_forward = 0, gpu_layouts = 0, gpu_backward = 0;
+  // Forward rows over the bound but inside the reference's f32 rounding envelope (gpu.cpp
+  // compare_forward: ill-conditioned score_mods), and the cases that had any.
+  int64_t ill_rows = 0, ill_cases = 0;
+  double t_cpu = 0, t_compile = 0, t_reference = 0, t_gpu_other = 0;
 };
 
 // One case's CPU checks; returns "" or the failure text (the first failing check).
 std::string check_cpu(const Case& c, bool nvrtc, Stats* stats = nullptr);
 // One case's GPU checks (tests/fuzz/gpu.cpp); "" or the failure text.
-std::string check_gpu(const Case& c);
+std::string check_gpu(const Case& c, Stats* stats = nullptr);
 // Why the GPU mode cannot run here ("" when it can).
 std::string gpu_unavailable();
 

@@ -6,6 +6,7 @@
 // non-finite only where the reference's is.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -51,6 +52,257 @@ Compared compare(const std::vector<double>& got, const std::vector<double>& ref)
   return c;
 }
 
+// Adds the scope's duration to `*into` (a Stats timer; none when null).
+class Timed {
+ public:
+  explicit Timed(double* into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    if (into_) *into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double* into_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// The element with the largest error (or the first non-finite mismatch) of `got` vs `ref`.
+size_t worst(const std::vector<double>& got, const std::vector<double>& ref) {
+  size_t at = 0;
+  double err = -1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const bool fin = std::isfinite(ref[i]) && std::isfinite(got[i]);
+    const bool same = fin || (std::isnan(ref[i]) && std::isnan(got[i])) || got[i] == ref[i];
+    const double e = !same ? INFINITY : fin ? std::fabs(got[i] - ref[i]) : 0;
+    if (e > err) err = e, at = i;
+  }
+  return at;
+}
+
+// What the float64 reference saw in query row (b, h, i) of the dense case: masked keys, NaN and
+// ±inf scores (score_mod results in f32, as both sides evaluate them) and the range of the finite
+// ones, so a failure shows whether it is about non-finite or huge scores.
+std::string describe_row(const Case& c, const fa::Program& program, const fa::Bindings& env,
+                         const fa::RoundedTensor& q, const fa::RoundedTensor& kk, int b, int h, int i,
+                         int len_kv) {
+  const Shape& s = c.shape;
+  const fa::BoundMod sm = fa::ModProgram::score_of(program).bind(env),
+                     mm = fa::ModProgram::mask_of(program).bind(env);
+  const int hk = h / (s.heads_q / s.heads_kv);
+  const double scale = 1.0 / std::sqrt(double(s.dim_qk));
+  int masked = 0, nan = 0, pinf = 0, ninf = 0, first_odd = -1, at_max = -1, at_min = -1;
+  double lo = INFINITY, hi = -INFINITY;
+  for (int j = 0; j < len_kv; ++j) {
+    if (!mm.mask(b, h, i, j)) {
+      ++masked;
+      continue;
+    }
+    double dot = 0;
+    for (int d = 0; d < s.dim_qk; ++d)
+      dot += double(q.values[((size_t(b) * s.heads_q + h) * s.len_q + i) * s.dim_qk + d]) *
+             double(kk.values[((size_t(b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk + d]);
+    const float sc = sm.score(static_cast<float>(dot * scale), b, h, i, j);
+    if (std::isnan(sc) || std::isinf(sc)) {
+      (std::isnan(sc) ? nan : sc > 0 ? pinf : ninf)++;
+      if (first_odd < 0) first_odd = j;
+      continue;
+    }
+    if (sc > hi) hi = sc, at_max = j;
+    if (sc < lo) lo = sc, at_min = j;
+  }
+  std::string r = fmt::format("row b {} h {} q {}: {} keys, {} masked, {} NaN, {} +inf, {} -inf scores", b, h,
+                              i, s.len_kv, masked, nan, pinf, ninf);
+  if (first_odd >= 0) r += fmt::format(" (first non-finite at kv {})", first_odd);
+  if (at_max >= 0)
+    r += fmt::format("; finite scores in [{:.6g} (kv {}), {:.6g} (kv {})]", lo, at_min, hi, at_max);
+  return r;
+}
+
+// ---- the forward's comparison, with the reference's own rounding envelope -----------------
+// A query row of the comparison: batch b, head h, query i over its first len_kv keys (the dense
+// case: all of them; a ragged sequence: its own).
+struct RowId {
+  int b, h, i, len_kv;
+};
+
+// What the forward comparison needs to re-evaluate rows.
+struct RowContext {
+  const Case& c;
+  const fa::BoundMod& score;
+  const fa::BoundMod& mask;
+  const fa::RoundedTensor &q, &k, &v;
+};
+
+// One row of the float64 reference (the same arithmetic as fa::reference_attention), each q·k
+// first moved by `dir`·ε·Σ|q_d·k_d| with ε = Dqk·2^-24 — the bound of the kernels' f32
+// accumulation of Dqk exact products — dir = +1, -1, or random signs per key when `dir` is 0.
+void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64& rng, double* out,
+                   double* lse) {
+  const Shape& s = x.c.shape;
+  const int hk = r.h / (s.heads_q / s.heads_kv);
+  const double scale = 1.0 / std::sqrt(double(s.dim_qk)), eps = s.dim_qk * 0x1p-24;
+  const float* qr = &x.q.values[((size_t(r.b) * s.heads_q + r.h) * s.len_q + r.i) * s.dim_qk];
+  std::vector<double> row(size_t(r.len_kv));
+  double m = -INFINITY;
+  bool nan_score = false;
+  for (int j = 0; j < r.len_kv; ++j) {
+    if (!x.mask.mask(r.b, r.h, r.i, j)) {
+      row[j] = -INFINITY;
+      continue;
+    }
+    const float* kr = &x.k.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk];
+    double dot = 0, mag = 0;
+    for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
+    const int sign = dir != 0 ? dir : (rng() & 1) ? 1 : -1;
+    const double sc = x.score.score(static_cast<float>((dot + sign * eps * mag) * scale), r.b, r.h, r.i, j);
+    row[j] = sc;
+    if (sc > m) m = sc;
+    nan_score |= std::isnan(sc);
+  }
+  std::fill_n(out, s.dim_v, 0.0);
+  *lse = -INFINITY;
+  if (m == -INFINITY && nan_score) {
+    std::fill_n(out, s.dim_v, NAN);
+    *lse = NAN;
+    return;
+  }
+  if (m == -INFINITY) return;
+  double sum = 0;
+  for (int j = 0; j < r.len_kv; ++j) {
+    if (row[j] == -INFINITY) continue;
+    const double p = std::exp(row[j] - m);
+    sum += p;
+    const float* vr = &x.v.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_v];
+    for (int d = 0; d < s.dim_v; ++d) out[d] += p * vr[d];
+  }
+  for (int d = 0; d < s.dim_v; ++d) out[d] /= sum;
+  *lse = m + std::log(sum);
+}
+
+// The LSE bound: 2e-2 absolute, plus what f32 can hold of a large LSE (it is stored as f32 and
+// formed as (R + log2 l)·ln 2: a few of its ulps).
+double lse_bound(double ref) { return 2e-2 + std::fabs(ref) * 0x1p-21; }
+
+bool same_nonfinite(double got, double ref) {
+  return (std::isnan(ref) && std::isnan(got)) || (std::isinf(ref) && got == ref);
+}
+
+// Is row r of the kernel inside the reference's envelope: each element (and the LSE) within
+// the bound of the span of the reference and its three perturbed re-evaluations, NaN or ±inf
+// only where one of them is?
+bool inside_envelope(const RowContext& x, const RowId& r, const double* got, double got_lse,
+                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng) {
+  const int DV = x.c.shape.dim_v;
+  std::vector<std::vector<double>> outs(4, std::vector<double>(ref, ref + DV));
+  std::vector<double> lses(4, ref_lse);
+  for (int dir = -1; dir <= 1; ++dir)
+    reference_row(x, r, dir, rng, outs[size_t(dir + 2)].data(), &lses[size_t(dir + 2)]);
+  auto inside = [&](double g, auto value_of, double slack) {
+    double lo = INFINITY, hi = -INFINITY;
+    bool nonfinite_ok = false;
+    for (size_t v = 0; v < 4; ++v) {
+      const double w = value_of(v);
+      if (std::isfinite(w))
+        lo = std::min(lo, w), hi = std::max(hi, w);
+      else
+        nonfinite_ok |= same_nonfinite(g, w);
+    }
+    if (!std::isfinite(g)) return nonfinite_ok;
+    return lo <= hi && g >= lo - slack && g <= hi + slack;
+  };
+  double mag = 0;
+  for (int d = 0; d < DV; ++d)
+    if (std::isfinite(ref[d])) mag = std::max(mag, std::fabs(ref[d]));
+  for (int d = 0; d < DV; ++d)
+    if (!inside(
+            got[d], [&](size_t v) { return outs[v][size_t(d)]; }, tol * std::max(mag, 1e-3)))
+      return false;
+  return inside(
+      got_lse, [&](size_t v) { return lses[v]; }, lse_bound(ref_lse));
+}
+
+// The forward's check over rows (out [rows][Dv], lse [rows]): out relative error (2-norm over
+// the finite reference entries) within `tol`, LSE within lse_bound, NaN/inf only where the
+// reference has them. Rows over the bound (at most 256, worst first) are re-evaluated under
+// the f32 accumulation envelope (reference_row); those inside it are ill-conditioned — a
+// score_mod amplifying rounding — and left out of the verdict, counted in `st`.
+std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
+                            const std::vector<double>& got, const std::vector<double>& ref,
+                            const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
+                            double tol, std::mt19937_64& rng, Stats* st, const fa::Program& program,
+                            const fa::Bindings& env) {
+  const size_t DV = size_t(x.c.shape.dim_v), n = rows.size();
+  std::vector<double> num(n, 0), den(n, 0);
+  std::vector<char> bad(n, 0);  // a non-finite mismatch or an LSE over its bound
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t d = 0; d < DV; ++d) {
+      const double g = got[r * DV + d], w = ref[r * DV + d];
+      if (!std::isfinite(g) || !std::isfinite(w)) {
+        bad[r] |= !same_nonfinite(g, w);
+        continue;
+      }
+      num[r] += (g - w) * (g - w), den[r] += w * w;
+    }
+    const double gl = got_lse[r], wl = ref_lse[r];
+    bad[r] |=
+        std::isfinite(gl) && std::isfinite(wl) ? std::fabs(gl - wl) > lse_bound(wl) : !same_nonfinite(gl, wl);
+  }
+  std::vector<char> left_out(n, 0);
+  auto verdict = [&](size_t* worst_row) {
+    double tn = 0, td = 0;
+    bool any_bad = false;
+    double worst = -1;
+    for (size_t r = 0; r < n; ++r) {
+      if (left_out[r]) continue;
+      tn += num[r], td += den[r];
+      const double e = bad[r] ? INFINITY : num[r] / std::max(den[r], 1e-30);
+      if (e > worst) worst = e, *worst_row = r;
+      any_bad |= bad[r] != 0;
+    }
+    const double rel = td > 0 ? std::sqrt(tn / td) : std::sqrt(tn);
+    return std::pair{!any_bad && rel <= tol, rel};
+  };
+  size_t worst_row = 0;
+  if (verdict(&worst_row).first) return "";
+  // Suspects: the rows over the bound themselves, worst first.
+  std::vector<size_t> suspects;
+  for (size_t r = 0; r < n; ++r)
+    if (bad[r] || num[r] > 0.25 * tol * tol * den[r] + 1e-12) suspects.push_back(r);
+  std::sort(suspects.begin(), suspects.end(), [&](size_t a, size_t b) {
+    auto key = [&](size_t r) { return bad[r] ? INFINITY : num[r] / std::max(den[r], 1e-30); };
+    return key(a) > key(b);
+  });
+  int64_t ill = 0;
+  for (size_t k = 0; k < suspects.size() && k < 256; ++k) {
+    const size_t r = suspects[k];
+    if (inside_envelope(x, rows[r], &got[r * DV], got_lse[r], &ref[r * DV], ref_lse[r], tol, rng))
+      left_out[r] = 1, ++ill;
+  }
+  const auto [ok, rel] = verdict(&worst_row);
+  if (st) st->ill_rows += ill, st->ill_cases += ill > 0;
+  if (ok) return "";
+  size_t wd = 0;
+  double we = -1;
+  for (size_t d = 0; d < DV; ++d) {
+    const double g = got[worst_row * DV + d], w = ref[worst_row * DV + d];
+    const double e = std::isfinite(g) && std::isfinite(w) ? std::fabs(g - w)
+                     : same_nonfinite(g, w)               ? 0
+                                                          : INFINITY;
+    if (e > we) we = e, wd = d;
+  }
+  const RowId& wr = rows[worst_row];
+  size_t n_bad = 0;
+  for (size_t r = 0; r < n; ++r) n_bad += bad[r] && !left_out[r];
+  return fmt::format(
+      "out rel err {:.3e} (bound {:.0e}), {} rows with a non-finite mismatch or lse over its bound; {} of {} "
+      "rows over the bound inside the reference's f32 envelope (ill-conditioned, left out)\n"
+      "  worst row: out got {:.6g}, want {:.6g} at d {}; lse got {:.8g}, want {:.8g}\n  {}",
+      rel, tol, n_bad, ill, suspects.size(), got[worst_row * DV + wd], ref[worst_row * DV + wd], wd,
+      got_lse[worst_row], ref_lse[worst_row],
+      describe_row(x.c, program, env, x.q, x.k, wr.b, wr.h, wr.i, wr.len_kv));
+}
+
 std::vector<double> download(const fa::rt::DeviceBuffer& buf, size_t n, fa::DType t) {
   std::vector<uint16_t> bits(n);
   buf.download(bits.data(), n * 2);
@@ -66,7 +318,8 @@ std::vector<double> download(const fa::rt::DeviceBuffer& buf, size_t n, fa::DTyp
 // reference of that sequence alone (b + 1 batches with stride 0 so mods that read b see it).
 std::string check_layouts(const Case& c, const fa::Kernel& k, const fa::Program& program,
                           const fa::Captures& cap, const fa::Bindings& env, const fa::RoundedTensor& q,
-                          const fa::RoundedTensor& kk, const fa::RoundedTensor& v, std::mt19937_64& rng) {
+                          const fa::RoundedTensor& kk, const fa::RoundedTensor& v, std::mt19937_64& rng,
+                          Stats* st) {
   const Shape& s = c.shape;
   const fa::DType t = s.dtype;
   const int B = s.batch, Hq = s.heads_q, Hkv = s.heads_kv, Lq = s.len_q, Lkv = s.len_kv, DQ = s.dim_qk,
@@ -162,47 +415,39 @@ std::string check_layouts(const Case& c, const fa::Kernel& k, const fa::Program&
     return "ragged: the paged run differs from the packed run (" + lens + ")";
 
   fa::ModProgram sp = fa::ModProgram::score_of(program), mp = fa::ModProgram::mask_of(program);
+  const fa::BoundMod sb = sp.bind(env), mb = mp.bind(env);
   std::vector<double> got, want, got_l, want_l;
+  std::vector<RowId> rows;
   for (int b = 0; b < B; ++b) {
     if (lq[b] == 0) continue;
     auto row = [&](int h, int i) { return size_t(cu_q[b] + i) * Hq + h; };
-    if (lk[b] == 0) {
-      for (int h = 0; h < Hq; ++h)
-        for (int i = 0; i < lq[b]; ++i) {
-          for (int d = 0; d < DV; ++d)
-            got.push_back(fa::from_bits(outs[0][row(h, i) * DV + d], t)), want.push_back(0);
-          got_l.push_back(lses[0][size_t(h) * tq + cu_q[b] + i]), want_l.push_back(-INFINITY);
-        }
-      continue;
+    std::optional<fa::ReferenceResult> r;
+    if (lk[b] > 0) {
+      fa::ReferenceOptions ro;
+      ro.score_mod = &sp, ro.mask_mod = &mp, ro.bindings = &env;
+      ro.q_strides = std::array<int64_t, 4>{0, int64_t(Lq) * DQ, DQ, 1};
+      ro.k_strides = std::array<int64_t, 4>{0, int64_t(Lkv) * DQ, DQ, 1};
+      ro.v_strides = std::array<int64_t, 4>{0, int64_t(Lkv) * DV, DV, 1};
+      Timed timed(st ? &st->t_reference : nullptr);
+      r = fa::reference_attention(
+          {b + 1, Hq, Hkv, lq[b], lk[b], DQ, DV}, q.values.data() + size_t(b) * Hq * Lq * DQ,
+          kk.values.data() + size_t(b) * Hkv * Lkv * DQ, v.values.data() + size_t(b) * Hkv * Lkv * DV, ro);
     }
-    fa::ReferenceOptions ro;
-    ro.score_mod = &sp, ro.mask_mod = &mp, ro.bindings = &env;
-    ro.q_strides = std::array<int64_t, 4>{0, int64_t(Lq) * DQ, DQ, 1};
-    ro.k_strides = std::array<int64_t, 4>{0, int64_t(Lkv) * DQ, DQ, 1};
-    ro.v_strides = std::array<int64_t, 4>{0, int64_t(Lkv) * DV, DV, 1};
-    const fa::ReferenceResult r = fa::reference_attention(
-        {b + 1, Hq, Hkv, lq[b], lk[b], DQ, DV}, q.values.data() + size_t(b) * Hq * Lq * DQ,
-        kk.values.data() + size_t(b) * Hkv * Lkv * DQ, v.values.data() + size_t(b) * Hkv * Lkv * DV, ro);
     for (int h = 0; h < Hq; ++h)
-      for (int i = 0; i < lq[b]; ++i) {
+      for (int i = 0; i < lq[b]; ++i) {  // a sequence without keys: out 0, lse -inf
         const size_t rr = (size_t(b) * Hq + h) * lq[b] + i;
         for (int d = 0; d < DV; ++d)
-          got.push_back(fa::from_bits(outs[0][row(h, i) * DV + d], t)), want.push_back(r.out[rr * DV + d]);
-        got_l.push_back(lses[0][size_t(h) * tq + cu_q[b] + i]), want_l.push_back(r.lse[rr]);
+          got.push_back(fa::from_bits(outs[0][row(h, i) * DV + d], t)),
+              want.push_back(r ? r->out[rr * DV + d] : 0);
+        got_l.push_back(lses[0][size_t(h) * tq + cu_q[b] + i]), want_l.push_back(r ? r->lse[rr] : -INFINITY);
+        rows.push_back({b, h, i, lk[b]});
       }
   }
   const double tol = t == fa::DType::bf16 ? 1e-2 : 5e-3;
-  const Compared co = compare(got, want), cl = compare(got_l, want_l);
-  double lse_err = 0;
-  for (size_t i = 0; i < got_l.size(); ++i)
-    if (std::isfinite(want_l[i]) && std::isfinite(got_l[i]))
-      lse_err = std::max(lse_err, std::fabs(got_l[i] - want_l[i]));
-  if (co.unexpected || co.rel > tol || cl.unexpected || lse_err > 2e-2)
-    return fmt::format(
-        "ragged forward vs float64 reference ({}): out rel err {:.3e} (bound {:.0e}), {} unexpected "
-        "non-finite; "
-        "lse max err {:.3e}, {} unexpected non-finite",
-        lens, co.rel, tol, co.unexpected, lse_err, cl.unexpected);
+  const RowContext x{c, sb, mb, q, kk, v};
+  if (std::string e = compare_forward(x, rows, got, want, got_l, want_l, tol, rng, st, program, env);
+      !e.empty())
+    return "ragged forward vs float64 reference (" + lens + "): " + e;
   return "";
 }
 
@@ -212,7 +457,7 @@ std::string gpu_unavailable() {
   return fa::rt::cuda_available() ? "" : "no GPU here (" + fa::rt::cuda_unavailable_reason() + ")";
 }
 
-std::string check_gpu(const Case& c) {
+std::string check_gpu(const Case& c, Stats* st) {
   if (std::string why = gpu_unavailable(); !why.empty()) return "--gpu: " + why;
   const Shape& s = c.shape;
   const fa::DType t = s.dtype;
@@ -221,7 +466,12 @@ std::string check_gpu(const Case& c) {
   opts.dtype = t;
   opts.head_dim_qk = s.dim_qk;
   opts.head_dim_v = s.dim_v;
-  fa::Kernel k = fa::compile(program, opts);
+  std::optional<fa::Kernel> compiled;
+  {
+    Timed timed(st ? &st->t_compile : nullptr);
+    compiled.emplace(fa::compile(program, opts));
+  }
+  const fa::Kernel& k = *compiled;
   fa::rt::ContextGuard guard;
 
   // Captures: the case's buffers on the device, its scalars; only those the program still reads
@@ -283,29 +533,29 @@ std::string check_gpu(const Case& c) {
   ro.mask_mod = &mp;
   ro.bindings = &env;
   const fa::ReferenceShape rs{B, Hq, Hkv, Lq, Lkv, s.dim_qk, s.dim_v};
-  fa::ReferenceResult ref =
-      fa::reference_attention(rs, q.values.data(), kk.values.data(), v.values.data(), ro);
-  const double tol = t == fa::DType::bf16 ? 1e-2 : 5e-3;
-  Compared co = compare(out, ref.out);
-  double lse_err = 0;
-  size_t lse_bad = 0;
-  for (size_t i = 0; i < nl; ++i) {
-    if (!std::isfinite(ref.lse[i]) || !std::isfinite(lse[i])) {
-      lse_bad += !(ref.lse[i] == lse[i] || (std::isnan(ref.lse[i]) && std::isnan(lse[i])));
-      continue;
-    }
-    lse_err = std::max(lse_err, std::fabs(lse[i] - ref.lse[i]));
+  fa::ReferenceResult ref;
+  {
+    Timed timed(st ? &st->t_reference : nullptr);
+    ref = fa::reference_attention(rs, q.values.data(), kk.values.data(), v.values.data(), ro);
   }
-  if (co.unexpected || co.rel > tol || lse_bad || lse_err > 2e-2)
-    return fmt::format(
-        "forward vs float64 reference: out rel err {:.3e} (bound {:.0e}), {} unexpected non-finite (first at "
-        "flat "
-        "index {}); lse max err {:.3e} (bound 2e-2), {} unexpected non-finite",
-        co.rel, tol, co.unexpected, co.first_bad, lse_err, lse_bad);
+  if (st) ++st->gpu_forward;
+  const double tol = t == fa::DType::bf16 ? 1e-2 : 5e-3;
+  const fa::BoundMod sb = sp.bind(env), mb = mp.bind(env);
+  const RowContext x{c, sb, mb, q, kk, v};
+  std::vector<RowId> rows;
+  rows.reserve(nl);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h)
+      for (int i = 0; i < Lq; ++i) rows.push_back({b, h, i, Lkv});
+  if (std::string e = compare_forward(x, rows, out, ref.out, lse, ref.lse, tol, rng, st, program, env);
+      !e.empty())
+    return "forward vs float64 reference: " + e;
 
   // Half the cases (those small enough for a second reference) again as a ragged, paged batch.
-  if (rng() % 2 == 0 && double(B) * B * Hq * Lq * Lkv <= double(1 << 26))
-    if (std::string e = check_layouts(c, k, program, cap, env, q, kk, v, rng); !e.empty()) return e;
+  if (rng() % 2 == 0 && double(B) * B * Hq * Lq * Lkv <= double(1 << 26)) {
+    if (st) ++st->gpu_layouts;
+    if (std::string e = check_layouts(c, k, program, cap, env, q, kk, v, rng, st); !e.empty()) return e;
+  }
 
   // Backward: where the score_mod has a derivative and the forward is finite everywhere.
   std::optional<fa::ModProgram> grad;
@@ -334,16 +584,30 @@ std::string check_gpu(const Case& c) {
   else
     rb.score_mod = nullptr;
   rb.delta_out = out.data();  // delta from the kernel's own O, as tests/gpu/backward_test.cpp
-  fa::ReferenceGrads g = fa::reference_attention_backward(rs, q.values.data(), kk.values.data(),
-                                                          v.values.data(), dout_vals.data(), nullptr, rb);
+  rb.lse = lse.data();        // and P from its own (f32) LSE, all a backward is given
+  fa::ReferenceGrads g;
+  {
+    Timed timed(st ? &st->t_reference : nullptr);
+    g = fa::reference_attention_backward(rs, q.values.data(), kk.values.data(), v.values.data(),
+                                         dout_vals.data(), nullptr, rb);
+  }
+  if (st) ++st->gpu_backward;
   const double gtol = t == fa::DType::bf16 ? 3e-2 : 1e-2;
   std::string bad;
-  for (auto [name, buf, n, r] :
-       {std::tuple{"dq", &d_dq, nq, &g.dq}, {"dk", &d_dk, nk, &g.dk}, {"dv", &d_dv, nv, &g.dv}}) {
-    Compared cg = compare(download(*buf, n, t), *r);
-    if (cg.unexpected || cg.rel > gtol)
-      bad += fmt::format("{} rel err {:.3e}, {} unexpected non-finite (first at {}); ", name, cg.rel,
-                         cg.unexpected, cg.first_bad);
+  for (auto [name, buf, n, r, H, L, D] : {std::tuple{"dq", &d_dq, nq, &g.dq, Hq, Lq, s.dim_qk},
+                                          {"dk", &d_dk, nk, &g.dk, Hkv, Lkv, s.dim_qk},
+                                          {"dv", &d_dv, nv, &g.dv, Hkv, Lkv, s.dim_v}}) {
+    const std::vector<double> got = download(*buf, n, t);
+    Compared cg = compare(got, *r);
+    if (cg.unexpected || cg.rel > gtol) {
+      const size_t w = worst(got, *r);
+      bad += fmt::format(
+          "{} rel err {:.3e}, {} unexpected non-finite (first at {}), worst got {:.6g} want {:.6g} at b {} h "
+          "{} "
+          "row {} d {}; ",
+          name, cg.rel, cg.unexpected, cg.first_bad, got[w], (*r)[w], w / D / L / H, w / D / L % H, w / D % L,
+          w % D);
+    }
   }
   if (!bad.empty()) return fmt::format("backward vs float64 reference (bound {:.0e}): {}", gtol, bad);
   return "";

@@ -190,7 +190,7 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
       const int hk = h / group;
       for (int i = 0; i < s.len_q; ++i) {
         const size_t ri = (static_cast<size_t>(b) * s.heads_q + h) * s.len_q + i;
-        const double lse = g.forward.lse[ri];
+        const double lse = opt.lse ? opt.lse[ri] : g.forward.lse[ri];
         if (lse == neg_inf) continue;  // fully masked row: no gradient flows
         const float* qrow = q + b * qs[0] + h * qs[1] + i * qs[2];
         const double* dorow = dout + ri * s.dim_v;

@@ -45,6 +45,11 @@ struct ReferenceOptions {
   // sums of dS weighted by large values (a slopes[h] gradient sums dS * (kv - q)) amplify a
   // difference in delta that dQ, dK and dV barely show.
   const double* delta_out = nullptr;
+  // reference_attention_backward: the LSE that P = exp(score - LSE) is recomputed from,
+  // [B, Hq, Lq] contiguous; null = the reference's own. The fuzzer passes the kernel's f32 LSE:
+  // a backward only has the LSE it is given, and at |LSE| past ~2^17 its f32 rounding alone
+  // moves P by more than the gradients' tolerance.
+  const double* lse = nullptr;
   const Bindings* bindings = nullptr;  // for both mods; null = no bindings
   // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
   // unset = contiguous.
