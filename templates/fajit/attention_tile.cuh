@@ -259,10 +259,9 @@ struct SoftmaxRows {
       for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
       mx = quad_max(mx);
       const float sub = mx == -INFINITY ? 0.f : __fmul_rn(mx, sl2);
-      alpha[hh] = mx == -INFINITY ? 1.f
-                  : m[hh] == -INFINITY
-                      ? 0.f
-                      : ex2(fmaf(m[hh] - mx, sl2, resid(mx, sl2) - resid(m[hh], sl2)));
+      alpha[hh] = mx == -INFINITY      ? 1.f
+                  : m[hh] == -INFINITY ? 0.f
+                                       : ex2(fmaf(m[hh] - mx, sl2, resid(mx, sl2) - resid(m[hh], sl2)));
       m[hh] = mx;
       float rs = 0.f;
       if (fabsf(sub) < kExactFrom) {
@@ -299,9 +298,13 @@ struct SoftmaxRows {
     }
   }
   // After finish(): the row's log-sum-exp of the scores in natural log, (R + log2(l))·ln 2
-  // (-inf for a row with no unmasked score, NaN for a row with a NaN score).
+  // (-inf for a row with no unmasked score, NaN for a row with a NaN score). A huge row's is
+  // formed in natural units, m·(sl2·ln 2) + ln l: R itself may pass f32's range there.
   __device__ __forceinline__ float lse(int hh, float sl2) const {
-    return !(l[hh] <= 0.f) ? fmaf(m[hh], sl2, lg2(l[hh]) - resid(m[hh], sl2)) * kLn2 : -INFINITY;
+    if (l[hh] <= 0.f) return -INFINITY;
+    if (fabsf(__fmul_rn(m[hh], sl2)) < kExactFrom)
+      return fmaf(m[hh], sl2, lg2(l[hh]) - resid(m[hh], sl2)) * kLn2;
+    return fmaf(m[hh], sl2 * kLn2, lg2(l[hh]) * kLn2);
   }
 };
 

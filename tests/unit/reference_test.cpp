@@ -285,6 +285,32 @@ TEST(Reference, NanScoresPropagateNotMask) {
   }
 }
 
+// dot_shift moves each q·k by shift·Σ|q_d·k_d|: with one key the LSE is that score exactly,
+// in the forward and in the backward's own forward.
+TEST(Reference, DotShiftMovesEveryScoreByItsMagnitude) {
+  Problem p;
+  p.Lkv = 1;
+  p.k.resize(size_t(p.B) * p.Hkv * p.Dqk);
+  p.v.resize(size_t(p.B) * p.Hkv * p.Dv);
+  const double shift = 1e-3, scale = 1.0 / std::sqrt(double(p.Dqk));
+  fa::ReferenceOptions opt;
+  opt.dot_shift = shift;
+  const auto got = fa::reference_attention(p.shape(), p.q.data(), p.k.data(), p.v.data(), opt);
+  for (int b = 0; b < p.B; ++b)
+    for (int h = 0; h < p.Hq; ++h)
+      for (int i = 0; i < p.Lq; ++i) {
+        const float* q = &p.q[((size_t(b) * p.Hq + h) * p.Lq + i) * p.Dqk];
+        const float* k = &p.k[(size_t(b) * p.Hkv + h / (p.Hq / p.Hkv)) * p.Dqk];
+        double dot = 0, mag = 0;
+        for (int d = 0; d < p.Dqk; ++d) dot += double(q[d]) * k[d], mag += std::fabs(double(q[d]) * k[d]);
+        EXPECT_NEAR(got.lse[(size_t(b) * p.Hq + h) * p.Lq + i], (dot + shift * mag) * scale, 1e-12);
+      }
+  std::vector<double> dout(size_t(p.B) * p.Hq * p.Lq * p.Dv, 1.0);
+  const auto g = fa::reference_attention_backward(p.shape(), p.q.data(), p.k.data(), p.v.data(), dout.data(),
+                                                  nullptr, opt);
+  EXPECT_EQ(g.forward.lse, got.lse);
+}
+
 TEST(Reference, GqaMapsQueryHeadsToKvGroups) {
   Problem p;
   // Same problem with K/V repeated per query head (Hkv = Hq) must give the same answer.

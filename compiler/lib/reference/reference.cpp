@@ -49,6 +49,22 @@ Layout layout_of(const ReferenceShape& s, const ReferenceOptions& opt) {
           opt.v_strides.value_or(contiguous(s.batch, s.heads_kv, s.len_kv, s.dim_v)), s.heads_q / s.heads_kv};
 }
 
+// q·k in double over strided rows, moved by shift·Σ|q_d·k_d| (ReferenceOptions::dot_shift).
+double shifted_dot(const float* q, int64_t q_step, const float* k, int64_t k_step, int n, double shift) {
+  double dot = 0, mag = 0;
+  if (shift == 0) {
+    for (int d = 0; d < n; ++d)
+      dot += static_cast<double>(q[d * q_step]) * static_cast<double>(k[d * k_step]);
+    return dot;
+  }
+  for (int d = 0; d < n; ++d) {
+    const double x = static_cast<double>(q[d * q_step]) * static_cast<double>(k[d * k_step]);
+    dot += x;
+    mag += std::fabs(x);
+  }
+  return dot + shift * mag;
+}
+
 }  // namespace
 
 ReferenceResult reference_attention(const ReferenceShape& s, const float* q, const float* k, const float* v,
@@ -90,9 +106,7 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
             continue;
           }
           const float* krow = k + b * ks[0] + hk * ks[1] + j * ks[2];
-          double dot = 0;
-          for (int d = 0; d < s.dim_qk; ++d)
-            dot += static_cast<double>(qrow[d * qs[3]]) * static_cast<double>(krow[d * ks[3]]);
+          const double dot = shifted_dot(qrow, qs[3], krow, ks[3], s.dim_qk, opt.dot_shift);
           double sc = dot * scale;
           if (score_mod) sc = static_cast<double>(score_mod->score(static_cast<float>(sc), b, h, i, j));
           row[j] = sc;
@@ -202,9 +216,8 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
           if (mask_mod && !mask_mod->mask(b, h, i, j)) continue;
           const float* krow = k + b * ks[0] + hk * ks[1] + j * ks[2];
           const float* vrow = v + b * vs[0] + hk * vs[1] + j * vs[2];
-          double dot = 0, dp = 0;
-          for (int d = 0; d < s.dim_qk; ++d)
-            dot += static_cast<double>(qrow[d * qs[3]]) * static_cast<double>(krow[d * ks[3]]);
+          const double dot = shifted_dot(qrow, qs[3], krow, ks[3], s.dim_qk, opt.dot_shift);
+          double dp = 0;
           for (int d = 0; d < s.dim_v; ++d) dp += dorow[d] * static_cast<double>(vrow[d * vs[3]]);
           double t = dot * scale;
           if (score_mod) t = static_cast<double>(score_mod->score(static_cast<float>(t), b, h, i, j));

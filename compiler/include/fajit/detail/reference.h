@@ -50,6 +50,10 @@ struct ReferenceOptions {
   // a backward only has the LSE it is given, and at |LSE| past ~2^17 its f32 rounding alone
   // moves P by more than the gradients' tolerance.
   const double* lse = nullptr;
+  // Moves every q·k by dot_shift·Σ_d|q_d·k_d| before the scale and the mods (0: exact). A
+  // sensitivity probe: with ±Dqk·2^-24, the bound of an f32 accumulation of the products,
+  // the spread of the results is the reference's own uncertainty about a kernel's.
+  double dot_shift = 0;
   const Bindings* bindings = nullptr;  // for both mods; null = no bindings
   // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
   // unset = contiguous.
