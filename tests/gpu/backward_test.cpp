@@ -94,6 +94,10 @@ const std::vector<BwdCase>& cases() {
       {"relative_bias", f16, 64, 64, 2, 4, 4, 1000, 1000},
       with({"relative_bias", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
+      {"self_ratio", f16, 64, 128, 1, 6, 3, 201, 182},
+      {"self_ratio", bf16, 128, 128, 1, 4, 2, 1000, 1000},
+      with({"self_ratio", bf16, 64, 64, 1, 4, 4, 17, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
       // Deterministic mode: dQ from its own kernel over the forward tables, no atomics.
       with({"causal", bf16, 128, 128, 2, 8, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),

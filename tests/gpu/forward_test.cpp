@@ -8,7 +8,8 @@
 //   ||O - ref|| / ||ref|| (whole tensor)  < 1e-2 bf16, 5e-3 f16
 //   the same per row                      < 4e-2 bf16, 2e-2 f16 (a row-local bug, e.g. in the
 //                                           last q tile, barely moves the global norm)
-//   |LSE - ref| where finite               < 2e-2
+//   |LSE - ref| where finite               < 2e-2 + |ref|·2^-21 (a few of f32's ulps: an LSE of
+//                                           3e9 + log n is stored as f32)
 // A global environment compiles the kernels and computes the references of the selected cases
 // in parallel before the first test (the host reference is single-threaded and dominates).
 #include <gtest/gtest.h>
@@ -153,6 +154,10 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) {
              c.tile = fa::TileConfig{64, 32, 4, 3};
            }),
+      {"head_offset", bf16, 128, 128, 1, 6, 2, 1000, 1000},
+      {"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097},  // the decoding kernel and its combine
+      with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       // The mma.sync kernel on the same device (the default above is wgmma on Hopper).
       with({"causal_alibi", bf16, 128, 128, 1, 8, 1, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
@@ -400,7 +405,7 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
           const double e =
               std::isfinite(gl) ? std::abs(double(gl) - rl) : std::numeric_limits<double>::infinity();
           if (e > s.lse_err) s.lse_err = e;
-          if (!(e < 2e-2))
+          if (!(e < 2e-2 + std::abs(rl) * 0x1p-21))
             ++s.bad_lse, note("LSE " + std::to_string(gl) + " vs " + std::to_string(rl) + " at " + where);
         }
         double re2 = 0, rr2 = 0;
@@ -437,7 +442,7 @@ void expect_good(const FwdCase& c, const Stats& s) {
   EXPECT_EQ(s.nan_o, 0) << "O elements NaN / never written; first: " << s.first_bad;
   EXPECT_EQ(s.nan_lse, 0) << "LSE NaN / never written; first: " << s.first_bad;
   EXPECT_EQ(s.bad_masked, 0) << "fully masked rows wrong; first: " << s.first_bad;
-  EXPECT_EQ(s.bad_lse, 0) << "LSE off by >= 2e-2; first: " << s.first_bad;
+  EXPECT_EQ(s.bad_lse, 0) << "LSE off by >= 2e-2 + |ref|·2^-21; first: " << s.first_bad;
   EXPECT_EQ(s.gap_written, 0) << "O elements outside the view were written";
   EXPECT_LT(s.rel, tol) << s.first_bad;
   EXPECT_LT(s.row_rel, row_tol) << s.first_bad;

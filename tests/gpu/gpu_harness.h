@@ -229,6 +229,32 @@ inline const Variant& variant(const std::string& name) {
                    c.scalar_i32("window", p >= 0 ? p : 200);
                    c.scalar_i32("dilation", 3);
                  }});
+    // Causal with a per-head offset added to every score: 0, ±3e9 (all of a row's scores round
+    // to one f32, the LSE is offset + log(n)), 2e7 (scores on a grid of 2), -1e10, 5e4. Rows of
+    // such magnitude once overflowed the softmax's exp2 to inf (the GPU fuzzer's find): the
+    // kernels form p exactly from |m·log2 e| >= 2^24.
+    v.push_back({"head_offset",
+                 [] {
+                   return ScoreMod{"head_offset", [](Score s, Index, Index h, Index, Index) {
+                                     return s + buffer<float>("offset", 1)(h);
+                                   }};
+                 },
+                 mods::causal,
+                 [](CaptureSet& c, const Dims& d, int, std::mt19937&) {
+                   const float cycle[] = {0.f, 3e9f, -3e9f, 2e7f, -1e10f, 5e4f};
+                   std::vector<float> off(size_t(d.H));
+                   for (int h = 0; h < d.H; ++h) off[size_t(h)] = cycle[h % 6];
+                   c.buffer_f32("offset", {d.H}, off);
+                 }});
+    // Causal with score + score / score: a padded query row past len_q (zero Q, score 0) gives
+    // 0/0 = NaN there, which once reached dK/dV through a P = exp2(NaN) (the GPU fuzzer's find):
+    // the backward's P is 0 past len_q whatever the score.
+    v.push_back(
+        {"self_ratio",
+         [] {
+           return ScoreMod{"self_ratio", [](Score s, Index, Index, Index, Index) { return s + s / s; }};
+         },
+         mods::causal, none});
     v.push_back({"relative_bias", [] { return mods::relative_bias(); }, noop_mask,
                  [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
                    // Exactly Lq + Lkv - 1 entries: an out-of-range q or kv reads out of bounds.

@@ -311,6 +311,33 @@ TEST(Reference, DotShiftMovesEveryScoreByItsMagnitude) {
   EXPECT_EQ(g.forward.lse, got.lse);
 }
 
+// dp_shift moves dP - Δ by shift·(Σ|dO·v| + Σ|dO·o|): with one key P = 1 and O = v, so dS is
+// exactly that and dQ = scale·dS·k.
+TEST(Reference, DpShiftMovesEveryDsByItsMagnitude) {
+  Problem p;
+  p.Lkv = 1;
+  p.k.resize(size_t(p.B) * p.Hkv * p.Dqk);
+  p.v.resize(size_t(p.B) * p.Hkv * p.Dv);
+  const double shift = 1e-3, scale = 1.0 / std::sqrt(double(p.Dqk));
+  std::vector<double> dout(size_t(p.B) * p.Hq * p.Lq * p.Dv);
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(double(i));
+  fa::ReferenceOptions opt;
+  opt.dp_shift = shift;
+  const auto g = fa::reference_attention_backward(p.shape(), p.q.data(), p.k.data(), p.v.data(), dout.data(),
+                                                  nullptr, opt);
+  for (int b = 0; b < p.B; ++b)
+    for (int h = 0; h < p.Hq; ++h)
+      for (int i = 0; i < p.Lq; ++i) {
+        const size_t ri = (size_t(b) * p.Hq + h) * p.Lq + i;
+        const size_t kv = size_t(b) * p.Hkv + h / (p.Hq / p.Hkv);
+        double mag = 0;
+        for (int d = 0; d < p.Dv; ++d) mag += 2 * std::fabs(dout[ri * p.Dv + d] * p.v[kv * p.Dv + d]);
+        for (int d = 0; d < p.Dqk; ++d)
+          EXPECT_NEAR(g.dq[ri * p.Dqk + d], scale * shift * mag * p.k[kv * p.Dqk + d], 1e-9)
+              << ri << " " << d;
+      }
+}
+
 TEST(Reference, GqaMapsQueryHeadsToKvGroups) {
   Problem p;
   // Same problem with K/V repeated per query head (Hkv = Hq) must give the same answer.

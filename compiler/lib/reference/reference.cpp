@@ -209,8 +209,9 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
         const float* qrow = q + b * qs[0] + h * qs[1] + i * qs[2];
         const double* dorow = dout + ri * s.dim_v;
         const double* orow = opt.delta_out ? opt.delta_out + ri * s.dim_v : &g.forward.out[ri * s.dim_v];
-        double delta = dlse ? -dlse[ri] : 0.0;
-        for (int d = 0; d < s.dim_v; ++d) delta += dorow[d] * orow[d];
+        double delta = dlse ? -dlse[ri] : 0.0, delta_mag = 0;
+        for (int d = 0; d < s.dim_v; ++d)
+          delta += dorow[d] * orow[d], delta_mag += std::fabs(dorow[d] * orow[d]);
         double* dqrow = &g.dq[ri * s.dim_qk];
         for (int j = 0; j < s.len_kv; ++j) {
           if (mask_mod && !mask_mod->mask(b, h, i, j)) continue;
@@ -218,7 +219,16 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
           const float* vrow = v + b * vs[0] + hk * vs[1] + j * vs[2];
           const double dot = shifted_dot(qrow, qs[3], krow, ks[3], s.dim_qk, opt.dot_shift);
           double dp = 0;
-          for (int d = 0; d < s.dim_v; ++d) dp += dorow[d] * static_cast<double>(vrow[d * vs[3]]);
+          if (opt.dp_shift == 0) {
+            for (int d = 0; d < s.dim_v; ++d) dp += dorow[d] * static_cast<double>(vrow[d * vs[3]]);
+          } else {
+            double mag = delta_mag;
+            for (int d = 0; d < s.dim_v; ++d) {
+              const double x = dorow[d] * static_cast<double>(vrow[d * vs[3]]);
+              dp += x, mag += std::fabs(x);
+            }
+            dp += opt.dp_shift * mag;
+          }
           double t = dot * scale;
           if (score_mod) t = static_cast<double>(score_mod->score(static_cast<float>(t), b, h, i, j));
           const double p = std::exp(t - lse);

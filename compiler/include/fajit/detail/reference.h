@@ -54,6 +54,11 @@ struct ReferenceOptions {
   // sensitivity probe: with ±Dqk·2^-24, the bound of an f32 accumulation of the products,
   // the spread of the results is the reference's own uncertainty about a kernel's.
   double dot_shift = 0;
+  // reference_attention_backward: moves every dP - Δ by dp_shift·(Σ|dO_d·v_d| + Σ|dO_d·o_d|),
+  // the probe for the kernels' f32 sums of dP = dO·vᵀ and Δ = rowsum(dO∘O): where dS is a
+  // small difference times a large derivative (one key per row gives P = 1 and dP = Δ), their
+  // rounding is what a kernel's gradient shows.
+  double dp_shift = 0;
   const Bindings* bindings = nullptr;  // for both mods; null = no bindings
   // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
   // unset = contiguous.
