@@ -297,14 +297,22 @@ struct SoftmaxRows {
       inv[hh] = !(l[hh] <= 0.f) ? 1.f / l[hh] : 0.f;
     }
   }
+  // After finish(): log2 of the row sum relative to m·sl2, log2(l) - resid(m), so that the
+  // row's LSE·log2 e is m·sl2 + log2_sum (-inf for an empty row, NaN for a NaN row). What a
+  // split-KV part hands its combine, with m.
+  __device__ __forceinline__ float log2_sum(int hh, float sl2) const {
+    return l[hh] <= 0.f ? -INFINITY : lg2(l[hh]) - resid(m[hh], sl2);
+  }
   // After finish(): the row's log-sum-exp of the scores in natural log, (R + log2(l))·ln 2
-  // (-inf for a row with no unmasked score, NaN for a row with a NaN score). A huge row's is
-  // formed in natural units, m·(sl2·ln 2) + ln l: R itself may pass f32's range there.
+  // (-inf for a row with no unmasked score, NaN for a row with a NaN score).
   __device__ __forceinline__ float lse(int hh, float sl2) const {
-    if (l[hh] <= 0.f) return -INFINITY;
-    if (fabsf(__fmul_rn(m[hh], sl2)) < kExactFrom)
-      return fmaf(m[hh], sl2, lg2(l[hh]) - resid(m[hh], sl2)) * kLn2;
-    return fmaf(m[hh], sl2 * kLn2, lg2(l[hh]) * kLn2);
+    return l[hh] <= 0.f ? -INFINITY : natural_lse(m[hh], log2_sum(hh, sl2), sl2);
+  }
+  // (m·sl2 + ls)·ln 2, the natural LSE of a row max m and a log2 sum ls relative to m·sl2; a
+  // huge row's is formed in natural units, m·(sl2·ln 2) + ls·ln 2, as m·sl2 may pass f32's range.
+  static __device__ __forceinline__ float natural_lse(float m, float ls, float sl2) {
+    if (fabsf(__fmul_rn(m, sl2)) < kExactFrom) return fmaf(m, sl2, ls) * kLn2;
+    return fmaf(m, sl2 * kLn2, ls * kLn2);
   }
 };
 

@@ -261,15 +261,16 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
     for (int dj = 0; dj < Cfg::kDT; ++dj)
       if (Cfg::RowV::kUsed == Cfg::RowV::kChunks || dj * 8 < kDV)  // not the zero tail chunk
         st_global_v2_f32(dst + dj * 8, o[dj][2 * hh] * inv[hh], o[dj][2 * hh + 1] * inv[hh]);
-    if (t == 0) dp.lse_part[part] = srow.lse(hh, sl2);
+    if (t == 0) dp.m_part[part] = srow.m[hh], dp.l_part[part] = srow.log2_sum(hh, sl2);
   }
 }
 
 // ================================ combine =====================================================
-// Output row R = (b, h, q): LSE = log sum_s exp(lse_s), O = sum_s exp(lse_s - LSE) O_s, in the
-// element type (O = 0, LSE = -inf where no part saw an unmasked score). One warp per row,
-// lanes over column pairs.
-template <typename Cfg>
+// Output row R = (b, h, q): with M the largest part max, part s weighs w_s = exp2((m_s - M)·sl2
+// + l_s) (its row sum relative to M's reference), O = sum_s w_s O_s / sum_s w_s and LSE =
+// (M·sl2 + log2 sum_s w_s)·ln 2, in the element type (O = 0, LSE = -inf where no part saw an
+// unmasked score; NaN where a part saw a NaN score). One warp per row, lanes over column pairs.
+template <typename Cfg, typename Mods>
 __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) {
   using E = typename Cfg::Element;
   constexpr int kDV = Cfg::kHeadDimV;
@@ -286,17 +287,22 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     rebase_sequence<E>(p, b);
     if (q >= p.len_q) return;
   }
+  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, pm.scale);
 
   float m = -INFINITY;
   bool nan_part = false;  // a part with a NaN score: the row is NaN (out and LSE), as softmax gives
   for (int s = 0; s < dp.splits; ++s) {
-    const float x = dp.lse_part[s * part_rows + row];
-    m = fmaxf(m, x);
-    nan_part |= x != x;
+    const float ls = dp.l_part[s * part_rows + row];
+    m = fmaxf(m, dp.m_part[s * part_rows + row]);
+    nan_part |= ls != ls;
   }
+  auto weight = [&](int s) {  // 0 for a part that saw nothing (m_s = -inf)
+    const float ms = dp.m_part[s * part_rows + row];
+    return ms == -INFINITY ? 0.f : ex2(fmaf(ms - m, sl2, dp.l_part[s * part_rows + row]));
+  };
   float sum = nan_part ? __int_as_float(0x7fc00000) : 0.f;  // quiet NaN
   if (m != -INFINITY && !nan_part)
-    for (int s = 0; s < dp.splits; ++s) sum += ex2((dp.lse_part[s * part_rows + row] - m) * kLog2e);
+    for (int s = 0; s < dp.splits; ++s) sum += weight(s);
   const float inv = !(sum <= 0.f) ? 1.f / sum : 0.f;
 
   // Each lane's column pairs 2 lane + 64 i; every part's weight computed once, then applied
@@ -307,7 +313,7 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
   for (int i = 0; i < kPairs; ++i) acc[i][0] = acc[i][1] = 0.f;
   if (m != -INFINITY)
     for (int s = 0; s < dp.splits; ++s) {
-      const float w = ex2((dp.lse_part[s * part_rows + row] - m) * kLog2e);
+      const float w = weight(s);
       const float* src = dp.o_part + (s * part_rows + row) * kDV;
 #pragma unroll
       for (int i = 0; i < kPairs; ++i) {
@@ -325,7 +331,8 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     if (c < kDV) st_global_b32(og + c, pack2<E>(acc[i][0] * inv, acc[i][1] * inv));
   }
   if (p.lse != nullptr && lc.lane == 0)
-    p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = !(sum <= 0.f) ? m + lg2(sum) * kLn2 : -INFINITY;
+    p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
+        !(sum <= 0.f) ? SoftmaxRows::natural_lse(m, lg2(sum), sl2) : -INFINITY;
 }
 
 // The kernel for a layout: dense as is; ragged / paged on the CTA's sequence.
@@ -350,7 +357,7 @@ __device__ __forceinline__ void decode_entry(const FaDecodeParams& dp, const FaC
   }                                                                     \
   extern "C" __global__ void __launch_bounds__(Config::kCombineThreads) \
       name##_combine(const FaDecodeParams p) {                          \
-    fa::decode_combine_kernel<Config>(p);                               \
+    fa::decode_combine_kernel<Config, Mods>(p);                         \
   }
 
 #endif  // FAJIT_DECODE_CUH

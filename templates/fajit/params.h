@@ -94,12 +94,17 @@ typedef struct FaFwdParams {
 // r % len_q; heads_per_cta is the group size when the tables are the same for every head
 // (mask.row_stride_h == 0), else 1), and the KV walk cut into `splits` parts over the grid:
 //   o_part   [splits, B, Hq, Lq, Dv] fp32: each part's O, normalised by its own row sum
-//   lse_part [splits, B, Hq, Lq]     fp32: each part's LSE (natural log; -inf: nothing seen)
-// The combine kernel weighs the parts by exp(lse_part - LSE) into fwd.o and fwd.lse.
+//   m_part   [splits, B, Hq, Lq]     fp32: each part's row max m (score units; -inf: nothing seen)
+//   l_part   [splits, B, Hq, Lq]     fp32: log2 of its row sum relative to m·sl2, so the part's
+//                                    LSE·log2 e is m·sl2 + l_part (SoftmaxRows::log2_sum)
+// One f32 LSE per part would not do: at |LSE| past ~2^17 its rounding alone moves a part's
+// weight by more than the tolerance (and at 3e9 the log of a part's row count is lost).
+// The combine kernel weighs the parts by exp2((m_part - M)·sl2 + l_part) into fwd.o, fwd.lse.
 typedef struct FaDecodeParams {
   FaFwdParams fwd;
   float* o_part;
-  float* lse_part;
+  float* m_part;
+  float* l_part;
   int heads_per_cta;
   int splits;
 } FaDecodeParams;

@@ -458,9 +458,10 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
     dp.splits = static_cast<int>(splits);
     const size_t part_rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
-    StreamScratch scratch(size_t(splits) * part_rows * (shape.dim_v + 1) * sizeof(float), st);
+    StreamScratch scratch(size_t(splits) * part_rows * (shape.dim_v + 2) * sizeof(float), st);
     dp.o_part = scratch.f32();
-    dp.lse_part = dp.o_part + size_t(splits) * part_rows * shape.dim_v;
+    dp.m_part = dp.o_part + size_t(splits) * part_rows * shape.dim_v;
+    dp.l_part = dp.m_part + size_t(splits) * part_rows;
     CUfunction combine = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name + "_combine");
     void* args[] = {&dp, cap.data()};
     rt::launch(fn,
