@@ -106,6 +106,36 @@ TEST(BackwardApi, ScoreModWithoutDerivativeIsRefusedNamingTheOp) {
       << e;
 }
 
+// Kernel::warm compiles the kernels otherwise compiled on first use, once: a second warm finds
+// the same ones (the counts are of where each first came from), and the sources it compiled
+// are those the first use would take. A no-op mask has no builder; a score_mod without a
+// derivative fails the backward as its first use would.
+TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
+  const fa::Kernel k = fa::compile(fa::mods::softcap(), fa::mods::causal(), opts(64, 64));
+  fa::WarmOptions w;
+  w.backward = w.decode = w.ragged = true;
+  const fa::WarmReport r = k.warm(w);
+  EXPECT_EQ(r.kernels, 6);  // forward, builder, backward, decode, ragged prefill and decode
+  EXPECT_EQ(r.compiled + r.from_disk + r.from_memory, r.kernels);
+  const fa::WarmReport again = k.warm(w);
+  EXPECT_EQ(again.kernels, 6);
+  EXPECT_EQ(again.compiled, r.compiled);
+  EXPECT_EQ(k.backward_spec().kind, fa::KernelKind::kBackward);
+  EXPECT_EQ(k.decode_spec().kind, fa::KernelKind::kDecode);
+
+  const fa::Kernel noop = fa::compile(fa::identity_score(), fa::noop_mask(), opts(64, 64));
+  EXPECT_EQ(noop.warm().kernels, 1);  // the forward only: nothing to build for a no-op mask
+
+  const fa::ScoreMod stepped{
+      "stepped", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s + fa::floor(s); }};
+  const fa::Kernel ks = fa::compile(stepped, fa::mods::causal(), opts(64, 64));
+  EXPECT_EQ(ks.warm().kernels, 2);
+  fa::WarmOptions bw;
+  bw.backward = true;
+  const std::string e = error_of([&] { ks.warm(bw); });
+  EXPECT_EQ(e.rfind("cannot differentiate score_mod @stepped:\n", 0), 0u) << e;
+}
+
 // Tensors at fake, 256-byte aligned addresses: validation never dereferences them.
 struct FakeTensors {
   uintptr_t next = 0x10000000;

@@ -6,13 +6,18 @@
 //   fajit dump --cuda --backward --mask causal         the backward kernels instead
 //   fajit dump --cuda --kernel decode --mask causal    the split-KV decoding kernels instead
 //   fajit cache ls | stats | clear                     the on-disk cubin cache
+//   fajit cache warm variants.txt                      compile a list of variants into it ahead of time
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -165,7 +170,125 @@ int run_dump(const DumpOptions& o) {
   return rc == 0 ? 0 : 1;
 }
 
-int run_cache(const std::string& what) {
+// The options that name one variant (mods, dtype, head dims, arch), shared by `fajit dump` and
+// the lines of a `fajit cache warm` file.
+void add_variant_options(CLI::App* app, DumpOptions& o) {
+  app->add_option("--mask", o.mask, "mask preset: " + fa::mods::mask_preset_help());
+  app->add_option("--score", o.score, "score preset: " + fa::mods::score_preset_help());
+  app->add_option("--mask-mod", o.mask_expr,
+                  "mask_mod expression over b h q kv, e.g. 'q >= kv && q - kv < window'");
+  app->add_option("--score-mod", o.score_expr,
+                  "score_mod expression over score b h q kv, e.g. 'score + slopes[h] * (kv - q)'");
+  app->add_option("--capture", o.capture_types, "type of a capture in expressions: NAME:f32 or NAME:i32");
+  app->add_option("--arch", o.arch, "target: sm_80, sm_86, sm_89, sm_90a, ... (default sm_90a)");
+  app->add_option("--dtype", o.dtype, "element type: bf16 (default) or f16");
+  app->add_option("--head-dim", o.head_dim_qk, "QK head dim: a multiple of 8 from 32 to 256 (default 128)");
+  app->add_option("--head-dim-v", o.head_dim_v,
+                  "V head dim: a multiple of 8 from 32 to 256 (default: the QK head dim)");
+}
+
+// One line of a warm file: a variant and the kernels to compile beside its forward.
+struct WarmLine {
+  int number = 0;
+  std::string text;
+  std::string error;  // a bad line or a failed compile
+  std::string summary;
+  fa::WarmReport report;
+  double seconds = 0;
+};
+
+void warm_line(WarmLine& w) {
+  DumpOptions o;
+  std::string family = "auto";
+  std::vector<std::string> with;
+  CLI::App app{"a line of a warm file", "warm"};
+  add_variant_options(&app, o);
+  app.add_option("--kernel", family, "forward kernel: auto, mma or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
+  app.add_option("--with", with, "also: backward, deterministic, decode, ragged, paged (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"backward", "deterministic", "decode", "ragged", "paged"}));
+  try {
+    app.parse(w.text, false);
+  } catch (const CLI::ParseError& e) {
+    w.error = e.what();
+    return;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    fa::Program p = program_for(o);
+    const fa::KernelSpec spec = spec_for(o);  // checks dtype; the head dims and arch as dump does
+    fa::Options opts;
+    opts.dtype = spec.dtype;
+    opts.head_dim_qk = spec.head_dim_qk;
+    opts.head_dim_v = spec.head_dim_v;
+    opts.arch = spec.arch;
+    opts.family = family == "wgmma" ? fa::KernelFamily::kWgmma
+                  : family == "mma" ? fa::KernelFamily::kMmaSync
+                                    : fa::KernelFamily::kAuto;
+    fa::Kernel k = fa::compile(p, opts);
+    fa::WarmOptions wo;
+    auto has = [&](const char* x) { return std::find(with.begin(), with.end(), x) != with.end(); };
+    wo.backward = has("backward"), wo.deterministic = has("deterministic"), wo.decode = has("decode");
+    wo.ragged = has("ragged"), wo.paged = has("paged");
+    w.report = k.warm(wo);
+    w.summary = fmt::format("score_mod @{} mask_mod @{} {}", p.score_mod_name(), p.mask_mod_name(),
+                            k.spec().to_string());
+  } catch (const fa::Error& e) {
+    w.error = e.what();
+  }
+  w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// fajit cache warm FILE: compiles every variant of FILE (one per line, fajit dump's options plus
+// --with) into the cache, `jobs` lines at a time; one line of report per variant.
+int run_warm(const std::string& file, int jobs) {
+  if (file.empty())
+    throw fa::Error("fajit cache warm needs a file of variants (one per line, as fajit dump's options)");
+  std::istringstream in(read_file(file));
+  std::vector<WarmLine> lines;
+  std::string text;
+  for (int n = 1; std::getline(in, text); ++n) {
+    const size_t first = text.find_first_not_of(" \t\r");
+    if (first == std::string::npos || text[first] == '#') continue;
+    WarmLine w;
+    w.number = n, w.text = text.substr(first);
+    lines.push_back(std::move(w));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int j = 0; j < std::max(1, jobs); ++j)
+    pool.emplace_back([&] {
+      for (size_t i; (i = next++) < lines.size();) warm_line(lines[i]);
+    });
+  for (std::thread& t : pool) t.join();
+  fa::WarmReport total;
+  int failed = 0;
+  for (const WarmLine& w : lines) {
+    if (!w.error.empty()) {
+      ++failed;
+      std::cout << fmt::format("{}:{}: error: {}\n", file, w.number, w.error);
+      continue;
+    }
+    total.kernels += w.report.kernels, total.compiled += w.report.compiled;
+    total.from_disk += w.report.from_disk, total.from_memory += w.report.from_memory;
+    std::cout << fmt::format("{}:{}: {} kernel{} ({} compiled, {} from disk) in {:.2f} s: {}\n", file,
+                             w.number, w.report.kernels, w.report.kernels == 1 ? "" : "s", w.report.compiled,
+                             w.report.from_disk, w.seconds, w.summary);
+  }
+  fa::jit::Cache& cache = fa::jit::Cache::global();
+  std::cout << fmt::format(
+      "warmed {} of {} variant{}: {} kernels ({} compiled, {} from disk) in {:.2f} s into {}\n",
+      lines.size() - failed, lines.size(), lines.size() == 1 ? "" : "s", total.kernels, total.compiled,
+      total.from_disk, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      cache.disk_enabled() ? cache.dir() : "memory only (no writable cache directory)");
+  return failed ? 1 : 0;
+}
+
+int run_cache(const std::string& what, const std::string& file, int jobs) {
+  if (what == "warm") return run_warm(file, jobs);
+  if (!file.empty()) throw fa::Error(fmt::format("fajit cache {} takes no file", what));
   fa::jit::Cache& cache = fa::jit::Cache::global();
   if (what == "ls") {
     for (const fa::jit::ListedEntry& e : cache.list())
@@ -201,20 +324,7 @@ int main(int argc, char** argv) {
   what->add_flag("--ptx", dump.ptx, "PTX compiled by NVRTC");
   what->add_flag("--sass", dump.sass, "SASS (disassembled with cuobjdump or nvdisasm)");
   what->require_option(1);
-  dump_cmd->add_option("--mask", dump.mask, "mask preset: " + fa::mods::mask_preset_help());
-  dump_cmd->add_option("--score", dump.score, "score preset: " + fa::mods::score_preset_help());
-  dump_cmd->add_option("--mask-mod", dump.mask_expr,
-                       "mask_mod expression over b h q kv, e.g. 'q >= kv && q - kv < window'");
-  dump_cmd->add_option("--score-mod", dump.score_expr,
-                       "score_mod expression over score b h q kv, e.g. 'score + slopes[h] * (kv - q)'");
-  dump_cmd->add_option("--capture", dump.capture_types,
-                       "type of a capture in expressions: NAME:f32 or NAME:i32");
-  dump_cmd->add_option("--arch", dump.arch, "target: sm_80, sm_86, sm_89, sm_90a, ... (default sm_90a)");
-  dump_cmd->add_option("--dtype", dump.dtype, "element type: bf16 (default) or f16");
-  dump_cmd->add_option("--head-dim", dump.head_dim_qk,
-                       "QK head dim: a multiple of 8 from 32 to 256 (default 128)");
-  dump_cmd->add_option("--head-dim-v", dump.head_dim_v,
-                       "V head dim: a multiple of 8 from 32 to 256 (default: the QK head dim)");
+  add_variant_options(dump_cmd, dump);
   dump_cmd
       ->add_option("--kernel", dump.family,
                    "forward kernel: auto (wgmma on sm_90a, else mma), mma, wgmma, or decode (split-KV "
@@ -270,12 +380,20 @@ int main(int argc, char** argv) {
                    "K/V in a paged pool of this page size, pages shuffled, with a page table and seqlens_k")
       ->check(CLI::Range(1, 1 << 16));
 
-  std::string cache_what;
+  std::string cache_what, warm_file;
+  int warm_jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   CLI::App* cache_cmd =
-      app.add_subcommand("cache", "inspect or clear the on-disk cubin cache ($FAJIT_CACHE_DIR)");
-  cache_cmd->add_option("command", cache_what, "ls, stats or clear")
+      app.add_subcommand("cache", "inspect, clear or warm the on-disk cubin cache ($FAJIT_CACHE_DIR)");
+  cache_cmd->add_option("command", cache_what, "ls, stats, clear, or warm FILE")
       ->required()
-      ->check(CLI::IsMember({"ls", "stats", "clear"}));
+      ->check(CLI::IsMember({"ls", "stats", "clear", "warm"}));
+  cache_cmd->add_option("file", warm_file,
+                        "warm: variants to compile ahead of time, one per line as fajit dump's options "
+                        "(--mask, --score, --mask-mod, --score-mod, --capture, --arch, --dtype, --head-dim, "
+                        "--head-dim-v, --kernel auto|mma|wgmma) plus --with backward,deterministic,decode,"
+                        "ragged,paged; # comments");
+  cache_cmd->add_option("--jobs,-j", warm_jobs, "warm: variants compiled at once (default: the CPU count)")
+      ->check(CLI::Range(1, 256));
 
   CLI::App* mask_cmd = add_mask_command(app);
   CLI::App* fuzz_cmd = add_fuzz_command(app);
@@ -287,7 +405,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*dump_cmd) return run_dump(dump);
-    if (*cache_cmd) return run_cache(cache_what);
+    if (*cache_cmd) return run_cache(cache_what, warm_file, warm_jobs);
     if (*mask_cmd) return run_mask_command();
     if (*fuzz_cmd) return run_fuzz_command(argv[0]);
     if (*run_cmd) {

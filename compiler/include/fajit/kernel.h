@@ -80,6 +80,22 @@ struct BlockMaskOptions {
   int kv_block = BlockMask::kDefaultBlock;
 };
 
+// Which of a kernel's lazily compiled kernels Kernel::warm compiles now.
+struct WarmOptions {
+  bool block_mask = true;      // the block-mask builder (none for a mask that keeps everything)
+  bool backward = false;       // the backward kernels (dQ by atomics)
+  bool deterministic = false;  // the backward kernels of deterministic mode
+  bool decode = false;         // the split-KV decoding kernel (dense layout)
+  bool ragged = false;         // the packed (cu_seqlens) prefill and decoding kernels
+  bool paged = false;          // the paged-KV prefill and decoding kernels
+};
+
+// What Kernel::warm compiled, by where each kernel came from (the forward included).
+struct WarmReport {
+  int kernels = 0;
+  int compiled = 0, from_disk = 0, from_memory = 0;
+};
+
 class FA_API Kernel {
  public:
   struct Impl;
@@ -117,6 +133,12 @@ class FA_API Kernel {
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const BlockMask& mask, const Captures& captures = {},
                 const BackwardOptions& options = {}, Stream stream = nullptr) const;
+  // Compiles now, through the memory and disk caches, the kernels that otherwise compile on
+  // first use (a server warms them at start; `fajit cache warm` fills the disk cache ahead of
+  // time). fa::Error as the first use would throw it (e.g. a score_mod without a derivative
+  // and `backward`).
+  WarmReport warm(const WarmOptions& options = {}) const;
+
   // The decoding kernel's generated CUDA source and spec (compiled on first request).
   const std::string& decode_cuda_source() const;
   const KernelSpec& decode_spec() const;

@@ -184,6 +184,9 @@ class MaskBuilder {
     return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
   }
 
+  // The builder kernel, compiled now (null for a mask that keeps everything: never needed).
+  const Compiled* warm() { return program_.mask_is_noop() ? nullptr : &builder(); }
+
  private:
   const Compiled& builder() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -489,6 +492,28 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   void* args[] = {&p, cap.data()};
   rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem,
              reinterpret_cast<CUstream>(stream), args);
+}
+
+WarmReport Kernel::warm(const WarmOptions& options) const {
+  WarmReport r;
+  auto count = [&r](const Compiled* c) {
+    if (!c) return;
+    ++r.kernels;
+    (c->origin == CacheOrigin::kCompiled ? r.compiled
+     : c->origin == CacheOrigin::kDisk   ? r.from_disk
+                                         : r.from_memory)++;
+  };
+  count(&impl_->fwd);
+  if (options.block_mask) count(impl_->mask.warm());
+  if (options.backward) count(&impl_->backward_kernel(false));
+  if (options.deterministic) count(&impl_->backward_kernel(true));
+  if (options.decode) count(&impl_->decode_kernel(SequenceLayout::kDense));
+  for (SequenceLayout l : {SequenceLayout::kRagged, SequenceLayout::kPaged}) {
+    if (!(l == SequenceLayout::kRagged ? options.ragged : options.paged)) continue;
+    count(&impl_->prefill_kernel(l));
+    count(&impl_->decode_kernel(l));
+  }
+  return r;
 }
 
 const std::string& Kernel::decode_cuda_source() const { return impl_->decode_kernel().gen.source; }
