@@ -285,13 +285,19 @@ TEST(Reference, NanScoresPropagateNotMask) {
   }
 }
 
-// dot_shift moves each q·k by shift·Σ|q_d·k_d|: with one key the LSE is that score exactly,
-// in the forward and in the backward's own forward.
-TEST(Reference, DotShiftMovesEveryScoreByItsMagnitude) {
+// The problem cut to its first key: a row's softmax is that key alone (P = 1, O = v).
+Problem one_key() {
   Problem p;
   p.Lkv = 1;
   p.k.resize(size_t(p.B) * p.Hkv * p.Dqk);
   p.v.resize(size_t(p.B) * p.Hkv * p.Dv);
+  return p;
+}
+
+// dot_shift moves each q·k by shift·Σ|q_d·k_d|: with one key the LSE is that score exactly,
+// in the forward and in the backward's own forward.
+TEST(Reference, DotShiftMovesEveryScoreByItsMagnitude) {
+  const Problem p = one_key();
   const double shift = 1e-3, scale = 1.0 / std::sqrt(double(p.Dqk));
   fa::ReferenceOptions opt;
   opt.dot_shift = shift;
@@ -314,10 +320,7 @@ TEST(Reference, DotShiftMovesEveryScoreByItsMagnitude) {
 // dp_shift moves dP - Δ by shift·(Σ|dO·v| + Σ|dO·o|): with one key P = 1 and O = v, so dS is
 // exactly that and dQ = scale·dS·k.
 TEST(Reference, DpShiftMovesEveryDsByItsMagnitude) {
-  Problem p;
-  p.Lkv = 1;
-  p.k.resize(size_t(p.B) * p.Hkv * p.Dqk);
-  p.v.resize(size_t(p.B) * p.Hkv * p.Dv);
+  const Problem p = one_key();
   const double shift = 1e-3, scale = 1.0 / std::sqrt(double(p.Dqk));
   std::vector<double> dout(size_t(p.B) * p.Hq * p.Lq * p.Dv);
   for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(double(i));
