@@ -19,6 +19,7 @@
 //   stage_packed    packed A fragments into a shared staging tile
 //   store_rows      staged rows to global memory with 16-byte stores
 //   store_lse       the natural-log LSE of a thread's two rows
+//   KvPipeline      the K/V cp.async ring's prologue and per-tile advance
 #ifndef FAJIT_ATTENTION_TILE_CUH
 #define FAJIT_ATTENTION_TILE_CUH
 
@@ -76,6 +77,34 @@ __device__ __forceinline__ void rebase_sequence(FaFwdParams& p, int b) {
   }
   if (p.seqlens_k != nullptr) p.len_kv = clamp_len(p.seqlens_k[b], max_kv);
 }
+
+// The K/V cp.async ring of the mma.sync forward and decoding kernels: kStages shared stages,
+// tile i in stage i % kStages, one commit group per tile (empty past the walk). load_kv(i)
+// issues tile i's copies.
+template <int kStages>
+struct KvPipeline {
+  // The prologue, after the caller's Q group: tiles 0..kStages-2, then waits until Q and tile 0
+  // have landed and are visible to the CTA.
+  template <typename LoadKv>
+  static __device__ __forceinline__ void prime(int n_tiles, LoadKv&& load_kv) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_tiles) load_kv(s);
+      cp_async_commit();
+    }
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+  }
+  // The top of iteration it: tile it has landed and is visible to all; tile it + kStages - 1
+  // goes into the stage that tile it - 1 freed.
+  template <typename LoadKv>
+  static __device__ __forceinline__ void advance(int it, int n_tiles, LoadKv&& load_kv) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (it + kStages - 1 < n_tiles) load_kv(it + kStages - 1);
+    cp_async_commit();
+  }
+};
 
 // Key (or value) rows of KV head hkv of sequence b: a strided [len, D] operand, or, paged,
 // row kv at row kv % page_size of page pages[kv / page_size] (stride_b is the page stride).

@@ -148,13 +148,7 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
     return qg + pr.h * p.q_stride_h + (long long)pr.q * p.q_stride_m;
   });
   cp_async_commit();
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) load_kv(s);
-    cp_async_commit();
-  }
-  cp_async_wait<kStages - 1>();
-  __syncthreads();
+  KvPipeline<kStages>::prime(n_tiles, load_kv);
 
   // ---- this warp's 16 packed rows; a warp past the last row only loads
   const int warp_row0 = warp * 16;
@@ -191,10 +185,7 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
   lane_offsets_a<Cfg::kCV>(v_off, lane);
 
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile `it` visible to all; stage (it-1) % STAGES free for reuse
-    if (it + kStages - 1 < n_tiles) load_kv(it + kStages - 1);
-    cp_async_commit();
+    KvPipeline<kStages>::advance(it, n_tiles, load_kv);  // tile `it` visible to all
 
     const int start = walk.tile_start(it0 + it);
     if (!active || start >= len_kv) continue;

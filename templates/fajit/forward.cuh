@@ -138,13 +138,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
   load_tile_async<kBM, RowQK, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
   cp_async_commit();
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) load_kv(s);
-    cp_async_commit();
-  }
-  cp_async_wait<kStages - 1>();
-  __syncthreads();
+  KvPipeline<kStages>::prime(n_tiles, load_kv);
 
   // Q fragments: ldmatrix geometry of this lane (row (lane%8) + 8*bit3, chunk bit = lane/16),
   // four swizzled chunk offsets as for K/V below. With Q_IN_REGS they are loaded once and stay
@@ -201,10 +195,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   lane_offsets_a<Cfg::kCV>(v_off, lane);  // V: B operand of P·V with .trans (rows = k)
 
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile `it` visible to all; stage (it-1) % STAGES free for reuse
-    if (it + kStages - 1 < n_tiles) load_kv(it + kStages - 1);
-    cp_async_commit();
+    KvPipeline<kStages>::advance(it, n_tiles, load_kv);  // tile `it` visible to all
 
     const int start = tile_start(it);
     if (start >= len_kv) continue;
