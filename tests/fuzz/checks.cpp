@@ -425,11 +425,15 @@ int run(const Config& cfg, std::ostream& out) {
         "  gpu: {} forwards, {} ragged/paged layouts, {} backwards compared with the float64 reference; {} "
         "rows in {} cases over the bound but inside the reference's f32 envelope (ill-conditioned), {} "
         "backwards within the reference's own spread\n"
+        "  gpu variety: {} cases with strided operands, {} backwards with a dLSE, {} deterministic, {} "
+        "buffer "
+        "gradients compared\n"
         "  time: {:.1f} s CPU checks, {:.1f} s fa::compile (NVRTC), {:.1f} s float64 references, {:.1f} s "
         "the "
         "rest (inputs, kernels, comparisons)\n",
-        st.gpu_forward, st.gpu_layouts, st.gpu_backward, st.ill_rows, st.ill_cases, st.ill_backward, st.t_cpu,
-        st.t_compile, st.t_reference, st.t_gpu_other);
+        st.gpu_forward, st.gpu_layouts, st.gpu_backward, st.ill_rows, st.ill_cases, st.ill_backward,
+        st.strided, st.with_dlse, st.deterministic, st.buffer_grads, st.t_cpu, st.t_compile, st.t_reference,
+        st.t_gpu_other);
   return failures;
 }
 

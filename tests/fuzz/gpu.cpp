@@ -18,7 +18,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <functional>
+#include <map>
+
 #include "fajit/captures.h"
+#include "fajit/detail/program_impl.h"
 #include "fajit/detail/reference.h"
 #include "fajit/kernel.h"
 #include "fajit/runtime/device.h"
@@ -118,6 +122,56 @@ std::string describe_row(const Case& c, const fa::Program& program, const fa::Bi
     r += fmt::format("; finite scores in [{:.6g} (kv {}), {:.6g} (kv {})]", lo, at_min, hi, at_max);
   return r;
 }
+
+// ---- strided device operands -----------------------------------------------------------------
+// A [B, H, L, D] operand's device layout: contiguous; (B, L, H, D) as torch's transpose(1, 2) of
+// a [B, L, H, D] tensor; or rows padded to D + pad elements. The host keeps values contiguous;
+// the buffer is poisoned (0xff) where the view does not reach, so a write outside it shows.
+struct Strided {
+  int B, H, L, D;
+  std::array<int64_t, 4> stride;
+  size_t span;  // elements of the buffer
+  fa::rt::DeviceBuffer buf;
+
+  Strided(int mode, int pad, int B_, int H_, int L_, int D_) : B(B_), H(H_), L(L_), D(D_) {
+    const int64_t Dp = D + (mode == 2 ? pad : 0);
+    if (mode == 1)
+      stride = {int64_t(L) * H * D, D, int64_t(H) * D, 1};
+    else
+      stride = {int64_t(H) * L * Dp, int64_t(L) * Dp, Dp, 1};
+    span = size_t(B) * H * L * Dp;
+    buf = fa::rt::DeviceBuffer(std::max<size_t>(span, 8) * 2);
+  }
+  size_t at(size_t i) const {  // the buffer element of contiguous element i
+    const size_t d = i % D, l = i / D % L, h = i / D / L % H, b = i / D / L / H;
+    return b * stride[0] + h * stride[1] + l * stride[2] + d;
+  }
+  void upload(const std::vector<uint16_t>& bits) {
+    std::vector<uint16_t> dev(span, 0xffff);
+    for (size_t i = 0; i < bits.size(); ++i) dev[at(i)] = bits[i];
+    buf.upload(dev.data(), span * 2);
+  }
+  void poison() { buf.memset8(0xff); }
+  // The values (contiguous); `outside` counts buffer elements beyond the view that were written.
+  std::vector<double> download(fa::DType t, size_t* outside = nullptr) const {
+    std::vector<uint16_t> dev(span);
+    buf.download(dev.data(), span * 2);
+    std::vector<double> out(size_t(B) * H * L * D);
+    std::vector<char> in_view(outside ? span : 0, 0);
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = fa::from_bits(dev[at(i)], t);
+      if (outside) in_view[at(i)] = 1;
+    }
+    if (outside) {
+      *outside = 0;
+      for (size_t j = 0; j < span; ++j) *outside += !in_view[j] && dev[j] != 0xffff;
+    }
+    return out;
+  }
+  fa::TensorView view(fa::DType t) {
+    return fa::TensorView(buf.as<void>(), t, {B, H, L, D}, {stride[0], stride[1], stride[2], stride[3]});
+  }
+};
 
 // ---- the forward's comparison, with the reference's own rounding envelope -----------------
 // A query row of the comparison: batch b, head h, query i over its first len_kv keys (the dense
@@ -343,14 +397,6 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
       describe_row(x.c, program, env, x.q, x.k, wr.b, wr.h, wr.i, wr.len_kv));
 }
 
-std::vector<double> download(const fa::rt::DeviceBuffer& buf, size_t n, fa::DType t) {
-  std::vector<uint16_t> bits(n);
-  buf.download(bits.data(), n * 2);
-  std::vector<double> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = fa::from_bits(bits[i], t);
-  return out;
-}
-
 // The case again as a ragged batch over a paged KV cache (fa::Sequences): sequence b keeps the
 // first lq[b] queries and lkv[b] keys of batch b (random, 0 and 1 among them), packed with
 // cu_seqlens; its keys once packed (cu_seqlens_k) and once in pages of a random size shuffled
@@ -548,21 +594,29 @@ std::string check_gpu(const Case& c, Stats* st) {
                nl = size_t(B) * Hq * Lq;
   fa::RoundedTensor q = fa::random_rounded(nq, t, rng), kk = fa::random_rounded(nk, t, rng),
                     v = fa::random_rounded(nv, t, rng);
-  fa::rt::DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nv * 2), dout(no * 2), dlse(nl * 4);
-  dq.upload(q.bits.data(), nq * 2);
-  dk.upload(kk.bits.data(), nk * 2);
-  dv.upload(v.bits.data(), nv * 2);
-  dout.memset8(0xff);  // poison: NaN in fp16, bf16 and f32
+  // Device layouts: 60 % contiguous, 20 % (B, L, H, D), 20 % padded rows; one mode per case
+  // for every operand, output and gradient.
+  const int mode = rng() % 5 < 3 ? 0 : 1 + int(rng() % 2), pad = 8 * (1 + int(rng() % 3));
+  if (st) st->strided += mode != 0;
+  Strided sq(mode, pad, B, Hq, Lq, s.dim_qk), sk(mode, pad, B, Hkv, Lkv, s.dim_qk),
+      sv(mode, pad, B, Hkv, Lkv, s.dim_v), so(mode, pad, B, Hq, Lq, s.dim_v);
+  fa::rt::DeviceBuffer dlse(nl * 4);
+  sq.upload(q.bits);
+  sk.upload(kk.bits);
+  sv.upload(v.bits);
+  so.poison();  // poison: NaN in fp16, bf16 and f32
   dlse.memset8(0xff);
-  fa::TensorView tq(dq.as<void>(), t, {B, Hq, Lq, s.dim_qk}), tk(dk.as<void>(), t, {B, Hkv, Lkv, s.dim_qk}),
-      tv(dv.as<void>(), t, {B, Hkv, Lkv, s.dim_v}), to(dout.as<void>(), t, {B, Hq, Lq, s.dim_v}),
-      tl(dlse.as<void>(), fa::DType::f32, {B, Hq, Lq});
+  const fa::TensorView tq = sq.view(t), tk = sk.view(t), tv = sv.view(t), to = so.view(t);
+  fa::TensorView tl(dlse.as<void>(), fa::DType::f32, {B, Hq, Lq});
   fa::BlockMask mask = k.block_mask(B, Hq, Lq, Lkv, cap);
   fa::ForwardOptions fo;
   fo.lse = &tl;
   k.forward(tq, tk, tv, to, mask, cap, fo);
   fa::rt::synchronize(nullptr);
-  std::vector<double> out = download(dout, no, t);
+  size_t outside = 0;
+  std::vector<double> out = so.download(t, &outside);
+  if (outside)
+    return fmt::format("forward wrote {} elements outside the output view ({})", outside, to.to_string());
   std::vector<float> lse_f(nl);
   dlse.download(lse_f.data(), nl * 4);
   std::vector<double> lse(lse_f.begin(), lse_f.end());
@@ -610,13 +664,40 @@ std::string check_gpu(const Case& c, Stats* st) {
     if (!std::isfinite(x)) return "";
   fa::RoundedTensor g_out = fa::random_rounded(no, t, rng);
   std::vector<double> dout_vals(g_out.values.begin(), g_out.values.end());
-  fa::rt::DeviceBuffer d_do(no * 2), d_dq(nq * 2), d_dk(nk * 2), d_dv(nv * 2);
-  d_do.upload(g_out.bits.data(), no * 2);
-  for (fa::rt::DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->memset8(0xff);
-  fa::TensorView tdo(d_do.as<void>(), t, {B, Hq, Lq, s.dim_v}),
-      tdq(d_dq.as<void>(), t, {B, Hq, Lq, s.dim_qk}), tdk(d_dk.as<void>(), t, {B, Hkv, Lkv, s.dim_qk}),
-      tdv(d_dv.as<void>(), t, {B, Hkv, Lkv, s.dim_v});
-  k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap);
+  Strided sdo(mode, pad, B, Hq, Lq, s.dim_v), sdq(mode, pad, B, Hq, Lq, s.dim_qk),
+      sdk(mode, pad, B, Hkv, Lkv, s.dim_qk), sdv(mode, pad, B, Hkv, Lkv, s.dim_v);
+  sdo.upload(g_out.bits);
+  for (Strided* x : {&sdq, &sdk, &sdv}) x->poison();
+  fa::BackwardOptions bo;
+  // A quarter of the cases with a dLSE (a loss that reads the LSE), a quarter deterministic.
+  std::vector<double> dlse_vals;
+  fa::rt::DeviceBuffer d_dlse(nl * 4);
+  fa::TensorView tdlse(d_dlse.as<void>(), fa::DType::f32, {B, Hq, Lq});
+  if (rng() % 4 == 0) {
+    std::vector<float> dl(nl);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (float& x : dl) x = u(rng);
+    d_dlse.upload(dl.data(), nl * 4);
+    dlse_vals.assign(dl.begin(), dl.end());
+    bo.dlse = &tdlse;
+    if (st) ++st->with_dlse;
+  }
+  bo.deterministic = rng() % 4 == 0;
+  if (st) st->deterministic += bo.deterministic;
+  // Every f32 buffer the score_mod reads gets a gradient, into zeroed fp32 tensors.
+  std::map<std::string, fa::rt::DeviceBuffer> d_bgrad;
+  for (const std::string& name : fa::detail::gradient_buffers(program)) {
+    const fa::TensorView& primal = cap.buffers().at(name);
+    fa::rt::DeviceBuffer& buf = d_bgrad[name];
+    buf = fa::rt::DeviceBuffer(size_t(primal.numel()) * 4);
+    buf.memset8(0);
+    bo.buffer_grads.emplace(
+        name, primal.rank == 1
+                  ? fa::TensorView(buf.as<void>(), fa::DType::f32, {primal.shape[0]})
+                  : fa::TensorView(buf.as<void>(), fa::DType::f32, {primal.shape[0], primal.shape[1]}));
+  }
+  if (st) st->buffer_grads += int64_t(d_bgrad.size());
+  k.backward(tq, tk, tv, to, tl, sdo.view(t), sdq.view(t), sdk.view(t), sdv.view(t), mask, cap, bo);
   fa::rt::synchronize(nullptr);
   fa::ReferenceOptions rb = ro;
   if (grad)
@@ -629,19 +710,39 @@ std::string check_gpu(const Case& c, Stats* st) {
   {
     Timed timed(st ? &st->t_reference : nullptr);
     g = fa::reference_attention_backward(rs, q.values.data(), kk.values.data(), v.values.data(),
-                                         dout_vals.data(), nullptr, rb);
+                                         dout_vals.data(), dlse_vals.empty() ? nullptr : dlse_vals.data(),
+                                         rb);
   }
   if (st) ++st->gpu_backward;
   const double gtol = t == fa::DType::bf16 ? 3e-2 : 1e-2;
+  // dQ, dK, dV (any layout: compared as contiguous [B, H, L, D]) and the buffer gradients
+  // (fp32, flat; H = L = 1, D = their size for the messages). `pick` finds the same gradient in
+  // another ReferenceGrads.
   struct Grad {
-    const char* name;
+    std::string name;
     std::vector<double> got;
     const std::vector<double>* ref;
     int H, L, D;
+    std::function<const std::vector<double>*(const fa::ReferenceGrads&)> pick;
   };
-  std::vector<Grad> grads = {{"dq", download(d_dq, nq, t), &g.dq, Hq, Lq, s.dim_qk},
-                             {"dk", download(d_dk, nk, t), &g.dk, Hkv, Lkv, s.dim_qk},
-                             {"dv", download(d_dv, nv, t), &g.dv, Hkv, Lkv, s.dim_v}};
+  std::vector<Grad> grads;
+  size_t outside_dq = 0, outside_dk = 0, outside_dv = 0;
+  grads.push_back({"dq", sdq.download(t, &outside_dq), &g.dq, Hq, Lq, s.dim_qk,
+                   [](const fa::ReferenceGrads& r) { return &r.dq; }});
+  grads.push_back({"dk", sdk.download(t, &outside_dk), &g.dk, Hkv, Lkv, s.dim_qk,
+                   [](const fa::ReferenceGrads& r) { return &r.dk; }});
+  grads.push_back({"dv", sdv.download(t, &outside_dv), &g.dv, Hkv, Lkv, s.dim_v,
+                   [](const fa::ReferenceGrads& r) { return &r.dv; }});
+  if (outside_dq + outside_dk + outside_dv)
+    return fmt::format("backward wrote outside the gradient views: dq {}, dk {}, dv {} elements", outside_dq,
+                       outside_dk, outside_dv);
+  for (auto& [name, buf] : d_bgrad) {
+    const std::vector<double>& r = g.buffer_grads.at(name);
+    std::vector<float> got(r.size());
+    buf.download(got.data(), got.size() * 4);
+    grads.push_back({"d" + name, std::vector<double>(got.begin(), got.end()), &r, 1, 1, int(r.size()),
+                     [n = name](const fa::ReferenceGrads& x) { return &x.buffer_grads.at(n); }});
+  }
   bool over = false;
   for (const Grad& gr : grads) {
     const Compared cg = compare(gr.got, *gr.ref);
@@ -661,17 +762,13 @@ std::string check_gpu(const Case& c, Stats* st) {
     rm.dp_shift = (k ? -1 : 1) * s.dim_v * 0x1p-24;
     Timed timed(st ? &st->t_reference : nullptr);
     moved[k] = fa::reference_attention_backward(rs, q.values.data(), kk.values.data(), v.values.data(),
-                                                dout_vals.data(), nullptr, rm);
+                                                dout_vals.data(),
+                                                dlse_vals.empty() ? nullptr : dlse_vals.data(), rm);
   }
   std::string bad;
   for (const Grad& gr : grads) {
     const std::vector<double>& ref = *gr.ref;
-    const std::vector<double>* alt[2] = {gr.name[1] == 'q'   ? &moved[0].dq
-                                         : gr.name[1] == 'k' ? &moved[0].dk
-                                                             : &moved[0].dv,
-                                         gr.name[1] == 'q'   ? &moved[1].dq
-                                         : gr.name[1] == 'k' ? &moved[1].dk
-                                                             : &moved[1].dv};
+    const std::vector<double>* alt[2] = {gr.pick(moved[0]), gr.pick(moved[1])};
     double num = 0, den = 0, spread_num = 0;
     size_t unexpected = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
