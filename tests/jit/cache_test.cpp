@@ -1,12 +1,14 @@
 #include "fajit/jit/cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -432,6 +434,67 @@ TEST_F(CacheTest, EightProcessesFourThreadsSixteenKeys) {
     EXPECT_EQ(r.entry->cubin, cubin_of(k)) << k;
   }
   EXPECT_EQ(entry_files(), 16);
+}
+
+// A full disk, the unprivileged way: a process whose file size limit (RLIMIT_FSIZE, SIGXFSZ
+// ignored) is below an entry's size. The write fails (EFBIG) part-way: the lookup still returns
+// the compiled cubin, the cache degrades to memory for the rest of the process, the partial
+// temporary file is removed, and a later process with room writes and reads the entry.
+TEST_F(CacheTest, FullDiskDegradesToMemoryAndLeavesNothing) {
+  const std::string big(64 << 10, 'c');
+  race_processes(1, [&](int) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit lim{4096, 4096};
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) return false;
+    ::freopen("/dev/null", "w", stderr);  // the one warning ("... is not writable (File too large)")
+    Cache cache(dir_);
+    fa::jit::Lookup r = cache.get_or_compile(
+        kKey, [&] { return big; }, "meta");
+    bool ok = r.origin == Origin::kCompiled && r.entry->cubin == big;
+    ok = ok && cache.get_or_compile(kKey, [] { return std::string("x"); }).origin == Origin::kMemory;
+    ok = ok && cache.stats().write_failures == 1 && !cache.disk_enabled();
+    return ok && fs::is_empty(dir_);
+  });
+  EXPECT_EQ(entry_files(), 0);
+  EXPECT_EQ(Cache(dir_).get_or_compile(kKey, [&] { return big; }).origin, Origin::kCompiled);
+  fa::jit::Lookup r = Cache(dir_).get_or_compile(kKey, [] { return std::string("x"); });
+  EXPECT_EQ(r.origin, Origin::kDisk);
+  EXPECT_EQ(r.entry->cubin, big);
+}
+
+// The same on a real full file system: a 256 KiB tmpfs filled to within 16 KiB (needs the
+// privilege to mount; skipped, saying so, without it). ENOSPC instead of EFBIG, same outcome.
+TEST_F(CacheTest, FullTmpfsDegradesToMemoryAndLeavesNothing) {
+  const std::string mnt = dir_ + "/tiny";
+  fs::create_directory(mnt);
+  if (std::system(("mount -t tmpfs -o size=256k tmpfs '" + mnt + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN); the RLIMIT_FSIZE test covers the path";
+  struct Unmount {
+    std::string at;
+    ~Unmount() { (void)std::system(("umount '" + at + "'").c_str()); }
+  } unmount{mnt};
+  write(mnt + "/filler", std::string(240 << 10, 'f'));
+  const std::string big(64 << 10, 'c');
+  testing::internal::CaptureStderr();
+  {
+    Cache cache(mnt);
+    fa::jit::Lookup r = cache.get_or_compile(
+        kKey, [&] { return big; }, "meta");
+    EXPECT_EQ(r.origin, Origin::kCompiled);
+    EXPECT_EQ(r.entry->cubin, big);
+    EXPECT_EQ(cache.get_or_compile(kKey, [] { return std::string("x"); }).origin, Origin::kMemory);
+    EXPECT_EQ(cache.stats().write_failures, 1u);
+    EXPECT_FALSE(cache.disk_enabled());
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("is not writable (No space left on device); caching in memory only"), std::string::npos)
+      << err;
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(mnt)) files += e.path().filename() != "filler";
+  EXPECT_EQ(files, 0);  // no entry, no temporary file
+  fs::remove(mnt + "/filler");
+  EXPECT_EQ(Cache(mnt).get_or_compile(kKey, [&] { return big; }).origin, Origin::kCompiled);
+  EXPECT_EQ(Cache(mnt).get_or_compile(kKey, [] { return std::string("x"); }).origin, Origin::kDisk);
 }
 
 TEST_F(CacheTest, ListAndStats) {
