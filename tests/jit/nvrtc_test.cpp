@@ -151,6 +151,30 @@ TEST(Nvrtc, NotFoundListsEveryPlace) {
   }
 }
 
+// A libnvrtc of too old a major version, or one without an entry point fajit uses, is passed
+// over with the reason, and the next place is tried (tests/jit/fake: stand-in libraries).
+TEST(Nvrtc, TooOldOrIncompleteLibraryIsPassedOverWithTheReason) {
+  try {
+    Nvrtc::load({{FAJIT_FAKE_NVRTC11, "$FAJIT_NVRTC_LIBRARY"}, {FAJIT_FAKE_NVRTC_PARTIAL, "soname"}});
+    FAIL();
+  } catch (const fa::Error& e) {
+    EXPECT_EQ(e.code(), fa::ErrorCode::kCompile);
+    EXPECT_EQ(std::string(e.what()),
+              "cannot load NVRTC; tried:\n"
+              "  " FAJIT_FAKE_NVRTC11
+              " ($FAJIT_NVRTC_LIBRARY): NVRTC 11.8, fajit needs 12.0 or newer\n"
+              "  " FAJIT_FAKE_NVRTC_PARTIAL
+              " (soname): missing nvrtcCreateProgram, nvrtcDestroyProgram, nvrtcCompileProgram, "
+              "nvrtcGetPTXSize, nvrtcGetPTX, nvrtcGetCUBINSize, nvrtcGetCUBIN, nvrtcGetProgramLogSize, "
+              "nvrtcGetProgramLog\n"
+              "set FAJIT_NVRTC_LIBRARY to the path of libnvrtc.so");
+  }
+  // A good one after them is taken.
+  const std::string real = Nvrtc::get().library();
+  EXPECT_EQ(Nvrtc::load({{FAJIT_FAKE_NVRTC11, "$FAJIT_NVRTC_LIBRARY"}, {real, "soname"}})->version(),
+            Nvrtc::get().version());
+}
+
 TEST(Nvrtc, EnvironmentOverrideIsTheOnlyPlace) {
   ::setenv("FAJIT_NVRTC_LIBRARY", "/nonexistent", 1);
   std::vector<fa::jit::NvrtcPlace> places = Nvrtc::default_places();

@@ -212,6 +212,11 @@ std::shared_ptr<const Nvrtc> Nvrtc::load(const std::vector<NvrtcPlace>& places) 
       tried += "  " + place.path + " (" + place.why + "): missing " + missing + "\n";
       continue;  // left open: closing a half-used library buys nothing
     }
+    if (major < kMinMajor) {  // the templates need CUDA 12's PTX (wgmma, setmaxnreg) and C++17
+      tried += "  " + place.path + " (" + place.why + "): NVRTC " + std::to_string(major) + "." +
+               std::to_string(minor) + ", fajit needs " + std::to_string(kMinMajor) + ".0 or newer\n";
+      continue;
+    }
     std::shared_ptr<Nvrtc> nv(new Nvrtc());
     nv->handle_ = handle;
     nv->api_ = std::move(api);

@@ -50,8 +50,12 @@ class Nvrtc {
   // (kCompile) listing every place tried when none works; a later call tries again.
   static const Nvrtc& get();
 
-  // Loads NVRTC from the first of `places` that dlopen accepts and that has every function
-  // fajit uses. Throws fa::Error (kCompile) listing each place and why it failed.
+  // The oldest NVRTC major version the templates compile with (CUDA 12: wgmma, setmaxnreg).
+  static constexpr int kMinMajor = 12;
+
+  // Loads NVRTC from the first of `places` that dlopen accepts, that has every function fajit
+  // uses and whose major version is at least kMinMajor. Throws fa::Error (kCompile) listing
+  // each place and why it failed.
   static std::shared_ptr<const Nvrtc> load(const std::vector<NvrtcPlace>& places);
 
   // The search list described at the top of this file, for this process as it is now.
