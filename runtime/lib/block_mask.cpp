@@ -251,7 +251,7 @@ void upload_set(rt::DeviceBuffer& buf, const TableSet* host, RowSource src, cons
   const size_t cells = size_t(rows) * cols;
   const size_t at_num = 0, at_idx = pad(rows), at_full_num = at_idx + pad(cells),
                at_full_idx = at_full_num + pad(rows), total = at_full_idx + pad(cells);
-  buf = rt::DeviceBuffer(total * sizeof(int32_t));
+  buf = rt::DeviceBuffer(total * sizeof(int32_t), "the block mask's tables");
   constexpr size_t kI = sizeof(int32_t);
   if (total * kI <= kSingleUploadBytes) {  // small: one staging buffer, one upload
     std::vector<int32_t> stage(total);     // zeroed: the padding

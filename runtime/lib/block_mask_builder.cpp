@@ -38,10 +38,10 @@ std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& capt
                             options.known.size()));
 
   ContextGuard guard;
-  DeviceBuffer kinds{static_cast<size_t>(tiles)};
+  DeviceBuffer kinds(static_cast<size_t>(tiles), "the block-mask builder's block kinds");
   DeviceBuffer known;
   if (!options.known.empty()) {
-    known = DeviceBuffer(size_t(tiles));
+    known = DeviceBuffer(size_t(tiles), "the block-mask builder's known kinds");
     known.upload_async(options.known.data(), size_t(tiles), options.stream);
   }
   FaBlockMaskParams p{};

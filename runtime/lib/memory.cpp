@@ -35,12 +35,13 @@ class ScopedCurrent {
 
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(size_t bytes) {
+DeviceBuffer::DeviceBuffer(size_t bytes, std::string_view what) {
   if (bytes == 0) return;
   ContextGuard guard;
   CUresult r = driver().cuMemAlloc(&ptr_, bytes);
   if (r != CUDA_SUCCESS)
-    throw Error(fmt::format("cuMemAlloc failed: {} ({} bytes)", describe(r), bytes), ErrorCode::kCuda);
+    throw Error(fmt::format("cannot allocate {} bytes of device memory for {}: {}", bytes, what, describe(r)),
+                ErrorCode::kCuda);
   size_ = bytes;
   ctx_ = guard.context();
 }

@@ -232,8 +232,15 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
 // Stream-ordered device scratch: allocated on `stream`, freed on it after the work queued so far.
 class StreamScratch {
  public:
-  StreamScratch(size_t bytes, CUstream stream) : stream_(stream) {
-    FA_CU(cuMemAllocAsync, &ptr_, bytes, stream_);
+  // `what` names the use in an out-of-memory error ("the backward's fp32 dQ accumulator").
+  StreamScratch(size_t bytes, CUstream stream, std::string_view what) : stream_(stream) {
+    const CUresult r = rt::driver().cuMemAllocAsync(&ptr_, bytes, stream_);
+    if (r != CUDA_SUCCESS) {
+      ptr_ = 0;
+      throw Error(
+          fmt::format("cannot allocate {} bytes of device memory for {}: {}", bytes, what, rt::describe(r)),
+          ErrorCode::kCuda);
+    }
   }
   ~StreamScratch() {
     if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);  // best effort: a destructor reports nothing
@@ -461,7 +468,8 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
     dp.splits = static_cast<int>(splits);
     const size_t part_rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
-    StreamScratch scratch(size_t(splits) * part_rows * (shape.dim_v + 2) * sizeof(float), st);
+    StreamScratch scratch(size_t(splits) * part_rows * (shape.dim_v + 2) * sizeof(float), st,
+                          fmt::format("the decoding kernel's {} fp32 partial results", splits));
     dp.o_part = scratch.f32();
     dp.m_part = dp.o_part + size_t(splits) * part_rows * shape.dim_v;
     dp.l_part = dp.m_part + size_t(splits) * part_rows;
@@ -542,7 +550,8 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
   const size_t accum_floats = options.deterministic ? 0 : rows * size_t(shape.dim_qk);
-  StreamScratch scratch((delta_floats + accum_floats) * sizeof(float), st);
+  StreamScratch scratch((delta_floats + accum_floats) * sizeof(float), st,
+                        "the backward's fp32 scratch (delta, dQ accumulator)");
   float* delta = scratch.f32();
   float* dq_accum = options.deterministic ? nullptr : delta + delta_floats;
   const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, options.dlse};

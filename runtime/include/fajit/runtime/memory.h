@@ -9,14 +9,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace fa::rt {
 
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  // Allocates `bytes` (0 allocates nothing) in the context ContextGuard selects.
-  explicit DeviceBuffer(size_t bytes);
+  // Allocates `bytes` (0 allocates nothing) in the context ContextGuard selects. Out of
+  // memory throws fa::Error (kCuda) "cannot allocate N bytes of device memory for <what>: ...".
+  explicit DeviceBuffer(size_t bytes, std::string_view what = "a device buffer");
   ~DeviceBuffer();  // frees in its own context; failures are reported, never thrown
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
