@@ -1,0 +1,290 @@
+// The fuzzer's float64 comparisons (compare.h).
+#include "compare.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace fa_fuzz {
+
+Compared compare(const std::vector<double>& got, const std::vector<double>& ref) {
+  Compared c;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(ref[i]) || !std::isfinite(got[i])) {
+      bool same = (std::isnan(ref[i]) && std::isnan(got[i])) || (std::isinf(ref[i]) && got[i] == ref[i]);
+      if (!same && c.unexpected++ == 0) c.first_bad = i;
+      continue;
+    }
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  c.rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return c;
+}
+
+// The element with the largest error (or the first non-finite mismatch) of `got` vs `ref`.
+size_t worst(const std::vector<double>& got, const std::vector<double>& ref) {
+  size_t at = 0;
+  double err = -1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const bool fin = std::isfinite(ref[i]) && std::isfinite(got[i]);
+    const bool same = fin || (std::isnan(ref[i]) && std::isnan(got[i])) || got[i] == ref[i];
+    const double e = !same ? INFINITY : fin ? std::fabs(got[i] - ref[i]) : 0;
+    if (e > err) err = e, at = i;
+  }
+  return at;
+}
+
+// What the float64 reference saw in query row (b, h, i) of the dense case: masked keys, NaN and
+// ±inf scores (score_mod results in f32, as both sides evaluate them) and the range of the finite
+// ones, so a failure shows whether it is about non-finite or huge scores.
+std::string describe_row(const Case& c, const fa::Program& program, const fa::Bindings& env,
+                         const fa::RoundedTensor& q, const fa::RoundedTensor& kk, int b, int h, int i,
+                         int len_kv) {
+  const Shape& s = c.shape;
+  const fa::BoundMod sm = fa::ModProgram::score_of(program).bind(env),
+                     mm = fa::ModProgram::mask_of(program).bind(env);
+  const int hk = h / (s.heads_q / s.heads_kv);
+  const double scale = 1.0 / std::sqrt(double(s.dim_qk));
+  int masked = 0, nan = 0, pinf = 0, ninf = 0, first_odd = -1, at_max = -1, at_min = -1;
+  double lo = INFINITY, hi = -INFINITY;
+  for (int j = 0; j < len_kv; ++j) {
+    if (!mm.mask(b, h, i, j)) {
+      ++masked;
+      continue;
+    }
+    double dot = 0;
+    for (int d = 0; d < s.dim_qk; ++d)
+      dot += double(q.values[((size_t(b) * s.heads_q + h) * s.len_q + i) * s.dim_qk + d]) *
+             double(kk.values[((size_t(b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk + d]);
+    const float sc = sm.score(static_cast<float>(dot * scale), b, h, i, j);
+    if (std::isnan(sc) || std::isinf(sc)) {
+      (std::isnan(sc) ? nan : sc > 0 ? pinf : ninf)++;
+      if (first_odd < 0) first_odd = j;
+      continue;
+    }
+    if (sc > hi) hi = sc, at_max = j;
+    if (sc < lo) lo = sc, at_min = j;
+  }
+  std::string r = fmt::format("row b {} h {} q {}: {} keys, {} masked, {} NaN, {} +inf, {} -inf scores", b, h,
+                              i, s.len_kv, masked, nan, pinf, ninf);
+  if (first_odd >= 0) r += fmt::format(" (first non-finite at kv {})", first_odd);
+  if (at_max >= 0)
+    r += fmt::format("; finite scores in [{:.6g} (kv {}), {:.6g} (kv {})]", lo, at_min, hi, at_max);
+  return r;
+}
+
+// One row of the float64 reference (the same arithmetic as fa::reference_attention), each q·k
+// first moved by `dir`·ε·Σ|q_d·k_d| with ε = Dqk·2^-24 — the bound of the kernels' f32
+// accumulation of Dqk exact products — dir = +1, -1, or random signs per key when `dir` is 0.
+void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64& rng, double* out,
+                   double* lse) {
+  const Shape& s = x.c.shape;
+  const int hk = r.h / (s.heads_q / s.heads_kv);
+  const double scale = 1.0 / std::sqrt(double(s.dim_qk)), eps = s.dim_qk * 0x1p-24;
+  const float* qr = &x.q.values[((size_t(r.b) * s.heads_q + r.h) * s.len_q + r.i) * s.dim_qk];
+  std::vector<double> row(size_t(r.len_kv));
+  double m = -INFINITY;
+  bool nan_score = false;
+  for (int j = 0; j < r.len_kv; ++j) {
+    if (!x.mask.mask(r.b, r.h, r.i, j)) {
+      row[j] = -INFINITY;
+      continue;
+    }
+    const float* kr = &x.k.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk];
+    double dot = 0, mag = 0;
+    for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
+    const int sign = dir != 0 ? dir : (rng() & 1) ? 1 : -1;
+    const double sc = x.score.score(static_cast<float>((dot + sign * eps * mag) * scale), r.b, r.h, r.i, j);
+    row[j] = sc;
+    if (sc > m) m = sc;
+    nan_score |= std::isnan(sc);
+  }
+  std::fill_n(out, s.dim_v, 0.0);
+  *lse = -INFINITY;
+  if (m == -INFINITY && nan_score) {
+    std::fill_n(out, s.dim_v, NAN);
+    *lse = NAN;
+    return;
+  }
+  if (m == -INFINITY) return;
+  double sum = 0;
+  for (int j = 0; j < r.len_kv; ++j) {
+    if (row[j] == -INFINITY) continue;
+    const double p = std::exp(row[j] - m);
+    sum += p;
+    const float* vr = &x.v.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_v];
+    for (int d = 0; d < s.dim_v; ++d) out[d] += p * vr[d];
+  }
+  for (int d = 0; d < s.dim_v; ++d) out[d] /= sum;
+  *lse = m + std::log(sum);
+}
+
+// Does row r hold a key whose score the f32 accumulation bound can move by more than 1e-3
+// (relative from 1 on) or tip into or out of NaN/±inf, while it matters (within 20 of the row's
+// largest score)? A discontinuous or chaotic score_mod there (fmod by a near-zero score, a
+// comparison on its edge) has no answer at f32 that an envelope of a few samples could bound:
+// such a row is unverifiable, not wrong.
+bool unstable_row(const RowContext& x, const RowId& r) {
+  const Shape& s = x.c.shape;
+  const int hk = r.h / (s.heads_q / s.heads_kv);
+  const double scale = 1.0 / std::sqrt(double(s.dim_qk)), eps = s.dim_qk * 0x1p-24;
+  const float* qr = &x.q.values[((size_t(r.b) * s.heads_q + r.h) * s.len_q + r.i) * s.dim_qk];
+  std::vector<std::array<float, 3>> sc;
+  float top = -INFINITY;
+  for (int j = 0; j < r.len_kv; ++j) {
+    if (!x.mask.mask(r.b, r.h, r.i, j)) continue;
+    const float* kr = &x.k.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk];
+    double dot = 0, mag = 0;
+    for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
+    std::array<float, 3> v{};
+    for (int k = 0; k < 3; ++k)
+      v[size_t(k)] = x.score.score(static_cast<float>((dot + (k - 1) * eps * mag) * scale), r.b, r.h, r.i, j);
+    for (float y : v)
+      if (y > top) top = y;
+    sc.push_back(v);
+  }
+  for (const auto& v : sc) {
+    const bool finite = std::isfinite(v[0]) && std::isfinite(v[1]) && std::isfinite(v[2]);
+    if (!finite) {
+      if (!(std::isinf(v[0]) && v[0] == v[1] && v[1] == v[2])) return true;  // NaN-ness or ±inf moves
+      continue;
+    }
+    const float lo = std::min({v[0], v[1], v[2]}), hi = std::max({v[0], v[1], v[2]});
+    if (hi >= top - 20 && hi - lo > 1e-3 * std::max(1.f, std::fabs(hi))) return true;
+  }
+  return false;
+}
+
+// The LSE bound: 2e-2 absolute, plus what f32 can hold of a large LSE (it is stored as f32 and
+// formed as (R + log2 l)·ln 2: a few of its ulps).
+double lse_bound(double ref) { return 2e-2 + std::fabs(ref) * 0x1p-21; }
+
+bool same_nonfinite(double got, double ref) {
+  return (std::isnan(ref) && std::isnan(got)) || (std::isinf(ref) && got == ref);
+}
+
+// Is row r of the kernel inside the reference's envelope: each element (and the LSE) within
+// the bound of the span of the reference and its three perturbed re-evaluations, NaN or ±inf
+// only where one of them is?
+bool inside_envelope(const RowContext& x, const RowId& r, const double* got, double got_lse,
+                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng) {
+  const int DV = x.c.shape.dim_v;
+  std::vector<std::vector<double>> outs(4, std::vector<double>(ref, ref + DV));
+  std::vector<double> lses(4, ref_lse);
+  for (int dir = -1; dir <= 1; ++dir)
+    reference_row(x, r, dir, rng, outs[size_t(dir + 2)].data(), &lses[size_t(dir + 2)]);
+  auto inside = [&](double g, auto value_of, double slack) {
+    double lo = INFINITY, hi = -INFINITY;
+    bool nonfinite_ok = false;
+    for (size_t v = 0; v < 4; ++v) {
+      const double w = value_of(v);
+      if (std::isfinite(w))
+        lo = std::min(lo, w), hi = std::max(hi, w);
+      else
+        nonfinite_ok |= same_nonfinite(g, w);
+    }
+    if (!std::isfinite(g)) return nonfinite_ok;
+    return lo <= hi && g >= lo - slack && g <= hi + slack;
+  };
+  double mag = 0;
+  for (int d = 0; d < DV; ++d)
+    if (std::isfinite(ref[d])) mag = std::max(mag, std::fabs(ref[d]));
+  for (int d = 0; d < DV; ++d)
+    if (!inside(
+            got[d], [&](size_t v) { return outs[v][size_t(d)]; }, tol * std::max(mag, 1e-3)))
+      return false;
+  return inside(
+      got_lse, [&](size_t v) { return lses[v]; }, lse_bound(ref_lse));
+}
+
+// The forward's check over rows (out [rows][Dv], lse [rows]): out relative error (2-norm over
+// the finite reference entries) within `tol`, LSE within lse_bound, NaN/inf only where the
+// reference has them. Rows over the bound (worst first, up to 2e7 query-key pairs) are re-evaluated under
+// the f32 accumulation envelope (reference_row); those inside it are ill-conditioned — a
+// score_mod amplifying rounding — and left out of the verdict, counted in `st`.
+std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
+                            const std::vector<double>& got, const std::vector<double>& ref,
+                            const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
+                            double tol, std::mt19937_64& rng, Stats* st, const fa::Program& program,
+                            const fa::Bindings& env) {
+  const size_t DV = size_t(x.c.shape.dim_v), n = rows.size();
+  std::vector<double> num(n, 0), den(n, 0);
+  std::vector<char> bad(n, 0);  // a non-finite mismatch or an LSE over its bound
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t d = 0; d < DV; ++d) {
+      const double g = got[r * DV + d], w = ref[r * DV + d];
+      if (!std::isfinite(g) || !std::isfinite(w)) {
+        bad[r] |= !same_nonfinite(g, w);
+        continue;
+      }
+      num[r] += (g - w) * (g - w), den[r] += w * w;
+    }
+    const double gl = got_lse[r], wl = ref_lse[r];
+    bad[r] |=
+        std::isfinite(gl) && std::isfinite(wl) ? std::fabs(gl - wl) > lse_bound(wl) : !same_nonfinite(gl, wl);
+  }
+  std::vector<char> left_out(n, 0);
+  auto verdict = [&](size_t* worst_row) {
+    double tn = 0, td = 0;
+    bool any_bad = false;
+    double worst = -1;
+    for (size_t r = 0; r < n; ++r) {
+      if (left_out[r]) continue;
+      tn += num[r], td += den[r];
+      const double e = bad[r] ? INFINITY : num[r] / std::max(den[r], 1e-30);
+      if (e > worst) worst = e, *worst_row = r;
+      any_bad |= bad[r] != 0;
+    }
+    const double rel = td > 0 ? std::sqrt(tn / td) : std::sqrt(tn);
+    return std::pair{!any_bad && rel <= tol, rel};
+  };
+  size_t worst_row = 0;
+  if (verdict(&worst_row).first) return "";
+  // Suspects: the rows over the bound themselves, worst first.
+  std::vector<size_t> suspects;
+  for (size_t r = 0; r < n; ++r)
+    if (bad[r] || num[r] > 0.25 * tol * tol * den[r] + 1e-12) suspects.push_back(r);
+  std::sort(suspects.begin(), suspects.end(), [&](size_t a, size_t b) {
+    auto key = [&](size_t r) { return bad[r] ? INFINITY : num[r] / std::max(den[r], 1e-30); };
+    return key(a) > key(b);
+  });
+  int64_t ill = 0;
+  // Re-evaluated rows, worst first, within a budget of 2e7 query-key pairs (a full reference's).
+  int64_t pairs = 0;
+  for (size_t k = 0; k < suspects.size() && pairs < 20000000; ++k) {
+    const size_t r = suspects[k];
+    pairs += rows[r].len_kv;
+    if (inside_envelope(x, rows[r], &got[r * DV], got_lse[r], &ref[r * DV], ref_lse[r], tol, rng) ||
+        unstable_row(x, rows[r]))
+      left_out[r] = 1, ++ill;
+  }
+  const auto [ok, rel] = verdict(&worst_row);
+  if (st) st->ill_rows += ill, st->ill_cases += ill > 0;
+  if (ok) return "";
+  size_t wd = 0;
+  double we = -1;
+  for (size_t d = 0; d < DV; ++d) {
+    const double g = got[worst_row * DV + d], w = ref[worst_row * DV + d];
+    const double e = std::isfinite(g) && std::isfinite(w) ? std::fabs(g - w)
+                     : same_nonfinite(g, w)               ? 0
+                                                          : INFINITY;
+    if (e > we) we = e, wd = d;
+  }
+  const RowId& wr = rows[worst_row];
+  size_t n_bad = 0;
+  for (size_t r = 0; r < n; ++r) n_bad += bad[r] && !left_out[r];
+  return fmt::format(
+      "out rel err {:.3e} (bound {:.0e}), {} rows with a non-finite mismatch or lse over its bound; {} of {} "
+      "rows over the bound inside the reference's f32 envelope (ill-conditioned, left out)\n"
+      "  worst row: out got {:.6g}, want {:.6g} at d {}; lse got {:.8g}, want {:.8g}\n  {}",
+      rel, tol, n_bad, ill, suspects.size(), got[worst_row * DV + wd], ref[worst_row * DV + wd], wd,
+      got_lse[worst_row], ref_lse[worst_row],
+      describe_row(x.c, program, env, x.q, x.k, wr.b, wr.h, wr.i, wr.len_kv));
+}
+
+}  // namespace fa_fuzz

@@ -1,0 +1,77 @@
+// The fuzzer's float64 comparisons (tests/fuzz/README.md, GPU mode), kept apart from the GPU so
+// they are tested without one (compare_test.cpp): elementwise comparison with NaN/inf matched,
+// the forward's row-wise verdict with the reference's own f32 rounding envelope for
+// ill-conditioned mods, and the descriptions failures print.
+#ifndef FAJIT_TESTS_FUZZ_COMPARE_H
+#define FAJIT_TESTS_FUZZ_COMPARE_H
+
+#include <cstddef>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fajit/detail/interp.h"
+#include "fajit/detail/reference.h"
+#include "fajit/frontend.h"
+#include "fajit/runtime/half.h"
+#include "fuzz.h"
+
+namespace fa_fuzz {
+
+struct Compared {
+  double rel = 0;         // ||got - ref|| / ||ref|| over the entries where ref is finite
+  size_t unexpected = 0;  // non-finite where the reference is finite, or finite where it is not
+  size_t first_bad = 0;
+};
+Compared compare(const std::vector<double>& got, const std::vector<double>& ref);
+
+// The element with the largest error (or the first non-finite mismatch) of `got` vs `ref`.
+size_t worst(const std::vector<double>& got, const std::vector<double>& ref);
+
+// What the float64 reference saw in query row (b, h, i) of the case over its first len_kv keys:
+// masked keys, NaN and ±inf scores and the range of the finite ones.
+std::string describe_row(const Case& c, const fa::Program& program, const fa::Bindings& env,
+                         const fa::RoundedTensor& q, const fa::RoundedTensor& kk, int b, int h, int i,
+                         int len_kv);
+
+// A query row of the comparison: batch b, head h, query i over its first len_kv keys (the dense
+// case: all of them; a ragged sequence: its own).
+struct RowId {
+  int b, h, i, len_kv;
+};
+
+// What the forward comparison needs to re-evaluate rows: the case (its shape), the bound mods
+// and the inputs (contiguous [B, H, L, D] values).
+struct RowContext {
+  const Case& c;
+  const fa::BoundMod& score;
+  const fa::BoundMod& mask;
+  const fa::RoundedTensor &q, &k, &v;
+};
+
+// One row of the float64 reference, each q·k first moved by dir·Dqk·2^-24·Σ|q_d·k_d| (dir +1,
+// -1, or random signs per key when 0): out [Dv] and lse.
+void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64& rng, double* out,
+                   double* lse);
+// Whether the row holds a key whose score those moves change by more than 1e-3 (relative from
+// 1) or tip into or out of NaN/±inf while it matters (within 20 of the row max).
+bool unstable_row(const RowContext& x, const RowId& r);
+// The LSE bound: 2e-2 absolute plus a few of f32's ulps of |ref|.
+double lse_bound(double ref);
+bool same_nonfinite(double got, double ref);
+// Whether row r of the kernel (got [Dv], got_lse) lies inside the span of the reference and its
+// three moved re-evaluations (plus the bound), non-finite only where one of them is.
+bool inside_envelope(const RowContext& x, const RowId& r, const double* got, double got_lse,
+                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng);
+// The forward's verdict over rows (out [rows][Dv], lse [rows]): "" or the failure text. Rows
+// over the bound are re-evaluated (worst first, up to 2e7 query-key pairs) and those inside the
+// envelope or unstable are left out, counted in st->ill_rows / ill_cases.
+std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
+                            const std::vector<double>& got, const std::vector<double>& ref,
+                            const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
+                            double tol, std::mt19937_64& rng, Stats* st, const fa::Program& program,
+                            const fa::Bindings& env);
+
+}  // namespace fa_fuzz
+
+#endif  // FAJIT_TESTS_FUZZ_COMPARE_H

@@ -1,0 +1,142 @@
+// The fuzzer's forward verdict (compare.h) without a GPU: "kernel" outputs are made from the
+// float64 reference itself — exact, wrong in one row, from a reference whose dots moved by half
+// the f32 accumulation bound (what a correct kernel may do with an ill-conditioned mod), or an
+// LSE rounded to f32 at 3e9 — and each must get the verdict the README describes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compare.h"
+#include "fajit/detail/interp.h"
+#include "fajit/detail/reference.h"
+#include "fajit/frontend.h"
+
+namespace {
+
+using fa_fuzz::RowContext;
+using fa_fuzz::RowId;
+
+// A small case (B 1, Hq 2, Hkv 1, Lq 8, Lkv 40, D 16) with the given score_mod and a causal
+// mask offset so every row sees keys; the inputs are bf16-rounded random values.
+struct Problem {
+  fa_fuzz::Case c;
+  fa::Program program;
+  fa::Bindings env;
+  fa::ModProgram sp, mp;
+  fa::BoundMod score, mask;
+  fa::RoundedTensor q, k, v;
+  std::vector<RowId> rows;
+  fa::ReferenceOptions ro;
+  fa::ReferenceShape rs;
+
+  explicit Problem(const fa::ScoreMod& score_mod)
+      : program(fa::trace(score_mod, fa::MaskMod{"m", [](fa::Index, fa::Index, fa::Index q,
+                                                         fa::Index kv) { return kv <= q + 30; }})),
+        sp(fa::ModProgram::score_of(program)),
+        mp(fa::ModProgram::mask_of(program)),
+        score(sp.bind(env)),
+        mask(mp.bind(env)),
+        rs{1, 2, 1, 8, 40, 16, 16} {
+    c.shape = {1, 2, 1, 8, 40, 16, 16, fa::DType::bf16};
+    std::mt19937_64 rng(7);
+    q = fa::random_rounded(size_t(2) * 8 * 16, fa::DType::bf16, rng);
+    k = fa::random_rounded(size_t(40) * 16, fa::DType::bf16, rng);
+    v = fa::random_rounded(size_t(40) * 16, fa::DType::bf16, rng);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 8; ++i) rows.push_back({0, h, i, 40});
+    ro.score_mod = &sp, ro.mask_mod = &mp, ro.bindings = &env;
+  }
+  fa::ReferenceResult reference(double dot_shift = 0) {
+    fa::ReferenceOptions o = ro;
+    o.dot_shift = dot_shift;
+    return fa::reference_attention(rs, q.values.data(), k.values.data(), v.values.data(), o);
+  }
+  std::string verdict(const std::vector<double>& got, const std::vector<double>& got_lse,
+                      const fa::ReferenceResult& ref, fa_fuzz::Stats* st) {
+    const RowContext x{c, score, mask, q, k, v};
+    std::mt19937_64 rng(1);
+    return fa_fuzz::compare_forward(x, rows, got, ref.out, got_lse, ref.lse, 1e-2, rng, st, program, env);
+  }
+};
+
+TEST(FuzzCompare, TheReferenceItselfPasses) {
+  Problem s(fa::identity_score());
+  const fa::ReferenceResult ref = s.reference();
+  fa_fuzz::Stats st;
+  EXPECT_EQ(s.verdict(ref.out, ref.lse, ref, &st), "");
+  EXPECT_EQ(st.ill_rows, 0);
+}
+
+TEST(FuzzCompare, AWrongRowFailsAndIsDescribed) {
+  Problem s(fa::identity_score());
+  const fa::ReferenceResult ref = s.reference();
+  std::vector<double> got = ref.out;
+  for (int d = 0; d < 16; ++d) got[size_t(11) * 16 + d] *= 1.5;  // row 11: h 1, q 3
+  fa_fuzz::Stats st;
+  const std::string e = s.verdict(got, ref.lse, ref, &st);
+  EXPECT_NE(e.find("0 of 1 rows over the bound inside the reference's f32 envelope"), std::string::npos) << e;
+  EXPECT_NE(e.find("row b 0 h 1 q 3: 40 keys, 6 masked, 0 NaN, 0 +inf, 0 -inf scores"), std::string::npos)
+      << e;
+  EXPECT_EQ(st.ill_rows, 0);
+
+  std::vector<double> nan_row = ref.out;
+  nan_row[size_t(5) * 16] = NAN;  // a NaN where the reference is finite
+  EXPECT_NE(s.verdict(nan_row, ref.lse, ref, &st).find("1 rows with a non-finite mismatch"),
+            std::string::npos);
+}
+
+// score·1e5 turns the f32 rounding of q·k into LSE differences past the LSE bound: a "kernel"
+// whose dots moved by half the accumulation bound fails the plain bound, yet lies inside the
+// envelope of the reference moved by the whole bound — accepted and counted.
+TEST(FuzzCompare, AnIllConditionedModStaysInsideTheEnvelope) {
+  Problem s(fa::ScoreMod{"amplify",
+                         [](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return x * 1e5f; }});
+  const fa::ReferenceResult ref = s.reference(), kernel = s.reference(0.5 * 16 * 0x1p-24);
+  double over = 0;  // how far the plain LSE bound is missed
+  for (size_t i = 0; i < ref.lse.size(); ++i)
+    over = std::max(over, std::fabs(kernel.lse[i] - ref.lse[i]) - fa_fuzz::lse_bound(ref.lse[i]));
+  ASSERT_GT(over, 0);
+  fa_fuzz::Stats st;
+  EXPECT_EQ(s.verdict(kernel.out, kernel.lse, ref, &st), "");
+  EXPECT_GT(st.ill_rows, 0);
+  EXPECT_EQ(st.ill_cases, 1);
+  // Well-conditioned, the same move stays far inside the plain bounds.
+  Problem w(fa::identity_score());
+  const fa::ReferenceResult wref = w.reference(), wk = w.reference(0.5 * 16 * 0x1p-24);
+  EXPECT_LT(fa_fuzz::compare(wk.out, wref.out).rel, 1e-5);
+  fa_fuzz::Stats wst;
+  EXPECT_EQ(w.verdict(wk.out, wk.lse, wref, &wst), "");
+  EXPECT_EQ(wst.ill_rows, 0);
+}
+
+// An LSE of 3e9 + log(n) rounded to f32 (ulp 256) is within the bound; one ulp more is not
+// (at 3e9, 2^-21 of it is ~1430: a few ulps).
+TEST(FuzzCompare, TheLseBoundCountsF32Ulps) {
+  Problem s(fa::ScoreMod{"offset",
+                         [](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return x + 3e9f; }});
+  const fa::ReferenceResult ref = s.reference();
+  std::vector<double> f32_lse(ref.lse.size()), far = ref.lse;
+  for (size_t i = 0; i < ref.lse.size(); ++i) f32_lse[i] = static_cast<float>(ref.lse[i]);
+  fa_fuzz::Stats st;
+  EXPECT_EQ(s.verdict(ref.out, f32_lse, ref, &st), "");
+  far[2] += 4096;
+  EXPECT_NE(s.verdict(ref.out, far, ref, &st), "");
+  EXPECT_DOUBLE_EQ(fa_fuzz::lse_bound(0), 2e-2);
+}
+
+TEST(FuzzCompare, UnstableRowsAreTheChaoticOnes) {
+  Problem calm(fa::identity_score());
+  Problem chaos(fa::ScoreMod{"chaos", [](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) {
+                               return fa::sin(x * 1e5f);  // the dots' f32 rounding moves it by ~0.1
+                             }});
+  const RowContext c{calm.c, calm.score, calm.mask, calm.q, calm.k, calm.v};
+  const RowContext u{chaos.c, chaos.score, chaos.mask, chaos.q, chaos.k, chaos.v};
+  EXPECT_FALSE(fa_fuzz::unstable_row(c, {0, 0, 5, 40}));
+  EXPECT_TRUE(fa_fuzz::unstable_row(u, {0, 0, 5, 40}));
+}
+
+}  // namespace
