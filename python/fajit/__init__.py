@@ -142,6 +142,16 @@ class Kernel:
         """'memory', 'disk' or 'compiled'."""
         return _capi.text(self._lib.fajit_kernel_origin(self._h))
 
+    def warm(self, backward=False, deterministic=False, decode=False, ragged=False, paged=False, block_mask=True):
+        """Compiles now, through the caches, the kernels otherwise compiled on first use (a server
+        warms them at start; no GPU needed). Returns how many kernels the variant has, the
+        forward included."""
+        flags = ((1 if block_mask else 0) | (2 if backward else 0) | (4 if deterministic else 0) |
+                 (8 if decode else 0) | (16 if ragged else 0) | (32 if paged else 0))
+        n = _C.c_int(0)
+        _capi.check(self._lib.fajit_kernel_warm(self._h, flags, _C.byref(n)))
+        return n.value
+
 
 def compile(score_mod=None, mask_mod=None, dtype="bf16", head_dim_qk=128, head_dim_v=None, arch=None):
     """Traces and compiles a variant (NVRTC; no GPU needed, arch defaults to the GPU's or sm_90a)."""

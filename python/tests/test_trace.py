@@ -380,3 +380,20 @@ def test_compile_a_traced_variant_without_a_gpu():
         fajit.compile(alibi_slopes, causal, head_dim_qk=100, arch="sm_80")
     with pytest.raises(ValueError, match="dtype must be 'bf16' or 'f16', got 'f32'"):
         fajit.compile(alibi_slopes, causal, dtype="f32")
+
+
+def test_warm_compiles_the_lazy_kernels_without_a_gpu():
+    def softcap(score, b, h, q_idx, kv_idx):
+        return 20.0 * fajit.tanh(score / 20.0)
+
+    k = fajit.compile(softcap, causal, head_dim_qk=64, arch="sm_80")
+    assert k.warm() == 2  # the forward and the block-mask builder
+    assert k.warm(backward=True, decode=True) == 4
+    assert k.warm(backward=True, decode=True) == 4  # once: the same kernels again
+
+    def stepped(score, b, h, q_idx, kv_idx):
+        return score + score.floor()
+
+    ks = fajit.compile(stepped, causal, head_dim_qk=64, arch="sm_80")
+    with pytest.raises(fajit.FajitError, match="cannot differentiate score_mod"):
+        ks.warm(backward=True)

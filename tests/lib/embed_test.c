@@ -34,6 +34,21 @@ int main(int argc, char** argv) {
   }
   printf("compiled %s: %zu-byte cubin (%s)\n", fajit_kernel_cache_key(k), size, fajit_kernel_origin(k));
 
+  /* fajit_kernel_warm: the lazily compiled kernels now (forward + block-mask builder + decode). */
+  {
+    int n = 0;
+    if (fajit_kernel_warm(k, FAJIT_WARM_BLOCK_MASK | FAJIT_WARM_DECODE, &n) != FAJIT_OK || n != 3) {
+      fprintf(stderr, "fajit_kernel_warm: %d kernels, %s\n", n, fajit_last_error());
+      return 1;
+    }
+    if (fajit_kernel_warm(k, 1u << 9, NULL) != FAJIT_ERROR_INVALID_ARGUMENT ||
+        strcmp(fajit_last_error(), "flags: unknown bits 0x200 (known: fajit_warm_flag, 0x3f)") != 0) {
+      fprintf(stderr, "expected the unknown-flags error, got: %s\n", fajit_last_error());
+      return 1;
+    }
+    printf("warmed %d kernels\n", n);
+  }
+
   /* fajit_kernel_forward_ex: ragged / paged tables and the options struct are checked before
    * anything runs (fake, aligned device addresses: nothing is launched, no GPU needed). */
   {

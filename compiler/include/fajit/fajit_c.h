@@ -91,6 +91,21 @@ FA_API const void* fajit_kernel_cubin(const fajit_kernel* kernel, size_t* size);
 /* PTX, compiled on first request; owned by the kernel. */
 FA_API fajit_status fajit_kernel_ptx(fajit_kernel* kernel, const char** ptx);
 
+/* The kernels fajit_kernel_warm compiles now instead of on first use (flags, OR-ed). */
+typedef enum fajit_warm_flag {
+  FAJIT_WARM_BLOCK_MASK = 1,    /* the block-mask builder (none for a mask that keeps everything) */
+  FAJIT_WARM_BACKWARD = 2,      /* the backward kernels */
+  FAJIT_WARM_DETERMINISTIC = 4, /* the backward kernels of deterministic mode */
+  FAJIT_WARM_DECODE = 8,        /* the split-KV decoding kernel */
+  FAJIT_WARM_RAGGED = 16,       /* the packed (cu_seqlens) prefill and decoding kernels */
+  FAJIT_WARM_PAGED = 32         /* the paged-KV prefill and decoding kernels */
+} fajit_warm_flag;
+/* Compiles now, through the memory and disk caches, the kernels `flags` names (fa::Kernel::warm).
+ * *kernels (optional) gets how many kernels the variant has compiled or found, the forward
+ * included. An unknown flag bit is FAJIT_ERROR_INVALID_ARGUMENT; a score_mod without a
+ * derivative and FAJIT_WARM_BACKWARD fails as the first backward would. */
+FA_API fajit_status fajit_kernel_warm(const fajit_kernel* kernel, unsigned flags, int* kernels);
+
 /* A parsed, verified and simplified fa module (what fajit_compile_mlir compiles), for callers
  * that want the canonical IR, its captures or block masks without compiling a forward kernel
  * (the Python package traces mods to fa text and goes through these). */

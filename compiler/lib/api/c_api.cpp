@@ -399,6 +399,26 @@ fajit_status fajit_kernel_ptx(fajit_kernel* k, const char** ptx) {
   });
 }
 
+fajit_status fajit_kernel_warm(const fajit_kernel* k, unsigned flags, int* kernels) {
+  return guarded([&] {
+    require(k, "kernel");
+    constexpr unsigned kAll = FAJIT_WARM_BLOCK_MASK | FAJIT_WARM_BACKWARD | FAJIT_WARM_DETERMINISTIC |
+                              FAJIT_WARM_DECODE | FAJIT_WARM_RAGGED | FAJIT_WARM_PAGED;
+    if (flags & ~kAll)
+      throw fa::Error(
+          fmt::format("flags: unknown bits {:#x} (known: fajit_warm_flag, {:#x})", flags & ~kAll, kAll));
+    fa::WarmOptions w;
+    w.block_mask = flags & FAJIT_WARM_BLOCK_MASK;
+    w.backward = flags & FAJIT_WARM_BACKWARD;
+    w.deterministic = flags & FAJIT_WARM_DETERMINISTIC;
+    w.decode = flags & FAJIT_WARM_DECODE;
+    w.ragged = flags & FAJIT_WARM_RAGGED;
+    w.paged = flags & FAJIT_WARM_PAGED;
+    const fa::WarmReport r = k->kernel.warm(w);
+    if (kernels) *kernels = r.kernels;
+  });
+}
+
 fajit_status fajit_kernel_block_mask(const fajit_kernel* k, int batch, int heads, int64_t len_q,
                                      int64_t len_kv, const fajit_captures* captures, void* cu_stream,
                                      fajit_block_mask** out) {
