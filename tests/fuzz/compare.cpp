@@ -15,8 +15,7 @@ Compared compare(const std::vector<double>& got, const std::vector<double>& ref)
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     if (!std::isfinite(ref[i]) || !std::isfinite(got[i])) {
-      bool same = (std::isnan(ref[i]) && std::isnan(got[i])) || (std::isinf(ref[i]) && got[i] == ref[i]);
-      if (!same && c.unexpected++ == 0) c.first_bad = i;
+      if (!same_nonfinite(got[i], ref[i]) && c.unexpected++ == 0) c.first_bad = i;
       continue;
     }
     num += (got[i] - ref[i]) * (got[i] - ref[i]);
@@ -32,50 +31,63 @@ size_t worst(const std::vector<double>& got, const std::vector<double>& ref) {
   double err = -1;
   for (size_t i = 0; i < ref.size(); ++i) {
     const bool fin = std::isfinite(ref[i]) && std::isfinite(got[i]);
-    const bool same = fin || (std::isnan(ref[i]) && std::isnan(got[i])) || got[i] == ref[i];
+    const bool same = fin || same_nonfinite(got[i], ref[i]);
     const double e = !same ? INFINITY : fin ? std::fabs(got[i] - ref[i]) : 0;
     if (e > err) err = e, at = i;
   }
   return at;
 }
 
-// What the float64 reference saw in query row (b, h, i) of the dense case: masked keys, NaN and
-// ±inf scores (score_mod results in f32, as both sides evaluate them) and the range of the finite
-// ones, so a failure shows whether it is about non-finite or huge scores.
-std::string describe_row(const Case& c, const fa::Program& program, const fa::Bindings& env,
-                         const fa::RoundedTensor& q, const fa::RoundedTensor& kk, int b, int h, int i,
-                         int len_kv) {
-  const Shape& s = c.shape;
-  const fa::BoundMod sm = fa::ModProgram::score_of(program).bind(env),
-                     mm = fa::ModProgram::mask_of(program).bind(env);
-  const int hk = h / (s.heads_q / s.heads_kv);
-  const double scale = 1.0 / std::sqrt(double(s.dim_qk));
-  int masked = 0, nan = 0, pinf = 0, ninf = 0, first_odd = -1, at_max = -1, at_min = -1;
-  double lo = INFINITY, hi = -INFINITY;
-  for (int j = 0; j < len_kv; ++j) {
-    if (!mm.mask(b, h, i, j)) {
-      ++masked;
-      continue;
-    }
-    double dot = 0;
-    for (int d = 0; d < s.dim_qk; ++d)
-      dot += double(q.values[((size_t(b) * s.heads_q + h) * s.len_q + i) * s.dim_qk + d]) *
-             double(kk.values[((size_t(b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk + d]);
-    const float sc = sm.score(static_cast<float>(dot * scale), b, h, i, j);
-    if (std::isnan(sc) || std::isinf(sc)) {
-      (std::isnan(sc) ? nan : sc > 0 ? pinf : ninf)++;
-      if (first_odd < 0) first_odd = j;
-      continue;
-    }
-    if (sc > hi) hi = sc, at_max = j;
-    if (sc < lo) lo = sc, at_min = j;
+namespace {
+
+// Calls fn(j, scores) for every key j < r.len_kv the mask keeps, scores[k] the score_mod's f32
+// result of its q·k moved first by move(k)·Dqk·2^-24·Σ|q_d·k_d| (move(k) = 0: exact) and scaled
+// as the kernels scale it: one dot product per key for all N moves.
+template <size_t N, typename Move, typename Fn>
+void for_each_score(const RowContext& x, const RowId& r, Move&& move, Fn&& fn) {
+  const Shape& s = x.c.shape;
+  const int hk = r.h / (s.heads_q / s.heads_kv);
+  const double scale = 1.0 / std::sqrt(double(s.dim_qk)), eps = s.dim_qk * 0x1p-24;
+  const float* qr = &x.q.values[((size_t(r.b) * s.heads_q + r.h) * s.len_q + r.i) * s.dim_qk];
+  for (int j = 0; j < r.len_kv; ++j) {
+    if (!x.mask.mask(r.b, r.h, r.i, j)) continue;
+    const float* kr = &x.k.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk];
+    double dot = 0, mag = 0;
+    for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
+    std::array<float, N> sc{};
+    for (size_t k = 0; k < N; ++k)
+      sc[k] = x.score.score(static_cast<float>((dot + move(k) * eps * mag) * scale), r.b, r.h, r.i, j);
+    fn(j, sc);
   }
-  std::string r = fmt::format("row b {} h {} q {}: {} keys, {} masked, {} NaN, {} +inf, {} -inf scores", b, h,
-                              i, s.len_kv, masked, nan, pinf, ninf);
-  if (first_odd >= 0) r += fmt::format(" (first non-finite at kv {})", first_odd);
+}
+
+}  // namespace
+
+// What the float64 reference saw in query row r: masked keys, NaN and ±inf scores (score_mod
+// results in f32, as both sides evaluate them) and the range of the finite ones, so a failure
+// shows whether it is about non-finite or huge scores.
+std::string describe_row(const RowContext& x, const RowId& r) {
+  int kept = 0, nan = 0, pinf = 0, ninf = 0, first_odd = -1, at_max = -1, at_min = -1;
+  double lo = INFINITY, hi = -INFINITY;
+  for_each_score<1>(
+      x, r, [](size_t) { return 0.0; },
+      [&](int j, const std::array<float, 1>& v) {
+        const float sc = v[0];
+        ++kept;
+        if (std::isnan(sc) || std::isinf(sc)) {
+          (std::isnan(sc) ? nan : sc > 0 ? pinf : ninf)++;
+          if (first_odd < 0) first_odd = j;
+          return;
+        }
+        if (sc > hi) hi = sc, at_max = j;
+        if (sc < lo) lo = sc, at_min = j;
+      });
+  std::string d = fmt::format("row b {} h {} q {}: {} keys, {} masked, {} NaN, {} +inf, {} -inf scores", r.b,
+                              r.h, r.i, r.len_kv, r.len_kv - kept, nan, pinf, ninf);
+  if (first_odd >= 0) d += fmt::format(" (first non-finite at kv {})", first_odd);
   if (at_max >= 0)
-    r += fmt::format("; finite scores in [{:.6g} (kv {}), {:.6g} (kv {})]", lo, at_min, hi, at_max);
-  return r;
+    d += fmt::format("; finite scores in [{:.6g} (kv {}), {:.6g} (kv {})]", lo, at_min, hi, at_max);
+  return d;
 }
 
 // One row of the float64 reference (the same arithmetic as fa::reference_attention), each q·k
@@ -85,25 +97,15 @@ void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64
                    double* lse) {
   const Shape& s = x.c.shape;
   const int hk = r.h / (s.heads_q / s.heads_kv);
-  const double scale = 1.0 / std::sqrt(double(s.dim_qk)), eps = s.dim_qk * 0x1p-24;
-  const float* qr = &x.q.values[((size_t(r.b) * s.heads_q + r.h) * s.len_q + r.i) * s.dim_qk];
-  std::vector<double> row(size_t(r.len_kv));
+  std::vector<double> row(size_t(r.len_kv), -INFINITY);  // -inf where masked
   double m = -INFINITY;
   bool nan_score = false;
-  for (int j = 0; j < r.len_kv; ++j) {
-    if (!x.mask.mask(r.b, r.h, r.i, j)) {
-      row[j] = -INFINITY;
-      continue;
-    }
-    const float* kr = &x.k.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk];
-    double dot = 0, mag = 0;
-    for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
-    const int sign = dir != 0 ? dir : (rng() & 1) ? 1 : -1;
-    const double sc = x.score.score(static_cast<float>((dot + sign * eps * mag) * scale), r.b, r.h, r.i, j);
-    row[j] = sc;
-    if (sc > m) m = sc;
-    nan_score |= std::isnan(sc);
-  }
+  auto move = [&](size_t) { return double(dir != 0 ? dir : (rng() & 1) ? 1 : -1); };
+  for_each_score<1>(x, r, move, [&](int j, const std::array<float, 1>& v) {
+    row[size_t(j)] = v[0];
+    if (v[0] > m) m = v[0];
+    nan_score |= std::isnan(v[0]);
+  });
   std::fill_n(out, s.dim_v, 0.0);
   *lse = -INFINITY;
   if (m == -INFINITY && nan_score) {
@@ -130,24 +132,15 @@ void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64
 // comparison on its edge) has no answer at f32 that an envelope of a few samples could bound:
 // such a row is unverifiable, not wrong.
 bool unstable_row(const RowContext& x, const RowId& r) {
-  const Shape& s = x.c.shape;
-  const int hk = r.h / (s.heads_q / s.heads_kv);
-  const double scale = 1.0 / std::sqrt(double(s.dim_qk)), eps = s.dim_qk * 0x1p-24;
-  const float* qr = &x.q.values[((size_t(r.b) * s.heads_q + r.h) * s.len_q + r.i) * s.dim_qk];
-  std::vector<std::array<float, 3>> sc;
+  std::vector<std::array<float, 3>> sc;  // each kept key's score moved down, not, up
   float top = -INFINITY;
-  for (int j = 0; j < r.len_kv; ++j) {
-    if (!x.mask.mask(r.b, r.h, r.i, j)) continue;
-    const float* kr = &x.k.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk];
-    double dot = 0, mag = 0;
-    for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
-    std::array<float, 3> v{};
-    for (int k = 0; k < 3; ++k)
-      v[size_t(k)] = x.score.score(static_cast<float>((dot + (k - 1) * eps * mag) * scale), r.b, r.h, r.i, j);
-    for (float y : v)
-      if (y > top) top = y;
-    sc.push_back(v);
-  }
+  for_each_score<3>(
+      x, r, [](size_t k) { return double(k) - 1; },
+      [&](int, const std::array<float, 3>& v) {
+        for (float y : v)
+          if (y > top) top = y;
+        sc.push_back(v);
+      });
   for (const auto& v : sc) {
     const bool finite = std::isfinite(v[0]) && std::isfinite(v[1]) && std::isfinite(v[2]);
     if (!finite) {
@@ -210,8 +203,7 @@ bool inside_envelope(const RowContext& x, const RowId& r, const double* got, dou
 std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
                             const std::vector<double>& got, const std::vector<double>& ref,
                             const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
-                            double tol, std::mt19937_64& rng, Stats* st, const fa::Program& program,
-                            const fa::Bindings& env) {
+                            double tol, std::mt19937_64& rng, Stats* st) {
   const size_t DV = size_t(x.c.shape.dim_v), n = rows.size();
   std::vector<double> num(n, 0), den(n, 0);
   std::vector<char> bad(n, 0);  // a non-finite mismatch or an LSE over its bound
@@ -283,8 +275,7 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
       "rows over the bound inside the reference's f32 envelope (ill-conditioned, left out)\n"
       "  worst row: out got {:.6g}, want {:.6g} at d {}; lse got {:.8g}, want {:.8g}\n  {}",
       rel, tol, n_bad, ill, suspects.size(), got[worst_row * DV + wd], ref[worst_row * DV + wd], wd,
-      got_lse[worst_row], ref_lse[worst_row],
-      describe_row(x.c, program, env, x.q, x.k, wr.b, wr.h, wr.i, wr.len_kv));
+      got_lse[worst_row], ref_lse[worst_row], describe_row(x, wr));
 }
 
 }  // namespace fa_fuzz

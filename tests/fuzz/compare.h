@@ -28,12 +28,6 @@ Compared compare(const std::vector<double>& got, const std::vector<double>& ref)
 // The element with the largest error (or the first non-finite mismatch) of `got` vs `ref`.
 size_t worst(const std::vector<double>& got, const std::vector<double>& ref);
 
-// What the float64 reference saw in query row (b, h, i) of the case over its first len_kv keys:
-// masked keys, NaN and ±inf scores and the range of the finite ones.
-std::string describe_row(const Case& c, const fa::Program& program, const fa::Bindings& env,
-                         const fa::RoundedTensor& q, const fa::RoundedTensor& kk, int b, int h, int i,
-                         int len_kv);
-
 // A query row of the comparison: batch b, head h, query i over its first len_kv keys (the dense
 // case: all of them; a ragged sequence: its own).
 struct RowId {
@@ -49,6 +43,9 @@ struct RowContext {
   const fa::RoundedTensor &q, &k, &v;
 };
 
+// What the float64 reference saw in query row r: masked keys, NaN and ±inf scores and the range
+// of the finite ones.
+std::string describe_row(const RowContext& x, const RowId& r);
 // One row of the float64 reference, each q·k first moved by dir·Dqk·2^-24·Σ|q_d·k_d| (dir +1,
 // -1, or random signs per key when 0): out [Dv] and lse.
 void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64& rng, double* out,
@@ -69,8 +66,7 @@ bool inside_envelope(const RowContext& x, const RowId& r, const double* got, dou
 std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
                             const std::vector<double>& got, const std::vector<double>& ref,
                             const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
-                            double tol, std::mt19937_64& rng, Stats* st, const fa::Program& program,
-                            const fa::Bindings& env);
+                            double tol, std::mt19937_64& rng, Stats* st);
 
 }  // namespace fa_fuzz
 

@@ -59,7 +59,7 @@ struct Problem {
                       const fa::ReferenceResult& ref, fa_fuzz::Stats* st) {
     const RowContext x{c, score, mask, q, k, v};
     std::mt19937_64 rng(1);
-    return fa_fuzz::compare_forward(x, rows, got, ref.out, got_lse, ref.lse, 1e-2, rng, st, program, env);
+    return fa_fuzz::compare_forward(x, rows, got, ref.out, got_lse, ref.lse, 1e-2, rng, st);
   }
 };
 
@@ -82,6 +82,11 @@ TEST(FuzzCompare, AWrongRowFailsAndIsDescribed) {
   EXPECT_NE(e.find("row b 0 h 1 q 3: 40 keys, 6 masked, 0 NaN, 0 +inf, 0 -inf scores"), std::string::npos)
       << e;
   EXPECT_EQ(st.ill_rows, 0);
+
+  // A ragged sequence's row is described over its own keys.
+  const RowContext x{s.c, s.score, s.mask, s.q, s.k, s.v};
+  EXPECT_EQ(fa_fuzz::describe_row(x, {0, 1, 3, 20}).rfind("row b 0 h 1 q 3: 20 keys, 0 masked, 0 NaN", 0),
+            0u);
 
   std::vector<double> nan_row = ref.out;
   nan_row[size_t(5) * 16] = NAN;  // a NaN where the reference is finite
