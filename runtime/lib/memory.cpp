@@ -35,13 +35,17 @@ class ScopedCurrent {
 
 }  // namespace
 
+void check_allocation(CUresult result, size_t bytes, std::string_view what) {
+  if (result != CUDA_SUCCESS)
+    throw Error(
+        fmt::format("cannot allocate {} bytes of device memory for {}: {}", bytes, what, describe(result)),
+        ErrorCode::kCuda);
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes, std::string_view what) {
   if (bytes == 0) return;
   ContextGuard guard;
-  CUresult r = driver().cuMemAlloc(&ptr_, bytes);
-  if (r != CUDA_SUCCESS)
-    throw Error(fmt::format("cannot allocate {} bytes of device memory for {}: {}", bytes, what, describe(r)),
-                ErrorCode::kCuda);
+  check_allocation(driver().cuMemAlloc(&ptr_, bytes), bytes, what);
   size_ = bytes;
   ctx_ = guard.context();
 }

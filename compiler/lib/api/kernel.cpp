@@ -20,6 +20,7 @@
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
 #include "fajit/runtime/fwd_params.h"
+#include "fajit/runtime/memory.h"
 
 namespace fa {
 
@@ -234,13 +235,7 @@ class StreamScratch {
  public:
   // `what` names the use in an out-of-memory error ("the backward's fp32 dQ accumulator").
   StreamScratch(size_t bytes, CUstream stream, std::string_view what) : stream_(stream) {
-    const CUresult r = rt::driver().cuMemAllocAsync(&ptr_, bytes, stream_);
-    if (r != CUDA_SUCCESS) {
-      ptr_ = 0;
-      throw Error(
-          fmt::format("cannot allocate {} bytes of device memory for {}: {}", bytes, what, rt::describe(r)),
-          ErrorCode::kCuda);
-    }
+    rt::check_allocation(rt::driver().cuMemAllocAsync(&ptr_, bytes, stream_), bytes, what);
   }
   ~StreamScratch() {
     if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);  // best effort: a destructor reports nothing

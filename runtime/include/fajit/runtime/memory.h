@@ -13,6 +13,10 @@
 
 namespace fa::rt {
 
+// Throws the out-of-memory error of DeviceBuffer and of stream-ordered allocations unless
+// `result` (of the allocation of `bytes` for `what`) is CUDA_SUCCESS.
+void check_allocation(CUresult result, size_t bytes, std::string_view what);
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
