@@ -236,6 +236,8 @@ void warm_line(WarmLine& w) {
                             k.spec().to_string());
   } catch (const fa::Error& e) {
     w.error = e.what();
+  } catch (const std::exception& e) {  // on a worker thread: uncaught, it would end the process
+    w.error = std::string("internal error: ") + e.what();
   }
   w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
