@@ -230,6 +230,12 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
   return scale;
 }
 
+// Whether the decoding kernel can take a query of len_q rows per sequence: at most
+// kDecodeMaxLenQ, within one row of block tables.
+bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
+  return len_q <= kDecodeMaxLenQ && len_q <= mask.q_block();
+}
+
 // Stream-ordered device scratch: allocated on `stream`, freed on it after the work queued so far.
 class StreamScratch {
  public:
@@ -427,8 +433,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                     shape.batch, shape.heads_q, int64_t(shape.batch) * shape.heads_q));
   std::vector<unsigned char> cap = pack_captures(captures);
 
-  const bool decode_fits = shape.len_q <= kDecodeMaxLenQ && shape.len_q <= mask.q_block();
-  if (options.path == ForwardPath::kDecode && !decode_fits)
+  if (options.path == ForwardPath::kDecode && !decoding_kernel_fits(shape.len_q, mask))
     throw Error(
         fmt::format("path kDecode: the decoding kernel takes len_q <= {} within one block row "
                     "(len_q <= the mask's q_block {}), got len_q={}",
@@ -581,7 +586,7 @@ bool takes_decoding_kernel(ForwardPath path, int len_q, int heads_q, int heads_k
   // packed rows per KV head the decoding kernel would take (decode.cuh: a GQA group shares a
   // tile when the tables do not depend on the head)
   const int packed_rows = len_q * (mask.heads() == 1 ? heads_q / heads_kv : 1);
-  return len_q <= kDecodeMaxLenQ && len_q <= mask.q_block() && packed_rows <= kDecodeAutoRows;
+  return decoding_kernel_fits(len_q, mask) && packed_rows <= kDecodeAutoRows;
 }
 
 Kernel compile(const Program& program, const Options& options) {
