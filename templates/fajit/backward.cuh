@@ -27,7 +27,7 @@
 // K, V tiles stay in shared memory, dK, dV accumulate in registers. For each query head of the
 // GQA group and each query tile the transposed block tables list (partial tiles, then full):
 //   Sᵀ = K·Qᵀ (rows = keys, so P and dS land in registers as A operands), mods, then
-//   Pᵀ = exp2(Tᵀ·sl2 - LSE·log2e);  dPᵀ = V·dOᵀ;  dTᵀ = Pᵀ∘(dPᵀ - Δ);  dSᵀ = grad(dTᵀ)
+//   Pᵀ = exp(Tᵀ·sn - LSE);  dPᵀ = V·dOᵀ;  dTᵀ = Pᵀ∘(dPᵀ - Δ);  dSᵀ = grad(dTᵀ)
 //   dV += Pᵀ·dO;  dK += dSᵀ·Q;  dSᵀ to shared memory; dQ += dS·K with fp32 reductions.
 // dS is zero wherever P is (masked, out of range, underflow) and score_grad is not called
 // there: a branch, never a product, so a score_mod whose derivative is inf/NaN where it is
@@ -173,30 +173,38 @@ __device__ __forceinline__ void mma_rb(float (&acc)[kNT][4], const u32 (&a)[kKSt
     }
 }
 
-// The softmax statistics the backward needs of query row q of (b, hq): LSE·log2e (+inf for a
-// row with no key or past len_q, so P = 0 there) and Δ (0 past len_q).
+// The softmax statistics the backward needs of query row q of (b, hq): the LSE in natural units
+// (+inf for a row with no key or past len_q, so P = 0 there) and Δ (0 past len_q).
 struct RowStats {
-  float lse2, delta;
+  float lse, delta;
 };
 __device__ __forceinline__ RowStats row_stats(const FaBwdParams& p, int b, int hq, int q) {
   if (q >= p.len_q) return {INFINITY, 0.f};
   const float lse = p.lse[b * p.lse_stride_b + hq * p.lse_stride_h + q];
-  return {lse == -INFINITY ? INFINITY : lse * kLog2e, p.delta[((long long)b * p.heads_q + hq) * p.len_q + q]};
+  return {lse == -INFINITY ? INFINITY : lse, p.delta[((long long)b * p.heads_q + hq) * p.len_q + q]};
 }
-// P = exp2(x·sl2 - LSE·log2e) of one element; 0 for a query with no key or past len_q (lse2 =
-// +inf) whatever its score is: a padded row's score may be NaN (0/0 of a zero Q row) and must
-// reach neither dK/dV nor a buffer gradient.
-__device__ __forceinline__ float prob(float x, float sl2, float lse2) {
-  return lse2 == INFINITY ? 0.f : ex2(fmaf(x, sl2, -lse2));
+// What takes x (mod_score's result: the score_mod's value, or the unscaled q·k without one) to
+// the natural units of the LSE.
+__device__ __forceinline__ float natural_scale(bool has_score_mod, float scale) {
+  return has_score_mod ? 1.f : scale;
 }
-// Rows q0..q0+kRows-1 of them into shared memory (fp32: LSE·log2e at s_lse, Δ at s_delta) by
+// P = exp(x·sn - LSE) of one element, as exp2(fma(x, sn, -LSE)·log2e): the difference is
+// rounded once, so P keeps its precision at any |LSE| (x·sl2 - LSE·log2e did not: past
+// |LSE| ~ 2^17 the rounding of LSE·log2e alone moved P by more than the gradients' tolerance,
+// and scores of 3e7 moved it by a factor of 4). 0 for a query with no key or past len_q
+// (LSE = +inf) whatever its score is: a padded row's score may be NaN (0/0 of a zero Q row)
+// and must reach neither dK/dV nor a buffer gradient.
+__device__ __forceinline__ float prob(float x, float sn, float lse) {
+  return lse == INFINITY ? 0.f : ex2(fmaf(x, sn, -lse) * kLog2e);
+}
+// Rows q0..q0+kRows-1 of them into shared memory (fp32: LSE at s_lse, Δ at s_delta) by
 // kThreads threads (`tid` among them); plain stores (a row may not fill a 16-byte chunk).
 template <int kRows, int kThreads>
 __device__ __forceinline__ void stage_row_stats(u32 s_lse, u32 s_delta, const FaBwdParams& p, int b, int hq,
                                                 int q0, int tid) {
   for (int r = tid; r < kRows; r += kThreads) {
     const RowStats st = row_stats(p, b, hq, q0 + r);
-    st_shared_f32(s_lse + r * 4, st.lse2);
+    st_shared_f32(s_lse + r * 4, st.lse);
     st_shared_f32(s_delta + r * 4, st.delta);
   }
 }
@@ -216,18 +224,18 @@ struct KeyRows {
   }
 };
 
-// Sᵀ (q·k, unscaled) -> Pᵀ = exp2(mod(s)·sl2 - LSE·log2e) in place; sc keeps the scores
-// score_mod saw when the backward needs them (score_grad). lse2(col) is column col's LSE·log2e,
+// Sᵀ (q·k, unscaled) -> Pᵀ = exp(mod(s)·sn - LSE) in place (prob); sc keeps the scores
+// score_mod saw when the backward needs them (score_grad). lse(col) is column col's LSE,
 // +inf for a query with no key or past len_q (P = 0 there). `masked`: mask_mod and key bounds
 // apply (a partial tile, or one crossing len_kv).
-template <typename Mods, int kQT, int kSC, typename Lse2>
+template <typename Mods, int kQT, int kSC, typename Lse>
 __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4], const KeyRows& kr, int q0,
                                         int t, int len_q, int len_kv, bool masked, bool is_full, float scale,
-                                        float sl2, int b, int hq, const FaCaptures& cap, Lse2&& lse2) {
+                                        float sn, int b, int hq, const FaCaptures& cap, Lse&& lse) {
 #pragma unroll
   for (int j = 0; j < kQT; ++j) {
     const int col0 = 8 * j + 2 * t;
-    const f32x2 l2 = lse2(col0);
+    const f32x2 l2 = lse(col0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int col = col0 + (i & 1);
@@ -238,7 +246,7 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
                           ? mod_score<Mods, true>(s[j][i], q, kr.kv_c[hh], kr.kv_row[hh] < len_kv, is_full,
                                                   scale, b, hq, cap)
                           : mod_score<Mods, false>(s[j][i], q, kr.kv_c[hh], true, is_full, scale, b, hq, cap);
-      s[j][i] = prob(x, sl2, (i & 1) ? l2.y : l2.x);
+      s[j][i] = prob(x, sn, (i & 1) ? l2.y : l2.x);
     }
   }
 }
@@ -414,7 +422,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
   const u32 sDs = sStage0 + Cfg::kStages * Cfg::kSmemStageBytes;
   auto sQ = [&](int s) { return sStage0 + s * Cfg::kSmemStageBytes; };
   auto sDo = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
-  auto sLse = [&](int s) { return sDo(s) + Cfg::kSmemDoBytes; };  // LSE·log2e (+inf: no keys)
+  auto sLse = [&](int s) { return sDo(s) + Cfg::kSmemDoBytes; };  // LSE (+inf: no keys)
   auto sDelta = [&](int s) { return sLse(s) + Cfg::kSmemRowBytes; };
 
   // ---- K and V of this CTA, once
@@ -437,7 +445,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
   // This thread's key rows (Sᵀ rows): kv0 + 16 warp + g (+8), clamped for the mods.
   const bwd::KeyRows kr(kv0 + warp * 16 + g, len_kv);
   const bool kv_tail = kv0 + kBN > len_kv;
-  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+  const float sn = bwd::natural_scale(Mods::kHasScoreMod, p.scale);
 
   constexpr int kDkTiles = kDoDk ? Cfg::kDQKTiles : 1, kDvTiles = kDoDv ? Cfg::kDT : 1;
   float dk[kDkTiles][4], dv[kDvTiles][4];
@@ -457,7 +465,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
     const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
     const int n_tiles = walk.n_tiles;
 
-    // Q, dO by cp.async; LSE·log2e and Δ through registers (rows may not fill a 16-byte chunk).
+    // Q, dO by cp.async; LSE and Δ through registers (rows may not fill a 16-byte chunk).
     auto load_q_tile = [&](int it, int s) {
       const int q0 = walk.tile_start(it);
       load_tile_async<kBM, RowQK, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
@@ -488,7 +496,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
       // ---- mods, then Pᵀ (scores as score_mod saw them kept for score_grad)
       float sc[Mods::kScoreGrad ? kQT : 1][4];
       const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
-      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sl2, b, hq, cap,
+      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sn, b, hq, cap,
                          [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
 
       // ---- dV += Pᵀ·dO (P packed to 16 bits as A fragments)
@@ -600,18 +608,18 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   if (n_tiles > 0) load_kv(0, 0);
   cp_async_commit();
 
-  // This thread's query rows: LSE·log2e (+inf: no key, or past the end) and Δ.
+  // This thread's query rows: LSE (+inf: no key, or past the end) and Δ.
   int q_idx[2];
-  float lse2[2], delta[2];
+  float lse[2], delta[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int q = q0 + warp * 16 + g + 8 * hh;
     q_idx[hh] = q < len_q ? q : len_q - 1;
     const bwd::RowStats st = bwd::row_stats(p, b, h, q);
-    lse2[hh] = st.lse2;
+    lse[hh] = st.lse;
     delta[hh] = st.delta;
   }
-  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+  const float sn = bwd::natural_scale(Mods::kHasScoreMod, p.scale);
   const FaGradBuffers no_grads{};
 
   u32 offA_q[4], offA_v[4], offB_q[4], offB_v[4];
@@ -653,7 +661,7 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[j][i] = bwd::prob(s[j][i], sl2, lse2[i >> 1]);
+      for (int i = 0; i < 4; ++i) s[j][i] = bwd::prob(s[j][i], sn, lse[i >> 1]);
 
     // ---- dP = dO·Vᵀ, dS = grad(P∘(dP - Δ)), zero where P is
     bwd::mma_abt<E, kNT, Cfg::kKV, kCV, kCV>(dp, sDo, warp, sV(stage), offA_v, offB_v);

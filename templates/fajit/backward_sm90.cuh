@@ -28,7 +28,7 @@
 // ---- Structure (notation of KERNELS.md; one CTA = 128 keys of one KV head) -----------------
 //   Warpgroup 0 (producer, setmaxnreg down to 24): cp.async K and V once (mbarrier bar_kv),
 //   then for each query head of the GQA group and each query tile the transposed block tables
-//   list (partial, then full): Q and dO by cp.async and LSE·log2e, Δ by plain stores into a
+//   list (partial, then full): Q and dO by cp.async and LSE, Δ by plain stores into a
 //   stage (mbarrier full[s]: 128 cp.async arrivals + 128 plain ones), after waiting for the
 //   consumers to release it (empty[s], one arrival per consumer warp).
 //   Warpgroups 1, 2 (consumers, setmaxnreg up to 240): keys 64·cw.., per query tile
@@ -88,7 +88,7 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemQBytes = kBlockM * kHeadDimQK * 2;  // per stage
   static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;  // per stage
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;    // per buffer (2)
-  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;        // LSE·log2e, Δ per stage
+  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;        // LSE, Δ per stage
   static constexpr int kSmemRowsOffset =
       kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + 2 * kSmemDsBytes;
   static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
@@ -195,7 +195,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bwd::KeyRows kr(kv0 + cw * kKeys + warp * 16 + g, len_kv);
   const bool kv_tail = kv0 + kBN > len_kv;
-  const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
+  const float sn = bwd::natural_scale(Mods::kHasScoreMod, p.scale);
 
   float dk[Cfg::kHeadDimQK / 8][4], dv[Cfg::kHeadDimV / 8][4];
 #pragma unroll
@@ -280,7 +280,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       pin(s);
       float sc[Mods::kScoreGrad ? kQT : 1][4];
       const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
-      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sl2, b, hq, cap,
+      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sn, b, hq, cap,
                          [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
       wgmma_wait<0>();
       pin(dp);
