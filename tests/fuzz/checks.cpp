@@ -424,7 +424,8 @@ int run(const Config& cfg, std::ostream& out) {
     out << fmt::format(
         "  gpu: {} forwards, {} ragged/paged layouts, {} backwards compared with the float64 reference; {} "
         "rows in {} cases over the bound but inside the reference's f32 envelope (ill-conditioned), {} "
-        "backwards within the reference's own spread\n"
+        "backwards within the reference's own spread, {} gradient elements in {} cases with no answer at "
+        "f32\n"
         "  gpu variety: {} cases with strided operands, {} backwards with a dLSE, {} deterministic, {} "
         "buffer "
         "gradients compared\n"
@@ -432,8 +433,8 @@ int run(const Config& cfg, std::ostream& out) {
         "the "
         "rest (inputs, kernels, comparisons)\n",
         st.gpu_forward, st.gpu_layouts, st.gpu_backward, st.ill_rows, st.ill_cases, st.ill_backward,
-        st.strided, st.with_dlse, st.deterministic, st.buffer_grads, st.t_cpu, st.t_compile, st.t_reference,
-        st.t_gpu_other);
+        st.unstable_grad_elems, st.unstable_grad_cases, st.strided, st.with_dlse, st.deterministic,
+        st.buffer_grads, st.t_cpu, st.t_compile, st.t_reference, st.t_gpu_other);
   return failures;
 }
 

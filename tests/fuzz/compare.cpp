@@ -40,9 +40,10 @@ size_t worst(const std::vector<double>& got, const std::vector<double>& ref) {
 
 namespace {
 
-// Calls fn(j, scores) for every key j < r.len_kv the mask keeps, scores[k] the score_mod's f32
-// result of its q·k moved first by move(k)·Dqk·2^-24·Σ|q_d·k_d| (move(k) = 0: exact) and scaled
-// as the kernels scale it: one dot product per key for all N moves.
+// Calls fn(j, in, scores) for every key j < r.len_kv the mask keeps: in[k] the f32 score the
+// score_mod sees, its q·k moved first by move(k)·Dqk·2^-24·Σ|q_d·k_d| (move(k) = 0: exact) and
+// scaled as the kernels scale it, scores[k] the score_mod's f32 result of it: one dot product
+// per key for all N moves.
 template <size_t N, typename Move, typename Fn>
 void for_each_score(const RowContext& x, const RowId& r, Move&& move, Fn&& fn) {
   const Shape& s = x.c.shape;
@@ -54,13 +55,23 @@ void for_each_score(const RowContext& x, const RowId& r, Move&& move, Fn&& fn) {
     const float* kr = &x.k.values[((size_t(r.b) * s.heads_kv + hk) * s.len_kv + j) * s.dim_qk];
     double dot = 0, mag = 0;
     for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
-    std::array<float, N> sc{};
-    for (size_t k = 0; k < N; ++k)
-      sc[k] = x.score.score(static_cast<float>((dot + move(k) * eps * mag) * scale), r.b, r.h, r.i, j);
-    fn(j, sc);
+    std::array<float, N> in{}, sc{};
+    for (size_t k = 0; k < N; ++k) {
+      in[k] = static_cast<float>((dot + move(k) * eps * mag) * scale);
+      sc[k] = x.score.score(in[k], r.b, r.h, r.i, j);
+    }
+    fn(j, in, sc);
   }
 }
 
+// Whether f32 values a, b, c (one quantity under the moves down, none, up) differ by more than
+// 1e-3 (relative from 1 on) or in NaN-ness or ±inf: a quantity with no answer at f32.
+bool moves_apart(float a, float b, float c) {
+  if (!(std::isfinite(a) && std::isfinite(b) && std::isfinite(c)))
+    return !(std::isinf(a) && a == b && b == c);
+  const float lo = std::min({a, b, c}), hi = std::max({a, b, c});
+  return hi - lo > 1e-3 * std::max(1.f, std::max(std::fabs(lo), std::fabs(hi)));
+}
 }  // namespace
 
 // What the float64 reference saw in query row r: masked keys, NaN and ±inf scores (score_mod
@@ -71,7 +82,7 @@ std::string describe_row(const RowContext& x, const RowId& r) {
   double lo = INFINITY, hi = -INFINITY;
   for_each_score<1>(
       x, r, [](size_t) { return 0.0; },
-      [&](int j, const std::array<float, 1>& v) {
+      [&](int j, const std::array<float, 1>&, const std::array<float, 1>& v) {
         const float sc = v[0];
         ++kept;
         if (std::isnan(sc) || std::isinf(sc)) {
@@ -101,7 +112,7 @@ void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64
   double m = -INFINITY;
   bool nan_score = false;
   auto move = [&](size_t) { return double(dir != 0 ? dir : (rng() & 1) ? 1 : -1); };
-  for_each_score<1>(x, r, move, [&](int j, const std::array<float, 1>& v) {
+  for_each_score<1>(x, r, move, [&](int j, const std::array<float, 1>&, const std::array<float, 1>& v) {
     row[size_t(j)] = v[0];
     if (v[0] > m) m = v[0];
     nan_score |= std::isnan(v[0]);
@@ -136,21 +147,47 @@ bool unstable_row(const RowContext& x, const RowId& r) {
   float top = -INFINITY;
   for_each_score<3>(
       x, r, [](size_t k) { return double(k) - 1; },
-      [&](int, const std::array<float, 3>& v) {
+      [&](int, const std::array<float, 3>&, const std::array<float, 3>& v) {
         for (float y : v)
           if (y > top) top = y;
         sc.push_back(v);
       });
   for (const auto& v : sc) {
+    const float hi = std::max({v[0], v[1], v[2]});
     const bool finite = std::isfinite(v[0]) && std::isfinite(v[1]) && std::isfinite(v[2]);
-    if (!finite) {
-      if (!(std::isinf(v[0]) && v[0] == v[1] && v[1] == v[2])) return true;  // NaN-ness or ±inf moves
-      continue;
-    }
-    const float lo = std::min({v[0], v[1], v[2]}), hi = std::max({v[0], v[1], v[2]});
-    if (hi >= top - 20 && hi - lo > 1e-3 * std::max(1.f, std::fabs(hi))) return true;
+    if (moves_apart(v[0], v[1], v[2]) && (!finite || hi >= top - 20)) return true;
   }
   return false;
+}
+
+UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& grad,
+                                     const std::vector<double>& lse) {
+  const Shape& s = x.c.shape;
+  const int group = s.heads_q / s.heads_kv;
+  UnstableGradients u;
+  u.dq_rows.assign(size_t(s.batch) * s.heads_q * s.len_q, 0);
+  u.kv_rows.assign(size_t(s.batch) * s.heads_kv * s.len_kv, 0);
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads_q; ++h)
+      for (int i = 0; i < s.len_q; ++i) {
+        const size_t ri = (size_t(b) * s.heads_q + h) * s.len_q + i;
+        const double l = lse[ri];
+        if (l == -INFINITY) continue;  // no key: no gradient flows
+        for_each_score<3>(
+            x, {b, h, i, s.len_kv}, [](size_t k) { return double(k) - 1; },
+            [&](int j, const std::array<float, 3>& in, const std::array<float, 3>& v) {
+              bool flows = false;  // P = exp(score - LSE) is not 0 at one of the moves
+              for (float y : v) flows |= !(std::exp(double(y) - l) < 0x1p-149);
+              if (!flows) return;
+              std::array<float, 3> d;
+              for (size_t k = 0; k < 3; ++k) d[k] = grad.score_grad(in[k], b, h, i, j, 1.0f, nullptr);
+              if (!moves_apart(v[0], v[1], v[2]) && !moves_apart(d[0], d[1], d[2])) return;
+              ++u.pairs;
+              u.dq_rows[ri] = 1;
+              u.kv_rows[(size_t(b) * s.heads_kv + h / group) * s.len_kv + j] = 1;
+            });
+      }
+  return u;
 }
 
 // The LSE bound: 2e-2 absolute, plus what f32 can hold of a large LSE (it is stored as f32 and

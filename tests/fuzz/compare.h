@@ -53,6 +53,20 @@ void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64
 // Whether the row holds a key whose score those moves change by more than 1e-3 (relative from
 // 1) or tip into or out of NaN/±inf while it matters (within 20 of the row max).
 bool unstable_row(const RowContext& x, const RowId& r);
+// The backward's pairs with no answer at f32: (b, h, i, j) whose score or derivative
+// (score_grad with dt = 1) the moves above change by more than 1e-3 (relative from 1 on) or
+// tip into or out of NaN/±inf, while P = exp(score - LSE) is not 0 at one of the moves — a
+// pole of the score_mod at a score near 0 (c / s, where the kernel's f32 q·k may sit on the
+// other side of it), a kink or a chaotic mod. The gradient rows they feed are unverifiable:
+// dQ row (b, h, i), dK and dV row (b, h / group, j), and every buffer gradient.
+struct UnstableGradients {
+  std::vector<char> dq_rows;  // [B·Hq·Lq]
+  std::vector<char> kv_rows;  // [B·Hkv·Lkv]
+  size_t pairs = 0;
+};
+// lse: [B·Hq·Lq], the LSE the backward's P comes from (the kernel's).
+UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& grad,
+                                     const std::vector<double>& lse);
 // The LSE bound: 2e-2 absolute plus a few of f32's ulps of |ref|.
 double lse_bound(double ref);
 bool same_nonfinite(double got, double ref);

@@ -144,4 +144,35 @@ TEST(FuzzCompare, UnstableRowsAreTheChaoticOnes) {
   EXPECT_TRUE(fa_fuzz::unstable_row(u, {0, 0, 5, 40}));
 }
 
+// The backward's unverifiable pairs: |s| has a kink at 0 (its derivative jumps from -1 to 1),
+// so a key whose q·k is exactly 0 — k_0 = (q_1, -q_0, 0, ...) against query 0 of head 0 — has
+// no derivative f32 can pin: dQ row (0, 0, 0) and K/V row 0 are left out, nothing else; a
+// smooth mod and the identity have none.
+TEST(FuzzCompare, UnstableGradientsAreThePolesAndKinksThatMatter) {
+  auto cross_zero = [](Problem& p) {
+    for (int d = 0; d < 16; ++d) p.k.values[d] = 0.f;
+    p.k.values[0] = p.q.values[1], p.k.values[1] = -p.q.values[0];
+  };
+  Problem kink(fa::ScoreMod{
+      "kink", [](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return fa::abs(x); }});
+  Problem smooth(fa::ScoreMod{
+      "smooth", [](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return x * x * 0.5f + x; }});
+  for (Problem* p : {&kink, &smooth}) {
+    cross_zero(*p);
+    const fa::ModProgram grad = fa::ModProgram::grad_of(p->program);
+    const RowContext x{p->c, p->score, p->mask, p->q, p->k, p->v};
+    const fa_fuzz::UnstableGradients u =
+        fa_fuzz::unstable_gradients(x, grad.bind(p->env), p->reference().lse);
+    ASSERT_EQ(u.dq_rows.size(), 16u);
+    ASSERT_EQ(u.kv_rows.size(), 40u);
+    if (p == &smooth) {
+      EXPECT_EQ(u.pairs, 0u);
+      continue;
+    }
+    EXPECT_EQ(u.pairs, 1u);
+    for (size_t r = 0; r < 16; ++r) EXPECT_EQ(u.dq_rows[r], r == 0) << r;
+    for (size_t j = 0; j < 40; ++j) EXPECT_EQ(u.kv_rows[j], j == 0) << j;
+  }
+}
+
 }  // namespace

@@ -215,11 +215,14 @@ struct Stats {
   // Forward rows over the bound but inside the reference's f32 rounding envelope (gpu.cpp
   // compare_forward: ill-conditioned score_mods), and the cases that had any.
   int64_t ill_rows = 0, ill_cases = 0;
-  int64_t ill_backward = 0;
+  // Backwards over the bound but within the reference's spread under those moves; gradient
+  // elements left out as having no answer at f32 (fed by a pair compare.h's unstable_gradients
+  // finds, or non-finite in a moved reference where the reference is finite), and the cases
+  // that had any.
+  int64_t ill_backward = 0, unstable_grad_elems = 0, unstable_grad_cases = 0;
   // GPU mode's variety: cases with strided operands, backwards with a dLSE, deterministic
   // backwards, buffer gradients compared.
-  int64_t strided = 0, with_dlse = 0, deterministic = 0,
-          buffer_grads = 0;  // backwards over the bound but within the reference's spread under those moves
+  int64_t strided = 0, with_dlse = 0, deterministic = 0, buffer_grads = 0;
   double t_cpu = 0, t_compile = 0, t_reference = 0, t_gpu_other = 0;
 };
 

@@ -20,12 +20,15 @@
 
 namespace {
 
-// Takes device memory in blocks of 1 GiB, then 64 MiB, then 1 MiB until cuMemAlloc fails;
-// bytes() is how much it got.
+// Takes device memory in blocks of 1 GiB, then 64 MiB, 1 MiB, 64 KiB, 4 KiB and 256 bytes
+// until cuMemAlloc fails: small allocations are carved from the driver's 2 MiB pages, so a hog
+// of whole MiBs left the block mask's few hundred bytes of tables room to fit. bytes() is how
+// much it got.
 class Hog {
  public:
   Hog() {
-    for (size_t block : {size_t(1) << 30, size_t(64) << 20, size_t(1) << 20}) {
+    for (size_t block : {size_t(1) << 30, size_t(64) << 20, size_t(1) << 20, size_t(64) << 10,
+                         size_t(4) << 10, size_t(256)}) {
       for (;;) {
         try {
           bufs_.emplace_back(block, "the test's memory hog");
@@ -90,6 +93,15 @@ TEST(Faults, OutOfDeviceMemoryIsAClearErrorAndTheProcessKeepsWorking) {
   };
   const fa::BlockMask mask = kern.block_mask(B, H, L, L, cap), mask1 = kern.block_mask(B, H, 1, L, cap);
   const auto before = run(mask);
+  // One query row through the decoding kernel, once before the hog so mask1's tables are on
+  // the device: under the hog only the decoder's own scratch is left to allocate.
+  fa::ForwardOptions dec = fo;
+  dec.path = fa::ForwardPath::kDecode;
+  const fa::TensorView q1(b.q.as<void>(), fa::DType::bf16, {B, H, 1, Buffers::kD}),
+      o1(b.o.as<void>(), fa::DType::bf16, {B, H, 1, Buffers::kD});
+  const fa::TensorView l1(b.lse.as<void>(), fa::DType::f32, {B, H, 1});
+  dec.lse = &l1;
+  kern.forward(q1, b.t(b.k), b.t(b.v), o1, mask1, cap, dec);
   fa::rt::synchronize(nullptr);  // the stream-ordered pool gives its memory back here
 
   size_t first = 0;
@@ -115,12 +127,6 @@ TEST(Faults, OutOfDeviceMemoryIsAClearErrorAndTheProcessKeepsWorking) {
       kern.backward(b.t(b.q), b.t(b.k), b.t(b.v), b.t(b.o), lse, b.t(b.dout), b.t(b.dq), b.t(b.dk), b.t(b.dv),
                     mask, cap, bo);
     });
-    fa::ForwardOptions dec = fo;
-    dec.path = fa::ForwardPath::kDecode;
-    const fa::TensorView q1(b.q.as<void>(), fa::DType::bf16, {B, H, 1, Buffers::kD}),
-        o1(b.o.as<void>(), fa::DType::bf16, {B, H, 1, Buffers::kD});
-    const fa::TensorView l1(b.lse.as<void>(), fa::DType::f32, {B, H, 1});
-    dec.lse = &l1;
     expect_oom("the decoding kernel's", [&] { kern.forward(q1, b.t(b.k), b.t(b.v), o1, mask1, cap, dec); });
     fa::rt::synchronize(nullptr);
   }
