@@ -173,19 +173,35 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
         const size_t ri = (size_t(b) * s.heads_q + h) * s.len_q + i;
         const double l = lse[ri];
         if (l == -INFINITY) continue;  // no key: no gradient flows
+        // Each kept key's f32 score inputs and scores under the moves down, none, up; the
+        // row's largest score over them.
+        struct Key {
+          int j;
+          std::array<float, 3> in, v;
+        };
+        std::vector<Key> keys;
+        float top = -INFINITY;
         for_each_score<3>(
             x, {b, h, i, s.len_kv}, [](size_t k) { return double(k) - 1; },
             [&](int j, const std::array<float, 3>& in, const std::array<float, 3>& v) {
-              bool flows = false;  // P = exp(score - LSE) is not 0 at one of the moves
-              for (float y : v) flows |= !(std::exp(double(y) - l) < 0x1p-149);
-              if (!flows) return;
-              std::array<float, 3> d;
-              for (size_t k = 0; k < 3; ++k) d[k] = grad.score_grad(in[k], b, h, i, j, 1.0f, nullptr);
-              if (!moves_apart(v[0], v[1], v[2]) && !moves_apart(d[0], d[1], d[2])) return;
-              ++u.pairs;
-              u.dq_rows[ri] = 1;
-              u.kv_rows[(size_t(b) * s.heads_kv + h / group) * s.len_kv + j] = 1;
+              keys.push_back({j, in, v});
+              for (float y : v) top = std::max(top, y);
             });
+        for (const Key& key : keys) {
+          // P is not 0 at one of the moves, from the kernel's LSE or the row's own largest
+          // score: a kernel's forward may have seen a pole's score far from the reference's,
+          // and its backward sees its own.
+          bool flows = false;
+          for (float y : key.v)
+            flows |= !(std::exp(double(y) - l) < 0x1p-149) || !(double(y) < double(top) - 104);
+          if (!flows) continue;
+          std::array<float, 3> d;
+          for (size_t k = 0; k < 3; ++k) d[k] = grad.score_grad(key.in[k], b, h, i, key.j, 1.0f, nullptr);
+          if (!moves_apart(key.v[0], key.v[1], key.v[2]) && !moves_apart(d[0], d[1], d[2])) continue;
+          ++u.pairs;
+          u.dq_rows[ri] = 1;
+          u.kv_rows[(size_t(b) * s.heads_kv + h / group) * s.len_kv + key.j] = 1;
+        }
       }
   return u;
 }

@@ -470,15 +470,24 @@ std::string check_gpu(const Case& c, Stats* st) {
   if (!over) return "";
   // Over the bound: the reference again with every q·k moved by ±Dqk·2^-24·Σ|q·k| and every
   // dP - Δ by ±Dv·2^-24·(Σ|dO·v| + Σ|dO·o|) (the bounds of the kernels' f32 sums). Its spread
-  // is the reference's own uncertainty: a kernel within the bound plus twice the spread,
-  // non-finite only where a moved reference is, agrees as far as f32 can tell (an
+  // is the reference's own uncertainty: a kernel within the bound plus twice the spread, and
+  // non-finite exactly where every reference is the same non-finite, agrees as far as f32 can
+  // tell (an
   // ill-conditioned derivative: s / (s / w) = w, whose derivative 0 is a difference of two
   // large terms; a row with one key, where dS = dP - Δ = 0 meets a derivative of 1e6).
-  fa::ReferenceGrads moved[2];
-  for (int k = 0; k < 2; ++k) {
+  // A third: P from the reference's own LSE instead of the kernel's f32 one. The kernel's P is
+  // exp(x - LSE) of its own scores; where a transcendental's last ulp or the f32 q·k moves a
+  // score of 1e7 by a few units (pow(q, h) + score), the kernel's LSE and the reference's
+  // scores are that far apart, and only its own LSE gives the reference a softmax of its own.
+  fa::ReferenceGrads moved[3];
+  for (int k = 0; k < 3; ++k) {
     fa::ReferenceOptions rm = rb;
-    rm.dot_shift = (k ? -1 : 1) * s.dim_qk * 0x1p-24;
-    rm.dp_shift = (k ? -1 : 1) * s.dim_v * 0x1p-24;
+    if (k < 2) {
+      rm.dot_shift = (k ? -1 : 1) * s.dim_qk * 0x1p-24;
+      rm.dp_shift = (k ? -1 : 1) * s.dim_v * 0x1p-24;
+    } else {
+      rm.lse = nullptr;
+    }
     Timed timed(st ? &st->t_reference : nullptr);
     moved[k] = fa::reference_attention_backward(rs, q.values.data(), kk.values.data(), v.values.data(),
                                                 dout_vals.data(),
@@ -498,31 +507,29 @@ std::string check_gpu(const Case& c, Stats* st) {
   int64_t left_out = 0;  // gradient elements
   for (const Grad& gr : grads) {
     const std::vector<double>& ref = *gr.ref;
-    const std::vector<double>* alt[2] = {gr.pick(moved[0]), gr.pick(moved[1])};
+    const std::vector<double>* alt[3] = {gr.pick(moved[0]), gr.pick(moved[1]), gr.pick(moved[2])};
     const std::vector<char>* rows = gr.rows(unstable);
     double num = 0, den = 0, spread_num = 0, worst_err = -1;
     size_t unexpected = 0, w = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
-      const double x = gr.got[i], r = ref[i], a0 = (*alt[0])[i], a1 = (*alt[1])[i];
-      // Left out: fed by an unstable pair, or finite here while a moved reference is not (the
-      // reference's own answer under the f32 moves has no bound).
+      const double x = gr.got[i], r = ref[i], a[3] = {(*alt[0])[i], (*alt[1])[i], (*alt[2])[i]};
+      const bool all_finite =
+          std::isfinite(r) && std::isfinite(a[0]) && std::isfinite(a[1]) && std::isfinite(a[2]);
+      // Left out: fed by an unstable pair, or the references disagree on whether (or which)
+      // non-finite the answer is — the reference's own answer under the f32 moves has no bound.
       if ((rows ? (*rows)[i / size_t(gr.D)] : unstable.pairs > 0) ||
-          (std::isfinite(x) && std::isfinite(r) && !(std::isfinite(a0) && std::isfinite(a1)))) {
+          (!all_finite && !(same_nonfinite(a[0], r) && same_nonfinite(a[1], r) && same_nonfinite(a[2], r)))) {
         ++left_out;
         continue;
       }
       double err = 0;
-      if (!std::isfinite(x) || !std::isfinite(r)) {
-        // Excused where a moved reference shows the kernel's kind of answer: non-finite where
-        // this one is finite, or finite (or the kernel's non-finite) where this one is not.
-        const bool excused = std::isfinite(r)   ? !std::isfinite(a0) || !std::isfinite(a1)
-                             : std::isfinite(x) ? std::isfinite(a0) || std::isfinite(a1)
-                                                : same_nonfinite(x, a0) || same_nonfinite(x, a1);
-        if (!same_nonfinite(x, r) && !excused) ++unexpected, err = INFINITY;
+      if (!all_finite || !std::isfinite(x)) {  // every reference the same non-finite, or all finite
+        if (!same_nonfinite(x, r)) ++unexpected, err = INFINITY;
       } else {
         err = std::fabs(x - r);
         num += err * err, den += r * r;
-        const double d = std::max(std::fabs(a0 - r), std::fabs(a1 - r));
+        double d = 0;
+        for (double ai : a) d = std::max(d, std::fabs(ai - r));
         spread_num += d * d;
       }
       if (err > worst_err) worst_err = err, w = i;
@@ -533,9 +540,9 @@ std::string check_gpu(const Case& c, Stats* st) {
       const int D = gr.D, L = gr.L, H = gr.H;
       bad += fmt::format(
           "{} rel err {:.3e} (the reference's own spread {:.1e}), {} unexpected non-finite, worst got {:.6g} "
-          "want {:.6g} (moved {:.6g}, {:.6g}) at b {} h {} row {} d {}; ",
-          gr.name, rel, spread, unexpected, gr.got[w], ref[w], (*alt[0])[w], (*alt[1])[w], w / D / L / H,
-          w / D / L % H, w / D % L, w % D);
+          "want {:.6g} (moved {:.6g}, {:.6g}, own LSE {:.6g}) at b {} h {} row {} d {}; ",
+          gr.name, rel, spread, unexpected, gr.got[w], ref[w], (*alt[0])[w], (*alt[1])[w], (*alt[2])[w],
+          w / D / L / H, w / D / L % H, w / D % L, w % D);
     }
   }
   if (st) st->unstable_grad_elems += left_out, st->unstable_grad_cases += left_out > 0;
