@@ -246,11 +246,15 @@ __device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx
 }
 
 // ---- online softmax --------------------------------------------------------------------------
-// Base 2 throughout: a score x contributes exp2(x * sl2). Kernels without a score_mod keep the
-// raw q·k and pass sl2 = scale·log2(e) (one FFMA per element); with one, the modded score
-// gets sl2 = log2(e).
+// What takes a score x to natural units: kernels without a score_mod keep the raw q·k (x·scale),
+// with one the modded score is already there (x·1).
+__device__ __forceinline__ float natural_scale(bool has_score_mod, float scale) {
+  return has_score_mod ? 1.f : scale;
+}
+// Base 2 throughout: a score x contributes exp2(x * sl2), sl2 = natural_scale·log2(e) (one FFMA
+// per element).
 __device__ __forceinline__ float softmax_log2_scale(bool has_score_mod, float scale) {
-  return has_score_mod ? kLog2e : scale * kLog2e;
+  return natural_scale(has_score_mod, scale) * kLog2e;
 }
 
 // Running max m (of x, not of x·sl2) and per-thread partial sum l of a thread's two rows.

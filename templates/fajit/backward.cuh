@@ -183,11 +183,6 @@ __device__ __forceinline__ RowStats row_stats(const FaBwdParams& p, int b, int h
   const float lse = p.lse[b * p.lse_stride_b + hq * p.lse_stride_h + q];
   return {lse == -INFINITY ? INFINITY : lse, p.delta[((long long)b * p.heads_q + hq) * p.len_q + q]};
 }
-// What takes x (mod_score's result: the score_mod's value, or the unscaled q·k without one) to
-// the natural units of the LSE.
-__device__ __forceinline__ float natural_scale(bool has_score_mod, float scale) {
-  return has_score_mod ? 1.f : scale;
-}
 // P = exp(x·sn - LSE) of one element, as exp2(fma(x, sn, -LSE)·log2e): the difference is
 // rounded once, so P keeps its precision at any |LSE| (x·sl2 - LSE·log2e did not: past
 // |LSE| ~ 2^17 the rounding of LSE·log2e alone moved P by more than the gradients' tolerance,
@@ -445,7 +440,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
   // This thread's key rows (Sᵀ rows): kv0 + 16 warp + g (+8), clamped for the mods.
   const bwd::KeyRows kr(kv0 + warp * 16 + g, len_kv);
   const bool kv_tail = kv0 + kBN > len_kv;
-  const float sn = bwd::natural_scale(Mods::kHasScoreMod, p.scale);
+  const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
   constexpr int kDkTiles = kDoDk ? Cfg::kDQKTiles : 1, kDvTiles = kDoDv ? Cfg::kDT : 1;
   float dk[kDkTiles][4], dv[kDvTiles][4];
@@ -619,7 +614,7 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
     lse[hh] = st.lse;
     delta[hh] = st.delta;
   }
-  const float sn = bwd::natural_scale(Mods::kHasScoreMod, p.scale);
+  const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
   const FaGradBuffers no_grads{};
 
   u32 offA_q[4], offA_v[4], offB_q[4], offB_v[4];

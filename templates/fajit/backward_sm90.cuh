@@ -195,7 +195,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bwd::KeyRows kr(kv0 + cw * kKeys + warp * 16 + g, len_kv);
   const bool kv_tail = kv0 + kBN > len_kv;
-  const float sn = bwd::natural_scale(Mods::kHasScoreMod, p.scale);
+  const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
   float dk[Cfg::kHeadDimQK / 8][4], dv[Cfg::kHeadDimV / 8][4];
 #pragma unroll
