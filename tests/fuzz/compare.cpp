@@ -167,20 +167,20 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
   UnstableGradients u;
   u.dq_rows.assign(size_t(s.batch) * s.heads_q * s.len_q, 0);
   u.kv_rows.assign(size_t(s.batch) * s.heads_kv * s.len_kv, 0);
+  // A row's kept keys: their f32 score inputs and scores under the moves down, none, up.
+  struct Key {
+    int j;
+    std::array<float, 3> in, v;
+  };
+  std::vector<Key> keys;
   for (int b = 0; b < s.batch; ++b)
     for (int h = 0; h < s.heads_q; ++h)
       for (int i = 0; i < s.len_q; ++i) {
         const size_t ri = (size_t(b) * s.heads_q + h) * s.len_q + i;
         const double l = lse[ri];
         if (l == -INFINITY) continue;  // no key: no gradient flows
-        // Each kept key's f32 score inputs and scores under the moves down, none, up; the
-        // row's largest score over them.
-        struct Key {
-          int j;
-          std::array<float, 3> in, v;
-        };
-        std::vector<Key> keys;
-        float top = -INFINITY;
+        keys.clear();
+        float top = -INFINITY;  // the row's largest score over the moves
         for_each_score<3>(
             x, {b, h, i, s.len_kv}, [](size_t k) { return double(k) - 1; },
             [&](int j, const std::array<float, 3>& in, const std::array<float, 3>& v) {

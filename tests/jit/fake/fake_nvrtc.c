@@ -27,28 +27,17 @@ int nvrtcCompileProgram(void* p, int n, const char* const* o) {
   (void)p, (void)n, (void)o;
   return 1;
 }
-int nvrtcGetPTXSize(void* p, size_t* n) {
-  (void)p, *n = 0;
-  return 1;
-}
-int nvrtcGetPTX(void* p, char* s) {
-  (void)p, (void)s;
-  return 1;
-}
-int nvrtcGetCUBINSize(void* p, size_t* n) {
-  (void)p, *n = 0;
-  return 1;
-}
-int nvrtcGetCUBIN(void* p, char* s) {
-  (void)p, (void)s;
-  return 1;
-}
-int nvrtcGetProgramLogSize(void* p, size_t* n) {
-  (void)p, *n = 0;
-  return 1;
-}
-int nvrtcGetProgramLog(void* p, char* s) {
-  (void)p, (void)s;
-  return 1;
-}
+/* nvrtcGet<What>Size and nvrtcGet<What>, both failing. */
+#define FAKE_GETTERS(What)                       \
+  int nvrtcGet##What##Size(void* p, size_t* n) { \
+    (void)p, *n = 0;                             \
+    return 1;                                    \
+  }                                              \
+  int nvrtcGet##What(void* p, char* s) {         \
+    (void)p, (void)s;                            \
+    return 1;                                    \
+  }
+FAKE_GETTERS(PTX)
+FAKE_GETTERS(CUBIN)
+FAKE_GETTERS(ProgramLog)
 #endif
