@@ -199,11 +199,10 @@ struct WarmLine {
 
 void warm_line(WarmLine& w) {
   DumpOptions o;
-  std::string family = "auto";
   std::vector<std::string> with;
   CLI::App app{"a line of a warm file", "warm"};
   add_variant_options(&app, o);
-  app.add_option("--kernel", family, "forward kernel: auto, mma or wgmma")
+  app.add_option("--kernel", o.family, "forward kernel: auto, mma or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   app.add_option("--with", with, "also: backward, deterministic, decode, ragged, paged (comma-separated)")
       ->delimiter(',')
@@ -217,15 +216,13 @@ void warm_line(WarmLine& w) {
   auto t0 = std::chrono::steady_clock::now();
   try {
     fa::Program p = program_for(o);
-    const fa::KernelSpec spec = spec_for(o);  // checks dtype; the head dims and arch as dump does
+    const fa::KernelSpec spec = spec_for(o);  // checks dtype; the head dims, arch, family as dump does
     fa::Options opts;
     opts.dtype = spec.dtype;
     opts.head_dim_qk = spec.head_dim_qk;
     opts.head_dim_v = spec.head_dim_v;
     opts.arch = spec.arch;
-    opts.family = family == "wgmma" ? fa::KernelFamily::kWgmma
-                  : family == "mma" ? fa::KernelFamily::kMmaSync
-                                    : fa::KernelFamily::kAuto;
+    opts.family = spec.family;
     fa::Kernel k = fa::compile(p, opts);
     fa::WarmOptions wo;
     auto has = [&](const char* x) { return std::find(with.begin(), with.end(), x) != with.end(); };
