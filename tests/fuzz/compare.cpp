@@ -72,6 +72,16 @@ bool moves_apart(float a, float b, float c) {
   const float lo = std::min({a, b, c}), hi = std::max({a, b, c});
   return hi - lo > 1e-3 * std::max(1.f, std::max(std::fabs(lo), std::fabs(hi)));
 }
+
+// Whether a score under the moves down, none, up has no answer at f32 for a softmax: apart as
+// above, or apart by more than 0.5 in absolute terms. P = exp(score - LSE) moves by a factor
+// of e^(hi - lo), whatever the score's size: a mod of slope 1e5 (pow(86, score) at 3e4) moves
+// P by e^±3.6 under the bound's moves, and a kernel's forward (its LSE) and backward (its P)
+// may sit at opposite ends — P up to e^7 where the reference has 1.
+bool scores_move_apart(float a, float b, float c) {
+  if (moves_apart(a, b, c)) return true;
+  return std::max({a, b, c}) - std::min({a, b, c}) > 0.5f;
+}
 }  // namespace
 
 // What the float64 reference saw in query row r: masked keys, NaN and ±inf scores (score_mod
@@ -197,7 +207,7 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
           if (!flows) continue;
           std::array<float, 3> d;
           for (size_t k = 0; k < 3; ++k) d[k] = grad.score_grad(key.in[k], b, h, i, key.j, 1.0f, nullptr);
-          if (!moves_apart(key.v[0], key.v[1], key.v[2]) && !moves_apart(d[0], d[1], d[2])) continue;
+          if (!scores_move_apart(key.v[0], key.v[1], key.v[2]) && !moves_apart(d[0], d[1], d[2])) continue;
           ++u.pairs;
           u.dq_rows[ri] = 1;
           u.kv_rows[(size_t(b) * s.heads_kv + h / group) * s.len_kv + key.j] = 1;

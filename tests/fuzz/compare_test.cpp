@@ -175,4 +175,24 @@ TEST(FuzzCompare, UnstableGradientsAreThePolesAndKinksThatMatter) {
   }
 }
 
+// A steep mod: 1e6·score moves by far more than 0.5 under the f32 moves though only by 1e-6
+// of itself, so every row's P has no answer at f32 (a forward and a backward of opposite
+// rounding give P = e^±k where the reference has 1): every row, and the keys that matter in
+// it, are left out. 10·score moves by ~1e-5: nothing is.
+TEST(FuzzCompare, UnstableGradientsIncludeScoresASteepModMovesInAbsoluteTerms) {
+  for (float slope : {1e6f, 10.f}) {
+    Problem p(fa::ScoreMod{
+        "steep", [slope](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return x * slope; }});
+    const fa::ModProgram grad = fa::ModProgram::grad_of(p.program);
+    const RowContext x{p.c, p.score, p.mask, p.q, p.k, p.v};
+    const fa_fuzz::UnstableGradients u = fa_fuzz::unstable_gradients(x, grad.bind(p.env), p.reference().lse);
+    if (slope < 100) {
+      EXPECT_EQ(u.pairs, 0u);
+      continue;
+    }
+    EXPECT_GE(u.pairs, 16u);
+    for (size_t r = 0; r < 16; ++r) EXPECT_EQ(u.dq_rows[r], 1) << r;
+  }
+}
+
 }  // namespace

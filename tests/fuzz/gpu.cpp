@@ -51,6 +51,13 @@ class Timed {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// P or dS as a kernel's matrix multiply takes it: rounded to its 16-bit type T
+// (ReferenceOptions::round_operand).
+template <fa::DType T>
+double round_operand(double x) {
+  return fa::from_bits(fa::to_bits(static_cast<float>(x), T), T);
+}
+
 // ---- strided device operands -----------------------------------------------------------------
 // A [B, H, L, D] operand's device layout: contiguous; (B, L, H, D) as torch's transpose(1, 2) of
 // a [B, L, H, D] tensor; or rows padded to D + pad elements. The host keeps values contiguous;
@@ -478,14 +485,20 @@ std::string check_gpu(const Case& c, Stats* st) {
   // exp(x - LSE) of its own scores; where a transcendental's last ulp or the f32 q·k moves a
   // score of 1e7 by a few units (pow(q, h) + score), the kernel's LSE and the reference's
   // scores are that far apart, and only its own LSE gives the reference a softmax of its own.
-  fa::ReferenceGrads moved[3];
-  for (int k = 0; k < 3; ++k) {
+  // A fourth: P and dS rounded to the 16-bit type the kernels' matrix multiplies take them in;
+  // f16 holds nothing below 2^-25, so a gradient summed only from smaller P or dS (every row
+  // dominated by one key elsewhere) is 0 in any f16 kernel where the exact one is 1e-12.
+  fa::ReferenceGrads moved[4];
+  for (int k = 0; k < 4; ++k) {
     fa::ReferenceOptions rm = rb;
     if (k < 2) {
       rm.dot_shift = (k ? -1 : 1) * s.dim_qk * 0x1p-24;
       rm.dp_shift = (k ? -1 : 1) * s.dim_v * 0x1p-24;
-    } else {
+    } else if (k == 2) {
       rm.lse = nullptr;
+    } else {
+      rm.round_operand =
+          t == fa::DType::bf16 ? round_operand<fa::DType::bf16> : round_operand<fa::DType::f16>;
     }
     Timed timed(st ? &st->t_reference : nullptr);
     moved[k] = fa::reference_attention_backward(rs, q.values.data(), kk.values.data(), v.values.data(),
@@ -506,18 +519,19 @@ std::string check_gpu(const Case& c, Stats* st) {
   int64_t left_out = 0;  // gradient elements
   for (const Grad& gr : grads) {
     const std::vector<double>& ref = *gr.ref;
-    const std::vector<double>* alt[3] = {gr.pick(moved[0]), gr.pick(moved[1]), gr.pick(moved[2])};
+    const std::vector<double>* alt[4] = {gr.pick(moved[0]), gr.pick(moved[1]), gr.pick(moved[2]),
+                                         gr.pick(moved[3])};
     const std::vector<char>* rows = gr.rows(unstable);
     double num = 0, den = 0, spread_num = 0, worst_err = -1;
     size_t unexpected = 0, w = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
-      const double x = gr.got[i], r = ref[i], a[3] = {(*alt[0])[i], (*alt[1])[i], (*alt[2])[i]};
+      const double x = gr.got[i], r = ref[i], a[4] = {(*alt[0])[i], (*alt[1])[i], (*alt[2])[i], (*alt[3])[i]};
       const bool all_finite =
-          std::isfinite(r) && std::isfinite(a[0]) && std::isfinite(a[1]) && std::isfinite(a[2]);
+          std::isfinite(r) && std::all_of(a, a + 4, [](double y) { return std::isfinite(y); });
       // Left out: fed by an unstable pair, or the references disagree on whether (or which)
       // non-finite the answer is — the reference's own answer under the f32 moves has no bound.
       if ((rows ? (*rows)[i / size_t(gr.D)] : unstable.pairs > 0) ||
-          (!all_finite && !(same_nonfinite(a[0], r) && same_nonfinite(a[1], r) && same_nonfinite(a[2], r)))) {
+          (!all_finite && !std::all_of(a, a + 4, [&](double y) { return same_nonfinite(y, r); }))) {
         ++left_out;
         continue;
       }
@@ -539,9 +553,10 @@ std::string check_gpu(const Case& c, Stats* st) {
       const int D = gr.D, L = gr.L, H = gr.H;
       bad += fmt::format(
           "{} rel err {:.3e} (the reference's own spread {:.1e}), {} unexpected non-finite, worst got {:.6g} "
-          "want {:.6g} (moved {:.6g}, {:.6g}, own LSE {:.6g}) at b {} h {} row {} d {}; ",
+          "want {:.6g} (moved {:.6g}, {:.6g}, own LSE {:.6g}, 16-bit P and dS {:.6g}) at b {} h {} row {} d "
+          "{}; ",
           gr.name, rel, spread, unexpected, gr.got[w], ref[w], (*alt[0])[w], (*alt[1])[w], (*alt[2])[w],
-          w / D / L / H, w / D / L % H, w / D % L, w % D);
+          (*alt[3])[w], w / D / L / H, w / D / L % H, w / D % L, w % D);
     }
   }
   if (st) st->unstable_grad_elems += left_out, st->unstable_grad_cases += left_out > 0;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fajit/Dialect/FA/FAOps.h"
@@ -339,6 +340,34 @@ TEST(Reference, DpShiftMovesEveryDsByItsMagnitude) {
           EXPECT_NEAR(g.dq[ri * p.Dqk + d], scale * shift * mag * p.k[kv * p.Dqk + d], 1e-9)
               << ri << " " << d;
       }
+}
+
+// round_operand takes P into dV and dS into dQ and dK as the kernels' 16-bit matrix operands
+// do: a rounding that doubles doubles every gradient, and one that flushes gives zeros.
+TEST(Reference, RoundOperandIsWhatPAndDsBecomeBeforeTheProducts) {
+  Problem p;
+  std::vector<double> dout(size_t(p.B) * p.Hq * p.Lq * p.Dv);
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(double(i));
+  fa::ReferenceOptions opt;
+  const auto exact = fa::reference_attention_backward(p.shape(), p.q.data(), p.k.data(), p.v.data(),
+                                                      dout.data(), nullptr, opt);
+  opt.round_operand = [](double x) { return 2 * x; };
+  const auto twice = fa::reference_attention_backward(p.shape(), p.q.data(), p.k.data(), p.v.data(),
+                                                      dout.data(), nullptr, opt);
+  opt.round_operand = [](double) { return 0.0; };
+  const auto flushed = fa::reference_attention_backward(p.shape(), p.q.data(), p.k.data(), p.v.data(),
+                                                        dout.data(), nullptr, opt);
+  for (auto [e, t, f] :
+       {std::tuple{&exact.dq, &twice.dq, &flushed.dq}, std::tuple{&exact.dk, &twice.dk, &flushed.dk},
+        std::tuple{&exact.dv, &twice.dv, &flushed.dv}}) {
+    double mag = 0;
+    for (size_t i = 0; i < e->size(); ++i) {
+      EXPECT_NEAR((*t)[i], 2 * (*e)[i], 1e-12) << i;
+      EXPECT_EQ((*f)[i], 0.0) << i;
+      mag += std::fabs((*e)[i]);
+    }
+    EXPECT_GT(mag, 0);  // not vacuous
+  }
 }
 
 TEST(Reference, GqaMapsQueryHeadsToKvGroups) {

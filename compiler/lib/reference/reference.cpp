@@ -239,6 +239,8 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
             ds *= static_cast<double>(
                 score_grad->score_grad(static_cast<float>(dot * scale), b, h, i, j, 1.0f, sink));
           }
+          const double pv = opt.round_operand ? opt.round_operand(p) : p;
+          if (opt.round_operand) ds = opt.round_operand(ds);
           const size_t kj = (static_cast<size_t>(b) * s.heads_kv + hk) * s.len_kv + j;
           double* dkrow = &g.dk[kj * s.dim_qk];
           double* dvrow = &g.dv[kj * s.dim_v];
@@ -246,7 +248,7 @@ ReferenceGrads reference_attention_backward(const ReferenceShape& s, const float
             dqrow[d] += scale * ds * static_cast<double>(krow[d * ks[3]]);
             dkrow[d] += scale * ds * static_cast<double>(qrow[d * qs[3]]);
           }
-          for (int d = 0; d < s.dim_v; ++d) dvrow[d] += p * dorow[d];
+          for (int d = 0; d < s.dim_v; ++d) dvrow[d] += pv * dorow[d];
         }
       }
     }

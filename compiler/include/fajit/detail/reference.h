@@ -59,6 +59,11 @@ struct ReferenceOptions {
   // small difference times a large derivative (one key per row gives P = 1 and dP = Δ), their
   // rounding is what a kernel's gradient shows.
   double dp_shift = 0;
+  // reference_attention_backward: rounds P (for dV = Pᵀ·dO) and dS (for dQ and dK) as the
+  // kernels' matrix multiplies take them, to the inputs' 16-bit type; null = exact. A probe:
+  // f16 holds nothing below 2^-25, so where every P or dS a gradient sums is that small (a row
+  // dominated by one key of a pole) the kernel's gradient is 0 and the exact one 1e-12.
+  double (*round_operand)(double) = nullptr;
   const Bindings* bindings = nullptr;  // for both mods; null = no bindings
   // Element strides of q [B, Hq, Lq, Dqk], k [B, Hkv, Lkv, Dqk], v [B, Hkv, Lkv, Dv];
   // unset = contiguous.
