@@ -43,7 +43,9 @@ namespace {
 // Calls fn(j, in, scores) for every key j < r.len_kv the mask keeps: in[k] the f32 score the
 // score_mod sees, its q·k moved first by move(k)·Dqk·2^-24·Σ|q_d·k_d| (move(k) = 0: exact) and
 // scaled as the kernels scale it, scores[k] the score_mod's f32 result of it: one dot product
-// per key for all N moves.
+// per key for all N moves. move(k) = kAtZero: the score 0 where the moves' span holds it (an
+// f32 sum may cancel to exactly 0, where h / s · s is NaN), else the exact one.
+constexpr double kAtZero = 1e300;
 template <size_t N, typename Move, typename Fn>
 void for_each_score(const RowContext& x, const RowId& r, Move&& move, Fn&& fn) {
   const Shape& s = x.c.shape;
@@ -57,20 +59,28 @@ void for_each_score(const RowContext& x, const RowId& r, Move&& move, Fn&& fn) {
     for (int d = 0; d < s.dim_qk; ++d) dot += double(qr[d]) * kr[d], mag += std::fabs(double(qr[d]) * kr[d]);
     std::array<float, N> in{}, sc{};
     for (size_t k = 0; k < N; ++k) {
-      in[k] = static_cast<float>((dot + move(k) * eps * mag) * scale);
+      const double m = move(k);
+      in[k] = m != kAtZero                  ? static_cast<float>((dot + m * eps * mag) * scale)
+              : std::fabs(dot) <= eps * mag ? 0.f
+                                            : static_cast<float>(dot * scale);
       sc[k] = x.score.score(in[k], r.b, r.h, r.i, j);
     }
     fn(j, in, sc);
   }
 }
 
-// Whether f32 values a, b, c (one quantity under the moves down, none, up) differ by more than
-// 1e-3 (relative from 1 on) or in NaN-ness or ±inf: a quantity with no answer at f32.
-bool moves_apart(float a, float b, float c) {
-  if (!(std::isfinite(a) && std::isfinite(b) && std::isfinite(c)))
-    return !(std::isinf(a) && a == b && b == c);
-  const float lo = std::min({a, b, c}), hi = std::max({a, b, c});
-  return hi - lo > 1e-3 * std::max(1.f, std::max(std::fabs(lo), std::fabs(hi)));
+// The moves unstable_row and unstable_gradients probe: down, none, up, and the score 0.
+using Moved = std::array<float, 4>;
+constexpr double probe_move(size_t k) { return k < 3 ? double(k) - 1 : kAtZero; }
+
+// Whether f32 values of one quantity under the moves differ by more than 1e-3 (relative from 1
+// on) or in NaN-ness or ±inf: a quantity with no answer at f32.
+bool moves_apart(const Moved& v) {
+  const float a = v[0];
+  if (!std::all_of(v.begin(), v.end(), [](float y) { return std::isfinite(y); }))
+    return !(std::isinf(a) && std::all_of(v.begin(), v.end(), [a](float y) { return y == a; }));
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *hi - *lo > 1e-3 * std::max(1.f, std::max(std::fabs(*lo), std::fabs(*hi)));
 }
 
 // Whether a score under the moves down, none, up has no answer at f32 for a softmax: apart as
@@ -78,9 +88,10 @@ bool moves_apart(float a, float b, float c) {
 // of e^(hi - lo), whatever the score's size: a mod of slope 1e5 (pow(86, score) at 3e4) moves
 // P by e^±3.6 under the bound's moves, and a kernel's forward (its LSE) and backward (its P)
 // may sit at opposite ends — P up to e^7 where the reference has 1.
-bool scores_move_apart(float a, float b, float c) {
-  if (moves_apart(a, b, c)) return true;
-  return std::max({a, b, c}) - std::min({a, b, c}) > 0.5f;
+bool scores_move_apart(const Moved& v) {
+  if (moves_apart(v)) return true;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *hi - *lo > 0.5f;
 }
 }  // namespace
 
@@ -148,24 +159,23 @@ void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64
 }
 
 // Does row r hold a key whose score the f32 accumulation bound can move by more than 1e-3
-// (relative from 1 on) or tip into or out of NaN/±inf, while it matters (within 20 of the row's
-// largest score)? A discontinuous or chaotic score_mod there (fmod by a near-zero score, a
-// comparison on its edge) has no answer at f32 that an envelope of a few samples could bound:
-// such a row is unverifiable, not wrong.
+// (relative from 1 on) or tip into or out of NaN/±inf (at the bound's ends or at a score of
+// exactly 0 between them), while it matters (within 20 of the row's largest score)? A
+// discontinuous or chaotic score_mod there (fmod by a near-zero score, a comparison on its
+// edge, h / s · s at s = 0) has no answer at f32 that an envelope of a few samples could
+// bound: such a row is unverifiable, not wrong.
 bool unstable_row(const RowContext& x, const RowId& r) {
-  std::vector<std::array<float, 3>> sc;  // each kept key's score moved down, not, up
+  std::vector<Moved> sc;  // each kept key's score under the probe's moves
   float top = -INFINITY;
-  for_each_score<3>(
-      x, r, [](size_t k) { return double(k) - 1; },
-      [&](int, const std::array<float, 3>&, const std::array<float, 3>& v) {
-        for (float y : v)
-          if (y > top) top = y;
-        sc.push_back(v);
-      });
-  for (const auto& v : sc) {
-    const float hi = std::max({v[0], v[1], v[2]});
-    const bool finite = std::isfinite(v[0]) && std::isfinite(v[1]) && std::isfinite(v[2]);
-    if (moves_apart(v[0], v[1], v[2]) && (!finite || hi >= top - 20)) return true;
+  for_each_score<4>(x, r, probe_move, [&](int, const Moved&, const Moved& v) {
+    for (float y : v)
+      if (y > top) top = y;
+    sc.push_back(v);
+  });
+  for (const Moved& v : sc) {
+    const float hi = *std::max_element(v.begin(), v.end());
+    const bool finite = std::all_of(v.begin(), v.end(), [](float y) { return std::isfinite(y); });
+    if (moves_apart(v) && (!finite || hi >= top - 20)) return true;
   }
   return false;
 }
@@ -177,10 +187,10 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
   UnstableGradients u;
   u.dq_rows.assign(size_t(s.batch) * s.heads_q * s.len_q, 0);
   u.kv_rows.assign(size_t(s.batch) * s.heads_kv * s.len_kv, 0);
-  // A row's kept keys: their f32 score inputs and scores under the moves down, none, up.
+  // A row's kept keys: their f32 score inputs and scores under the probe's moves.
   struct Key {
     int j;
-    std::array<float, 3> in, v;
+    Moved in, v;
   };
   std::vector<Key> keys;
   for (int b = 0; b < s.batch; ++b)
@@ -191,12 +201,10 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
         if (l == -INFINITY) continue;  // no key: no gradient flows
         keys.clear();
         float top = -INFINITY;  // the row's largest score over the moves
-        for_each_score<3>(
-            x, {b, h, i, s.len_kv}, [](size_t k) { return double(k) - 1; },
-            [&](int j, const std::array<float, 3>& in, const std::array<float, 3>& v) {
-              keys.push_back({j, in, v});
-              for (float y : v) top = std::max(top, y);
-            });
+        for_each_score<4>(x, {b, h, i, s.len_kv}, probe_move, [&](int j, const Moved& in, const Moved& v) {
+          keys.push_back({j, in, v});
+          for (float y : v) top = std::max(top, y);
+        });
         for (const Key& key : keys) {
           // P is not 0 at one of the moves, from the kernel's LSE or the row's own largest
           // score: a kernel's forward may have seen a pole's score far from the reference's,
@@ -205,9 +213,10 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
           for (float y : key.v)
             flows |= !(std::exp(double(y) - l) < 0x1p-149) || !(double(y) < double(top) - 104);
           if (!flows) continue;
-          std::array<float, 3> d;
-          for (size_t k = 0; k < 3; ++k) d[k] = grad.score_grad(key.in[k], b, h, i, key.j, 1.0f, nullptr);
-          if (!scores_move_apart(key.v[0], key.v[1], key.v[2]) && !moves_apart(d[0], d[1], d[2])) continue;
+          Moved d;
+          for (size_t k = 0; k < d.size(); ++k)
+            d[k] = grad.score_grad(key.in[k], b, h, i, key.j, 1.0f, nullptr);
+          if (!scores_move_apart(key.v) && !moves_apart(d)) continue;
           ++u.pairs;
           u.dq_rows[ri] = 1;
           u.kv_rows[(size_t(b) * s.heads_kv + h / group) * s.len_kv + key.j] = 1;

@@ -51,11 +51,13 @@ std::string describe_row(const RowContext& x, const RowId& r);
 void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64& rng, double* out,
                    double* lse);
 // Whether the row holds a key whose score those moves change by more than 1e-3 (relative from
-// 1) or tip into or out of NaN/±inf while it matters (within 20 of the row max).
+// 1) or tip into or out of NaN/±inf — at their ends or at a score of exactly 0 between them,
+// where an f32 sum may land (h / s · s) — while it matters (within 20 of the row max).
 bool unstable_row(const RowContext& x, const RowId& r);
 // The backward's pairs with no answer at f32: (b, h, i, j) whose score or derivative
 // (score_grad with dt = 1) the moves above change by more than 1e-3 (relative from 1 on) or
-// tip into or out of NaN/±inf, or whose score they move by more than 0.5 (P by e^0.5, a
+// tip into or out of NaN/±inf (also at a score of exactly 0 between the moves' ends), or whose
+// score they move by more than 0.5 (P by e^0.5, a
 // steep mod: pow(86, score) at 3e4), while P = exp(score - LSE) is not 0 at one of the moves — a
 // pole of the score_mod at a score near 0 (c / s, where the kernel's f32 q·k may sit on the
 // other side of it), a kink or a chaotic mod. The gradient rows they feed are unverifiable:

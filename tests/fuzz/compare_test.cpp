@@ -175,6 +175,23 @@ TEST(FuzzCompare, UnstableGradientsAreThePolesAndKinksThatMatter) {
   }
 }
 
+// h / s · s is 1 everywhere but at s = 0, where f32 gives NaN: a q·k of 1e-9 whose f32 sum may
+// cancel to exactly 0 (its bound spans 0) has no answer at f32, though the bound's ends are
+// both finite: row 0 is unstable, forward and backward, and the others are not.
+TEST(FuzzCompare, AScoreTheBoundLetsBeExactlyZeroIsProbedThere) {
+  Problem p(fa::ScoreMod{
+      "removable", [](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return (1.0f / x) * x; }});
+  for (int d = 0; d < 16; ++d) p.k.values[d] = 0.f;
+  p.k.values[0] = p.q.values[1], p.k.values[1] = -p.q.values[0], p.k.values[2] = 0x1p-30f;
+  ASSERT_NE(p.q.values[2], 0.f);
+  const RowContext x{p.c, p.score, p.mask, p.q, p.k, p.v};
+  for (size_t r = 0; r < p.rows.size(); ++r) EXPECT_EQ(fa_fuzz::unstable_row(x, p.rows[r]), r == 0) << r;
+  const fa::ModProgram grad = fa::ModProgram::grad_of(p.program);
+  const fa_fuzz::UnstableGradients u = fa_fuzz::unstable_gradients(x, grad.bind(p.env), p.reference().lse);
+  EXPECT_EQ(u.pairs, 1u);
+  for (size_t r = 0; r < 16; ++r) EXPECT_EQ(u.dq_rows[r], r == 0) << r;
+}
+
 // A steep mod: 1e6·score moves by far more than 0.5 under the f32 moves though only by 1e-6
 // of itself, so every row's P has no answer at f32 (a forward and a backward of opposite
 // rounding give P = e^±k where the reference has 1): every row, and the keys that matter in
