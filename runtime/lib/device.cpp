@@ -146,14 +146,6 @@ void allow_smem(CUfunction fn, unsigned smem_bytes, ContextGuard& guard) {
 }
 }  // namespace
 
-int max_active_blocks(CUfunction fn, unsigned threads, unsigned smem_bytes) {
-  ContextGuard guard;
-  allow_smem(fn, smem_bytes, guard);
-  int blocks = 0;
-  FA_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor, &blocks, fn, static_cast<int>(threads), smem_bytes);
-  return blocks;
-}
-
 void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args) {
   if (!fn) throw Error("launch: null kernel function");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0)

@@ -10,7 +10,7 @@
 //   struct FaMods { ... };                                   // see templates/README.md
 //   #include "fajit/decode.cuh"
 //   using FaDecCfg = fa::DecodeConfig<fa::bf16_t, 128, 128, 64, 4>;   // tile: fa::default_tile()
-//   FAJIT_DEFINE_DECODE(fajit_decode, FaDecCfg, FaMods)
+//   FAJIT_DEFINE_DECODE(fajit_decode, FaDecCfg, FaMods, 3)
 // defines two extern "C" kernels, launched in this order on one stream:
 //   fajit_decode          one CTA per (row block, split) x (batch, packed heads): partial O, LSE
 //   fajit_decode_combine  one warp per output row: O and LSE from the parts
@@ -340,9 +340,10 @@ __device__ __forceinline__ void decode_entry(const FaDecodeParams& dp, const FaC
 
 }  // namespace fa
 
-// Defines the extern "C" kernels name and name##_combine (single identifiers).
-#define FAJIT_DEFINE_DECODE(name, Config, Mods)                         \
-  extern "C" __global__ void __launch_bounds__(Config::kThreads)        \
+// Defines the extern "C" kernels name and name##_combine (single identifiers); min_ctas: the
+// CTAs per SM the host's split count assumes (KernelSpec::decode_ctas_per_sm), guaranteed here.
+#define FAJIT_DEFINE_DECODE(name, Config, Mods, min_ctas)               \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, min_ctas) \
       name(const FaDecodeParams p, const FaCaptures cap) {              \
     fa::decode_entry<Config, Mods>(p, cap);                             \
   }                                                                     \

@@ -208,8 +208,20 @@ std::string check_layouts(const Case& c, const fa::Kernel& k, const fa::Program&
   const std::string lens =
       fmt::format("ragged lengths q {} kv {}, page size {}", fmt::join(lq, ","), fmt::join(lk, ","), ps);
   if (std::memcmp(outs[0].data(), outs[1].data(), no * 2) != 0 ||
-      std::memcmp(lses[0].data(), lses[1].data(), nl * 4) != 0)
-    return "ragged: the paged run differs from the packed run (" + lens + ")";
+      std::memcmp(lses[0].data(), lses[1].data(), nl * 4) != 0) {
+    size_t n_out = 0, n_lse = 0, first = no;
+    for (size_t i = 0; i < no; ++i)
+      if (outs[0][i] != outs[1][i] && n_out++ == 0) first = i;
+    for (size_t i = 0; i < nl; ++i) n_lse += std::memcmp(&lses[0][i], &lses[1][i], 4) != 0;
+    std::string at;
+    if (first < no)
+      at = fmt::format("; first at token {} head {} d {}: packed {:.6g}, paged {:.6g}", first / DV / Hq,
+                       first / DV % Hq, first % DV, fa::from_bits(outs[0][first], t),
+                       fa::from_bits(outs[1][first], t));
+    return fmt::format(
+        "ragged: the paged run differs from the packed run ({}): {} of {} out elements, {} of {} lse{}", lens,
+        n_out, no, n_lse, nl, at);
+  }
 
   fa::ModProgram sp = fa::ModProgram::score_of(program), mp = fa::ModProgram::mask_of(program);
   const fa::BoundMod sb = sp.bind(env), mb = mp.bind(env);

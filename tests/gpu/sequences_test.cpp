@@ -42,6 +42,10 @@ std::vector<SeqCase> cases() {
       {"sliding", f16, 128, 128, 8, 1, {16, 3, 0, 9}, {5000, 17, 12, 131072}, 128, false, 256},
       {"document_softcap", bf16, 96, 96, 8, 8, {2, 64, 1}, {4097, 64, 1000}, 48},
       {"causal", bf16, 192, 128, 4, 2, {64, 7}, {3000, 7}, 16},
+      // decoding at d64 and d32, where the paged kernel needs more registers than the packed
+      // one: both must still split alike (fuzz 848/41 found them 2 vs 3 CTAs per SM apart)
+      {"none", bf16, 64, 64, 4, 4, {38, 39}, {402, 2438}, 128},
+      {"causal", f16, 32, 32, 8, 2, {1, 5, 64}, {3000, 700, 64}, 16},
   };
 }
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -337,6 +338,16 @@ TEST(Codegen, EveryHeadDimResolves) {
             "decode bf16 qk128 v128 mma tile64x64w4s3 sm_90a");
   EXPECT_EQ(spec(fa::DType::bf16, 256, 256, "sm_86", fa::KernelKind::kDecode).resolved().to_string(),
             "decode bf16 qk256 v256 mma tile64x32w4s2 sm_86");
+  // CTAs per SM its split count assumes (and its launch bounds guarantee): what shared memory
+  // holds, at most 3, the same for every layout (a paged run must split as the packed one).
+  for (auto [dqk, arch, ctas] : {std::tuple{128, "sm_90a", 2}, std::tuple{64, "sm_90a", 3},
+                                 std::tuple{32, "sm_90a", 3}, std::tuple{256, "sm_86", 1}})
+    for (fa::SequenceLayout l :
+         {fa::SequenceLayout::kDense, fa::SequenceLayout::kRagged, fa::SequenceLayout::kPaged}) {
+      fa::KernelSpec d = spec(fa::DType::bf16, dqk, dqk, arch, fa::KernelKind::kDecode);
+      d.layout = l;
+      EXPECT_EQ(d.resolved().decode_ctas_per_sm(), ctas) << dqk << " " << arch;
+    }
   fa::KernelSpec dec = spec(fa::DType::bf16, 128, 128, "sm_80", fa::KernelKind::kDecode);
   dec.tile = {128, 64, 4, 2};
   EXPECT_EQ(error_of([&] { dec.resolved(); }),

@@ -53,6 +53,12 @@ struct FA_API KernelSpec {
   // static_asserts so the two cannot drift apart).
   int threads() const;
   int smem_bytes() const;
+  // A resolved decoding spec: the CTAs per SM its split count assumes (kernel.cpp) and its
+  // __launch_bounds__ guarantee — what the arch's shared memory holds, at most 3 (registers
+  // then stay within 170, what the d64 kernels use). One value for every layout of a spec:
+  // the ragged and paged kernels differ in registers, and an occupancy measured per kernel
+  // split (so rounded) their runs differently, where paged must equal packed bit for bit.
+  int decode_ctas_per_sm() const;
 
   // The same spec with the tile filled in and every field checked; throws fa::Error naming
   // the bad field ("head_dim_qk must be a multiple of 8 from 32 to 256, got 100"), the

@@ -319,16 +319,6 @@ struct Kernel::Impl {
 
   // CTAs of a decoding kernel one SM holds (asked of the driver once per layout and context's
   // device: the occupancy query costs more than a short decode).
-  std::map<std::pair<int, int>, int> decode_occupancy;
-  int decode_ctas_per_sm(SequenceLayout layout, CUfunction fn, const KernelSpec& ds, int device) {
-    std::lock_guard<std::mutex> lock(bwd_mutex);
-    int& n = decode_occupancy[{static_cast<int>(layout), device}];
-    if (n == 0)
-      n = std::max(1, rt::max_active_blocks(fn, static_cast<unsigned>(ds.threads()),
-                                            static_cast<unsigned>(ds.smem_bytes())));
-    return n;
-  }
-
   // The prefill kernel for a layout: fwd when dense, else the mma.sync forward compiled for it
   // (the forward's tile when that is an mma.sync one, else the default).
   const Compiled& prefill_kernel(SequenceLayout layout) {
@@ -461,8 +451,10 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     CUfunction fn = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name);
     int64_t splits = options.decode_splits;
     if (splits == 0) {  // as many parts as fill one wave of CTAs (at least one part each)
+      // The spec's CTAs per SM, not the compiled kernel's occupancy: the same for every layout,
+      // so a paged run splits (and rounds) exactly as the packed one.
       const int64_t sms = std::max(1, rt::current_device_info().sm_count);
-      const int64_t per_sm = impl_->decode_ctas_per_sm(layout, fn, ds, static_cast<int>(guard.device()));
+      const int64_t per_sm = ds.decode_ctas_per_sm();
       splits = std::clamp<int64_t>(sms * per_sm / units, 1, 128);
     }
     splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));

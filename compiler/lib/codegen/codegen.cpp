@@ -415,7 +415,8 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
                                   g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n, t.stages),
                       g.spec.layout)
        << ";\n";
-    os << "FAJIT_DEFINE_DECODE(" << g.kernel_name << ", FaDecCfg, FaMods)\n";
+    os << "FAJIT_DEFINE_DECODE(" << g.kernel_name << ", FaDecCfg, FaMods, " << g.spec.decode_ctas_per_sm()
+       << ")\n";
     os << fmt::format(
         "static_assert(FaDecCfg::kThreads == {} && FaDecCfg::kBlockM == {} && FaDecCfg::kCombineWarps == {},"
         " \"host and template disagree on the decode launch\");\n",

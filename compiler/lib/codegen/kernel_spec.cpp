@@ -184,6 +184,12 @@ std::string KernelSpec::to_string() const {
 
 int KernelSpec::threads() const { return tile.warps * 32; }
 
+int KernelSpec::decode_ctas_per_sm() const {
+  // Per SM: the largest dynamic allocation plus the 1 KiB the driver reserves per CTA.
+  const int per_sm = jit::max_dynamic_smem(arch) + 1024, per_cta = smem_bytes() + 1024;
+  return std::clamp(per_sm / per_cta, 1, 3);
+}
+
 int KernelSpec::smem_bytes() const {
   const int pq = head_dim_pitch(head_dim_qk), pv = head_dim_pitch(head_dim_v);
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {

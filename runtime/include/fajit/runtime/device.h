@@ -55,9 +55,6 @@ const DeviceInfo& device_info(int ordinal);
 // the cached module without reading `image`. Function lookups are cached too. Modules live
 // until the process ends.
 CUfunction load_function(const std::string& key, std::string_view image, const std::string& kernel_name);
-// How many CTAs of fn (threads per CTA, dynamic shared memory) one SM holds at once (raises
-// fn's shared memory limit first, as launch does).
-int max_active_blocks(CUfunction fn, unsigned threads, unsigned smem_bytes);
 
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
