@@ -47,8 +47,30 @@ class Adjoints {
   void add(Value a, Value g) {
     if (!a.getType().isF32() || !active_.contains(a)) return;
     Value &slot = adj_[a];
+    const bool gated = gated_.contains(g) || (slot && gated_.contains(slot));
     slot = slot ? b_.create<arith::AddFOp>(loc_, slot, g).getResult() : g;
+    if (gated) gated_.insert(slot);
   }
+
+  // ---- gated adjoints ----
+  // A select (where, min, max, abs) passes its adjoint to the branch it took and 0 to the other
+  // (`gate`): an adjoint that is exactly 0 where its value does not matter. The untaken branch's
+  // own derivative may be inf or NaN there (pow(q, s) at q = 0, 1 / s at s = 0), and 0 · inf
+  // is NaN, so a gated adjoint scales by a local derivative as `g == 0 ? 0 : g · x`: what does
+  // not flow contributes nothing. Adjoints from dt alone are never 0 by selection: plain
+  // products, so mods without a select (softcap, ALiBi) are unchanged.
+  Value gate(Value g) {
+    gated_.insert(g);
+    return g;
+  }
+  /// g · x, 0 where a gated g is 0.
+  Value scale(Value g, Value x) { return guarded(g, mul(g, x)); }
+  /// g / x, 0 where a gated g is 0.
+  Value scaleDiv(Value g, Value x) { return guarded(g, div(g, x)); }
+  /// g · c for a finite constant c: 0 where g is, no guard needed.
+  Value scaleBy(Value g, double c) { return keepGate(g, mul(g, cst(c))); }
+  /// -g.
+  Value negate(Value g) { return keepGate(g, neg(g)); }
 
   void setLoc(Location loc) { loc_ = loc; }
   bool isActive(Value v) const { return active_.contains(v); }
@@ -70,8 +92,19 @@ class Adjoints {
   Value pow(Value x, Value y) { return b_.create<math::PowFOp>(loc_, x, y); }
 
  private:
+  Value keepGate(Value g, Value r) {
+    if (gated_.contains(g)) gated_.insert(r);
+    return r;
+  }
+  Value guarded(Value g, Value product) {
+    if (!gated_.contains(g)) return product;
+    Value zero = cst(0.0);
+    return gate(sel(cmp(arith::CmpFPredicate::OEQ, g, zero), zero, product));
+  }
+
   OpBuilder &b_;
   const DenseSet<Value> &active_;
+  DenseSet<Value> gated_;
   DenseMap<Value, Value> adj_;
   Location loc_ = b_.getUnknownLoc();
 };
@@ -136,26 +169,28 @@ LogicalResult backprop(Operation *op, BodyOp code, Value g, Adjoints &adj, Score
       return success();
     case B::SubF:
       adj.add(a(), g);
-      if (adj.isActive(b())) adj.add(b(), adj.neg(g));
+      if (adj.isActive(b())) adj.add(b(), adj.negate(g));
       return success();
     case B::MulF:
-      if (adj.isActive(a())) adj.add(a(), adj.mul(g, b()));
-      if (adj.isActive(b())) adj.add(b(), adj.mul(g, a()));
+      if (adj.isActive(a())) adj.add(a(), adj.scale(g, b()));
+      if (adj.isActive(b())) adj.add(b(), adj.scale(g, a()));
       return success();
     case B::DivF:
       // y = a / b: ā += ȳ / b, b̄ -= ȳ y / b
-      if (adj.isActive(a())) adj.add(a(), adj.div(g, b()));
-      if (adj.isActive(b())) adj.add(b(), adj.neg(adj.div(adj.mul(g, y), b())));
+      if (adj.isActive(a())) adj.add(a(), adj.scaleDiv(g, b()));
+      if (adj.isActive(b())) adj.add(b(), adj.negate(adj.scaleDiv(adj.scale(g, y), b())));
       return success();
-    case B::NegF: adj.add(a(), adj.neg(g)); return success();
+    case B::NegF: adj.add(a(), adj.negate(g)); return success();
     case B::MaximumF:
     case B::MinimumF: {
       // The chosen operand gets ȳ; a tie splits it (torch's convention).
       P win = code == B::MaximumF ? P::OGT : P::OLT;
       Value zero = adj.cst(0.0), half = adj.mul(g, adj.cst(0.5));
       Value tie = adj.cmp(P::OEQ, a(), b());
-      if (adj.isActive(a())) adj.add(a(), adj.sel(adj.cmp(win, a(), b()), g, adj.sel(tie, half, zero)));
-      if (adj.isActive(b())) adj.add(b(), adj.sel(adj.cmp(win, b(), a()), g, adj.sel(tie, half, zero)));
+      if (adj.isActive(a()))
+        adj.add(a(), adj.gate(adj.sel(adj.cmp(win, a(), b()), g, adj.sel(tie, half, zero))));
+      if (adj.isActive(b()))
+        adj.add(b(), adj.gate(adj.sel(adj.cmp(win, b(), a()), g, adj.sel(tie, half, zero))));
       return success();
     }
     case B::MaxNumF:
@@ -165,45 +200,48 @@ LogicalResult backprop(Operation *op, BodyOp code, Value g, Adjoints &adj, Score
       Value zero = adj.cst(0.0);
       Value first = adj.cmp(code == B::MaxNumF ? P::OGE : P::OLE, a(), b());
       Value bIsNaN = adj.cmp(P::UNO, b(), b());
-      if (adj.isActive(a())) adj.add(a(), adj.sel(bIsNaN, g, adj.sel(first, g, zero)));
-      if (adj.isActive(b())) adj.add(b(), adj.sel(bIsNaN, zero, adj.sel(first, zero, g)));
+      if (adj.isActive(a())) adj.add(a(), adj.gate(adj.sel(bIsNaN, g, adj.sel(first, g, zero))));
+      if (adj.isActive(b())) adj.add(b(), adj.gate(adj.sel(bIsNaN, zero, adj.sel(first, zero, g))));
       return success();
     }
-    case B::Exp: adj.add(a(), adj.mul(g, y)); return success();
-    case B::Exp2: adj.add(a(), adj.mul(adj.mul(g, y), adj.cst(kLn2))); return success();
-    case B::Log: adj.add(a(), adj.div(g, a())); return success();
-    case B::Log2: adj.add(a(), adj.div(g, adj.mul(a(), adj.cst(kLn2)))); return success();
-    case B::Tanh: adj.add(a(), adj.mul(g, adj.sub(adj.cst(1.0), adj.mul(y, y)))); return success();
-    case B::Sqrt: adj.add(a(), adj.div(adj.mul(g, adj.cst(0.5)), y)); return success();
+    case B::Exp: adj.add(a(), adj.scale(g, y)); return success();
+    case B::Exp2: adj.add(a(), adj.scaleBy(adj.scale(g, y), kLn2)); return success();
+    case B::Log: adj.add(a(), adj.scaleDiv(g, a())); return success();
+    case B::Log2: adj.add(a(), adj.scaleDiv(g, adj.mul(a(), adj.cst(kLn2)))); return success();
+    case B::Tanh: adj.add(a(), adj.scale(g, adj.sub(adj.cst(1.0), adj.mul(y, y)))); return success();
+    case B::Sqrt: adj.add(a(), adj.scaleDiv(adj.scaleBy(g, 0.5), y)); return success();
     case B::Rsqrt:
       // y = a^(-1/2): ā += -ȳ y³ / 2
-      adj.add(a(), adj.mul(adj.mul(g, adj.cst(-0.5)), adj.mul(adj.mul(y, y), y)));
+      adj.add(a(), adj.scale(adj.scaleBy(g, -0.5), adj.mul(adj.mul(y, y), y)));
       return success();
     case B::AbsF: {
       // ȳ sgn(a), 0 at 0.
       Value zero = adj.cst(0.0);
       Value pos = adj.cmp(P::OGT, a(), zero), negative = adj.cmp(P::OLT, a(), zero);
-      adj.add(a(), adj.sel(pos, g, adj.sel(negative, adj.neg(g), zero)));
+      adj.add(a(), adj.gate(adj.sel(pos, g, adj.sel(negative, adj.neg(g), zero))));
       return success();
     }
-    case B::Sin: adj.add(a(), adj.mul(g, adj.un<math::CosOp>(a()))); return success();
-    case B::Cos: adj.add(a(), adj.neg(adj.mul(g, adj.un<math::SinOp>(a())))); return success();
+    case B::Sin: adj.add(a(), adj.scale(g, adj.un<math::CosOp>(a()))); return success();
+    case B::Cos: adj.add(a(), adj.negate(adj.scale(g, adj.un<math::SinOp>(a())))); return success();
     case B::Erf: {
       // ȳ (2/√π) exp(-a²)
       Value e = adj.un<math::ExpOp>(adj.neg(adj.mul(a(), a())));
-      adj.add(a(), adj.mul(g, adj.mul(adj.cst(kTwoOverSqrtPi), e)));
+      adj.add(a(), adj.scale(g, adj.mul(adj.cst(kTwoOverSqrtPi), e)));
       return success();
     }
     case B::PowF:
       // y = a^b: ā += ȳ b a^(b-1) (finite at a = 0), b̄ += ȳ y ln a
-      if (adj.isActive(a())) adj.add(a(), adj.mul(g, adj.mul(b(), adj.pow(a(), adj.sub(b(), adj.cst(1.0))))));
-      if (adj.isActive(b())) adj.add(b(), adj.mul(adj.mul(g, y), adj.un<math::LogOp>(a())));
+      if (adj.isActive(a()))
+        adj.add(a(), adj.scale(g, adj.mul(b(), adj.pow(a(), adj.sub(b(), adj.cst(1.0))))));
+      if (adj.isActive(b())) adj.add(b(), adj.scale(adj.scale(g, y), adj.un<math::LogOp>(a())));
       return success();
     case B::Select: {
       auto s = cast<arith::SelectOp>(op);
       Value zero = adj.cst(0.0);
-      if (adj.isActive(s.getTrueValue())) adj.add(s.getTrueValue(), adj.sel(s.getCondition(), g, zero));
-      if (adj.isActive(s.getFalseValue())) adj.add(s.getFalseValue(), adj.sel(s.getCondition(), zero, g));
+      if (adj.isActive(s.getTrueValue()))
+        adj.add(s.getTrueValue(), adj.gate(adj.sel(s.getCondition(), g, zero)));
+      if (adj.isActive(s.getFalseValue()))
+        adj.add(s.getFalseValue(), adj.gate(adj.sel(s.getCondition(), zero, g)));
       return success();
     }
   }

@@ -331,14 +331,42 @@ fa.score_mod @select(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32)
   fa.yield %r : f32
 }
 
+// The branch a select does not take gets a gated adjoint, exactly 0 there, and each product of
+// a gated adjoint is 0 where it is: 1 / score's own derivative is inf (and its product NaN) at
+// score 0, where q >= kv took the other branch and the gradient is dt (fuzz 907/42: a where's
+// untaken pow(q, s) at q = 0 made dK NaN).
+// CHECK-LABEL: fa.score_grad @where_untaken_pole(
+// CHECK:         [[C:%[^ ]+]] = arith.cmpi sge, %q, %kv : i32
+// CHECK-NEXT:    [[INV:%[^ ]+]] = arith.divf [[ONE:%[^ ]+]], %score : f32
+// CHECK-NEXT:    [[GT:%[^ ]+]] = arith.select [[C]], %dt, [[Z:%[^ ]+]] : f32
+// CHECK-NEXT:    [[GF:%[^ ]+]] = arith.select [[C]], [[Z]], %dt : f32
+// CHECK-NEXT:    [[P:%[^ ]+]] = arith.mulf [[GF]], [[INV]] : f32
+// CHECK-NEXT:    [[E:%[^ ]+]] = arith.cmpf oeq, [[GF]], [[Z]] : f32
+// CHECK-NEXT:    [[G1:%[^ ]+]] = arith.select [[E]], [[Z]], [[P]] : f32
+// CHECK-NEXT:    [[Q:%[^ ]+]] = arith.divf [[G1]], %score : f32
+// CHECK-NEXT:    [[E2:%[^ ]+]] = arith.cmpf oeq, [[G1]], [[Z]] : f32
+// CHECK-NEXT:    [[G2:%[^ ]+]] = arith.select [[E2]], [[Z]], [[Q]] : f32
+// CHECK-NEXT:    [[N:%[^ ]+]] = arith.negf [[G2]] : f32
+// CHECK-NEXT:    [[R:%[^ ]+]] = arith.addf [[GT]], [[N]] : f32
+// CHECK-NEXT:    fa.yield [[R]] : f32
+fa.score_mod @where_untaken_pole(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {
+  %one = arith.constant 1.0 : f32
+  %c = arith.cmpi sge, %q, %kv : i32
+  %inv = arith.divf %one, %score : f32
+  %r = arith.select %c, %score, %inv : f32
+  fa.yield %r : f32
+}
+
 // A compare of the score feeding a select is differentiable (piecewise).
 // CHECK-LABEL: fa.score_grad @select_on_score(
 // CHECK-NEXT:    [[VCST:%[^ ]+]] = arith.constant 0.000000e+00 : f32
 // CHECK-NEXT:    [[V0:%[^ ]+]] = arith.cmpf ogt, %score, [[VCST]] : f32
 // CHECK-NEXT:    [[V1:%[^ ]+]] = arith.select [[V0]], %dt, [[VCST]] : f32
 // CHECK-NEXT:    [[V2:%[^ ]+]] = arith.mulf [[V1]], %score : f32
-// CHECK-NEXT:    [[V3:%[^ ]+]] = arith.addf [[V2]], [[V2]] : f32
-// CHECK-NEXT:    fa.yield [[V3]] : f32
+// CHECK-NEXT:    [[V3:%[^ ]+]] = arith.cmpf oeq, [[V1]], [[VCST]] : f32
+// CHECK-NEXT:    [[V4:%[^ ]+]] = arith.select [[V3]], [[VCST]], [[V2]] : f32
+// CHECK-NEXT:    [[V5:%[^ ]+]] = arith.addf [[V4]], [[V4]] : f32
+// CHECK-NEXT:    fa.yield [[V5]] : f32
 // CHECK-NEXT:  }
 fa.score_mod @select_on_score(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {
   %zero = arith.constant 0.0 : f32
