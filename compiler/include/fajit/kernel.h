@@ -56,7 +56,7 @@ struct ForwardOptions {
   float scale = 0.0f;               // 0 = 1 / sqrt(head_dim_qk)
   const TensorView* lse = nullptr;  // optional fp32 [B, Hq, Lq] log-sum-exp output
   ForwardPath path = ForwardPath::kAuto;
-  int decode_splits = 0;  // decoding: parts of the KV walk; 0 = enough CTAs for every SM twice
+  int decode_splits = 0;  // decoding: parts of the KV walk; 0 = one wave of CTAs (spec's CTAs per SM)
   // Ragged (packed, variable-length) batches and paged KV caches (fajit/sequences.h). Any table
   // given switches q/k/v/o/lse to the layouts described there; the kernels for it (mma.sync
   // prefill, decoding) are compiled on first use, once: lengths and pages are run-time data.
