@@ -2,6 +2,8 @@
 // change when it does). Each names the replay that found it.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "fajit/frontend.h"
 #include "fuzz.h"
 
@@ -26,7 +28,8 @@ TEST(FuzzRegression, PrintedModuleParsesBackUnchanged) {
 // fajit fuzz --seed 1 --case 262 (MLIR-text cases): maxnumf / minnumf whose second operand is
 // NaN return the first, but fa-differentiate gave the adjoint to the NaN operand: the buffer
 // element got d/dw = 1 and the score 1 instead of 2. (The case had sqrt(score) of a negative
-// score in the NaN operand; its 0 * NaN adjoint makes dS NaN, as torch.where's does.)
+// score in the NaN operand; its 0 * NaN adjoint made dS NaN, as torch.where's does, until
+// fa-differentiate gated the adjoints a select hands out: see the next test.)
 TEST(FuzzRegression, MinnumfGradientSkipsTheNaNOperand) {
   fa::Program p = fa::Program::parse(R"(
     fa.score_mod @f(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) captures(%w: !fa.buffer<f32, 1>) -> f32 {
@@ -45,6 +48,31 @@ TEST(FuzzRegression, MinnumfGradientSkipsTheNaNOperand) {
                                                         [&](const fa::GradAdd& g) { dw += g.value; });
   EXPECT_EQ(ds, 2.0f);
   EXPECT_EQ(dw, 0.0f);
+}
+
+// fajit fuzz --seed 907 --case 42 (GPU mode): where(c, min(-8, s) / pow(q, s / x), |kv|) at
+// q = 0 takes |kv|, but the untaken pow's derivative is 0 · ln 0 = NaN there, and 0 · NaN made
+// the reference's dK NaN. An untaken branch contributes nothing, whatever its derivative: here
+// pow(q, s) at q = 0 and sqrt(s) at s < 0.
+TEST(FuzzRegression, AnUntakenBranchContributesNothingWhateverItsDerivative) {
+  fa::Program p = fa::Program::parse(R"(
+    fa.score_mod @f(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {
+      %c = arith.cmpi sge, %q, %kv : i32
+      %qf = arith.sitofp %q : i32 to f32
+      %p = math.powf %qf, %score : f32
+      %r = math.sqrt %score : f32
+      %t = arith.addf %p, %r : f32
+      %y = arith.select %c, %t, %score : f32
+      fa.yield %y : f32
+    })");
+  const fa::ModProgram g = fa::ModProgram::grad_of(p);
+  const fa::Bindings env;
+  // q = 0 < kv = 1: the select takes the score (derivative 1); pow(0, s) and sqrt(-2) untaken.
+  EXPECT_EQ(g.eval_score_grad(-2.0f, 0, 0, 0, 1, 1.0f, env, nullptr), 1.0f);
+  EXPECT_EQ(g.eval_score_grad(0.5f, 0, 0, 0, 1, 1.0f, env, nullptr), 1.0f);
+  // Taken (q = 2 >= kv = 1): 2^s ln 2 + 1 / (2 sqrt(s)) at s = 0.25.
+  EXPECT_NEAR(g.eval_score_grad(0.25f, 0, 0, 2, 1, 1.0f, env, nullptr),
+              std::pow(2.0, 0.25) * std::log(2.0) + 1.0, 1e-5);
 }
 
 // The generator is a pure function of (seed, case): a replay sees the same case.
