@@ -83,7 +83,7 @@ bool moves_apart(const Moved& v) {
   return *hi - *lo > 1e-3 * std::max(1.f, std::max(std::fabs(*lo), std::fabs(*hi)));
 }
 
-// Whether a score under the moves down, none, up has no answer at f32 for a softmax: apart as
+// Whether a score under the probe's moves has no answer at f32 for a softmax: apart as
 // above, or apart by more than 0.5 in absolute terms. P = exp(score - LSE) moves by a factor
 // of e^(hi - lo), whatever the score's size: a mod of slope 1e5 (pow(86, score) at 3e4) moves
 // P by e^±3.6 under the bound's moves, and a kernel's forward (its LSE) and backward (its P)

@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include <functional>
+#include <iterator>
 #include <map>
 
 #include "compare.h"
@@ -207,12 +208,11 @@ std::string check_layouts(const Case& c, const fa::Kernel& k, const fa::Program&
   }
   const std::string lens =
       fmt::format("ragged lengths q {} kv {}, page size {}", fmt::join(lq, ","), fmt::join(lk, ","), ps);
-  if (std::memcmp(outs[0].data(), outs[1].data(), no * 2) != 0 ||
-      std::memcmp(lses[0].data(), lses[1].data(), nl * 4) != 0) {
-    size_t n_out = 0, n_lse = 0, first = no;
-    for (size_t i = 0; i < no; ++i)
-      if (outs[0][i] != outs[1][i] && n_out++ == 0) first = i;
-    for (size_t i = 0; i < nl; ++i) n_lse += std::memcmp(&lses[0][i], &lses[1][i], 4) != 0;
+  size_t n_out = 0, n_lse = 0, first = no;  // elements that differ, bit for bit
+  for (size_t i = 0; i < no; ++i)
+    if (outs[0][i] != outs[1][i] && n_out++ == 0) first = i;
+  for (size_t i = 0; i < nl; ++i) n_lse += std::memcmp(&lses[0][i], &lses[1][i], 4) != 0;
+  if (n_out + n_lse > 0) {
     std::string at;
     if (first < no)
       at = fmt::format("; first at token {} head {} d {}: packed {:.6g}, paged {:.6g}", first / DV / Hq,
@@ -501,7 +501,7 @@ std::string check_gpu(const Case& c, Stats* st) {
   // f16 holds nothing below 2^-25, so a gradient summed only from smaller P or dS (every row
   // dominated by one key elsewhere) is 0 in any f16 kernel where the exact one is 1e-12.
   fa::ReferenceGrads moved[4];
-  for (int k = 0; k < 4; ++k) {
+  for (size_t k = 0; k < std::size(moved); ++k) {
     fa::ReferenceOptions rm = rb;
     if (k < 2) {
       rm.dot_shift = (k ? -1 : 1) * s.dim_qk * 0x1p-24;
@@ -531,19 +531,22 @@ std::string check_gpu(const Case& c, Stats* st) {
   int64_t left_out = 0;  // gradient elements
   for (const Grad& gr : grads) {
     const std::vector<double>& ref = *gr.ref;
-    const std::vector<double>* alt[4] = {gr.pick(moved[0]), gr.pick(moved[1]), gr.pick(moved[2]),
-                                         gr.pick(moved[3])};
+    constexpr size_t kAlts = std::size(moved);
+    const std::vector<double>* alt[kAlts];
+    for (size_t k = 0; k < kAlts; ++k) alt[k] = gr.pick(moved[k]);
     const std::vector<char>* rows = gr.rows(unstable);
     double num = 0, den = 0, spread_num = 0, worst_err = -1;
     size_t unexpected = 0, w = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
-      const double x = gr.got[i], r = ref[i], a[4] = {(*alt[0])[i], (*alt[1])[i], (*alt[2])[i], (*alt[3])[i]};
+      const double x = gr.got[i], r = ref[i];
+      double a[kAlts];
+      for (size_t k = 0; k < kAlts; ++k) a[k] = (*alt[k])[i];
       const bool all_finite =
-          std::isfinite(r) && std::all_of(a, a + 4, [](double y) { return std::isfinite(y); });
+          std::isfinite(r) && std::all_of(a, a + kAlts, [](double y) { return std::isfinite(y); });
       // Left out: fed by an unstable pair, or the references disagree on whether (or which)
       // non-finite the answer is — the reference's own answer under the f32 moves has no bound.
       if ((rows ? (*rows)[i / size_t(gr.D)] : unstable.pairs > 0) ||
-          (!all_finite && !std::all_of(a, a + 4, [&](double y) { return same_nonfinite(y, r); }))) {
+          (!all_finite && !std::all_of(a, a + kAlts, [&](double y) { return same_nonfinite(y, r); }))) {
         ++left_out;
         continue;
       }

@@ -317,8 +317,6 @@ struct Kernel::Impl {
     return *slot;
   }
 
-  // CTAs of a decoding kernel one SM holds (asked of the driver once per layout and context's
-  // device: the occupancy query costs more than a short decode).
   // The prefill kernel for a layout: fwd when dense, else the mma.sync forward compiled for it
   // (the forward's tile when that is an mma.sync one, else the default).
   const Compiled& prefill_kernel(SequenceLayout layout) {
