@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
       ->add_option("--splits", run.splits, "decoding: parts of the KV walk (default 0: enough for every SM)")
       ->check(CLI::Range(0, 1024));
   run_cmd->add_flag("--no-check", run.no_check,
-                    "with the layout flags: skip the float64 reference (for timing shapes too large for it)");
+                    "skip the float64 reference, forward and backward (timing shapes too large for it)");
   run_cmd->add_flag(
       "--varlen", run.varlen,
       "a ragged batch: random lengths up to --len-q / --len-kv per sequence (0 and 1 included), "

@@ -386,33 +386,38 @@ int run_variant(const RunOptions& o) {
   ro.score_mod = &sp;
   ro.mask_mod = &mp;
   ro.bindings = &env;
-  fa::ReferenceResult ref = fa::reference_attention({B, H, H, L, L, DQK, DV}, q.values.data(),
-                                                    kk.values.data(), v.values.data(), ro);
-  double num = 0, den = 0, lse_err = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < n_v; ++i) {
-    double g = fa::from_bits(out[i], o.dtype);
-    if (std::isnan(g)) ++bad;
-    num += (g - ref.out[i]) * (g - ref.out[i]);
-    den += ref.out[i] * ref.out[i];
-  }
-  for (size_t i = 0; i < lse.size(); ++i) {
-    if (std::isinf(ref.lse[i])) {
-      if (!(std::isinf(lse[i]) && lse[i] < 0)) ++bad;
-    } else {
-      lse_err = std::max(lse_err, std::fabs(lse[i] - ref.lse[i]));
-    }
-  }
-  double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  double tol = o.dtype == fa::DType::bf16 ? 1e-2 : 5e-3;
-  bool ok = bad == 0 && rel < tol && lse_err < 2e-2;
   auto d = mask.density();
   std::cout << fmt::format(
       "B={} H={} L={} D={}/{}  block mask: {:.1f}% dense ({} full, {} partial, {} empty) in {:.2f} ms\n", B,
       H, L, DQK, DV, 100.0 * d.fraction, d.full, d.partial, d.empty, mask_ms);
-  std::cout << fmt::format(
-      "vs float64 reference: rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad values: {}\n", rel,
-      tol, lse_err, bad, ok ? "OK" : "MISMATCH");
+  bool ok = true;
+  if (o.no_check) {
+    std::cout << "not checked (--no-check)\n";
+  } else {
+    fa::ReferenceResult ref = fa::reference_attention({B, H, H, L, L, DQK, DV}, q.values.data(),
+                                                      kk.values.data(), v.values.data(), ro);
+    double num = 0, den = 0, lse_err = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n_v; ++i) {
+      double g = fa::from_bits(out[i], o.dtype);
+      if (std::isnan(g)) ++bad;
+      num += (g - ref.out[i]) * (g - ref.out[i]);
+      den += ref.out[i] * ref.out[i];
+    }
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(ref.lse[i])) {
+        if (!(std::isinf(lse[i]) && lse[i] < 0)) ++bad;
+      } else {
+        lse_err = std::max(lse_err, std::fabs(lse[i] - ref.lse[i]));
+      }
+    }
+    double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    double tol = o.dtype == fa::DType::bf16 ? 1e-2 : 5e-3;
+    ok = bad == 0 && rel < tol && lse_err < 2e-2;
+    std::cout << fmt::format(
+        "vs float64 reference: rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad values: {}\n", rel,
+        tol, lse_err, bad, ok ? "OK" : "MISMATCH");
+  }
 
   // Timing: warm-up, then the median of repeated launches.
   const double ms = median_ms(o.iters, [&] { k.forward(tq, tk, tv, to, mask, cap, fo); });
@@ -439,32 +444,37 @@ int run_variant(const RunOptions& o) {
   fa::rt::synchronize(nullptr);
   const double first_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  fa::ReferenceOptions rb = ro;
-  std::optional<fa::ModProgram> grad;
-  if (program.score_is_identity()) {
-    rb.score_mod = nullptr;
-  } else {
-    grad.emplace(fa::ModProgram::grad_of(program));
-    rb.score_grad = &*grad;
-  }
-  std::vector<double> o_vals(out.begin(), out.end());  // delta from the kernel's own O
-  for (size_t i = 0; i < n_v; ++i) o_vals[i] = fa::from_bits(out[i], o.dtype);
-  rb.delta_out = o_vals.data();
-  const fa::ReferenceGrads g =
-      fa::reference_attention_backward({B, H, H, L, L, DQK, DV}, q.values.data(), kk.values.data(),
-                                       v.values.data(), dout_vals.data(), nullptr, rb);
-  const double gtol = o.dtype == fa::DType::bf16 ? 3e-2 : 1e-2;
-  bool gok = true;
-  std::string line;
-  for (auto [name, buf, ref] : {std::tuple{"dq", &d_dq, &g.dq}, {"dk", &d_dk, &g.dk}, {"dv", &d_dv, &g.dv}}) {
-    auto [err, nan] = rel_error(*buf, *ref, o.dtype);
-    gok = gok && nan == 0 && err < gtol;
-    line += fmt::format("{} {:.2e}{} ", name, err, nan ? fmt::format(" ({} NaN)", nan) : "");
-  }
   std::cout << fmt::format("backward: {} (first call, compile included: {:.0f} ms)\n",
                            k.backward_spec().to_string(), first_ms);
-  std::cout << fmt::format("gradients vs float64 reference: rel err {}(bound {:.0e}): {}\n", line, gtol,
-                           gok ? "OK" : "MISMATCH");
+  bool gok = true;
+  if (o.no_check) {
+    std::cout << "gradients not checked (--no-check)\n";
+  } else {
+    fa::ReferenceOptions rb = ro;
+    std::optional<fa::ModProgram> grad;
+    if (program.score_is_identity()) {
+      rb.score_mod = nullptr;
+    } else {
+      grad.emplace(fa::ModProgram::grad_of(program));
+      rb.score_grad = &*grad;
+    }
+    std::vector<double> o_vals(n_v);  // delta from the kernel's own O
+    for (size_t i = 0; i < n_v; ++i) o_vals[i] = fa::from_bits(out[i], o.dtype);
+    rb.delta_out = o_vals.data();
+    const fa::ReferenceGrads g =
+        fa::reference_attention_backward({B, H, H, L, L, DQK, DV}, q.values.data(), kk.values.data(),
+                                         v.values.data(), dout_vals.data(), nullptr, rb);
+    const double gtol = o.dtype == fa::DType::bf16 ? 3e-2 : 1e-2;
+    std::string line;
+    for (auto [name, buf, ref] :
+         {std::tuple{"dq", &d_dq, &g.dq}, {"dk", &d_dk, &g.dk}, {"dv", &d_dv, &g.dv}}) {
+      auto [err, nan] = rel_error(*buf, *ref, o.dtype);
+      gok = gok && nan == 0 && err < gtol;
+      line += fmt::format("{} {:.2e}{} ", name, err, nan ? fmt::format(" ({} NaN)", nan) : "");
+    }
+    std::cout << fmt::format("gradients vs float64 reference: rel err {}(bound {:.0e}): {}\n", line, gtol,
+                             gok ? "OK" : "MISMATCH");
+  }
   const double bms =
       median_ms(o.iters, [&] { k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap); });
   std::cout << fmt::format(
