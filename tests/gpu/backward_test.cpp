@@ -92,6 +92,10 @@ const std::vector<BwdCase>& cases() {
       {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
       {"relative_bias", bf16, 128, 64, 1, 2, 1, 17, 4097},
       {"relative_bias", f16, 64, 64, 2, 4, 4, 1000, 1000},
+      // d64 with a score_mod (BLOCK_M 64 on sm_90a): GQA groups and several query tiles per
+      // key block, so the consumer warpgroups' dQ parts and stages interleave.
+      {"document_softcap", bf16, 64, 64, 1, 4, 2, 300, 300},
+      {"causal_alibi", f16, 64, 64, 1, 8, 2, 1000, 1000},
       with({"relative_bias", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
       {"self_ratio", f16, 64, 128, 1, 6, 3, 201, 182},
