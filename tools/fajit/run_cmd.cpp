@@ -432,7 +432,6 @@ int run_variant(const RunOptions& o) {
 
   // ---- backward: random dO, gradients into poisoned buffers, each checked against float64.
   fa::RoundedTensor g_out = fa::random_rounded(n_v, o.dtype, rng);
-  std::vector<double> dout_vals(g_out.values.begin(), g_out.values.end());
   fa::rt::DeviceBuffer d_do(bytes_v), d_dq(bytes_qk), d_dk(bytes_qk), d_dv(bytes_v);
   d_do.upload(g_out.bits.data(), bytes_v);
   for (fa::rt::DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->memset8(0xff);
@@ -461,6 +460,7 @@ int run_variant(const RunOptions& o) {
     std::vector<double> o_vals(n_v);  // delta from the kernel's own O
     for (size_t i = 0; i < n_v; ++i) o_vals[i] = fa::from_bits(out[i], o.dtype);
     rb.delta_out = o_vals.data();
+    const std::vector<double> dout_vals(g_out.values.begin(), g_out.values.end());
     const fa::ReferenceGrads g =
         fa::reference_attention_backward({B, H, H, L, L, DQK, DV}, q.values.data(), kk.values.data(),
                                          v.values.data(), dout_vals.data(), nullptr, rb);
