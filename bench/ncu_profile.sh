@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute profiles of one launch of each kernel that issue 14's targets are about, so the
-# next optimisation is chosen from data (bench/RESULTS.md "Profiles"): fajit's forward at d128
+# next optimisation is chosen from data (summarise them in bench/RESULTS.md): fajit's forward at d128
 # causal, d64 full and d128 softcap, its backward dK/dV kernel at d128 full, and the same
 # forwards of cuDNN (SDPA) and torch flex_attention. bf16, B=4 H=16 S=4096, as bench/flex_compare.py.
 #
