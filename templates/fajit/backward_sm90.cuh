@@ -33,8 +33,10 @@
 //   consumers to release it (empty[s], one arrival per consumer warp).
 //   Warpgroups 1, 2 (consumers, setmaxnreg up to 240): keys 64·cw.., per query tile
 //     Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ           SS-wgmma m64n{BLOCK_M}, both issued at once
-//     Pᵀ, dSᵀ in registers                 (bwd::probs_t, bwd::dscores_t: mods, score_grad)
-//     dV += Pᵀ·dO, dK += dSᵀ·Q             RS-wgmma (P, dS packed as A operands)
+//     Pᵀ in registers                      (bwd::probs_t: mods), while dPᵀ runs
+//     dV += Pᵀ·dO                          RS-wgmma (P packed as A), queued behind dPᵀ
+//     dSᵀ in registers                     (bwd::dscores_t: score_grad), while dV runs
+//     dK += dSᵀ·Q                          RS-wgmma (dS packed as A)
 //     dSᵀ -> shared memory (double-buffered), one named barrier over both consumers
 //     dQ_part = dS·K                       SS-wgmma, both operands MN-major, m64n64
 //     dQ_part -> dq_accum                  red.global.add.v2.f32
@@ -233,12 +235,15 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                        desc_advance(ddo_b, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)), kk > 0);
     wgmma_commit();
   };
-  // dV += Pᵀ·dO and dK += dSᵀ·Q: one commit group.
-  auto issue_dv_dk = [&](const u32(&pa)[Cfg::kMK][4], const u32(&da)[Cfg::kMK][4], int stage) {
+  // dV += Pᵀ·dO, then dK += dSᵀ·Q: a commit group each.
+  auto issue_dv = [&](const u32(&pa)[Cfg::kMK][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
       wgmma_rs<E, Cfg::kHeadDimV>(dv, pa[kk],
                                   desc_advance(ddo_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+    wgmma_commit();
+  };
+  auto issue_dk = [&](const u32(&da)[Cfg::kMK][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
       wgmma_rs<E, Cfg::kHeadDimQK>(dk, da[kk],
@@ -275,24 +280,36 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       wgmma_fence();
       issue_s_dp(s, dp, stage);
 
-      // ---- Pᵀ from Sᵀ while dPᵀ is still on the tensor cores
+      // ---- Pᵀ from Sᵀ while dPᵀ is still on the tensor cores. At BLOCK_M 64, dV += Pᵀ·dO is
+      // queued behind dPᵀ and dSᵀ formed while it runs; at BLOCK_M 128 the registers do not hold
+      // Pᵀ, dPᵀ and the in-flight P operand together (ptxas serializes), so dV waits for dSᵀ.
       wgmma_wait<1>();
       pin(s);
       float sc[Mods::kScoreGrad ? kQT : 1][4];
       const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
       bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sn, b, hq, cap,
                          [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
-      wgmma_wait<0>();
+      constexpr bool kDvEarly = kBM == 64;
+      u32 pa[Cfg::kMK][4];
+      if constexpr (kDvEarly) {
+        pack_a<E>(pa, s);
+        wgmma_fence();
+        issue_dv(pa, stage);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+
+      // ---- dSᵀ from dPᵀ, then dK += dSᵀ·Q
       pin(dp);
       bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads,
                            [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
-
-      // ---- dV += Pᵀ·dO, dK += dSᵀ·Q
-      u32 pa[Cfg::kMK][4], da[Cfg::kMK][4];
-      pack_a<E>(pa, s);
+      u32 da[Cfg::kMK][4];
+      if constexpr (!kDvEarly) pack_a<E>(pa, s);
       pack_a<E>(da, dp);
       wgmma_fence();
-      issue_dv_dk(pa, da, stage);
+      if constexpr (!kDvEarly) issue_dv(pa, stage);
+      issue_dk(da, stage);
 
       // ---- dSᵀ (this warpgroup's 64 key rows) to shared memory, then this warpgroup's part
       // of dQ = dS·K (else dQ comes from backward.cuh's dq_det kernel)
