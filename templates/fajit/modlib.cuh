@@ -52,6 +52,19 @@ __device__ __forceinline__ float minimumf(float a, float b) {
   return a < b ? a : b;
 }
 
+// arith.divf: a · (1/b) with the reciprocal correctly rounded, so the quotient is within
+// 1.5 ulp (Triton's default f32 division is 2 ulp). A loop-invariant divisor (a captured scalar,
+// a constant: softcap's s / cap) then costs two multiplies per score, its reciprocal hoisted out
+// of the key loop, where the IEEE division costs a reciprocal, Newton steps and a range check per
+// score. Branch-free: a divisor whose reciprocal would not be a normal float is scaled by 2^±64
+// first and the quotient scaled back (exact), so 0, inf, NaN, denormal and huge divisors give
+// a / b's inf, 0 and NaN.
+__device__ __forceinline__ float divf(float a, float b) {
+  const float m = fabsf(b);
+  const float s = m > 0x1p64f ? 0x1p-64f : (m < 0x1p-64f ? 0x1p64f : 1.f);
+  return __fmul_rn(__fmul_rn(a, __frcp_rn(__fmul_rn(b, s))), s);
+}
+
 // arith.fptosi / fptoui: truncate, saturate, NaN -> 0 (cvt.rzi).
 __device__ __forceinline__ int f2i(float a) { return __float2int_rz(a); }
 __device__ __forceinline__ int f2u(float a) { return (int)__float2uint_rz(a); }

@@ -137,7 +137,7 @@ TEST(Codegen, ScalarSlotsFollowCaptureOrder) {
   EXPECT_HAS(m, "cap.scalars[0].i;  // fa: ");
   EXPECT_HAS(m, "cap.scalars[2].i;  // fa: ");
   EXPECT_HAS(m, "tanhf(");
-  EXPECT_HAS(m, "__fdiv_rn(score, ");
+  EXPECT_HAS(m, "fa::mod::divf(score, ");
 }
 
 TEST(Codegen, EveryLineNamesItsOp) {
@@ -696,7 +696,7 @@ std::vector<OpCase> op_cases() {
       float_bin("arith.addf", "__fadd_rn(score, v_0)"),
       float_bin("arith.subf", "__fsub_rn(score, v_0)"),
       float_bin("arith.mulf", "__fmul_rn(score, v_0)"),
-      float_bin("arith.divf", "__fdiv_rn(score, v_0)"),
+      float_bin("arith.divf", "fa::mod::divf(score, v_0)"),
       float_bin("arith.remf", "fmodf(score, v_0)"),
       float_bin("arith.maximumf", "fa::mod::maximumf(score, v_0)"),
       float_bin("arith.minimumf", "fa::mod::minimumf(score, v_0)"),
@@ -710,7 +710,7 @@ std::vector<OpCase> op_cases() {
       float_un("math.log2", "log2f(score)"),
       float_un("math.tanh", "tanhf(score)"),
       float_un("math.sqrt", "__fsqrt_rn(score)"),
-      float_un("math.rsqrt", "__fdiv_rn(1.0f, __fsqrt_rn(score))"),
+      float_un("math.rsqrt", "rsqrtf(score)"),
       float_un("math.absf", "fabsf(score)"),
       float_un("math.sin", "sinf(score)"),
       float_un("math.cos", "cosf(score)"),

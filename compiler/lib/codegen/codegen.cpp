@@ -210,7 +210,7 @@ class ModEmitter {
       case B::AddF: return bin(op, "__fadd_rn({}, {})");
       case B::SubF: return bin(op, "__fsub_rn({}, {})");
       case B::MulF: return bin(op, "__fmul_rn({}, {})");
-      case B::DivF: return bin(op, "__fdiv_rn({}, {})");
+      case B::DivF: return bin(op, "fa::mod::divf({}, {})");
       case B::RemF: return bin(op, "fmodf({}, {})");
       case B::NegF: return fmt::format("(-{})", name(op.getOperand(0)));
       case B::MaximumF: return bin(op, "fa::mod::maximumf({}, {})");
@@ -273,7 +273,7 @@ class ModEmitter {
       case B::Log2: return fmt::format("log2f({})", name(op.getOperand(0)));
       case B::Tanh: return fmt::format("tanhf({})", name(op.getOperand(0)));
       case B::Sqrt: return fmt::format("__fsqrt_rn({})", name(op.getOperand(0)));
-      case B::Rsqrt: return fmt::format("__fdiv_rn(1.0f, __fsqrt_rn({}))", name(op.getOperand(0)));
+      case B::Rsqrt: return fmt::format("rsqrtf({})", name(op.getOperand(0)));
       case B::AbsF: return fmt::format("fabsf({})", name(op.getOperand(0)));
       case B::AbsI: return fmt::format("fa::mod::iabs({})", name(op.getOperand(0)));
       case B::Sin: return fmt::format("sinf({})", name(op.getOperand(0)));
