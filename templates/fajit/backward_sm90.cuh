@@ -165,10 +165,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if (warpgroup == 0) {
     // ================= producer ==============================================================
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv),
-                                        p.k_stride_n, kv0, len_kv, tid);
-    load_tile_sw128<kBN, Cfg::kCV, kWG>(sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv),
-                                        p.v_stride_n, kv0, len_kv, tid);
+    load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(
+        sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv), p.k_stride_n, kv0, len_kv, tid);
+    load_tile_sw128<kBN, typename Cfg::RowV, kWG>(
+        sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
     mbar_arrive_cp_async(bar_kv);
     StageRing<kStages> ring;
     for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
@@ -178,8 +178,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
         const int q0 = walk.tile_start(it);
         mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-        load_tile_sw128<kBM, Cfg::kCQ, kWG>(sQ(ring.stage), qg, p.q_stride_m, q0, len_q, tid);
-        load_tile_sw128<kBM, Cfg::kCV, kWG>(sDo(ring.stage), dog, p.do_stride_m, q0, len_q, tid);
+        load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ(ring.stage), qg, p.q_stride_m, q0, len_q, tid);
+        load_tile_sw128<kBM, typename Cfg::RowV, kWG>(sDo(ring.stage), dog, p.do_stride_m, q0, len_q, tid);
         mbar_arrive_cp_async(bar_full(ring.stage));
         bwd::stage_row_stats<kBM, kWG>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0, tid);
         mbar_arrive(bar_full(ring.stage));

@@ -15,7 +15,9 @@
 //
 // ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG>) -----
 //   Element   fa::f16_t or fa::bf16_t (Q, K, V, O); LSE is fp32
-//   DQK, DV   head dims of Q·Kᵀ and of V/O: 64 or 128, independently
+//   DQK, DV   head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 128, independently
+//             (rows padded to 64-column swizzle blocks; Q·Kᵀ runs ceil(DQK / 16) k-steps and
+//             P·V an N of DV rounded up to 16, over zero-filled columns)
 //   BLOCK_N   key/value rows per pipeline tile: 64 or 128 (the wgmma N of S = Q·Kᵀ)
 //   STAGES    K/V shared-memory stages (2..4, within 227 KiB)
 //   OVERLAP   issue S_{j+1} = Q·K_{j+1}ᵀ before the softmax of S_{j+1} runs against P_j·V_j
@@ -28,7 +30,8 @@
 //   grid  = ( ceil(len_q / 128), batch * heads_q, 1 )         (same as forward.cuh, BLOCK_M 128)
 //   block = ( 384, 1, 1 )                                      == Config::kThreads
 //   dynamic shared memory bytes                                == Config::kSmemBytes
-//         = 1024 (alignment slack) + 2 * (128 * max(DQK, DV) + STAGES * BLOCK_N * (DQK + DV))
+//         = 1024 (alignment slack) + 2 * (128 * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
+//           (P = the head dim rounded up to 64)
 //           + 8 * (1 + 3 * STAGES)                             (mbarriers)
 //   always > 48 KiB: cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n).
 //   Kernel arguments: (const FaFwdParams p, const FaCaptures cap), by value.
@@ -85,16 +88,21 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
   static constexpr int kMaxHeadDim = kHeadDimQK > kHeadDimV ? kHeadDimQK : kHeadDimV;
-  static constexpr int kSmemQOBytes = kBlockM * kMaxHeadDim * 2;  // Q tile, then O staging
-  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;    // one K stage
-  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;     // one V stage
+  // Shared rows are padded to whole 64-column swizzle blocks (HeadRow::kRowBytes): D 80 and
+  // 96 take the room of 128.
+  using Shape = AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_>;
+  static constexpr int kMaxRowBytes =
+      Shape::RowQK::kRowBytes > Shape::RowV::kRowBytes ? Shape::RowQK::kRowBytes : Shape::RowV::kRowBytes;
+  static constexpr int kSmemQOBytes = kBlockM * kMaxRowBytes;            // Q tile, then O staging
+  static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;  // one K stage
+  static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;   // one V stage
   static constexpr int kSmemBarOffset = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
   static constexpr int kNumBarriers = 1 + 3 * kStages;  // q, full_k, full_v, empty
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
-  static_assert(kHeadDimQK == 64 || kHeadDimQK == 128, "DQK must be 64 or 128");
-  static_assert(kHeadDimV == 64 || kHeadDimV == 128, "DV must be 64 or 128");
+  static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 128, "DQK must be a multiple of 8 from 32 to 128");
+  static_assert(kHeadDimV >= 32 && kHeadDimV <= 128, "DV must be a multiple of 8 from 32 to 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "BLOCK_N must be 64 or 128 (sm90 kernel)");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
@@ -151,18 +159,18 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
     const E* kg = static_cast<const E*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
     const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
-    load_tile_sw128<kBM, Cfg::kCQ, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
+    load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
     mbar_arrive_cp_async(bar_q);
     StageRing<kStages> ring;
     for (int it = 0; it < n_tiles; ++it) {
       const int start = walk.tile_start(it);
       if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
       mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-      load_tile_sw128<kBN, Cfg::kCQ, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n, start, len_kv,
-                                          tid);
+      load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
+                                                     start, len_kv, tid);
       mbar_arrive_cp_async(bar_full_k(ring.stage));
-      load_tile_sw128<kBN, Cfg::kCV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n, start, len_kv,
-                                          tid);
+      load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
+                                                    start, len_kv, tid);
       mbar_arrive_cp_async(bar_full_v(ring.stage));
       ring.advance();
     }
@@ -207,8 +215,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   auto issue_pv = [&](int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKP; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimV>(o, pa[kk],
-                                  desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk)), 1);
+      wgmma_rs<E, Cfg::kDT * 8>(o, pa[kk],
+                                desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
 
@@ -333,7 +341,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   }
   named_barrier(kBarEpilogue + cw, kWG);
   E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-  store_rows<kRows, Cfg::kCV, kWG, QTile>(og, p.o_stride_m, sQ, cw * kRows, q0, len_q, wtid);
+  store_rows<kRows, Cfg::RowV::kChunks, kWG, QTile>(og, p.o_stride_m, sQ, cw * kRows, q0, len_q, wtid);
 }
 
 }  // namespace sm90

@@ -44,30 +44,43 @@ struct Sw128Blocks {
 };
 
 // ---- tile loads ----------------------------------------------------------------------------
-// cp.async a tile of kRows rows x kChunks 16-byte chunks from global rows row0.. (row stride
-// `stride` elements) into kChunks/8 swizzled column blocks of kRows x 128 B (Sw128Blocks);
-// rows >= len are zero-filled. Consecutive threads take consecutive chunks of a row.
-template <int kRows, int kChunks, int kThreads, typename Element>
+// cp.async a tile of kRows head rows (Row = HeadRow<D>) from global rows row0.. (row stride
+// `stride` elements) into the swizzled column blocks of kRows x 128 B (Sw128Blocks): a row's
+// Row::kUsed chunks, those past its Row::kChunks (D 72: the 16-column k-step's last 8) and rows
+// >= len zero-filled (neither read from global memory); chunks past kUsed (the pitch padding)
+// are never written: no wgmma reads them. D 64 and 128 (whole column blocks): consecutive threads
+// take consecutive chunks of a row and keep their chunk, walking rows with a running address.
+template <int kRows, typename Row, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride, int row0,
                                                 int len, int tid) {
-  static_assert(kThreads % kChunks == 0 && kRows % (kThreads / kChunks) == 0,
-                "tile chunks must divide evenly among threads");
-  constexpr int kRowStep = kThreads / kChunks;  // rows per pass; a thread keeps its chunk
-  const int c = tid % kChunks, r0 = tid / kChunks;
-  // Running pointer/address (few live registers: the producer runs on 40).
-  const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
-  const long long step = (long long)kRowStep * stride;
-  u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
-  // kRowStep is a multiple of 8 (128 threads, <= 16 chunks), so r % 8 == r0 % 8 throughout.
-  static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
-  int left = len - row0 - r0;  // rows of this thread still in range, counting down
+  constexpr int kChunks = Row::kPitch;
+  if constexpr (Row::kChunks == kChunks && kThreads % kChunks == 0) {
+    static_assert(kRows % (kThreads / kChunks) == 0, "tile chunks must divide evenly among threads");
+    constexpr int kRowStep = kThreads / kChunks;  // rows per pass; a thread keeps its chunk
+    const int c = tid % kChunks, r0 = tid / kChunks;
+    // Running pointer/address (few live registers: the producer runs on 24-40).
+    const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
+    const long long step = (long long)kRowStep * stride;
+    u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
+    // kRowStep is a multiple of 8 (128 threads, <= 16 chunks), so r % 8 == r0 % 8 throughout.
+    static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
+    int left = len - row0 - r0;  // rows of this thread still in range, counting down
 #pragma unroll 4
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const bool valid = left > 0;
-    cp_async_16(d, valid ? g : src, valid);
-    g += step;
-    d += kRowStep * kSw128RowBytes;
-    left -= kRowStep;
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const bool valid = left > 0;
+      cp_async_16(d, valid ? g : src, valid);
+      g += step;
+      d += kRowStep * kSw128RowBytes;
+      left -= kRowStep;
+    }
+  } else {
+#pragma unroll 2
+    for (int idx = tid; idx < kRows * Row::kUsed; idx += kThreads) {
+      const int r = idx / Row::kUsed, c = idx % Row::kUsed;
+      const bool valid = row0 + r < len && c < Row::kChunks;
+      cp_async_16(dst + Sw128Blocks<kRows>::offset(r, c),
+                  valid ? src + (long long)(row0 + r) * stride + c * 8 : src, valid);
+    }
   }
 }
 
@@ -139,19 +152,36 @@ __device__ __forceinline__ void pin(u32 (&r)[A][B]) {
 // Each (E, N) is one asm statement whose first N/2 operands are the accumulators ("+f",
 // d[j][i] in order); FA_WGMMA_SS / FA_WGMMA_RS below spell it once, given the accumulator
 // operand list, the matching "{%0, ...}" register list and the indices of the operands that
-// follow it. A new N needs its two lists and one line per element type.
+// follow it. N runs over the multiples of 16 from 32 to 128 (head dims up to 128).
 template <typename E, int N>
 struct Tag {};
 
 #define FA_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define FA_ACC_N64 \
-  FA_ACC4(0), FA_ACC4(1), FA_ACC4(2), FA_ACC4(3), FA_ACC4(4), FA_ACC4(5), FA_ACC4(6), FA_ACC4(7)
-#define FA_ACC_N128                                                                                    \
-  FA_ACC_N64, FA_ACC4(8), FA_ACC4(9), FA_ACC4(10), FA_ACC4(11), FA_ACC4(12), FA_ACC4(13), FA_ACC4(14), \
-      FA_ACC4(15)
+#define FA_ACC_N32 FA_ACC4(0), FA_ACC4(1), FA_ACC4(2), FA_ACC4(3)
+#define FA_ACC_N48 FA_ACC_N32, FA_ACC4(4), FA_ACC4(5)
+#define FA_ACC_N64 FA_ACC_N48, FA_ACC4(6), FA_ACC4(7)
+#define FA_ACC_N80 FA_ACC_N64, FA_ACC4(8), FA_ACC4(9)
+#define FA_ACC_N96 FA_ACC_N80, FA_ACC4(10), FA_ACC4(11)
+#define FA_ACC_N112 FA_ACC_N96, FA_ACC4(12), FA_ACC4(13)
+#define FA_ACC_N128 FA_ACC_N112, FA_ACC4(14), FA_ACC4(15)
+#define FA_REGS_N32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define FA_REGS_N48                                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23}"
 #define FA_REGS_N64                                                                                       \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA_REGS_N80                                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
+#define FA_REGS_N96                                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47}"
+#define FA_REGS_N112                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}"
 #define FA_REGS_N128                                                                                      \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
@@ -184,21 +214,51 @@ struct Tag {};
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));               \
   }
 
+FA_WGMMA_SS(f16_t, "f16", 32, FA_ACC_N32, FA_REGS_N32, 16, 17, 18, 19, 20)
+FA_WGMMA_SS(bf16_t, "bf16", 32, FA_ACC_N32, FA_REGS_N32, 16, 17, 18, 19, 20)
+FA_WGMMA_SS(f16_t, "f16", 48, FA_ACC_N48, FA_REGS_N48, 24, 25, 26, 27, 28)
+FA_WGMMA_SS(bf16_t, "bf16", 48, FA_ACC_N48, FA_REGS_N48, 24, 25, 26, 27, 28)
 FA_WGMMA_SS(f16_t, "f16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36)
 FA_WGMMA_SS(bf16_t, "bf16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36)
+FA_WGMMA_SS(f16_t, "f16", 80, FA_ACC_N80, FA_REGS_N80, 40, 41, 42, 43, 44)
+FA_WGMMA_SS(bf16_t, "bf16", 80, FA_ACC_N80, FA_REGS_N80, 40, 41, 42, 43, 44)
+FA_WGMMA_SS(f16_t, "f16", 96, FA_ACC_N96, FA_REGS_N96, 48, 49, 50, 51, 52)
+FA_WGMMA_SS(bf16_t, "bf16", 96, FA_ACC_N96, FA_REGS_N96, 48, 49, 50, 51, 52)
+FA_WGMMA_SS(f16_t, "f16", 112, FA_ACC_N112, FA_REGS_N112, 56, 57, 58, 59, 60)
+FA_WGMMA_SS(bf16_t, "bf16", 112, FA_ACC_N112, FA_REGS_N112, 56, 57, 58, 59, 60)
 FA_WGMMA_SS(f16_t, "f16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68)
 FA_WGMMA_SS(bf16_t, "bf16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68)
+FA_WGMMA_RS(f16_t, "f16", 32, FA_ACC_N32, FA_REGS_N32, 16, 17, 18, 19, 20, 21)
+FA_WGMMA_RS(bf16_t, "bf16", 32, FA_ACC_N32, FA_REGS_N32, 16, 17, 18, 19, 20, 21)
+FA_WGMMA_RS(f16_t, "f16", 48, FA_ACC_N48, FA_REGS_N48, 24, 25, 26, 27, 28, 29)
+FA_WGMMA_RS(bf16_t, "bf16", 48, FA_ACC_N48, FA_REGS_N48, 24, 25, 26, 27, 28, 29)
 FA_WGMMA_RS(f16_t, "f16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36, 37)
 FA_WGMMA_RS(bf16_t, "bf16", 64, FA_ACC_N64, FA_REGS_N64, 32, 33, 34, 35, 36, 37)
+FA_WGMMA_RS(f16_t, "f16", 80, FA_ACC_N80, FA_REGS_N80, 40, 41, 42, 43, 44, 45)
+FA_WGMMA_RS(bf16_t, "bf16", 80, FA_ACC_N80, FA_REGS_N80, 40, 41, 42, 43, 44, 45)
+FA_WGMMA_RS(f16_t, "f16", 96, FA_ACC_N96, FA_REGS_N96, 48, 49, 50, 51, 52, 53)
+FA_WGMMA_RS(bf16_t, "bf16", 96, FA_ACC_N96, FA_REGS_N96, 48, 49, 50, 51, 52, 53)
+FA_WGMMA_RS(f16_t, "f16", 112, FA_ACC_N112, FA_REGS_N112, 56, 57, 58, 59, 60, 61)
+FA_WGMMA_RS(bf16_t, "bf16", 112, FA_ACC_N112, FA_REGS_N112, 56, 57, 58, 59, 60, 61)
 FA_WGMMA_RS(f16_t, "f16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68, 69)
 FA_WGMMA_RS(bf16_t, "bf16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68, 69)
 
 #undef FA_WGMMA_RS
 #undef FA_WGMMA_SS
-#undef FA_REGS_N128
+#undef FA_REGS_N32
+#undef FA_REGS_N48
 #undef FA_REGS_N64
-#undef FA_ACC_N128
+#undef FA_REGS_N80
+#undef FA_REGS_N96
+#undef FA_REGS_N112
+#undef FA_REGS_N128
+#undef FA_ACC_N32
+#undef FA_ACC_N48
 #undef FA_ACC_N64
+#undef FA_ACC_N80
+#undef FA_ACC_N96
+#undef FA_ACC_N112
+#undef FA_ACC_N128
 #undef FA_ACC4
 
 template <typename E, int N>

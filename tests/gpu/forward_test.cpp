@@ -139,8 +139,9 @@ const std::vector<FwdCase>& cases() {
       // (kDecodeAutoRows), the decoding kernel forced still takes it (8 row blocks per head).
       with({"causal_offset", bf16, 128, 128, 1, 8, 1, 64, 5000}, "decode",
            [](FwdCase& c) { c.path = fa::ForwardPath::kDecode; }),
-      // Head dims beyond 64 / 128 (the mma.sync kernel on every arch): odd chunk counts (40,
-      // 72, 80), padded shared rows, 16 rows per warp above 128, QK != V (192/128).
+      // Head dims beyond 64 / 128: up to 128 the wgmma kernel on Hopper (rows padded to 64-column
+      // swizzle blocks, a zero-filled chunk at 40 and 72, P·V's N rounded up to 16), above it
+      // mma.sync (16 rows per warp); odd chunk counts (40, 72, 80), QK != V (192/128, 112/48).
       {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},
       {"document_softcap", f16, 40, 40, 1, 4, 1, 4097, 4097},
       {"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17},
@@ -154,6 +155,14 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) {
              c.tile = fa::TileConfig{64, 32, 4, 3};
            }),
+      with({"document_softcap", bf16, 72, 72, 1, 4, 2, 1000, 1000}, "noncontig",
+           [](FwdCase& c) { c.noncontig = true; }),
+      {"document2d_causal", f16, 112, 48, 2, 4, 4, 1000, 4097},
+      {"none", bf16, 96, 96, 1, 4, 1, 17, 17},
+      with({"document_softcap", f16, 40, 40, 1, 4, 1, 1000, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       {"head_offset", bf16, 128, 128, 1, 6, 2, 1000, 1000},
       {"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097},  // the decoding kernel and its combine
       with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma",

@@ -276,7 +276,8 @@ TEST(Codegen, DefaultTiles) {
 }
 
 // Head dims other than 64 / 128: the mma.sync kernels take every multiple of 8 from 32 to 256,
-// the wgmma ones 64 and 128 (auto falls back, an explicit request is refused with the limit);
+// the wgmma forward those up to 128 (auto falls back above, an explicit request is refused with
+// the limit);
 // shared rows are padded to 64 elements and tiles shrink until the arch's shared memory holds them.
 TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(fa::head_dim_mma(40), 48);
@@ -288,7 +289,7 @@ TEST(Codegen, EveryHeadDimResolves) {
       fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a");
       s.family = fa::KernelFamily::kAuto;
       const fa::KernelSpec r = s.resolved(true);
-      const bool hopper = (dqk == 64 || dqk == 128) && (dv == 64 || dv == 128);
+      const bool hopper = dqk <= 128 && dv <= 128;
       EXPECT_EQ(r.family, hopper ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync) << dqk << "/" << dv;
       EXPECT_LE(r.smem_bytes(), 227 * 1024) << dqk << "/" << dv;
       for (const char* arch : {"sm_80", "sm_86"}) {
@@ -308,11 +309,21 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(spec(fa::DType::bf16, 80, 80, "sm_86").resolved().to_string(),
             "forward bf16 qk80 v80 mma tile128x64w4s2 sm_86");
 
-  fa::KernelSpec w = spec(fa::DType::bf16, 96, 96);
+  // The Hopper forward takes every head dim up to 128 (rows padded to 64 columns); above, mma.sync.
+  auto hopper = [](fa::DType dt, int dqk, int dv) {
+    fa::KernelSpec a = spec(dt, dqk, dv);
+    a.family = fa::KernelFamily::kAuto;
+    return a.resolved().to_string();
+  };
+  EXPECT_EQ(hopper(fa::DType::bf16, 96, 96), "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::f16, 80, 40), "forward f16 qk80 v40 wgmma tile128x128w12s3 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::bf16, 32, 32), "forward bf16 qk32 v32 wgmma tile128x128w12s2 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::bf16, 192, 128), "forward bf16 qk192 v128 mma tile128x64w8s2 sm_90a");
+  fa::KernelSpec w = spec(fa::DType::bf16, 192, 128);
   w.family = fa::KernelFamily::kWgmma;
   EXPECT_EQ(
       error_of([&] { w.resolved(); }),
-      "the wgmma forward kernel takes head dims 64 or 128, got head_dim_qk=96 head_dim_v=96; the mma.sync "
+      "the wgmma forward kernel takes head dims up to 128, got head_dim_qk=192 head_dim_v=128; the mma.sync "
       "kernel takes them (leave the family on auto)");
   w.kind = fa::KernelKind::kBackward;
   w.head_dim_qk = 64;

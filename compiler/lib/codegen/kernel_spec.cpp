@@ -14,10 +14,11 @@ namespace {
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-// The Hopper kernels' head dims: forward 64 or 128 each, backward equal and 64 or 128.
+// The forward (forward_sm90.cuh) takes any head dims up to 128 (multiples of 8, rows padded to
+// 64-column swizzle blocks); the backward (backward_sm90.cuh) 64 or 128, equal.
 bool wgmma_takes(int dqk, int dv, KernelKind kind) {
-  auto ok = [](int d) { return d == 64 || d == 128; };
-  return ok(dqk) && ok(dv) && (kind != KernelKind::kBackward || dqk == dv);
+  if (kind == KernelKind::kBackward) return dqk == dv && (dqk == 64 || dqk == 128);
+  return dqk <= 128 && dv <= 128;
 }
 
 std::string tile_text(const TileConfig& t) {
@@ -88,7 +89,7 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
           "the wgmma {} kernel takes head dims {}, got head_dim_qk={} head_dim_v={}; the mma.sync kernel "
           "takes them (leave the family on auto)",
           s.kind == KernelKind::kBackward ? "backward" : "forward",
-          s.kind == KernelKind::kBackward ? "64 or 128, equal" : "64 or 128", s.head_dim_qk, s.head_dim_v));
+          s.kind == KernelKind::kBackward ? "64 or 128, equal" : "up to 128", s.head_dim_qk, s.head_dim_v));
   }
   // The tile the spec resolves to, checked against the arch's shared memory (a default tile
   // falls back to smaller ones first).
@@ -207,7 +208,7 @@ int KernelSpec::smem_bytes() const {
   if (kind == KernelKind::kDecode)  // templates/fajit/decode.cuh, DecodeConfig::kSmemBytes
     return 2 * (tile.block_m * pq + tile.stages * tile.block_n * (pq + pv));
   // Shared rows are padded to multiples of 64 elements (templates/fajit/prelude.cuh, HeadRow)
-  // in the mma.sync kernel; the wgmma kernel takes 64 and 128 only, where the two agree.
+  // in both kernels (Sm90FwdConfig::kSmemBytes, FwdConfig::kSmemBytes).
   int tiles = 2 * (tile.block_m * std::max(pq, pv) + tile.stages * tile.block_n * (pq + pv));
   if (family == KernelFamily::kWgmma) return 1024 + tiles + 8 * (1 + 3 * tile.stages);  // + mbarriers
   return tiles;
