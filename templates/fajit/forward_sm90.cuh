@@ -87,7 +87,6 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
-  static constexpr int kMaxHeadDim = kHeadDimQK > kHeadDimV ? kHeadDimQK : kHeadDimV;
   // Shared rows are padded to whole 64-column swizzle blocks (HeadRow::kRowBytes): D 80 and
   // 96 take the room of 128.
   using Shape = AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_>;

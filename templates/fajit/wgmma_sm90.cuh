@@ -73,7 +73,8 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, lon
       d += kRowStep * kSw128RowBytes;
       left -= kRowStep;
     }
-  } else {
+  } else {  // padded rows (D 72, 80, 96, ...): not prelude.cuh's load_tile_async, which unrolls
+            // fully (272 B of spills at D 80 in the producer's 40 registers)
 #pragma unroll 2
     for (int idx = tid; idx < kRows * Row::kUsed; idx += kThreads) {
       const int r = idx / Row::kUsed, c = idx % Row::kUsed;
