@@ -268,6 +268,7 @@ __device__ __forceinline__ float softmax_log2_scale(bool has_score_mod, float sc
 // m·sl2 - R(m) (exact, from an FMA) lets the rescale and the LSE use either form.
 struct SoftmaxRows {
   float m[2], l[2];
+  float r[2];  // R(m) = m·sl2 rounded (0 while m = -inf): the reference of the last step's p
 
   static constexpr float kExactFrom = 16777216.f;  // 2^24: |m·sl2| from which p is formed exactly
   static __device__ __forceinline__ float resid(float mx, float sl2) {
@@ -277,46 +278,80 @@ struct SoftmaxRows {
 
   __device__ __forceinline__ void init() {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f;
+    for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f, r[hh] = 0.f;
   }
 
   // Folds an S fragment in: S becomes P = exp2(S·sl2 - R(m_new)) in place, l is rescaled and
   // grows, and alpha[hh] = exp2(R(m_old) - R(m_new)) is what O's rows must be multiplied by.
   // A row with nothing unmasked yet keeps m = -inf, R = 0 (masked scores give p = 0, no NaN).
+  //
+  // Both rows' maxima first (their shuffles overlap), then one warp vote: while every row of
+  // the warp is below 2^24 now and before — always, but for scores ~1e7/scale — alpha is
+  // exp2(R_old - R_new) from the stored references (min 0: an empty row's R = 0 may exceed the
+  // new one; its O and l are 0) and p one FFMA per score, straight-line for both rows. Else
+  // huge_rows() makes the huge rows' scores x - m and their reference 0 first, so the same
+  // FFMA forms the exact p = exp2((x - m)·sl2); that path holds no exponential of its own, so
+  // the compiler keeps it a branch around a few subtractions instead of predicating both.
   template <int kNT>
   __device__ __forceinline__ void step(float (&s)[kNT][4], float (&alpha)[2], float sl2) {
+    float mx[2], rn[2], sub[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = m[hh];
+      mx[hh] = m[hh];
 #pragma unroll
-      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
-      mx = quad_max(mx);
-      const float sub = mx == -INFINITY ? 0.f : __fmul_rn(mx, sl2);
-      alpha[hh] = mx == -INFINITY      ? 1.f
-                  : m[hh] == -INFINITY ? 0.f
-                                       : ex2(fmaf(m[hh] - mx, sl2, resid(mx, sl2) - resid(m[hh], sl2)));
-      m[hh] = mx;
+      for (int j = 0; j < kNT; ++j) mx[hh] = fmaxf(mx[hh], fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) mx[hh] = quad_max(mx[hh]);
+    bool small = true;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      rn[hh] = mx[hh] == -INFINITY ? 0.f : __fmul_rn(mx[hh], sl2);
+      sub[hh] = rn[hh];
+      small = small && fabsf(rn[hh]) < kExactFrom && fabsf(r[hh]) < kExactFrom;
+    }
+    if (__all_sync(0xffffffffu, small)) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) alpha[hh] = ex2(fminf(r[hh] - rn[hh], 0.f));
+    } else {
+      huge_rows(s, alpha, mx, sub, sl2);
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
       float rs = 0.f;
-      if (fabsf(sub) < kExactFrom) {
 #pragma unroll
-        for (int j = 0; j < kNT; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = ex2(fmaf(s[j][2 * hh + e], sl2, -sub));
-            s[j][2 * hh + e] = pv;
-            rs += pv;
-          }
-      } else {  // a huge row (or m = +inf: then p is 0, or NaN for the +inf scores, as softmax)
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = ex2(__fmul_rn(s[j][2 * hh + e] - mx, sl2));
-            s[j][2 * hh + e] = pv;
-            rs += pv;
-          }
-      }
+        for (int e = 0; e < 2; ++e) {
+          const float pv = ex2(fmaf(s[j][2 * hh + e], sl2, -sub[hh]));
+          s[j][2 * hh + e] = pv;
+          rs += pv;
+        }
+      m[hh] = mx[hh];
+      r[hh] = rn[hh];
       l[hh] = l[hh] * alpha[hh] + rs;  // quad-reduced once, in finish()
+    }
+  }
+
+  // step()'s rare path, a warp with a row at or past 2^24 (or m = +inf: then p is 0, or NaN
+  // for the +inf scores, as softmax): alpha from the residuals, exp2(R_old - R_new) exactly
+  // whichever form each reference has, and a huge row's scores become x - m with reference 0.
+  template <int kNT>
+  __device__ __forceinline__ void huge_rows(float (&s)[kNT][4], float (&alpha)[2], const float (&mx)[2],
+                                            float (&sub)[2], float sl2) const {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      alpha[hh] = mx[hh] == -INFINITY ? 1.f
+                  : m[hh] == -INFINITY
+                      ? 0.f
+                      : ex2(fmaf(m[hh] - mx[hh], sl2, resid(mx[hh], sl2) - resid(m[hh], sl2)));
+      if (!(fabsf(sub[hh]) < kExactFrom)) {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) s[j][2 * hh + e] -= mx[hh];
+        sub[hh] = 0.f;
+      }
     }
   }
 
