@@ -14,8 +14,10 @@ Same argument names, shapes, dtypes and results as torch's. The mods are traced 
 time (a captured 0-d tensor is a runtime scalar: a new value never recompiles). The kernels run
 as the custom ops fajit::flex_fwd / fajit::flex_bwd (torch.library.custom_op, with fake
 implementations and autograd), on the current CUDA stream of the query's device, so
-torch.compile keeps them in its graph; an eager forward that needs no gradient calls the same
-implementation without the op's dispatch (~120 us of host time, more than a short decode).
+torch.compile keeps them in its graph. Eager calls skip the ops' dispatch (~120 us of host
+time a forward, ~0.3 ms an op with autograd): one that needs no gradient calls the same
+implementation directly, one that does goes through _FlexFunction, an autograd.Function over
+the ops' own forward, context and backward.
 
 flex_attention_varlen (fajit._varlen, on the same helpers) takes ragged (packed) batches and
 paged KV caches, forward only, as the custom op fajit::flex_varlen_fwd.
@@ -415,14 +417,15 @@ def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, 
     return out, lse
 
 
-# The op for autograd and torch.compile; an eager call that needs no gradient runs
-# _flex_fwd_impl directly (the custom op's dispatch costs more host time than a short decode).
+# The op for torch.compile; eager calls run _flex_fwd_impl directly, or through _FlexFunction
+# when autograd records them (the custom op's dispatch costs more host time than a short decode).
 _flex_fwd = torch.library.custom_op("fajit::flex_fwd", mutates_args=())(_flex_fwd_impl)
 
 
 def _needs_op(tensors):
-    """Whether a forward must go through the custom op: inside torch.compile, or when autograd
-    would record it (grad mode on and an input that requires grad)."""
+    """Whether a forward must go through the custom op or its eager twin _FlexFunction: inside
+    torch.compile, or when autograd would record it (grad mode on and an input that requires
+    grad)."""
     if torch.compiler.is_compiling():
         return True
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
@@ -434,8 +437,7 @@ def _(q, k, v, variant, scale, tables, mask_info, buffers, scalars):
     return (q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=torch.float32))
 
 
-@torch.library.custom_op("fajit::flex_bwd", mutates_args=())
-def _flex_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+def _flex_bwd_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
               variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
               scalars: List[Tensor], buffer_grads: List[bool]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
     B, Hq, Lq, D = q.shape
@@ -468,6 +470,9 @@ def _flex_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Ten
     return dq, dk, dv, dbufs
 
 
+_flex_bwd = torch.library.custom_op("fajit::flex_bwd", mutates_args=())(_flex_bwd_impl)
+
+
 @_flex_bwd.register_fake
 def _(dout, dlse, q, k, v, out, lse, variant, scale, tables, mask_info, buffers, scalars, buffer_grads):
     dbufs = [b.new_empty(b.shape, dtype=torch.float32) if want else b.new_empty((0,))
@@ -488,14 +493,16 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, *tables, *buffers, *scalars)
 
 
-def _backward(ctx, dout, dlse):
+def _backward(ctx, dout, dlse, bwd=None):
+    """The custom op's autograd (bwd: the fajit::flex_bwd op, which torch.compile traces with
+    fake tensors) and _FlexFunction's (bwd=_flex_bwd_impl)."""
     q, k, v, out, lse, *rest = ctx.saved_tensors
     tables = rest[:ctx.n_tables]
     buffers = rest[ctx.n_tables:ctx.n_tables + ctx.n_buffers]
     scalars = rest[ctx.n_tables + ctx.n_buffers:]
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dbufs = _flex_bwd(dout, dlse, q, k, v, out, lse, ctx.variant, ctx.scale, list(tables),
+    dq, dk, dv, dbufs = (bwd or _flex_bwd)(dout, dlse, q, k, v, out, lse, ctx.variant, ctx.scale, list(tables),
                                   ctx.mask_info, list(buffers), list(scalars), ctx.buffer_grads)
     gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
     # one entry per input, tensor lists as long as the input lists (torch checks the structure)
@@ -503,6 +510,29 @@ def _backward(ctx, dout, dlse):
 
 
 _flex_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _FlexFunction(torch.autograd.Function):
+    """Eager autograd of flex_attention: the custom ops' own forward, context and backward,
+    without their dispatch, which cost ~0.3 ms of host time per op call (torch 2.11; fajit
+    forward+backward took 1.6 ms of host time per step against compiled flex's 0.8,
+    bench/host_profile.py). torch.compile keeps the custom ops (no graph break). Tensor lists
+    are flattened so autograd sees the captured buffers as inputs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, variant, scale, info, n_tables, n_buffers, *rest):
+        tables = list(rest[:n_tables])
+        buffers = list(rest[n_tables:n_tables + n_buffers])
+        scalars = list(rest[n_tables + n_buffers:])
+        ctx.set_materialize_grads(False)  # an unused out or LSE gets no zero gradient
+        out, lse = _flex_fwd_impl(q, k, v, variant, scale, tables, info, buffers, scalars)
+        _setup_context(ctx, (q, k, v, variant, scale, tables, info, buffers, scalars), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        dq, dk, dv, _, _, tables, _, gb, scalars = _backward(ctx, dout, dlse, _flex_bwd_impl)
+        return (dq, dk, dv, None, None, None, None, None, *tables, *gb, *scalars)
 
 
 # ---- flex_attention -------------------------------------------------------------------------
@@ -633,8 +663,10 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
     args = (_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers, scalars)
-    if _needs_op((query, key, value, *buffers)):
+    if torch.compiler.is_compiling():
         out, lse = torch.ops.fajit.flex_fwd(*args)
+    elif _needs_op((query, key, value, *buffers)):
+        out, lse = _FlexFunction.apply(*args[:5], info, len(tables), len(buffers), *tables, *buffers, *scalars)
     else:
         out, lse = _flex_fwd_impl(*args)
     if return_lse:

@@ -1,6 +1,8 @@
 """fajit.torch against torch.nn.attention.flex_attention (forward, LSE, gradients of q, k, v
 and captured tensors; fp16/bf16; GQA; odd lengths; torch.compile(fullgraph=True); runtime
 scalars). Skips, with the reason, without torch or without a GPU."""
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: fajit.torch tests need it")
@@ -180,6 +182,51 @@ def test_forward_and_gradients_match_flex(dtype, B, Hq, Hkv, L, S, D):
     for name, a, b in (("dq", q.grad, qf.grad), ("dk", k.grad, kf.grad), ("dv", v.grad, vf.grad)):
         assert a.dtype == dtype and a.shape == b.shape
         _close(a, b, name, 3 * TOL[dtype])
+
+
+def _dense_causal(q, k, v):
+    """Causal attention and its natural-log LSE in float64, by autograd-able dense math."""
+    q, k, v = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    L, S = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    keep = torch.arange(L, device="cuda")[:, None] >= torch.arange(S, device="cuda")[None, :]
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1), (q, k, v)
+
+
+@needs_gpu
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("loss", ["out", "lse", "both"])
+def test_lse_in_the_loss_and_unused_outputs(compiled, loss):
+    """Gradients when the loss reads the LSE (dLSE reaches dq and dk), only the LSE (out unused:
+    no dO) or only out, eagerly (fajit.torch's autograd.Function) and inside torch.compile (the
+    custom ops), against float64 autograd of dense causal attention."""
+    import fajit.torch as ft
+
+    B, H, L, D = 1, 2, 200, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.float16, seed=3)
+    mask = ft.create_block_mask(causal, None, None, L, L)
+    w = torch.randn(B, H, L, D, device="cuda", dtype=torch.float64)
+    wl = torch.randn(B, H, L, device="cuda", dtype=torch.float64)
+
+    def loss_of(out, lse):
+        total = 0
+        if loss in ("out", "both"):
+            total = total + (out.double() * w).sum()
+        if loss in ("lse", "both"):
+            total = total + (lse.double() * wl).sum()
+        return total
+
+    def attn(q, k, v):
+        return loss_of(*ft.flex_attention(q, k, v, block_mask=mask, return_lse=True))
+
+    f = torch.compile(attn, fullgraph=True) if compiled else attn
+    f(q, k, v).backward()
+    out, lse, (qd, kd, vd) = _dense_causal(q, k, v)
+    loss_of(out, lse).backward()
+    for name, a, t in (("dq", q.grad, qd), ("dk", k.grad, kd), ("dv", v.grad, vd)):
+        b = t.grad if t.grad is not None else torch.zeros_like(t)  # the LSE does not read v
+        _close(a, b, f"{loss} {name}", 3 * TOL[torch.float16])
 
 
 @needs_gpu
