@@ -73,14 +73,28 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, lon
       d += kRowStep * kSw128RowBytes;
       left -= kRowStep;
     }
-  } else {  // padded rows (D 72, 80, 96, ...): not prelude.cuh's load_tile_async, which unrolls
-            // fully (272 B of spills at D 80 in the producer's 40 registers)
+  } else {  // padded rows (D 72, 80, 96, ...): each thread walks chunks tid, tid + kThreads, ...
+            // of the tile's row-major chunk order with a running row, chunk and pointer: no
+            // division or 64-bit multiply per chunk (the producer shares the SM's issue slots
+            // with the consumers), and not prelude.cuh's load_tile_async, which unrolls fully
+            // (272 B of spills at D 80 in the producer's 40 registers)
+    constexpr int kUsed = Row::kUsed;
+    constexpr int kDr = kThreads / kUsed, kDc = kThreads % kUsed;  // rows, chunks per step
+    int r = tid / kUsed, c = tid % kUsed;
+    const int rows = len - row0;  // rows in range
+    const Element* g = src + (long long)(row0 + r) * stride;
 #pragma unroll 2
-    for (int idx = tid; idx < kRows * Row::kUsed; idx += kThreads) {
-      const int r = idx / Row::kUsed, c = idx % Row::kUsed;
-      const bool valid = row0 + r < len && c < Row::kChunks;
-      cp_async_16(dst + Sw128Blocks<kRows>::offset(r, c),
-                  valid ? src + (long long)(row0 + r) * stride + c * 8 : src, valid);
+    for (int idx = tid; idx < kRows * kUsed; idx += kThreads) {
+      const bool valid = r < rows && c < Row::kChunks;
+      cp_async_16(dst + Sw128Blocks<kRows>::offset(r, c), valid ? g + c * 8 : src, valid);
+      r += kDr;
+      c += kDc;
+      g += kDr * stride;
+      if (c >= kUsed) {
+        c -= kUsed;
+        ++r;
+        g += stride;
+      }
     }
   }
 }
