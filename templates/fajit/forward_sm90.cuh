@@ -115,7 +115,8 @@ constexpr int kBarEpilogue = 1;  // + consumer index
 constexpr int kBarTurn = 3;      // + consumer index
 
 template <typename Cfg, typename Mods>
-__device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap) {
+__device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap,
+                                               const FaKvMaps& maps) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kRows = Cfg::kConsumerRows;  // query rows per consumer warpgroup
@@ -145,8 +146,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   if (tid == 0) {
     mbar_init(bar_q, kWG);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full_k(s), kWG);  // one cp.async arrive per producer thread
-      mbar_init(bar_full_v(s), kWG);
+      // TMA: one arrive (with the stage's bytes) from the issuing thread; cp.async: one arrive
+      // per producer thread
+      mbar_init(bar_full_k(s), maps.enabled ? 1 : kWG);
+      mbar_init(bar_full_v(s), maps.enabled ? 1 : kWG);
       mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);  // one per consumer warp
     }
   }
@@ -161,19 +164,43 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
     mbar_arrive_cp_async(bar_q);
     StageRing<kStages> ring;
-    for (int it = 0; it < n_tiles; ++it) {
-      const int start = walk.tile_start(it);
-      if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
-      mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-      load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
-                                                     start, len_kv, tid);
-      mbar_arrive_cp_async(bar_full_k(ring.stage));
-      load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
-                                                    start, len_kv, tid);
-      mbar_arrive_cp_async(bar_full_v(ring.stage));
-      ring.advance();
+    if (maps.enabled) {
+      // One thread issues each K/V tile as TMA boxes of 64 columns x BLOCK_N rows into the
+      // stage's column blocks (zeros past D and len_kv): no producer issue slots per chunk.
+      if (tid == 0) {
+        for (int it = 0; it < n_tiles; ++it) {
+          const int start = walk.tile_start(it);
+          if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
+          mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
+          const u32 fk = bar_full_k(ring.stage), fv = bar_full_v(ring.stage);
+          mbar_arrive_expect_tx(fk, Cfg::kSmemKBytes);
+#pragma unroll
+          for (int blk = 0; blk < Cfg::kSmemKBytes / (kBN * kSw128RowBytes); ++blk)
+            tma_load_4d(sK + ring.stage * Cfg::kSmemKBytes + blk * kBN * kSw128RowBytes, &maps.k, 64 * blk,
+                        start, hkv, b, fk);
+          mbar_arrive_expect_tx(fv, Cfg::kSmemVBytes);
+#pragma unroll
+          for (int blk = 0; blk < Cfg::kSmemVBytes / (kBN * kSw128RowBytes); ++blk)
+            tma_load_4d(sV + ring.stage * Cfg::kSmemVBytes + blk * kBN * kSw128RowBytes, &maps.v, 64 * blk,
+                        start, hkv, b, fv);
+          ring.advance();
+        }
+      }
+    } else {
+      for (int it = 0; it < n_tiles; ++it) {
+        const int start = walk.tile_start(it);
+        if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
+        mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
+        load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
+                                                       start, len_kv, tid);
+        mbar_arrive_cp_async(bar_full_k(ring.stage));
+        load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
+                                                      start, len_kv, tid);
+        mbar_arrive_cp_async(bar_full_v(ring.stage));
+        ring.advance();
+      }
     }
-    cp_async_wait_all();
+    cp_async_wait_all();  // the Q tile (and the cp.async K/V tiles)
     return;
   }
 
@@ -348,10 +375,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
 // Defines the extern "C" kernel `name` for a config and mods struct (single identifiers).
 // __launch_bounds__(384, 1) caps registers at entry (168) so setmaxnreg can redistribute.
-#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)               \
-  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1) \
-      name(const FaFwdParams p, const FaCaptures cap) {             \
-    fa::sm90::forward_kernel<Config, Mods>(p, cap);                 \
+#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                                          \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                            \
+      name(const FaFwdParams p, const FaCaptures cap, const __grid_constant__ FaKvMaps maps) { \
+    fa::sm90::forward_kernel<Config, Mods>(p, cap, maps);                                      \
   }
 
 #endif  // FAJIT_FORWARD_SM90_CUH

@@ -315,6 +315,24 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
       : "memory");
 }
 
+// ---- TMA: tensor-map loads completing on an mbarrier's transaction count --------------------
+// Arrives on `bar` once and adds `bytes` to the transactions its current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box of a 4-d tensor map (a __grid_constant__ parameter) at coordinates {c0, c1, c2, c3}
+// into shared memory at dst (1024-byte aligned for the 128B swizzle); its bytes complete on
+// `bar`. Out-of-bounds elements arrive as zeros and count.
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, int c1, int c2, int c3,
+                                            u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+      "%4, "
+      "%5}], [%6];" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 // ---- fences, barriers, registers -------------------------------------------------------------
 // Orders this thread's generic-proxy shared-memory accesses (and those it has observed)
 // before later async-proxy ones (wgmma operand reads).

@@ -46,6 +46,7 @@ struct FwdCase {
   bool own_stream = false;                        // launch on a non-blocking stream of our own
   fa::ForwardPath path = fa::ForwardPath::kAuto;  // auto: the decoding kernel for Lq <= 64
   int splits = 0;                                 // decoding: 0 = the host's choice
+  bool cp_async_kv = false;  // FAJIT_TMA=0: the Hopper forward's producer copies K/V with cp.async
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -163,6 +164,14 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       with({"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      // The Hopper forward's cp.async K/V path (FAJIT_TMA=0), which it takes where the driver
+      // refuses a tensor map: whole and padded rows, a tail tile, non-contiguous operands.
+      with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "cpasync",
+           [](FwdCase& c) { c.cp_async_kv = true; }),
+      with({"document_softcap", f16, 80, 80, 1, 4, 2, 1000, 777}, "cpasync",
+           [](FwdCase& c) { c.cp_async_kv = true; }),
+      with({"sliding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 200}, "cpasync_noncontig",
+           [](FwdCase& c) { c.cp_async_kv = true, c.noncontig = true; }),
       {"head_offset", bf16, 128, 128, 1, 6, 2, 1000, 1000},
       {"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097},  // the decoding kernel and its combine
       with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma",
@@ -369,8 +378,10 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
   fa::rt::synchronize(nullptr);  // the poison memsets are asynchronous
   CUstream stream = nullptr;
   if (c.own_stream) FA_CU(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);
+  if (c.cp_async_kv) setenv("FAJIT_TMA", "0", 1);
   auto t0 = std::chrono::steady_clock::now();
   kernel.forward(q, k, v, o, mask, captures, fo, reinterpret_cast<fa::Stream>(stream));
+  if (c.cp_async_kv) unsetenv("FAJIT_TMA");
   fa::rt::synchronize(stream);
   if (gpu_ms) *gpu_ms = seconds_since(t0) * 1e3;
   if (stream) FA_CU(cuStreamDestroy, stream);

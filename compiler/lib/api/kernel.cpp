@@ -487,7 +487,10 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   unsigned grid_x = static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m);
   unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);
   unsigned smem = static_cast<unsigned>(s.smem_bytes());
-  void* args[] = {&p, cap.data()};
+  // The Hopper kernel takes K and V as TMA tensor maps (a third, __grid_constant__ parameter).
+  FaKvMaps maps{};
+  void* args[] = {&p, cap.data(), &maps};
+  if (s.family == KernelFamily::kWgmma) maps = rt::make_kv_maps(k, v, t.block_n);
   rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem,
              reinterpret_cast<CUstream>(stream), args);
 }

@@ -60,7 +60,8 @@ namespace fa::rt {
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \
   X(cuEventSynchronize)             \
-  X(cuEventElapsedTime)
+  X(cuEventElapsedTime)             \
+  X(cuTensorMapEncodeTiled)
 
 // Resolved entry points. Member names expand through cuda.h's macros too, so
 // `driver().cuMemAlloc(...)` calls cuMemAlloc_v2.
