@@ -116,7 +116,7 @@ constexpr int kBarTurn = 3;      // + consumer index
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap,
-                                               const FaKvMaps& maps) {
+                                               const FaTmaPair& maps) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kRows = Cfg::kConsumerRows;  // query rows per consumer warpgroup
@@ -176,12 +176,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           mbar_arrive_expect_tx(fk, Cfg::kSmemKBytes);
 #pragma unroll
           for (int blk = 0; blk < Cfg::kSmemKBytes / (kBN * kSw128RowBytes); ++blk)
-            tma_load_4d(sK + ring.stage * Cfg::kSmemKBytes + blk * kBN * kSw128RowBytes, &maps.k, 64 * blk,
+            tma_load_4d(sK + ring.stage * Cfg::kSmemKBytes + blk * kBN * kSw128RowBytes, &maps.a, 64 * blk,
                         start, hkv, b, fk);
           mbar_arrive_expect_tx(fv, Cfg::kSmemVBytes);
 #pragma unroll
           for (int blk = 0; blk < Cfg::kSmemVBytes / (kBN * kSw128RowBytes); ++blk)
-            tma_load_4d(sV + ring.stage * Cfg::kSmemVBytes + blk * kBN * kSw128RowBytes, &maps.v, 64 * blk,
+            tma_load_4d(sV + ring.stage * Cfg::kSmemVBytes + blk * kBN * kSw128RowBytes, &maps.b, 64 * blk,
                         start, hkv, b, fv);
           ring.advance();
         }
@@ -375,10 +375,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
 // Defines the extern "C" kernel `name` for a config and mods struct (single identifiers).
 // __launch_bounds__(384, 1) caps registers at entry (168) so setmaxnreg can redistribute.
-#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                                          \
-  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                            \
-      name(const FaFwdParams p, const FaCaptures cap, const __grid_constant__ FaKvMaps maps) { \
-    fa::sm90::forward_kernel<Config, Mods>(p, cap, maps);                                      \
+#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                                           \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                             \
+      name(const FaFwdParams p, const FaCaptures cap, const __grid_constant__ FaTmaPair maps) { \
+    fa::sm90::forward_kernel<Config, Mods>(p, cap, maps);                                       \
   }
 
 #endif  // FAJIT_FORWARD_SM90_CUH

@@ -88,19 +88,20 @@ typedef struct FaFwdParams {
   int page_size;
 } FaFwdParams;
 
-// The Hopper forward's K and V as TMA tensor maps (fajit/forward_sm90.cuh), each a CUtensorMap
-// (128 opaque bytes encoded by the driver on the host, 64-byte aligned) over [B, Hkv, L, D]
-// as dims {D, L, Hkv, B}, boxes of 64 columns x BLOCK_N rows, 128B swizzle, zero fill out of
-// bounds. enabled = 0 when the driver did not take a tensor (a base or stride not a multiple
-// of 16 bytes, say): the kernel's producer copies K and V with cp.async instead.
+// Two [B, H, L, D] operands of a Hopper kernel as TMA tensor maps, each a CUtensorMap (128
+// opaque bytes encoded by the driver on the host, 64-byte aligned) with dims {D, L, H, B},
+// boxes of 64 columns x the kernel's tile rows, 128B swizzle, zero fill out of bounds: the
+// forward's K (a) and V (b), the backward dK/dV kernel's Q (a) and dO (b). enabled = 0 when
+// the driver did not take a tensor (a base or stride not a multiple of 16 bytes, say): the
+// kernel's producer copies them with cp.async instead.
 typedef struct __attribute__((aligned(64))) FaTensorMap {
   unsigned long long opaque[16];
 } FaTensorMap;
-typedef struct __attribute__((aligned(64))) FaKvMaps {
-  FaTensorMap k;
-  FaTensorMap v;
+typedef struct __attribute__((aligned(64))) FaTmaPair {
+  FaTensorMap a;
+  FaTensorMap b;
   int enabled;
-} FaKvMaps;
+} FaTmaPair;
 
 // Split-KV decoding (fajit/decode.cuh): the forward's tensors and tables for a short query
 // (len_q <= the q_block of the tables, so one row of block tables), the rows of `heads_per_cta`

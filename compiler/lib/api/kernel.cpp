@@ -21,6 +21,7 @@
 #include "fajit/runtime/driver.h"
 #include "fajit/runtime/fwd_params.h"
 #include "fajit/runtime/memory.h"
+#include "fajit/runtime/tma.h"
 
 namespace fa {
 
@@ -488,9 +489,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);
   unsigned smem = static_cast<unsigned>(s.smem_bytes());
   // The Hopper kernel takes K and V as TMA tensor maps (a third, __grid_constant__ parameter).
-  FaKvMaps maps{};
+  FaTmaPair maps{};
   void* args[] = {&p, cap.data(), &maps};
-  if (s.family == KernelFamily::kWgmma) maps = rt::make_kv_maps(k, v, t.block_n);
+  if (s.family == KernelFamily::kWgmma) maps = rt::make_tma_pair(k, v, t.block_n);
   rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem,
              reinterpret_cast<CUstream>(stream), args);
 }

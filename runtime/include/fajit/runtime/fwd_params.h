@@ -22,10 +22,4 @@ FaFwdParams make_fwd_params(const TensorView& q, const TensorView& k, const Tens
 FaFwdParams make_fwd_params(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& o, const TensorView* lse, float scale, const BlockMask& mask);
 
-// The Hopper forward's K/V tensor maps (FaKvMaps) for tiles of block_n rows; enabled = 0 (the
-// kernel falls back to cp.async) when the driver does not take either tensor (a base address
-// or stride that is not a multiple of 16 bytes, or a stride of 0), and when the environment
-// has FAJIT_TMA=0 (read per call: for A/B runs and tests of the cp.async path).
-FaKvMaps make_kv_maps(const TensorView& k, const TensorView& v, int block_n);
-
 }  // namespace fa::rt

@@ -1,0 +1,20 @@
+// TMA tensor maps of two [B, H, L, D] operands for a Hopper kernel's producer (FaTmaPair,
+// fajit/params.h). Nothing here knows about MLIR or code generation.
+//
+//   FaTmaPair maps = fa::rt::make_tma_pair(k, v, 128);  // the forward's K, V, tiles of 128 rows
+//   void* args[] = {&p, &captures, &maps};
+#pragma once
+
+#include "fajit/params.h"
+#include "fajit/tensor.h"
+
+namespace fa::rt {
+
+// Both operands as 4-d tensor maps {D, L, H, B} with boxes of 64 columns x `rows` rows (128B
+// swizzle, zero fill out of bounds); enabled = 0 (the kernel falls back to cp.async) when the
+// driver does not take either tensor (a base address or stride that is not a multiple of 16
+// bytes, or a stride of 0), and when the environment has FAJIT_TMA=0 (read per call: for A/B
+// runs and tests of the cp.async path).
+FaTmaPair make_tma_pair(const TensorView& a, const TensorView& b, int rows);
+
+}  // namespace fa::rt
