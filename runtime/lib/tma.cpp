@@ -9,24 +9,31 @@
 
 namespace fa::rt {
 
+bool tma_strides(const TensorView& t, uint64_t (&bytes)[3]) {
+  const int esize = 2;  // f16 / bf16 (validate_attention)
+  if (t.rank != 4 || t.stride[3] != 1) return false;
+  int64_t packed = (t.shape[3] * esize + 15) / 16 * 16;
+  for (int i = 0; i < 3; ++i) {  // dims L, H, B: element strides 2, 1, 0
+    const int64_t extent = t.shape[2 - i];
+    // A size-1 dim is never stepped: give it the packed stride the driver expects of one.
+    const int64_t b = extent == 1 ? packed : t.stride[2 - i] * esize;
+    if (b <= 0 || b % 16 != 0 || b >= (int64_t(1) << 40)) return false;
+    bytes[i] = uint64_t(b);
+    packed = b * extent;
+  }
+  return true;
+}
+
 namespace {
 
 // One [B, H, L, D] operand as a 4-d tensor map {D, L, H, B}; false if the driver refuses it.
 bool encode_rows(FaTensorMap& map, const TensorView& t, int rows) {
   static_assert(sizeof(FaTensorMap) == sizeof(CUtensorMap), "FaTensorMap must be a CUtensorMap");
-  const int esize = 2;  // f16 / bf16 (validate_attention)
+  uint64_t sb[3];
+  if (!tma_strides(t, sb)) return false;
+  const cuuint64_t strides[3] = {sb[0], sb[1], sb[2]};
   const uint64_t dims[4] = {uint64_t(t.shape[3]), uint64_t(t.shape[2]), uint64_t(t.shape[1]),
                             uint64_t(t.shape[0])};
-  if (t.stride[3] != 1) return false;
-  cuuint64_t strides[3];  // bytes, dims 1..3 (n, h, b)
-  int64_t packed = (int64_t(dims[0]) * esize + 15) / 16 * 16;
-  for (int i = 0; i < 3; ++i) {
-    // A size-1 dim is never stepped: give it the packed stride the driver expects of one.
-    const int64_t bytes = dims[i + 1] == 1 ? packed : t.stride[2 - i] * esize;
-    if (bytes <= 0 || bytes % 16 != 0) return false;
-    strides[i] = cuuint64_t(bytes);
-    packed = bytes * int64_t(dims[i + 1]);
-  }
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
   const cuuint64_t gdims[4] = {dims[0], dims[1], dims[2], dims[3]};
   const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};

@@ -8,6 +8,7 @@
 #include "fajit/error.h"
 #include "fajit/params.h"
 #include "fajit/runtime/fwd_params.h"
+#include "fajit/runtime/tma.h"
 
 namespace {
 
@@ -245,3 +246,38 @@ TEST(FwdParams, FillsStridesSizesAndTables) {
 }
 
 }  // namespace
+
+// ---- TMA strides (runtime/tma.cpp): what the Hopper kernels' tensor maps take ----------------
+
+TEST(TmaStrides, ContiguousStridedAndSizeOneViews) {
+  void* p = reinterpret_cast<void*>(uintptr_t(0x10000));
+  uint64_t b[3];
+  // Contiguous [2, 4, 1000, 128] bf16: L, H, B strides in bytes.
+  ASSERT_TRUE(fa::rt::tma_strides(fa::TensorView(p, fa::DType::bf16, {2, 4, 1000, 128}), b));
+  EXPECT_EQ(b[0], 256u);
+  EXPECT_EQ(b[1], 256000u);
+  EXPECT_EQ(b[2], 1024000u);
+  // [B, L, H, D] storage seen as [B, H, L, D] (H stride below L's): any order of strides.
+  ASSERT_TRUE(fa::rt::tma_strides(
+      fa::TensorView(p, fa::DType::f16, {2, 4, 1000, 80}, {1000 * 4 * 80, 80, 4 * 80, 1}), b));
+  EXPECT_EQ(b[0], 640u);
+  EXPECT_EQ(b[1], 160u);
+  EXPECT_EQ(b[2], 640000u);
+  // Size-1 dims are never stepped: packed strides whatever the view says.
+  ASSERT_TRUE(fa::rt::tma_strides(fa::TensorView(p, fa::DType::bf16, {1, 1, 1000, 72}, {7, 3, 72, 1}), b));
+  EXPECT_EQ(b[0], 144u);
+  EXPECT_EQ(b[1], 144000u);
+  EXPECT_EQ(b[2], 144000u);
+}
+
+TEST(TmaStrides, RefusesWhatTheDriverWouldNot) {
+  void* p = reinterpret_cast<void*>(uintptr_t(0x10000));
+  uint64_t b[3];
+  // A broadcast batch (stride 0), a row stride of 100 elements (200 B), D not contiguous.
+  EXPECT_FALSE(
+      fa::rt::tma_strides(fa::TensorView(p, fa::DType::bf16, {2, 4, 1000, 128}, {0, 1000 * 128, 128, 1}), b));
+  EXPECT_FALSE(fa::rt::tma_strides(
+      fa::TensorView(p, fa::DType::bf16, {2, 4, 1000, 96}, {4 * 1000 * 100, 1000 * 100, 100, 1}), b));
+  EXPECT_FALSE(fa::rt::tma_strides(
+      fa::TensorView(p, fa::DType::bf16, {2, 4, 1000, 64}, {4 * 1000 * 128, 1000 * 128, 128, 2}), b));
+}

@@ -5,6 +5,8 @@
 //   void* args[] = {&p, &captures, &maps};
 #pragma once
 
+#include <cstdint>
+
 #include "fajit/params.h"
 #include "fajit/tensor.h"
 
@@ -16,5 +18,10 @@ namespace fa::rt {
 // bytes, or a stride of 0), and when the environment has FAJIT_TMA=0 (read per call: for A/B
 // runs and tests of the cp.async path).
 FaTmaPair make_tma_pair(const TensorView& a, const TensorView& b, int rows);
+
+// The byte strides of a 16-bit [B, H, L, D] view's L, H and B dims as a tensor map takes them
+// (multiples of 16 below 2^40; a size-1 dim gets the packed stride), or false: D not
+// contiguous, a stride of 0 or not a multiple of 16 bytes.
+bool tma_strides(const TensorView& t, uint64_t (&bytes)[3]);
 
 }  // namespace fa::rt
