@@ -22,20 +22,11 @@ from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
 import fajit._capi as capi
 import fajit.torch as ft
-
-
-def causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
+from python_overhead import causal, timed  # bench/: the same mask and timing loop
 
 
 def per_call_us(fn, iters):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e6
+    return timed(fn, iters) * 1e6
 
 
 def time_c_api(names):
