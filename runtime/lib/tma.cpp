@@ -31,11 +31,10 @@ bool encode_rows(FaTensorMap& map, const TensorView& t, int rows) {
   static_assert(sizeof(FaTensorMap) == sizeof(CUtensorMap), "FaTensorMap must be a CUtensorMap");
   uint64_t sb[3];
   if (!tma_strides(t, sb)) return false;
-  const cuuint64_t strides[3] = {sb[0], sb[1], sb[2]};
-  const uint64_t dims[4] = {uint64_t(t.shape[3]), uint64_t(t.shape[2]), uint64_t(t.shape[1]),
-                            uint64_t(t.shape[0])};
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
-  const cuuint64_t gdims[4] = {dims[0], dims[1], dims[2], dims[3]};
+  const cuuint64_t strides[3] = {sb[0], sb[1], sb[2]};
+  const cuuint64_t gdims[4] = {cuuint64_t(t.shape[3]), cuuint64_t(t.shape[2]), cuuint64_t(t.shape[1]),
+                               cuuint64_t(t.shape[0])};
   const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};
   const cuuint32_t elem[4] = {1, 1, 1, 1};
   CUtensorMap m;

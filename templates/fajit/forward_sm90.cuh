@@ -172,17 +172,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           const int start = walk.tile_start(it);
           if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
           mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-          const u32 fk = bar_full_k(ring.stage), fv = bar_full_v(ring.stage);
-          mbar_arrive_expect_tx(fk, Cfg::kSmemKBytes);
-#pragma unroll
-          for (int blk = 0; blk < Cfg::kSmemKBytes / (kBN * kSw128RowBytes); ++blk)
-            tma_load_4d(sK + ring.stage * Cfg::kSmemKBytes + blk * kBN * kSw128RowBytes, &maps.a, 64 * blk,
-                        start, hkv, b, fk);
-          mbar_arrive_expect_tx(fv, Cfg::kSmemVBytes);
-#pragma unroll
-          for (int blk = 0; blk < Cfg::kSmemVBytes / (kBN * kSw128RowBytes); ++blk)
-            tma_load_4d(sV + ring.stage * Cfg::kSmemVBytes + blk * kBN * kSw128RowBytes, &maps.b, 64 * blk,
-                        start, hkv, b, fv);
+          tma_load_tile<kBN, typename Cfg::RowQK>(sK + ring.stage * Cfg::kSmemKBytes, &maps.a, start, hkv, b,
+                                                  bar_full_k(ring.stage));
+          tma_load_tile<kBN, typename Cfg::RowV>(sV + ring.stage * Cfg::kSmemVBytes, &maps.b, start, hkv, b,
+                                                 bar_full_v(ring.stage));
           ring.advance();
         }
       }

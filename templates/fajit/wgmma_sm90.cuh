@@ -327,10 +327,21 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, in
                                             u32 bar) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
-      "%4, "
-      "%5}], [%6];" ::"r"(dst),
+      "%4, %5}], [%6];" ::"r"(dst),
       "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+// A tile of kRows head rows (Row = HeadRow<D>) from row `row` of head h, batch b of a
+// [B, H, L, D] tensor map (boxes of 64 columns x kRows rows) into its swizzled column blocks
+// at dst (Sw128Blocks<kRows>, the layout load_tile_sw128 writes): arms `bar` with the tile's
+// bytes, then one box per 64-column block (zeros past D and L). One thread issues it.
+template <int kRows, typename Row>
+__device__ __forceinline__ void tma_load_tile(u32 dst, const void* map, int row, int h, int b, u32 bar) {
+  constexpr int kBlockBytes = kRows * kSw128RowBytes;
+  mbar_arrive_expect_tx(bar, kRows * Row::kRowBytes);
+#pragma unroll
+  for (int blk = 0; blk < Row::kRowBytes / kSw128RowBytes; ++blk)
+    tma_load_4d(dst + blk * kBlockBytes, map, 64 * blk, row, h, b, bar);
 }
 
 // ---- fences, barriers, registers -------------------------------------------------------------
