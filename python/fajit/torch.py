@@ -422,12 +422,9 @@ def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, 
 _flex_fwd = torch.library.custom_op("fajit::flex_fwd", mutates_args=())(_flex_fwd_impl)
 
 
-def _needs_op(tensors):
-    """Whether a forward must go through the custom op or its eager twin _FlexFunction: inside
-    torch.compile, or when autograd would record it (grad mode on and an input that requires
-    grad)."""
-    if torch.compiler.is_compiling():
-        return True
+def _records_grad(tensors):
+    """Whether autograd would record an eager forward of these inputs (grad mode on and one
+    that requires grad): then it goes through _FlexFunction, else straight to the impl."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
@@ -665,7 +662,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     args = (_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers, scalars)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.fajit.flex_fwd(*args)
-    elif _needs_op((query, key, value, *buffers)):
+    elif _records_grad((query, key, value, *buffers)):
         out, lse = _FlexFunction.apply(*args[:5], info, len(tables), len(buffers), *tables, *buffers, *scalars)
     else:
         out, lse = _flex_fwd_impl(*args)
