@@ -75,6 +75,7 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together (64/128 only)
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
+  static constexpr int kLoadThreads = 64;    // producer warps 0, 1 load; warps 2, 3 write dQ
 
   static constexpr int kQT = kBlockM / 8;   // 8-column n-tiles of Sᵀ (queries)
   static constexpr int kMK = kBlockM / 16;  // k-steps over queries (dV, dK)
@@ -91,8 +92,14 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;  // per stage
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;    // per buffer (2)
   static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;        // LSE, Δ per stage
-  static constexpr int kSmemRowsOffset =
+  // dQ parts staged for the writer warps: fp32, per consumer warpgroup 64 rows of 64 values,
+  // rows padded to 288 B (conflict-free 8-byte stores, 16-byte aligned rows for the bulk
+  // reductions).
+  static constexpr int kDqRowBytes = kDqN * 4 + 32;
+  static constexpr int kSmemDqBytes = 64 * kDqRowBytes;  // per consumer warpgroup
+  static constexpr int kSmemDqOffset =
       kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + 2 * kSmemDsBytes;
+  static constexpr int kSmemRowsOffset = kSmemDqOffset + kConsumerWarpgroups * kSmemDqBytes;
   static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
   static constexpr int kNumBarriers = 1 + 2 * kStages;  // kv, full, empty
   static constexpr int kSmemBytes =
@@ -111,6 +118,15 @@ namespace sm90 {
 constexpr int kBarDsReady = 1;   // dSᵀ of both warpgroups in shared memory (256 threads)
 constexpr int kBarDkdvDone = 2;  // both warpgroups done with K, V (256 threads)
 constexpr int kBarStaged = 3;    // + consumer index: that warpgroup's dK, dV staged (128)
+constexpr int kBarDqFull = 5;    // + consumer index: its dQ part staged (128 + its writer warp)
+constexpr int kBarDqFree = 7;    // + consumer index: its staging read by the writer (128 + 32)
+
+// Whether consumer warpgroup `cw` computes a dQ part of the n-th query tile (counted over the
+// CTA's whole walk): every tile when the tile is split by rows or columns, else every other.
+template <typename Cfg>
+__device__ __forceinline__ bool dq_part_of(int cw, int n) {
+  return Cfg::kDqSplitRows || Cfg::kDqSplitCols || (n & 1) == cw;
+}
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
@@ -135,6 +151,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const u32 bar_kv = sK + Cfg::kSmemBarOffset;
   auto bar_full = [&](int s) { return bar_kv + kMbarBytes * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + kMbarBytes * (1 + kStages + s); };
+  auto sDqPart = [&](int cw) { return sK + Cfg::kSmemDqOffset + cw * Cfg::kSmemDqBytes; };
+  // The rows and columns of dQ's tile that consumer warpgroup cw's m64n64 part covers.
+  auto dq_row0 = [](int cw) { return Cfg::kDqSplitRows ? 64 * cw : 0; };
+  auto dq_col0 = [](int cw) { return Cfg::kDqSplitCols ? 64 * cw : 0; };
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / kWG;
@@ -146,7 +166,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if (tid == 0) {
     mbar_init(bar_kv, kWG);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full(s), 2 * kWG);  // cp.async + plain arrivals
+      mbar_init(bar_full(s), 2 * Cfg::kLoadThreads);  // cp.async + plain arrivals
       // every consumer thread arrives: the producer overwrites the stage's LSE/Δ rows with plain
       // stores, so each reader's own arrival orders its reads before them (a warp leader's
       // arrival after __syncwarp does too, but racecheck cannot see that and reports hazards)
@@ -170,21 +190,53 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     load_tile_sw128<kBN, typename Cfg::RowV, kWG>(
         sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
     mbar_arrive_cp_async(bar_kv);
-    StageRing<kStages> ring;
-    for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-      const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
-      const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
-      const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-      for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
-        const int q0 = walk.tile_start(it);
-        mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-        load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ(ring.stage), qg, p.q_stride_m, q0, len_q, tid);
-        load_tile_sw128<kBM, typename Cfg::RowV, kWG>(sDo(ring.stage), dog, p.do_stride_m, q0, len_q, tid);
-        mbar_arrive_cp_async(bar_full(ring.stage));
-        bwd::stage_row_stats<kBM, kWG>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0, tid);
-        mbar_arrive(bar_full(ring.stage));
-        ring.advance();
+    const int pwarp = tid / 32;
+    if (pwarp < 2) {  // Q, dO, LSE and Δ of each query tile into the stages
+      StageRing<kStages> ring;
+      for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+        const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
+        const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
+        const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+        for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
+          const int q0 = walk.tile_start(it);
+          mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
+          load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sQ(ring.stage), qg, p.q_stride_m, q0,
+                                                                       len_q, tid);
+          load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sDo(ring.stage), dog, p.do_stride_m, q0,
+                                                                      len_q, tid);
+          mbar_arrive_cp_async(bar_full(ring.stage));
+          bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0,
+                                                       tid);
+          mbar_arrive(bar_full(ring.stage));
+          ring.advance();
+        }
       }
+    } else if constexpr (!Cfg::kDeterministic) {
+      // dQ writer of consumer warpgroup `part`: for each of its dQ parts, hands the staging
+      // back once the previous part's bulk reductions have read it, waits for the part, then
+      // one fp32 bulk reduction per row into dq_accum (rows past len_q skipped). The consumers
+      // never wait on the reductions themselves (FlashAttention-3's dQ writer).
+      const int part = pwarp - 2, lane = tid & 31;
+      const int row0 = dq_row0(part), col0 = dq_col0(part);
+      int n = 0;
+      for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+        float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK + col0;
+        const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+        for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1), ++n) {
+          if (!dq_part_of<Cfg>(part, n)) continue;
+          const int q0 = walk.tile_start(it) + row0;
+          bulk_wait_read<0>();
+          named_barrier_arrive(kBarDqFree + part, kWG + 32);
+          named_barrier(kBarDqFull + part, kWG + 32);
+#pragma unroll
+          for (int r = lane; r < 64; r += 32)
+            if (q0 + r < len_q)
+              bulk_reduce_add_f32(dqa + (long long)(q0 + r) * Cfg::kHeadDimQK,
+                                  sDqPart(part) + r * Cfg::kDqRowBytes, Cfg::kDqN * 4);
+          bulk_commit();
+        }
+      }
+      bulk_wait<0>();  // done before the CTA's shared memory goes
     }
     cp_async_wait_all();
     return;
@@ -266,7 +318,6 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   StageRing<kStages> ring;
   int n_done = 0;  // query tiles done: picks the dSᵀ buffer and, at BLOCK_M 64 / D 64, the dQ turn
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-    float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
     const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
     for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1), ++n_done) {
       const int stage = ring.stage;
@@ -315,12 +366,12 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       // of dQ = dS·K (else dQ comes from backward.cuh's dq_det kernel)
       bool mine = false;
       float dq[Cfg::kDqN / 8][4];
-      const int row0 = Cfg::kDqSplitRows ? 64 * cw : 0, col0 = Cfg::kDqSplitCols ? 64 * cw : 0;
+      const int row0 = dq_row0(cw), col0 = dq_col0(cw);
       if constexpr (!Cfg::kDeterministic) {
         stage_packed<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16 + g, t);
         fence_proxy_async();
         named_barrier(kBarDsReady, 2 * kWG);
-        mine = Cfg::kDqSplitRows || Cfg::kDqSplitCols || (n_done & 1) == cw;
+        mine = dq_part_of<Cfg>(cw, n_done);
         if (mine) issue_dq(dq, buf, row0, col0);
       }
       wgmma_wait<0>();  // dV, dK (and dQ) done: the stage goes back to the producer
@@ -330,17 +381,16 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       pin(da);
       pin(dq);
       mbar_arrive(bar_empty(stage));
-      if (mine) {
+      if (mine) {  // the part to the staging, once the writer warp has read the previous one
+        named_barrier(kBarDqFree + cw, kWG + 32);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int q = q0 + row0 + warp * 16 + g + 8 * hh;
-          if (q < len_q) {
-            float* row = dqa + (long long)q * Cfg::kHeadDimQK + col0 + 2 * t;
+        for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-            for (int j = 0; j < Cfg::kDqN / 8; ++j)
-              red_add_v2_f32(row + 8 * j, dq[j][2 * hh], dq[j][2 * hh + 1]);
-          }
-        }
+          for (int j = 0; j < Cfg::kDqN / 8; ++j)
+            st_shared_v2_f32(sDqPart(cw) + (warp * 16 + g + 8 * hh) * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4,
+                             dq[j][2 * hh], dq[j][2 * hh + 1]);
+        fence_proxy_async();
+        named_barrier_arrive(kBarDqFull + cw, kWG + 32);
       }
       ring.advance();
     }

@@ -54,21 +54,28 @@ template <int kRows, typename Row, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride, int row0,
                                                 int len, int tid) {
   constexpr int kChunks = Row::kPitch;
-  if constexpr (Row::kChunks == kChunks && kThreads % kChunks == 0) {
-    static_assert(kRows % (kThreads / kChunks) == 0, "tile chunks must divide evenly among threads");
-    constexpr int kRowStep = kThreads / kChunks;  // rows per pass; a thread keeps its chunk
-    const int c = tid % kChunks, r0 = tid / kChunks;
+  // Threads per row: enough for rows to advance by a multiple of 8 (the swizzle phase stays
+  // put), at most one per chunk; each takes chunks c, c + kPerRow, ... of its rows.
+  constexpr int kPerRow = kThreads / 8 < kChunks ? kThreads / 8 : kChunks;
+  if constexpr (Row::kChunks == kChunks && kPerRow % 8 == 0 && kChunks % kPerRow == 0 &&
+                kThreads % kPerRow == 0) {
+    constexpr int kRowStep = kThreads / kPerRow;  // rows per pass; a thread keeps its chunks
+    constexpr int kMine = kChunks / kPerRow;      // chunks per row and thread, 64 columns apart
+    static_assert(kRows % kRowStep == 0, "tile chunks must divide evenly among threads");
+    static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
+    const int c = tid % kPerRow, r0 = tid / kPerRow;
     // Running pointer/address (few live registers: the producer runs on 24-40).
     const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
     const long long step = (long long)kRowStep * stride;
     u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
-    // kRowStep is a multiple of 8 (128 threads, <= 16 chunks), so r % 8 == r0 % 8 throughout.
-    static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
     int left = len - row0 - r0;  // rows of this thread still in range, counting down
 #pragma unroll 4
     for (int i = 0; i < kRows / kRowStep; ++i) {
       const bool valid = left > 0;
-      cp_async_16(d, valid ? g : src, valid);
+#pragma unroll
+      for (int m = 0; m < kMine; ++m)  // chunk c + m·kPerRow: same swizzle column, next block
+        cp_async_16(d + m * (kPerRow / 8) * (kRows * kSw128RowBytes), valid ? g + m * kPerRow * 8 : src,
+                    valid);
       g += step;
       d += kRowStep * kSw128RowBytes;
       left -= kRowStep;
@@ -367,6 +374,26 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// ---- bulk asynchronous reductions (shared -> global) ----------------------------------------
+// dst[0..bytes/4) += src[0..bytes/4) (fp32) by the async proxy, which reads src after the
+// writers' fence_proxy_async; both 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until at most N of this thread's bulk groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// Until at most N of this thread's bulk groups are still pending at all.
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
 
 }  // namespace sm90
 }  // namespace fa

@@ -195,10 +195,11 @@ int KernelSpec::smem_bytes() const {
   const int pq = head_dim_pitch(head_dim_qk), pv = head_dim_pitch(head_dim_v);
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
     // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
-    // stages of Q and dO, two dSᵀ buffers, stages of LSE and delta rows, mbarriers
+    // stages of Q and dO, two dSᵀ buffers, two dQ stagings (64 rows of 288 B), stages of LSE and
+    // delta rows, mbarriers
     const int m = tile.block_m, n = tile.block_n, d = head_dim_qk;
-    return 1024 + 2 * n * 2 * d + tile.stages * 2 * m * 2 * d + 2 * 2 * n * m + tile.stages * m * 8 +
-           8 * (1 + 2 * tile.stages);
+    return 1024 + 2 * n * 2 * d + tile.stages * 2 * m * 2 * d + 2 * 2 * n * m + 2 * 64 * 288 +
+           tile.stages * m * 8 + 8 * (1 + 2 * tile.stages);
   }
   if (kind == KernelKind::kBackward) {  // templates/fajit/backward.cuh, BwdConfig::kSmemBytes
     const int m = tile.block_m, n = tile.block_n;
