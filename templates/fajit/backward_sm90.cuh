@@ -21,16 +21,21 @@
 //
 // ---- Launch (host mirrors these) -----------------------------------------------------------
 //   dkdv:  grid (ceil(len_kv / 128), batch * heads_kv), block 384 (kThreads),
-//          dynamic shared memory kSmemBytes (> 48 KiB: set the function attribute)
+//          dynamic shared memory kSmemBytes (> 48 KiB: set the function attribute); parameters
+//          (FaBwdParams, FaCaptures, FaGradBuffers, FaTmaMap of dq_accum, boxes 32 x 64)
 //   pre, dq, dq_det: as backward.cuh with BwdConfig<Element, D, D, BLOCK_M, BLOCK_M / 16>.
 //   Sparse block sizes must be multiples of BLOCK_M (q_block) and 128 (kv_block).
 //
 // ---- Structure (notation of KERNELS.md; one CTA = 128 keys of one KV head) -----------------
-//   Warpgroup 0 (producer, setmaxnreg down to 24): cp.async K and V once (mbarrier bar_kv),
-//   then for each query head of the GQA group and each query tile the transposed block tables
-//   list (partial, then full): Q and dO by cp.async and LSE, Δ by plain stores into a
-//   stage (mbarrier full[s]: 128 cp.async arrivals + 128 plain ones), after waiting for the
-//   consumers to release it (empty[s], one arrival per consumer warp).
+//   Warpgroup 0 (producer, setmaxnreg down to 24). Warps 0, 1: cp.async K and V once (mbarrier
+//   bar_kv), then for each query head of the GQA group and each query tile the transposed
+//   block tables list (partial, then full): Q and dO by cp.async and LSE, Δ by plain stores
+//   into a stage (mbarrier full[s]: 64 cp.async arrivals + 64 plain ones), after waiting for
+//   the consumers to release it (empty[s], every consumer thread arrives). Warps 2, 3: the dQ
+//   writers of consumer warpgroups 1, 2 (FlashAttention-3's): each staged dQ part goes to
+//   dq_accum by bulk fp32 reductions (cp.reduce.async.bulk.tensor through the accumulator's
+//   tensor map, FaTmaMap; row by row without one), handshaking with its warpgroup through
+//   named barriers (staging free / part staged), so no consumer waits on a reduction.
 //   Warpgroups 1, 2 (consumers, setmaxnreg up to 240): keys 64·cw.., per query tile
 //     Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ           SS-wgmma m64n{BLOCK_M}, both issued at once
 //     Pᵀ in registers                      (bwd::probs_t: mods), while dPᵀ runs
@@ -39,7 +44,7 @@
 //     dK += dSᵀ·Q                          RS-wgmma (dS packed as A)
 //     dSᵀ -> shared memory (double-buffered), one named barrier over both consumers
 //     dQ_part = dS·K                       SS-wgmma, both operands MN-major, m64n64
-//     dQ_part -> dq_accum                  red.global.add.v2.f32
+//     dQ_part -> staging (fp32), its place (first row, head) beside it, for the writer warp
 //   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
 //   columns at D 128, and at BLOCK_M 64 / D 64 the two take whole tiles in turn.
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
@@ -93,14 +98,19 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;    // per buffer (2)
   static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;        // LSE, Δ per stage
   // dQ parts staged for the writer warps: fp32, per consumer warpgroup 64 rows of 64 values,
-  // rows padded to 288 B (conflict-free 8-byte stores, 16-byte aligned rows for the bulk
-  // reductions).
+  // either two boxes of 64 rows x 32 values in the tensor map's 128B swizzle (16 KiB), or rows
+  // padded to 288 B for row-by-row reductions (no tensor map): both conflict-free for the
+  // consumers' 8-byte stores.
   static constexpr int kDqRowBytes = kDqN * 4 + 32;
-  static constexpr int kSmemDqBytes = 64 * kDqRowBytes;  // per consumer warpgroup
+  static constexpr int kDqBoxBytes = 64 * sm90::kSw128RowBytes;  // 64 rows x 32 fp32
+  static constexpr int kSmemDqBytes = 64 * kDqRowBytes;          // per consumer warpgroup (1 KiB multiple)
   static constexpr int kSmemDqOffset =
       kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + 2 * kSmemDsBytes;
   static constexpr int kSmemRowsOffset = kSmemDqOffset + kConsumerWarpgroups * kSmemDqBytes;
-  static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
+  // Per consumer warpgroup, its staged dQ part's first query row and query head (row -1: no
+  // more parts), read by its writer warp.
+  static constexpr int kSmemJobOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
+  static constexpr int kSmemBarOffset = kSmemJobOffset + kConsumerWarpgroups * 8;
   static constexpr int kNumBarriers = 1 + 2 * kStages;  // kv, full, empty
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
@@ -130,7 +140,7 @@ __device__ __forceinline__ bool dq_part_of(int cw, int n) {
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
-                                                     const FaGradBuffers& grads) {
+                                                     const FaGradBuffers& grads, const FaTmaMap& dq_map) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kKeys = Cfg::kKeysPerWarpgroup;
@@ -152,6 +162,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto bar_full = [&](int s) { return bar_kv + kMbarBytes * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + kMbarBytes * (1 + kStages + s); };
   auto sDqPart = [&](int cw) { return sK + Cfg::kSmemDqOffset + cw * Cfg::kSmemDqBytes; };
+  auto sDqJob = [&](int cw) { return sK + Cfg::kSmemJobOffset + cw * 8; };
   // The rows and columns of dQ's tile that consumer warpgroup cw's m64n64 part covers.
   auto dq_row0 = [](int cw) { return Cfg::kDqSplitRows ? 64 * cw : 0; };
   auto dq_col0 = [](int cw) { return Cfg::kDqSplitCols ? 64 * cw : 0; };
@@ -164,7 +175,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   if (tid == 0) {
-    mbar_init(bar_kv, kWG);
+    mbar_init(bar_kv, Cfg::kLoadThreads);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_full(s), 2 * Cfg::kLoadThreads);  // cp.async + plain arrivals
       // every consumer thread arrives: the producer overwrites the stage's LSE/Δ rows with plain
@@ -185,58 +196,69 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if (warpgroup == 0) {
     // ================= producer ==============================================================
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(
-        sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv), p.k_stride_n, kv0, len_kv, tid);
-    load_tile_sw128<kBN, typename Cfg::RowV, kWG>(
-        sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
-    mbar_arrive_cp_async(bar_kv);
-    const int pwarp = tid / 32;
-    if (pwarp < 2) {  // Q, dO, LSE and Δ of each query tile into the stages
-      StageRing<kStages> ring;
-      for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-        const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
-        const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
-        const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-        for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
-          const int q0 = walk.tile_start(it);
-          mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-          load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sQ(ring.stage), qg, p.q_stride_m, q0,
-                                                                       len_q, tid);
-          load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sDo(ring.stage), dog, p.do_stride_m, q0,
-                                                                      len_q, tid);
-          mbar_arrive_cp_async(bar_full(ring.stage));
-          bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0,
-                                                       tid);
-          mbar_arrive(bar_full(ring.stage));
-          ring.advance();
-        }
-      }
-    } else if constexpr (!Cfg::kDeterministic) {
-      // dQ writer of consumer warpgroup `part`: for each of its dQ parts, hands the staging
-      // back once the previous part's bulk reductions have read it, waits for the part, then
-      // one fp32 bulk reduction per row into dq_accum (rows past len_q skipped). The consumers
-      // never wait on the reductions themselves (FlashAttention-3's dQ writer).
-      const int part = pwarp - 2, lane = tid & 31;
-      const int row0 = dq_row0(part), col0 = dq_col0(part);
-      int n = 0;
-      for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-        float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK + col0;
-        const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-        for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1), ++n) {
-          if (!dq_part_of<Cfg>(part, n)) continue;
-          const int q0 = walk.tile_start(it) + row0;
+    if (tid >= Cfg::kLoadThreads) {  // warps 2, 3
+      if constexpr (!Cfg::kDeterministic) {
+        // dQ writer of consumer warpgroup `part`: hands the staging back once the previous
+        // part's bulk reductions have read it, waits for the next part and its place (first row,
+        // query head: the consumers walk the tables, the writer needs few registers), then
+        // reduces it into dq_accum: two tensor-map boxes from one lane, else one bulk reduction
+        // per row (rows past len_q skipped). The consumers never wait on the reductions
+        // themselves (FlashAttention-3's dQ writer).
+        const int part = tid / 32 - 2, lane = tid & 31;
+        const int col0 = dq_col0(part);
+        for (;;) {
           bulk_wait_read<0>();
+          __syncwarp();
           named_barrier_arrive(kBarDqFree + part, kWG + 32);
           named_barrier(kBarDqFull + part, kWG + 32);
+          const int q0 = ld_shared_s32(sDqJob(part)), hq = ld_shared_s32(sDqJob(part) + 4);
+          if (q0 < 0) break;
+          if (dq_map.enabled) {
+            if (lane == 0) {
 #pragma unroll
-          for (int r = lane; r < 64; r += 32)
-            if (q0 + r < len_q)
-              bulk_reduce_add_f32(dqa + (long long)(q0 + r) * Cfg::kHeadDimQK,
-                                  sDqPart(part) + r * Cfg::kDqRowBytes, Cfg::kDqN * 4);
-          bulk_commit();
+              for (int blk = 0; blk < Cfg::kDqN / 32; ++blk)
+                tma_reduce_add_4d(&dq_map.map, sDqPart(part) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk, q0,
+                                  hq, b);
+              bulk_commit();
+            }
+          } else {
+            float* dqa = p.dq_accum + (((long long)b * p.heads_q + hq) * len_q + q0) * Cfg::kHeadDimQK + col0;
+#pragma unroll
+            for (int r = lane; r < 64; r += 32)
+              if (q0 + r < len_q)
+                bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(part) + r * Cfg::kDqRowBytes,
+                                    Cfg::kDqN * 4);
+            bulk_commit();
+          }
         }
+        bulk_wait<0>();  // done before the CTA's shared memory goes
       }
-      bulk_wait<0>();  // done before the CTA's shared memory goes
+      return;
+    }
+    load_tile_sw128<kBN, typename Cfg::RowQK, Cfg::kLoadThreads>(
+        sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv), p.k_stride_n, kv0, len_kv, tid);
+    load_tile_sw128<kBN, typename Cfg::RowV, Cfg::kLoadThreads>(
+        sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
+    mbar_arrive_cp_async(bar_kv);
+    // warps 0, 1: Q, dO, LSE and Δ of each query tile into the stages (a branch of its own
+    // around this loop made ptxas spill 200-500 B in the producer's 24 registers)
+    StageRing<kStages> ring;
+    for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+      const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
+      const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
+      const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+      for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
+        const int q0 = walk.tile_start(it);
+        mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
+        load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sQ(ring.stage), qg, p.q_stride_m, q0,
+                                                                     len_q, tid);
+        load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sDo(ring.stage), dog, p.do_stride_m, q0,
+                                                                    len_q, tid);
+        mbar_arrive_cp_async(bar_full(ring.stage));
+        bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0, tid);
+        mbar_arrive(bar_full(ring.stage));
+        ring.advance();
+      }
     }
     cp_async_wait_all();
     return;
@@ -386,14 +408,26 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-          for (int j = 0; j < Cfg::kDqN / 8; ++j)
-            st_shared_v2_f32(sDqPart(cw) + (warp * 16 + g + 8 * hh) * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4,
-                             dq[j][2 * hh], dq[j][2 * hh + 1]);
+          for (int j = 0; j < Cfg::kDqN / 8; ++j) {
+            // row r (r % 8 == g), columns 8j + 2t, 8j + 2t + 1: in swizzled box j / 4, 16-byte
+            // chunk (2 (j % 4) + t / 2) ^ g of row r; or at 4 (8j + 2t) of a padded row
+            const int r = warp * 16 + g + 8 * hh;
+            const u32 off = dq_map.enabled ? (j / 4) * Cfg::kDqBoxBytes + r * kSw128RowBytes +
+                                                 ((((j % 4) * 2 + (t >> 1)) ^ g) << 4) + (t & 1) * 8
+                                           : r * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4;
+            st_shared_v2_f32(sDqPart(cw) + off, dq[j][2 * hh], dq[j][2 * hh + 1]);
+          }
+        if (wtid == 0) st_shared_v2_s32(sDqJob(cw), q0 + row0, hq);
         fence_proxy_async();
         named_barrier_arrive(kBarDqFull + cw, kWG + 32);
       }
       ring.advance();
     }
+  }
+  if constexpr (!Cfg::kDeterministic) {  // no more dQ parts: the writer warp ends
+    named_barrier(kBarDqFree + cw, kWG + 32);
+    if (wtid == 0) st_shared_v2_s32(sDqJob(cw), -1, 0);
+    named_barrier_arrive(kBarDqFull + cw, kWG + 32);
   }
 
   // ---- epilogue: dK·scale and dV staged in the K / V tiles once both warpgroups are done with
@@ -422,8 +456,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     fa::backward_pre_kernel<typename Config::Aux>(p);                                                     \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                       \
-      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {                 \
-    fa::sm90::backward_dkdv_kernel<Config, Mods>(p, cap, grads);                                          \
+      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads,                   \
+                  const __grid_constant__ FaTmaMap dq_map) {                                              \
+    fa::sm90::backward_dkdv_kernel<Config, Mods>(p, cap, grads, dq_map);                                  \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {      \
     fa::backward_dq_kernel<typename Config::Aux>(p);                                                      \

@@ -102,6 +102,14 @@ typedef struct __attribute__((aligned(64))) FaTmaPair {
   FaTensorMap b;
   int enabled;
 } FaTmaPair;
+// The backward's fp32 dQ accumulator [B, Hq, Lq, D] (contiguous) as a tensor map {D, Lq, Hq, B}
+// with boxes of 32 columns x 64 rows, 128B swizzle, for the Hopper dK/dV kernel's dQ writers
+// (bulk reductions; rows past Lq are not written). enabled = 0 (FAJIT_TMA=0, or the driver did
+// not take it): the writers reduce row by row instead.
+typedef struct __attribute__((aligned(64))) FaTmaMap {
+  FaTensorMap map;
+  int enabled;
+} FaTmaMap;
 
 // Split-KV decoding (fajit/decode.cuh): the forward's tensors and tables for a short query
 // (len_q <= the q_block of the tables, so one row of block tables), the rows of `heads_per_cta`

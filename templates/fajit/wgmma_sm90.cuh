@@ -69,7 +69,7 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, lon
     const long long step = (long long)kRowStep * stride;
     u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
     int left = len - row0 - r0;  // rows of this thread still in range, counting down
-#pragma unroll 4
+#pragma unroll(kMine > 1 ? 1 : 4)
     for (int i = 0; i < kRows / kRowStep; ++i) {
       const bool valid = left > 0;
 #pragma unroll
@@ -336,6 +336,15 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, in
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
       "%4, %5}], [%6];" ::"r"(dst),
       "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+// dst_box += the shared-memory box at src (fp32, the map's swizzle), the box at coordinates
+// {c0, c1, c2, c3} of a 4-d tensor map; a bulk group of the issuing thread (bulk_commit).
+__device__ __forceinline__ void tma_reduce_add_4d(const void* map, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::
+          "l"(reinterpret_cast<u64>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
       : "memory");
 }
 // A tile of kRows head rows (Row = HeadRow<D>) from row `row` of head h, batch b of a

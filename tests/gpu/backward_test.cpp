@@ -35,6 +35,7 @@ struct BwdCase {
   // kAuto: the backward the host picks (wgmma on sm_90a when dqk == dv); kMmaSync: forced
   // (fa::Options::family, which the backward follows).
   fa::KernelFamily family = fa::KernelFamily::kAuto;
+  bool row_reductions = false;  // FAJIT_TMA=0: the Hopper dK/dV kernel reduces dQ row by row
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -96,6 +97,15 @@ const std::vector<BwdCase>& cases() {
       // key block, so the consumer warpgroups' dQ parts and stages interleave.
       {"document_softcap", bf16, 64, 64, 1, 4, 2, 300, 300},
       {"causal_alibi", f16, 64, 64, 1, 8, 2, 1000, 1000},
+      // The Hopper dK/dV kernel's row-by-row dQ reductions (FAJIT_TMA=0, also taken where the
+      // driver refuses the dQ accumulator's tensor map): dQ parts split by columns (d128), by
+      // rows (d64), whole tiles in turn (d64 with a score_mod); tail tiles, GQA, non-contiguous.
+      with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "rowred",
+           [](BwdCase& c) { c.row_reductions = true; }),
+      with({"sliding", f16, 64, 64, 2, 4, 4, 700, 700, 200}, "rowred_noncontig",
+           [](BwdCase& c) { c.row_reductions = true, c.noncontig = true; }),
+      with({"causal_alibi", bf16, 64, 64, 1, 8, 2, 1000, 1000}, "rowred",
+           [](BwdCase& c) { c.row_reductions = true; }),
       with({"relative_bias", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
       {"self_ratio", f16, 64, 128, 1, 6, 3, 201, 182},
@@ -317,9 +327,11 @@ TEST_P(BackwardTest, MatchesReference) {
   bo.scale = c.scale;
   bo.dlse = c.dlse ? &dlse : nullptr;
   bo.deterministic = c.deterministic;
+  if (c.row_reductions) setenv("FAJIT_TMA", "0", 1);
   const auto t1 = std::chrono::steady_clock::now();
   kernel.backward(q, k, v, o, lse, dout, dq, dk, dv, mask, captures, bo);
   fa::rt::synchronize(nullptr);
+  if (c.row_reductions) unsetenv("FAJIT_TMA");
   const double gpu_ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() * 1e3;
   std::vector<uint16_t> grad_bits(in_bits.size());
   d_grad.download(grad_bits.data(), grad_bits.size() * 2);
