@@ -44,7 +44,7 @@
 //     dK += dSᵀ·Q                          RS-wgmma (dS packed as A)
 //     dSᵀ -> shared memory (double-buffered), one named barrier over both consumers
 //     dQ_part = dS·K                       SS-wgmma, both operands MN-major, m64n64
-//     dQ_part -> staging (fp32), its place (first row, head) beside it, for the writer warp
+//     dQ_part -> staging (fp32) for the writer warp
 //   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
 //   columns at D 128, and at BLOCK_M 64 / D 64 the two take whole tiles in turn.
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
@@ -107,10 +107,7 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemDqOffset =
       kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + 2 * kSmemDsBytes;
   static constexpr int kSmemRowsOffset = kSmemDqOffset + kConsumerWarpgroups * kSmemDqBytes;
-  // Per consumer warpgroup, its staged dQ part's first query row and query head (row -1: no
-  // more parts), read by its writer warp.
-  static constexpr int kSmemJobOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
-  static constexpr int kSmemBarOffset = kSmemJobOffset + kConsumerWarpgroups * 8;
+  static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
   static constexpr int kNumBarriers = 1 + 2 * kStages;  // kv, full, empty
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
@@ -140,7 +137,8 @@ __device__ __forceinline__ bool dq_part_of(int cw, int n) {
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
-                                                     const FaGradBuffers& grads, const FaTmaMap& dq_map) {
+                                                     const FaGradBuffers& grads, const FaTmaMap& dq_map,
+                                                     const FaTmaPair& qdo) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kKeys = Cfg::kKeysPerWarpgroup;
@@ -162,7 +160,6 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto bar_full = [&](int s) { return bar_kv + kMbarBytes * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + kMbarBytes * (1 + kStages + s); };
   auto sDqPart = [&](int cw) { return sK + Cfg::kSmemDqOffset + cw * Cfg::kSmemDqBytes; };
-  auto sDqJob = [&](int cw) { return sK + Cfg::kSmemJobOffset + cw * 8; };
   // The rows and columns of dQ's tile that consumer warpgroup cw's m64n64 part covers.
   auto dq_row0 = [](int cw) { return Cfg::kDqSplitRows ? 64 * cw : 0; };
   auto dq_col0 = [](int cw) { return Cfg::kDqSplitCols ? 64 * cw : 0; };
@@ -177,7 +174,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if (tid == 0) {
     mbar_init(bar_kv, Cfg::kLoadThreads);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full(s), 2 * Cfg::kLoadThreads);  // cp.async + plain arrivals
+      // cp.async (or two expect_tx arrivals with TMA) + plain arrivals of the loader threads
+      mbar_init(bar_full(s), (qdo.enabled ? 2 : Cfg::kLoadThreads) + Cfg::kLoadThreads);
       // every consumer thread arrives: the producer overwrites the stage's LSE/Δ rows with plain
       // stores, so each reader's own arrival orders its reads before them (a warp leader's
       // arrival after __syncwarp does too, but racecheck cannot see that and reports hazards)
@@ -198,37 +196,42 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid >= Cfg::kLoadThreads) {  // warps 2, 3
       if constexpr (!Cfg::kDeterministic) {
-        // dQ writer of consumer warpgroup `part`: hands the staging back once the previous
-        // part's bulk reductions have read it, waits for the next part and its place (first row,
-        // query head: the consumers walk the tables, the writer needs few registers), then
-        // reduces it into dq_accum: two tensor-map boxes from one lane, else one bulk reduction
-        // per row (rows past len_q skipped). The consumers never wait on the reductions
-        // themselves (FlashAttention-3's dQ writer).
+        // dQ writer of consumer warpgroup `part`: walks the tables as the consumers do (the
+        // place of each part: no data from the consumers but the part itself); for each of its
+        // parts hands the staging back once the previous part's bulk reductions have read it,
+        // waits for the part, then reduces it into dq_accum: two tensor-map boxes from one
+        // lane, else one bulk reduction per row (rows past len_q skipped). The consumers never
+        // wait on the reductions themselves (FlashAttention-3's dQ writer).
         const int part = tid / 32 - 2, lane = tid & 31;
-        const int col0 = dq_col0(part);
-        for (;;) {
-          bulk_wait_read<0>();
-          __syncwarp();
-          named_barrier_arrive(kBarDqFree + part, kWG + 32);
-          named_barrier(kBarDqFull + part, kWG + 32);
-          const int q0 = ld_shared_s32(sDqJob(part)), hq = ld_shared_s32(sDqJob(part) + 4);
-          if (q0 < 0) break;
-          if (dq_map.enabled) {
-            if (lane == 0) {
+        const int row0 = dq_row0(part), col0 = dq_col0(part);
+        int n = 0;
+        for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+          const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+          for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1), ++n) {
+            if (!dq_part_of<Cfg>(part, n)) continue;
+            const int q0 = walk.tile_start(it) + row0;
+            bulk_wait_read<0>();
+            __syncwarp();
+            named_barrier_arrive(kBarDqFree + part, kWG + 32);
+            named_barrier(kBarDqFull + part, kWG + 32);
+            if (dq_map.enabled) {
+              if (lane == 0) {
 #pragma unroll
-              for (int blk = 0; blk < Cfg::kDqN / 32; ++blk)
-                tma_reduce_add_4d(&dq_map.map, sDqPart(part) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk, q0,
-                                  hq, b);
+                for (int blk = 0; blk < Cfg::kDqN / 32; ++blk)
+                  tma_reduce_add_4d(&dq_map.map, sDqPart(part) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk, q0,
+                                    hq, b);
+                bulk_commit();
+              }
+            } else {
+              float* dqa =
+                  p.dq_accum + (((long long)b * p.heads_q + hq) * len_q + q0) * Cfg::kHeadDimQK + col0;
+#pragma unroll
+              for (int r = lane; r < 64; r += 32)
+                if (q0 + r < len_q)
+                  bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(part) + r * Cfg::kDqRowBytes,
+                                      Cfg::kDqN * 4);
               bulk_commit();
             }
-          } else {
-            float* dqa = p.dq_accum + (((long long)b * p.heads_q + hq) * len_q + q0) * Cfg::kHeadDimQK + col0;
-#pragma unroll
-            for (int r = lane; r < 64; r += 32)
-              if (q0 + r < len_q)
-                bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(part) + r * Cfg::kDqRowBytes,
-                                    Cfg::kDqN * 4);
-            bulk_commit();
           }
         }
         bulk_wait<0>();  // done before the CTA's shared memory goes
@@ -250,11 +253,18 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
         const int q0 = walk.tile_start(it);
         mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-        load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sQ(ring.stage), qg, p.q_stride_m, q0,
-                                                                     len_q, tid);
-        load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sDo(ring.stage), dog, p.do_stride_m, q0,
-                                                                    len_q, tid);
-        mbar_arrive_cp_async(bar_full(ring.stage));
+        if (qdo.enabled) {  // Q and dO by TMA, boxes of 64 columns x BLOCK_M rows, one thread
+          if (tid == 0) {   // each arms the stage's barrier with its bytes (an arrival each)
+            tma_load_tile<kBM, typename Cfg::RowQK>(sQ(ring.stage), &qdo.a, q0, hq, b, bar_full(ring.stage));
+            tma_load_tile<kBM, typename Cfg::RowV>(sDo(ring.stage), &qdo.b, q0, hq, b, bar_full(ring.stage));
+          }
+        } else {
+          load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sQ(ring.stage), qg, p.q_stride_m, q0,
+                                                                       len_q, tid);
+          load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sDo(ring.stage), dog, p.do_stride_m, q0,
+                                                                      len_q, tid);
+          mbar_arrive_cp_async(bar_full(ring.stage));
+        }
         bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0, tid);
         mbar_arrive(bar_full(ring.stage));
         ring.advance();
@@ -417,17 +427,11 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                                            : r * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4;
             st_shared_v2_f32(sDqPart(cw) + off, dq[j][2 * hh], dq[j][2 * hh + 1]);
           }
-        if (wtid == 0) st_shared_v2_s32(sDqJob(cw), q0 + row0, hq);
         fence_proxy_async();
         named_barrier_arrive(kBarDqFull + cw, kWG + 32);
       }
       ring.advance();
     }
-  }
-  if constexpr (!Cfg::kDeterministic) {  // no more dQ parts: the writer warp ends
-    named_barrier(kBarDqFree + cw, kWG + 32);
-    if (wtid == 0) st_shared_v2_s32(sDqJob(cw), -1, 0);
-    named_barrier_arrive(kBarDqFull + cw, kWG + 32);
   }
 
   // ---- epilogue: dK·scale and dV staged in the K / V tiles once both warpgroups are done with
@@ -457,8 +461,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                       \
       name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads,                   \
-                  const __grid_constant__ FaTmaMap dq_map) {                                              \
-    fa::sm90::backward_dkdv_kernel<Config, Mods>(p, cap, grads, dq_map);                                  \
+                  const __grid_constant__ FaTmaMap dq_map, const __grid_constant__ FaTmaPair qdo) {       \
+    fa::sm90::backward_dkdv_kernel<Config, Mods>(p, cap, grads, dq_map, qdo);                             \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {      \
     fa::backward_dq_kernel<typename Config::Aux>(p);                                                      \

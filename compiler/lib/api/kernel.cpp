@@ -556,12 +556,17 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   void* pre_args[] = {&p};
   rt::launch(pre, rt::Dim3(static_cast<unsigned>((shape.len_q + pre_rows - 1) / pre_rows), bh_q),
              rt::Dim3(kBwdAuxThreads), 0, st, pre_args);
-  // The Hopper dK/dV kernel's dQ writers reduce into dq_accum through a tensor map (a fourth,
-  // __grid_constant__ parameter; the mma.sync kernel takes three).
+  // The Hopper dK/dV kernel's dQ writers reduce into dq_accum through a tensor map and its
+  // producer loads Q and dO through two (__grid_constant__ parameters four and five; the
+  // mma.sync kernel takes three).
   FaTmaMap dq_map{};
-  if (s.family == KernelFamily::kWgmma && dq_accum)
-    dq_map = rt::make_tma_accum(dq_accum, shape.batch, shape.heads_q, shape.len_q, shape.dim_qk, 64);
-  void* main_args[] = {&p, cap.data(), &grads, &dq_map};
+  FaTmaPair qdo{};
+  if (s.family == KernelFamily::kWgmma) {
+    if (dq_accum)
+      dq_map = rt::make_tma_accum(dq_accum, shape.batch, shape.heads_q, shape.len_q, shape.dim_qk, 64);
+    qdo = rt::make_tma_pair(q, dout, s.tile.block_m);
+  }
+  void* main_args[] = {&p, cap.data(), &grads, &dq_map, &qdo};
   rt::launch(
       dkdv,
       rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),

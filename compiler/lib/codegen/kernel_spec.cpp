@@ -196,10 +196,10 @@ int KernelSpec::smem_bytes() const {
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
     // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
     // stages of Q and dO, two dSᵀ buffers, two dQ stagings (64 rows of 288 B), stages of LSE and
-    // delta rows, two dQ job slots, mbarriers
+    // delta rows, mbarriers
     const int m = tile.block_m, n = tile.block_n, d = head_dim_qk;
     return 1024 + 2 * n * 2 * d + tile.stages * 2 * m * 2 * d + 2 * 2 * n * m + 2 * 64 * 288 +
-           tile.stages * m * 8 + 2 * 8 + 8 * (1 + 2 * tile.stages);
+           tile.stages * m * 8 + 8 * (1 + 2 * tile.stages);
   }
   if (kind == KernelKind::kBackward) {  // templates/fajit/backward.cuh, BwdConfig::kSmemBytes
     const int m = tile.block_m, n = tile.block_n;
