@@ -22,16 +22,19 @@
 // ---- Launch (host mirrors these) -----------------------------------------------------------
 //   dkdv:  grid (ceil(len_kv / 128), batch * heads_kv), block 384 (kThreads),
 //          dynamic shared memory kSmemBytes (> 48 KiB: set the function attribute); parameters
-//          (FaBwdParams, FaCaptures, FaGradBuffers, FaTmaMap of dq_accum, boxes 32 x 64)
+//          (FaBwdParams, FaCaptures, FaGradBuffers, FaTmaMap of dq_accum with boxes 32 x 64,
+//          FaTmaPair of Q and dO with boxes 64 x BLOCK_M)
 //   pre, dq, dq_det: as backward.cuh with BwdConfig<Element, D, D, BLOCK_M, BLOCK_M / 16>.
 //   Sparse block sizes must be multiples of BLOCK_M (q_block) and 128 (kv_block).
 //
 // ---- Structure (notation of KERNELS.md; one CTA = 128 keys of one KV head) -----------------
 //   Warpgroup 0 (producer, setmaxnreg down to 24). Warps 0, 1: cp.async K and V once (mbarrier
 //   bar_kv), then for each query head of the GQA group and each query tile the transposed
-//   block tables list (partial, then full): Q and dO by cp.async and LSE, Δ by plain stores
-//   into a stage (mbarrier full[s]: 64 cp.async arrivals + 64 plain ones), after waiting for
-//   the consumers to release it (empty[s], every consumer thread arrives). Warps 2, 3: the dQ
+//   block tables list (partial, then full): Q and dO by TMA from one thread (cp.async from both
+//   warps where the driver refuses a map, or FAJIT_TMA=0) and LSE, Δ by plain stores into a
+//   stage (mbarrier full[s]: two expect_tx arrivals, or 64 cp.async ones, + 64 plain ones),
+//   after waiting for the consumers to release it (empty[s], every consumer thread arrives).
+//   Warps 2, 3: the dQ
 //   writers of consumer warpgroups 1, 2 (FlashAttention-3's): each staged dQ part goes to
 //   dq_accum by bulk fp32 reductions (cp.reduce.async.bulk.tensor through the accumulator's
 //   tensor map, FaTmaMap; row by row without one), handshaking with its warpgroup through
@@ -243,8 +246,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     load_tile_sw128<kBN, typename Cfg::RowV, Cfg::kLoadThreads>(
         sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
     mbar_arrive_cp_async(bar_kv);
-    // warps 0, 1: Q, dO, LSE and Δ of each query tile into the stages (a branch of its own
-    // around this loop made ptxas spill 200-500 B in the producer's 24 registers)
+    // warps 0, 1: Q, dO, LSE and Δ of each query tile into the stages (with the writers'
+    // branch beside it ptxas spills 100-160 instructions in the producer's 24 registers)
     StageRing<kStages> ring;
     for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
       const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
