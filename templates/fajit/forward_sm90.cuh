@@ -15,10 +15,12 @@
 //
 // ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG>) -----
 //   Element   fa::f16_t or fa::bf16_t (Q, K, V, O); LSE is fp32
-//   DQK, DV   head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 128, independently
+//   DQK, DV   head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 256, independently
 //             (rows padded to 64-column swizzle blocks; Q·Kᵀ runs ceil(DQK / 16) k-steps and
-//             P·V an N of DV rounded up to 16, over zero-filled columns)
-//   BLOCK_N   key/value rows per pipeline tile: 64 or 128 (the wgmma N of S = Q·Kᵀ)
+//             P·V an N of DV rounded up to 16, over zero-filled columns; above 128 P·V is two
+//             wgmmas per k-step, split at a 64-column block of V)
+//   BLOCK_N   key/value rows per pipeline tile: 64 or 128 (the wgmma N of S = Q·Kᵀ); 64 above
+//             DV 128 (O's 256 columns and S share the consumers' registers)
 //   STAGES    K/V shared-memory stages (2..4, within 227 KiB)
 //   OVERLAP   issue S_{j+1} = Q·K_{j+1}ᵀ before the softmax of S_{j+1} runs against P_j·V_j
 //             (FA-3 intra-warpgroup pipelining); false: S, softmax, P·V strictly in turn
@@ -100,8 +102,9 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
-  static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 128, "DQK must be a multiple of 8 from 32 to 128");
-  static_assert(kHeadDimV >= 32 && kHeadDimV <= 128, "DV must be a multiple of 8 from 32 to 128");
+  static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 256, "DQK must be a multiple of 8 from 32 to 256");
+  static_assert(kHeadDimV >= 32 && kHeadDimV <= 256, "DV must be a multiple of 8 from 32 to 256");
+  static_assert(kHeadDimV <= 128 || kBlockN == 64, "DV above 128 needs BLOCK_N 64 (O and S in registers)");
   static_assert(kBlockN == 64 || kBlockN == 128, "BLOCK_N must be 64 or 128 (sm90 kernel)");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
@@ -231,11 +234,21 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
                        desc_advance(dk, stage * Cfg::kSmemKBytes + kmajor_kstep_offset<kBN>(kk)), kk > 0);
     wgmma_commit();
   };
+  // P·V's N is the head dim rounded up to 16; above 128 (wgmma's widest here) O's columns go
+  // as two wgmmas, split at a 64-column block of V: 128 and the rest, or 64 and the rest where
+  // the rest would be under 32 (144 = 64 + 80).
+  constexpr int kPvN = Cfg::kDT * 8;
+  constexpr int kPvN0 = kPvN <= 128 ? kPvN : kPvN - 128 >= 32 ? 128 : 64;
+  constexpr int kPvN1 = kPvN - kPvN0;
   auto issue_pv = [&](int stage) {
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kKP; ++kk)
-      wgmma_rs<E, Cfg::kDT * 8>(o, pa[kk],
-                                desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk)), 1);
+    for (int kk = 0; kk < Cfg::kKP; ++kk) {
+      const u64 vk = desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk));
+      wgmma_rs_cols<E, kPvN0, 0, Cfg::kDT>(o, pa[kk], vk, 1);
+      if constexpr (kPvN1 > 0)
+        wgmma_rs_cols<E, kPvN1, kPvN0 / 8, Cfg::kDT>(o, pa[kk], desc_advance(vk, kPvN0 / 64 * kBN * kSw128RowBytes),
+                                                     1);
+    }
     wgmma_commit();
   };
 

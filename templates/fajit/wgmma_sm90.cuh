@@ -172,13 +172,15 @@ __device__ __forceinline__ void pin(u32 (&r)[A][B]) {
 //   wgmma_ss_mn<E, N>(...)                        A and B MN-major in shared memory
 //   wgmma_rs<E, N>(d, a, desc_b, scale_d)       A in registers, B MN-major (imm-trans-b = 1)
 // Each (E, N) is one asm statement whose first N/2 operands are the accumulators ("+f",
-// d[j][i] in order); FA_WGMMA_SS / FA_WGMMA_RS below spell it once, given the accumulator
-// operand list, the matching "{%0, ...}" register list and the indices of the operands that
-// follow it. N runs over the multiples of 16 from 32 to 128 (head dims up to 128).
+// d[kJ0 + j][i] in order: columns 8·kJ0 .. 8·kJ0 + N - 1 of an accumulator of kNd n-tiles);
+// FA_WGMMA_SS / FA_WGMMA_RS below spell it once, given the accumulator operand list, the
+// matching "{%0, ...}" register list and the indices of the operands that follow it. N runs
+// over the multiples of 16 from 32 to 128; wider accumulators (P·V at head dims up to 256) take
+// two wgmmas on column ranges (wgmma_rs_cols).
 template <typename E, int N>
 struct Tag {};
 
-#define FA_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define FA_ACC4(j) "+f"(d[kJ0 + j][0]), "+f"(d[kJ0 + j][1]), "+f"(d[kJ0 + j][2]), "+f"(d[kJ0 + j][3])
 #define FA_ACC_N32 FA_ACC4(0), FA_ACC4(1), FA_ACC4(2), FA_ACC4(3)
 #define FA_ACC_N48 FA_ACC_N32, FA_ACC4(4), FA_ACC4(5)
 #define FA_ACC_N64 FA_ACC_N48, FA_ACC4(6), FA_ACC4(7)
@@ -213,8 +215,9 @@ struct Tag {};
 // A, B from shared memory: operands ACC..., a = %IA, b = %IB, scale_d = %IS, and the
 // transpose immediates (0: K-major, 1: MN-major) of A = %ITA and B = %ITB.
 #define FA_WGMMA_SS(E, PTX_T, N, ACC, REGS, IA, IB, IS, ITA, ITB)                                       \
-  template <int kTransA, int kTransB>                                                                   \
-  __device__ __forceinline__ void wgmma_ss(Tag<E, N>, float(&d)[N / 8][4], u64 a, u64 b, int scale_d) { \
+  template <int kTransA, int kTransB, int kJ0, int kNd>                                                 \
+  __device__ __forceinline__ void wgmma_ss(Tag<E, N>, float(&d)[kNd][4], u64 a, u64 b, int scale_d) {   \
+    static_assert(kJ0 >= 0 && kJ0 + N / 8 <= kNd, "accumulator columns out of range");                 \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                               \
                  ", 0;\n"                                                                               \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS             \
@@ -225,8 +228,10 @@ struct Tag {};
   }
 // A from registers: operands ACC..., a[0..3] = %A0..%A3, b = %IB, scale_d = %IS.
 #define FA_WGMMA_RS(E, PTX_T, N, ACC, REGS, A0, A1, A2, A3, IB, IS)                                 \
-  __device__ __forceinline__ void wgmma_rs(Tag<E, N>, float(&d)[N / 8][4], const u32(&a)[4], u64 b, \
+  template <int kJ0, int kNd>                                                                       \
+  __device__ __forceinline__ void wgmma_rs(Tag<E, N>, float(&d)[kNd][4], const u32(&a)[4], u64 b,   \
                                            int scale_d) {                                           \
+    static_assert(kJ0 >= 0 && kJ0 + N / 8 <= kNd, "accumulator columns out of range");             \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                           \
                  ", 0;\n"                                                                           \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS         \
@@ -285,17 +290,23 @@ FA_WGMMA_RS(bf16_t, "bf16", 128, FA_ACC_N128, FA_REGS_N128, 64, 65, 66, 67, 68, 
 
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 a, u64 b, int scale_d) {
-  wgmma_ss<0, 0>(Tag<E, N>(), d, a, b, scale_d);
+  wgmma_ss<0, 0, 0, N / 8>(Tag<E, N>(), d, a, b, scale_d);
 }
 // Both operands MN-major (D = A·B with A stored [k][m] and B stored [k][n], m, n contiguous;
 // 16-bit types only): the dQ = dS·K shape of the backward, dS kept as dSᵀ.
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_ss_mn(float (&d)[N / 8][4], u64 a, u64 b, int scale_d) {
-  wgmma_ss<1, 1>(Tag<E, N>(), d, a, b, scale_d);
+  wgmma_ss<1, 1, 0, N / 8>(Tag<E, N>(), d, a, b, scale_d);
 }
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b, int scale_d) {
-  wgmma_rs(Tag<E, N>(), d, a, b, scale_d);
+  wgmma_rs<0, N / 8>(Tag<E, N>(), d, a, b, scale_d);
+}
+// Columns 8·kJ0 .. 8·kJ0 + N - 1 of a wider accumulator d[kNd][4] (B's descriptor points at
+// those columns): O += P·V of a head dim above 128 as two wgmmas.
+template <typename E, int N, int kJ0, int kNd>
+__device__ __forceinline__ void wgmma_rs_cols(float (&d)[kNd][4], const u32 (&a)[4], u64 b, int scale_d) {
+  wgmma_rs<kJ0, kNd>(Tag<E, N>(), d, a, b, scale_d);
 }
 
 // ---- mbarrier (shared::cta, 8 bytes, 8-byte aligned) ---------------------------------------

@@ -140,9 +140,10 @@ const std::vector<FwdCase>& cases() {
       // (kDecodeAutoRows), the decoding kernel forced still takes it (8 row blocks per head).
       with({"causal_offset", bf16, 128, 128, 1, 8, 1, 64, 5000}, "decode",
            [](FwdCase& c) { c.path = fa::ForwardPath::kDecode; }),
-      // Head dims beyond 64 / 128: up to 128 the wgmma kernel on Hopper (rows padded to 64-column
-      // swizzle blocks, a zero-filled chunk at 40 and 72, P·V's N rounded up to 16), above it
-      // mma.sync (16 rows per warp); odd chunk counts (40, 72, 80), QK != V (192/128, 112/48).
+      // Head dims beyond 64 / 128: the wgmma kernel on Hopper (rows padded to 64-column swizzle
+      // blocks, a zero-filled chunk at 40 and 72, P·V's N rounded up to 16; above V 128 BLOCK_N
+      // 64 and P·V as two wgmmas), the mma.sync kernel elsewhere (16 rows per warp above 128);
+      // odd chunk counts (40, 72, 80), QK != V (192/128, 112/48).
       {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},
       {"document_softcap", f16, 40, 40, 1, 4, 1, 4097, 4097},
       {"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17},
@@ -159,6 +160,16 @@ const std::vector<FwdCase>& cases() {
       with({"document_softcap", bf16, 72, 72, 1, 4, 2, 1000, 1000}, "noncontig",
            [](FwdCase& c) { c.noncontig = true; }),
       {"document2d_causal", f16, 112, 48, 2, 4, 4, 1000, 4097},
+      // Above 128 on the wgmma kernel: P·V split 128 + 72 (200/168, a zero chunk at 168), 64 + 80
+      // (144), BLOCK_N 128 at 256/64; GQA, a tail tile, f16; and 256 on mma.sync once more.
+      {"prefix_lm", bf16, 200, 168, 1, 8, 2, 1000, 777, 100},
+      {"causal_alibi", f16, 144, 144, 2, 4, 4, 1000, 1000},
+      {"sliding", bf16, 256, 64, 1, 8, 8, 1000, 1000, 300},
+      {"document_softcap", f16, 256, 256, 1, 8, 2, 4097, 4097},
+      with({"relative_bias", bf16, 256, 256, 1, 2, 2, 1000, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"causal", bf16, 256, 256, 1, 4, 2, 1000, 1000}, "cpasync",
+           [](FwdCase& c) { c.cp_async_kv = true; }),
       {"none", bf16, 96, 96, 1, 4, 1, 17, 17},
       with({"document_softcap", f16, 40, 40, 1, 4, 1, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),

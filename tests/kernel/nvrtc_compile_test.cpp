@@ -2,12 +2,13 @@
 // {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi} mods, from the embedded headers only
 // (fa::jit::Nvrtc, as libfajit compiles); one of each other head-dim class on sm_80;
 // then the Hopper kernel (forward_sm90.cuh, sm_90a) over the same grid plus its config knobs
-// and the other head dims it takes (multiples of 8 up to 128).
+// and the other head dims it takes (multiples of 8 up to 256).
 // Prints compile time, registers and spills; fails on any compile error.
 //   usage: fajit_kernel_compile_test
 #include "fa_nvrtc.h"
 
 #include <cstdio>
+#include <tuple>
 #include <vector>
 
 int main() {
@@ -65,9 +66,15 @@ int main() {
           for (int mods = 0; mods < 2; ++mods) v90.push_back({elem, dqk, dv, mods, ""});
     for (const char* cfg : {"128,2,false", "128,3,true", "64,2,true", "64,4,false"})
       v90.push_back({"bf16_t", 128, 128, 1, cfg});
-    // Every other head-dim class up to 128 (padded rows, P·V's N rounded up to 16, odd chunks).
+    // Every other head-dim class (padded rows, P·V's N rounded up to 16, odd chunks).
     for (auto [dqk, dv] : {std::pair{32, 32}, {40, 40}, {72, 72}, {80, 80}, {96, 96}, {112, 48}, {104, 56}})
       v90.push_back({"bf16_t", dqk, dv, 1, "128,3,true"});
+    // Above 128: BLOCK_N 128 while V fits (192/128, 256/64), else 64 with P·V as two wgmmas
+    // (128 + the rest, or 64 + 80 at 144).
+    for (auto [dqk, dv, cfg] : {std::tuple{192, 128, "128,2,true"}, {256, 64, "128,2,true"}, {144, 144, "64,3,true"},
+                                {200, 168, "64,2,true"}, {256, 256, "64,2,true"}})
+      v90.push_back({"bf16_t", dqk, dv, 1, cfg});
+    v90.push_back({"f16_t", 256, 256, 0, "64,2,true"});
     for (const V90& v : v90) {
       const std::string src = fa_test::variant_source_sm90(
           v.mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), v.elem, v.dqk, v.dv, v.cfg);

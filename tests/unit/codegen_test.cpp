@@ -275,9 +275,9 @@ TEST(Codegen, DefaultTiles) {
             "block_mask sm_80");
 }
 
-// Head dims other than 64 / 128: the mma.sync kernels take every multiple of 8 from 32 to 256,
-// the wgmma forward those up to 128 (auto falls back above, an explicit request is refused with
-// the limit);
+// Head dims other than 64 / 128: the mma.sync kernels and the wgmma forward take every multiple
+// of 8 from 32 to 256 (the wgmma forward with BLOCK_N 64 above V 128, fewer stages where shared
+// memory needs it; the wgmma backward refuses what it cannot take, naming the limit);
 // shared rows are padded to 64 elements and tiles shrink until the arch's shared memory holds them.
 TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(fa::head_dim_mma(40), 48);
@@ -289,8 +289,9 @@ TEST(Codegen, EveryHeadDimResolves) {
       fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a");
       s.family = fa::KernelFamily::kAuto;
       const fa::KernelSpec r = s.resolved(true);
-      const bool hopper = dqk <= 128 && dv <= 128;
-      EXPECT_EQ(r.family, hopper ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync) << dqk << "/" << dv;
+      EXPECT_EQ(r.family, fa::KernelFamily::kWgmma) << dqk << "/" << dv;
+      EXPECT_EQ(r.tile.block_n, fa::head_dim_mma(dv) > 128 || (dqk > 192 && dv > 64) ? 64 : 128)
+          << dqk << "/" << dv;
       EXPECT_LE(r.smem_bytes(), 227 * 1024) << dqk << "/" << dv;
       for (const char* arch : {"sm_80", "sm_86"}) {
         const fa::KernelSpec a = spec(fa::DType::bf16, dqk, dv, arch).resolved(true);
@@ -309,7 +310,7 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(spec(fa::DType::bf16, 80, 80, "sm_86").resolved().to_string(),
             "forward bf16 qk80 v80 mma tile128x64w4s2 sm_86");
 
-  // The Hopper forward takes every head dim up to 128 (rows padded to 64 columns); above, mma.sync.
+  // The Hopper forward takes every head dim (rows padded to 64 columns).
   auto hopper = [](fa::DType dt, int dqk, int dv) {
     fa::KernelSpec a = spec(dt, dqk, dv);
     a.family = fa::KernelFamily::kAuto;
@@ -318,13 +319,22 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(hopper(fa::DType::bf16, 96, 96), "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::f16, 80, 40), "forward f16 qk80 v40 wgmma tile128x128w12s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 32, 32), "forward bf16 qk32 v32 wgmma tile128x128w12s2 sm_90a");
-  EXPECT_EQ(hopper(fa::DType::bf16, 192, 128), "forward bf16 qk192 v128 mma tile128x64w8s2 sm_90a");
-  fa::KernelSpec w = spec(fa::DType::bf16, 192, 128);
+  EXPECT_EQ(hopper(fa::DType::bf16, 192, 128), "forward bf16 qk192 v128 wgmma tile128x128w12s2 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::bf16, 256, 128), "forward bf16 qk256 v128 wgmma tile128x64w12s3 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::bf16, 136, 136), "forward bf16 qk136 v136 wgmma tile128x64w12s3 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::f16, 256, 256), "forward f16 qk256 v256 wgmma tile128x64w12s2 sm_90a");
+  fa::KernelSpec w = spec(fa::DType::bf16, 256, 256);
   w.family = fa::KernelFamily::kWgmma;
-  EXPECT_EQ(
-      error_of([&] { w.resolved(); }),
-      "the wgmma forward kernel takes head dims up to 128, got head_dim_qk=192 head_dim_v=128; the mma.sync "
-      "kernel takes them (leave the family on auto)");
+  w.tile = {128, 128, 12, 2};
+  EXPECT_EQ(error_of([&] { w.resolved(); }),
+            "the wgmma forward kernel takes tiles 128x64w12s3, 128x64w12s2 at head dims 256/256, got 128x128w12s2");
+  w.tile = {128, 64, 12, 3};
+  EXPECT_EQ(error_of([&] { w.resolved(); }),
+            "the forward tile 128x64w12s3 needs 263248 bytes of shared memory at head dims 256/256; sm_90a allows "
+            "at most 232448");
+  w.tile = {128, 64, 12, 2};
+  EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk256 v256 wgmma tile128x64w12s2 sm_90a");
+  w.tile = {};
   w.kind = fa::KernelKind::kBackward;
   w.head_dim_qk = 64;
   w.head_dim_v = 128;
@@ -411,7 +421,10 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   w.arch = "sm_90a";
   w.tile = {64, 32, 4, 3};
   EXPECT_EQ(error_of([&] { w.resolved(); }),
-            "the wgmma kernel has a fixed tile 128x128w12s3; leave the tile empty");
+            "the wgmma forward kernel takes tiles 128x128w12s3, 128x128w12s2, 128x64w12s3, 128x64w12s2 at head "
+            "dims 128/128, got 64x32w4s3");
+  w.tile = {128, 64, 12, 3};  // a listed tile other than the default
+  EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a");
 
   fa::KernelSpec d = spec();
   d.family = fa::KernelFamily::kAuto;
@@ -488,7 +501,7 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
   }
   // The Hopper (wgmma) kernel, every dtype and head-dim pair.
   for (fa::DType dt : {fa::DType::f16, fa::DType::bf16})
-    for (auto [dqk, dv] : {std::pair{64, 64}, {128, 128}, {64, 128}, {128, 64}}) {
+    for (auto [dqk, dv] : {std::pair{64, 64}, {128, 128}, {64, 128}, {128, 64}, {256, 256}, {192, 128}}) {
       fa::KernelSpec s = spec(dt, dqk, dv, "sm_90a");
       s.family = fa::KernelFamily::kWgmma;
       cases.push_back({fmt::format("forward wgmma {} {}x{}", fa::dtype_name(dt), dqk, dv), s});
@@ -496,7 +509,7 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
   std::vector<std::function<std::string()>> jobs;
   for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
   std::vector<std::string> errors = run_parallel(jobs);
-  ASSERT_EQ(cases.size(), 26u);
+  ASSERT_EQ(cases.size(), 30u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 }
 

@@ -368,6 +368,11 @@ int main(int argc, char** argv) {
   run_cmd
       ->add_option("--splits", run.splits, "decoding: parts of the KV walk (default 0: enough for every SM)")
       ->check(CLI::Range(0, 1024));
+  run_cmd->add_option("--kernel", run.kernel, "forward kernel family: auto (wgmma on sm_90a), mma or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
+  run_cmd->add_option("--tile", run.tile,
+                      "forward tile MxNwWsS (e.g. 128x64w12s3; wgmma: one of its list for the head dims, "
+                      "with --kernel wgmma); default: per head dims");
   run_cmd->add_flag("--no-check", run.no_check,
                     "skip the float64 reference, forward and backward (timing shapes too large for it)");
   run_cmd->add_flag(

@@ -318,15 +318,24 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
 }  // namespace
 
 int run_variant(const RunOptions& o) {
-  if (!fa::rt::cuda_available()) {
-    std::cout << "no GPU here (" << fa::rt::cuda_unavailable_reason() << "): skipping the run\n";
-    return 0;
-  }
   fa::Options copts;
   copts.dtype = o.dtype;
   const int DQK = o.head_dim, DV = o.head_dim_v ? o.head_dim_v : o.head_dim;
   copts.head_dim_qk = DQK;
   copts.head_dim_v = DV;
+  copts.family = o.kernel == "mma"     ? fa::KernelFamily::kMmaSync
+                 : o.kernel == "wgmma" ? fa::KernelFamily::kWgmma
+                                       : fa::KernelFamily::kAuto;
+  if (!o.tile.empty()) {
+    fa::TileConfig& t = copts.tile;
+    char end = 0;
+    if (std::sscanf(o.tile.c_str(), "%dx%dw%ds%d%c", &t.block_m, &t.block_n, &t.warps, &t.stages, &end) != 4)
+      throw fa::Error(fmt::format("--tile must read MxNwWsS (e.g. 128x64w12s3), got '{}'", o.tile));
+  }
+  if (!fa::rt::cuda_available()) {
+    std::cout << "no GPU here (" << fa::rt::cuda_unavailable_reason() << "): skipping the run\n";
+    return 0;
+  }
   auto mask_p = fa::mods::mask_preset(o.mask.empty() ? "noop" : o.mask);
   auto score_p = fa::mods::score_preset(o.score.empty() ? "identity" : o.score);
   fa::Program program = fa::trace(score_p.mod, mask_p.mod);

@@ -19,6 +19,8 @@ struct RunOptions {
   bool varlen = false;
   int page_size = 0;      // 0: contiguous K/V
   bool no_check = false;  // time only (shapes too large for the float64 reference)
+  std::string kernel = "auto";  // forward family: auto, mma or wgmma
+  std::string tile;             // forward tile "MxNwWsS" (e.g. 128x64w12s3); "": the default
   bool layouts() const {
     return len_q || len_kv || heads_kv || path != "auto" || splits || varlen || page_size;
   }

@@ -31,7 +31,7 @@ struct Options {
   int head_dim_qk = 128;
   int head_dim_v = 128;
   KernelFamily family = KernelFamily::kAuto;  // wgmma on sm_90a, mma.sync elsewhere
-  TileConfig tile;                            // mma.sync kernel only; default: per head dims
+  TileConfig tile;  // default: per head dims; with kWgmma one of its list (kernel_spec.h)
   std::string arch;                           // "" = the current GPU's; sm_90a when there is no GPU
   bool line_info = false;                     // NVRTC -lineinfo (for profilers)
 };

@@ -85,8 +85,9 @@ struct CaptureSlot {
 
 // Head dims: any multiple of 8 from kMinHeadDim to kMaxHeadDim. The mma.sync kernels compute in
 // 16-column steps (head_dim_mma: an odd multiple of 8 computes one zero chunk more) and keep
-// shared rows in 64-element swizzle groups (head_dim_pitch: 80 -> 128); the wgmma kernels take
-// 64 and 128 (the backward equal ones), and kAuto falls back to mma.sync for the rest. The
+// shared rows in 64-element swizzle groups (head_dim_pitch: 80 -> 128); the wgmma forward takes
+// every head dim, the wgmma backward 64 and 128 (equal), and kAuto falls back to mma.sync for
+// the rest. The
 // mma.sync backward splits its dK/dV grid above 256 columns (detail/codegen.h bwd_dkdv_parts).
 constexpr int kMinHeadDim = 32, kMaxHeadDim = 256;
 FA_API int head_dim_mma(int head_dim);
@@ -98,7 +99,10 @@ FA_API int head_dim_pitch(int head_dim);
 // score_mod runs on d128, where 4 warps spill. wgmma (templates/NOTES-sm90.md): 128x128 with
 // 12 warps (a producer and two consumer warpgroups), 3 stages when a head dim is 128 (d128
 // full 531 vs 501 TFLOP/s with 2), 2 at 64/64 (same speed, 83 KB less shared memory); a
-// score_mod does not change that choice.
+// score_mod does not change that choice. Above a V head dim of 128 (O of up to 256 columns in
+// the consumers' registers) BLOCK_N is 64; tiles that shared memory cannot hold fall back in
+// order (3 stages, then 2; BLOCK_N 128, then 64): 192/128 takes 128x128 with 2 stages, 256/256
+// 128x64 with 2. An explicit wgmma tile must be one of that list.
 // Backward (mma.sync, templates/fajit/backward.cuh): block_m query rows per step, warps x 16
 // keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps at 64/64, 64 x 128 with
 // 8 warps when a head dim is above 64 (a first choice, to be measured).

@@ -14,11 +14,26 @@ namespace {
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-// The forward (forward_sm90.cuh) takes any head dims up to 128 (multiples of 8, rows padded to
+// The forward (forward_sm90.cuh) takes every head dim (multiples of 8 up to 256, rows padded to
 // 64-column swizzle blocks); the backward (backward_sm90.cuh) 64 or 128, equal.
 bool wgmma_takes(int dqk, int dv, KernelKind kind) {
   if (kind == KernelKind::kBackward) return dqk == dv && (dqk == 64 || dqk == 128);
-  return dqk <= 128 && dv <= 128;
+  return dqk <= kMaxHeadDim && dv <= kMaxHeadDim;
+}
+
+// The Hopper forward's tiles in order of preference (resolved() takes the first that fits):
+// BLOCK_M 128 (two consumer warpgroups), 3 stages at head dims above 64; BLOCK_N 128 while O
+// (DV columns) and S fit the consumers' registers together, 64 above DV 128 or where shared
+// memory needs it (QK 256 / V 128).
+std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv) {
+  const bool wide = dqk > 64 || dv > 64;
+  std::vector<TileConfig> tiles;
+  for (int n : {128, 64}) {
+    if (n == 128 && head_dim_mma(dv) > 128) continue;
+    if (wide) tiles.push_back({128, n, 12, 3});
+    tiles.push_back({128, n, 12, 2});
+  }
+  return tiles;
 }
 
 std::string tile_text(const TileConfig& t) {
@@ -56,7 +71,7 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
   const bool wide = head_dim_qk > 64 || head_dim_v > 64;
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma)  // block_m x 128 keys, 3 WGs
     return TileConfig{wide || has_score_mod ? 64 : 128, 128, 12, 2};
-  if (family == KernelFamily::kWgmma) return TileConfig{128, 128, 12, wide ? 3 : 2};
+  if (family == KernelFamily::kWgmma) return wgmma_forward_tiles(head_dim_qk, head_dim_v).front();
   return mma_tiles(head_dim_qk, head_dim_v, has_score_mod, kind).front();
 }
 
@@ -89,7 +104,7 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
           "the wgmma {} kernel takes head dims {}, got head_dim_qk={} head_dim_v={}; the mma.sync kernel "
           "takes them (leave the family on auto)",
           s.kind == KernelKind::kBackward ? "backward" : "forward",
-          s.kind == KernelKind::kBackward ? "64 or 128, equal" : "up to 128", s.head_dim_qk, s.head_dim_v));
+          s.kind == KernelKind::kBackward ? "64 or 128, equal" : "up to 256", s.head_dim_qk, s.head_dim_v));
   }
   // The tile the spec resolves to, checked against the arch's shared memory (a default tile
   // falls back to smaller ones first).
@@ -139,10 +154,18 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     s.family = s.arch == "sm_90a" && s.tile.is_default() && wgmma_dims ? KernelFamily::kWgmma
                                                                        : KernelFamily::kMmaSync;
   if (s.family == KernelFamily::kWgmma) {
-    const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, KernelFamily::kWgmma);
-    if (!s.tile.is_default() && !(s.tile == want))
-      throw Error(fmt::format("the wgmma kernel has a fixed tile {}; leave the tile empty", tile_text(want)));
-    fit({want}, true);
+    const std::vector<TileConfig> tiles = wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v);
+    if (s.tile.is_default()) {
+      fit(tiles, false);
+      return s;
+    }
+    if (std::find(tiles.begin(), tiles.end(), s.tile) == tiles.end()) {
+      std::string list;
+      for (const TileConfig& t : tiles) list += (list.empty() ? "" : ", ") + tile_text(t);
+      throw Error(fmt::format("the wgmma forward kernel takes tiles {} at head dims {}/{}, got {}", list,
+                              s.head_dim_qk, s.head_dim_v, tile_text(s.tile)));
+    }
+    fit({s.tile}, true);
     return s;
   }
   if (s.tile.is_default()) {
