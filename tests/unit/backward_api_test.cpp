@@ -42,6 +42,7 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
 // Which backward: the Hopper (wgmma) kernel on sm_90a when the head dims agree, with the tile
 // default_tile gives it (block_m 64 at d128 or with a score_mod, 128 at d64 without one); the
 // mma.sync kernel on other archs, for unequal head dims, and when the forward is mma.sync.
+// Above a QK head dim of 192 the deterministic kernels even when not asked for.
 TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
   struct Want {
     int dqk, dv;
@@ -58,6 +59,9 @@ TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
            {64, 64, false, "sm_90a", kMma, "backward bf16 qk64 v64 mma tile64x64w4s2 sm_90a"},
            {128, 128, false, "sm_80", kAuto, "backward bf16 qk128 v128 mma tile64x128w8s2 sm_80"},
            {64, 128, false, "sm_90a", kAuto, "backward bf16 qk64 v128 mma tile64x128w8s2 sm_90a"},
+           // above QK 192 the deterministic kernels, measured faster (bwd_prefers_separate_dq)
+           {192, 192, false, "sm_90a", kAuto, "backward bf16 qk192 v192 mma tile64x128w8s2 sm_90a"},
+           {256, 256, false, "sm_90a", kAuto, "backward bf16 qk256 v256 mma tile64x64w4s2 sm_90a deterministic"},
        }) {
     fa::Options o = opts(w.dqk, w.dv);
     o.arch = w.arch, o.family = w.forward;

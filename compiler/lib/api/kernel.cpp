@@ -339,12 +339,15 @@ struct Kernel::Impl {
     return *slot;
   }
 
+  // The backward kernels; `deterministic` false still gives the deterministic ones where they
+  // are the faster (bwd_prefers_separate_dq): callers launch by the spec's flag.
   const Compiled& backward_kernel(bool deterministic = false) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
+    const Program& p = mask.program();
+    KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kBackward);
+    if (!deterministic && bwd_prefers_separate_dq(spec.resolved(!p.score_is_identity()))) deterministic = true;
     std::unique_ptr<Compiled>& slot = bwd[deterministic ? 1 : 0];
     if (!slot) {
-      const Program& p = mask.program();
-      KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kBackward);
       spec.deterministic = deterministic;
       slot = std::make_unique<Compiled>(compile_generated(
           generate(p, spec), fwd.options.line_info,
@@ -533,6 +536,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   FaGradBuffers grads = grad_buffers_of(program(), capture_slots(), captures, options.buffer_grads);
   const Compiled& b = impl_->backward_kernel(options.deterministic);
   const KernelSpec& s = b.gen.spec;
+  const bool det = s.deterministic;  // asked for, or the faster at these head dims
   const float scale = check_call(s, "backward", shape, mask, options.scale);
 
   rt::ContextGuard guard;
@@ -540,14 +544,14 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   CUfunction pre = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_pre");
   CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
   CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin,
-                                       b.gen.kernel_name + (options.deterministic ? "_dq_det" : "_dq"));
+                                       b.gen.kernel_name + (det ? "_dq_det" : "_dq"));
   const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
-  const size_t accum_floats = options.deterministic ? 0 : rows * size_t(shape.dim_qk);
+  const size_t accum_floats = det ? 0 : rows * size_t(shape.dim_qk);
   StreamScratch scratch((delta_floats + accum_floats) * sizeof(float), st,
                         "the backward's fp32 scratch (delta, dQ accumulator)");
   float* delta = scratch.f32();
-  float* dq_accum = options.deterministic ? nullptr : delta + delta_floats;
+  float* dq_accum = det ? nullptr : delta + delta_floats;
   const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, options.dlse};
   FaBwdParams p = rt::make_bwd_params(t, scale, mask, delta, dq_accum);
 
@@ -572,7 +576,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
       rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),
                static_cast<unsigned>(shape.batch * shape.heads_kv), static_cast<unsigned>(bwd_dkdv_parts(s))),
       rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st, main_args);
-  if (options.deterministic) {
+  if (det) {
     void* det_args[] = {&p, cap.data()};
     rt::launch(dq_fn,
                rt::Dim3(static_cast<unsigned>((shape.len_q + s.tile.block_m - 1) / s.tile.block_m), bh_q),

@@ -45,6 +45,14 @@ inline int bwd_dkdv_parts(const KernelSpec& s) {
              ? 2
              : 1;
 }
+// Whether a backward not asked to be deterministic still takes the deterministic kernels (dQ
+// in its own kernel over the KV tables, no fp32 reductions from the dK/dV kernel): where that is
+// measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (the wgmma backward takes 64 and 128
+// only): QK 256 full 24.5 vs 35.3 ms (the dK + dQ part's reductions of 256 columns), 192 13.9 vs
+// 12.7 (reductions win).
+inline bool bwd_prefers_separate_dq(const KernelSpec& s) {
+  return s.kind == KernelKind::kBackward && s.family == KernelFamily::kMmaSync && s.head_dim_qk > 192;
+}
 // Rows per CTA of the preprocess (V rows) and dQ-conversion (QK rows) kernels: a power of two
 // lanes per row, one 16-byte chunk each (BwdConfig::kPreRows / kDqRows).
 inline int bwd_aux_rows(int head_dim) {
