@@ -101,9 +101,7 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
   s.head_dim_qk = o.head_dim_qk;
   s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim_qk;
   s.arch = o.arch.empty() ? "sm_90a" : o.arch;
-  s.family = o.family == "wgmma" ? fa::KernelFamily::kWgmma
-             : o.family == "mma" ? fa::KernelFamily::kMmaSync
-                                 : fa::KernelFamily::kAuto;
+  s.family = fajit_cli::kernel_family(o.family);
   s.layout = o.layout == "ragged"  ? fa::SequenceLayout::kRagged
              : o.layout == "paged" ? fa::SequenceLayout::kPaged
                                    : fa::SequenceLayout::kDense;

@@ -317,15 +317,19 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
 
 }  // namespace
 
+fa::KernelFamily kernel_family(const std::string& name) {
+  return name == "wgmma" ? fa::KernelFamily::kWgmma
+         : name == "mma" ? fa::KernelFamily::kMmaSync
+                         : fa::KernelFamily::kAuto;
+}
+
 int run_variant(const RunOptions& o) {
   fa::Options copts;
   copts.dtype = o.dtype;
   const int DQK = o.head_dim, DV = o.head_dim_v ? o.head_dim_v : o.head_dim;
   copts.head_dim_qk = DQK;
   copts.head_dim_v = DV;
-  copts.family = o.kernel == "mma"     ? fa::KernelFamily::kMmaSync
-                 : o.kernel == "wgmma" ? fa::KernelFamily::kWgmma
-                                       : fa::KernelFamily::kAuto;
+  copts.family = kernel_family(o.kernel);
   if (!o.tile.empty()) {
     fa::TileConfig& t = copts.tile;
     char end = 0;

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "fajit/kernel_spec.h"
 #include "fajit/tensor.h"
 
 namespace fajit_cli {
@@ -17,14 +18,17 @@ struct RunOptions {
   std::string path = "auto";
   int splits = 0;
   bool varlen = false;
-  int page_size = 0;      // 0: contiguous K/V
-  bool no_check = false;  // time only (shapes too large for the float64 reference)
+  int page_size = 0;            // 0: contiguous K/V
+  bool no_check = false;        // time only (shapes too large for the float64 reference)
   std::string kernel = "auto";  // forward family: auto, mma or wgmma
   std::string tile;             // forward tile "MxNwWsS" (e.g. 128x64w12s3); "": the default
   bool layouts() const {
     return len_q || len_kv || heads_kv || path != "auto" || splits || varlen || page_size;
   }
 };
+
+// The kernel family a --kernel value names: "mma", "wgmma", else auto.
+fa::KernelFamily kernel_family(const std::string& name);
 
 // Compile, run on random data, check against the float64 reference, time (the backward too
 // with `backward`: every gradient checked). 0 = OK or no GPU.

@@ -297,7 +297,8 @@ struct Kernel::Impl {
   MaskBuilder mask;
   Compiled fwd;
   std::mutex bwd_mutex;
-  std::unique_ptr<Compiled> bwd[2];  // the backward kernels (atomic dQ, deterministic), on first use
+  std::unique_ptr<Compiled> bwd[2];       // the backward kernels (atomic dQ, deterministic), on first use
+  const Compiled* bwd_default = nullptr;  // what a backward not asked to be deterministic runs
   // On first use, per sequence layout (dense, ragged, paged): the split-KV decoding kernels,
   // and the ragged / paged prefill kernels (mma.sync; the dense one is fwd).
   std::unique_ptr<Compiled> dec[3];
@@ -340,19 +341,20 @@ struct Kernel::Impl {
   }
 
   // The backward kernels; `deterministic` false still gives the deterministic ones where they
-  // are the faster (bwd_prefers_separate_dq): callers launch by the spec's flag.
+  // are the faster (bwd_prefers_separate_dq, decided once): callers launch by the spec's flag.
   const Compiled& backward_kernel(bool deterministic = false) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
+    if (const Compiled* known = deterministic ? bwd[1].get() : bwd_default) return *known;
     const Program& p = mask.program();
     KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kBackward);
-    if (!deterministic && bwd_prefers_separate_dq(spec.resolved(!p.score_is_identity()))) deterministic = true;
-    std::unique_ptr<Compiled>& slot = bwd[deterministic ? 1 : 0];
-    if (!slot) {
-      spec.deterministic = deterministic;
+    const bool asked = deterministic;
+    spec.deterministic = deterministic || bwd_prefers_separate_dq(spec.resolved(!p.score_is_identity()));
+    std::unique_ptr<Compiled>& slot = bwd[spec.deterministic ? 1 : 0];
+    if (!slot)
       slot = std::make_unique<Compiled>(compile_generated(
           generate(p, spec), fwd.options.line_info,
           fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
-    }
+    if (!asked) bwd_default = slot.get();
     return *slot;
   }
 };
@@ -543,8 +545,7 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   const CUstream st = reinterpret_cast<CUstream>(stream);
   CUfunction pre = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_pre");
   CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
-  CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin,
-                                       b.gen.kernel_name + (det ? "_dq_det" : "_dq"));
+  CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + (det ? "_dq_det" : "_dq"));
   const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
   const size_t accum_floats = det ? 0 : rows * size_t(shape.dim_qk);

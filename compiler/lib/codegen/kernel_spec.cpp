@@ -14,11 +14,10 @@ namespace {
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-// The forward (forward_sm90.cuh) takes every head dim (multiples of 8 up to 256, rows padded to
+// The forward (forward_sm90.cuh) takes every head dim resolved() accepts (rows padded to
 // 64-column swizzle blocks); the backward (backward_sm90.cuh) 64 or 128, equal.
 bool wgmma_takes(int dqk, int dv, KernelKind kind) {
-  if (kind == KernelKind::kBackward) return dqk == dv && (dqk == 64 || dqk == 128);
-  return dqk <= kMaxHeadDim && dv <= kMaxHeadDim;
+  return kind != KernelKind::kBackward || (dqk == dv && (dqk == 64 || dqk == 128));
 }
 
 // The Hopper forward's tiles in order of preference (resolved() takes the first that fits):
@@ -99,12 +98,11 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   const bool wgmma_dims = wgmma_takes(s.head_dim_qk, s.head_dim_v, s.kind);
   if (s.family == KernelFamily::kWgmma) {
     if (s.arch != "sm_90a") throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
-    if (!wgmma_dims)
+    if (!wgmma_dims)  // the backward only: the forward takes every head dim
       throw Error(fmt::format(
-          "the wgmma {} kernel takes head dims {}, got head_dim_qk={} head_dim_v={}; the mma.sync kernel "
-          "takes them (leave the family on auto)",
-          s.kind == KernelKind::kBackward ? "backward" : "forward",
-          s.kind == KernelKind::kBackward ? "64 or 128, equal" : "up to 256", s.head_dim_qk, s.head_dim_v));
+          "the wgmma backward kernel takes head dims 64 or 128, equal, got head_dim_qk={} head_dim_v={}; the "
+          "mma.sync kernel takes them (leave the family on auto)",
+          s.head_dim_qk, s.head_dim_v));
   }
   // The tile the spec resolves to, checked against the arch's shared memory (a default tile
   // falls back to smaller ones first).
