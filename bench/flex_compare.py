@@ -91,6 +91,10 @@ class Fajit:
         lib.fajit_kernel_forward.restype = ctypes.c_int
         lib.fajit_kernel_forward.argtypes = [vp, T, T, T, T, T, ctypes.c_float, vp,
                                              ctypes.POINTER(FajitCaptures), vp]
+        self.has_autotune = hasattr(lib, "fajit_kernel_autotune_report")  # older baselines lack it
+        if self.has_autotune:
+            lib.fajit_kernel_autotune_report.restype = ctypes.c_char_p
+            lib.fajit_kernel_autotune_report.argtypes = [vp]
         self.lib = lib
 
     def check(self, status, what):
@@ -313,8 +317,12 @@ def setup_fajit(fj, case, q, k, v, B, H, S, D, doc_ids, stream):
         if st != 0:
             fj.check(st, "fajit_kernel_forward")
 
-    fajit_fn()
+    t0 = time.perf_counter()
+    fajit_fn()  # the first call of a shape autotunes (unless FAJIT_AUTOTUNE=0)
     torch.cuda.synchronize()
+    info["first_call_s"] = time.perf_counter() - t0
+    if fj.has_autotune:
+        info["tune"] = fj.lib.fajit_kernel_autotune_report(kern).decode().strip()
     return fajit_fn, o.clone(), info, (kern, bm)
 
 
@@ -355,6 +363,8 @@ def run_case(fj, base, flex, case, B, H, S, D, args, device_name):
     for name, lib in (("fajit", fj), ("base", base)):
         if lib is None:
             continue
+        if args.autotune_ab:  # one library: tuned ("fajit") against the defaults ("base")
+            os.environ["FAJIT_AUTOTUNE"] = "1" if name == "fajit" else "0"
         try:
             fn, out, info, handles = setup_fajit(lib, case, q, k, v, B, H, S, D, doc_ids, stream)
             kernels.append((lib, handles))
@@ -463,6 +473,14 @@ def run_case(fj, base, flex, case, B, H, S, D, args, device_name):
     return row
 
 
+def tune_choice(report):
+    """'tuned wgmma 128x128w12s3' from an autotune report line ('-' when nothing was tuned)."""
+    if not report:
+        return "-"
+    line = report.splitlines()[0]
+    return line.split(": ", 1)[-1].split(" (")[0].split(" on ")[0]
+
+
 COLUMNS = [
     ("case", lambda r: r["case"]),
     ("B×H×S", lambda r: f"{r['B']}×{r['H']}×{r['S']}"),
@@ -485,6 +503,7 @@ COLUMNS = [
     ("fajit mask ms cold/warm", lambda r: f"{r['bm_cold_ms']:.1f} / {r['bm_ms']:.2f}"
      if isinstance(r["bm_ms"], float) else "-"),
     ("flex mask ms", lambda r: f"{r['flex_bm_ms']:.1f}" if isinstance(r["flex_bm_ms"], float) else "-"),
+    ("autotune", lambda r: tune_choice(r.get("tune"))),
     ("device", lambda r: r.get("device", "-")),
 ]
 
@@ -519,12 +538,19 @@ def main():
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
     ap.add_argument("--quick", action="store_true", help="full and causal at d128 only")
     ap.add_argument("--compile-only", action="store_true", help="no GPU: compile fajit variants")
+    ap.add_argument("--autotune-ab", action="store_true",
+                    help="the baseline is --lib itself with FAJIT_AUTOTUNE=0, fajit the same with it on: "
+                         "'fajit/base' is what autotuning gains")
     args = ap.parse_args()
 
     cache = tempfile.mkdtemp(prefix="fajit-cache-")
     os.environ["FAJIT_CACHE_DIR"] = cache
     fj = Fajit(os.path.abspath(args.lib))
     base = Fajit(os.path.abspath(args.baseline_lib)) if args.baseline_lib else None
+    if args.autotune_ab:
+        if base is not None:
+            sys.exit("--autotune-ab compares --lib with itself: no --baseline-lib")
+        base = fj
     cases = [c for c in args.cases.split(",") if c]
     dims = [int(d) for d in args.dims.split(",")]
     if args.quick:
@@ -576,7 +602,8 @@ def main():
                      err_sdpa="-", err_ref="-", check="CRASH", errors=[short(e, 400)])
         rows.append(r)
         extra = {k2: r.get(k2) for k2 in ("flex_compile_s", "density", "err_flex", "err_sdpa",
-                                           "err_ref", "flex_err_ref", "kept_frac", "docs", "err_base")}
+                                           "err_ref", "flex_err_ref", "kept_frac", "docs", "err_base",
+                                           "first_call_s", "tune")}
         print(f"[{time.perf_counter() - t_all:6.1f}s] {c} B{B} H{H} S{S} D{D}: "
               f"fajit {fmt_ms(r['fajit'])} ms, base {fmt_ms(r.get('base', '-'))} ms, "
               f"flex {fmt_ms(r['flex'])} ms, "

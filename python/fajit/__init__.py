@@ -142,6 +142,10 @@ class Kernel:
         """'memory', 'disk' or 'compiled'."""
         return _capi.text(self._lib.fajit_kernel_origin(self._h))
 
+    def autotune_report(self):
+        """What autotuning chose so far: one line per shape class ('' when off: FAJIT_AUTOTUNE=0)."""
+        return _capi.text(self._lib.fajit_kernel_autotune_report(self._h))
+
     def warm(self, backward=False, deterministic=False, decode=False, ragged=False, paged=False, block_mask=True):
         """Compiles now, through the caches, the kernels otherwise compiled on first use (a server
         warms them at start; no GPU needed). Returns how many kernels the variant has, the

@@ -105,6 +105,7 @@ _SIGNATURES = {
     "fajit_kernel_mlir": (C.c_char_p, [_P]),
     "fajit_kernel_cache_key": (C.c_char_p, [_P]),
     "fajit_kernel_origin": (C.c_char_p, [_P]),
+    "fajit_kernel_autotune_report": (C.c_char_p, [_P]),
     "fajit_kernel_warm": (C.c_int, [_P, C.c_uint, C.POINTER(C.c_int)]),
     "fajit_kernel_block_mask_sized": (C.c_int, [_P, C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int,
                                                 _PC, _P, C.POINTER(_P)]),

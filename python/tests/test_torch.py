@@ -303,6 +303,31 @@ def test_runtime_scalar_changes_without_recompiling():
 
 
 @needs_gpu
+def test_autotuned_forward_matches_and_reports_its_choice(monkeypatch):
+    import random
+
+    import fajit.torch as ft
+
+    B, H, L, D = 2, 4, 1000, 128
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=5)
+    shift = 0.25 + random.random()  # a variant no earlier run tuned (its choice would be stored)
+
+    def shifted(score, b, h, q_idx, kv_idx):
+        return score + shift
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    monkeypatch.setenv("FAJIT_AUTOTUNE", "1")  # read when the kernel is compiled
+    block_mask = ft.create_block_mask(causal, 1, 1, L, L)
+    out = ft.flex_attention(q, k, v, score_mod=shifted, block_mask=block_mask)
+    ref, _, _ = _reference(q, k, v, shifted, causal)
+    _close(out, ref, "autotuned out", TOL[torch.bfloat16])
+    reports = [kern.autotune_report() for kern in ft._KERNELS.values()]
+    assert any("bh8 q1024 kv1024 blk128x128: tuned" in r for r in reports), reports
+
+
+@needs_gpu
 def test_inside_torch_compile_fullgraph():
     import torch._dynamo.testing
 

@@ -162,3 +162,14 @@ void synchronize(CUstream stream) {
 }
 
 }  // namespace fa::rt
+
+namespace fa::rt {
+
+bool stream_is_capturing(CUstream stream) {
+  ContextGuard guard;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  FA_CU(cuStreamIsCapturing, stream, &status);
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+}  // namespace fa::rt

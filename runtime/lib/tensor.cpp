@@ -241,4 +241,26 @@ AttentionShape validate_attention_backward(const TensorView& q, const TensorView
   return s;
 }
 
+namespace {
+// [first, last] byte addresses a view touches; false when it is empty.
+bool byte_span(const TensorView& t, uintptr_t& first, uintptr_t& last) {
+  if (t.data == nullptr || t.rank == 0 || t.numel() == 0) return false;
+  int64_t lo = 0, hi = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    const int64_t reach = (t.shape[d] - 1) * t.stride[d];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const int64_t size = static_cast<int64_t>(dtype_size(t.dtype));
+  first = reinterpret_cast<uintptr_t>(t.data) + lo * size;
+  last = reinterpret_cast<uintptr_t>(t.data) + hi * size + size - 1;
+  return true;
+}
+}  // namespace
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  uintptr_t a0, a1, b0, b1;
+  if (!byte_span(a, a0, a1) || !byte_span(b, b0, b1)) return false;
+  return a0 <= b1 && b0 <= a1;
+}
+
 }  // namespace fa

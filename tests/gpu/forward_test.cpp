@@ -47,6 +47,8 @@ struct FwdCase {
   fa::ForwardPath path = fa::ForwardPath::kAuto;  // auto: the decoding kernel for Lq <= 64
   int splits = 0;                                 // decoding: 0 = the host's choice
   bool cp_async_kv = false;  // FAJIT_TMA=0: the Hopper forward's producer copies K/V with cp.async
+  bool autotune = false;     // Options::autotune (off elsewhere: the measured defaults under test)
+  float salt = 0.0f;         // != 0: score_mod + salt, a variant of its own (a cache key no run saw)
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -58,6 +60,7 @@ struct FwdCase {
   fa::Options options() const {
     fa::Options o;
     o.dtype = dtype, o.head_dim_qk = dqk, o.head_dim_v = dv, o.tile = tile, o.family = family;
+    o.autotune = autotune;
     return o;
   }
 };
@@ -198,6 +201,13 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       with({"relative_bias", bf16, 128, 128, 1, 2, 1, 4097, 17}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      // Autotuned (Options::autotune): the first launch times the candidates on these tensors,
+      // then the chosen one writes O (checked like every case).
+      with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "autotune", [](FwdCase& c) { c.autotune = true; }),
+      with({"document_softcap", f16, 64, 64, 1, 4, 1, 4097, 4097}, "autotune",
+           [](FwdCase& c) { c.autotune = true; }),
+      with({"sliding", bf16, 256, 256, 1, 2, 2, 1000, 777, 100}, "autotune",
+           [](FwdCase& c) { c.autotune = true; }),
   };
   return all;
 }
@@ -228,7 +238,11 @@ std::shared_ptr<Prepared> prepare(const FwdCase& c) {
   auto t0 = std::chrono::steady_clock::now();
   auto p = std::make_shared<Prepared>();
   const Variant& var = variant(c.variant);
-  p->kernel.emplace(fa::compile(var.score(), var.mask(), c.options()));
+  fa::ScoreMod score = var.score();
+  if (c.salt != 0.0f)  // a constant shift: the same O, the LSE moved by salt, a new cache key
+    score.fn = [inner = score.fn, salt = c.salt](fa::Score s, fa::Index b, fa::Index h, fa::Index q,
+                                                 fa::Index kv) { return inner(s, b, h, q, kv) + fa::Score(salt); };
+  p->kernel.emplace(fa::compile(score, var.mask(), c.options()));
   p->compile_s = seconds_since(t0);
 
   std::mt19937 rng(static_cast<uint32_t>(fnv1a(c.name())));
@@ -551,6 +565,144 @@ TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
   EXPECT_GT(diff, 1e-2);
   std::printf("[ stats    ] window 7: rel %.2e row %.2e; window 300: rel %.2e row %.2e\n", s7.rel, s7.row_rel,
               s300.rel, s300.row_rel);
+}
+
+// ---- autotuning (Options::autotune) ---------------------------------------------------------
+
+// Every configuration autotuning may pick is right: each candidate compiled explicitly and
+// checked like a case.
+class AutotuneCandidates : public ::testing::TestWithParam<FwdCase> {};
+
+TEST_P(AutotuneCandidates, EachMatchesTheReference) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const FwdCase& c = GetParam();
+  std::shared_ptr<Prepared> p = start(c).get();
+  const bool has_score_mod = !p->kernel->program().score_is_identity();
+  const std::vector<fa::KernelSpec> specs = fa::forward_tune_candidates(p->kernel->spec(), has_score_mod);
+  EXPECT_GE(specs.size(), 2u);
+  for (const fa::KernelSpec& spec : specs) {
+    SCOPED_TRACE(spec.to_string());
+    FwdCase e = c;
+    e.family = spec.family, e.tile = spec.tile;
+    const fa::Kernel k = fa::compile(p->kernel->program(), e.options());
+    EXPECT_EQ(k.spec(), spec);
+    const Stats s = launch_and_check(e, k, *p, p->mask, p->captures, p->ref);
+    std::printf("[ stats    ] %s: rel %.2e row %.2e lse %.2e\n", spec.to_string().c_str(), s.rel, s.row_rel,
+                s.lse_err);
+    expect_good(e, s);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AutotuneCandidates,
+                         ::testing::Values(FwdCase{"causal_alibi", bf16, 128, 128, 1, 4, 2, 1000, 777},
+                                           FwdCase{"document_softcap", f16, 64, 64, 1, 4, 1, 1000, 1000},
+                                           FwdCase{"sliding", bf16, 80, 80, 2, 2, 1, 1000, 1000, 100},
+                                           FwdCase{"prefix_lm", f16, 192, 128, 1, 2, 2, 1000, 1000, 300},
+                                           FwdCase{"padding", bf16, 256, 256, 1, 2, 1, 777, 1000, 333}),
+                         [](const ::testing::TestParamInfo<FwdCase>& i) { return i.param.name(); });
+
+// A variant no earlier run has tuned (its choice would be in the cache directory already).
+float fresh_salt() {
+  static std::mt19937 rng(std::random_device{}());
+  return 0.5f + float(rng() % 1000000) * 1e-6f;
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    value ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(Autotune, ChoosesOncePerShapeClassAndFindsTheChoiceAgainInTheCache) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  FwdCase c{"causal", bf16, 128, 128, 2, 8, 2, 2048, 2048};
+  c.autotune = true, c.salt = fresh_salt();
+  std::shared_ptr<Prepared> p = prepare(c);
+  const fa::Kernel& k = *p->kernel;
+  ASSERT_TRUE(k.autotunes());
+  expect_good(c, launch_and_check(c, k, *p, p->mask, p->captures, p->ref));
+  const std::vector<fa::TuneRecord> r = k.tune_records();
+  ASSERT_EQ(r.size(), 1u);
+  std::printf("[ autotune ] %s\n", fa::to_string(r[0]).c_str());
+  EXPECT_EQ(r[0].origin, fa::TuneRecord::Origin::kTuned);
+  EXPECT_EQ(r[0].shape_class, "bh16 q2048 kv2048 blk128x128");
+  const std::vector<fa::KernelSpec> specs = fa::forward_tune_candidates(k.spec(), true);
+  EXPECT_EQ(r[0].timed.size(), specs.size()) << "every candidate compiled, launched and timed";
+  EXPECT_NE(std::find(specs.begin(), specs.end(), r[0].chosen), specs.end());
+  for (const auto& [spec, ms] : r[0].timed) EXPECT_GT(ms, 0.0f) << spec.to_string();
+  // The timing budget is 200 ms plus one launch of each candidate (tens of microseconds here).
+  EXPECT_LT(r[0].time_s, 0.5);
+
+  // The same class again: the choice stands, nothing is timed.
+  expect_good(c, launch_and_check(c, k, *p, p->mask, p->captures, p->ref));
+  EXPECT_EQ(k.tune_records().size(), 1u);
+  // A second Kernel of the variant (a new process would read the same record from disk).
+  const fa::Kernel again = fa::compile(k.program(), c.options());
+  expect_good(c, launch_and_check(c, again, *p, p->mask, p->captures, p->ref));
+  const std::vector<fa::TuneRecord> r2 = again.tune_records();
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_EQ(r2[0].origin, fa::TuneRecord::Origin::kStored);
+  EXPECT_EQ(r2[0].chosen, r[0].chosen);
+  EXPECT_EQ(r2[0].device, r[0].device);
+}
+
+TEST(Autotune, NotTimedWhenOffWhenOHoldsAnInputOrWhileAGraphIsCaptured) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  FwdCase c{"causal", bf16, 64, 64, 1, 4, 4, 1000, 1000};
+  c.autotune = true, c.salt = fresh_salt();
+  std::shared_ptr<Prepared> p = prepare(c);
+  {
+    ScopedEnv env("FAJIT_AUTOTUNE", "0");
+    fa::Options o = c.options();
+    o.autotune.reset();
+    const fa::Kernel off = fa::compile(p->kernel->program(), o);
+    EXPECT_FALSE(off.autotunes());
+    expect_good(c, launch_and_check(c, off, *p, p->mask, p->captures, p->ref));
+    EXPECT_TRUE(off.tune_records().empty());
+  }
+  fa::rt::ContextGuard guard;
+  fa::rt::DeviceBuffer d_in(p->in_bits.size() * 2);
+  d_in.upload(p->in_bits.data(), p->in_bits.size() * 2);
+  auto* base = d_in.as<uint16_t>();
+  auto view = [&](const Operand& o, int H, int L, int D) {
+    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D}, {o.stride[0], o.stride[1], o.stride[2], 1});
+  };
+  const fa::TensorView q = view(p->q, c.Hq, c.Lq, c.dqk), k = view(p->k, c.Hkv, c.Lkv, c.dqk),
+                       v = view(p->v, c.Hkv, c.Lkv, c.dv);
+  fa::rt::DeviceBuffer d_o(size_t(c.B) * c.Hq * c.Lq * c.dv * 2);
+  const fa::TensorView o(d_o.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
+  // O in Q's memory: timing would run the kernel on its own output.
+  p->kernel->forward(q, k, v, q, p->mask, p->captures);
+  fa::rt::synchronize(nullptr);
+  EXPECT_TRUE(p->kernel->tune_records().empty());
+  d_in.upload(p->in_bits.data(), p->in_bits.size() * 2);  // Q again
+
+  // Captured into a graph: no synchronization is allowed, the default kernel is captured.
+  CUstream stream = nullptr;
+  FA_CU(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);
+  FA_CU(cuStreamBeginCapture, stream, CU_STREAM_CAPTURE_MODE_RELAXED);
+  p->kernel->forward(q, k, v, o, p->mask, p->captures, {}, reinterpret_cast<fa::Stream>(stream));
+  CUgraph graph = nullptr;
+  FA_CU(cuStreamEndCapture, stream, &graph);
+  ASSERT_NE(graph, nullptr);
+  FA_CU(cuGraphDestroy, graph);
+  EXPECT_TRUE(p->kernel->tune_records().empty());
+  FA_CU(cuStreamDestroy, stream);
+
+  // An ordinary call of the same class then tunes it.
+  expect_good(c, launch_and_check(c, *p->kernel, *p, p->mask, p->captures, p->ref));
+  const std::vector<fa::TuneRecord> r = p->kernel->tune_records();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].origin, fa::TuneRecord::Origin::kTuned);
+  std::printf("[ autotune ] %s\n", fa::to_string(r[0]).c_str());
 }
 
 }  // namespace

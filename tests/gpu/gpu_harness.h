@@ -30,6 +30,10 @@
 
 namespace fa_gpu_test {
 
+// The GPU tests check the measured default kernels; autotuning has tests of its own
+// (forward_test.cpp, Options::autotune explicit). A FAJIT_AUTOTUNE the caller set wins.
+inline const bool g_autotune_off_by_default = [] { return setenv("FAJIT_AUTOTUNE", "0", 0) == 0; }();
+
 // ---- host 16-bit conversions: fajit/runtime/half.h (round to nearest even, as the reference
 // must see the exact values the GPU reads), with the tests' argument order ---------------------
 inline uint16_t to_bits(fa::DType t, float f) { return fa::to_bits(f, t); }

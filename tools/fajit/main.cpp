@@ -371,6 +371,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--tile", run.tile,
                       "forward tile MxNwWsS (e.g. 128x64w12s3; wgmma: one of its list for the head dims, "
                       "with --kernel wgmma); default: per head dims");
+  run_cmd
+      ->add_option("--autotune", run.autotune,
+                   "time the forward's candidate tiles on first use of a shape and keep the fastest: env "
+                   "(on unless FAJIT_AUTOTUNE=0), on or off")
+      ->check(CLI::IsMember({"env", "on", "off"}));
   run_cmd->add_flag("--no-check", run.no_check,
                     "skip the float64 reference, forward and backward (timing shapes too large for it)");
   run_cmd->add_flag(

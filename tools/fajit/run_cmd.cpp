@@ -239,6 +239,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   fa::rt::synchronize(nullptr);
   const double first_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  for (const fa::TuneRecord& r : k.tune_records()) std::cout << "autotune: " << fa::to_string(r) << "\n";
   std::vector<uint16_t> out(size_t(tq) * Hq * DV);
   std::vector<float> lse(size_t(tq) * Hq);
   dout.download(out.data(), out.size() * 2);
@@ -330,6 +331,7 @@ int run_variant(const RunOptions& o) {
   copts.head_dim_qk = DQK;
   copts.head_dim_v = DV;
   copts.family = kernel_family(o.kernel);
+  if (o.autotune != "env") copts.autotune = o.autotune == "on";
   if (!o.tile.empty()) {
     fa::TileConfig& t = copts.tile;
     char end = 0;
@@ -388,6 +390,7 @@ int run_variant(const RunOptions& o) {
   fo.lse = &tl;
   k.forward(tq, tk, tv, to, mask, cap, fo);
   fa::rt::synchronize(nullptr);
+  for (const fa::TuneRecord& r : k.tune_records()) std::cout << "autotune: " << fa::to_string(r) << "\n";
   std::vector<uint16_t> out(n_v);
   std::vector<float> lse(rows);
   dout.download(out.data(), bytes_v);

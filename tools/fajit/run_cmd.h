@@ -22,6 +22,7 @@ struct RunOptions {
   bool no_check = false;        // time only (shapes too large for the float64 reference)
   std::string kernel = "auto";  // forward family: auto, mma or wgmma
   std::string tile;             // forward tile "MxNwWsS" (e.g. 128x64w12s3); "": the default
+  std::string autotune = "env";  // the dense forward's autotuning: env ($FAJIT_AUTOTUNE), on or off
   bool layouts() const {
     return len_q || len_kv || heads_kv || path != "auto" || splits || varlen || page_size;
   }

@@ -88,6 +88,10 @@ FA_API const char* fajit_kernel_cache_key(const fajit_kernel* kernel);
 /* "memory", "disk" or "compiled". */
 FA_API const char* fajit_kernel_origin(const fajit_kernel* kernel);
 FA_API const void* fajit_kernel_cubin(const fajit_kernel* kernel, size_t* size);
+/* What autotuning chose so far (fa::Options::autotune; $FAJIT_AUTOTUNE=0 turns it off): one
+   line per shape class, "" when nothing was tuned or tuning is off. Owned by the kernel, valid
+   until the next call of this function on it. */
+FA_API const char* fajit_kernel_autotune_report(fajit_kernel* kernel);
 /* PTX, compiled on first request; owned by the kernel. */
 FA_API fajit_status fajit_kernel_ptx(fajit_kernel* kernel, const char** ptx);
 

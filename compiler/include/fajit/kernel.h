@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -34,7 +35,35 @@ struct Options {
   TileConfig tile;  // default: per head dims; with kWgmma one of its list (kernel_spec.h)
   std::string arch;                           // "" = the current GPU's; sm_90a when there is no GPU
   bool line_info = false;                     // NVRTC -lineinfo (for profilers)
+  // Autotuning of the dense forward (family kAuto and the default tile only): the first
+  // forward call of each shape class (B x Hq, Lq, Lkv rounded up to powers of two, the mask's
+  // block sizes) on a device compiles the candidates of fa::forward_tune_candidates (in
+  // parallel, through the cache), times them on the call's own tensors for about 200 ms in
+  // all, and runs the fastest from then on (the default unless another is >= 2 % faster). The
+  // choice is kept in the cache directory beside the cubins, keyed by variant, device name and
+  // shape class, so later processes skip the timing. That first call synchronizes its stream;
+  // a stream being captured into a CUDA graph, or O overlapping Q/K/V, is not tuned (the
+  // default runs). Unset: on unless $FAJIT_AUTOTUNE is "0" (read by fa::compile).
+  std::optional<bool> autotune;
 };
+
+// What autotuning chose for one shape class (Kernel::tune_records).
+struct TuneRecord {
+  enum class Origin : uint8_t {
+    kTuned,   // timed in this process
+    kStored,  // read from the cache (this process's or an earlier one's)
+    kSkipped  // not timed (one launch alone would overrun the budget): the default, kept as if tuned
+  };
+  std::string shape_class;  // "bh64 q4096 kv4096 blk128x128"
+  std::string device;       // the device name the choice was made on
+  KernelSpec chosen;
+  Origin origin = Origin::kTuned;
+  std::vector<std::pair<KernelSpec, float>> timed;  // kTuned: each candidate's ms per launch
+  double compile_s = 0, time_s = 0;                 // kTuned: compiling the candidates, timing them
+};
+// One line: "bh64 q4096 kv4096 blk128x128: tuned wgmma 128x128w12s3 (wgmma 128x128w12s3 1.021 ms,
+// ..., compile 1.52 s, timing 0.18 s) on NVIDIA H200".
+FA_API std::string to_string(const TuneRecord& record);
 
 // Which kernel runs a forward call: kAuto takes the split-KV decoding kernel
 // (templates/fajit/decode.cuh) for short queries — len_q <= kDecodeMaxLenQ within one row of
@@ -138,6 +167,11 @@ class FA_API Kernel {
   // time). fa::Error as the first use would throw it (e.g. a score_mod without a derivative
   // and `backward`).
   WarmReport warm(const WarmOptions& options = {}) const;
+
+  // What autotuning chose so far, one record per shape class, in the order first met (empty
+  // when autotuning is off for this kernel).
+  std::vector<TuneRecord> tune_records() const;
+  bool autotunes() const;  // whether forward calls are autotuned (Options::autotune, resolved)
 
   // The decoding kernel's generated CUDA source and spec (compiled on first request).
   const std::string& decode_cuda_source() const;

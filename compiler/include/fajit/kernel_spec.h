@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "fajit/export.h"
 #include "fajit/types.h"  // fa::DType
@@ -114,5 +115,13 @@ FA_API int head_dim_pitch(int head_dim);
 FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod,
                                KernelFamily family = KernelFamily::kMmaSync,
                                KernelKind kind = KernelKind::kForward);
+
+// The forward configurations autotuning times (fa::Options::autotune), the resolved default
+// first: on sm_90a every wgmma tile of its list that fits, then the mma.sync default and its
+// 64-row tile; elsewhere mma.sync tiles of 128 and 64 rows, the default's BLOCK_N and 32,
+// 2 and 3 stages. Each is a
+// resolved spec with family and tile set; at most kMaxTuneCandidates, none twice.
+constexpr int kMaxTuneCandidates = 8;
+FA_API std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& resolved_default, bool has_score_mod);
 
 }  // namespace fa

@@ -20,6 +20,7 @@ struct fajit_kernel {
   fa::Kernel kernel;
   std::string mlir;
   std::string ptx;
+  std::string tune_text;  // fajit_kernel_autotune_report
 };
 
 struct fajit_block_mask {
@@ -279,7 +280,7 @@ fajit_status fajit_compile_mlir(const char* mlir_text, const fajit_options* opti
     require(mlir_text, "mlir_text");
     require(out, "out");
     fa::Program p = fa::Program::parse(mlir_text, "<fajit_compile_mlir>");
-    *out = new fajit_kernel{fa::compile(p, to_options(options)), p.to_mlir(), {}};
+    *out = new fajit_kernel{fa::compile(p, to_options(options)), p.to_mlir(), {}, {}};
   });
 }
 
@@ -291,7 +292,7 @@ fajit_status fajit_compile_preset(const char* mask_preset, const char* score_pre
     fa::ScoreMod s =
         score_preset && *score_preset ? fa::mods::score_preset(score_preset).mod : fa::identity_score();
     fa::Program p = fa::trace(s, m);
-    *out = new fajit_kernel{fa::compile(p, to_options(options)), p.to_mlir(), {}};
+    *out = new fajit_kernel{fa::compile(p, to_options(options)), p.to_mlir(), {}, {}};
   });
 }
 
@@ -349,7 +350,7 @@ fajit_status fajit_compile_program(const fajit_program* p, const fajit_options* 
   return guarded([&] {
     require(p, "program");
     require(out, "out");
-    *out = new fajit_kernel{fa::compile(p->program, to_options(options)), p->mlir, {}};
+    *out = new fajit_kernel{fa::compile(p->program, to_options(options)), p->mlir, {}, {}};
   });
 }
 
@@ -383,6 +384,13 @@ const char* fajit_kernel_cuda_source(const fajit_kernel* k) {
 const char* fajit_kernel_mlir(const fajit_kernel* k) { return k ? k->mlir.c_str() : ""; }
 const char* fajit_kernel_cache_key(const fajit_kernel* k) { return k ? k->kernel.cache_key().c_str() : ""; }
 const char* fajit_kernel_origin(const fajit_kernel* k) { return k ? fa::to_string(k->kernel.origin()) : ""; }
+
+const char* fajit_kernel_autotune_report(fajit_kernel* k) {
+  if (!k) return "";
+  k->tune_text.clear();
+  for (const fa::TuneRecord& r : k->kernel.tune_records()) k->tune_text += fa::to_string(r) + "\n";
+  return k->tune_text.c_str();
+}
 
 const void* fajit_kernel_cubin(const fajit_kernel* k, size_t* size) {
   if (!k) return nullptr;

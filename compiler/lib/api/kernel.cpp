@@ -1,6 +1,9 @@
 // fa::compile / fa::Kernel: trace -> codegen -> cache/NVRTC -> launch.
 #include "fajit/kernel.h"
 
+#include "autotune.h"
+#include "compiled.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,25 +28,7 @@
 
 namespace fa {
 
-namespace {
-
-std::string resolve_arch(const std::string& requested) {
-  if (!requested.empty()) return jit::validate_arch(requested);
-  if (rt::cuda_available()) {
-    rt::ContextGuard guard;
-    const rt::DeviceInfo& d = rt::current_device_info();
-    return jit::arch_for_device(d.cc_major, d.cc_minor);
-  }
-  return "sm_90a";
-}
-
-struct Compiled {
-  GeneratedKernel gen;
-  std::string key;
-  std::shared_ptr<const jit::Entry> entry;
-  CacheOrigin origin = CacheOrigin::kCompiled;
-  jit::CompileOptions options;
-};
+namespace detail {
 
 Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view what) {
   Compiled c;
@@ -61,6 +46,23 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   c.options = req.options;
   c.gen = std::move(gen);
   return c;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Compiled;
+using detail::compile_generated;
+
+std::string resolve_arch(const std::string& requested) {
+  if (!requested.empty()) return jit::validate_arch(requested);
+  if (rt::cuda_available()) {
+    rt::ContextGuard guard;
+    const rt::DeviceInfo& d = rt::current_device_info();
+    return jit::arch_for_device(d.cc_major, d.cc_minor);
+  }
+  return "sm_90a";
 }
 
 // The FaCaptures block for `captures`, checked against the slots of what the mods capture.
@@ -303,6 +305,7 @@ struct Kernel::Impl {
   // and the ragged / paged prefill kernels (mma.sync; the dense one is fwd).
   std::unique_ptr<Compiled> dec[3];
   std::unique_ptr<Compiled> prefill[3];
+  std::unique_ptr<detail::ForwardTuner> tuner;  // the dense forward per shape class (made by compile)
 
   const Compiled& decode_kernel(SequenceLayout layout = SequenceLayout::kDense) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
@@ -483,22 +486,37 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     return;
   }
 
-  const Compiled& f = impl_->prefill_kernel(layout);
-  const KernelSpec& s = f.gen.spec;
-  if (!dense) check_call(s, "forward", shape, mask, options.scale);  // the mask against its tile
+  // A ragged / paged call's mask against the tile of its kernel.
+  if (!dense) check_call(impl_->prefill_kernel(layout).gen.spec, "forward", shape, mask, options.scale);
   rt::ContextGuard guard;
-  CUfunction fn = rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name);
-  FaFwdParams p = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
-  const TileConfig& t = s.tile;
-  unsigned grid_x = static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m);
-  unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);
-  unsigned smem = static_cast<unsigned>(s.smem_bytes());
-  // The Hopper kernel takes K and V as TMA tensor maps (a third, __grid_constant__ parameter).
-  FaTmaPair maps{};
-  void* args[] = {&p, cap.data(), &maps};
-  if (s.family == KernelFamily::kWgmma) maps = rt::make_tma_pair(k, v, t.block_n);
-  rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem,
-             reinterpret_cast<CUstream>(stream), args);
+  const CUstream st = reinterpret_cast<CUstream>(stream);
+  const FaFwdParams params = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
+  auto launch = [&](const Compiled& f) {
+    const KernelSpec& s = f.gen.spec;
+    CUfunction fn = rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name);
+    FaFwdParams p = params;
+    const TileConfig& t = s.tile;
+    unsigned grid_x = static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m);
+    unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);
+    unsigned smem = static_cast<unsigned>(s.smem_bytes());
+    // The Hopper kernel takes K and V as TMA tensor maps (a third, __grid_constant__ parameter).
+    FaTmaPair maps{};
+    void* args[] = {&p, cap.data(), &maps};
+    if (s.family == KernelFamily::kWgmma) maps = rt::make_tma_pair(k, v, t.block_n);
+    rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem, st, args);
+  };
+  if (!dense) {
+    launch(impl_->prefill_kernel(layout));
+    return;
+  }
+  // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
+  // overlap none of the inputs, and never into a CUDA graph being captured.
+  const detail::TuneShape ts{int64_t(shape.batch) * shape.heads_q, shape.len_q, shape.len_kv, mask.q_block(),
+                             mask.kv_block()};
+  auto touches_inputs = [&](const TensorView& out) { return overlaps(out, q) || overlaps(out, k) || overlaps(out, v); };
+  const bool may_time = impl_->tuner->enabled() && !touches_inputs(o) && !(lse && touches_inputs(*lse)) &&
+                        !rt::stream_is_capturing(st);
+  launch(impl_->tuner->choose(ts, st, may_time, launch));
 }
 
 WarmReport Kernel::warm(const WarmOptions& options) const {
@@ -522,6 +540,9 @@ WarmReport Kernel::warm(const WarmOptions& options) const {
   }
   return r;
 }
+
+std::vector<TuneRecord> Kernel::tune_records() const { return impl_->tuner->records(); }
+bool Kernel::autotunes() const { return impl_->tuner->enabled(); }
 
 const std::string& Kernel::decode_cuda_source() const { return impl_->decode_kernel().gen.source; }
 const KernelSpec& Kernel::decode_spec() const { return impl_->decode_kernel().gen.spec; }
@@ -605,6 +626,8 @@ Kernel compile(const Program& program, const Options& options) {
       fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
   impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
   impl->mask.set_spec(spec_beside(impl->fwd.gen.spec, KernelKind::kBlockMask));
+  impl->tuner = std::make_unique<detail::ForwardTuner>(impl->mask.program(), impl->fwd,
+                                                       detail::autotune_enabled(options));
   return Kernel(std::move(impl));
 }
 

@@ -187,6 +187,37 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   return s;
 }
 
+std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& def, bool has_score_mod) {
+  if (def.kind != KernelKind::kForward || def.layout != SequenceLayout::kDense)
+    throw Error("autotuning takes the dense forward kernel only");
+  std::vector<KernelSpec> out{def};
+  auto add = [&](KernelFamily family, TileConfig tile) {
+    KernelSpec s = def;
+    s.family = family;
+    s.tile = tile;
+    try {
+      s = s.resolved(has_score_mod);
+    } catch (const Error&) {
+      return;  // shared memory or the family cannot take it here
+    }
+    if (out.size() < kMaxTuneCandidates && std::find(out.begin(), out.end(), s) == out.end())
+      out.push_back(s);
+  };
+  const TileConfig mma = default_tile(def.head_dim_qk, def.head_dim_v, has_score_mod);
+  if (def.arch == "sm_90a") {
+    for (const TileConfig& t : wgmma_forward_tiles(def.head_dim_qk, def.head_dim_v))
+      add(KernelFamily::kWgmma, t);
+    add(KernelFamily::kMmaSync, mma);
+    add(KernelFamily::kMmaSync, {64, 64, 4, 2});
+    return out;
+  }
+  // The resolved default's BLOCK_N (shared memory may have cut it to 32) and 32, 2 and 3 stages.
+  for (int m : {mma.block_m, 64})
+    for (int n : {def.tile.block_n, 32})
+      for (int stages : {2, 3}) add(KernelFamily::kMmaSync, {m, n, m == 64 ? 4 : mma.warps, stages});
+  return out;
+}
+
 std::string KernelSpec::to_string() const {
   const char* k = kind == KernelKind::kForward    ? "forward"
                   : kind == KernelKind::kBackward ? "backward"

@@ -40,6 +40,10 @@ struct FA_API TensorView {
   std::string to_string() const;  // "bf16[2, 8, 1024, 64] strides [524288, 65536, 64, 1]"
 };
 
+// Whether the bytes two views address can overlap (their [first, last] byte spans meet; an
+// empty view overlaps nothing).
+FA_API bool overlaps(const TensorView& a, const TensorView& b);
+
 // Sizes of one attention call, after validation.
 struct AttentionShape {
   int batch = 0, heads_q = 0, heads_kv = 0, len_q = 0, len_kv = 0, dim_qk = 0, dim_v = 0;

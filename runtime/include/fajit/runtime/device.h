@@ -69,4 +69,8 @@ void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream 
 // Blocks until `stream` (nullptr: the legacy default stream) has finished its work.
 void synchronize(CUstream stream);
 
+// Whether work queued on `stream` is being captured into a CUDA graph (then nothing may
+// synchronize it).
+bool stream_is_capturing(CUstream stream);
+
 }  // namespace fa::rt

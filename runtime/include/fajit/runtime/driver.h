@@ -56,6 +56,10 @@ namespace fa::rt {
   X(cuStreamCreate)                 \
   X(cuStreamDestroy)                \
   X(cuStreamSynchronize)            \
+  X(cuStreamIsCapturing)            \
+  X(cuStreamBeginCapture)           \
+  X(cuStreamEndCapture)             \
+  X(cuGraphDestroy)                 \
   X(cuEventCreate)                  \
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \

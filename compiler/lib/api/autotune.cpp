@@ -1,0 +1,304 @@
+// Autotuning of the dense forward: candidates compiled in parallel, timed with CUDA events on
+// the caller's tensors, the choice kept in memory and in the cache directory.
+#include "autotune.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "fajit/jit/key.h"
+#include "fajit/runtime/device.h"
+#include "fajit/runtime/driver.h"
+
+namespace fa {
+
+std::string to_string(const TuneRecord& r) {
+  auto brief = [](const KernelSpec& s) {
+    return fmt::format("{} {}x{}w{}s{}", s.family == KernelFamily::kWgmma ? "wgmma" : "mma", s.tile.block_m,
+                       s.tile.block_n, s.tile.warps, s.tile.stages);
+  };
+  const char* origin = r.origin == TuneRecord::Origin::kTuned    ? "tuned"
+                       : r.origin == TuneRecord::Origin::kStored ? "stored"
+                                                                 : "default (too long to time)";
+  std::string timed;
+  for (const auto& [spec, ms] : r.timed) timed += fmt::format("{}{} {:.3f} ms", timed.empty() ? "" : ", ", brief(spec), ms);
+  if (r.origin == TuneRecord::Origin::kTuned)
+    timed += fmt::format("{}compile {:.2f} s, timing {:.2f} s", timed.empty() ? "" : ", ", r.compile_s, r.time_s);
+  return fmt::format("{}: {} {}{} on {}", r.shape_class, origin, brief(r.chosen),
+                     timed.empty() ? "" : " (" + timed + ")", r.device);
+}
+
+}  // namespace fa
+
+namespace fa::detail {
+
+namespace {
+
+// The timing budget of one shape class (warm-up launches included).
+constexpr double kBudgetMs = 200.0;
+// Launches per candidate and round at most (two rounds; a short kernel needs no more).
+constexpr int kMaxReps = 20;
+// Another candidate replaces the default only when it is this much faster.
+constexpr double kMinGain = 1.02;
+
+int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+bool debug() {
+  const char* v = std::getenv("FAJIT_DEBUG");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// CUDA events around launches on one stream.
+class EventTimer {
+ public:
+  explicit EventTimer(CUstream stream) : stream_(stream) {
+    FA_CU(cuEventCreate, &start_, CU_EVENT_DEFAULT);
+    FA_CU(cuEventCreate, &stop_, CU_EVENT_DEFAULT);
+  }
+  ~EventTimer() {
+    rt::driver().cuEventDestroy(start_);
+    rt::driver().cuEventDestroy(stop_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  // Milliseconds per call of `body`, over `reps` calls.
+  template <typename F>
+  float per_call(int reps, F&& body) {
+    FA_CU(cuEventRecord, start_, stream_);
+    for (int i = 0; i < reps; ++i) body();
+    FA_CU(cuEventRecord, stop_, stream_);
+    FA_CU(cuEventSynchronize, stop_);
+    float ms = 0;
+    FA_CU(cuEventElapsedTime, &ms, start_, stop_);
+    return ms / reps;
+  }
+
+ private:
+  CUstream stream_;
+  CUevent start_ = nullptr, stop_ = nullptr;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::string shape_class(const TuneShape& s) {
+  return fmt::format("bh{} q{} kv{} blk{}x{}", pow2_at_least(s.batch_heads), pow2_at_least(s.len_q),
+                     pow2_at_least(s.len_kv), s.q_block, s.kv_block);
+}
+
+std::string tune_record_text(const TuneRecord& r) {
+  std::string text = fmt::format("choice {}\nclass {}\ndevice {}\n", r.chosen.to_string(), r.shape_class, r.device);
+  for (const auto& [spec, ms] : r.timed) text += fmt::format("timed {:.4f} {}\n", ms, spec.to_string());
+  return text;
+}
+
+std::optional<KernelSpec> parse_tune_choice(const std::string& text, const std::vector<KernelSpec>& candidates) {
+  const std::string head = "choice ";
+  if (text.compare(0, head.size(), head) != 0) return std::nullopt;
+  const std::string spec = text.substr(head.size(), text.find('\n') - head.size());
+  for (const KernelSpec& c : candidates)
+    if (c.to_string() == spec) return c;
+  return std::nullopt;
+}
+
+bool autotune_enabled(const Options& o) {
+  if (o.family != KernelFamily::kAuto || !o.tile.is_default()) return false;
+  if (o.autotune) return *o.autotune;
+  const char* v = std::getenv("FAJIT_AUTOTUNE");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+ForwardTuner::ForwardTuner(const Program& program, const Compiled& fwd, bool enabled)
+    : program_(program), fwd_(fwd), enabled_(enabled) {}
+
+std::vector<TuneRecord> ForwardTuner::records() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<TuneRecord> out;
+  for (const std::string& c : order_) out.push_back(choices_.at(c).second);
+  return out;
+}
+
+const Compiled& ForwardTuner::compiled(const KernelSpec& spec) {
+  if (spec == fwd_.gen.spec) return fwd_;
+  return *compile_all({spec}).front();
+}
+
+std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelSpec>& specs) {
+  // Generation runs here, one at a time; NVRTC (thread-safe, the cache too) in parallel.
+  std::vector<const Compiled*> out(specs.size(), nullptr);
+  std::vector<std::pair<size_t, GeneratedKernel>> todo;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i] == fwd_.gen.spec) {
+        out[i] = &fwd_;
+      } else if (auto it = kernels_.find(specs[i].to_string()); it != kernels_.end()) {
+        out[i] = it->second.get();
+      } else {
+        todo.emplace_back(i, generate(program_, specs[i]));
+      }
+    }
+  }
+  std::vector<std::unique_ptr<Compiled>> made(todo.size());
+  std::vector<std::string> errors(todo.size());
+  auto work = [&](size_t j) {
+    try {
+      made[j] = std::make_unique<Compiled>(
+          compile_generated(std::move(todo[j].second), fwd_.options.line_info,
+                            fmt::format("autotune candidate of score_mod @{} mask_mod @{}",
+                                        program_.score_mod_name(), program_.mask_mod_name())));
+    } catch (const std::exception& e) {
+      errors[j] = e.what();
+    }
+  };
+  if (todo.size() == 1) {
+    work(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t j = 0; j < todo.size(); ++j) threads.emplace_back(work, j);
+    for (std::thread& t : threads) t.join();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t j = 0; j < todo.size(); ++j) {
+    if (!made[j]) {
+      if (debug()) std::cerr << "fajit: autotune: dropped a candidate: " << errors[j] << "\n";
+      continue;
+    }
+    auto& slot = kernels_[made[j]->gen.spec.to_string()];
+    if (!slot) slot = std::move(made[j]);
+    out[todo[j].first] = slot.get();
+  }
+  return out;
+}
+
+TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream,
+                                         const Launch& launch) {
+  TuneRecord r;
+  r.chosen = fwd_.gen.spec;
+  const auto t0 = std::chrono::steady_clock::now();
+  FA_CU(cuStreamSynchronize, stream);
+  EventTimer timer(stream);
+  // One launch of each: loads the module, and drops a candidate the driver will not launch
+  // (the default must launch: its error is the caller's).
+  std::vector<const Compiled*> alive;
+  for (const Compiled* c : kernels) {
+    if (c == &fwd_) {
+      launch(*c);
+      alive.push_back(c);
+      continue;
+    }
+    try {
+      launch(*c);
+      alive.push_back(c);
+    } catch (const Error& e) {
+      if (debug()) std::cerr << "fajit: autotune: " << c->gen.spec.to_string() << " did not launch: " << e.what() << "\n";
+    }
+  }
+  FA_CU(cuStreamSynchronize, stream);
+  const float t_default = timer.per_call(1, [&] { launch(fwd_); });
+  const double n = static_cast<double>(alive.size());
+  const double spent = seconds_since(t0) * 1e3;
+  const int reps = static_cast<int>(std::min<double>(kMaxReps, (kBudgetMs - spent) / (2 * n * t_default)));
+  if (reps < 1 || alive.size() < 2) {
+    r.origin = TuneRecord::Origin::kSkipped;
+    r.time_s = seconds_since(t0);
+    return r;
+  }
+  // Two rounds, every candidate in each (drift in clocks hits all alike); a candidate 1.5x
+  // slower than the best after the first round sits out the second. Best of the rounds.
+  std::vector<float> best(alive.size(), 1e30f);
+  for (int round = 0; round < 2; ++round) {
+    const float leader = *std::min_element(best.begin(), best.end());
+    for (size_t i = 0; i < alive.size(); ++i) {
+      if (round == 1 && best[i] > 1.5f * leader) continue;
+      best[i] = std::min(best[i], timer.per_call(reps, [&] { launch(*alive[i]); }));
+    }
+  }
+  size_t win = 0;  // alive[0] is the default
+  for (size_t i = 1; i < alive.size(); ++i)
+    if (best[i] * kMinGain < best[0] && best[i] < best[win]) win = i;
+  r.chosen = alive[win]->gen.spec;
+  for (size_t i = 0; i < alive.size(); ++i) r.timed.emplace_back(alive[i]->gen.spec, best[i]);
+  r.origin = TuneRecord::Origin::kTuned;
+  r.time_s = seconds_since(t0);
+  return r;
+}
+
+const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bool may_time,
+                                     const Launch& launch) {
+  if (!enabled_) return fwd_;
+  const std::string cls = shape_class(shape);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = choices_.find(cls); it != choices_.end()) return *it->second.first;
+  }
+  std::lock_guard<std::mutex> tuning(tuning_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // another thread may have tuned it meanwhile
+    if (auto it = choices_.find(cls); it != choices_.end()) return *it->second.first;
+  }
+  const bool has_score_mod = !program_.score_is_identity();
+  std::vector<KernelSpec> specs = forward_tune_candidates(fwd_.gen.spec, has_score_mod);
+  // Candidates whose tile does not divide the mask's blocks cannot run it.
+  specs.erase(std::remove_if(specs.begin() + 1, specs.end(),
+                             [&](const KernelSpec& s) {
+                               return shape.q_block % s.tile.block_m != 0 || shape.kv_block % s.tile.block_n != 0;
+                             }),
+              specs.end());
+  std::string device;
+  {
+    rt::ContextGuard guard;
+    device = rt::current_device_info().name;
+  }
+  const std::string key = jit::KeyBuilder()
+                              .add("autotune", "forward 1")
+                              .add("variant", fwd_.key)
+                              .add("device", device)
+                              .add("class", cls)
+                              .hex();
+  jit::Cache& cache = jit::Cache::global();
+  TuneRecord record;
+  const Compiled* chosen = nullptr;
+  if (auto stored = cache.find(key)) {
+    if (std::optional<KernelSpec> spec = parse_tune_choice(stored->cubin, specs)) {
+      chosen = &compiled(*spec);
+      record.chosen = *spec;
+      record.origin = TuneRecord::Origin::kStored;
+    }
+  }
+  if (!chosen) {
+    if (!may_time || specs.size() < 2) return fwd_;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<const Compiled*> kernels = compile_all(specs);
+    const double compile_s = seconds_since(t0);
+    kernels.erase(std::remove(kernels.begin(), kernels.end(), nullptr), kernels.end());
+    record = time_candidates(kernels, stream, launch);
+    record.compile_s = compile_s;
+    record.shape_class = cls;
+    record.device = device;
+    chosen = &compiled(record.chosen);
+    const std::string text = tune_record_text(record);
+    cache.get_or_compile(key, [&] { return text; }, fmt::format("autotune {} on {}", cls, device));
+  }
+  record.shape_class = cls;
+  record.device = device;
+  std::lock_guard<std::mutex> lock(mutex_);
+  choices_.emplace(cls, std::make_pair(chosen, record));
+  order_.push_back(cls);
+  return *chosen;
+}
+
+}  // namespace fa::detail

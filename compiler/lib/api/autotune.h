@@ -1,0 +1,72 @@
+// Autotuning of the dense forward (fa::Options::autotune): per shape class, time the
+// candidates of fa::forward_tune_candidates on the call's own tensors and remember the fastest
+// in memory and in the cache directory. Private to compiler/lib/api.
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiled.h"
+#include "fajit/kernel.h"
+
+namespace fa::detail {
+
+// What a forward call's shape contributes to its tuning class.
+struct TuneShape {
+  int64_t batch_heads = 0;  // B x Hq
+  int64_t len_q = 0, len_kv = 0;
+  int q_block = 0, kv_block = 0;  // the block mask's
+};
+// "bh64 q4096 kv4096 blk128x128": B x Hq, Lq and Lkv rounded up to powers of two.
+std::string shape_class(const TuneShape& shape);
+
+// The text a choice is stored as ("choice forward bf16 qk128 v128 wgmma tile128x128w12s3
+// sm_90a", then one "timed <ms> <spec>" line per candidate), and the candidate it names
+// (nullopt when it names none of them: a record from other templates, or damaged).
+std::string tune_record_text(const TuneRecord& record);
+std::optional<KernelSpec> parse_tune_choice(const std::string& text, const std::vector<KernelSpec>& candidates);
+
+// The forward kernel of one fa::Kernel for each shape class. Thread-safe: concurrent calls of
+// one class wait for one tuning.
+class ForwardTuner {
+ public:
+  // `fwd` is the kernel's default forward (outlives the tuner); `enabled` false makes choose()
+  // always return it.
+  ForwardTuner(const Program& program, const Compiled& fwd, bool enabled);
+  bool enabled() const { return enabled_; }
+
+  // The kernel to run for `shape`: the default, a choice already made (memory, then the
+  // cache directory), or one made now by timing the candidates through `launch` on `stream`
+  // (when `may_time`; else the default, and nothing is recorded).
+  using Launch = std::function<void(const Compiled&)>;
+  const Compiled& choose(const TuneShape& shape, CUstream stream, bool may_time, const Launch& launch);
+
+  std::vector<TuneRecord> records() const;
+
+ private:
+  const Compiled& compiled(const KernelSpec& spec);  // a candidate, compiled once (locked)
+  std::vector<const Compiled*> compile_all(const std::vector<KernelSpec>& specs);
+  TuneRecord time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream, const Launch& launch);
+
+  const Program& program_;
+  const Compiled& fwd_;
+  const bool enabled_;
+  mutable std::mutex mutex_;  // choices_, order_, kernels_
+  std::mutex tuning_;         // one tuning at a time
+  std::map<std::string, std::pair<const Compiled*, TuneRecord>> choices_;
+  std::vector<std::string> order_;
+  std::map<std::string, std::unique_ptr<Compiled>> kernels_;  // by spec text
+};
+
+// Options::autotune resolved: the value, else on unless $FAJIT_AUTOTUNE is "0"; off for an
+// explicit family or tile, and for the other kinds.
+bool autotune_enabled(const Options& options);
+
+}  // namespace fa::detail

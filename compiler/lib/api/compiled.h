@@ -1,0 +1,25 @@
+// One generated kernel compiled (or fetched from the cache): what fa::Kernel and the
+// autotuner hold. Private to compiler/lib/api.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "fajit/detail/codegen.h"
+#include "fajit/jit/compile.h"
+
+namespace fa::detail {
+
+struct Compiled {
+  GeneratedKernel gen;
+  std::string key;
+  std::shared_ptr<const jit::Entry> entry;
+  CacheOrigin origin = CacheOrigin::kCompiled;
+  jit::CompileOptions options;
+};
+
+// `gen` through the global cache (memory, disk, NVRTC); `what` goes into the entry's meta.
+Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view what);
+
+}  // namespace fa::detail

@@ -1,0 +1,203 @@
+// Autotuning's host side: the candidate lists per arch and head dims, shape classes, the
+// stored record's text, the switch (Options::autotune, $FAJIT_AUTOTUNE), and overlapping views
+// (a forward whose O overlaps its inputs is not timed). The timing itself is a GPU test
+// (tests/gpu/autotune_test.cpp).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "../../compiler/lib/api/autotune.h"
+#include "fajit/error.h"
+#include "fajit/kernel.h"
+#include "fajit/mods.h"
+
+namespace {
+
+fa::KernelSpec forward(int dqk, int dv, const char* arch = "sm_90a") {
+  fa::KernelSpec s;
+  s.head_dim_qk = dqk;
+  s.head_dim_v = dv;
+  s.arch = arch;
+  return s.resolved();
+}
+
+std::vector<std::string> texts(const std::vector<fa::KernelSpec>& specs) {
+  std::vector<std::string> out;
+  for (const fa::KernelSpec& s : specs) out.push_back(s.to_string());
+  return out;
+}
+
+TEST(Autotune, CandidatesOnSm90aStartWithTheDefaultThenEveryWgmmaTileThenMmaSync) {
+  const fa::KernelSpec def = forward(128, 128);
+  const std::vector<fa::KernelSpec> c = fa::forward_tune_candidates(def, false);
+  EXPECT_EQ(texts(c), (std::vector<std::string>{
+                          "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a",
+                          "forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a",
+                          "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a",
+                          "forward bf16 qk128 v128 wgmma tile128x64w12s2 sm_90a",
+                          "forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a",
+                          "forward bf16 qk128 v128 mma tile64x64w4s2 sm_90a",
+                      }));
+  for (const fa::KernelSpec& s : c) EXPECT_EQ(s.resolved(), s) << s.to_string();  // each a resolved spec
+  // A score_mod on d128 takes 8 warps on mma.sync (4 spill).
+  EXPECT_EQ(fa::forward_tune_candidates(def, true)[4].to_string(),
+            "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a");
+}
+
+TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
+  // 256/256: BLOCK_N 64 only on wgmma (O of 256 columns), 16 rows per warp on mma.sync.
+  EXPECT_EQ(texts(fa::forward_tune_candidates(forward(256, 256), false)),
+            (std::vector<std::string>{
+                "forward bf16 qk256 v256 wgmma tile128x64w12s2 sm_90a",
+                "forward bf16 qk256 v256 mma tile128x64w8s2 sm_90a",
+                "forward bf16 qk256 v256 mma tile64x64w4s2 sm_90a",
+            }));
+  // d64: two stages are the wgmma default; three are a candidate only above 64.
+  EXPECT_EQ(texts(fa::forward_tune_candidates(forward(64, 64), false)),
+            (std::vector<std::string>{
+                "forward bf16 qk64 v64 wgmma tile128x128w12s2 sm_90a",
+                "forward bf16 qk64 v64 wgmma tile128x64w12s2 sm_90a",
+                "forward bf16 qk64 v64 mma tile128x64w4s2 sm_90a",
+                "forward bf16 qk64 v64 mma tile64x64w4s2 sm_90a",
+            }));
+  // sm_80: mma.sync only, 128 and 64 rows, BLOCK_N 64 and 32, 2 and 3 stages.
+  EXPECT_EQ(texts(fa::forward_tune_candidates(forward(64, 64, "sm_80"), false)),
+            (std::vector<std::string>{
+                "forward bf16 qk64 v64 mma tile128x64w4s2 sm_80",
+                "forward bf16 qk64 v64 mma tile128x64w4s3 sm_80",
+                "forward bf16 qk64 v64 mma tile128x32w4s2 sm_80",
+                "forward bf16 qk64 v64 mma tile128x32w4s3 sm_80",
+                "forward bf16 qk64 v64 mma tile64x64w4s2 sm_80",
+                "forward bf16 qk64 v64 mma tile64x64w4s3 sm_80",
+                "forward bf16 qk64 v64 mma tile64x32w4s2 sm_80",
+                "forward bf16 qk64 v64 mma tile64x32w4s3 sm_80",
+            }));
+  for (int d : {32, 80, 96, 128, 192, 256})
+    for (const char* arch : {"sm_80", "sm_86", "sm_90a"}) {
+      const std::vector<fa::KernelSpec> c = fa::forward_tune_candidates(forward(d, d == 192 ? 128 : d, arch), false);
+      // sm_86's 99 KB hold nothing but the smallest tile at 192 and 256: nothing to tune.
+      EXPECT_GE(c.size(), std::string(arch) == "sm_86" && d >= 192 ? 1u : 2u) << d << " " << arch;
+      EXPECT_LE(c.size(), size_t(fa::kMaxTuneCandidates));
+      const std::vector<std::string> t = texts(c);
+      EXPECT_EQ(std::set<std::string>(t.begin(), t.end()).size(), t.size()) << "a candidate twice";
+    }
+}
+
+TEST(Autotune, CandidatesAreForTheDenseForwardOnly) {
+  fa::KernelSpec s = forward(128, 128);
+  s.kind = fa::KernelKind::kBackward;
+  EXPECT_THROW(
+      {
+        try {
+          fa::forward_tune_candidates(s, false);
+        } catch (const fa::Error& e) {
+          EXPECT_STREQ(e.what(), "autotuning takes the dense forward kernel only");
+          throw;
+        }
+      },
+      fa::Error);
+}
+
+TEST(Autotune, ShapeClassesRoundUpToPowersOfTwo) {
+  EXPECT_EQ(fa::detail::shape_class({64, 4096, 4096, 128, 128}), "bh64 q4096 kv4096 blk128x128");
+  EXPECT_EQ(fa::detail::shape_class({3, 1000, 1, 128, 64}), "bh4 q1024 kv1 blk128x64");
+  EXPECT_EQ(fa::detail::shape_class({65, 4097, 2, 128, 128}), "bh128 q8192 kv2 blk128x128");
+}
+
+TEST(Autotune, StoredRecordsNameOneOfTheCandidates) {
+  const std::vector<fa::KernelSpec> c = fa::forward_tune_candidates(forward(128, 128), false);
+  fa::TuneRecord r;
+  r.shape_class = "bh64 q4096 kv4096 blk128x128";
+  r.device = "NVIDIA H200";
+  r.chosen = c[2];
+  r.timed = {{c[0], 1.25f}, {c[2], 1.125f}};
+  const std::string text = fa::detail::tune_record_text(r);
+  EXPECT_EQ(text,
+            "choice forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a\n"
+            "class bh64 q4096 kv4096 blk128x128\n"
+            "device NVIDIA H200\n"
+            "timed 1.2500 forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a\n"
+            "timed 1.1250 forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a\n");
+  EXPECT_EQ(fa::detail::parse_tune_choice(text, c), c[2]);
+  // A choice that is not (or no longer) a candidate, or a damaged record, is no choice.
+  EXPECT_FALSE(fa::detail::parse_tune_choice(text, {c[0], c[1]}));
+  EXPECT_FALSE(fa::detail::parse_tune_choice("", c));
+  EXPECT_FALSE(fa::detail::parse_tune_choice("choice forward bf16 qk128", c));
+  EXPECT_EQ(fa::to_string(r),
+            "bh64 q4096 kv4096 blk128x128: tuned wgmma 128x64w12s3 (wgmma 128x128w12s3 1.250 ms, wgmma "
+            "128x64w12s3 1.125 ms, compile 0.00 s, timing 0.00 s) on NVIDIA H200");
+  r.origin = fa::TuneRecord::Origin::kStored;
+  r.timed.clear();
+  EXPECT_EQ(fa::to_string(r), "bh64 q4096 kv4096 blk128x128: stored wgmma 128x64w12s3 on NVIDIA H200");
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    value ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(Autotune, OnByDefaultOffWithTheEnvironmentOrAnExplicitKernel) {
+  fa::Options o;
+  {
+    ScopedEnv env("FAJIT_AUTOTUNE", nullptr);
+    EXPECT_TRUE(fa::detail::autotune_enabled(o));
+  }
+  {
+    ScopedEnv env("FAJIT_AUTOTUNE", "0");
+    EXPECT_FALSE(fa::detail::autotune_enabled(o));
+    o.autotune = true;  // the code's word wins over the environment's
+    EXPECT_TRUE(fa::detail::autotune_enabled(o));
+  }
+  {
+    ScopedEnv env("FAJIT_AUTOTUNE", "1");
+    o.autotune = false;
+    EXPECT_FALSE(fa::detail::autotune_enabled(o));
+    o.autotune.reset();
+    EXPECT_TRUE(fa::detail::autotune_enabled(o));
+    o.family = fa::KernelFamily::kWgmma;  // an explicit kernel is never tuned
+    EXPECT_FALSE(fa::detail::autotune_enabled(o));
+    o.family = fa::KernelFamily::kAuto;
+    o.tile = {128, 64, 4, 2};
+    EXPECT_FALSE(fa::detail::autotune_enabled(o));
+  }
+}
+
+TEST(Autotune, KernelReportsWhetherItTunes) {
+  ScopedEnv env("FAJIT_AUTOTUNE", nullptr);
+  fa::Options o;
+  o.arch = "sm_90a";
+  o.head_dim_qk = o.head_dim_v = 64;
+  const fa::Kernel k = fa::compile(fa::identity_score(), fa::mods::causal(), o);
+  EXPECT_TRUE(k.autotunes());
+  EXPECT_TRUE(k.tune_records().empty());  // nothing run yet
+  o.autotune = false;
+  EXPECT_FALSE(fa::compile(fa::identity_score(), fa::mods::causal(), o).autotunes());
+}
+
+TEST(Autotune, OverlappingViews) {
+  alignas(16) static char pool[4096];
+  fa::TensorView a(pool, fa::DType::bf16, {4, 64}), b(pool + 512, fa::DType::bf16, {4, 64});
+  EXPECT_FALSE(fa::overlaps(a, b));  // a: bytes 0..511, b: 512..1023
+  fa::TensorView c(pool + 510, fa::DType::bf16, {1, 8});
+  EXPECT_TRUE(fa::overlaps(a, c));
+  EXPECT_TRUE(fa::overlaps(c, b));
+  // Strided: rows 0 and 2 of a 4 x 64 block; a view of row 1 lies between, not in.
+  fa::TensorView rows02(pool, fa::DType::bf16, {2, 64}, {128, 1});
+  fa::TensorView row1(pool + 128, fa::DType::bf16, {1, 64});
+  EXPECT_TRUE(fa::overlaps(rows02, row1));  // spans meet: a conservative yes
+  EXPECT_TRUE(fa::overlaps(a, a));
+  EXPECT_FALSE(fa::overlaps(a, fa::TensorView()));
+}
+
+}  // namespace
