@@ -321,7 +321,9 @@ def test_autotuned_forward_matches_and_reports_its_choice(monkeypatch):
     monkeypatch.setenv("FAJIT_AUTOTUNE", "1")  # read when the kernel is compiled
     block_mask = ft.create_block_mask(causal, 1, 1, L, L)
     out = ft.flex_attention(q, k, v, score_mod=shifted, block_mask=block_mask)
-    ref, _, _ = _reference(q, k, v, shifted, causal)
+    # A constant shift leaves softmax unchanged (and a float closure trips torch.compile's
+    # reference with dynamic shapes), so the reference is causal alone.
+    ref, _, _ = _reference(q, k, v, None, causal)
     _close(out, ref, "autotuned out", TOL[torch.bfloat16])
     reports = [kern.autotune_report() for kern in ft._KERNELS.values()]
     assert any("bh8 q1024 kv1024 blk128x128: tuned" in r for r in reports), reports

@@ -324,41 +324,45 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     }
   } else {
     // FA-3 intra-warpgroup overlap: S_j is issued together with P_{j-1}·V_{j-1}, and the
-    // softmax of S_j runs while P_{j-1}·V_{j-1} is still on the tensor cores.
-    int it = next_tile(0);
-    if (it < n_tiles) {
-      {  // first tile: S_0, softmax_0 (O is still 0: no rescale)
-        float s[Cfg::kNT][4], alpha[2];
-        gemm_s(s, ring.stage, ring.phase);
-        mods(s, walk.tile_start(it), walk.is_full(it));
-        rows.step(s, alpha, sl2);
-        pack_a<E>(pa, s);
-      }
-      StageRing<kStages> prev = ring;
-      for (it = next_tile(it + 1); it < n_tiles; it = next_tile(it + 1)) {
-        ring.advance();
-        const int start = walk.tile_start(it);
-        const bool is_full = walk.is_full(it);
-        float s[Cfg::kNT][4], alpha[2];
-        // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers
-        // all of that thread's earlier copies, so both waits pass together: one fence.
-        mbar_wait(bar_full_k(ring.stage), ring.phase);
+    // softmax of S_j runs while P_{j-1}·V_{j-1} is still on the tensor cores. Before the first
+    // tile P is 0 and its P·V runs on the first tile's own V (adding nothing; the stage is not
+    // released twice): one copy of the score_mod and softmax code for every tile, with no
+    // branch around a wgmma, which cuts what NVRTC compiles by a quarter to a third.
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKP; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
+    StageRing<kStages> prev = ring;
+    bool first = true;
+    for (int it = next_tile(0); it < n_tiles; it = next_tile(it + 1)) {
+      if (!first) ring.advance();
+      const int start = walk.tile_start(it);
+      const bool is_full = walk.is_full(it);
+      float s[Cfg::kNT][4], alpha[2];
+      // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers all
+      // of that thread's earlier copies, so the second wait passes at once, except on the
+      // first tile (full_k then full_v of one stage): S_0 does not wait for V_0.
+      wait_loaded(bar_full_k(ring.stage), ring.phase);
+      issue_turn([&] {
+        issue_s(s, ring.stage);  // S_j = Q·K_jᵀ
         wait_loaded(bar_full_v(prev.stage), prev.phase);
-        issue_turn([&] {
-          issue_s(s, ring.stage);  // S_j = Q·K_jᵀ
-          issue_pv(prev.stage);    // O += P_{j-1}·V_{j-1}, overlapping the softmax below
-        });
-        wgmma_wait<1>();  // S_j done
-        pin(s);
-        mods(s, start, is_full);
-        rows.step(s, alpha, sl2);
-        pv_done(prev.stage);  // P_{j-1}·V_{j-1} done
-        scale_rows(o, alpha);
-        pack_a<E>(pa, s);
-        prev = ring;
-      }
-      gemm_pv(prev.stage, prev.phase);
+        issue_pv(prev.stage);  // O += P_{j-1}·V_{j-1}, overlapping the softmax below
+      });
+      wgmma_wait<1>();  // S_j done
+      pin(s);
+      mods(s, start, is_full);
+      rows.step(s, alpha, sl2);
+      wgmma_wait<0>();  // P_{j-1}·V_{j-1} done
+      pin(o);
+      pin(pa);
+      __syncwarp();
+      if (lane == 0 && !first) mbar_arrive(bar_empty(prev.stage));
+      scale_rows(o, alpha);
+      pack_a<E>(pa, s);
+      prev = ring;
+      first = false;
     }
+    if (!first) gemm_pv(prev.stage, prev.phase);
   }
 
   if (Cfg::kPingPong && cw == 0) turn_wait();  // the turn warpgroup 1 handed over last
