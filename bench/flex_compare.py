@@ -4,7 +4,9 @@
 
     PYTHONUNBUFFERED=1 python3 bench/flex_compare.py --lib .device-build/lib/libfajit.so
 
-For each case: compile fajit (cold: FAJIT_CACHE_DIR is a fresh temp dir), build its block
+For each case: compile fajit (cold: FAJIT_CACHE_DIR is a fresh temp dir, and CUDA_CACHE_DISABLE=1
+unless set: NVRTC 12.9+ keeps compiled PTX/cubins in the driver's compute cache, ~/.nv, so a
+"cold" compile in a second process would be a hit there), build its block
 mask (timed twice: the first build also compiles the builder kernel), build flex's block mask
 with create_block_mask of the same mask_mod, check fajit's output (poisoned with NaN first)
 against flex's, SDPA's (full/causal) and an fp32 reference on two heads of batch 0, then time
@@ -545,6 +547,7 @@ def main():
 
     cache = tempfile.mkdtemp(prefix="fajit-cache-")
     os.environ["FAJIT_CACHE_DIR"] = cache
+    os.environ.setdefault("CUDA_CACHE_DISABLE", "1")  # NVRTC's own cache (the driver's): see above
     fj = Fajit(os.path.abspath(args.lib))
     base = Fajit(os.path.abspath(args.baseline_lib)) if args.baseline_lib else None
     if args.autotune_ab:

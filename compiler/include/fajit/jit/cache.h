@@ -12,6 +12,9 @@
 // followed by the metadata text. A file that fails any check (magic, version, key, sizes,
 // checksums, truncation) is a miss: the kernel is recompiled and the file replaced.
 //
+// The forward's autotuner (compiler/lib/api/autotune.h) keeps its choices here too: an entry
+// whose bytes are the record's text, meta "autotune <shape class> on <device>".
+//
 // Many threads asking for one key at once compile it once; the others wait for that result.
 // A directory that cannot be created or written turns the cache memory-only, with one
 // warning on stderr; the cache never throws for I/O. Set FAJIT_DEBUG=1 for a line on stderr
