@@ -246,8 +246,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       const u64 vk = desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk));
       wgmma_rs_cols<E, kPvN0, 0, Cfg::kDT>(o, pa[kk], vk, 1);
       if constexpr (kPvN1 > 0)
-        wgmma_rs_cols<E, kPvN1, kPvN0 / 8, Cfg::kDT>(o, pa[kk], desc_advance(vk, kPvN0 / 64 * kBN * kSw128RowBytes),
-                                                     1);
+        wgmma_rs_cols<E, kPvN1, kPvN0 / 8, Cfg::kDT>(o, pa[kk],
+                                                     desc_advance(vk, kPvN0 / 64 * kBN * kSw128RowBytes), 1);
     }
     wgmma_commit();
   };

@@ -1,6 +1,7 @@
 // Helpers shared by fajit's gtest suites.
 #pragma once
 
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <utility>
@@ -23,5 +24,22 @@ std::string error_of(F&& f) {
   }
   return "<no fa::Error>";
 }
+
+// Sets (value) or unsets (nullptr) an environment variable for one scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    value ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
 
 }  // namespace fa::test

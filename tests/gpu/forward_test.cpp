@@ -203,7 +203,8 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       // Autotuned (Options::autotune): the first launch times the candidates on these tensors,
       // then the chosen one writes O (checked like every case).
-      with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "autotune", [](FwdCase& c) { c.autotune = true; }),
+      with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "autotune",
+           [](FwdCase& c) { c.autotune = true; }),
       with({"document_softcap", f16, 64, 64, 1, 4, 1, 4097, 4097}, "autotune",
            [](FwdCase& c) { c.autotune = true; }),
       with({"sliding", bf16, 256, 256, 1, 2, 2, 1000, 777, 100}, "autotune",
@@ -241,7 +242,9 @@ std::shared_ptr<Prepared> prepare(const FwdCase& c) {
   fa::ScoreMod score = var.score();
   if (c.salt != 0.0f)  // a constant shift: the same O, the LSE moved by salt, a new cache key
     score.fn = [inner = score.fn, salt = c.salt](fa::Score s, fa::Index b, fa::Index h, fa::Index q,
-                                                 fa::Index kv) { return inner(s, b, h, q, kv) + fa::Score(salt); };
+                                                 fa::Index kv) {
+      return inner(s, b, h, q, kv) + fa::Score(salt);
+    };
   p->kernel.emplace(fa::compile(score, var.mask(), c.options()));
   p->compile_s = seconds_since(t0);
 
@@ -607,20 +610,6 @@ float fresh_salt() {
   return 0.5f + float(rng() % 1000000) * 1e-6f;
 }
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    value ? setenv(name, value, 1) : unsetenv(name);
-  }
-  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 TEST(Autotune, ChoosesOncePerShapeClassAndFindsTheChoiceAgainInTheCache) {
   if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
   FwdCase c{"causal", bf16, 128, 128, 2, 8, 2, 2048, 2048};
@@ -660,7 +649,7 @@ TEST(Autotune, NotTimedWhenOffWhenOHoldsAnInputOrWhileAGraphIsCaptured) {
   c.autotune = true, c.salt = fresh_salt();
   std::shared_ptr<Prepared> p = prepare(c);
   {
-    ScopedEnv env("FAJIT_AUTOTUNE", "0");
+    fa::test::ScopedEnv env("FAJIT_AUTOTUNE", "0");
     fa::Options o = c.options();
     o.autotune.reset();
     const fa::Kernel off = fa::compile(p->kernel->program(), o);
@@ -673,7 +662,8 @@ TEST(Autotune, NotTimedWhenOffWhenOHoldsAnInputOrWhileAGraphIsCaptured) {
   d_in.upload(p->in_bits.data(), p->in_bits.size() * 2);
   auto* base = d_in.as<uint16_t>();
   auto view = [&](const Operand& o, int H, int L, int D) {
-    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D}, {o.stride[0], o.stride[1], o.stride[2], 1});
+    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D},
+                          {o.stride[0], o.stride[1], o.stride[2], 1});
   };
   const fa::TensorView q = view(p->q, c.Hq, c.Lq, c.dqk), k = view(p->k, c.Hkv, c.Lkv, c.dqk),
                        v = view(p->v, c.Hkv, c.Lkv, c.dv);

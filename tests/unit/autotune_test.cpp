@@ -8,6 +8,7 @@
 #include <set>
 
 #include "../../compiler/lib/api/autotune.h"
+#include "fa_test_util.h"
 #include "fajit/error.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
@@ -75,7 +76,8 @@ TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
             }));
   for (int d : {32, 80, 96, 128, 192, 256})
     for (const char* arch : {"sm_80", "sm_86", "sm_90a"}) {
-      const std::vector<fa::KernelSpec> c = fa::forward_tune_candidates(forward(d, d == 192 ? 128 : d, arch), false);
+      const std::vector<fa::KernelSpec> c =
+          fa::forward_tune_candidates(forward(d, d == 192 ? 128 : d, arch), false);
       // sm_86's 99 KB hold nothing but the smallest tile at 192 and 256: nothing to tune.
       EXPECT_GE(c.size(), std::string(arch) == "sm_86" && d >= 192 ? 1u : 2u) << d << " " << arch;
       EXPECT_LE(c.size(), size_t(fa::kMaxTuneCandidates));
@@ -132,35 +134,20 @@ TEST(Autotune, StoredRecordsNameOneOfTheCandidates) {
   EXPECT_EQ(fa::to_string(r), "bh64 q4096 kv4096 blk128x128: stored wgmma 128x64w12s3 on NVIDIA H200");
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    value ? setenv(name, value, 1) : unsetenv(name);
-  }
-  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 TEST(Autotune, OnByDefaultOffWithTheEnvironmentOrAnExplicitKernel) {
   fa::Options o;
   {
-    ScopedEnv env("FAJIT_AUTOTUNE", nullptr);
+    fa::test::ScopedEnv env("FAJIT_AUTOTUNE", nullptr);
     EXPECT_TRUE(fa::detail::autotune_enabled(o));
   }
   {
-    ScopedEnv env("FAJIT_AUTOTUNE", "0");
+    fa::test::ScopedEnv env("FAJIT_AUTOTUNE", "0");
     EXPECT_FALSE(fa::detail::autotune_enabled(o));
     o.autotune = true;  // the code's word wins over the environment's
     EXPECT_TRUE(fa::detail::autotune_enabled(o));
   }
   {
-    ScopedEnv env("FAJIT_AUTOTUNE", "1");
+    fa::test::ScopedEnv env("FAJIT_AUTOTUNE", "1");
     o.autotune = false;
     EXPECT_FALSE(fa::detail::autotune_enabled(o));
     o.autotune.reset();
@@ -174,7 +161,7 @@ TEST(Autotune, OnByDefaultOffWithTheEnvironmentOrAnExplicitKernel) {
 }
 
 TEST(Autotune, KernelReportsWhetherItTunes) {
-  ScopedEnv env("FAJIT_AUTOTUNE", nullptr);
+  fa::test::ScopedEnv env("FAJIT_AUTOTUNE", nullptr);
   fa::Options o;
   o.arch = "sm_90a";
   o.head_dim_qk = o.head_dim_v = 64;

@@ -32,9 +32,9 @@ struct Options {
   int head_dim_qk = 128;
   int head_dim_v = 128;
   KernelFamily family = KernelFamily::kAuto;  // wgmma on sm_90a, mma.sync elsewhere
-  TileConfig tile;  // default: per head dims; with kWgmma one of its list (kernel_spec.h)
-  std::string arch;                           // "" = the current GPU's; sm_90a when there is no GPU
-  bool line_info = false;                     // NVRTC -lineinfo (for profilers)
+  TileConfig tile;         // default: per head dims; with kWgmma one of its list (kernel_spec.h)
+  std::string arch;        // "" = the current GPU's; sm_90a when there is no GPU
+  bool line_info = false;  // NVRTC -lineinfo (for profilers)
   // Autotuning of the dense forward (family kAuto and the default tile only): the first
   // forward call of each shape class (B x Hq, Lq, Lkv rounded up to powers of two, the mask's
   // block sizes) on a device compiles the candidates of fa::forward_tune_candidates (in

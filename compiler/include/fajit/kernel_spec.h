@@ -122,6 +122,7 @@ FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_m
 // 2 and 3 stages. Each is a
 // resolved spec with family and tile set; at most kMaxTuneCandidates, none twice.
 constexpr int kMaxTuneCandidates = 8;
-FA_API std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& resolved_default, bool has_score_mod);
+FA_API std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& resolved_default,
+                                                       bool has_score_mod);
 
 }  // namespace fa

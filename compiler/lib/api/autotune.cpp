@@ -27,9 +27,11 @@ std::string to_string(const TuneRecord& r) {
                        : r.origin == TuneRecord::Origin::kStored ? "stored"
                                                                  : "default (too long to time)";
   std::string timed;
-  for (const auto& [spec, ms] : r.timed) timed += fmt::format("{}{} {:.3f} ms", timed.empty() ? "" : ", ", brief(spec), ms);
+  for (const auto& [spec, ms] : r.timed)
+    timed += fmt::format("{}{} {:.3f} ms", timed.empty() ? "" : ", ", brief(spec), ms);
   if (r.origin == TuneRecord::Origin::kTuned)
-    timed += fmt::format("{}compile {:.2f} s, timing {:.2f} s", timed.empty() ? "" : ", ", r.compile_s, r.time_s);
+    timed +=
+        fmt::format("{}compile {:.2f} s, timing {:.2f} s", timed.empty() ? "" : ", ", r.compile_s, r.time_s);
   return fmt::format("{}: {} {}{} on {}", r.shape_class, origin, brief(r.chosen),
                      timed.empty() ? "" : " (" + timed + ")", r.device);
 }
@@ -100,12 +102,14 @@ std::string shape_class(const TuneShape& s) {
 }
 
 std::string tune_record_text(const TuneRecord& r) {
-  std::string text = fmt::format("choice {}\nclass {}\ndevice {}\n", r.chosen.to_string(), r.shape_class, r.device);
+  std::string text =
+      fmt::format("choice {}\nclass {}\ndevice {}\n", r.chosen.to_string(), r.shape_class, r.device);
   for (const auto& [spec, ms] : r.timed) text += fmt::format("timed {:.4f} {}\n", ms, spec.to_string());
   return text;
 }
 
-std::optional<KernelSpec> parse_tune_choice(const std::string& text, const std::vector<KernelSpec>& candidates) {
+std::optional<KernelSpec> parse_tune_choice(const std::string& text,
+                                            const std::vector<KernelSpec>& candidates) {
   const std::string head = "choice ";
   if (text.compare(0, head.size(), head) != 0) return std::nullopt;
   const std::string spec = text.substr(head.size(), text.find('\n') - head.size());
@@ -204,7 +208,9 @@ TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& ker
       launch(*c);
       alive.push_back(c);
     } catch (const Error& e) {
-      if (debug()) std::cerr << "fajit: autotune: " << c->gen.spec.to_string() << " did not launch: " << e.what() << "\n";
+      if (debug())
+        std::cerr << "fajit: autotune: " << c->gen.spec.to_string() << " did not launch: " << e.what()
+                  << "\n";
     }
   }
   FA_CU(cuStreamSynchronize, stream);
@@ -241,33 +247,40 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
                                      const Launch& launch) {
   if (!enabled_) return fwd_;
   const std::string cls = shape_class(shape);
+  std::string device;
+  {
+    rt::ContextGuard guard;
+    device = rt::current_device_info().name;
+  }
+  const std::string mem_key = cls + " on " + device;  // one process may drive several GPU models
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = choices_.find(cls); it != choices_.end()) return *it->second.first;
+    if (auto it = choices_.find(mem_key); it != choices_.end()) return *it->second.first;
   }
   std::lock_guard<std::mutex> tuning(tuning_);
   {
     std::lock_guard<std::mutex> lock(mutex_);  // another thread may have tuned it meanwhile
-    if (auto it = choices_.find(cls); it != choices_.end()) return *it->second.first;
+    if (auto it = choices_.find(mem_key); it != choices_.end()) return *it->second.first;
   }
   const bool has_score_mod = !program_.score_is_identity();
   std::vector<KernelSpec> specs = forward_tune_candidates(fwd_.gen.spec, has_score_mod);
   // Candidates whose tile does not divide the mask's blocks cannot run it.
   specs.erase(std::remove_if(specs.begin() + 1, specs.end(),
                              [&](const KernelSpec& s) {
-                               return shape.q_block % s.tile.block_m != 0 || shape.kv_block % s.tile.block_n != 0;
+                               return shape.q_block % s.tile.block_m != 0 ||
+                                      shape.kv_block % s.tile.block_n != 0;
                              }),
               specs.end());
-  std::string device;
-  {
-    rt::ContextGuard guard;
-    device = rt::current_device_info().name;
-  }
+  // The candidates are part of the key: a record names one of them, and another list (a
+  // later fajit) tunes afresh instead of finding a choice it no longer offers.
+  std::string candidates;
+  for (const KernelSpec& c : specs) candidates += c.to_string() + "\n";
   const std::string key = jit::KeyBuilder()
                               .add("autotune", "forward 1")
                               .add("variant", fwd_.key)
                               .add("device", device)
                               .add("class", cls)
+                              .add("candidates", candidates)
                               .hex();
   jit::Cache& cache = jit::Cache::global();
   TuneRecord record;
@@ -291,13 +304,14 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
     record.device = device;
     chosen = &compiled(record.chosen);
     const std::string text = tune_record_text(record);
-    cache.get_or_compile(key, [&] { return text; }, fmt::format("autotune {} on {}", cls, device));
+    cache.get_or_compile(
+        key, [&] { return text; }, fmt::format("autotune {} on {}", cls, device));
   }
   record.shape_class = cls;
   record.device = device;
   std::lock_guard<std::mutex> lock(mutex_);
-  choices_.emplace(cls, std::make_pair(chosen, record));
-  order_.push_back(cls);
+  choices_.emplace(mem_key, std::make_pair(chosen, record));
+  order_.push_back(mem_key);
   return *chosen;
 }
 

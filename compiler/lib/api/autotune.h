@@ -31,7 +31,8 @@ std::string shape_class(const TuneShape& shape);
 // sm_90a", then one "timed <ms> <spec>" line per candidate), and the candidate it names
 // (nullopt when it names none of them: a record from other templates, or damaged).
 std::string tune_record_text(const TuneRecord& record);
-std::optional<KernelSpec> parse_tune_choice(const std::string& text, const std::vector<KernelSpec>& candidates);
+std::optional<KernelSpec> parse_tune_choice(const std::string& text,
+                                            const std::vector<KernelSpec>& candidates);
 
 // The forward kernel of one fa::Kernel for each shape class. Thread-safe: concurrent calls of
 // one class wait for one tuning.
@@ -53,7 +54,8 @@ class ForwardTuner {
  private:
   const Compiled& compiled(const KernelSpec& spec);  // a candidate, compiled once (locked)
   std::vector<const Compiled*> compile_all(const std::vector<KernelSpec>& specs);
-  TuneRecord time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream, const Launch& launch);
+  TuneRecord time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream,
+                             const Launch& launch);
 
   const Program& program_;
   const Compiled& fwd_;

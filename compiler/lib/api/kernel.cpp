@@ -52,8 +52,8 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
 
 namespace {
 
-using detail::Compiled;
 using detail::compile_generated;
+using detail::Compiled;
 
 std::string resolve_arch(const std::string& requested) {
   if (!requested.empty()) return jit::validate_arch(requested);
@@ -513,7 +513,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   // overlap none of the inputs, and never into a CUDA graph being captured.
   const detail::TuneShape ts{int64_t(shape.batch) * shape.heads_q, shape.len_q, shape.len_kv, mask.q_block(),
                              mask.kv_block()};
-  auto touches_inputs = [&](const TensorView& out) { return overlaps(out, q) || overlaps(out, k) || overlaps(out, v); };
+  auto touches_inputs = [&](const TensorView& out) {
+    return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);
+  };
   const bool may_time = impl_->tuner->enabled() && !touches_inputs(o) && !(lse && touches_inputs(*lse)) &&
                         !rt::stream_is_capturing(st);
   launch(impl_->tuner->choose(ts, st, may_time, launch));
