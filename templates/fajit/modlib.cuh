@@ -65,6 +65,18 @@ __device__ __forceinline__ float divf(float a, float b) {
   return __fmul_rn(__fmul_rn(a, __frcp_rn(__fmul_rn(b, s))), s);
 }
 
+// math.tanh: 1 - 2 / (e^(2x) + 1) by one MUFU.EX2 and one MUFU.RCP (absolute error ~2^-22,
+// saturating to ±1 without a branch), and below |x| = 1/16, where that form loses relative
+// accuracy, the odd Taylor polynomial x - x³/3 + 2x⁵/15 (relative error < 2^-23 there). CUDA's
+// tanhf (2 ulp) inlines a long expansion: on softcap's every score it cost more compile time
+// and run time than the rest of the score path.
+__device__ __forceinline__ float tanh(float x) {
+  const float big = 1.f - 2.f * fa::rcp(fa::ex2(2.8853900817779268f * x) + 1.f);  // 2·log2(e)
+  const float x2 = x * x;
+  const float small = x * fmaf(x2, fmaf(x2, 0.13333333333f, -0.33333333333f), 1.f);
+  return fabsf(x) < 0.0625f ? small : big;
+}
+
 // arith.fptosi / fptoui: truncate, saturate, NaN -> 0 (cvt.rzi).
 __device__ __forceinline__ int f2i(float a) { return __float2int_rz(a); }
 __device__ __forceinline__ int f2u(float a) { return (int)__float2uint_rz(a); }

@@ -96,6 +96,9 @@ const std::vector<BwdCase>& cases() {
       // d64 with a score_mod (BLOCK_M 64 on sm_90a): GQA groups and several query tiles per
       // key block, so the consumer warpgroups' dQ parts and stages interleave.
       {"document_softcap", bf16, 64, 64, 1, 4, 2, 300, 300},
+      // scores far past the cap (scale 2: tanh saturated, its derivative near 0) and near it
+      with({"document_softcap", f16, 128, 128, 1, 4, 2, 1000, 1000}, "hot",
+           [](BwdCase& c) { c.scale = 2.0f; }),
       {"causal_alibi", f16, 64, 64, 1, 8, 2, 1000, 1000},
       // The Hopper dK/dV kernel's row-by-row dQ reductions (FAJIT_TMA=0, also taken where the
       // driver refuses the dQ accumulator's tensor map): dQ parts split by columns (d128), by

@@ -98,6 +98,8 @@ const std::vector<FwdCase>& cases() {
       {"alibi_slopes", bf16, 128, 64, 1, 4, 4, 4097, 1000},
       {"document_softcap", bf16, 64, 128, 1, 4, 1, 4097, 4097},
       {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
+      // scores far past the cap (scale 2: tanh saturated) as well as near 0 (fa::mod::tanh's two forms)
+      with({"document_softcap", f16, 64, 64, 2, 4, 2, 1000, 1000}, "hot", [](FwdCase& c) { c.scale = 2.0f; }),
       {"document2d_causal", bf16, 64, 64, 3, 2, 2, 1000, 1000},
       {"sliding", bf16, 128, 128, 1, 8, 1, 4097, 4097, 200},
       {"sliding", f16, 64, 64, 2, 4, 1, 1000, 1000, 100},

@@ -90,7 +90,7 @@ TEST(BackwardApi, ScoreModDerivativesAreGenerated) {
   EXPECT_NE(src.find("static constexpr bool kScoreGrad = true;"), std::string::npos) << src;
   EXPECT_NE(src.find("float score_grad(float score, int b, int h, int q, int kv, float dt,"),
             std::string::npos);
-  EXPECT_NE(src.find("tanhf("), std::string::npos);
+  EXPECT_NE(src.find("fa::mod::tanh("), std::string::npos);
   const fa::Kernel slopes =
       fa::compile(fa::mods::alibi(fa::buffer<float>("slopes", 1)), fa::mods::causal(), opts(64, 64));
   const std::string& src2 = slopes.backward_cuda_source();

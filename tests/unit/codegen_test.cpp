@@ -136,7 +136,7 @@ TEST(Codegen, ScalarSlotsFollowCaptureOrder) {
   EXPECT_HAS(m, "cap.scalars[1].f;  // fa: ");
   EXPECT_HAS(m, "cap.scalars[0].i;  // fa: ");
   EXPECT_HAS(m, "cap.scalars[2].i;  // fa: ");
-  EXPECT_HAS(m, "tanhf(");
+  EXPECT_HAS(m, "fa::mod::tanh(");
   EXPECT_HAS(m, "fa::mod::divf(score, ");
 }
 
@@ -732,7 +732,7 @@ std::vector<OpCase> op_cases() {
       float_un("math.exp2", "exp2f(score)"),
       float_un("math.log", "logf(score)"),
       float_un("math.log2", "log2f(score)"),
-      float_un("math.tanh", "tanhf(score)"),
+      float_un("math.tanh", "fa::mod::tanh(score)"),
       float_un("math.sqrt", "__fsqrt_rn(score)"),
       float_un("math.rsqrt", "rsqrtf(score)"),
       float_un("math.absf", "fabsf(score)"),
@@ -916,7 +916,7 @@ TEST(Codegen, BackwardHookFromTheDerivative) {
   // softcap: generated, each line tagged with its op.
   std::string cap = fa::emit_mods(fa::trace(fa::mods::softcap(), fa::mods::causal()), true);
   EXPECT_HAS(cap, "static constexpr bool kScoreGrad = true;");
-  EXPECT_HAS(cap, "= tanhf(");
+  EXPECT_HAS(cap, "= fa::mod::tanh(");
   EXPECT_HAS(cap, "// fa: %5 = arith.subf %cst, %4 : f32");
   EXPECT_LACKS(cap, "grad_add");
   // Forward-only code has no hook at all.

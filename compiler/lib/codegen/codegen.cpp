@@ -271,7 +271,7 @@ class ModEmitter {
       case B::Exp2: return fmt::format("exp2f({})", name(op.getOperand(0)));
       case B::Log: return fmt::format("logf({})", name(op.getOperand(0)));
       case B::Log2: return fmt::format("log2f({})", name(op.getOperand(0)));
-      case B::Tanh: return fmt::format("tanhf({})", name(op.getOperand(0)));
+      case B::Tanh: return fmt::format("fa::mod::tanh({})", name(op.getOperand(0)));
       case B::Sqrt: return fmt::format("__fsqrt_rn({})", name(op.getOperand(0)));
       case B::Rsqrt: return fmt::format("rsqrtf({})", name(op.getOperand(0)));
       case B::AbsF: return fmt::format("fabsf({})", name(op.getOperand(0)));
