@@ -43,7 +43,8 @@ struct Options {
   // choice is kept in the cache directory beside the cubins, keyed by variant, device name and
   // shape class, so later processes skip the timing. That first call synchronizes its stream;
   // a stream being captured into a CUDA graph, or O overlapping Q/K/V, is not tuned (the
-  // default runs). Unset: on unless $FAJIT_AUTOTUNE is "0" (read by fa::compile).
+  // default runs). Unset: on unless $FAJIT_AUTOTUNE is 0, off, false or no (read by
+  // fa::compile); true with an explicit family or tile is an fa::Error.
   std::optional<bool> autotune;
 };
 
@@ -52,7 +53,7 @@ struct TuneRecord {
   enum class Origin : uint8_t {
     kTuned,   // timed in this process
     kStored,  // read from the cache (this process's or an earlier one's)
-    kSkipped  // not timed (one launch alone would overrun the budget): the default, kept as if tuned
+    kSkipped  // not timed (note says why): the default, remembered in this process only
   };
   std::string shape_class;  // "bh64 q4096 kv4096 blk128x128"
   std::string device;       // the device name the choice was made on
@@ -60,6 +61,7 @@ struct TuneRecord {
   Origin origin = Origin::kTuned;
   std::vector<std::pair<KernelSpec, float>> timed;  // kTuned: each candidate's ms per launch
   double compile_s = 0, time_s = 0;                 // kTuned: compiling the candidates, timing them
+  std::string note;                                 // kSkipped: why nothing was timed
 };
 // One line: "bh64 q4096 kv4096 blk128x128: tuned wgmma 128x128w12s3 (wgmma 128x128w12s3 1.021 ms,
 // ..., compile 1.52 s, timing 0.18 s) on NVIDIA H200".

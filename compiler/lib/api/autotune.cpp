@@ -25,15 +25,16 @@ std::string to_string(const TuneRecord& r) {
   };
   const char* origin = r.origin == TuneRecord::Origin::kTuned    ? "tuned"
                        : r.origin == TuneRecord::Origin::kStored ? "stored"
-                                                                 : "default (too long to time)";
-  std::string timed;
-  for (const auto& [spec, ms] : r.timed)
-    timed += fmt::format("{}{} {:.3f} ms", timed.empty() ? "" : ", ", brief(spec), ms);
-  if (r.origin == TuneRecord::Origin::kTuned)
-    timed +=
-        fmt::format("{}compile {:.2f} s, timing {:.2f} s", timed.empty() ? "" : ", ", r.compile_s, r.time_s);
+                                                                 : "default";
+  std::string detail;
+  if (r.origin == TuneRecord::Origin::kTuned) {
+    for (const auto& [spec, ms] : r.timed) detail += fmt::format("{} {:.3f} ms, ", brief(spec), ms);
+    detail += fmt::format("compile {:.2f} s, timing {:.2f} s", r.compile_s, r.time_s);
+  } else if (r.origin == TuneRecord::Origin::kSkipped) {
+    detail = "not timed: " + r.note;
+  }
   return fmt::format("{}: {} {}{} on {}", r.shape_class, origin, brief(r.chosen),
-                     timed.empty() ? "" : " (" + timed + ")", r.device);
+                     detail.empty() ? "" : " (" + detail + ")", r.device);
 }
 
 }  // namespace fa
@@ -65,7 +66,12 @@ class EventTimer {
  public:
   explicit EventTimer(CUstream stream) : stream_(stream) {
     FA_CU(cuEventCreate, &start_, CU_EVENT_DEFAULT);
-    FA_CU(cuEventCreate, &stop_, CU_EVENT_DEFAULT);
+    try {
+      FA_CU(cuEventCreate, &stop_, CU_EVENT_DEFAULT);
+    } catch (...) {
+      rt::driver().cuEventDestroy(start_);
+      throw;
+    }
   }
   ~EventTimer() {
     rt::driver().cuEventDestroy(start_);
@@ -88,6 +94,15 @@ class EventTimer {
  private:
   CUstream stream_;
   CUevent start_ = nullptr, stop_ = nullptr;
+};
+
+// Joins every started thread when it goes out of scope (also when starting another threw).
+struct JoinAll {
+  std::vector<std::thread> threads;
+  ~JoinAll() {
+    for (std::thread& t : threads)
+      if (t.joinable()) t.join();
+  }
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -119,10 +134,18 @@ std::optional<KernelSpec> parse_tune_choice(const std::string& text,
 }
 
 bool autotune_enabled(const Options& o) {
-  if (o.family != KernelFamily::kAuto || !o.tile.is_default()) return false;
+  const bool explicit_kernel = o.family != KernelFamily::kAuto || !o.tile.is_default();
+  if (explicit_kernel && o.autotune.value_or(false))
+    throw Error(
+        "autotune: autotuning picks the kernel family and tile itself; leave family on auto and the tile "
+        "empty, or turn autotune off");
+  if (explicit_kernel) return false;
   if (o.autotune) return *o.autotune;
   const char* v = std::getenv("FAJIT_AUTOTUNE");
-  return !(v && std::strcmp(v, "0") == 0);
+  if (!v) return true;
+  for (const char* off : {"0", "off", "false", "no"})
+    if (strcasecmp(v, off) == 0) return false;
+  return true;
 }
 
 ForwardTuner::ForwardTuner(const Program& program, const Compiled& fwd, bool enabled)
@@ -135,25 +158,33 @@ std::vector<TuneRecord> ForwardTuner::records() const {
   return out;
 }
 
-const Compiled& ForwardTuner::compiled(const KernelSpec& spec) {
-  if (spec == fwd_.gen.spec) return fwd_;
-  return *compile_all({spec}).front();
+const Compiled* ForwardTuner::compiled(const KernelSpec& spec) {
+  if (spec == fwd_.gen.spec) return &fwd_;
+  return compile_all({spec}).front();  // null when it did not compile
 }
 
 std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelSpec>& specs) {
   // Generation runs here, one at a time; NVRTC (thread-safe, the cache too) in parallel.
+  // Callers hold tuning_, so generation (and kernels_' insertions) run one at a time.
   std::vector<const Compiled*> out(specs.size(), nullptr);
   std::vector<std::pair<size_t, GeneratedKernel>> todo;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < specs.size(); ++i) {
-      if (specs[i] == fwd_.gen.spec) {
-        out[i] = &fwd_;
-      } else if (auto it = kernels_.find(specs[i].to_string()); it != kernels_.end()) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i] == fwd_.gen.spec) {
+      out[i] = &fwd_;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = kernels_.find(specs[i].to_string()); it != kernels_.end()) {
         out[i] = it->second.get();
-      } else {
-        todo.emplace_back(i, generate(program_, specs[i]));
+        continue;
       }
+    }
+    try {
+      todo.emplace_back(i, generate(program_, specs[i]));
+    } catch (const std::exception& e) {  // a candidate codegen refuses is no candidate
+      if (debug())
+        std::cerr << "fajit: autotune: dropped " << specs[i].to_string() << ": " << e.what() << "\n";
     }
   }
   std::vector<std::unique_ptr<Compiled>> made(todo.size());
@@ -171,9 +202,8 @@ std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelS
   if (todo.size() == 1) {
     work(0);
   } else {
-    std::vector<std::thread> threads;
-    for (size_t j = 0; j < todo.size(); ++j) threads.emplace_back(work, j);
-    for (std::thread& t : threads) t.join();
+    JoinAll pool;
+    for (size_t j = 0; j < todo.size(); ++j) pool.threads.emplace_back(work, j);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t j = 0; j < todo.size(); ++j) {
@@ -189,24 +219,38 @@ std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelS
 }
 
 TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream,
-                                         const Launch& launch) {
+                                         const Prepare& prepare) {
   TuneRecord r;
   r.chosen = fwd_.gen.spec;
+  r.origin = TuneRecord::Origin::kSkipped;
+  FA_CU(cuStreamSynchronize, stream);  // the caller's earlier work is not the budget's
   const auto t0 = std::chrono::steady_clock::now();
-  FA_CU(cuStreamSynchronize, stream);
   EventTimer timer(stream);
-  // One launch of each: loads the module, and drops a candidate the driver will not launch
-  // (the default must launch: its error is the caller's).
-  std::vector<const Compiled*> alive;
+  // The default first (its errors are the caller's): one launch to warm it, one timed; then
+  // whether a warm-up launch of each candidate and two rounds of at least one fit the budget.
+  const Launcher run_default = prepare(fwd_);
+  run_default();
+  const double t_default = std::max(timer.per_call(1, run_default), 1e-3f);
+  const double n = static_cast<double>(kernels.size());
+  const double left = kBudgetMs - seconds_since(t0) * 1e3;
+  const double reps = std::min<double>(kMaxReps, (left - n * t_default) / (2 * n * t_default));
+  if (reps < 1) {
+    r.note = fmt::format("one launch takes {:.2f} ms, {} candidates do not fit {:.0f} ms", t_default,
+                         kernels.size(), kBudgetMs);
+    r.time_s = seconds_since(t0);
+    return r;
+  }
+  // Every other candidate launched once (loads its module; one the driver will not launch is
+  // dropped), with its function and arguments resolved outside the timed launches.
+  std::vector<const Compiled*> alive{&fwd_};
+  std::vector<Launcher> runs{run_default};
   for (const Compiled* c : kernels) {
-    if (c == &fwd_) {
-      launch(*c);
-      alive.push_back(c);
-      continue;
-    }
+    if (c == &fwd_) continue;
     try {
-      launch(*c);
+      Launcher l = prepare(*c);
+      l();
       alive.push_back(c);
+      runs.push_back(std::move(l));
     } catch (const Error& e) {
       if (debug())
         std::cerr << "fajit: autotune: " << c->gen.spec.to_string() << " did not launch: " << e.what()
@@ -214,12 +258,8 @@ TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& ker
     }
   }
   FA_CU(cuStreamSynchronize, stream);
-  const float t_default = timer.per_call(1, [&] { launch(fwd_); });
-  const double n = static_cast<double>(alive.size());
-  const double spent = seconds_since(t0) * 1e3;
-  const int reps = static_cast<int>(std::min<double>(kMaxReps, (kBudgetMs - spent) / (2 * n * t_default)));
-  if (reps < 1 || alive.size() < 2) {
-    r.origin = TuneRecord::Origin::kSkipped;
+  if (alive.size() < 2) {
+    r.note = "no other candidate launched";
     r.time_s = seconds_since(t0);
     return r;
   }
@@ -230,7 +270,7 @@ TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& ker
     const float leader = *std::min_element(best.begin(), best.end());
     for (size_t i = 0; i < alive.size(); ++i) {
       if (round == 1 && best[i] > 1.5f * leader) continue;
-      best[i] = std::min(best[i], timer.per_call(reps, [&] { launch(*alive[i]); }));
+      best[i] = std::min(best[i], timer.per_call(static_cast<int>(reps), runs[i]));
     }
   }
   size_t win = 0;  // alive[0] is the default
@@ -244,7 +284,7 @@ TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& ker
 }
 
 const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bool may_time,
-                                     const Launch& launch) {
+                                     const Prepare& prepare) {
   if (!enabled_) return fwd_;
   const std::string cls = shape_class(shape);
   std::string device;
@@ -262,6 +302,20 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
     std::lock_guard<std::mutex> lock(mutex_);  // another thread may have tuned it meanwhile
     if (auto it = choices_.find(mem_key); it != choices_.end()) return *it->second.first;
   }
+  TuneRecord record;
+  record.shape_class = cls;
+  record.device = device;
+  record.chosen = fwd_.gen.spec;
+  record.origin = TuneRecord::Origin::kSkipped;
+  const Compiled* chosen = &fwd_;
+  // Remembered in memory only (and kTuned in the cache directory too).
+  auto remember = [&]() -> const Compiled& {
+    std::lock_guard<std::mutex> lock(mutex_);
+    choices_.emplace(mem_key, std::make_pair(chosen, record));
+    order_.push_back(mem_key);
+    return *chosen;
+  };
+
   const bool has_score_mod = !program_.score_is_identity();
   std::vector<KernelSpec> specs = forward_tune_candidates(fwd_.gen.spec, has_score_mod);
   // Candidates whose tile does not divide the mask's blocks cannot run it.
@@ -271,6 +325,10 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
                                       shape.kv_block % s.tile.block_n != 0;
                              }),
               specs.end());
+  if (specs.size() < 2) {
+    record.note = "the default is the only candidate here";
+    return remember();
+  }
   // The candidates are part of the key: a record names one of them, and another list (a
   // later fajit) tunes afresh instead of finding a choice it no longer offers.
   std::string candidates;
@@ -283,36 +341,35 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
                               .add("candidates", candidates)
                               .hex();
   jit::Cache& cache = jit::Cache::global();
-  TuneRecord record;
-  const Compiled* chosen = nullptr;
   if (auto stored = cache.find(key)) {
-    if (std::optional<KernelSpec> spec = parse_tune_choice(stored->cubin, specs)) {
-      chosen = &compiled(*spec);
-      record.chosen = *spec;
-      record.origin = TuneRecord::Origin::kStored;
-    }
+    if (std::optional<KernelSpec> spec = parse_tune_choice(stored->cubin, specs))
+      if (const Compiled* c = compiled(*spec)) {  // null: it no longer compiles; tune again
+        chosen = c;
+        record.chosen = *spec;
+        record.origin = TuneRecord::Origin::kStored;
+        return remember();
+      }
   }
-  if (!chosen) {
-    if (!may_time || specs.size() < 2) return fwd_;
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<const Compiled*> kernels = compile_all(specs);
-    const double compile_s = seconds_since(t0);
-    kernels.erase(std::remove(kernels.begin(), kernels.end(), nullptr), kernels.end());
-    record = time_candidates(kernels, stream, launch);
-    record.compile_s = compile_s;
+  if (!may_time) return fwd_;  // nothing remembered: a later ordinary call tunes the class
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<const Compiled*> kernels = compile_all(specs);
+  const double compile_s = seconds_since(t0);
+  kernels.erase(std::remove(kernels.begin(), kernels.end(), nullptr), kernels.end());
+  if (kernels.size() < 2) {
+    record.note = "no other candidate compiled";
+  } else {
+    record = time_candidates(kernels, stream, prepare);
     record.shape_class = cls;
     record.device = device;
-    chosen = &compiled(record.chosen);
+    chosen = record.chosen == fwd_.gen.spec ? &fwd_ : compiled(record.chosen);
+  }
+  record.compile_s = compile_s;
+  if (record.origin == TuneRecord::Origin::kTuned) {
     const std::string text = tune_record_text(record);
     cache.get_or_compile(
         key, [&] { return text; }, fmt::format("autotune {} on {}", cls, device));
   }
-  record.shape_class = cls;
-  record.device = device;
-  std::lock_guard<std::mutex> lock(mutex_);
-  choices_.emplace(mem_key, std::make_pair(chosen, record));
-  order_.push_back(mem_key);
-  return *chosen;
+  return remember();
 }
 
 }  // namespace fa::detail

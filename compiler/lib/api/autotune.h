@@ -44,31 +44,34 @@ class ForwardTuner {
   bool enabled() const { return enabled_; }
 
   // The kernel to run for `shape`: the default, a choice already made (memory, then the
-  // cache directory), or one made now by timing the candidates through `launch` on `stream`
-  // (when `may_time`; else the default, and nothing is recorded).
-  using Launch = std::function<void(const Compiled&)>;
-  const Compiled& choose(const TuneShape& shape, CUstream stream, bool may_time, const Launch& launch);
+  // cache directory), or one made now by timing the candidates on `stream` (when `may_time`;
+  // else the default, and nothing is remembered). `prepare` resolves a kernel's function and
+  // arguments for this call and returns what launches it (no host work left in the timing).
+  using Launcher = std::function<void()>;
+  using Prepare = std::function<Launcher(const Compiled&)>;
+  const Compiled& choose(const TuneShape& shape, CUstream stream, bool may_time, const Prepare& prepare);
 
   std::vector<TuneRecord> records() const;
 
  private:
-  const Compiled& compiled(const KernelSpec& spec);  // a candidate, compiled once (locked)
-  std::vector<const Compiled*> compile_all(const std::vector<KernelSpec>& specs);
+  // A candidate compiled once (null when it does not compile); callers hold tuning_.
+  const Compiled* compiled(const KernelSpec& spec);
+  std::vector<const Compiled*> compile_all(const std::vector<KernelSpec>& specs);  // null: did not compile
   TuneRecord time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream,
-                             const Launch& launch);
+                             const Prepare& prepare);
 
   const Program& program_;
   const Compiled& fwd_;
   const bool enabled_;
   mutable std::mutex mutex_;  // choices_, order_, kernels_
-  std::mutex tuning_;         // one tuning at a time
+  std::mutex tuning_;         // one tuning (and code generation) at a time
   std::map<std::string, std::pair<const Compiled*, TuneRecord>> choices_;
   std::vector<std::string> order_;
   std::map<std::string, std::unique_ptr<Compiled>> kernels_;  // by spec text
 };
 
-// Options::autotune resolved: the value, else on unless $FAJIT_AUTOTUNE is "0"; off for an
-// explicit family or tile, and for the other kinds.
+// Options::autotune resolved: the value, else on unless $FAJIT_AUTOTUNE is 0, off, false or no;
+// off for an explicit family or tile (and fa::Error when autotune is asked for with one).
 bool autotune_enabled(const Options& options);
 
 }  // namespace fa::detail

@@ -491,22 +491,26 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
   const FaFwdParams params = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
-  auto launch = [&](const Compiled& f) {
+  // What launches kernel f on this call, its function and arguments resolved up front.
+  auto prepare = [&](const Compiled& f) -> detail::ForwardTuner::Launcher {
     const KernelSpec& s = f.gen.spec;
     CUfunction fn = rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name);
-    FaFwdParams p = params;
     const TileConfig& t = s.tile;
-    unsigned grid_x = static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m);
-    unsigned grid_y = static_cast<unsigned>(shape.batch * shape.heads_q);
-    unsigned smem = static_cast<unsigned>(s.smem_bytes());
+    const rt::Dim3 grid(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
+                        static_cast<unsigned>(shape.batch * shape.heads_q));
+    const rt::Dim3 block(static_cast<unsigned>(s.threads()));
+    const unsigned smem = static_cast<unsigned>(s.smem_bytes());
     // The Hopper kernel takes K and V as TMA tensor maps (a third, __grid_constant__ parameter).
     FaTmaPair maps{};
-    void* args[] = {&p, cap.data(), &maps};
     if (s.family == KernelFamily::kWgmma) maps = rt::make_tma_pair(k, v, t.block_n);
-    rt::launch(fn, rt::Dim3(grid_x, grid_y), rt::Dim3(static_cast<unsigned>(s.threads())), smem, st, args);
+    return [fn, grid, block, smem, maps, &params, &cap, st]() mutable {
+      FaFwdParams p = params;
+      void* args[] = {&p, cap.data(), &maps};
+      rt::launch(fn, grid, block, smem, st, args);
+    };
   };
   if (!dense) {
-    launch(impl_->prefill_kernel(layout));
+    prepare(impl_->prefill_kernel(layout))();
     return;
   }
   // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
@@ -518,7 +522,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   };
   const bool may_time = impl_->tuner->enabled() && !touches_inputs(o) && !(lse && touches_inputs(*lse)) &&
                         !rt::stream_is_capturing(st);
-  launch(impl_->tuner->choose(ts, st, may_time, launch));
+  prepare(impl_->tuner->choose(ts, st, may_time, prepare))();
 }
 
 WarmReport Kernel::warm(const WarmOptions& options) const {
