@@ -36,7 +36,9 @@
 //    round to nearest even (__int2float_rn / __uint2float_rn).
 //  - math ops call the host's float libm (expf, exp2f, logf, log2f, tanhf, sqrtf, 1/sqrtf,
 //    fabsf, sinf, cosf, powf, floorf, ceilf, erff): exact for sqrt/abs/floor/ceil, within a
-//    few ulp of CUDA's for the transcendental ones. math.absi of INT_MIN is INT_MIN.
+//    few ulp of CUDA's for the transcendental ones, except math.tanh, which the kernels
+//    compute as fa::mod::tanh (templates/fajit/modlib.cuh: absolute error ~2^-22, relative
+//    < 1e-6). math.absi of INT_MIN is INT_MIN.
 //  - fa.load checks every index against its dimension and throws fa::Error when it is out
 //    of bounds ("capture 'slopes' index 16 is out of bounds for dimension 0 of size 16"), and
 //    so does fa.grad_add (a score_grad's), before it calls the sink.
