@@ -24,6 +24,8 @@
 #include <optional>
 #include <thread>
 
+#include "../../compiler/lib/api/autotune.h"
+#include "fajit/jit/cache.h"
 #include "fajit/runtime/device.h"
 #include "gpu_harness.h"
 
@@ -643,6 +645,38 @@ TEST(Autotune, ChoosesOncePerShapeClassAndFindsTheChoiceAgainInTheCache) {
   EXPECT_EQ(r2[0].origin, fa::TuneRecord::Origin::kStored);
   EXPECT_EQ(r2[0].chosen, r[0].chosen);
   EXPECT_EQ(r2[0].device, r[0].device);
+}
+
+// A choice an earlier process stored (written into the cache here first) that is not the
+// default: the forward runs it without timing anything, and its output is right.
+TEST(Autotune, RunsAStoredChoiceThatIsNotTheDefault) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  FwdCase c{"causal_alibi", bf16, 128, 128, 1, 4, 2, 1000, 1000};
+  c.autotune = true, c.salt = fresh_salt();
+  std::shared_ptr<Prepared> p = prepare(c);
+  const fa::Kernel& k = *p->kernel;
+  const std::vector<fa::KernelSpec> specs = fa::forward_tune_candidates(k.spec(), true);
+  ASSERT_GE(specs.size(), 3u);
+  std::string device;
+  {
+    fa::rt::ContextGuard guard;
+    device = fa::rt::current_device_info().name;
+  }
+  fa::TuneRecord stored;
+  stored.shape_class = fa::detail::shape_class({int64_t(c.B) * c.Hq, c.Lq, c.Lkv, 128, 128});
+  stored.device = device;
+  stored.chosen = specs.back();  // mma.sync 64x64: never the default on sm_90a
+  const std::string text = fa::detail::tune_record_text(stored);
+  fa::jit::Cache::global().get_or_compile(
+      fa::detail::tune_record_key(k.cache_key(), device, stored.shape_class, specs), [&] { return text; },
+      "autotune (test)");
+  expect_good(c, launch_and_check(c, k, *p, p->mask, p->captures, p->ref));
+  const std::vector<fa::TuneRecord> r = k.tune_records();
+  ASSERT_EQ(r.size(), 1u);
+  std::printf("[ autotune ] %s\n", fa::to_string(r[0]).c_str());
+  EXPECT_EQ(r[0].origin, fa::TuneRecord::Origin::kStored);
+  EXPECT_EQ(r[0].chosen, specs.back());
+  EXPECT_FALSE(r[0].chosen == k.spec());
 }
 
 TEST(Autotune, NotTimedWhenOffWhenOHoldsAnInputOrWhileAGraphIsCaptured) {

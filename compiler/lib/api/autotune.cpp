@@ -116,6 +116,21 @@ std::string shape_class(const TuneShape& s) {
                      pow2_at_least(s.len_kv), s.q_block, s.kv_block);
 }
 
+std::string tune_record_key(const std::string& variant_key, const std::string& device, const std::string& cls,
+                            const std::vector<KernelSpec>& candidates) {
+  // The candidates are part of the key: a record names one of them, and another list (a
+  // later fajit) tunes afresh instead of finding a choice it no longer offers.
+  std::string list;
+  for (const KernelSpec& c : candidates) list += c.to_string() + "\n";
+  return jit::KeyBuilder()
+      .add("autotune", "forward 1")
+      .add("variant", variant_key)
+      .add("device", device)
+      .add("class", cls)
+      .add("candidates", list)
+      .hex();
+}
+
 std::string tune_record_text(const TuneRecord& r) {
   std::string text =
       fmt::format("choice {}\nclass {}\ndevice {}\n", r.chosen.to_string(), r.shape_class, r.device);
@@ -329,17 +344,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
     record.note = "the default is the only candidate here";
     return remember();
   }
-  // The candidates are part of the key: a record names one of them, and another list (a
-  // later fajit) tunes afresh instead of finding a choice it no longer offers.
-  std::string candidates;
-  for (const KernelSpec& c : specs) candidates += c.to_string() + "\n";
-  const std::string key = jit::KeyBuilder()
-                              .add("autotune", "forward 1")
-                              .add("variant", fwd_.key)
-                              .add("device", device)
-                              .add("class", cls)
-                              .add("candidates", candidates)
-                              .hex();
+  const std::string key = tune_record_key(fwd_.key, device, cls, specs);
   jit::Cache& cache = jit::Cache::global();
   if (auto stored = cache.find(key)) {
     if (std::optional<KernelSpec> spec = parse_tune_choice(stored->cubin, specs))

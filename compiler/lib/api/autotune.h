@@ -27,6 +27,12 @@ struct TuneShape {
 // "bh64 q4096 kv4096 blk128x128": B x Hq, Lq and Lkv rounded up to powers of two.
 std::string shape_class(const TuneShape& shape);
 
+// The cache key of a shape class's record: the default forward's cache key, the device name,
+// the class and the candidates it was chosen from (in the order tuned: the mask's filter
+// applied).
+std::string tune_record_key(const std::string& variant_key, const std::string& device, const std::string& cls,
+                            const std::vector<KernelSpec>& candidates);
+
 // The text a choice is stored as ("choice forward bf16 qk128 v128 wgmma tile128x128w12s3
 // sm_90a", then one "timed <ms> <spec>" line per candidate), and the candidate it names
 // (nullopt when it names none of them: a record from other templates, or damaged).
