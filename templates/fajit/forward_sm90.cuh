@@ -284,13 +284,14 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     wgmma_wait<0>();
     pin(s);
   };
-  // After P·V has completed: O and P are free again, the stage goes back to the producer.
-  auto pv_done = [&](int stage) {
+  // After P·V has completed: O and P are free again, the stage goes back to the producer
+  // (unless `release` is false: the overlap loop's zero-P first step runs on a stage it keeps).
+  auto pv_done = [&](int stage, bool release = true) {
     wgmma_wait<0>();
     pin(o);
     pin(pa);
     __syncwarp();
-    if (lane == 0) mbar_arrive(bar_empty(stage));
+    if (lane == 0 && release) mbar_arrive(bar_empty(stage));
   };
   // O += P·V, alone: issued, waited for, stage released.
   auto gemm_pv = [&](int stage, u32 phase) {
@@ -352,11 +353,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       pin(s);
       mods(s, start, is_full);
       rows.step(s, alpha, sl2);
-      wgmma_wait<0>();  // P_{j-1}·V_{j-1} done
-      pin(o);
-      pin(pa);
-      __syncwarp();
-      if (lane == 0 && !first) mbar_arrive(bar_empty(prev.stage));
+      pv_done(prev.stage, !first);  // P_{j-1}·V_{j-1} done
       scale_rows(o, alpha);
       pack_a<E>(pa, s);
       prev = ring;

@@ -2,16 +2,17 @@
 // the caller's tensors, the choice kept in memory and in the cache directory.
 #include "autotune.h"
 
+#include <strings.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "fajit/jit/cache.h"
 #include "fajit/jit/key.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
@@ -56,10 +57,7 @@ int64_t pow2_at_least(int64_t v) {
   return p;
 }
 
-bool debug() {
-  const char* v = std::getenv("FAJIT_DEBUG");
-  return v && *v && std::strcmp(v, "0") != 0;
-}
+bool debug() { return jit::env_flag("FAJIT_DEBUG"); }
 
 // CUDA events around launches on one stream.
 class EventTimer {
@@ -298,16 +296,12 @@ TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& ker
   return r;
 }
 
-const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bool may_time,
-                                     const Prepare& prepare) {
+const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
+                                     const std::function<bool()>& may_time, const Prepare& prepare) {
   if (!enabled_) return fwd_;
   const std::string cls = shape_class(shape);
-  std::string device;
-  {
-    rt::ContextGuard guard;
-    device = rt::current_device_info().name;
-  }
-  const std::string mem_key = cls + " on " + device;  // one process may drive several GPU models
+  const std::string& device = rt::current_device_info().name;  // cached per device
+  const std::string mem_key = cls + " on " + device;           // one process may drive several GPU models
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = choices_.find(mem_key); it != choices_.end()) return *it->second.first;
@@ -355,7 +349,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
         return remember();
       }
   }
-  if (!may_time) return fwd_;  // nothing remembered: a later ordinary call tunes the class
+  if (!may_time()) return fwd_;  // nothing remembered: a later ordinary call tunes the class
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<const Compiled*> kernels = compile_all(specs);
   const double compile_s = seconds_since(t0);
@@ -366,7 +360,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream, bo
     record = time_candidates(kernels, stream, prepare);
     record.shape_class = cls;
     record.device = device;
-    chosen = record.chosen == fwd_.gen.spec ? &fwd_ : compiled(record.chosen);
+    chosen = compiled(record.chosen);  // one of the kernels just timed
   }
   record.compile_s = compile_s;
   if (record.origin == TuneRecord::Origin::kTuned) {

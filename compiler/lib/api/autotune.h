@@ -50,12 +50,14 @@ class ForwardTuner {
   bool enabled() const { return enabled_; }
 
   // The kernel to run for `shape`: the default, a choice already made (memory, then the
-  // cache directory), or one made now by timing the candidates on `stream` (when `may_time`;
-  // else the default, and nothing is remembered). `prepare` resolves a kernel's function and
-  // arguments for this call and returns what launches it (no host work left in the timing).
+  // cache directory), or one made now by timing the candidates on `stream` (when `may_time()`,
+  // asked only then; else the default, and nothing is remembered). `prepare` resolves a
+  // kernel's function and arguments for this call and returns what launches it (no host work
+  // left in the timing).
   using Launcher = std::function<void()>;
   using Prepare = std::function<Launcher(const Compiled&)>;
-  const Compiled& choose(const TuneShape& shape, CUstream stream, bool may_time, const Prepare& prepare);
+  const Compiled& choose(const TuneShape& shape, CUstream stream, const std::function<bool()>& may_time,
+                         const Prepare& prepare);
 
   std::vector<TuneRecord> records() const;
 

@@ -491,38 +491,54 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
   const FaFwdParams params = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
-  // What launches kernel f on this call, its function and arguments resolved up front.
-  auto prepare = [&](const Compiled& f) -> detail::ForwardTuner::Launcher {
-    const KernelSpec& s = f.gen.spec;
-    CUfunction fn = rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name);
-    const TileConfig& t = s.tile;
-    const rt::Dim3 grid(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
-                        static_cast<unsigned>(shape.batch * shape.heads_q));
-    const rt::Dim3 block(static_cast<unsigned>(s.threads()));
-    const unsigned smem = static_cast<unsigned>(s.smem_bytes());
-    // The Hopper kernel takes K and V as TMA tensor maps (a third, __grid_constant__ parameter).
-    FaTmaPair maps{};
-    if (s.family == KernelFamily::kWgmma) maps = rt::make_tma_pair(k, v, t.block_n);
-    return [fn, grid, block, smem, maps, &params, &cap, st]() mutable {
-      FaFwdParams p = params;
-      void* args[] = {&p, cap.data(), &maps};
+  // Kernel f's launch on this call, its function and arguments resolved up front (the
+  // autotuner times these with no host work between launches).
+  struct PrefillLaunch {
+    CUfunction fn;
+    rt::Dim3 grid, block;
+    unsigned smem;
+    FaTmaPair maps;  // the Hopper kernel takes K and V as TMA tensor maps (its third parameter)
+    const FaFwdParams* params;
+    unsigned char* cap;
+    CUstream st;
+    void operator()() {
+      FaFwdParams p = *params;
+      void* args[] = {&p, cap, &maps};
       rt::launch(fn, grid, block, smem, st, args);
-    };
+    }
+  };
+  auto resolve = [&](const Compiled& f) {
+    const KernelSpec& s = f.gen.spec;
+    const TileConfig& t = s.tile;
+    PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
+                    rt::Dim3(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
+                             static_cast<unsigned>(shape.batch * shape.heads_q)),
+                    rt::Dim3(static_cast<unsigned>(s.threads())),
+                    static_cast<unsigned>(s.smem_bytes()),
+                    FaTmaPair{},
+                    &params,
+                    cap.data(),
+                    st};
+    if (s.family == KernelFamily::kWgmma) l.maps = rt::make_tma_pair(k, v, t.block_n);
+    return l;
   };
   if (!dense) {
-    prepare(impl_->prefill_kernel(layout))();
+    resolve(impl_->prefill_kernel(layout))();
     return;
   }
   // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
-  // overlap none of the inputs, and never into a CUDA graph being captured.
+  // overlap none of the inputs, and never into a CUDA graph being captured. Asked only when a
+  // shape class is about to be timed, not on every call.
   const detail::TuneShape ts{int64_t(shape.batch) * shape.heads_q, shape.len_q, shape.len_kv, mask.q_block(),
                              mask.kv_block()};
-  auto touches_inputs = [&](const TensorView& out) {
-    return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);
+  auto may_time = [&] {
+    auto touches_inputs = [&](const TensorView& out) {
+      return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);
+    };
+    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !rt::stream_is_capturing(st);
   };
-  const bool may_time = impl_->tuner->enabled() && !touches_inputs(o) && !(lse && touches_inputs(*lse)) &&
-                        !rt::stream_is_capturing(st);
-  prepare(impl_->tuner->choose(ts, st, may_time, prepare))();
+  auto prepare = [&](const Compiled& f) -> detail::ForwardTuner::Launcher { return resolve(f); };
+  resolve(impl_->tuner->choose(ts, st, std::ref(may_time), std::ref(prepare)))();
 }
 
 WarmReport Kernel::warm(const WarmOptions& options) const {

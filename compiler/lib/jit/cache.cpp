@@ -180,11 +180,6 @@ uint64_t random_u64() {
   return rng();
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-
 // "<key>.<pid>.<random>.tmp" -> pid, or -1 when `name` is not one of ours.
 long tmp_owner(const std::string& name) {
   if (name.size() < 32 + 6 || !is_valid_key(std::string_view(name).substr(0, 32)) || name[32] != '.' ||
@@ -208,6 +203,11 @@ std::string entry_key(const std::string& name) {
 }
 
 }  // namespace
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
 
 using EntryPtr = std::shared_ptr<const Entry>;
 

@@ -68,6 +68,10 @@ struct CacheStats {
   bool disk_enabled = false;      // false: memory only
 };
 
+// Whether $name is set, non-empty and not "0" (FAJIT_DEBUG: the cache's and the autotuner's
+// lines on stderr).
+bool env_flag(const char* name);
+
 class Cache {
  public:
   // A cache backed by `dir` (created on first write). An empty `dir` means memory only.
