@@ -139,15 +139,46 @@ struct KvRows {
 };
 
 // ---- where a CTA and a thread are -------------------------------------------------------------
-// A query-block CTA (grid x: query blocks of block_m rows, y: batch x query heads): its first
-// query row, batch, query head and the KV head that query head reads (GQA).
+// The tile a CTA of a (tiles, batch x heads) grid takes. CTAs start in about linear order
+// (x fastest) and one CTA fills an SM, so the order is a list schedule: heaviest tiles first
+// leaves light ones for the last wave (a causal forward's last query blocks walk every key
+// block: launched last, they ran alone at the end). Heads go in groups of kGridHeadGroup, all
+// tiles of a group before the next, so the CTAs running at once share a few heads' K/V in L2.
+// kHeavyLast: tile nt - 1 is the heaviest (query blocks under causal-like masks), else tile 0
+// (key blocks of the backward's dK/dV).
+constexpr int kGridHeadGroup = 8;
+struct GridTile {
+  int tile, bh;
+};
+template <bool kHeavyLast>
+__device__ __forceinline__ GridTile grid_tile() {
+  const long long nt = gridDim.x, nbh = gridDim.y;
+  const long long lin = (long long)blockIdx.y * nt + blockIdx.x;
+  const long long group = lin / (kGridHeadGroup * nt), g0 = group * kGridHeadGroup;
+  const long long in_group = nbh - g0 < kGridHeadGroup ? nbh - g0 : kGridHeadGroup;
+  const long long rem = lin - group * kGridHeadGroup * nt, step = rem / in_group;
+  return {static_cast<int>(kHeavyLast ? nt - 1 - step : step), static_cast<int>(g0 + rem - step * in_group)};
+}
+
+// A query-block CTA (grid x: query blocks of block_m rows, y: batch x query heads, taken in
+// grid_tile's order): its first query row, batch, query head and the KV head that query head
+// reads (GQA).
 struct QueryBlockCta {
   int q0, b, h, hkv;
   __device__ __forceinline__ QueryBlockCta(int block_m, int heads_q, int heads_kv)
-      : q0(blockIdx.x * block_m),
-        b(blockIdx.y / heads_q),
-        h(blockIdx.y % heads_q),
-        hkv(h / (heads_q / heads_kv)) {}
+      : QueryBlockCta(grid_tile<true>(), block_m, heads_q, heads_kv) {}
+  __device__ __forceinline__ QueryBlockCta(GridTile t, int block_m, int heads_q, int heads_kv)
+      : q0(t.tile * block_m), b(t.bh / heads_q), h(t.bh % heads_q), hkv(h / (heads_q / heads_kv)) {}
+};
+// A key-block CTA of the dK/dV grid (x: key blocks of block_n rows, y: batch x KV heads).
+struct KeyBlockCta {
+  int kv0, b, hkv;
+  __device__ __forceinline__ KeyBlockCta(int block_n, int heads_kv) {
+    const GridTile t = grid_tile<false>();
+    kv0 = t.tile * block_n;
+    b = t.bh / heads_kv;
+    hkv = t.bh % heads_kv;
+  }
 };
 // A thread's place in the mma.sync fragment layout: its warp, and within the warp the row
 // group g = lane / 4 and the column pair t = lane % 4 (fragment rows g, g + 8; columns 2t, 2t + 1).

@@ -406,8 +406,8 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
   const LaneCoords lc;
   const int tid = lc.tid, lane = lc.lane, warp = lc.warp, g = lc.g, t = lc.t;
 
-  const int kv0 = blockIdx.x * kBN;
-  const int b = blockIdx.y / p.heads_kv, hkv = blockIdx.y % p.heads_kv;
+  const KeyBlockCta cta(kBN, p.heads_kv);
+  const int kv0 = cta.kv0, b = cta.b, hkv = cta.hkv;
   const int group = p.heads_q / p.heads_kv;
   const int len_q = p.len_q, len_kv = p.len_kv;
 

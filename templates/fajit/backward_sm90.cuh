@@ -169,8 +169,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / kWG;
-  const int kv0 = blockIdx.x * kBN;
-  const int b = blockIdx.y / p.heads_kv, hkv = blockIdx.y % p.heads_kv;
+  const KeyBlockCta cta(kBN, p.heads_kv);
+  const int kv0 = cta.kv0, b = cta.b, hkv = cta.hkv;
   const int group = p.heads_q / p.heads_kv;
   const int len_q = p.len_q, len_kv = p.len_kv;
 

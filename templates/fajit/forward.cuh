@@ -291,8 +291,9 @@ __device__ __forceinline__ void forward_entry(const FaFwdParams& p, const FaCapt
     forward_kernel<Cfg, Mods>(p, cap);
   } else {
     FaFwdParams seq = p;
-    rebase_sequence<typename Cfg::Element>(seq, blockIdx.y / p.heads_q);
-    if (static_cast<int>(blockIdx.x) * Cfg::kBlockM >= seq.len_q) return;
+    const QueryBlockCta cta(Cfg::kBlockM, p.heads_q, p.heads_kv);
+    rebase_sequence<typename Cfg::Element>(seq, cta.b);
+    if (cta.q0 >= seq.len_q) return;
     forward_kernel<Cfg, Mods>(seq, cap);
   }
 }
