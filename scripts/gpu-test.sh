@@ -3,7 +3,7 @@
 # then prints the `run` command that executes them there. Only the two targets are built.
 #   scripts/gpu-test.sh            configure + build + copy to .device-build/bin/
 # On the GPU machine (repository root, `carry: [".device-build/bin"]`):
-#   .device-build/bin/fajit_gpu_tests                        the whole suite (< 2 min on an H100)
+#   .device-build/bin/fajit_gpu_tests                        the whole suite (~6-7 min on an H100 or H200; with the sanitizer subsets the runner needs ~10)
 #   .device-build/bin/fajit_gpu_tests --gtest_filter=...      a subset (e.g. under compute-sanitizer)
 # The binaries link MLIR/LLVM statically; libcuda is dlopen()ed and libnvrtc.so.13 is found
 # through the RPATH /usr/local/cuda/lib64.
@@ -40,14 +40,21 @@ B=.device-build/bin/fajit_gpu_tests
 OUT=\${OUT:-.device-build/out}; mkdir -p "\$OUT"
 CS=\$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 export FAJIT_CACHE_DIR=\${FAJIT_CACHE_DIR:-/tmp/fajit-gpu-test-cache}
+# Argument: suite | sanitizers | (none: both). Both take ~10 min on an H100, near one run
+# call's limit: split them over two calls when in doubt.
+WHAT=\${1:-all}
 nvidia-smi -L
 rc=0
+if [ "\$WHAT" != sanitizers ]; then
 \$B 2>&1 | tee "\$OUT/gpu.log" | grep -v '^\[       OK \]\|^\[ RUN      \]' || rc=1
 echo "suite rc=\$rc"
+fi
+if [ "\$WHAT" != suite ]; then
 "\$CS" --tool memcheck --error-exitcode 9 \$B --gtest_filter='$SMALL' >"\$OUT/memcheck.log" 2>&1 || rc=1
 grep -E 'ERROR SUMMARY|tests? ran|PASSED|FAILED' "\$OUT/memcheck.log"
 "\$CS" --tool racecheck --error-exitcode 9 \$B --gtest_filter='$RACE' >"\$OUT/racecheck.log" 2>&1 || rc=1
 grep -E 'RACECHECK SUMMARY|tests? ran|PASSED|FAILED' "\$OUT/racecheck.log"
+fi
 echo "overall rc=\$rc"
 exit \$rc
 RUNNER
@@ -59,5 +66,6 @@ run on the GPU machine with the run tool (default kind), carry [".device-build/b
 it needs; the build tree would overflow the 64 MiB limit), command:
   .device-build/bin/run-gpu-tests.sh
 (the suite to \$OUT/gpu.log, then compute-sanitizer memcheck and racecheck over small subsets to
-\$OUT/memcheck.log and \$OUT/racecheck.log; exit status non-zero if anything failed)
+\$OUT/memcheck.log and \$OUT/racecheck.log; exit status non-zero if anything failed; ~10 min
+together: \`run-gpu-tests.sh suite\` and \`run-gpu-tests.sh sanitizers\` in two calls split them)
 MSG
