@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -161,19 +162,23 @@ bool autotune_enabled(const Options& o) {
   return true;
 }
 
+bool ForwardTuner::ClassKey::operator<(const ClassKey& o) const {
+  return std::tie(batch_heads, len_q, len_kv, q_block, kv_block, device) <
+         std::tie(o.batch_heads, o.len_q, o.len_kv, o.q_block, o.kv_block, o.device);
+}
+
 ForwardTuner::ForwardTuner(const Program& program, const Compiled& fwd, bool enabled)
     : program_(program), fwd_(fwd), enabled_(enabled) {}
 
 std::vector<TuneRecord> ForwardTuner::records() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<TuneRecord> out;
-  for (const std::string& c : order_) out.push_back(choices_.at(c).second);
+  for (const ClassKey& c : order_) out.push_back(choices_.at(c).second);
   return out;
 }
 
 const Compiled* ForwardTuner::compiled(const KernelSpec& spec) {
-  if (spec == fwd_.gen.spec) return &fwd_;
-  return compile_all({spec}).front();  // null when it did not compile
+  return compile_all({spec}).front();  // the default itself, or null when it did not compile
 }
 
 std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelSpec>& specs) {
@@ -299,9 +304,14 @@ TuneRecord ForwardTuner::time_candidates(const std::vector<const Compiled*>& ker
 const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
                                      const std::function<bool()>& may_time, const Prepare& prepare) {
   if (!enabled_) return fwd_;
-  const std::string cls = shape_class(shape);
   const std::string& device = rt::current_device_info().name;  // cached per device
-  const std::string mem_key = cls + " on " + device;           // one process may drive several GPU models
+  // One process may drive several GPU models: their choices are kept apart.
+  const ClassKey mem_key{pow2_at_least(shape.batch_heads),
+                         pow2_at_least(shape.len_q),
+                         pow2_at_least(shape.len_kv),
+                         shape.q_block,
+                         shape.kv_block,
+                         device};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = choices_.find(mem_key); it != choices_.end()) return *it->second.first;
@@ -311,6 +321,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
     std::lock_guard<std::mutex> lock(mutex_);  // another thread may have tuned it meanwhile
     if (auto it = choices_.find(mem_key); it != choices_.end()) return *it->second.first;
   }
+  const std::string cls = shape_class(shape);
   TuneRecord record;
   record.shape_class = cls;
   record.device = device;

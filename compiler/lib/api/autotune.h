@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiled.h"
@@ -68,13 +69,23 @@ class ForwardTuner {
   TuneRecord time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream,
                              const Prepare& prepare);
 
+  // A shape class on one GPU model, as the memory's key: what shape_class() prints (the
+  // lengths rounded up to powers of two) and the device name (process-lifetime storage of
+  // rt::device_info), so a call that finds its choice formats no text.
+  struct ClassKey {
+    int64_t batch_heads, len_q, len_kv;
+    int q_block, kv_block;
+    std::string_view device;
+    bool operator<(const ClassKey& o) const;
+  };
+
   const Program& program_;
   const Compiled& fwd_;
   const bool enabled_;
   mutable std::mutex mutex_;  // choices_, order_, kernels_
   std::mutex tuning_;         // one tuning (and code generation) at a time
-  std::map<std::string, std::pair<const Compiled*, TuneRecord>> choices_;
-  std::vector<std::string> order_;
+  std::map<ClassKey, std::pair<const Compiled*, TuneRecord>> choices_;
+  std::vector<ClassKey> order_;
   std::map<std::string, std::unique_ptr<Compiled>> kernels_;  // by spec text
 };
 
