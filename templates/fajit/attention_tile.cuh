@@ -323,15 +323,25 @@ struct SoftmaxRows {
   // huge_rows() makes the huge rows' scores x - m and their reference 0 first, so the same
   // FFMA forms the exact p = exp2((x - m)·sl2); that path holds no exponential of its own, so
   // the compiler keeps it a branch around a few subtractions instead of predicating both.
+  // The largest of this thread's scores in row hh, as a tree: log2 of the row's length in
+  // dependent FMNMX instead of one long chain the softmax waits on every tile.
+  template <int kNT>
+  static __device__ __forceinline__ float row_max(const float (&s)[kNT][4], int hh) {
+    float v[kNT];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) v[j] = fmaxf(s[j][2 * hh], s[j][2 * hh + 1]);
+#pragma unroll
+    for (int w = 1; w < kNT; w *= 2)
+#pragma unroll
+      for (int j = 0; j + w < kNT; j += 2 * w) v[j] = fmaxf(v[j], v[j + w]);
+    return v[0];
+  }
+
   template <int kNT>
   __device__ __forceinline__ void step(float (&s)[kNT][4], float (&alpha)[2], float sl2) {
     float mx[2], rn[2], sub[2];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      mx[hh] = m[hh];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) mx[hh] = fmaxf(mx[hh], fmaxf(s[j][2 * hh], s[j][2 * hh + 1]));
-    }
+    for (int hh = 0; hh < 2; ++hh) mx[hh] = fmaxf(m[hh], row_max(s, hh));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) mx[hh] = quad_max(mx[hh]);
     bool small = true;

@@ -189,10 +189,6 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 
   // The query tiles of query head hq that see this CTA's keys, in walk order; sub-tiles that
   // start past len_q are skipped by producer and consumers alike.
-  auto next_tile = [&](const BlockWalk<kBM>& walk, int it) {
-    while (it < walk.n_tiles && walk.tile_start(it) >= len_q) ++it;
-    return it;
-  };
 
   if (warpgroup == 0) {
     // ================= producer ==============================================================
@@ -210,9 +206,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         int n = 0;
         for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
           const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-          for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1), ++n) {
+          for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q), ++n) {
             if (!dq_part_of<Cfg>(part, n)) continue;
-            const int q0 = walk.tile_start(it) + row0;
+            const int q0 = cur.start + row0;
             bulk_wait_read<0>();
             __syncwarp();
             named_barrier_arrive(kBarDqFree + part, kWG + 32);
@@ -253,8 +249,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
       const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
       const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-      for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1)) {
-        const int q0 = walk.tile_start(it);
+      for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
+        const int q0 = cur.start;
         mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
         if (qdo.enabled) {  // Q and dO by TMA, boxes of 64 columns x BLOCK_M rows, one thread
           if (tid == 0) {   // each arms the stage's barrier with its bytes (an arrival each)
@@ -354,10 +350,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   int n_done = 0;  // query tiles done: picks the dSᵀ buffer and, at BLOCK_M 64 / D 64, the dQ turn
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
     const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-    for (int it = next_tile(walk, 0); it < walk.n_tiles; it = next_tile(walk, it + 1), ++n_done) {
+    for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); ++n_done) {
       const int stage = ring.stage;
-      const int q0 = walk.tile_start(it);
-      const bool is_full = walk.is_full(it);
+      const int q0 = cur.start;
+      const bool is_full = cur.is_full(walk);
       const int buf = n_done & 1;
 
       mbar_wait(bar_full(stage), ring.phase);
@@ -365,6 +361,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       float s[kQT][4], dp[kQT][4];
       wgmma_fence();
       issue_s_dp(s, dp, stage);
+      cur.next(walk, len_q);  // the next tile's block index loads while Sᵀ and dPᵀ run
 
       // ---- Pᵀ from Sᵀ while dPᵀ is still on the tensor cores. At BLOCK_M 64, dV += Pᵀ·dO is
       // queued behind dPᵀ and dSᵀ formed while it runs; at BLOCK_M 128 the registers do not hold

@@ -19,6 +19,7 @@ struct BlockWalk {
   int n_partial;        // partial sparse blocks
   int tiles_per_block;  // col_block / kTile
   int n_tiles;          // tiles to visit, partial ones first
+  int n_blocks;         // sparse blocks to visit: n_partial, then the full ones
   int col_block;
   const int* partial_idx;
   const int* full_idx;
@@ -33,7 +34,12 @@ struct BlockWalk {
     full_idx = bt.full_kv_indices + row * bt.num_kv_blocks;
     col_block = bt.kv_block;
     tiles_per_block = bt.kv_block / kTile;
-    n_tiles = (n_partial + n_full) * tiles_per_block;
+    n_blocks = n_partial + n_full;
+    n_tiles = n_blocks * tiles_per_block;
+  }
+  // Column block index of sparse block `sb` of the walk.
+  __device__ __forceinline__ int block_index(int sb) const {
+    return sb < n_partial ? partial_idx[sb] : full_idx[sb - n_partial];
   }
   // First column of tile `it`.
   __device__ __forceinline__ int tile_start(int it) const {
@@ -43,6 +49,39 @@ struct BlockWalk {
   }
   // Whether tile `it` lies in a full block (no mask_mod needed).
   __device__ __forceinline__ bool is_full(int it) const { return it / tiles_per_block >= n_partial; }
+};
+
+// The tiles of a walk in order, without the ones that start at or past `len` (a tail block's
+// sub-tiles past the end: never loaded, never computed), moved one tile at a time with no
+// division. next() loads the next tile's block index, so a kernel that moves the cursor right
+// after issuing its GEMMs hides that load under them instead of stalling on it at the top of
+// the next tile.
+template <int kTile>
+struct TileCursor {
+  int sb;     // sparse block of the walk
+  int sub;    // tile within it
+  int start;  // first column of the tile (valid while !done())
+
+  __device__ __forceinline__ TileCursor(const BlockWalk<kTile>& w, int len) : sb(0), sub(0), start(0) {
+    seek(w, len);
+  }
+  __device__ __forceinline__ bool done(const BlockWalk<kTile>& w) const { return sb >= w.n_blocks; }
+  // Whether the tile lies in a full block (no mask_mod needed).
+  __device__ __forceinline__ bool is_full(const BlockWalk<kTile>& w) const { return sb >= w.n_partial; }
+  __device__ __forceinline__ void next(const BlockWalk<kTile>& w, int len) {
+    if (++sub == w.tiles_per_block) sub = 0, ++sb;
+    seek(w, len);
+  }
+
+ private:
+  // From (sb, sub) to the first tile that starts inside len; the later sub-tiles of a block
+  // whose tile starts past len start past it too.
+  __device__ __forceinline__ void seek(const BlockWalk<kTile>& w, int len) {
+    for (; sb < w.n_blocks; ++sb, sub = 0) {
+      start = w.block_index(sb) * w.col_block + sub * kTile;
+      if (start < len) return;
+    }
+  }
 };
 
 }  // namespace fa

@@ -144,7 +144,6 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
   const BlockWalk<kBN> walk(p.mask, b, h, q0);
-  const int n_tiles = walk.n_tiles;
 
   if (tid == 0) {
     mbar_init(bar_q, kWG);
@@ -171,9 +170,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       // One thread issues each K/V tile as TMA boxes of 64 columns x BLOCK_N rows into the
       // stage's column blocks (zeros past D and len_kv): no producer issue slots per chunk.
       if (tid == 0) {
-        for (int it = 0; it < n_tiles; ++it) {
-          const int start = walk.tile_start(it);
-          if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
+        for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); cur.next(walk, len_kv)) {
+          const int start = cur.start;
           mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
           tma_load_tile<kBN, typename Cfg::RowQK>(sK + ring.stage * Cfg::kSmemKBytes, &maps.a, start, hkv, b,
                                                   bar_full_k(ring.stage));
@@ -183,9 +181,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         }
       }
     } else {
-      for (int it = 0; it < n_tiles; ++it) {
-        const int start = walk.tile_start(it);
-        if (start >= len_kv) continue;  // a sub-tile past the end of a tail block: never read
+      for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); cur.next(walk, len_kv)) {
+        const int start = cur.start;
         mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
         load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
                                                        start, len_kv, tid);
@@ -302,20 +299,17 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   auto mods = [&](float(&s)[Cfg::kNT][4], int start, bool is_full) {
     score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
   };
-  auto next_tile = [&](int it) {  // first tile >= it that starts inside len_kv
-    while (it < n_tiles && walk.tile_start(it) >= len_kv) ++it;
-    return it;
-  };
 
   mbar_wait(bar_q, 0);  // also before an empty walk: O staging reuses the Q region
   StageRing<kStages> ring;
   if constexpr (!Cfg::kOverlap) {
     // S, softmax, P·V strictly in turn.
-    for (int it = next_tile(0); it < n_tiles; it = next_tile(it + 1)) {
-      const int start = walk.tile_start(it);
-      const bool is_full = walk.is_full(it);
+    for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk);) {
+      const int start = cur.start;
+      const bool is_full = cur.is_full(walk);
       float s[Cfg::kNT][4], alpha[2];
       gemm_s(s, ring.stage, ring.phase);
+      cur.next(walk, len_kv);
       mods(s, start, is_full);
       rows.step(s, alpha, sl2);
       scale_rows(o, alpha);
@@ -335,10 +329,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
     StageRing<kStages> prev = ring;
     bool first = true;
-    for (int it = next_tile(0); it < n_tiles; it = next_tile(it + 1)) {
+    for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk);) {
       if (!first) ring.advance();
-      const int start = walk.tile_start(it);
-      const bool is_full = walk.is_full(it);
+      const int start = cur.start;
+      const bool is_full = cur.is_full(walk);
       float s[Cfg::kNT][4], alpha[2];
       // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers all
       // of that thread's earlier copies, so the second wait passes at once, except on the
@@ -349,7 +343,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         wait_loaded(bar_full_v(prev.stage), prev.phase);
         issue_pv(prev.stage);  // O += P_{j-1}·V_{j-1}, overlapping the softmax below
       });
-      wgmma_wait<1>();  // S_j done
+      cur.next(walk, len_kv);  // the next tile's block index loads while S_j runs
+      wgmma_wait<1>();         // S_j done
       pin(s);
       mods(s, start, is_full);
       rows.step(s, alpha, sl2);
