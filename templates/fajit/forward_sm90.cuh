@@ -269,10 +269,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     gemms();
     turn_pass();
   };
-  // Waits for the producer's stage and makes its cp.async data visible to wgmma.
+  // Waits for the producer's stage and makes its cp.async data visible to wgmma (TMA writes
+  // through the async proxy that wgmma reads: the mbarrier's completion is all they need, and
+  // the fence, a MEMBAR.ALL.CTA, would wait twice per tile for nothing).
   auto wait_loaded = [&](u32 bar, u32 phase) {
     mbar_wait(bar, phase);
-    fence_proxy_async();
+    if (!maps.enabled) fence_proxy_async();
   };
   // S_j = Q·K_jᵀ, alone: issued, waited for.
   auto gemm_s = [&](float(&s)[Cfg::kNT][4], int stage, u32 phase) {
@@ -301,6 +303,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   };
 
   mbar_wait(bar_q, 0);  // also before an empty walk: O staging reuses the Q region
+  fence_proxy_async();  // Q came by cp.async
   StageRing<kStages> ring;
   if constexpr (!Cfg::kOverlap) {
     // S, softmax, P·V strictly in turn.

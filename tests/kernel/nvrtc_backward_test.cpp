@@ -62,9 +62,11 @@ int main() {
     // The Hopper dK/dV kernel (wgmma): equal head dims, the tiles the host picks, both dQ modes.
     for (const char* elem : {"f16_t", "bf16_t"})
       for (int d : {64, 128})
-        for (int mods = 0; mods < 3; ++mods) {  // noop; alibi+causal; alibi+causal deterministic
+        for (int mods = 0; mods < 4; ++mods) {  // noop; alibi+causal; the same deterministic;
+          // the same at the tile of a score_mod whose derivative weighs (softcap's: BLOCK_M 64 at
+          // D 64) - ALiBi's is dS = dT, which takes the tile of no score_mod
           const fa::TileConfig t =
-              fa::default_tile(d, d, mods > 0, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
+              fa::default_tile(d, d, mods == 3, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
           const std::string cfg = std::to_string(d) + ", " + std::to_string(t.block_m) + ", " +
                                   std::to_string(t.stages) + ", " + (mods == 2 ? "true" : "false");
           fa_test::Compiled c =
@@ -76,7 +78,8 @@ int main() {
           std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_90a", elem, d, d,
                       mods == 0   ? "noop"
                       : mods == 1 ? "alibi+cau"
-                                  : "alibi+det",
+                      : mods == 2 ? "alibi+det"
+                                  : "alibi+m64",
                       ("wgmma " + cfg).c_str(), c.seconds, c.regs, c.spill_stores, c.spill_loads);
         }
     try {

@@ -292,6 +292,9 @@ class FA_API Program {
   std::string score_mod_name() const;
   std::string mask_mod_name() const;
   bool score_is_identity() const;  // the score_mod returns its score unchanged
+  // The score_mod's derivative passes dT through (dS = dT, no buffer gradient: a bias such as
+  // ALiBi); false where it has none.
+  bool score_grad_is_identity() const;
   bool mask_is_noop() const;       // the mask_mod is constant true
 
   struct Capture {

@@ -64,7 +64,8 @@ struct FA_API KernelSpec {
   // The same spec with the tile filled in and every field checked; throws fa::Error naming
   // the bad field ("head_dim_qk must be a multiple of 8 from 32 to 256, got 100"), the
   // family that cannot take the head dims, or the tile the arch's shared memory cannot hold.
-  // The default tile depends on whether the score_mod does anything (register pressure).
+  // The default tile depends on whether the score_mod costs registers per score (codegen's
+  // score_mod_weighs: for the backward, a derivative other than dS = dT).
   KernelSpec resolved(bool has_score_mod = false) const;
   // Canonical one-line text: "forward bf16 qk128 v128 tile128x64w8s2 sm_90a".
   std::string to_string() const;

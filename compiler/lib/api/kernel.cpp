@@ -351,7 +351,8 @@ struct Kernel::Impl {
     const Program& p = mask.program();
     KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kBackward);
     const bool asked = deterministic;
-    spec.deterministic = deterministic || bwd_prefers_separate_dq(spec.resolved(!p.score_is_identity()));
+    spec.deterministic =
+        deterministic || bwd_prefers_separate_dq(spec.resolved(score_mod_weighs(p, KernelKind::kBackward)));
     std::unique_ptr<Compiled>& slot = bwd[spec.deterministic ? 1 : 0];
     if (!slot)
       slot = std::make_unique<Compiled>(compile_generated(

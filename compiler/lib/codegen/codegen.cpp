@@ -301,12 +301,6 @@ class ModEmitter {
 };
 
 // Whether the derivative is dS = dt with no buffer gradient: its body is `fa.yield %dt`.
-bool is_identity_grad(mlir::fa::ScoreGradOp grad) {
-  mlir::Block& entry = grad.getEntryBlock();
-  auto y = llvm::dyn_cast<mlir::fa::YieldOp>(entry.front());
-  return y && y.getValue() == entry.getArgument(5);
-}
-
 const char* element_type(DType t) { return t == DType::f16 ? "fa::f16_t" : "fa::bf16_t"; }
 
 }  // namespace
@@ -348,7 +342,7 @@ std::string emit_mods(const Program& program, bool with_backward) {
   // derivative is `yield %dt` with no buffer gradient, else the generated score_grad.
   if (with_backward) {
     mlir::fa::ScoreGradOp grad = detail::score_grad_of(program);
-    if (is_identity_grad(grad)) {
+    if (program.score_grad_is_identity()) {
       os << "  static constexpr bool kScoreGrad = false;\n"
             "  static __device__ __forceinline__ float score_grad(float, int, int, int, int, float dt,\n"
             "                                                     const FaCaptures&, const FaGradBuffers&) "
@@ -372,9 +366,14 @@ static std::string with_layout(const std::string& config, SequenceLayout layout)
                      layout == SequenceLayout::kRagged ? "fa::kRaggedLayout" : "fa::kPagedLayout");
 }
 
+bool score_mod_weighs(const Program& program, KernelKind kind) {
+  if (kind == KernelKind::kBackward) return !program.score_grad_is_identity();
+  return !program.score_is_identity();
+}
+
 GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   GeneratedKernel g;
-  g.spec = spec_in.resolved(!program.score_is_identity());
+  g.spec = spec_in.resolved(score_mod_weighs(program, spec_in.kind));
   g.slots = capture_slots(program);
   std::ostringstream os;
   os << "// fajit generated: " << g.spec.to_string() << "\n";

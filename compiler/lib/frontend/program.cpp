@@ -275,6 +275,13 @@ bool Program::score_is_identity() const {
   return y && y.getValue() == entry.getArgument(0);
 }
 
+bool Program::score_grad_is_identity() const {
+  if (!impl_->score_grad) return false;
+  mlir::Block& entry = impl_->score_grad.getEntryBlock();
+  auto y = llvm::dyn_cast<mlir::fa::YieldOp>(entry.front());
+  return y && y.getValue() == entry.getArgument(5);
+}
+
 bool Program::mask_is_noop() const {
   auto y =
       llvm::dyn_cast<mlir::fa::YieldOp>(mlir::fa::MaskModOp(impl_->mask).getEntryBlock().getTerminator());
