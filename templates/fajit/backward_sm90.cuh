@@ -357,7 +357,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       const int buf = n_done & 1;
 
       mbar_wait(bar_full(stage), ring.phase);
-      fence_proxy_async();
+      if (!qdo.enabled) fence_proxy_async();  // cp.async Q/dO; TMA's need only the mbarrier
       float s[kQT][4], dp[kQT][4];
       wgmma_fence();
       issue_s_dp(s, dp, stage);

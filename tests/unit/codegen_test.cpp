@@ -318,7 +318,7 @@ TEST(Codegen, EveryHeadDimResolves) {
   };
   EXPECT_EQ(hopper(fa::DType::bf16, 96, 96), "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::f16, 80, 40), "forward f16 qk80 v40 wgmma tile128x128w12s3 sm_90a");
-  EXPECT_EQ(hopper(fa::DType::bf16, 32, 32), "forward bf16 qk32 v32 wgmma tile128x128w12s2 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::bf16, 32, 32), "forward bf16 qk32 v32 wgmma tile128x128w12s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 192, 128), "forward bf16 qk192 v128 wgmma tile128x128w12s2 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 256, 128), "forward bf16 qk256 v128 wgmma tile128x64w12s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 136, 136), "forward bf16 qk136 v136 wgmma tile128x64w12s3 sm_90a");
@@ -408,7 +408,7 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   s.family = fa::KernelFamily::kAuto;
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
   s.head_dim_qk = s.head_dim_v = 64;
-  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 wgmma tile128x128w12s2 sm_90a");
+  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 wgmma tile128x128w12s3 sm_90a");
   s.arch = "sm_80";
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 mma tile128x64w4s2 sm_80");
   s.arch = "sm_90a";
