@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Forward attention: fajit (libfajit.so through its C API, ctypes) vs torch flex_attention
-(torch.compile'd) vs SDPA (flash and cuDNN backends), on the same bf16 Q/K/V in one process.
+(torch.compile'd) vs SDPA (flash and cuDNN backends), on the same bf16 (or --dtype f16) Q/K/V in one process.
 
     PYTHONUNBUFFERED=1 python3 bench/flex_compare.py --lib .device-build/lib/libfajit.so
 
@@ -31,6 +31,7 @@ REL_TOL = 2e-2
 # ---------------------------------------------------------------------------------------
 # fajit C API (compiler/include/fajit/fajit_c.h)
 FAJIT_F16, FAJIT_BF16, FAJIT_F32, FAJIT_I32 = 0, 1, 2, 3
+DTYPE = "bf16"  # --dtype: the element type of Q/K/V/O for every system in the run
 STATUS = {0: "OK", 1: "INVALID_ARGUMENT", 2: "COMPILE", 3: "CUDA", 4: "IO", 5: "INTERNAL"}
 
 
@@ -285,7 +286,7 @@ def setup_fajit(fj, case, q, k, v, B, H, S, D, doc_ids, stream):
     import torch
     info = {}
     t0 = time.perf_counter()
-    kern = fj.compile(CASES[case][0], CASES[case][1], D)
+    kern = fj.compile(CASES[case][0], CASES[case][1], D, FAJIT_F16 if DTYPE == "f16" else FAJIT_BF16)
     info["compile_s"] = time.perf_counter() - t0
     info["origin"] = fj.origin(kern)
     scalars, buffers = fajit_captures_for(case, H, doc_ids)
@@ -328,6 +329,11 @@ def setup_fajit(fj, case, q, k, v, B, H, S, D, doc_ids, stream):
     return fajit_fn, o.clone(), info, (kern, bm)
 
 
+def torch_dtype():
+    import torch
+    return torch.float16 if DTYPE == "f16" else torch.bfloat16
+
+
 def run_case(fj, base, flex, case, B, H, S, D, args, device_name):
     import torch
     import torch.nn.functional as F
@@ -342,9 +348,9 @@ def run_case(fj, base, flex, case, B, H, S, D, args, device_name):
                flex_err_ref="-", check="?", errors=[], base="-")
     torch.manual_seed(1234 + D + S)
     gen = torch.Generator(device="cuda").manual_seed(42 + S + D)
-    q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(B, H, S, D, device="cuda", dtype=torch_dtype(), generator=gen)
+    k = torch.randn(B, H, S, D, device="cuda", dtype=torch_dtype(), generator=gen)
+    v = torch.randn(B, H, S, D, device="cuda", dtype=torch_dtype(), generator=gen)
     doc_lens, doc_ids = None, None
     if case == "document":
         doc_lens = random_doc_lens(S, seed=7)
@@ -532,6 +538,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"], help="Q/K/V/O element type")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--seq", type=int, default=4096)
@@ -544,6 +551,8 @@ def main():
                     help="the baseline is --lib itself with FAJIT_AUTOTUNE=0, fajit the same with it on: "
                          "'fajit/base' is what autotuning gains")
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
 
     cache = tempfile.mkdtemp(prefix="fajit-cache-")
     os.environ["FAJIT_CACHE_DIR"] = cache
@@ -566,7 +575,7 @@ def main():
         for D in dims:
             for c in cases:
                 t0 = time.perf_counter()
-                kern = fj.compile(CASES[c][0], CASES[c][1], D)
+                kern = fj.compile(CASES[c][0], CASES[c][1], D, FAJIT_F16 if DTYPE == "f16" else FAJIT_BF16)
                 print(f"{c:16s} d{D}: {time.perf_counter() - t0:.2f} s  origin={fj.origin(kern)} "
                       f"cubin={fj.cubin_size(kern)} B", flush=True)
                 fj.lib.fajit_kernel_destroy(kern)
@@ -631,7 +640,7 @@ def write_md(args, rows, device, torch_v, triton_v, partial):
         for e in r["errors"]:
             notes.append(f"- {r['case']} D{r['D']} S{r['S']}: {e}")
     text = (f"Device: {device}. torch {torch_v}, triton {triton_v}. "
-            f"bf16, do_bench median (warmup {args.warmup} ms, rep {args.rep} ms). "
+            f"{DTYPE}, do_bench median (warmup {args.warmup} ms, rep {args.rep} ms). "
             f"TFLOP/s = 4·B·H·kept_pairs·D / time. fajit/flex = flex ms / fajit ms "
             f"(>1: fajit faster).{' (PARTIAL: run still going)' if partial else ''}\n\n" + md + "\n")
     if notes:
