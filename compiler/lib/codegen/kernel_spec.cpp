@@ -26,7 +26,7 @@ bool wgmma_takes(int dqk, int dv, KernelKind kind) {
 // BLOCK_N 128 while O
 // (DV columns) and S fit the consumers' registers together, 64 above DV 128 or where shared
 // memory needs it (QK 256 / V 128).
-std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv) {
+std::vector<TileConfig> wgmma_forward_tiles(int /*dqk: shared memory decides, in resolved()*/, int dv) {
   std::vector<TileConfig> tiles;
   for (int n : {128, 64}) {
     if (n == 128 && head_dim_mma(dv) > 128) continue;
