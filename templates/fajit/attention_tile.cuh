@@ -312,17 +312,6 @@ struct SoftmaxRows {
     for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f, r[hh] = 0.f;
   }
 
-  // Folds an S fragment in: S becomes P = exp2(S·sl2 - R(m_new)) in place, l is rescaled and
-  // grows, and alpha[hh] = exp2(R(m_old) - R(m_new)) is what O's rows must be multiplied by.
-  // A row with nothing unmasked yet keeps m = -inf, R = 0 (masked scores give p = 0, no NaN).
-  //
-  // Both rows' maxima first (their shuffles overlap), then one warp vote: while every row of
-  // the warp is below 2^24 now and before — always, but for scores ~1e7/scale — alpha is
-  // exp2(R_old - R_new) from the stored references (min 0: an empty row's R = 0 may exceed the
-  // new one; its O and l are 0) and p one FFMA per score, straight-line for both rows. Else
-  // huge_rows() makes the huge rows' scores x - m and their reference 0 first, so the same
-  // FFMA forms the exact p = exp2((x - m)·sl2); that path holds no exponential of its own, so
-  // the compiler keeps it a branch around a few subtractions instead of predicating both.
   // The largest of this thread's scores in row hh, as a tree: log2 of the row's length in
   // dependent FMNMX instead of one long chain the softmax waits on every tile.
   template <int kNT>
@@ -337,6 +326,17 @@ struct SoftmaxRows {
     return v[0];
   }
 
+  // Folds an S fragment in: S becomes P = exp2(S·sl2 - R(m_new)) in place, l is rescaled and
+  // grows, and alpha[hh] = exp2(R(m_old) - R(m_new)) is what O's rows must be multiplied by.
+  // A row with nothing unmasked yet keeps m = -inf, R = 0 (masked scores give p = 0, no NaN).
+  //
+  // Both rows' maxima first (their shuffles overlap), then one warp vote: while every row of
+  // the warp is below 2^24 now and before — always, but for scores ~1e7/scale — alpha is
+  // exp2(R_old - R_new) from the stored references (min 0: an empty row's R = 0 may exceed the
+  // new one; its O and l are 0) and p one FFMA per score, straight-line for both rows. Else
+  // huge_rows() makes the huge rows' scores x - m and their reference 0 first, so the same
+  // FFMA forms the exact p = exp2((x - m)·sl2); that path holds no exponential of its own, so
+  // the compiler keeps it a branch around a few subtractions instead of predicating both.
   template <int kNT>
   __device__ __forceinline__ void step(float (&s)[kNT][4], float (&alpha)[2], float sl2) {
     float mx[2], rn[2], sub[2];

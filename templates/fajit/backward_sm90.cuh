@@ -187,9 +187,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   }
   __syncthreads();
 
-  // The query tiles of query head hq that see this CTA's keys, in walk order; sub-tiles that
-  // start past len_q are skipped by producer and consumers alike.
-
+  // Every role below walks, per query head hq, the query tiles that see this CTA's keys with a
+  // TileCursor over len_q: the same tiles in the same order (sub-tiles past len_q skipped alike).
   if (warpgroup == 0) {
     // ================= producer ==============================================================
     setmaxnreg_dec<Cfg::kProducerRegs>();

@@ -44,8 +44,7 @@ struct BlockWalk {
   // First column of tile `it`.
   __device__ __forceinline__ int tile_start(int it) const {
     const int sb = it / tiles_per_block, sub = it - sb * tiles_per_block;
-    const int blk = sb < n_partial ? partial_idx[sb] : full_idx[sb - n_partial];
-    return blk * col_block + sub * kTile;
+    return block_index(sb) * col_block + sub * kTile;
   }
   // Whether tile `it` lies in a full block (no mask_mod needed).
   __device__ __forceinline__ bool is_full(int it) const { return it / tiles_per_block >= n_partial; }

@@ -182,8 +182,8 @@ const Compiled* ForwardTuner::compiled(const KernelSpec& spec) {
 }
 
 std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelSpec>& specs) {
-  // Generation runs here, one at a time; NVRTC (thread-safe, the cache too) in parallel.
-  // Callers hold tuning_, so generation (and kernels_' insertions) run one at a time.
+  // Generation runs here, one at a time (callers hold tuning_, which also orders kernels_'
+  // insertions); NVRTC (thread-safe, the cache too) in parallel.
   std::vector<const Compiled*> out(specs.size(), nullptr);
   std::vector<std::pair<size_t, GeneratedKernel>> todo;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -336,7 +336,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
     return *chosen;
   };
 
-  const bool has_score_mod = !program_.score_is_identity();
+  const bool has_score_mod = score_mod_weighs(program_, KernelKind::kForward);  // as generate() resolves
   std::vector<KernelSpec> specs = forward_tune_candidates(fwd_.gen.spec, has_score_mod);
   // Candidates whose tile does not divide the mask's blocks cannot run it.
   specs.erase(std::remove_if(specs.begin() + 1, specs.end(),

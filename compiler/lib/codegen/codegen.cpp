@@ -300,7 +300,6 @@ class ModEmitter {
   std::map<const void*, std::string> captures_;
 };
 
-// Whether the derivative is dS = dt with no buffer gradient: its body is `fa.yield %dt`.
 const char* element_type(DType t) { return t == DType::f16 ? "fa::f16_t" : "fa::bf16_t"; }
 
 }  // namespace

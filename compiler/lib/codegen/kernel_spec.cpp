@@ -23,9 +23,8 @@ bool wgmma_takes(int dqk, int dv, KernelKind kind) {
 // The Hopper forward's tiles in order of preference (resolved() takes the first that fits):
 // BLOCK_M 128 (two consumer warpgroups), 3 stages (d64 too since its K/V loads no longer wait
 // behind the walk: full 0.74 -> 0.65 ms, causal 0.43 -> 0.37 on the H200; 4 stages no better);
-// BLOCK_N 128 while O
-// (DV columns) and S fit the consumers' registers together, 64 above DV 128 or where shared
-// memory needs it (QK 256 / V 128).
+// BLOCK_N 128 while O (DV columns) and S fit the consumers' registers together, 64 above DV 128
+// or where shared memory needs it (QK 256 / V 128).
 std::vector<TileConfig> wgmma_forward_tiles(int /*dqk: shared memory decides, in resolved()*/, int dv) {
   std::vector<TileConfig> tiles;
   for (int n : {128, 64}) {
