@@ -79,29 +79,30 @@ __device__ __forceinline__ void rebase_sequence(FaFwdParams& p, int b) {
 }
 
 // The K/V cp.async ring of the mma.sync forward and decoding kernels: kStages shared stages,
-// tile i in stage i % kStages, one commit group per tile (empty past the walk). load_kv(i)
-// issues tile i's copies.
+// the i-th tile of the walk in stage i % kStages, one commit group per tile (empty past the
+// walk). load_kv(stage) issues the copies of the walk's next tile into `stage` (nothing once
+// the walk is done): the kernels keep a load cursor kStages - 1 tiles ahead of the compute.
 template <int kStages>
 struct KvPipeline {
   // The prologue, after the caller's Q group: tiles 0..kStages-2, then waits until Q and tile 0
   // have landed and are visible to the CTA.
   template <typename LoadKv>
-  static __device__ __forceinline__ void prime(int n_tiles, LoadKv&& load_kv) {
+  static __device__ __forceinline__ void prime(LoadKv&& load_kv) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) load_kv(s);
+      load_kv(s);
       cp_async_commit();
     }
     cp_async_wait<kStages - 1>();
     __syncthreads();
   }
-  // The top of iteration it: tile it has landed and is visible to all; tile it + kStages - 1
-  // goes into the stage that tile it - 1 freed.
+  // The top of iteration i: tile i has landed and is visible to all; tile i + kStages - 1
+  // goes into the stage that tile i - 1 freed.
   template <typename LoadKv>
-  static __device__ __forceinline__ void advance(int it, int n_tiles, LoadKv&& load_kv) {
+  static __device__ __forceinline__ void advance(int i, LoadKv&& load_kv) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
-    if (it + kStages - 1 < n_tiles) load_kv(it + kStages - 1);
+    load_kv((i + kStages - 1) % kStages);
     cp_async_commit();
   }
 };

@@ -457,28 +457,35 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
     const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
     const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
     float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
+    // The query tiles that see these keys (none past len_q): a load cursor one tile ahead of
+    // the compute cursor, each moved right after its use, so the next block index loads under
+    // the tile's MMAs (forward.cuh).
     const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-    const int n_tiles = walk.n_tiles;
+    TileCursor<kBM> ld(walk, len_q);
 
     // Q, dO by cp.async; LSE and Δ through registers (rows may not fill a 16-byte chunk).
-    auto load_q_tile = [&](int it, int s) {
-      const int q0 = walk.tile_start(it);
+    auto load_q_tile = [&](int s) {
+      if (ld.done(walk)) return;
+      const int q0 = ld.start;
       load_tile_async<kBM, RowQK, kThreads>(sQ(s), qg, p.q_stride_m, q0, len_q, tid);
       load_tile_async<kBM, RowV, kThreads>(sDo(s), dog, p.do_stride_m, q0, len_q, tid);
       bwd::stage_row_stats<kBM, kThreads>(sLse(s), sDelta(s), p, b, hq, q0, tid);
+      ld.next(walk, len_q);
     };
-    if (n_tiles > 0) load_q_tile(0, 0);
+    load_q_tile(0);
     cp_async_commit();
 
-    for (int it = 0; it < n_tiles; ++it) {
+    int it = 0;
+    for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); ++it) {
       const int stage = it % 2;
       cp_async_wait<0>();
       __syncthreads();  // tile `it` (and K, V) visible to all; the other stage is free
-      if (it + 1 < n_tiles) load_q_tile(it + 1, stage ^ 1);
+      load_q_tile(stage ^ 1);
       cp_async_commit();
 
-      const int q0 = walk.tile_start(it);
-      const bool is_full = walk.is_full(it);
+      const int q0 = cur.start;
+      const bool is_full = cur.is_full(walk);
+      cur.next(walk, len_q);
 
       // ---- Sᵀ = K·Qᵀ, this warp's 16 keys x BLOCK_M queries
       float s[kQT][4];
@@ -589,18 +596,20 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
 
   const E* kg = bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv);
   const E* vg = bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv);
+  // The key tiles (none past len_kv), a load cursor one tile ahead of the compute cursor.
   const BlockWalk<kBN> walk(p.mask, b, h, q0);
-  const int n_tiles = walk.n_tiles;
-  auto load_kv = [&](int it, int s) {
-    const int start = walk.tile_start(it);
-    load_tile_async<kBN, RowQK, kThreads>(sK(s), kg, p.k_stride_n, start, len_kv, tid);
-    load_tile_async<kBN, RowV, kThreads>(sV(s), vg, p.v_stride_n, start, len_kv, tid);
+  TileCursor<kBN> ld(walk, len_kv);
+  auto load_kv = [&](int s) {
+    if (ld.done(walk)) return;
+    load_tile_async<kBN, RowQK, kThreads>(sK(s), kg, p.k_stride_n, ld.start, len_kv, tid);
+    load_tile_async<kBN, RowV, kThreads>(sV(s), vg, p.v_stride_n, ld.start, len_kv, tid);
+    ld.next(walk, len_kv);
   };
   load_tile_async<kBM, RowQK, kThreads>(sQ, bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, h),
                                         p.q_stride_m, q0, len_q, tid);
   load_tile_async<kBM, RowV, kThreads>(sDo, bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, h),
                                        p.do_stride_m, q0, len_q, tid);
-  if (n_tiles > 0) load_kv(0, 0);
+  load_kv(0);
   cp_async_commit();
 
   // This thread's query rows: LSE (+inf: no key, or past the end) and Δ.
@@ -629,14 +638,16 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
 #pragma unroll
     for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
 
-  for (int it = 0; it < n_tiles; ++it) {
+  int it = 0;
+  for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); ++it) {
     const int stage = it % 2;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` visible to all; the other stage is free
-    if (it + 1 < n_tiles) load_kv(it + 1, stage ^ 1);
+    load_kv(stage ^ 1);
     cp_async_commit();
-    const int start = walk.tile_start(it);
-    const bool is_full = walk.is_full(it);
+    const int start = cur.start;
+    const bool is_full = cur.is_full(walk);
+    cur.next(walk, len_kv);
 
     // ---- S = Q·Kᵀ (this warp's 16 queries x 64 keys), mods, P
     float s[kNT][4], dp[kNT][4];

@@ -41,33 +41,33 @@ struct BlockWalk {
   __device__ __forceinline__ int block_index(int sb) const {
     return sb < n_partial ? partial_idx[sb] : full_idx[sb - n_partial];
   }
-  // First column of tile `it`.
-  __device__ __forceinline__ int tile_start(int it) const {
-    const int sb = it / tiles_per_block, sub = it - sb * tiles_per_block;
-    return block_index(sb) * col_block + sub * kTile;
-  }
-  // Whether tile `it` lies in a full block (no mask_mod needed).
-  __device__ __forceinline__ bool is_full(int it) const { return it / tiles_per_block >= n_partial; }
 };
 
 // The tiles of a walk in order, without the ones that start at or past `len` (a tail block's
 // sub-tiles past the end: never loaded, never computed), moved one tile at a time with no
 // division. next() loads the next tile's block index, so a kernel that moves the cursor right
-// after issuing its GEMMs hides that load under them instead of stalling on it at the top of
-// the next tile.
+// after issuing its GEMMs (or its copies) hides that load under them instead of stalling on it
+// at the top of the next tile. A cursor may start at any tile `first` of the walk (a split of
+// the decoding kernel) and stop before tile `end` (done(w, end)).
 template <int kTile>
 struct TileCursor {
   int sb;     // sparse block of the walk
   int sub;    // tile within it
   int start;  // first column of the tile (valid while !done())
+  int it;     // the tile's index in the walk, sb * tiles_per_block + sub
 
-  __device__ __forceinline__ TileCursor(const BlockWalk<kTile>& w, int len) : sb(0), sub(0), start(0) {
+  __device__ __forceinline__ TileCursor(const BlockWalk<kTile>& w, int len, int first = 0)
+      : sb(first / w.tiles_per_block), sub(first - sb * w.tiles_per_block), start(0), it(first) {
     seek(w, len);
   }
   __device__ __forceinline__ bool done(const BlockWalk<kTile>& w) const { return sb >= w.n_blocks; }
+  __device__ __forceinline__ bool done(const BlockWalk<kTile>& w, int end) const {
+    return sb >= w.n_blocks || it >= end;
+  }
   // Whether the tile lies in a full block (no mask_mod needed).
   __device__ __forceinline__ bool is_full(const BlockWalk<kTile>& w) const { return sb >= w.n_partial; }
   __device__ __forceinline__ void next(const BlockWalk<kTile>& w, int len) {
+    ++it;
     if (++sub == w.tiles_per_block) sub = 0, ++sb;
     seek(w, len);
   }
@@ -76,7 +76,7 @@ struct TileCursor {
   // From (sb, sub) to the first tile that starts inside len; the later sub-tiles of a block
   // whose tile starts past len start past it too.
   __device__ __forceinline__ void seek(const BlockWalk<kTile>& w, int len) {
-    for (; sb < w.n_blocks; ++sb, sub = 0) {
+    for (; sb < w.n_blocks; ++sb, sub = 0, it = sb * w.tiles_per_block) {
       start = w.block_index(sb) * w.col_block + sub * kTile;
       if (start < len) return;
     }

@@ -131,13 +131,15 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
   const BlockWalk<kBN> walk(p.mask, b, h0, 0);
   const int per = (walk.n_tiles + dp.splits - 1) / dp.splits;
   const int it0 = split * per;
-  const int n_tiles = max(0, min(walk.n_tiles, it0 + per) - it0);
-  auto load_kv = [&](int i) {
-    const int start = walk.tile_start(it0 + i);
-    if (start >= len_kv) return;
-    const int s = i % kStages;
-    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, start, len_kv, tid);
-    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, start, len_kv, tid);
+  const int it_end = min(walk.n_tiles, it0 + per);
+  // Tiles it0 .. it_end - 1 (those inside len_kv): a load cursor kStages - 1 tiles ahead of
+  // the compute cursor, each moved right after its use (forward.cuh).
+  TileCursor<kBN> ld(walk, len_kv, it0);
+  auto load_kv = [&](int s) {
+    if (ld.done(walk, it_end)) return;
+    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, ld.start, len_kv, tid);
+    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, ld.start, len_kv, tid);
+    ld.next(walk, len_kv);
   };
 
   // ---- prologue: the packed Q rows (gathered over the heads), then STAGES-1 K/V tiles
@@ -148,7 +150,7 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
     return qg + pr.h * p.q_stride_h + (long long)pr.q * p.q_stride_m;
   });
   cp_async_commit();
-  KvPipeline<kStages>::prime(n_tiles, load_kv);
+  KvPipeline<kStages>::prime(load_kv);
 
   // ---- this warp's 16 packed rows; a warp past the last row only loads
   const int warp_row0 = warp * 16;
@@ -184,12 +186,14 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
   lane_offsets_b<Cfg::kCQ>(k_off, lane);
   lane_offsets_a<Cfg::kCV>(v_off, lane);
 
-  for (int it = 0; it < n_tiles; ++it) {
-    KvPipeline<kStages>::advance(it, n_tiles, load_kv);  // tile `it` visible to all
+  int it = 0;
+  for (TileCursor<kBN> cur(walk, len_kv, it0); !cur.done(walk, it_end); ++it) {
+    KvPipeline<kStages>::advance(it, load_kv);  // tile `it` visible to all
 
-    const int start = walk.tile_start(it0 + it);
-    if (!active || start >= len_kv) continue;
-    const bool is_full = walk.is_full(it0 + it);
+    const int start = cur.start;
+    const bool is_full = cur.is_full(walk);
+    cur.next(walk, len_kv);  // the next tile's block index loads under this tile's MMAs
+    if (!active) continue;
     const u32 sKs = sK + (it % kStages) * Cfg::kSmemKBytes;
     const u32 sVs = sV + (it % kStages) * Cfg::kSmemVBytes;
 
@@ -342,14 +346,14 @@ __device__ __forceinline__ void decode_entry(const FaDecodeParams& dp, const FaC
 
 // Defines the extern "C" kernels name and name##_combine (single identifiers); min_ctas: the
 // CTAs per SM the host's split count assumes (KernelSpec::decode_ctas_per_sm), guaranteed here.
-#define FAJIT_DEFINE_DECODE(name, Config, Mods, min_ctas)               \
+#define FAJIT_DEFINE_DECODE(name, Config, Mods, min_ctas)                  \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, min_ctas) \
-      name(const FaDecodeParams p, const FaCaptures cap) {              \
-    fa::decode_entry<Config, Mods>(p, cap);                             \
-  }                                                                     \
-  extern "C" __global__ void __launch_bounds__(Config::kCombineThreads) \
-      name##_combine(const FaDecodeParams p) {                          \
-    fa::decode_combine_kernel<Config, Mods>(p);                         \
+      name(const FaDecodeParams p, const FaCaptures cap) {                 \
+    fa::decode_entry<Config, Mods>(p, cap);                                \
+  }                                                                        \
+  extern "C" __global__ void __launch_bounds__(Config::kCombineThreads)    \
+      name##_combine(const FaDecodeParams p) {                             \
+    fa::decode_combine_kernel<Config, Mods>(p);                            \
   }
 
 #endif  // FAJIT_DECODE_CUH

@@ -124,21 +124,23 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const u32 sV = sK + kStages * Cfg::kSmemKBytes;
 
   // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
+  // (sub-tiles past the end of a tail block are never visited). Two cursors over the same
+  // tiles: `ld` feeds the cp.async ring kStages - 1 tiles ahead, and moves right after issuing
+  // its copies, so the next block index loads under this tile's MMAs instead of stalling the
+  // copies after the barrier.
   const BlockWalk<kBN> walk(p.mask, b, h, q0);
-  const int n_tiles = walk.n_tiles;
-  auto tile_start = [&](int it) { return walk.tile_start(it); };
-  auto load_kv = [&](int it) {
-    const int start = tile_start(it);
-    if (start >= len_kv) return;  // a sub-tile past the end of a tail block: never read
-    const int s = it % kStages;
-    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, start, len_kv, tid);
-    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, start, len_kv, tid);
+  TileCursor<kBN> ld(walk, len_kv);
+  auto load_kv = [&](int s) {
+    if (ld.done(walk)) return;
+    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, ld.start, len_kv, tid);
+    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, ld.start, len_kv, tid);
+    ld.next(walk, len_kv);
   };
 
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each
   load_tile_async<kBM, RowQK, kThreads>(sQ, qg, p.q_stride_m, q0, len_q, tid);
   cp_async_commit();
-  KvPipeline<kStages>::prime(n_tiles, load_kv);
+  KvPipeline<kStages>::prime(load_kv);
 
   // Q fragments: ldmatrix geometry of this lane (row (lane%8) + 8*bit3, chunk bit = lane/16),
   // four swizzled chunk offsets as for K/V below. With Q_IN_REGS they are loaded once and stay
@@ -194,12 +196,13 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   lane_offsets_b<Cfg::kCQ>(k_off, lane);  // K: B operand of S = Q·Kᵀ (rows = n)
   lane_offsets_a<Cfg::kCV>(v_off, lane);  // V: B operand of P·V with .trans (rows = k)
 
-  for (int it = 0; it < n_tiles; ++it) {
-    KvPipeline<kStages>::advance(it, n_tiles, load_kv);  // tile `it` visible to all
+  int it = 0;
+  for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); ++it) {
+    KvPipeline<kStages>::advance(it, load_kv);  // tile `it` visible to all
 
-    const int start = tile_start(it);
-    if (start >= len_kv) continue;
-    const bool is_full = walk.is_full(it);
+    const int start = cur.start;
+    const bool is_full = cur.is_full(walk);
+    cur.next(walk, len_kv);  // the next tile's block index loads under this tile's MMAs
     const u32 sKs = sK + (it % kStages) * Cfg::kSmemKBytes;
     const u32 sVs = sV + (it % kStages) * Cfg::kSmemVBytes;
 
