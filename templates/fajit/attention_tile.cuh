@@ -222,47 +222,56 @@ __device__ __forceinline__ const int (&heads_of(const int (&h)[kMT][2], int mi))
 }
 
 // The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2] of head
-// head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t; columns at or past len_kv
-// are masked (kMask).
-template <typename Mods, bool kMask, int kNT, typename H>
+// head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t. score_mod on every element;
+// with kMaskMod (a partial block) mask_mod too. Keys past len_kv reach the mods clamped to the
+// last one; mask_tail() masks them afterwards.
+template <typename Mods, bool kMaskMod, int kNT, typename H>
 __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
-                                           bool is_full, float scale, int b, const H& h,
-                                           const FaCaptures& cap) {
-  if constexpr (Mods::kHasScoreMod || kMask) {
+                                           float scale, int b, const H& h, const FaCaptures& cap) {
+  if constexpr (Mods::kHasScoreMod || kMaskMod) {
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int kv = kv0 + j * 8 + (i & 1);
-        s[j][i] = mod_score<Mods, kMask>(s[j][i], q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, kv < len_kv,
-                                         is_full, scale, b, head_of(h, i >> 1), cap);
+        const int kv = min(kv0 + j * 8 + (i & 1), len_kv - 1);
+        s[j][i] = mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, true, false, scale, b,
+                                            head_of(h, i >> 1), cap);
       }
   }
 }
 
-// Whether an S tile of kBlockN keys from `start` needs the masked path: mask_mod runs on
-// partial blocks only, the kv bound on a tile that crosses len_kv only.
-template <typename Mods, int kBlockN>
-__device__ __forceinline__ bool tile_needs_mask(int start, int len_kv, bool is_full) {
-  return (Mods::kHasMaskMod && !is_full) || start + kBlockN > len_kv;
+// The columns of one S fragment at or past len_kv become -inf (a tile that crosses the end).
+template <int kNT>
+__device__ __forceinline__ void mask_tail(float (&s)[kNT][4], int kv0, int len_kv) {
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (kv0 + j * 8 + (i & 1) >= len_kv) s[j][i] = -INFINITY;
 }
 
-// The hook on the kMT fragments (m-tiles) of one S tile of kBlockN keys from `start`; the
-// masked/unmasked choice is made once for the whole tile. lane_t = lane % 4; h: one head, or
-// int[kMT][2] per row (heads_of).
+// The hook on the kMT fragments (m-tiles) of one S tile of kBlockN keys from `start`:
+// mask_mod only on a partial block (with the score_mod: the two paths are chosen once per
+// tile), the kv bound only on the tile that crosses len_kv, as a separate pass — a partial
+// tile inside the sequence (a document mask's, most of its tiles) pays for mask_mod alone.
+// lane_t = lane % 4; h: one head, or int[kMT][2] per row (heads_of).
 template <typename Mods, int kBlockN, int kMT, int kNT, typename H>
 __device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int start,
                                            int lane_t, int len_kv, bool is_full, float scale, int b,
                                            const H& h, const FaCaptures& cap) {
   const int kv0 = start + 2 * lane_t;
-  if (tile_needs_mask<Mods, kBlockN>(start, len_kv, is_full)) {
+  if (Mods::kHasMaskMod && !is_full) {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
-      apply_mods<Mods, true>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, heads_of(h, mi), cap);
+      apply_mods<Mods, true>(s[mi], q_idx[mi], kv0, len_kv, scale, b, heads_of(h, mi), cap);
   } else {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
-      apply_mods<Mods, false>(s[mi], q_idx[mi], kv0, len_kv, is_full, scale, b, heads_of(h, mi), cap);
+      apply_mods<Mods, false>(s[mi], q_idx[mi], kv0, len_kv, scale, b, heads_of(h, mi), cap);
+  }
+  if (start + kBlockN > len_kv) {
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) mask_tail(s[mi], kv0, len_kv);
   }
 }
 // One fragment (a warp's share of a wgmma accumulator).
@@ -271,10 +280,11 @@ __device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx
                                            int len_kv, bool is_full, float scale, int b, int h,
                                            const FaCaptures& cap) {
   const int kv0 = start + 2 * lane_t;
-  if (tile_needs_mask<Mods, kBlockN>(start, len_kv, is_full))
-    apply_mods<Mods, true>(s, q_idx, kv0, len_kv, is_full, scale, b, h, cap);
+  if (Mods::kHasMaskMod && !is_full)
+    apply_mods<Mods, true>(s, q_idx, kv0, len_kv, scale, b, h, cap);
   else
-    apply_mods<Mods, false>(s, q_idx, kv0, len_kv, is_full, scale, b, h, cap);
+    apply_mods<Mods, false>(s, q_idx, kv0, len_kv, scale, b, h, cap);
+  if (start + kBlockN > len_kv) mask_tail(s, kv0, len_kv);
 }
 
 // ---- online softmax --------------------------------------------------------------------------
