@@ -221,12 +221,17 @@ struct KeyRows {
 
 // Sᵀ (q·k, unscaled) -> Pᵀ = exp(mod(s)·sn - LSE) in place (prob); sc keeps the scores
 // score_mod saw when the backward needs them (score_grad). lse(col) is column col's LSE,
-// +inf for a query with no key or past len_q (P = 0 there). `masked`: mask_mod and key bounds
-// apply (a partial tile, or one crossing len_kv).
+// +inf for a query with no key or past len_q (P = 0 there). mask_mod runs on every tile,
+// straight-line (a full block's is_full keeps every score): a choice per element was
+// if-converted into predicated code that issued the mask on every tile anyway, with the
+// captures loaded per element (896 instructions a tile at d64 for a document mask), and a
+// branch per tile spilled (bench/RESULTS.md, sixteenth session). Key rows past len_kv (only
+// when key_tail: the CTA's keys cross the end) get P = 0 in a pass of their own.
 template <typename Mods, int kQT, int kSC, typename Lse>
 __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4], const KeyRows& kr, int q0,
-                                        int t, int len_q, int len_kv, bool masked, bool is_full, float scale,
-                                        float sn, int b, int hq, const FaCaptures& cap, Lse&& lse) {
+                                        int t, int len_q, int len_kv, bool key_tail, bool is_full,
+                                        float scale, float sn, int b, int hq, const FaCaptures& cap,
+                                        Lse&& lse) {
 #pragma unroll
   for (int j = 0; j < kQT; ++j) {
     const int col0 = 8 * j + 2 * t;
@@ -237,12 +242,17 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
       const int q = q0 + col < len_q ? q0 + col : len_q - 1;
       const int hh = i >> 1;
       if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * scale;
-      const float x = masked
-                          ? mod_score<Mods, true>(s[j][i], q, kr.kv_c[hh], kr.kv_row[hh] < len_kv, is_full,
-                                                  scale, b, hq, cap)
-                          : mod_score<Mods, false>(s[j][i], q, kr.kv_c[hh], true, is_full, scale, b, hq, cap);
+      const float x =
+          mod_score<Mods, Mods::kHasMaskMod>(s[j][i], q, kr.kv_c[hh], true, is_full, scale, b, hq, cap);
       s[j][i] = prob(x, sn, (i & 1) ? l2.y : l2.x);
     }
+  }
+  if (key_tail) {
+#pragma unroll
+    for (int j = 0; j < kQT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (kr.kv_row[i >> 1] >= len_kv) s[j][i] = 0.f;
   }
 }
 
@@ -439,7 +449,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
 
   // This thread's key rows (Sᵀ rows): kv0 + 16 warp + g (+8), clamped for the mods.
   const bwd::KeyRows kr(kv0 + warp * 16 + g, len_kv);
-  const bool kv_tail = kv0 + kBN > len_kv;
+  const bool key_tail = kv0 + kBN > len_kv;
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
   constexpr int kDkTiles = kDoDk ? Cfg::kDQKTiles : 1, kDvTiles = kDoDv ? Cfg::kDT : 1;
@@ -497,8 +507,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
 
       // ---- mods, then Pᵀ (scores as score_mod saw them kept for score_grad)
       float sc[Mods::kScoreGrad ? kQT : 1][4];
-      const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
-      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sn, b, hq, cap,
+      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, key_tail, is_full, p.scale, sn, b, hq, cap,
                          [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
 
       // ---- dV += Pᵀ·dO (P packed to 16 bits as A fragments)

@@ -278,7 +278,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const int wtid = tid - kWG * warpgroup;
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bwd::KeyRows kr(kv0 + cw * kKeys + warp * 16 + g, len_kv);
-  const bool kv_tail = kv0 + kBN > len_kv;
+  const bool key_tail = kv0 + kBN > len_kv;
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
   float dk[Cfg::kHeadDimQK / 8][4], dv[Cfg::kHeadDimV / 8][4];
@@ -368,8 +368,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       wgmma_wait<1>();
       pin(s);
       float sc[Mods::kScoreGrad ? kQT : 1][4];
-      const bool masked = (Mods::kHasMaskMod && !is_full) || kv_tail;
-      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, masked, is_full, p.scale, sn, b, hq, cap,
+      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, key_tail, is_full, p.scale, sn, b, hq, cap,
                          [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
       constexpr bool kDvEarly = kBM == 64;
       u32 pa[Cfg::kMK][4];
