@@ -191,18 +191,17 @@ struct LaneCoords {
 
 // ---- the mods hook ---------------------------------------------------------------------------
 // One score at (q, kv): score_mod on x·scale (scores reach score_mod already multiplied by
-// `scale`, flex semantics); with kMask also the bound (`in_range`) and mask_mod unless the
-// block is full; a masked score becomes -inf. kv_c is kv clamped into range: mods never see
-// an index past the end (the caller clamps q likewise). Every kernel applies mods through
-// this, whatever the orientation of its tile.
-template <typename Mods, bool kMask>
-__device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool in_range, bool is_full, float scale,
-                                           int b, int h, const FaCaptures& cap) {
+// `scale`, flex semantics); with kMaskMod also mask_mod unless the block is full; a masked
+// score becomes -inf. kv_c is kv clamped into range: mods never see an index past the end (the
+// caller clamps q likewise, and masks keys past the end in a pass of its own: mask_tail,
+// probs_t's key_tail). Every kernel applies mods through this, whatever the orientation of its
+// tile.
+template <typename Mods, bool kMaskMod>
+__device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_full, float scale, int b, int h,
+                                           const FaCaptures& cap) {
   if constexpr (Mods::kHasScoreMod) x = Mods::score_mod(x * scale, b, h, q, kv_c, cap);
-  if constexpr (kMask) {
-    bool keep = in_range;
-    if constexpr (Mods::kHasMaskMod) keep = keep & (is_full | Mods::mask_mod(b, h, q, kv_c, cap));
-    if (!keep) x = -INFINITY;
+  if constexpr (kMaskMod && Mods::kHasMaskMod) {
+    if (!(is_full | Mods::mask_mod(b, h, q, kv_c, cap))) x = -INFINITY;
   }
   return x;
 }
@@ -234,8 +233,8 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int kv = min(kv0 + j * 8 + (i & 1), len_kv - 1);
-        s[j][i] = mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, true, false, scale, b,
-                                            head_of(h, i >> 1), cap);
+        s[j][i] =
+            mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, false, scale, b, head_of(h, i >> 1), cap);
       }
   }
 }

@@ -242,8 +242,7 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
       const int q = q0 + col < len_q ? q0 + col : len_q - 1;
       const int hh = i >> 1;
       if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * scale;
-      const float x =
-          mod_score<Mods, Mods::kHasMaskMod>(s[j][i], q, kr.kv_c[hh], true, is_full, scale, b, hq, cap);
+      const float x = mod_score<Mods, true>(s[j][i], q, kr.kv_c[hh], is_full, scale, b, hq, cap);
       s[j][i] = prob(x, sn, (i & 1) ? l2.y : l2.x);
     }
   }
