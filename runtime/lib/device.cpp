@@ -146,14 +146,40 @@ void allow_smem(CUfunction fn, unsigned smem_bytes, ContextGuard& guard) {
 }
 }  // namespace
 
-void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args) {
+namespace {
+void launch_with(bool dependent, CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
+                 void** args) {
   if (!fn) throw Error("launch: null kernel function");
   if (grid.x == 0 || grid.y == 0 || grid.z == 0)
     throw Error(fmt::format("launch: empty grid ({}, {}, {})", grid.x, grid.y, grid.z));
   ContextGuard guard;
   allow_smem(fn, smem_bytes, guard);
-  FA_CU(cuLaunchKernel, fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes, stream, args,
-        nullptr);
+  if (!dependent || device_info(static_cast<int>(guard.device())).cc_major < 9) {
+    FA_CU(cuLaunchKernel, fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes, stream, args,
+          nullptr);
+    return;
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
+  config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
+  config.sharedMemBytes = smem_bytes;
+  config.hStream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  FA_CU(cuLaunchKernelEx, &config, fn, args, nullptr);
+}
+}  // namespace
+
+void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args) {
+  launch_with(false, fn, grid, block, smem_bytes, stream, args);
+}
+
+void launch_dependent(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
+                      void** args) {
+  launch_with(true, fn, grid, block, smem_bytes, stream, args);
 }
 
 void synchronize(CUstream stream) {

@@ -117,6 +117,7 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
   const int rows = dp.heads_per_cta * len_q;
   const int row_blocks = (dp.heads_per_cta * pm.len_q + kBM - 1) / kBM;
   const int split = blockIdx.x / row_blocks, r0 = (blockIdx.x - split * row_blocks) * kBM;
+  allow_dependent_launch();  // the combine grid may take free slots and wait for our parts
   if constexpr (Cfg::kLayout != kDenseLayout)
     if (r0 >= rows) return;  // rows of a shorter sequence than the longest
 
@@ -271,6 +272,7 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
   constexpr int kDV = Cfg::kHeadDimV;
   const FaFwdParams& pm = dp.fwd;  // the launch's layout (part rows)
   const LaneCoords lc;
+  const int lane = lc.lane;
   const long long part_rows = (long long)pm.batch * pm.heads_q * pm.len_q;
   const long long row = (long long)blockIdx.x * Cfg::kCombineWarps + lc.warp;
   if (row >= part_rows) return;
@@ -283,49 +285,65 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     if (q >= p.len_q) return;
   }
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, pm.scale);
+  auto part = [&](int s) { return s * part_rows + row; };
+  wait_for_prior_grids();  // the parts: written by the decoding grid, which may still run
 
+  // The lanes take the parts s = lane, lane + 32, ... (their loads in parallel, not one
+  // dependent load per part): M, and whether any part saw a NaN score.
   float m = -INFINITY;
   bool nan_part = false;  // a part with a NaN score: the row is NaN (out and LSE), as softmax gives
-  for (int s = 0; s < dp.splits; ++s) {
-    const float ls = dp.l_part[s * part_rows + row];
-    m = fmaxf(m, dp.m_part[s * part_rows + row]);
+  for (int s = lane; s < dp.splits; s += 32) {
+    const float ls = dp.l_part[part(s)];
+    m = fmaxf(m, dp.m_part[part(s)]);
     nan_part |= ls != ls;
   }
-  auto weight = [&](int s) {  // 0 for a part that saw nothing (m_s = -inf)
-    const float ms = dp.m_part[s * part_rows + row];
-    return ms == -INFINITY ? 0.f : ex2(fmaf(ms - m, sl2, dp.l_part[s * part_rows + row]));
+  m = warp_max(m);
+  nan_part = __any_sync(0xffffffffu, nan_part);
+  auto weight = [&](int s) {  // 0 for a part past the last or that saw nothing (m_s = -inf)
+    if (s >= dp.splits) return 0.f;
+    const float ms = dp.m_part[part(s)];
+    return ms == -INFINITY ? 0.f : ex2(fmaf(ms - m, sl2, dp.l_part[part(s)]));
   };
-  float sum = nan_part ? __int_as_float(0x7fc00000) : 0.f;  // quiet NaN
-  if (m != -INFINITY && !nan_part)
-    for (int s = 0; s < dp.splits; ++s) sum += weight(s);
+  float sum = 0.f;
+  if (m != -INFINITY && !nan_part) {
+    for (int s = lane; s < dp.splits; s += 32) sum += weight(s);
+    sum = warp_sum(sum);
+  }
+  if (nan_part) sum = __int_as_float(0x7fc00000);  // quiet NaN
   const float inv = !(sum <= 0.f) ? 1.f / sum : 0.f;
 
-  // Each lane's column pairs 2 lane + 64 i; every part's weight computed once, then applied
-  // to all of them.
+  // Each lane's column pairs 2 lane + 64 i; 32 parts' weights at a time, one per lane, handed
+  // to the others by shuffles, and the parts' rows read a few at a time.
   constexpr int kPairs = (kDV + 63) / 64;
   float acc[kPairs][2];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) acc[i][0] = acc[i][1] = 0.f;
   if (m != -INFINITY)
-    for (int s = 0; s < dp.splits; ++s) {
-      const float w = weight(s);
-      const float* src = dp.o_part + (s * part_rows + row) * kDV;
+    for (int s0 = 0; s0 < dp.splits; s0 += 32) {
+      const float w_lane = weight(s0 + lane);
+      const int n = min(32, dp.splits - s0);
+#pragma unroll 4
+      for (int j = 0; j < n; ++j) {
+        const float w = __shfl_sync(0xffffffffu, w_lane, j);
+        const float* src = dp.o_part + part(s0 + j) * kDV;
 #pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        const int c = 2 * lc.lane + 64 * i;
-        if (c < kDV) {
-          acc[i][0] = fmaf(w, src[c], acc[i][0]);
-          acc[i][1] = fmaf(w, src[c + 1], acc[i][1]);
+        for (int i = 0; i < kPairs; ++i) {
+          const int c = 2 * lane + 64 * i;
+          if (c < kDV) {
+            const f32x2 v = ld_global_v2_f32(src + c);
+            acc[i][0] = fmaf(w, v.x, acc[i][0]);
+            acc[i][1] = fmaf(w, v.y, acc[i][1]);
+          }
         }
       }
     }
   E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + (long long)q * p.o_stride_m;
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int c = 2 * lc.lane + 64 * i;
+    const int c = 2 * lane + 64 * i;
     if (c < kDV) st_global_b32(og + c, pack2<E>(acc[i][0] * inv, acc[i][1] * inv));
   }
-  if (p.lse != nullptr && lc.lane == 0)
+  if (p.lse != nullptr && lane == 0)
     p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
         !(sum <= 0.f) ? SoftmaxRows::natural_lse(m, lg2(sum), sl2) : -INFINITY;
 }

@@ -91,6 +91,33 @@ __device__ __forceinline__ float quad_sum(float v) {
   v += shfl_xor(v, 1);
   return v + shfl_xor(v, 2);
 }
+// Max / sum over the 32 lanes of a warp (every lane gets the result).
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v = fmaxf(v, shfl_xor(v, m));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v += shfl_xor(v, m);
+  return v;
+}
+
+// ---- programmatic dependent launch (sm_90+; no-ops before) -------------------------------
+// A kernel launched after this one with rt::launch_dependent may start now: its CTAs are
+// scheduled once every CTA of this grid has called this (or exited), and wait in
+// wait_for_prior_grids before they read what this grid writes.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Blocks until the grids this one depends on have finished and their writes are visible.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 // ---- shared memory -----------------------------------------------------------------------
 // Shared-window address of a generic pointer (what ldmatrix/cp.async/st.shared take).
@@ -141,6 +168,12 @@ __device__ __forceinline__ float ld_shared_f32(u32 addr) {
 struct f32x2 {
   float x, y;
 };
+// Two consecutive fp32 values from global memory (8-byte aligned address).
+__device__ __forceinline__ f32x2 ld_global_v2_f32(const float* p) {
+  f32x2 v;
+  asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
 // Two consecutive fp32 values (8-byte aligned address).
 __device__ __forceinline__ f32x2 ld_shared_v2_f32(u32 addr) {
   f32x2 v;

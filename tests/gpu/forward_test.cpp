@@ -139,6 +139,9 @@ const std::vector<FwdCase>& cases() {
       {"causal_offset", bf16, 256, 256, 1, 4, 1, 1, 3000},
       with({"none", f16, 64, 64, 1, 4, 1, 17, 4096}, "splits7", [](FwdCase& c) { c.splits = 7; }),
       with({"causal_offset", bf16, 128, 128, 1, 8, 8, 1, 1000}, "splits1", [](FwdCase& c) { c.splits = 1; }),
+      // more parts than a warp has lanes (the combine takes 32 at a time), some seeing nothing
+      with({"document_softcap", bf16, 128, 128, 1, 4, 4, 1, 6000}, "splits45",
+           [](FwdCase& c) { c.splits = 45; }),
       with({"padding", bf16, 128, 64, 2, 4, 2, 5, 4000, 333}, "noncontig",
            [](FwdCase& c) { c.noncontig = true; }),
       with({"causal_offset", f16, 128, 128, 1, 8, 2, 16, 8192}, "prefill",

@@ -481,9 +481,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                rt::Dim3(static_cast<unsigned>(ds.threads())), static_cast<unsigned>(ds.smem_bytes()), st,
                args);
     void* cargs[] = {&dp};
-    rt::launch(combine,
-               rt::Dim3(static_cast<unsigned>((part_rows + kDecodeCombineWarps - 1) / kDecodeCombineWarps)),
-               rt::Dim3(kDecodeCombineWarps * 32), 0, st, cargs);
+    rt::launch_dependent(
+        combine, rt::Dim3(static_cast<unsigned>((part_rows + kDecodeCombineWarps - 1) / kDecodeCombineWarps)),
+        rt::Dim3(kDecodeCombineWarps * 32), 0, st, cargs);
     return;
   }
 

@@ -66,6 +66,14 @@ struct Dim3 {
 // size), with a clear error when the device cannot provide it.
 void launch(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args);
 
+// launch, for a kernel that consumes what the previous kernel on `stream` writes and calls
+// wait_for_prior_grids() (templates/fajit/prelude.cuh) before it reads it: on sm_90+ it is
+// launched with programmatic stream serialization, so its CTAs start (and their launch cost
+// is paid) while the previous grid drains, once that grid's CTAs have all called
+// allow_dependent_launch(); before sm_90 a plain launch.
+void launch_dependent(CUfunction fn, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
+                      void** args);
+
 // Blocks until `stream` (nullptr: the legacy default stream) has finished its work.
 void synchronize(CUstream stream);
 

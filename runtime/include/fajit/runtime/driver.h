@@ -41,6 +41,7 @@ namespace fa::rt {
   X(cuFuncSetAttribute)             \
   X(cuFuncGetAttribute)             \
   X(cuLaunchKernel)                 \
+  X(cuLaunchKernelEx)               \
   X(cuMemAlloc)                     \
   X(cuMemFree)                      \
   X(cuMemAllocAsync)                \
