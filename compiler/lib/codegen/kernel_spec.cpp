@@ -43,8 +43,11 @@ std::string tile_text(const TileConfig& t) {
 // the arch's shared memory.
 std::vector<TileConfig> mma_tiles(int dqk, int dv, bool has_score_mod, KernelKind kind) {
   const int mq = head_dim_mma(dqk), mv = head_dim_mma(dv);
-  if (kind == KernelKind::kDecode)  // 64 packed rows, 4 warps; 3 stages keep 2 CTAs per SM at d128
-    return {{64, 64, 4, 3}, {64, 64, 4, 2}, {64, 32, 4, 2}};
+  // Decoding: 64 packed rows, 4 warps, 2 stages. Measured on the H200 (B4 Hq32 Hkv8, Lq 1/16
+  // over 32k/128k keys, bench/RESULTS.md seventeenth session): at d128 2 stages beat 3 by
+  // 1-1.5 % (both 2 CTAs per SM), at d64/d96 they tie; BLOCK_N 32 (3-6 stages, up to 3 CTAs
+  // per SM) and 128 (1 CTA) are slower.
+  if (kind == KernelKind::kDecode) return {{64, 64, 4, 2}, {64, 32, 4, 2}};
   if (kind == KernelKind::kBackward) {
     // 8 warps split dQ's columns in two: whole 16-column pairs need an even step count
     if (mq > 64 || mv > 64) {
