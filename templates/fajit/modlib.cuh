@@ -82,23 +82,46 @@ __device__ __forceinline__ int f2i(float a) { return __float2int_rz(a); }
 __device__ __forceinline__ int f2u(float a) { return (int)__float2uint_rz(a); }
 
 // fa.load: element [i0, i1, ...] of a captured buffer (read-only for the kernel's lifetime).
-// The offsets serve FaBuffer and FaGradBuffer (same strides layout).
+// The offsets serve FaBuffer and FaGradBuffer (same strides layout). By default they are
+// 32-bit with the innermost index unscaled: the host launches this form only when every
+// buffer (and buffer gradient) of the call spans fewer than 2^31 elements with a contiguous
+// innermost dimension (KernelSpec::wide_captures); FAJIT_WIDE_CAPTURES selects 64-bit offsets
+// through every stride for the others. (The 64-bit multiply-adds and the stride of the last
+// index cost ~6 instructions per load: 5-7 % of a document-masked forward.)
+#ifdef FAJIT_WIDE_CAPTURES
+typedef long long capture_offset_t;
+#else
+typedef int capture_offset_t;
+#endif
+// Index i of dimension d scaled by its stride; the innermost index as it is when narrow.
 template <typename Buf>
-__device__ __forceinline__ long long offset(const Buf& b, int i0) {
-  return (long long)i0 * b.stride[0];
+__device__ __forceinline__ capture_offset_t scaled(const Buf& b, int d, int i) {
+  return (capture_offset_t)i * (capture_offset_t)b.stride[d];
 }
 template <typename Buf>
-__device__ __forceinline__ long long offset(const Buf& b, int i0, int i1) {
-  return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1];
+__device__ __forceinline__ capture_offset_t innermost(const Buf& b, int d, int i) {
+#ifdef FAJIT_WIDE_CAPTURES
+  return scaled(b, d, i);
+#else
+  (void)b, (void)d;
+  return i;
+#endif
 }
 template <typename Buf>
-__device__ __forceinline__ long long offset(const Buf& b, int i0, int i1, int i2) {
-  return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1] + (long long)i2 * b.stride[2];
+__device__ __forceinline__ capture_offset_t offset(const Buf& b, int i0) {
+  return innermost(b, 0, i0);
 }
 template <typename Buf>
-__device__ __forceinline__ long long offset(const Buf& b, int i0, int i1, int i2, int i3) {
-  return (long long)i0 * b.stride[0] + (long long)i1 * b.stride[1] + (long long)i2 * b.stride[2] +
-         (long long)i3 * b.stride[3];
+__device__ __forceinline__ capture_offset_t offset(const Buf& b, int i0, int i1) {
+  return scaled(b, 0, i0) + innermost(b, 1, i1);
+}
+template <typename Buf>
+__device__ __forceinline__ capture_offset_t offset(const Buf& b, int i0, int i1, int i2) {
+  return scaled(b, 0, i0) + scaled(b, 1, i1) + innermost(b, 2, i2);
+}
+template <typename Buf>
+__device__ __forceinline__ capture_offset_t offset(const Buf& b, int i0, int i1, int i2, int i3) {
+  return scaled(b, 0, i0) + scaled(b, 1, i1) + scaled(b, 2, i2) + innermost(b, 3, i3);
 }
 template <typename... I>
 __device__ __forceinline__ float load_f32(const FaBuffer& b, I... idx) {

@@ -35,7 +35,8 @@ struct BwdCase {
   // kAuto: the backward the host picks (wgmma on sm_90a when dqk == dv); kMmaSync: forced
   // (fa::Options::family, which the backward follows).
   fa::KernelFamily family = fa::KernelFamily::kAuto;
-  bool row_reductions = false;  // FAJIT_TMA=0: the Hopper dK/dV kernel reduces dQ row by row
+  bool row_reductions = false;    // FAJIT_TMA=0: the Hopper dK/dV kernel reduces dQ row by row
+  bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -93,6 +94,12 @@ const std::vector<BwdCase>& cases() {
       {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
       {"relative_bias", bf16, 128, 64, 1, 2, 1, 17, 4097},
       {"relative_bias", f16, 64, 64, 2, 4, 4, 1000, 1000},
+      // buffers at an innermost stride of 2 (poison between): the wide-captures twins, with the
+      // buffer gradient
+      with({"relative_bias", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "stridedcaps",
+           [](BwdCase& c) { c.strided_captures = true; }),
+      with({"document_softcap", f16, 64, 64, 1, 4, 1, 1000, 1000}, "stridedcaps",
+           [](BwdCase& c) { c.strided_captures = true; }),
       // d64 with a score_mod (BLOCK_M 64 on sm_90a): GQA groups and several query tiles per
       // key block, so the consumer warpgroups' dQ parts and stages interleave.
       {"document_softcap", bf16, 64, 64, 1, 4, 2, 300, 300},
@@ -240,7 +247,7 @@ TEST_P(BackwardTest, MatchesReference) {
   std::mt19937 rng(static_cast<uint32_t>(fnv1a(c.name())));
   CaptureSet caps;
   var.fill(caps, Dims{c.B, c.Hq, c.Lq, c.Lkv}, c.param, rng);
-  caps.upload();
+  caps.upload(c.strided_captures);
   const fa::Captures captures = caps.captures();
   const fa::BlockMask mask = kernel.block_mask(c.B, c.Hq, c.Lq, c.Lkv, captures);
 

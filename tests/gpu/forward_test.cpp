@@ -48,9 +48,10 @@ struct FwdCase {
   bool own_stream = false;                        // launch on a non-blocking stream of our own
   fa::ForwardPath path = fa::ForwardPath::kAuto;  // auto: the decoding kernel for Lq <= 64
   int splits = 0;                                 // decoding: 0 = the host's choice
-  bool cp_async_kv = false;  // FAJIT_TMA=0: the Hopper forward's producer copies K/V with cp.async
-  bool autotune = false;     // Options::autotune (off elsewhere: the measured defaults under test)
-  float salt = 0.0f;         // != 0: score_mod + salt, a variant of its own (a cache key no run saw)
+  bool cp_async_kv = false;       // FAJIT_TMA=0: the Hopper forward's producer copies K/V with cp.async
+  bool autotune = false;          // Options::autotune (off elsewhere: the measured defaults under test)
+  float salt = 0.0f;              // != 0: score_mod + salt, a variant of its own (a cache key no run saw)
+  bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -139,6 +140,15 @@ const std::vector<FwdCase>& cases() {
       {"causal_offset", bf16, 256, 256, 1, 4, 1, 1, 3000},
       with({"none", f16, 64, 64, 1, 4, 1, 17, 4096}, "splits7", [](FwdCase& c) { c.splits = 7; }),
       with({"causal_offset", bf16, 128, 128, 1, 8, 8, 1, 1000}, "splits1", [](FwdCase& c) { c.splits = 1; }),
+      // captured buffers the 32-bit, contiguous-innermost offsets cannot address (innermost
+      // stride 2, poison between): the wide-captures twins of the forward (wgmma and mma.sync),
+      // decoding and block-mask builder kernels
+      with({"document_softcap", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "stridedcaps",
+           [](FwdCase& c) { c.strided_captures = true; }),
+      with({"relative_bias", f16, 64, 64, 2, 4, 4, 1000, 1000}, "stridedcaps",
+           [](FwdCase& c) { c.strided_captures = true, c.family = fa::KernelFamily::kMmaSync; }),
+      with({"document2d_causal", bf16, 64, 64, 3, 2, 2, 16, 3000}, "stridedcaps",
+           [](FwdCase& c) { c.strided_captures = true; }),
       // more parts than a warp has lanes (the combine takes 32 at a time), some seeing nothing
       with({"document_softcap", bf16, 128, 128, 1, 4, 4, 1, 6000}, "splits45",
            [](FwdCase& c) { c.splits = 45; }),
@@ -257,7 +267,7 @@ std::shared_ptr<Prepared> prepare(const FwdCase& c) {
 
   std::mt19937 rng(static_cast<uint32_t>(fnv1a(c.name())));
   var.fill(p->caps, Dims{c.B, c.Hq, c.Lq, c.Lkv}, c.param, rng);
-  p->caps.upload();
+  p->caps.upload(c.strided_captures);
   p->captures = p->caps.captures();
   fa::BlockMaskOptions bo;
   bo.q_block = c.q_block, bo.kv_block = c.kv_block;

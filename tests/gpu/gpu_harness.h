@@ -65,13 +65,19 @@ class CaptureSet {
   void scalar_i32(const std::string& name, int32_t v) { si_[name] = v; }
   void scalar_f32(const std::string& name, float v) { sf_[name] = v; }
 
-  // Copies every buffer to the device (once); needs a GPU.
-  void upload() {
+  // Copies every buffer to the device (once); needs a GPU. `strided`: every element lands at
+  // twice its index, the gaps holding a poison value (NaN / INT_MIN), so the kernels see an
+  // innermost stride of 2 and take their wide-captures twins (KernelSpec::wide_captures).
+  void upload(bool strided = false) {
     for (auto& b : bufs_) {
       if (b->dev) continue;
-      const size_t bytes = b->numel() * 4;
-      b->dev = fa::rt::DeviceBuffer(bytes);
-      b->dev.upload(b->is_float ? static_cast<const void*>(b->f.data()) : b->i.data(), bytes);
+      b->stride = strided ? 2 : 1;
+      const size_t n = b->numel();
+      std::vector<uint32_t> bits(n * b->stride, b->is_float ? 0x7fc00000u : 0x80000000u);
+      for (size_t e = 0; e < n; ++e)
+        std::memcpy(&bits[e * b->stride], b->is_float ? static_cast<const void*>(&b->f[e]) : &b->i[e], 4);
+      b->dev = fa::rt::DeviceBuffer(bits.size() * 4);
+      b->dev.upload(bits.data(), bits.size() * 4);
     }
   }
   fa::Captures captures() const {
@@ -79,10 +85,11 @@ class CaptureSet {
     for (const auto& b : bufs_) {
       const fa::DType t = b->is_float ? fa::DType::f32 : fa::DType::i32;
       void* p = b->dev ? b->dev.as<void>() : nullptr;
+      const int64_t s = b->stride;
       if (b->shape.size() == 1)
-        c.buffer(b->name, fa::TensorView(p, t, {b->shape[0]}));
+        c.buffer(b->name, fa::TensorView(p, t, {b->shape[0]}, {s}));
       else
-        c.buffer(b->name, fa::TensorView(p, t, {b->shape[0], b->shape[1]}));
+        c.buffer(b->name, fa::TensorView(p, t, {b->shape[0], b->shape[1]}, {b->shape[1] * s, s}));
     }
     for (const auto& [n, v] : si_) c.scalar(n, v);
     for (const auto& [n, v] : sf_) c.scalar(n, v);
@@ -115,6 +122,7 @@ class CaptureSet {
     std::vector<float> f;
     std::vector<int32_t> i;
     fa::rt::DeviceBuffer dev;
+    int64_t stride = 1;  // of the innermost dimension on the device (upload)
     size_t numel() const {
       size_t n = 1;
       for (int64_t d : shape) n *= size_t(d);

@@ -326,12 +326,14 @@ TEST(Codegen, EveryHeadDimResolves) {
   fa::KernelSpec w = spec(fa::DType::bf16, 256, 256);
   w.family = fa::KernelFamily::kWgmma;
   w.tile = {128, 128, 12, 2};
-  EXPECT_EQ(error_of([&] { w.resolved(); }),
-            "the wgmma forward kernel takes tiles 128x64w12s3, 128x64w12s2 at head dims 256/256, got 128x128w12s2");
+  EXPECT_EQ(
+      error_of([&] { w.resolved(); }),
+      "the wgmma forward kernel takes tiles 128x64w12s3, 128x64w12s2 at head dims 256/256, got 128x128w12s2");
   w.tile = {128, 64, 12, 3};
-  EXPECT_EQ(error_of([&] { w.resolved(); }),
-            "the forward tile 128x64w12s3 needs 263248 bytes of shared memory at head dims 256/256; sm_90a allows "
-            "at most 232448");
+  EXPECT_EQ(
+      error_of([&] { w.resolved(); }),
+      "the forward tile 128x64w12s3 needs 263248 bytes of shared memory at head dims 256/256; sm_90a allows "
+      "at most 232448");
   w.tile = {128, 64, 12, 2};
   EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk256 v256 wgmma tile128x64w12s2 sm_90a");
   w.tile = {};
@@ -420,9 +422,10 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   EXPECT_EQ(error_of([&] { w.resolved(); }), "the wgmma kernel needs arch sm_90a, got sm_80");
   w.arch = "sm_90a";
   w.tile = {64, 32, 4, 3};
-  EXPECT_EQ(error_of([&] { w.resolved(); }),
-            "the wgmma forward kernel takes tiles 128x128w12s3, 128x128w12s2, 128x64w12s3, 128x64w12s2 at head "
-            "dims 128/128, got 64x32w4s3");
+  EXPECT_EQ(
+      error_of([&] { w.resolved(); }),
+      "the wgmma forward kernel takes tiles 128x128w12s3, 128x128w12s2, 128x64w12s3, 128x64w12s2 at head "
+      "dims 128/128, got 64x32w4s3");
   w.tile = {128, 64, 12, 3};  // a listed tile other than the default
   EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a");
 
@@ -511,6 +514,54 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
   std::vector<std::string> errors = run_parallel(jobs);
   ASSERT_EQ(cases.size(), 30u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
+}
+
+// Captured buffers take the wide twin of a kernel (64-bit offsets through every stride) only
+// when the narrow one (32-bit offsets, innermost dimension contiguous) cannot address them.
+TEST(Codegen, WideCapturesOnlyWhereNarrowOffsetsCannotReach) {
+  auto wide = [](std::vector<int64_t> shape, std::vector<int64_t> stride) {
+    return fa::needs_wide_captures(static_cast<int>(shape.size()), shape.data(), stride.data());
+  };
+  EXPECT_FALSE(wide({4096}, {1}));                       // doc_ids
+  EXPECT_FALSE(wide({4, 4096}, {4096, 1}));              // doc_ids[b, q]
+  EXPECT_FALSE(wide({4, 4096}, {8192, 1}));              // a slice of wider rows
+  EXPECT_FALSE(wide({16, 1}, {1, 7}));                   // a size-1 innermost dim
+  EXPECT_FALSE(wide({1, 4096}, {int64_t(1) << 40, 1}));  // size-1 dims are never indexed
+  EXPECT_FALSE(wide({int64_t(1) << 31}, {1}));           // last element 2^31 - 1: fits
+  EXPECT_TRUE(wide({(int64_t(1) << 31) + 1}, {1}));      // 2^31 elements away
+  EXPECT_FALSE(wide({2, 8192, 8192 * 16}, {8192 * 8192 * 16ll, 8192 * 16ll, 1}));  // 2^31 - 1 too
+  EXPECT_TRUE(wide({3, 8192, 8192 * 16}, {8192 * 8192 * 16ll, 8192 * 16ll, 1}));   // a [H, L, L] bias
+  EXPECT_TRUE(wide({4096}, {2}));                    // innermost dimension strided
+  EXPECT_TRUE(wide({4096}, {0}));                    // broadcast (expand)
+  EXPECT_TRUE(wide({4, 4096}, {-4096, 1}));          // negative stride
+  EXPECT_TRUE(wide({3, 4}, {int64_t(1) << 31, 1}));  // one stride too large
+
+  fa::Program p = rich_program();
+  fa::KernelSpec s = spec(fa::DType::bf16, 128, 128, "sm_90a");
+  EXPECT_EQ(fa::generate(p, s).source.find("FAJIT_WIDE_CAPTURES"), std::string::npos);
+  s.wide_captures = true;
+  const fa::GeneratedKernel g = fa::generate(p, s);
+  EXPECT_HAS(g.source, "#define FAJIT_WIDE_CAPTURES 1");
+  EXPECT_EQ(g.spec.to_string(), "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a wide-captures");
+}
+
+TEST(CodegenNvrtc, WideCapturesCompile) {
+  fa::Program p = rich_program();
+  std::vector<fa::KernelSpec> specs;
+  for (const char* arch : {"sm_80", "sm_90a"})
+    for (fa::KernelKind kind : {fa::KernelKind::kForward, fa::KernelKind::kDecode, fa::KernelKind::kBackward,
+                                fa::KernelKind::kBlockMask})
+      specs.push_back(spec(fa::DType::bf16, 128, 128, arch, kind));
+  fa::KernelSpec paged = spec(fa::DType::f16, 64, 64, "sm_90a", fa::KernelKind::kDecode);
+  paged.layout = fa::SequenceLayout::kPaged;
+  specs.push_back(paged);
+  std::vector<std::function<std::string()>> jobs;
+  for (fa::KernelSpec& s : specs) {
+    s.wide_captures = true;
+    jobs.push_back([&p, s] { return compile_generated(fa::generate(p, s)); });
+  }
+  std::vector<std::string> errors = run_parallel(jobs);
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(errors[i], "") << specs[i].to_string();
 }
 
 // Head dims beyond 64 / 128 (odd chunk counts, padded shared rows, 16 rows per warp above 128,

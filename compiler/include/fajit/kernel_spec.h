@@ -49,6 +49,12 @@ struct FA_API KernelSpec {
   std::string arch = "sm_90a";
   bool deterministic = false;  // backward: dQ without atomics, bit-identical run to run
   SequenceLayout layout = SequenceLayout::kDense;
+  // How the mods address captured buffers. false (what fa::compile builds): 32-bit element
+  // offsets with the innermost dimension contiguous, for buffers that span fewer than 2^31
+  // elements; true: 64-bit offsets through every stride. The runtime launches the wide twin
+  // of a kernel (compiled on first need) only for a call whose buffers (or buffer gradients)
+  // the narrow form cannot address.
+  bool wide_captures = false;
 
   // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits
   // static_asserts so the two cannot drift apart).
@@ -72,7 +78,7 @@ struct FA_API KernelSpec {
   bool operator==(const KernelSpec& o) const {
     return kind == o.kind && dtype == o.dtype && family == o.family && head_dim_qk == o.head_dim_qk &&
            head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch &&
-           deterministic == o.deterministic && layout == o.layout;
+           deterministic == o.deterministic && layout == o.layout && wide_captures == o.wide_captures;
   }
 };
 

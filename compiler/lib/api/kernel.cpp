@@ -115,6 +115,19 @@ std::vector<unsigned char> pack_captures(const std::vector<CaptureSlot>& slots, 
   return bytes;
 }
 
+// Whether a call's captured buffers (and buffer gradients) need the wide-captures twin of
+// its kernels (KernelSpec::wide_captures). pack_captures has checked them.
+bool wide_captures_needed(const std::vector<CaptureSlot>& slots, const Captures& captures,
+                          const std::map<std::string, TensorView>* grads = nullptr) {
+  auto wide = [](const TensorView& t) { return needs_wide_captures(t.rank, t.shape, t.stride); };
+  for (const CaptureSlot& s : slots)
+    if (s.is_buffer && wide(captures.buffers().at(s.name))) return true;
+  if (grads)
+    for (const auto& [_, t] : *grads)
+      if (wide(t)) return true;
+  return false;
+}
+
 // The forward kernel's spec as the user asked for it (resolved by codegen).
 KernelSpec forward_spec(const Options& options) {
   KernelSpec spec;
@@ -177,7 +190,7 @@ class MaskBuilder {
                                    options.kv_block);
     FaCaptures fc;
     std::memcpy(&fc, cap.data(), sizeof fc);
-    const Compiled& b = builder();
+    const Compiled& b = builder(wide_captures_needed(slots_, captures));
     rt::ContextGuard guard;
     CUfunction fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name);
     rt::BlockMaskBuildOptions o;
@@ -192,12 +205,17 @@ class MaskBuilder {
   const Compiled* warm() { return program_.mask_is_noop() ? nullptr : &builder(); }
 
  private:
-  const Compiled& builder() {
+  // The builder kernel; `wide`: its wide-captures twin (KernelSpec::wide_captures).
+  const Compiled& builder(bool wide = false) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!builder_)
-      builder_ = std::make_unique<Compiled>(
-          compile_generated(generate(program_, spec_), false, "mask_mod @" + program_.mask_mod_name()));
-    return *builder_;
+    std::unique_ptr<Compiled>& slot = builders_[wide ? 1 : 0];
+    if (!slot) {
+      KernelSpec spec = spec_;
+      spec.wide_captures = wide;
+      slot = std::make_unique<Compiled>(
+          compile_generated(generate(program_, spec), false, "mask_mod @" + program_.mask_mod_name()));
+    }
+    return *slot;
   }
 
   Program program_;
@@ -205,7 +223,7 @@ class MaskBuilder {
   std::vector<CaptureSlot> slots_;
   KernelSpec spec_;
   std::mutex mutex_;
-  std::unique_ptr<Compiled> builder_;
+  std::unique_ptr<Compiled> builders_[2];  // narrow, wide captures
 };
 
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
@@ -306,6 +324,7 @@ struct Kernel::Impl {
   std::unique_ptr<Compiled> dec[3];
   std::unique_ptr<Compiled> prefill[3];
   std::unique_ptr<detail::ForwardTuner> tuner;  // the dense forward per shape class (made by compile)
+  std::map<std::string, std::unique_ptr<Compiled>> wide_twins;  // by the narrow kernel's cache key
 
   const Compiled& decode_kernel(SequenceLayout layout = SequenceLayout::kDense) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
@@ -338,6 +357,24 @@ struct Kernel::Impl {
           compile_generated(generate(p, spec), fwd.options.line_info,
                             fmt::format("{} forward of score_mod @{} mask_mod @{}",
                                         layout == SequenceLayout::kPaged ? "paged" : "ragged",
+                                        p.score_mod_name(), p.mask_mod_name())));
+    }
+    return *slot;
+  }
+
+  // `c`, or its wide-captures twin (KernelSpec::wide_captures: the same spec with 64-bit
+  // capture offsets) when `wide`, compiled on the first call that needs it.
+  const Compiled& captures_twin(const Compiled& c, bool wide) {
+    if (!wide) return c;
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    std::unique_ptr<Compiled>& slot = wide_twins[c.key];
+    if (!slot) {
+      const Program& p = mask.program();
+      KernelSpec spec = c.gen.spec;
+      spec.wide_captures = true;
+      slot = std::make_unique<Compiled>(
+          compile_generated(generate(p, spec), fwd.options.line_info,
+                            fmt::format("{} of score_mod @{} mask_mod @{}", spec.to_string(),
                                         p.score_mod_name(), p.mask_mod_name())));
     }
     return *slot;
@@ -430,6 +467,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
         fmt::format("B x Hq = {} x {} = {} exceeds the 65535 the kernels' grid takes; split the batch",
                     shape.batch, shape.heads_q, int64_t(shape.batch) * shape.heads_q));
   std::vector<unsigned char> cap = pack_captures(captures);
+  const bool wide = wide_captures_needed(capture_slots(), captures);
 
   if (options.path == ForwardPath::kDecode && !decoding_kernel_fits(shape.len_q, mask))
     throw Error(
@@ -441,7 +479,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   if (takes_decoding_kernel(options.path, shape.len_q, shape.heads_q, shape.heads_kv, mask)) {
     // Split-KV decoding (templates/fajit/decode.cuh): the heads of a GQA group share a tile
     // when the tables do not depend on the head; the KV walk is cut so every SM streams.
-    const Compiled& d = impl_->decode_kernel(layout);
+    const Compiled& d = impl_->captures_twin(impl_->decode_kernel(layout), wide);
     const KernelSpec& ds = d.gen.spec;
     if (mask.q_block() % ds.tile.block_m != 0 || mask.kv_block() % ds.tile.block_n != 0)
       throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the decode tile {}x{}",
@@ -523,8 +561,8 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     if (s.family == KernelFamily::kWgmma) l.maps = rt::make_tma_pair(k, v, t.block_n);
     return l;
   };
-  if (!dense) {
-    resolve(impl_->prefill_kernel(layout))();
+  if (!dense || wide) {  // the tuner's candidates are narrow: a wide call runs the default tile
+    resolve(impl_->captures_twin(impl_->prefill_kernel(layout), wide))();
     return;
   }
   // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
@@ -580,7 +618,9 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
   std::vector<unsigned char> cap = pack_captures(captures);
   FaGradBuffers grads = grad_buffers_of(program(), capture_slots(), captures, options.buffer_grads);
-  const Compiled& b = impl_->backward_kernel(options.deterministic);
+  const Compiled& b =
+      impl_->captures_twin(impl_->backward_kernel(options.deterministic),
+                           wide_captures_needed(capture_slots(), captures, &options.buffer_grads));
   const KernelSpec& s = b.gen.spec;
   const bool det = s.deterministic;  // asked for, or the faster at these head dims
   const float scale = check_call(s, "backward", shape, mask, options.scale);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "fajit/detail/codegen.h"
 #include "fajit/error.h"
 #include "fajit/jit/arch.h"
 
@@ -229,16 +230,31 @@ std::string KernelSpec::to_string() const {
                   : kind == KernelKind::kBackward ? "backward"
                   : kind == KernelKind::kDecode   ? "decode"
                                                   : "block_mask";
-  if (kind == KernelKind::kBlockMask) return fmt::format("{} {}", k, arch);
+  const char* wide = wide_captures ? " wide-captures" : "";
+  if (kind == KernelKind::kBlockMask) return fmt::format("{} {}{}", k, arch, wide);
   const char* fam = family == KernelFamily::kWgmma     ? "wgmma"
                     : family == KernelFamily::kMmaSync ? "mma"
                                                        : "auto";
-  return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}{}{}", k, dtype_name(dtype), head_dim_qk,
+  return fmt::format("{} {} qk{} v{} {} tile{}x{}w{}s{} {}{}{}{}", k, dtype_name(dtype), head_dim_qk,
                      head_dim_v, fam, tile.block_m, tile.block_n, tile.warps, tile.stages, arch,
                      deterministic ? " deterministic" : "",
                      layout == SequenceLayout::kRagged  ? " ragged"
                      : layout == SequenceLayout::kPaged ? " paged"
-                                                        : "");
+                                                        : "",
+                     wide);
+}
+
+bool needs_wide_captures(int rank, const int64_t* shape, const int64_t* stride) {
+  constexpr int64_t kNarrowSpan = int64_t(1) << 31;  // offsets below it fit an int
+  int64_t span = 0;
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] <= 1) continue;
+    if (d == rank - 1 && stride[d] != 1) return true;
+    if (stride[d] < 0 || stride[d] >= kNarrowSpan || shape[d] - 1 >= kNarrowSpan) return true;
+    span += (shape[d] - 1) * stride[d];  // < 2^62: no overflow
+    if (span >= kNarrowSpan) return true;
+  }
+  return false;
 }
 
 int KernelSpec::threads() const { return tile.warps * 32; }

@@ -25,6 +25,12 @@ struct GeneratedKernel {
 // Throws fa::Error when there are more than FA_MAX_BUFFERS / FA_MAX_SCALARS.
 std::vector<CaptureSlot> capture_slots(const Program& program);
 
+// Whether a captured buffer (or a buffer gradient) of this shape and these strides (elements)
+// needs the wide-captures twin of a kernel (KernelSpec::wide_captures): its innermost
+// dimension is not contiguous, or its elements span 2^31 or more (a negative stride counts as
+// wide). Size-1 dimensions are never indexed past 0, so their strides do not matter.
+bool needs_wide_captures(int rank, const int64_t* shape, const int64_t* stride);
+
 // Output rows (one warp each) per CTA of the decode combine kernel (DecodeConfig::kCombineWarps).
 constexpr int kDecodeCombineWarps = 4;
 
