@@ -286,7 +286,7 @@ def setup_fajit(fj, case, q, k, v, B, H, S, D, doc_ids, stream):
     import torch
     info = {}
     t0 = time.perf_counter()
-    kern = fj.compile(CASES[case][0], CASES[case][1], D, FAJIT_F16 if DTYPE == "f16" else FAJIT_BF16)
+    kern = fj.compile(CASES[case][0], CASES[case][1], D, fajit_dtype())
     info["compile_s"] = time.perf_counter() - t0
     info["origin"] = fj.origin(kern)
     scalars, buffers = fajit_captures_for(case, H, doc_ids)
@@ -332,6 +332,10 @@ def setup_fajit(fj, case, q, k, v, B, H, S, D, doc_ids, stream):
 def torch_dtype():
     import torch
     return torch.float16 if DTYPE == "f16" else torch.bfloat16
+
+
+def fajit_dtype():
+    return FAJIT_F16 if DTYPE == "f16" else FAJIT_BF16
 
 
 def run_case(fj, base, flex, case, B, H, S, D, args, device_name):
@@ -575,7 +579,7 @@ def main():
         for D in dims:
             for c in cases:
                 t0 = time.perf_counter()
-                kern = fj.compile(CASES[c][0], CASES[c][1], D, FAJIT_F16 if DTYPE == "f16" else FAJIT_BF16)
+                kern = fj.compile(CASES[c][0], CASES[c][1], D, fajit_dtype())
                 print(f"{c:16s} d{D}: {time.perf_counter() - t0:.2f} s  origin={fj.origin(kern)} "
                       f"cubin={fj.cubin_size(kern)} B", flush=True)
                 fj.lib.fajit_kernel_destroy(kern)
