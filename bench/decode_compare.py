@@ -13,6 +13,11 @@ that fails or refuses the shape is n/a with its error in the notes; times are
 triton.testing.do_bench medians; GB/s counts the K+V bytes read (the bound of a decode). fajit is
 timed twice: the eager Python call (host cost included when it exceeds the GPU's) and the same
 call replayed from a CUDA graph (GPU time only).
+
+--paged 16,64,256 adds fajit on a paged cache of each page size (flex_attention_varlen with a
+page table: K and V cut into pages shuffled over a pool, every sequence Lkv keys long), checked
+against the same reference, eager and graph-replayed, and its time as a ratio of the dense
+call's (issue 11's paged-vs-contiguous target: >= 0.95).
 Writes the table to stdout and as markdown to $OUT/decode.md (or --out).
 """
 import argparse
@@ -29,6 +34,7 @@ def main():
     ap.add_argument("--heads-q", type=int, default=32)
     ap.add_argument("--heads-kv", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--paged", default="", help="page sizes for the paged-cache columns, e.g. 16,64,256")
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -105,6 +111,41 @@ def main():
             except Exception as e:
                 row["fajit_graph_note"] = f"{type(e).__name__}: {str(e)[:100]}"
 
+            pages = [int(x) for x in args.paged.split(",") if x]
+            for ps in pages:
+                row[f"paged{ps}"] = row[f"paged{ps}_graph"] = float("nan")
+                if lkv % ps:
+                    row[f"paged{ps}_note"] = f"Lkv {lkv} is not a multiple of the page size"
+                    continue
+                per = lkv // ps  # pages of each sequence, shuffled over one pool
+                perm = torch.randperm(B * per, device="cuda")
+                kpool = torch.empty(B * per, ps, Hkv, D, device="cuda", dtype=k.dtype)
+                vpool = torch.empty_like(kpool)
+                kpool[perm] = k.transpose(1, 2).reshape(B * per, ps, Hkv, D)
+                vpool[perm] = v.transpose(1, 2).reshape(B * per, ps, Hkv, D)
+                table = perm.view(B, per).to(torch.int32)
+                lens = torch.full((B,), lkv, device="cuda", dtype=torch.int32)
+
+                def paged():
+                    return ft.flex_attention_varlen(q, kpool, vpool, seqlens_k=lens, page_table=table,
+                                                    max_seqlen_k=lkv, enable_gqa=True)
+                pout = paged()
+                perr = rel(pout, ref)
+                if perr >= 2e-2:
+                    row[f"paged{ps}_note"] = f"rel. error {perr:.1e}"
+                    continue
+                row[f"paged{ps}"] = bench(paged)
+                try:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        gout = paged()
+                    graph.replay()
+                    assert torch.equal(gout, pout), "the graph's output differs from the eager call's"
+                    row[f"paged{ps}_graph"] = bench(graph.replay)
+                except Exception as e:
+                    row[f"paged{ps}_note"] = f"graph: {type(e).__name__}: {str(e)[:100]}"
+                del kpool, vpool
+
             for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
                 try:
                     with sdpa_kernel(backend):
@@ -144,8 +185,21 @@ def main():
         lines.append(f"| {r['lq']} | {r['lkv']} | " + " | ".join(cells) +
                      f" | {r['flex'] / r['fajit']:.2f}x | {tbs(r['fajit'], n) / copy:.2f} | "
                      f"{tbs(r['fajit_graph'], n) / copy:.2f} |")
+    pages = [int(x) for x in args.paged.split(",") if x]
+    if pages:
+        lines += ["", "Paged cache (pages shuffled over a pool): ms eager / graph-replayed, and as a ratio of the "
+                  "dense call's time (dense / paged: >= 0.95 is issue 11's target)", "",
+                  "| Lq | Lkv | dense eager / graph | " +
+                  " | ".join(f"page {ps}: eager / graph | ratio eager / graph" for ps in pages) + " |",
+                  "|---:|---:|---:|" + "---:|---:|" * len(pages)]
+        for r in rows:
+            cells = [f"{r['fajit']:.3f} / {r['fajit_graph']:.3f}"]
+            for ps in pages:
+                e, g = r[f"paged{ps}"], r[f"paged{ps}_graph"]
+                cells += [f"{e:.3f} / {g:.3f}", f"{r['fajit'] / e:.2f} / {r['fajit_graph'] / g:.2f}"]
+            lines.append(f"| {r['lq']} | {r['lkv']} | " + " | ".join(cells) + " |")
     notes = [f"- Lq={r['lq']} Lkv={r['lkv']} {x}: {r[x + '_note']}" for r in rows
-             for x in ("flex", "fajit_graph", "flash", "cudnn") if x + "_note" in r]
+             for x in ["flex", "fajit_graph", "flash", "cudnn"] + [f"paged{ps}" for ps in pages] if x + "_note" in r]
     if notes:
         lines += ["", "Notes:"] + notes
     text = "\n".join(lines)

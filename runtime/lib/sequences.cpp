@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "fajit/error.h"
@@ -167,6 +168,13 @@ RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorV
     for (auto [t, name] : {std::pair{&k, "k"}, {&v, "v"}}) {
       check_row_stride(name, "num_pages", t->stride[0]);
       check_row_stride(name, "page_size", t->stride[1]);
+      // the kernels address a row as page * page stride + row * row stride, in 32-bit bytes each
+      for (auto [dim, stride] : {std::pair{"num_pages", t->stride[0]}, {"page_size", t->stride[1]}})
+        if (std::abs(stride) * dtype_size(t->dtype) > INT32_MAX)
+          throw Error(
+              fmt::format("{}: stride of {} is {} elements; a paged pool's page and row strides must "
+                          "each stay under 2^31 bytes",
+                          name, dim, stride));
     }
     if (v.shape[0] != num_pages)
       throw Error(fmt::format("v: num_pages must match k ({}), got {}", num_pages, v.shape[0]));

@@ -122,8 +122,7 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
     if (r0 >= rows) return;  // rows of a shorter sequence than the longest
 
   constexpr bool kPaged = Cfg::kLayout == kPagedLayout;
-  const KvRows<E, kPaged> ksrc(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, p, b, hkv);
-  const KvRows<E, kPaged> vsrc(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, p, b, hkv);
+  KvTiles<E, kPaged, kBN, RowQK, RowV, kThreads> kv(p, b, hkv);
   const u32 sQ = smem_addr(smem);
   const u32 sK = sQ + Cfg::kSmemQBytes;
   const u32 sV = sK + kStages * Cfg::kSmemKBytes;
@@ -135,12 +134,14 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
   const int it_end = min(walk.n_tiles, it0 + per);
   // Tiles it0 .. it_end - 1 (those inside len_kv): a load cursor kStages - 1 tiles ahead of
   // the compute cursor, each moved right after its use (forward.cuh).
+  // Paged, the next tile's page ids load as soon as the cursor reaches it.
   TileCursor<kBN> ld(walk, len_kv, it0);
+  if (!ld.done(walk, it_end)) kv.prefetch(ld.start, len_kv, tid);
   auto load_kv = [&](int s) {
     if (ld.done(walk, it_end)) return;
-    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, ld.start, len_kv, tid);
-    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, ld.start, len_kv, tid);
+    kv.load(sK + s * Cfg::kSmemKBytes, sV + s * Cfg::kSmemVBytes, ld.start, len_kv, tid);
     ld.next(walk, len_kv);
+    if (!ld.done(walk, it_end)) kv.prefetch(ld.start, len_kv, tid);
   };
 
   // ---- prologue: the packed Q rows (gathered over the heads), then STAGES-1 K/V tiles

@@ -116,8 +116,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
   const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
   constexpr bool kPaged = Cfg::kLayout == kPagedLayout;
-  const KvRows<E, kPaged> ksrc(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, p, b, hkv);
-  const KvRows<E, kPaged> vsrc(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, p, b, hkv);
+  KvTiles<E, kPaged, kBN, RowQK, RowV, kThreads> kv(p, b, hkv);
 
   const u32 sQ = smem_addr(smem);
   const u32 sK = sQ + Cfg::kSmemQOBytes;
@@ -127,14 +126,15 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // (sub-tiles past the end of a tail block are never visited). Two cursors over the same
   // tiles: `ld` feeds the cp.async ring kStages - 1 tiles ahead, and moves right after issuing
   // its copies, so the next block index loads under this tile's MMAs instead of stalling the
-  // copies after the barrier.
+  // copies after the barrier; paged, the next tile's page ids load right after it, likewise.
   const BlockWalk<kBN> walk(p.mask, b, h, q0);
   TileCursor<kBN> ld(walk, len_kv);
+  if (!ld.done(walk)) kv.prefetch(ld.start, len_kv, tid);
   auto load_kv = [&](int s) {
     if (ld.done(walk)) return;
-    ksrc.template load<kBN, RowQK, kThreads>(sK + s * Cfg::kSmemKBytes, ld.start, len_kv, tid);
-    vsrc.template load<kBN, RowV, kThreads>(sV + s * Cfg::kSmemVBytes, ld.start, len_kv, tid);
+    kv.load(sK + s * Cfg::kSmemKBytes, sV + s * Cfg::kSmemVBytes, ld.start, len_kv, tid);
     ld.next(walk, len_kv);
+    if (!ld.done(walk)) kv.prefetch(ld.start, len_kv, tid);
   };
 
   // ---- prologue: Q, then the first STAGES-1 K/V tiles, one cp.async group each

@@ -9,6 +9,7 @@
 #include "fajit/params.h"
 #include "fajit/runtime/fwd_params.h"
 #include "fajit/runtime/tma.h"
+#include "fajit/sequences.h"
 
 namespace {
 
@@ -280,4 +281,38 @@ TEST(TmaStrides, RefusesWhatTheDriverWouldNot) {
       fa::TensorView(p, fa::DType::bf16, {2, 4, 1000, 96}, {4 * 1000 * 100, 1000 * 100, 100, 1}), b));
   EXPECT_FALSE(fa::rt::tma_strides(
       fa::TensorView(p, fa::DType::bf16, {2, 4, 1000, 64}, {4 * 1000 * 128, 1000 * 128, 128, 2}), b));
+}
+
+// Paged pools: the kernels address a row with 32-bit byte offsets per stride (KvTiles), so a
+// page or row stride of 2^31 bytes or more is refused by name. Host checks only (no
+// check_tables): the fake addresses are never read.
+TEST(RaggedViews, PagedPoolStridesUnder2To31Bytes) {
+  const TensorView q(addr(0), DType::bf16, {300, 2, 128}), o(addr(3), DType::bf16, {300, 2, 128});
+  const TensorView cq(addr(5), DType::i32, {3}), n(addr(6), DType::i32, {2}), pt(addr(7), DType::i32, {2, 4});
+  fa::Sequences s;
+  s.cu_seqlens_q = &cq, s.max_seqlen_q = 128;
+  s.page_table = &pt, s.seqlens_k = &n, s.max_seqlen_k = 256;
+  const TensorView k(addr(1), DType::bf16, {8, 64, 2, 128});
+  auto error = [&](const TensorView& kk, const TensorView& vv) -> std::string {
+    try {
+      fa::ragged_views(q, kk, vv, o, nullptr, s);
+    } catch (const fa::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(k, k), "");
+  const int64_t big = int64_t(1) << 30;  // elements: 2^31 bytes of bf16
+  const TensorView wide_page(addr(2), DType::bf16, {8, 64, 2, 128}, {big, 256, 128, 1});
+  const TensorView wide_row(addr(2), DType::bf16, {8, 64, 2, 128}, {64 * 256, big, 128, 1});
+  const TensorView just_under(addr(2), DType::bf16, {8, 64, 2, 128}, {big - 8, 256, 128, 1});
+  EXPECT_EQ(
+      error(wide_page, k),
+      "k: stride of num_pages is 1073741824 elements; a paged pool's page and row strides must each stay "
+      "under 2^31 bytes");
+  EXPECT_EQ(
+      error(k, wide_row),
+      "v: stride of page_size is 1073741824 elements; a paged pool's page and row strides must each stay "
+      "under 2^31 bytes");
+  EXPECT_EQ(error(just_under, just_under), "");
 }
