@@ -113,16 +113,30 @@ struct KvPipeline {
 // A paged tile's page ids are looked up one tile ahead: prefetch(start) issues the loads of
 // the page ids of the rows this thread copies, and load() of that tile uses them, so the
 // page-table loads land under the current tile's math instead of stalling every copy (each
-// copy waited on its page id before: H200 decoding at 0.87-0.93 of the dense layout's speed).
+// copy waited on its page id before: H200 decoding at 0.80-0.86 of the dense layout's speed).
 // A caller gives every tile to prefetch() before load(); the dense form ignores prefetch().
 template <typename E, bool kPaged, int kRows, typename RowK, typename RowV, int kThreads>
 struct KvTiles {
-  // This thread's chunks of a kRows x Row tile: the i-th is idx = tid + i * kThreads (as
-  // load_rows_async), row idx / Row::kUsed. K and V share the page ids when their rows match.
+  // This thread's chunks of a kRows x Row tile, paged. Where the tile divides evenly, thread
+  // tid copies chunk tid % kUsed of kPer consecutive rows kPer * (tid / kUsed) + i (a warp
+  // still covers whole rows per copy): with page_size a multiple of kPer those rows share one
+  // page (tiles start at multiples of kRows), one page-table load and one division per tile.
+  // Otherwise the i-th chunk is idx = tid + i * kThreads, row idx / kUsed (load_rows_async's
+  // order), each row with its own page.
   template <typename Row>
   struct Chunks {
     static constexpr int kTotal = kRows * Row::kUsed, kCount = (kTotal + kThreads - 1) / kThreads;
-    static __device__ __forceinline__ bool exists(int idx) { return kTotal % kThreads == 0 || idx < kTotal; }
+    static constexpr bool kBlocked = kThreads % Row::kUsed == 0 && kTotal % kThreads == 0;
+    static constexpr int kPer = kBlocked ? kTotal / kThreads : 1;  // rows per thread, blocked
+    static __device__ __forceinline__ bool exists(int tid, int i) {
+      return kBlocked || kTotal % kThreads == 0 || tid + i * kThreads < kTotal;
+    }
+    static __device__ __forceinline__ int row(int tid, int i) {
+      return kBlocked ? kPer * (tid / Row::kUsed) + i : (tid + i * kThreads) / Row::kUsed;
+    }
+    static __device__ __forceinline__ int col(int tid, int i) {
+      return kBlocked ? tid % Row::kUsed : (tid + i * kThreads) % Row::kUsed;
+    }
   };
   static constexpr bool kSharedRows = RowK::kUsed == RowV::kUsed;
   static constexpr int kPagesK = kPaged ? Chunks<RowK>::kCount : 1;
@@ -174,11 +188,18 @@ struct KvTiles {
   }
 
  private:
+  // Whether this thread's rows of a tile lie in one page (the same for every thread and tile).
+  template <typename Row>
+  __device__ __forceinline__ bool one_page() const {
+    return Chunks<Row>::kBlocked && page_size % Chunks<Row>::kPer == 0;
+  }
   template <typename Row, int kN>
   __device__ __forceinline__ void fetch_pages(int (&page)[kN], int (&row)[kN], int start, int len, int tid) const {
+    const bool one = one_page<Row>();
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-      const int kv = start + (tid + i * kThreads) / Row::kUsed;
+      if (one && i > 0) break;
+      const int kv = start + Chunks<Row>::row(tid, i);
       const int r = kv < len ? kv : 0;
       const int slot = r / page_size;
       page[i] = pages[slot];
@@ -189,18 +210,28 @@ struct KvTiles {
   __device__ __forceinline__ void copy_paged(u32 dst, const E* base, int page_bytes, int row_bytes,
                                              const int (&page)[kN], const int (&row)[kN], int start, int len,
                                              int tid) const {
+    using C = Chunks<Row>;
+    const char* bytes = reinterpret_cast<const char*>(base);
+    if (one_page<Row>()) {  // the first row's address; the next rows follow at row_bytes
+      const char* g = bytes + (long long)page[0] * page_bytes + (long long)row[0] * row_bytes;
 #pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      const int idx = tid + i * kThreads;
-      if (!Chunks<Row>::exists(idx)) continue;
-      const int r = idx / Row::kUsed, c = idx % Row::kUsed;
-      // the zero tail chunk (odd chunk counts) points at the row's last chunk, reads nothing
-      const int cs = Row::kUsed == Row::kChunks || c < Row::kChunks ? c : Row::kChunks - 1;
-      const bool valid = start + r < len && (Row::kUsed == Row::kChunks || c < Row::kChunks);
-      const char* g = reinterpret_cast<const char*>(base + cs * 8) + (long long)page[i] * page_bytes +
-                      (long long)row[i] * row_bytes;
-      cp_async_16(dst + swizzle_offset<Row::kPitch>(r, c), g, valid);
+      for (int i = 0; i < kN; ++i) copy_chunk<Row>(dst, g + (long long)i * row_bytes, start, len, tid, i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN; ++i)
+        if (C::exists(tid, i))
+          copy_chunk<Row>(dst, bytes + (long long)page[i] * page_bytes + (long long)row[i] * row_bytes, start,
+                          len, tid, i);
     }
+  }
+  // Chunk i of this thread, from its row's first byte.
+  template <typename Row>
+  __device__ __forceinline__ void copy_chunk(u32 dst, const char* row_at, int start, int len, int tid, int i) const {
+    const int r = Chunks<Row>::row(tid, i), c = Chunks<Row>::col(tid, i);
+    // the zero tail chunk (odd chunk counts) points at the row's last chunk, reads nothing
+    const int cs = Row::kUsed == Row::kChunks || c < Row::kChunks ? c : Row::kChunks - 1;
+    const bool valid = start + r < len && (Row::kUsed == Row::kChunks || c < Row::kChunks);
+    cp_async_16(dst + swizzle_offset<Row::kPitch>(r, c), row_at + cs * 16, valid);
   }
 };
 

@@ -46,6 +46,10 @@ std::vector<SeqCase> cases() {
       // one: both must still split alike (fuzz 848/41 found them 2 vs 3 CTAs per SM apart)
       {"none", bf16, 64, 64, 4, 4, {38, 39}, {402, 2438}, 128},
       {"causal", f16, 32, 32, 8, 2, {1, 5, 64}, {3000, 700, 64}, 16},
+      // pages that split a thread's run of rows (KvTiles: one page-table load per run only
+      // where the page size is a multiple of it, 8 rows at d128 decoding, 4 at d64 prefill)
+      {"none", bf16, 128, 128, 8, 4, {1, 16, 2}, {3001, 500, 77}, 12},
+      {"none", f16, 64, 64, 4, 2, {300, 129}, {1000, 700}, 6},
   };
 }
 
