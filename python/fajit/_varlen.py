@@ -132,7 +132,8 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
       paged, page_table and seqlens_k given: key [num_pages, page_size, Hkv, E] and value
           [num_pages, page_size, Hkv, Ev] pools; key j of sequence b is row j % page_size of page
           page_table[b, j // page_size], and it has seqlens_k[b] keys (vLLM's block tables: entries
-          past a sequence's pages are never read).
+          past a sequence's pages are never read); the pools' page and row strides must each be
+          under 2^31 bytes.
       dense, neither: key [B, Hkv, S, E], value [B, Hkv, S, Ev]; with seqlens_k, a padded cache
           (flash_attn_with_kvcache's cache_seqlens): keys at or past seqlens_k[b] are never read.
     Tables are int32 CUDA tensors on query's device: cu_seqlens_q / cu_seqlens_k [B+1] (non-

@@ -9,6 +9,8 @@
 //
 // Paged: k, v are pools [num_pages, page_size, Hkv, D]; page_table [B, max_pages] and
 // seqlens_k [B] say where and how many keys each sequence has (page_size is the pools' dim 1).
+// A pool's page stride and row stride (dims 0 and 1) must each be under 2^31 bytes (the kernels
+// address a row as page * page stride + row * row stride, in 32-bit bytes per product).
 // mask_mod / score_mod see positions within each sequence (q_idx from 0 at its first query).
 #pragma once
 
