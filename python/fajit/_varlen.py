@@ -56,7 +56,7 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Ten
         return out.zero_(), lse.fill_(-math.inf)
     var = _VARIANTS[variant]
     keep = []
-    with torch.cuda.device(q.device):
+    with _on_device(q.device):
         kern = _kernel(var, q.dtype, q.shape[-1], v.shape[-1], q.device)
         mask = _mask_for(tables, mask_info, 0, 0, q.device)
         caps = _ccaptures(var, buffers, scalars, keep)
@@ -245,4 +245,4 @@ _NO_BACKWARD = ("flex_attention_varlen: {} with grad mode on, but ragged / paged
 # fajit.torch's helpers, read when called (this module is imported at the end of fajit.torch)
 from .torch import (_VARIANTS, _bind, _block_mask_args, _ccaptures, _check_cuda, _check_dtype,  # noqa: E402
                     _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale, _check_types,
-                    _ctensor, _kernel, _mask_for, _rows, _stream, _variant_key)
+                    _ctensor, _kernel, _mask_for, _on_device, _rows, _stream, _variant_key)

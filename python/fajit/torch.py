@@ -187,8 +187,21 @@ def _ccaptures(variant, buffers, scalars, keep):
     return caps
 
 
+# The current stream of a device as a CUstream, without building a torch.cuda.Stream (a few
+# microseconds a call, which a short decode's host time shows): the raw getter Inductor's own
+# generated code calls, else the public API.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(device):
+    if _RAW_STREAM is not None and device.index is not None:
+        return C.c_void_p(_RAW_STREAM(device.index))
     return C.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _on_device(device):
+    """torch.cuda.device(device) for a call's C API work, from its index (no parsing)."""
+    return torch.cuda.device(device.index if device.index is not None else device)
 
 
 # ---- block masks ----------------------------------------------------------------------------
@@ -406,7 +419,7 @@ def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, 
     lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
     var = _VARIANTS[variant]
     keep = []
-    with torch.cuda.device(q.device):
+    with _on_device(q.device):
         kern = _kernel(var, q.dtype, D, Dv, q.device)
         mask = _mask_for(tables, mask_info, B, Hq, q.device)
         caps = _ccaptures(var, buffers, scalars, keep)
@@ -444,7 +457,7 @@ def _flex_bwd_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v
              for b, want in zip(buffers, buffer_grads)]
     keep = []
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    with torch.cuda.device(q.device):
+    with _on_device(q.device):
         kern = _kernel(var, q.dtype, D, v.shape[3], q.device)
         mask = _mask_for(tables, mask_info, B, Hq, q.device)
         caps = _ccaptures(var, buffers, scalars, keep)
