@@ -305,23 +305,19 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     const float ms = dp.m_part[part(s)];
     return ms == -INFINITY ? 0.f : ex2(fmaf(ms - m, sl2, dp.l_part[part(s)]));
   };
-  float sum = 0.f;
-  if (m != -INFINITY && !nan_part) {
-    for (int s = lane; s < dp.splits; s += 32) sum += weight(s);
-    sum = warp_sum(sum);
-  }
-  if (nan_part) sum = __int_as_float(0x7fc00000);  // quiet NaN
-  const float inv = !(sum <= 0.f) ? 1.f / sum : 0.f;
 
   // Each lane's column pairs 2 lane + 64 i; 32 parts' weights at a time, one per lane, handed
-  // to the others by shuffles, and the parts' rows read a few at a time.
+  // to the others by shuffles, and the parts' rows read a few at a time. Each lane also sums
+  // its own parts' weights (parts lane, lane + 32, ...), computed once for both uses.
   constexpr int kPairs = (kDV + 63) / 64;
   float acc[kPairs][2];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) acc[i][0] = acc[i][1] = 0.f;
-  if (m != -INFINITY)
+  float sum = 0.f;
+  if (m != -INFINITY)  // warp-uniform (m is the warp's max)
     for (int s0 = 0; s0 < dp.splits; s0 += 32) {
       const float w_lane = weight(s0 + lane);
+      sum += w_lane;
       const int n = min(32, dp.splits - s0);
 #pragma unroll 4
       for (int j = 0; j < n; ++j) {
@@ -338,6 +334,9 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
         }
       }
     }
+  sum = warp_sum(sum);
+  if (nan_part) sum = __int_as_float(0x7fc00000);  // quiet NaN
+  const float inv = !(sum <= 0.f) ? 1.f / sum : 0.f;
   E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h + (long long)q * p.o_stride_m;
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
