@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    pages = [int(x) for x in args.paged.split(",") if x]  # page sizes of the paged columns
 
     import torch
     import triton.testing
@@ -111,7 +112,6 @@ def main():
             except Exception as e:
                 row["fajit_graph_note"] = f"{type(e).__name__}: {str(e)[:100]}"
 
-            pages = [int(x) for x in args.paged.split(",") if x]
             for ps in pages:
                 row[f"paged{ps}"] = row[f"paged{ps}_graph"] = float("nan")
                 if lkv % ps:
@@ -185,7 +185,6 @@ def main():
         lines.append(f"| {r['lq']} | {r['lkv']} | " + " | ".join(cells) +
                      f" | {r['flex'] / r['fajit']:.2f}x | {tbs(r['fajit'], n) / copy:.2f} | "
                      f"{tbs(r['fajit_graph'], n) / copy:.2f} |")
-    pages = [int(x) for x in args.paged.split(",") if x]
     if pages:
         lines += ["", "Paged cache (pages shuffled over a pool): ms eager / graph-replayed, and as a ratio of the "
                   "dense call's time (dense / paged: >= 0.95 is issue 11's target)", "",
