@@ -17,6 +17,7 @@ Writes the table to stdout and as markdown to $OUT/backward.md (or --out).
 import argparse
 import ctypes
 import datetime
+import statistics
 import os
 import sys
 import tempfile
@@ -39,7 +40,7 @@ def bind_backward(lib):
                                           ctypes.c_int, vp]
 
 
-def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
+def run_case(fj, base, flex, case, B, Hq, Hkv, S, D, args, device):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -66,11 +67,14 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
 
     # ---- torch flex (compiled): gradients of sum(O * dO)
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    block_mask = (create_block_mask(mask_mod, None, None, S, S, device="cuda") if mask_mod else None)
+    block_mask = (create_block_mask(mask_mod, None, None, S, S, device="cuda")
+                  if mask_mod and not args.no_torch else None)
 
     def flex_fwd():
         return flex(qg, kg, vg, score_mod=score_mod, block_mask=block_mask, enable_gqa=Hq != Hkv)
     try:
+        if args.no_torch:
+            raise RuntimeError("skipped (--no-torch)")
         o = flex_fwd()
         grads["flex"] = torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
         row["flex"] = do_bench(lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True),
@@ -82,7 +86,7 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
         row["flex"] = "ERR"
         row["errors"].append("flex: " + fc.short(e, 300))
     # ---- SDPA cuDNN (full / causal)
-    if sdpa_kind is not None:
+    if sdpa_kind is not None and not args.no_torch:
         def sdpa_fwd():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qg, kg, vg, is_causal=sdpa_kind == "causal",
@@ -99,7 +103,53 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
             row["cudnn"] = "ERR"
             row["errors"].append("cudnn: " + fc.short(e, 300))
 
-    # ---- fajit: cold compile, block mask, forward with LSE, backward
+    # ---- fajit (and the baseline library, if given): cold compile, block mask, forward with
+    # LSE, backward; the two libraries timed on the same tensors, base and fajit in turn
+    libs = [("fajit", fj)] + ([("base", base)] if base is not None else [])
+    for name, lib in libs:
+        fajit_backward(lib, name, row, grads, mask_preset, score_preset, D, B, Hq, S, q, k, v, do, doc_ids,
+                       case, stream, args)
+    if base is not None and isinstance(row["fajit"], float) and isinstance(row["base"], float):
+        for _ in range(args.ab_rounds - 1):  # more rounds, alternating, for run-to-run noise
+            for name, lib in libs:
+                row[name + "_rounds"].append(row[name + "_again"]())
+        row["fajit"] = statistics.median(row["fajit_rounds"])
+        row["base"] = statistics.median(row["base_rounds"])
+        row["vs_base"] = row["base"] / row["fajit"]
+    for name, _ in libs:
+        row.pop(name + "_again", None)
+        row.pop(name + "_release")()
+    if "base" in grads and "fajit" in grads:
+        e = max(fc.rel_err(a, b) for a, b in zip(grads["fajit"], grads["base"]))
+        row["base_err"] = e
+        if e > REL_TOL:
+            row["errors"].append(f"fajit: gradients differ from the baseline library's by {e:.1e}")
+
+    # ---- correctness: fajit's gradients vs flex's (and cuDNN's)
+    ok = "fajit" in grads and not any(e.startswith("fajit") for e in row["errors"])
+    for other in ("flex", "cudnn"):
+        if "fajit" in grads and other in grads:
+            e = max(fc.rel_err(a, b) for a, b in zip(grads["fajit"], grads[other]))
+            row["err"] = max(e, row["err"]) if isinstance(row["err"], float) else e
+            ok &= e < REL_TOL
+    row["check"] = "ok" if ok else ("-" if "fajit" not in grads else "MISMATCH")
+    for name in ("fajit", "flex", "cudnn", "base"):
+        if isinstance(row.get(name), float):
+            row[name + "_tf"] = 2.5 * fwd_flops / (row[name] * 1e-3) / 1e12
+    if isinstance(row["fajit"], float) and isinstance(row["flex"], float):
+        row["vs_flex"] = row["flex"] / row["fajit"]
+    if isinstance(row["fajit"], float) and isinstance(row["cudnn"], float):
+        row["vs_cudnn"] = row["cudnn"] / row["fajit"]
+    row["device"] = device
+    return row
+
+
+def fajit_backward(fj, name, row, grads, mask_preset, score_preset, D, B, Hq, S, q, k, v, do, doc_ids, case,
+                   stream, args):
+    """One library's compile, forward and backward on the case's tensors: its gradients into
+    grads[name], its median backward ms into row[name] (row[name + '_again'] re-times it)."""
+    import torch
+    from triton.testing import do_bench
     kern = bm = None
     try:
         kern = fj.compile(mask_preset, score_preset, D)
@@ -125,48 +175,40 @@ def run_case(fj, flex, case, B, Hq, Hkv, S, D, args, device):
         fajit_fwd()
         fajit_bwd()
         torch.cuda.synchronize()
-        grads["fajit"] = (dq.clone(), dk.clone(), dv.clone())
-        bad = sum(int((~torch.isfinite(g)).sum()) for g in grads["fajit"])
+        grads[name] = (dq.clone(), dk.clone(), dv.clone())
+        bad = sum(int((~torch.isfinite(g)).sum()) for g in grads[name])
         if bad:
-            row["errors"].append(f"fajit: {bad} non-finite/unwritten gradient elements")
-        row["fajit"] = do_bench(fajit_bwd, warmup=args.warmup, rep=args.rep, return_mode="median")
+            row["errors"].append(f"{name}: {bad} non-finite/unwritten gradient elements")
+        row[name] = do_bench(fajit_bwd, warmup=args.warmup, rep=args.rep, return_mode="median")
+        if name == "base":
+            return  # the baseline: the backward's time only (kern, bm outlive this call)
         row["fajit_fb"] = do_bench(lambda: (fajit_fwd(), fajit_bwd()), warmup=args.warmup, rep=args.rep,
                                    return_mode="median")
         fajit_bwd(1)
         torch.cuda.synchronize()
-        det_err = max(fc.rel_err(a, b) for a, b in zip((dq, dk, dv), grads["fajit"]))
+        det_err = max(fc.rel_err(a, b) for a, b in zip((dq, dk, dv), grads[name]))
         if det_err > REL_TOL:
             row["errors"].append(f"fajit deterministic: gradients differ from the default mode by {det_err:.1e}")
         row["fajit_det"] = do_bench(lambda: fajit_bwd(1), warmup=args.warmup, rep=args.rep, return_mode="median")
     except Exception as e:  # noqa: BLE001
         msg = fc.short(e, 300)
-        row["fajit"] = "n/a (no derivative yet)" if "not available yet" in msg else "ERR"
-        row["errors"].append("fajit: " + msg)
-        if row["fajit"] == "ERR":
+        row[name] = "n/a (no derivative yet)" if "not available yet" in msg else "ERR"
+        row["errors"].append(f"{name}: " + msg)
+        if row[name] == "ERR":
             print(traceback.format_exc(), flush=True)
     finally:
-        if bm is not None and bm.value:
-            fj.lib.fajit_block_mask_destroy(bm)
-        if kern is not None:
-            fj.lib.fajit_kernel_destroy(kern)
+        if isinstance(row.get(name), float):  # kept for more A/B rounds; run_case releases it
+            row[name + "_rounds"] = [row[name]]
+            row[name + "_again"] = lambda: do_bench(fajit_bwd, warmup=args.warmup, rep=args.rep,
+                                                    return_mode="median")
+        row[name + "_release"] = lambda: release(fj, kern, bm)
 
-    # ---- correctness: fajit's gradients vs flex's (and cuDNN's)
-    ok = "fajit" in grads and not any(e.startswith("fajit") for e in row["errors"])
-    for other in ("flex", "cudnn"):
-        if "fajit" in grads and other in grads:
-            e = max(fc.rel_err(a, b) for a, b in zip(grads["fajit"], grads[other]))
-            row["err"] = max(e, row["err"]) if isinstance(row["err"], float) else e
-            ok &= e < REL_TOL
-    row["check"] = "ok" if ok else ("-" if "fajit" not in grads else "MISMATCH")
-    for name in ("fajit", "flex", "cudnn"):
-        if isinstance(row[name], float):
-            row[name + "_tf"] = 2.5 * fwd_flops / (row[name] * 1e-3) / 1e12
-    if isinstance(row["fajit"], float) and isinstance(row["flex"], float):
-        row["vs_flex"] = row["flex"] / row["fajit"]
-    if isinstance(row["fajit"], float) and isinstance(row["cudnn"], float):
-        row["vs_cudnn"] = row["cudnn"] / row["fajit"]
-    row["device"] = device
-    return row
+
+def release(fj, kern, bm):
+    if bm is not None and bm.value:
+        fj.lib.fajit_block_mask_destroy(bm)
+    if kern is not None:
+        fj.lib.fajit_kernel_destroy(kern)
 
 
 COLUMNS = [
@@ -177,6 +219,8 @@ COLUMNS = [
     ("flex bwd ms", lambda r: fc.fmt_ms(r["flex"])),
     ("cudnn bwd ms", lambda r: fc.fmt_ms(r["cudnn"])),
     ("fajit det bwd ms", lambda r: fc.fmt_ms(r.get("fajit_det", "-"))),
+    ("base bwd ms", lambda r: fc.fmt_ms(r.get("base", "-"))),
+    ("fajit/base", lambda r: f"{r['vs_base']:.3f}×" if "vs_base" in r else "-"),
     ("fajit TFLOP/s", lambda r: fc.fmt_tf(r.get("fajit_tf", "-"))),
     ("flex TFLOP/s", lambda r: fc.fmt_tf(r.get("flex_tf", "-"))),
     ("cudnn TFLOP/s", lambda r: fc.fmt_tf(r.get("cudnn_tf", "n/a"))),
@@ -198,6 +242,7 @@ def write_md(args, rows, device, partial):
     text = (f"Device: {device}. torch {torch.__version__}, triton {triton.__version__}, {datetime.date.today()}. "
             f"bf16, do_bench median (warmup {args.warmup} ms, rep {args.rep} ms). Backward TFLOP/s = 2.5 x "
             f"4·B·Hq·kept_pairs·D / backward time. fajit/x = x ms / fajit ms (>1: fajit faster)."
+            f"{f' Baseline library: {args.baseline_lib} (medians of {args.ab_rounds} alternating rounds).' if args.baseline_lib else ''}"
             f"{' (PARTIAL)' if partial else ''}\n\n" + "\n".join(lines) + "\n")
     if notes:
         text += "\nNotes:\n" + "\n".join(notes) + "\n"
@@ -214,6 +259,12 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--no-gqa", action="store_true", help="skip Hq=32 Hkv=8 d128 full/causal")
+    ap.add_argument("--baseline-lib", default=None,
+                    help="a second libfajit.so timed on the same tensors (columns base ms, fajit/base)")
+    ap.add_argument("--ab-rounds", type=int, default=3,
+                    help="with --baseline-lib: timings per library, alternating; the median is reported")
+    ap.add_argument("--no-torch", action="store_true",
+                    help="skip flex and cuDNN (an A/B of two libraries; gradients checked against each other)")
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--rep", type=int, default=100)
     args = ap.parse_args()
@@ -221,6 +272,10 @@ def main():
     os.environ["FAJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="fajit-cache-")
     fj = fc.Fajit(os.path.abspath(args.lib))
     bind_backward(fj.lib)
+    base = None
+    if args.baseline_lib:
+        base = fc.Fajit(os.path.abspath(args.baseline_lib))
+        bind_backward(base.lib)
     import torch
     import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
@@ -230,7 +285,7 @@ def main():
             setattr(torch._dynamo.config, knob, 256)
     flex = torch.compile(flex_attention, dynamic=False)
     device = torch.cuda.get_device_name()
-    print(f"device: {device}; torch {torch.__version__}; lib {args.lib}", flush=True)
+    print(f"device: {device}; torch {torch.__version__}; lib {args.lib}; baseline {args.baseline_lib}", flush=True)
     cases = [c for c in args.cases.split(",") if c]
     plan = [(c, 4, 16, 16, 4096, int(d)) for d in args.dims.split(",") for c in cases]
     if not args.no_gqa:
@@ -239,7 +294,7 @@ def main():
     t_all = time.perf_counter()
     for (c, B, Hq, Hkv, S, D) in plan:
         try:
-            r = run_case(fj, flex, c, B, Hq, Hkv, S, D, args, device)
+            r = run_case(fj, base, flex, c, B, Hq, Hkv, S, D, args, device)
         except Exception as e:  # noqa: BLE001
             print(traceback.format_exc(), flush=True)
             r = dict(case=c, B=B, Hq=Hq, Hkv=Hkv, S=S, D=D, fajit="ERR", fajit_fb="-", flex="-", flex_fb="-",
