@@ -109,6 +109,11 @@ def run_case(fj, base, flex, case, B, Hq, Hkv, S, D, args, device):
     for name, lib in libs:
         fajit_backward(lib, name, row, grads, mask_preset, score_preset, D, B, Hq, S, q, k, v, do, doc_ids,
                        case, stream, args)
+    if "base" in grads and "fajit" in grads:
+        e = max(fc.rel_err(a, b) for a, b in zip(grads["fajit"], grads["base"]))
+        row["base_err"] = e
+        if e > REL_TOL:
+            row["errors"].append(f"fajit: gradients differ from the baseline library's by {e:.1e}")
     if base is not None and isinstance(row["fajit"], float) and isinstance(row["base"], float):
         for _ in range(args.ab_rounds - 1):  # more rounds, alternating, for run-to-run noise
             for name, lib in libs:
@@ -119,11 +124,6 @@ def run_case(fj, base, flex, case, B, Hq, Hkv, S, D, args, device):
     for name, _ in libs:
         row.pop(name + "_again", None)
         row.pop(name + "_release")()
-    if "base" in grads and "fajit" in grads:
-        e = max(fc.rel_err(a, b) for a, b in zip(grads["fajit"], grads["base"]))
-        row["base_err"] = e
-        if e > REL_TOL:
-            row["errors"].append(f"fajit: gradients differ from the baseline library's by {e:.1e}")
 
     # ---- correctness: fajit's gradients vs flex's (and cuDNN's)
     ok = "fajit" in grads and not any(e.startswith("fajit") for e in row["errors"])
@@ -201,7 +201,10 @@ def fajit_backward(fj, name, row, grads, mask_preset, score_preset, D, B, Hq, S,
             row[name + "_rounds"] = [row[name]]
             row[name + "_again"] = lambda: do_bench(fajit_bwd, warmup=args.warmup, rep=args.rep,
                                                     return_mode="median")
-        row[name + "_release"] = lambda: release(fj, kern, bm)
+        # the tensors the closures' descriptors point at stay alive until run_case releases
+        # them (else a later round writes into memory torch has handed to other tensors)
+        keep = [t for t in (locals().get(x) for x in ("o", "lse", "dq", "dk", "dv", "caps")) if t is not None]
+        row[name + "_release"] = lambda: (release(fj, kern, bm), keep.clear())
 
 
 def release(fj, kern, bm):
