@@ -45,9 +45,12 @@
 //     dV += Pᵀ·dO                          RS-wgmma (P packed as A), queued behind dPᵀ
 //     dSᵀ in registers                     (bwd::dscores_t: score_grad), while dV runs
 //     dK += dSᵀ·Q                          RS-wgmma (dS packed as A)
-//     dSᵀ -> shared memory (double-buffered), one named barrier over both consumers
-//     dQ_part = dS·K                       SS-wgmma, both operands MN-major, m64n64
-//     dQ_part -> staging (fp32) for the writer warp
+//     dSᵀ -> shared memory (double-buffered)
+//     dQ_part = dS·K of the PREVIOUS tile  SS-wgmma, both operands MN-major, m64n64, once the
+//                                          other warpgroup has ended that tile (named barriers
+//                                          by tile parity): the two drift apart freely, so one's
+//                                          softmax runs under the other's GEMMs
+//     dQ_part -> staging (fp32) for the writer warp; the last tile's part after the walk
 //   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
 //   columns at D 128, and at BLOCK_M 64 / D 64 the two take whole tiles in turn.
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
@@ -125,11 +128,15 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
 namespace sm90 {
 
 // Named barriers of the backward's consumers (0 is __syncthreads).
-constexpr int kBarDsReady = 1;   // dSᵀ of both warpgroups in shared memory (256 threads)
 constexpr int kBarDkdvDone = 2;  // both warpgroups done with K, V (256 threads)
 constexpr int kBarStaged = 3;    // + consumer index: that warpgroup's dK, dV staged (128)
 constexpr int kBarDqFull = 5;    // + consumer index: its dQ part staged (128 + its writer warp)
 constexpr int kBarDqFree = 7;    // + consumer index: its staging read by the writer (128 + 32)
+// + 2 · consumer index + (tile & 1): that warpgroup has ended a tile (its dSᵀ staged, its dQ
+// part of the tile before read out); arrived on by it, waited on by the other (256 threads).
+// Two ids per warpgroup by tile parity: a warpgroup may end tile n + 1 before the other has
+// waited for tile n, and one id would then count both arrivals as the 256.
+constexpr int kBarTileEnded = 9;
 
 // Whether consumer warpgroup `cw` computes a dQ part of the n-th query tile (counted over the
 // CTA's whole walk): every tile when the tile is split by rows or columns, else every other.
@@ -333,7 +340,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     wgmma_commit();
   };
   // This warpgroup's m64n64 part of dQ = dS·K (rows row0.., columns col0..): one commit group.
-  auto issue_dq = [&](float(&dq)[Cfg::kDqN / 8][4], int buf, int row0, int col0) {
+  const int row0 = dq_row0(cw), col0 = dq_col0(cw);
+  auto issue_dq = [&](float(&dq)[Cfg::kDqN / 8][4], int buf) {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
       wgmma_ss_mn<E, Cfg::kDqN>(
@@ -342,6 +350,26 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
           desc_advance(dkk_bt, (col0 / 64) * kTileBlock + mnmajor_kstep_offset(kk)), kk > 0);
     wgmma_commit();
   };
+  // The part to the staging, once the writer warp has read the previous one.
+  auto stage_dq = [&](const float(&dq)[Cfg::kDqN / 8][4]) {
+    named_barrier(kBarDqFree + cw, kWG + 32);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int j = 0; j < Cfg::kDqN / 8; ++j) {
+        // row r (r % 8 == g), columns 8j + 2t, 8j + 2t + 1: in swizzled box j / 4, 16-byte
+        // chunk (2 (j % 4) + t / 2) ^ g of row r; or at 4 (8j + 2t) of a padded row
+        const int r = warp * 16 + g + 8 * hh;
+        const u32 off = dq_map.enabled ? (j / 4) * Cfg::kDqBoxBytes + r * kSw128RowBytes +
+                                             ((((j % 4) * 2 + (t >> 1)) ^ g) << 4) + (t & 1) * 8
+                                       : r * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4;
+        st_shared_v2_f32(sDqPart(cw) + off, dq[j][2 * hh], dq[j][2 * hh + 1]);
+      }
+    fence_proxy_async();
+    named_barrier_arrive(kBarDqFull + cw, kWG + 32);
+  };
+  // Waits until the other consumer warpgroup has ended its n-th tile.
+  auto wait_tile_ended = [&](int n) { named_barrier(kBarTileEnded + 2 * (1 - cw) + (n & 1), 2 * kWG); };
 
   mbar_wait(bar_kv, 0);
   fence_proxy_async();
@@ -393,16 +421,21 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       issue_dk(da, stage);
 
       // ---- dSᵀ (this warpgroup's 64 key rows) to shared memory, then this warpgroup's part
-      // of dQ = dS·K (else dQ comes from backward.cuh's dq_det kernel)
+      // of the previous tile's dQ = dS·K (else dQ comes from backward.cuh's dq_det kernel).
+      // One tile late, so a warpgroup waits only for the other to have ended the previous
+      // tile, not for it to reach this point of this one: the two need not run in lockstep.
       bool mine = false;
       float dq[Cfg::kDqN / 8][4];
-      const int row0 = dq_row0(cw), col0 = dq_col0(cw);
       if constexpr (!Cfg::kDeterministic) {
+        // this tile's buffer held dSᵀ of tile n - 2, which the other warpgroup's dQ read in tile
+        // n - 1; that tile's end also has its dSᵀ of tile n - 1 staged
+        if (n_done > 0) wait_tile_ended(n_done - 1);
         stage_packed<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16 + g, t);
         fence_proxy_async();
-        named_barrier(kBarDsReady, 2 * kWG);
-        mine = dq_part_of<Cfg>(cw, n_done);
-        if (mine) issue_dq(dq, buf, row0, col0);
+        // (at the first tile a product of the unused buffer, never staged: a branch around
+        // the wgmma would make ptxas serialize every wgmma of the kernel)
+        if (dq_part_of<Cfg>(cw, n_done - 1)) issue_dq(dq, buf ^ 1);
+        mine = n_done > 0 && dq_part_of<Cfg>(cw, n_done - 1);
       }
       wgmma_wait<0>();  // dV, dK (and dQ) done: the stage goes back to the producer
       pin(dk);
@@ -411,24 +444,23 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       pin(da);
       pin(dq);
       mbar_arrive(bar_empty(stage));
-      if (mine) {  // the part to the staging, once the writer warp has read the previous one
-        named_barrier(kBarDqFree + cw, kWG + 32);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int j = 0; j < Cfg::kDqN / 8; ++j) {
-            // row r (r % 8 == g), columns 8j + 2t, 8j + 2t + 1: in swizzled box j / 4, 16-byte
-            // chunk (2 (j % 4) + t / 2) ^ g of row r; or at 4 (8j + 2t) of a padded row
-            const int r = warp * 16 + g + 8 * hh;
-            const u32 off = dq_map.enabled ? (j / 4) * Cfg::kDqBoxBytes + r * kSw128RowBytes +
-                                                 ((((j % 4) * 2 + (t >> 1)) ^ g) << 4) + (t & 1) * 8
-                                           : r * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4;
-            st_shared_v2_f32(sDqPart(cw) + off, dq[j][2 * hh], dq[j][2 * hh + 1]);
-          }
-        fence_proxy_async();
-        named_barrier_arrive(kBarDqFull + cw, kWG + 32);
-      }
+      if (mine) stage_dq(dq);
+      if constexpr (!Cfg::kDeterministic)
+        named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
       ring.advance();
+    }
+  }
+  if constexpr (!Cfg::kDeterministic) {  // the last tile's dQ part
+    if (n_done > 0) {
+      wait_tile_ended(n_done - 1);
+      if (dq_part_of<Cfg>(cw, n_done - 1)) {
+        float dq[Cfg::kDqN / 8][4];
+        wgmma_fence();
+        issue_dq(dq, (n_done - 1) & 1);
+        wgmma_wait<0>();
+        pin(dq);
+        stage_dq(dq);
+      }
     }
   }
 
