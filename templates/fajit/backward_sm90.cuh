@@ -52,7 +52,8 @@
 //                                          softmax runs under the other's GEMMs
 //     dQ_part -> staging (fp32) for the writer warp; the last tile's part after the walk
 //   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
-//   columns at D 128, and at BLOCK_M 64 / D 64 the two take whole tiles in turn.
+//   columns at D 128, and at BLOCK_M 64 / D 64 by keys (each sums over its own 64 keys; both
+//   parts are reduced into the same rows).
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
 //   query sees). Deterministic mode leaves dQ to backward.cuh's dq_det kernel.
 #ifndef FAJIT_BACKWARD_SM90_CUH
@@ -92,9 +93,12 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kMK = kBlockM / 16;  // k-steps over queries (dV, dK)
   static constexpr int kKV = kHeadDimV / 16;
   // dQ split: rows (BLOCK_M 128: 64 query rows each), columns (D 128: 64 columns each), or
-  // whole tiles in turn (BLOCK_M 64, D 64). Every warpgroup's part is m64n64.
+  // keys (BLOCK_M 64, D 64: each warpgroup's sum over its own 64 keys, both reduced into the
+  // same dQ rows). Every warpgroup's part is m64n64, every tile: no branch around a wgmma
+  // (whole tiles in turn made ptxas serialize every wgmma of the kernel).
   static constexpr bool kDqSplitRows = kBlockM == 128;
   static constexpr bool kDqSplitCols = kBlockM == 64 && kHeadDimQK == 128;
+  static constexpr bool kDqSplitKeys = kBlockM == 64 && kHeadDimQK == 64;
   static constexpr int kDqN = 64;
 
   static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;
@@ -137,13 +141,9 @@ constexpr int kBarDqFree = 7;    // + consumer index: its staging read by the wr
 // Two ids per warpgroup by tile parity: a warpgroup may end tile n + 1 before the other has
 // waited for tile n, and one id would then count both arrivals as the 256.
 constexpr int kBarTileEnded = 9;
-
-// Whether consumer warpgroup `cw` computes a dQ part of the n-th query tile (counted over the
-// CTA's whole walk): every tile when the tile is split by rows or columns, else every other.
-template <typename Cfg>
-__device__ __forceinline__ bool dq_part_of(int cw, int n) {
-  return Cfg::kDqSplitRows || Cfg::kDqSplitCols || (n & 1) == cw;
-}
+// Warpgroup 1 starts once warpgroup 0 has issued its first tile's dK: half a tile apart, one's
+// softmax runs under the other's GEMMs from the start (256 threads).
+constexpr int kBarStagger = 13;
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
@@ -209,11 +209,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // wait on the reductions themselves (FlashAttention-3's dQ writer).
         const int part = tid / 32 - 2, lane = tid & 31;
         const int row0 = dq_row0(part), col0 = dq_col0(part);
-        int n = 0;
         for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
           const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-          for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q), ++n) {
-            if (!dq_part_of<Cfg>(part, n)) continue;
+          for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
             const int q0 = cur.start + row0;
             bulk_wait_read<0>();
             __syncwarp();
@@ -339,15 +337,19 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                                    desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
-  // This warpgroup's m64n64 part of dQ = dS·K (rows row0.., columns col0..): one commit group.
+  // This warpgroup's m64n64 part of dQ = dS·K (rows row0.., columns col0.., keys key0..):
+  // one commit group.
   const int row0 = dq_row0(cw), col0 = dq_col0(cw);
+  constexpr int kDqKSteps = (Cfg::kDqSplitKeys ? kKeys : kBN) / 16;
+  const u32 key0 = mnmajor_kstep_offset(Cfg::kDqSplitKeys ? cw * (kKeys / 16) : 0);
   auto issue_dq = [&](float(&dq)[Cfg::kDqN / 8][4], int buf) {
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
+    for (int kk = 0; kk < kDqKSteps; ++kk)
       wgmma_ss_mn<E, Cfg::kDqN>(
           dq,
-          desc_advance(dds_at, buf * Cfg::kSmemDsBytes + (row0 / 64) * kTileBlock + mnmajor_kstep_offset(kk)),
-          desc_advance(dkk_bt, (col0 / 64) * kTileBlock + mnmajor_kstep_offset(kk)), kk > 0);
+          desc_advance(dds_at,
+                       buf * Cfg::kSmemDsBytes + (row0 / 64) * kTileBlock + key0 + mnmajor_kstep_offset(kk)),
+          desc_advance(dkk_bt, (col0 / 64) * kTileBlock + key0 + mnmajor_kstep_offset(kk)), kk > 0);
     wgmma_commit();
   };
   // The part to the staging, once the writer warp has read the previous one.
@@ -368,13 +370,22 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     fence_proxy_async();
     named_barrier_arrive(kBarDqFull + cw, kWG + 32);
   };
-  // Waits until the other consumer warpgroup has ended its n-th tile.
-  auto wait_tile_ended = [&](int n) { named_barrier(kBarTileEnded + 2 * (1 - cw) + (n & 1), 2 * kWG); };
+  // Waits until the other consumer warpgroup has ended its n-th tile. Split by keys, a
+  // warpgroup's dQ reads only its own dSᵀ rows: a barrier of its own 128 threads (their dSᵀ
+  // stores of the previous tile before the wgmma reads them).
+  constexpr bool kDqReadsBoth = !Cfg::kDqSplitKeys;
+  auto wait_tile_ended = [&](int n) {
+    if constexpr (kDqReadsBoth)
+      named_barrier(kBarTileEnded + 2 * (1 - cw) + (n & 1), 2 * kWG);
+    else
+      named_barrier(kBarTileEnded + 2 * cw, kWG);
+  };
 
   mbar_wait(bar_kv, 0);
   fence_proxy_async();
+  if (cw == 1) named_barrier(kBarStagger, 2 * kWG);
   StageRing<kStages> ring;
-  int n_done = 0;  // query tiles done: picks the dSᵀ buffer and, at BLOCK_M 64 / D 64, the dQ turn
+  int n_done = 0;  // query tiles done: picks the dSᵀ buffer and the tile-end barrier
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
     const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
     for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); ++n_done) {
@@ -419,6 +430,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       wgmma_fence();
       if constexpr (!kDvEarly) issue_dv(pa, stage);
       issue_dk(da, stage);
+      if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);
 
       // ---- dSᵀ (this warpgroup's 64 key rows) to shared memory, then this warpgroup's part
       // of the previous tile's dQ = dS·K (else dQ comes from backward.cuh's dq_det kernel).
@@ -434,8 +446,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         fence_proxy_async();
         // (at the first tile a product of the unused buffer, never staged: a branch around
         // the wgmma would make ptxas serialize every wgmma of the kernel)
-        if (dq_part_of<Cfg>(cw, n_done - 1)) issue_dq(dq, buf ^ 1);
-        mine = n_done > 0 && dq_part_of<Cfg>(cw, n_done - 1);
+        issue_dq(dq, buf ^ 1);
+        mine = n_done > 0;
       }
       wgmma_wait<0>();  // dV, dK (and dQ) done: the stage goes back to the producer
       pin(dk);
@@ -445,22 +457,21 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       pin(dq);
       mbar_arrive(bar_empty(stage));
       if (mine) stage_dq(dq);
-      if constexpr (!Cfg::kDeterministic)
+      if constexpr (!Cfg::kDeterministic && kDqReadsBoth)
         named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
       ring.advance();
     }
   }
+  if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);  // no tiles at all
   if constexpr (!Cfg::kDeterministic) {  // the last tile's dQ part
     if (n_done > 0) {
       wait_tile_ended(n_done - 1);
-      if (dq_part_of<Cfg>(cw, n_done - 1)) {
-        float dq[Cfg::kDqN / 8][4];
-        wgmma_fence();
-        issue_dq(dq, (n_done - 1) & 1);
-        wgmma_wait<0>();
-        pin(dq);
-        stage_dq(dq);
-      }
+      float dq[Cfg::kDqN / 8][4];
+      wgmma_fence();
+      issue_dq(dq, (n_done - 1) & 1);
+      wgmma_wait<0>();
+      pin(dq);
+      stage_dq(dq);
     }
   }
 
