@@ -16,7 +16,7 @@
 //   D         head dim of Q, K, V, O (64 or 128; DQK == DV)
 //   BLOCK_M   query rows per step (64 or 128; 128 only at D 64: the dK/dV accumulators of 128
 //             keys x 128 and Sᵀ/dPᵀ of 128 queries do not fit the registers together)
-//   STAGES    Q/dO/LSE/Δ stages (2..3)
+//   STAGES    Q/dO/LSE/Δ stages (2..3; 3 where shared memory allows: codegen's default_tile)
 //   BLOCK_N is fixed at 128 keys per CTA: two consumer warpgroups of 64 keys each.
 //
 // ---- Launch (host mirrors these) -----------------------------------------------------------
@@ -107,18 +107,22 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;  // per stage
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;    // per buffer (2)
   static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;        // LSE, Δ per stage
+  static constexpr int kNumBarriers = 1 + 2 * kStages;          // kv, full, empty
   // dQ parts staged for the writer warps: fp32, per consumer warpgroup 64 rows of 64 values,
-  // either two boxes of 64 rows x 32 values in the tensor map's 128B swizzle (16 KiB), or rows
-  // padded to 288 B for row-by-row reductions (no tensor map): both conflict-free for the
-  // consumers' 8-byte stores.
-  static constexpr int kDqRowBytes = kDqN * 4 + 32;
-  static constexpr int kDqBoxBytes = 64 * sm90::kSw128RowBytes;  // 64 rows x 32 fp32
-  static constexpr int kSmemDqBytes = 64 * kDqRowBytes;          // per consumer warpgroup (1 KiB multiple)
+  // either two boxes of 64 rows x 32 values in the tensor map's 128B swizzle (16 KiB,
+  // conflict-free for the consumers' 8-byte stores), or rows for row-by-row reductions (no
+  // tensor map), padded to 288 B (conflict-free) where shared memory allows, else 256 B (the
+  // stores then conflict 8-way: the fallback path of 3 stages at D 128 only).
   static constexpr int kSmemDqOffset =
       kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + 2 * kSmemDsBytes;
+  static constexpr int kSmemOtherBytes =
+      sm90::kSwizzleAtomBytes + kSmemDqOffset + kStages * kSmemRowsBytes + sm90::kMbarBytes * kNumBarriers;
+  static constexpr int kDqRowBytes =
+      kSmemOtherBytes + kConsumerWarpgroups * 64 * (kDqN * 4 + 32) <= 227 * 1024 ? kDqN * 4 + 32 : kDqN * 4;
+  static constexpr int kDqBoxBytes = 64 * sm90::kSw128RowBytes;  // 64 rows x 32 fp32
+  static constexpr int kSmemDqBytes = 64 * kDqRowBytes;          // per consumer warpgroup (1 KiB multiple)
   static constexpr int kSmemRowsOffset = kSmemDqOffset + kConsumerWarpgroups * kSmemDqBytes;
   static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
-  static constexpr int kNumBarriers = 1 + 2 * kStages;  // kv, full, empty
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
@@ -463,7 +467,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     }
   }
   if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);  // no tiles at all
-  if constexpr (!Cfg::kDeterministic) {  // the last tile's dQ part
+  if constexpr (!Cfg::kDeterministic) {                                    // the last tile's dQ part
     if (n_done > 0) {
       wait_tile_ended(n_done - 1);
       float dq[Cfg::kDqN / 8][4];

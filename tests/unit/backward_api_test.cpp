@@ -53,7 +53,7 @@ TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
   };
   const fa::KernelFamily kAuto = fa::KernelFamily::kAuto, kMma = fa::KernelFamily::kMmaSync;
   for (const Want& w : std::vector<Want>{
-           {128, 128, false, "sm_90a", kAuto, "backward bf16 qk128 v128 wgmma tile64x128w12s2 sm_90a"},
+           {128, 128, false, "sm_90a", kAuto, "backward bf16 qk128 v128 wgmma tile64x128w12s3 sm_90a"},
            {64, 64, false, "sm_90a", kAuto, "backward bf16 qk64 v64 wgmma tile128x128w12s2 sm_90a"},
            {64, 64, true, "sm_90a", kAuto, "backward bf16 qk64 v64 wgmma tile64x128w12s2 sm_90a"},
            {64, 64, false, "sm_90a", kMma, "backward bf16 qk64 v64 mma tile64x64w4s2 sm_90a"},

@@ -66,6 +66,16 @@ std::vector<TileConfig> mma_tiles(int dqk, int dv, bool has_score_mod, KernelKin
 
 }  // namespace
 
+static int sm90_backward_smem_bytes(int block_m, int block_n, int head_dim, int stages) {
+  // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
+  // stages of Q and dO, two dSᵀ buffers, stages of LSE and delta rows, mbarriers, and two dQ
+  // stagings of 64 rows of 288 B, or 256 B where 288 would not fit
+  const int m = block_m, n = block_n, d = head_dim;
+  const int other =
+      1024 + 2 * n * 2 * d + stages * 2 * m * 2 * d + 2 * 2 * n * m + stages * m * 8 + 8 * (1 + 2 * stages);
+  return other + 2 * 64 * (other + 2 * 64 * 288 <= 227 * 1024 ? 288 : 256);
+}
+
 int head_dim_mma(int d) { return round_up(d, 16); }
 int head_dim_pitch(int d) { return round_up(d, 64); }
 
@@ -75,8 +85,16 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
   // block_m x 128 keys, 3 WGs. BLOCK_M 128 at D 64 unless the score_mod's derivative keeps a
   // value per score (has_score_mod: codegen's score_mod_weighs): softcap causal d64 1.90 ms at
   // 64 vs 2.27 at 128, ALiBi (dS = dT) 1.46 at 64 vs 1.18 at 128 (H200, 2026-11-24).
-  if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma)
-    return TileConfig{wide || has_score_mod ? 64 : 128, 128, 12, 2};
+  // 3 Q/dO stages at D 128 (BLOCK_M 64; they fit with the dQ rows unpadded), so a warpgroup
+  // running ahead of the other finds its next tile loaded: H200 d128 full 2.971 -> 2.858 ms,
+  // causal 1.636 -> 1.535, softcap 2.099 -> 2.025; at d64 softcap (BLOCK_M 64) 1.577 -> 1.645,
+  // so D 64 keeps 2.
+  if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
+    const int block_m = wide || has_score_mod ? 64 : 128;
+    const bool three = wide && sm90_backward_smem_bytes(block_m, 128, head_dim_qk, 3) <= 227 * 1024;
+    const int stages = three ? 3 : 2;
+    return TileConfig{block_m, 128, 12, stages};
+  }
   if (family == KernelFamily::kWgmma) return wgmma_forward_tiles(head_dim_qk, head_dim_v).front();
   return mma_tiles(head_dim_qk, head_dim_v, has_score_mod, kind).front();
 }
@@ -267,14 +285,8 @@ int KernelSpec::decode_ctas_per_sm() const {
 
 int KernelSpec::smem_bytes() const {
   const int pq = head_dim_pitch(head_dim_qk), pv = head_dim_pitch(head_dim_v);
-  if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
-    // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
-    // stages of Q and dO, two dSᵀ buffers, two dQ stagings (64 rows of 288 B), stages of LSE and
-    // delta rows, mbarriers
-    const int m = tile.block_m, n = tile.block_n, d = head_dim_qk;
-    return 1024 + 2 * n * 2 * d + tile.stages * 2 * m * 2 * d + 2 * 2 * n * m + 2 * 64 * 288 +
-           tile.stages * m * 8 + 8 * (1 + 2 * tile.stages);
-  }
+  if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma)
+    return sm90_backward_smem_bytes(tile.block_m, tile.block_n, head_dim_qk, tile.stages);
   if (kind == KernelKind::kBackward) {  // templates/fajit/backward.cuh, BwdConfig::kSmemBytes
     const int m = tile.block_m, n = tile.block_n;
     const int stage = 2 * m * (pq + pv) + 2 * m * 4;  // Q, dO, LSE, delta
