@@ -39,7 +39,8 @@
 //   dq_accum by bulk fp32 reductions (cp.reduce.async.bulk.tensor through the accumulator's
 //   tensor map, FaTmaMap; row by row without one), handshaking with its warpgroup through
 //   named barriers (staging free / part staged), so no consumer waits on a reduction.
-//   Warpgroups 1, 2 (consumers, setmaxnreg up to 240): keys 64·cw.., per query tile
+//   Warpgroups 1, 2 (consumers, setmaxnreg up to 240): keys 64·cw.., warpgroup 2 starting
+//   once warpgroup 1 has issued its first dK (half a tile apart), per query tile
 //     Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ           SS-wgmma m64n{BLOCK_M}, both issued at once
 //     Pᵀ in registers                      (bwd::probs_t: mods), while dPᵀ runs
 //     dV += Pᵀ·dO                          RS-wgmma (P packed as A), queued behind dPᵀ
@@ -48,8 +49,9 @@
 //     dSᵀ -> shared memory (double-buffered)
 //     dQ_part = dS·K of the PREVIOUS tile  SS-wgmma, both operands MN-major, m64n64, once the
 //                                          other warpgroup has ended that tile (named barriers
-//                                          by tile parity): the two drift apart freely, so one's
-//                                          softmax runs under the other's GEMMs
+//                                          by tile parity; split by keys, its own dSᵀ only):
+//                                          the two stay apart, one's softmax under the other's
+//                                          GEMMs
 //     dQ_part -> staging (fp32) for the writer warp; the last tile's part after the walk
 //   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
 //   columns at D 128, and at BLOCK_M 64 / D 64 by keys (each sums over its own 64 keys; both
