@@ -108,13 +108,17 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.scale = 2.0f; }),
       {"causal_alibi", f16, 64, 64, 1, 8, 2, 1000, 1000},
       // The Hopper dK/dV kernel's row-by-row dQ reductions (FAJIT_TMA=0, also taken where the
-      // driver refuses the dQ accumulator's tensor map): dQ parts split by columns (d128), by
-      // rows (d64), whole tiles in turn (d64 with a score_mod); tail tiles, GQA, non-contiguous.
+      // driver refuses the dQ accumulator's tensor map): dQ parts split by columns (d128, its
+      // 256-byte staging rows with 3 stages), by rows (d64), by keys (d64 with a score_mod
+      // whose derivative keeps a value per score: both warpgroups reduce into the same rows);
+      // tail tiles, GQA, non-contiguous.
       with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "rowred",
            [](BwdCase& c) { c.row_reductions = true; }),
       with({"sliding", f16, 64, 64, 2, 4, 4, 700, 700, 200}, "rowred_noncontig",
            [](BwdCase& c) { c.row_reductions = true, c.noncontig = true; }),
       with({"causal_alibi", bf16, 64, 64, 1, 8, 2, 1000, 1000}, "rowred",
+           [](BwdCase& c) { c.row_reductions = true; }),
+      with({"document_softcap", bf16, 64, 64, 1, 4, 2, 1000, 1000}, "rowred",
            [](BwdCase& c) { c.row_reductions = true; }),
       with({"relative_bias", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
