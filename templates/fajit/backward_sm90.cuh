@@ -455,13 +455,15 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         issue_dq(dq, buf ^ 1);
         mine = n_done > 0;
       }
-      wgmma_wait<0>();  // dV, dK (and dQ) done: the stage goes back to the producer
+      // dV and dK done: the stage goes back to the producer (dQ reads no stage), then dQ
+      wgmma_wait<Cfg::kDeterministic ? 0 : 1>();
       pin(dk);
       pin(dv);
       pin(pa);
       pin(da);
-      pin(dq);
       mbar_arrive(bar_empty(stage));
+      wgmma_wait<0>();
+      pin(dq);
       if (mine) stage_dq(dq);
       if constexpr (!Cfg::kDeterministic && kDqReadsBoth)
         named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
