@@ -52,6 +52,7 @@
 //                                          by tile parity; split by keys, its own dSᵀ only):
 //                                          the two stay apart, one's softmax under the other's
 //                                          GEMMs
+//     (the stage goes back to the producer once dV and dK are done: dQ reads no stage)
 //     dQ_part -> staging (fp32) for the writer warp; the last tile's part after the walk
 //   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
 //   columns at D 128, and at BLOCK_M 64 / D 64 by keys (each sums over its own 64 keys; both
