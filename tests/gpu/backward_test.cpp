@@ -92,6 +92,11 @@ const std::vector<BwdCase>& cases() {
       {"alibi_slopes", bf16, 64, 64, 2, 8, 2, 1, 4097},
       {"document_softcap", bf16, 64, 128, 1, 4, 1, 4097, 4097},
       {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
+      // Key blocks no query sees (CTAs of the Hopper dK/dV kernel with no tile to walk: the
+      // consumers' stagger and tile-end barriers must not wait for one), at D 128 and in the
+      // split-by-keys dQ configuration (D 64 with a score_mod that keeps a value per score).
+      {"sliding", bf16, 128, 128, 1, 4, 2, 17, 1000, 100},
+      {"document_softcap", bf16, 64, 64, 1, 4, 2, 17, 1000},
       {"relative_bias", bf16, 128, 64, 1, 2, 1, 17, 4097},
       {"relative_bias", f16, 64, 64, 2, 4, 4, 1000, 1000},
       // buffers at an innermost stride of 2 (poison between): the wide-captures twins, with the
