@@ -114,25 +114,29 @@ def run_case(fj, base, flex, case, B, Hq, Hkv, S, D, args, device):
         row["base_err"] = e
         if e > REL_TOL:
             row["errors"].append(f"fajit: gradients differ from the baseline library's by {e:.1e}")
-    if base is not None and isinstance(row["fajit"], float) and isinstance(row["base"], float):
-        for _ in range(args.ab_rounds - 1):  # more rounds, alternating, for run-to-run noise
-            for name, lib in libs:
-                row[name + "_rounds"].append(row[name + "_again"]())
-        row["fajit"] = statistics.median(row["fajit_rounds"])
-        row["base"] = statistics.median(row["base_rounds"])
-        row["vs_base"] = row["base"] / row["fajit"]
-    for name, _ in libs:
-        row.pop(name + "_again", None)
-        row.pop(name + "_release")()
+    try:
+        if base is not None and isinstance(row["fajit"], float) and isinstance(row["base"], float):
+            for _ in range(args.ab_rounds - 1):  # more rounds, alternating, for run-to-run noise
+                for name, lib in libs:
+                    row[name + "_rounds"].append(row[name + "_again"]())
+            row["fajit"] = statistics.median(row["fajit_rounds"])
+            row["base"] = statistics.median(row["base_rounds"])
+            row["vs_base"] = row["base"] / row["fajit"]
+    finally:
+        for name, _ in libs:
+            row.pop(name + "_again", None)
+            row.pop(name + "_release")()
 
     # ---- correctness: fajit's gradients vs flex's (and cuDNN's)
     ok = "fajit" in grads and not any(e.startswith("fajit") for e in row["errors"])
+    compared = "base_err" in row  # the finite check alone is no comparison
     for other in ("flex", "cudnn"):
         if "fajit" in grads and other in grads:
             e = max(fc.rel_err(a, b) for a, b in zip(grads["fajit"], grads[other]))
             row["err"] = max(e, row["err"]) if isinstance(row["err"], float) else e
             ok &= e < REL_TOL
-    row["check"] = "ok" if ok else ("-" if "fajit" not in grads else "MISMATCH")
+            compared = True
+    row["check"] = ("ok" if compared else "finite only") if ok else ("-" if "fajit" not in grads else "MISMATCH")
     for name in ("fajit", "flex", "cudnn", "base"):
         if isinstance(row.get(name), float):
             row[name + "_tf"] = 2.5 * fwd_flops / (row[name] * 1e-3) / 1e12
@@ -231,6 +235,7 @@ COLUMNS = [
     ("fajit/cudnn", lambda r: f"{r['vs_cudnn']:.2f}×" if "vs_cudnn" in r else "-"),
     ("fwd+bwd ms fajit / flex / cudnn", lambda r: " / ".join(fc.fmt_ms(r[x]) for x in ("fajit_fb", "flex_fb", "cudnn_fb"))),
     ("max rel err", lambda r: f"{r['err']:.1e}" if isinstance(r["err"], float) else "-"),
+    ("rel err vs base", lambda r: f"{r['base_err']:.1e}" if "base_err" in r else "-"),
     ("check", lambda r: r["check"]),
     ("device", lambda r: r.get("device", "-")),
 ]
