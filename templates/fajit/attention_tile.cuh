@@ -194,7 +194,8 @@ struct KvTiles {
     return Chunks<Row>::kBlocked && page_size % Chunks<Row>::kPer == 0;
   }
   template <typename Row, int kN>
-  __device__ __forceinline__ void fetch_pages(int (&page)[kN], int (&row)[kN], int start, int len, int tid) const {
+  __device__ __forceinline__ void fetch_pages(int (&page)[kN], int (&row)[kN], int start, int len,
+                                              int tid) const {
     const bool one = one_page<Row>();
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
@@ -226,12 +227,10 @@ struct KvTiles {
   }
   // Chunk i of this thread, from its row's first byte.
   template <typename Row>
-  __device__ __forceinline__ void copy_chunk(u32 dst, const char* row_at, int start, int len, int tid, int i) const {
-    const int r = Chunks<Row>::row(tid, i), c = Chunks<Row>::col(tid, i);
-    // the zero tail chunk (odd chunk counts) points at the row's last chunk, reads nothing
-    const int cs = Row::kUsed == Row::kChunks || c < Row::kChunks ? c : Row::kChunks - 1;
-    const bool valid = start + r < len && (Row::kUsed == Row::kChunks || c < Row::kChunks);
-    cp_async_16(dst + swizzle_offset<Row::kPitch>(r, c), row_at + cs * 16, valid);
+  __device__ __forceinline__ void copy_chunk(u32 dst, const char* row_at, int start, int len, int tid,
+                                             int i) const {
+    const int r = Chunks<Row>::row(tid, i);
+    copy_row_chunk_async<Row>(dst, r, Chunks<Row>::col(tid, i), row_at, start + r < len);
   }
 };
 

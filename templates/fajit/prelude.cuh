@@ -256,6 +256,17 @@ struct HeadRow {
   static constexpr int kRowBytes = kPitch * 16;  // one shared row
 };
 
+// cp.async of chunk c of head row r (Row = HeadRow<D>) into a swizzled shared tile, from the
+// row that starts at `row` in global memory: zero-filled past the row's kChunks and where
+// `valid` is false (neither reads global memory; `row` must still be an in-bounds address).
+template <typename Row>
+__device__ __forceinline__ void copy_row_chunk_async(u32 dst, int r, int c, const void* row, bool valid) {
+  // the zero tail chunk (odd chunk counts) points at the row's last chunk, reads nothing
+  const int cs = Row::kUsed == Row::kChunks || c < Row::kChunks ? c : Row::kChunks - 1;
+  valid = valid && (Row::kUsed == Row::kChunks || c < Row::kChunks);
+  cp_async_16(dst + swizzle_offset<Row::kPitch>(r, c), static_cast<const char*>(row) + cs * 16, valid);
+}
+
 // cp.async of kRows head rows (Row = HeadRow<D>) into a swizzled shared tile, spread over
 // kThreads threads (`tid` among them): the kUsed chunks of each row, zero-filled past the row's
 // kChunks and for rows the source does not have (neither read from global memory).
@@ -267,10 +278,7 @@ __device__ __forceinline__ void load_rows_async(u32 dst, int tid, RowSrc&& row_s
     const int r = idx / Row::kUsed, c = idx % Row::kUsed;
     bool valid;
     const auto* row = row_src(r, valid);
-    // the zero tail chunk (odd chunk counts) points at the row's last chunk, reads nothing
-    const int cs = Row::kUsed == Row::kChunks || c < Row::kChunks ? c : Row::kChunks - 1;
-    valid = valid && (Row::kUsed == Row::kChunks || c < Row::kChunks);
-    cp_async_16(dst + swizzle_offset<Row::kPitch>(r, c), row + cs * 8, valid);
+    copy_row_chunk_async<Row>(dst, r, c, row, valid);
   });
 }
 // The same for rows row0.. of a [len, D] operand with row stride `stride` elements; rows
