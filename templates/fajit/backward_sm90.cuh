@@ -13,8 +13,10 @@
 // FAJIT_DEFINE_BACKWARD does; only the dK/dV kernel differs. NVRTC: --gpu-architecture=sm_90a.
 //
 // ---- Config (fa::Sm90BwdConfig<Element, D, BLOCK_M, STAGES, DETERMINISTIC>) ---------------
-//   D         head dim of Q, K, V, O (64 or 128; DQK == DV)
-//   BLOCK_M   query rows per step (64 or 128; 128 only at D 64: the dK/dV accumulators of 128
+//   D         head dim of Q, K, V, O (DQK == DV): a multiple of 8 from 32 to 128. Shared rows
+//             are whole 64-column blocks (HeadRow::kPitch: 80 -> 128, zero-filled past D), the
+//             dK/dV accumulators D up to a 16-column k-step (kHeadDimN: 72 -> 80)
+//   BLOCK_M   query rows per step (64 or 128; 128 only up to D 64: the dK/dV accumulators of 128
 //             keys x 128 and Sᵀ/dPᵀ of 128 queries do not fit the registers together)
 //   STAGES    Q/dO/LSE/Δ stages (2..3; 3 where shared memory allows: codegen's default_tile)
 //   BLOCK_N is fixed at 128 keys per CTA: two consumer warpgroups of 64 keys each.
@@ -55,8 +57,9 @@
 //     (the stage goes back to the producer once dV and dK are done: dQ reads no stage)
 //     dQ_part -> staging (fp32) for the writer warp; the last tile's part after the walk
 //   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
-//   columns at D 128, and at BLOCK_M 64 / D 64 by keys (each sums over its own 64 keys; both
-//   parts are reduced into the same rows).
+//   64-column blocks above D 64 (the second block's columns past D computed and dropped: an
+//   MN-major operand splits only at a block), and at BLOCK_M 64 up to D 64 by keys (each sums
+//   over its own 64 keys; both parts are reduced into the same rows).
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
 //   query sees). Deterministic mode leaves dQ to backward.cuh's dq_det kernel.
 #ifndef FAJIT_BACKWARD_SM90_CUH
@@ -69,6 +72,7 @@ namespace fa {
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kStages_ = 2, bool kDeterministic_ = false>
 struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
+  using Shape = AttentionTileShape<128, kHeadDim_, kHeadDim_>;
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDim_;
@@ -87,31 +91,41 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together (64/128 only)
+  static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together (up to D 128)
+  // Columns of the dK/dV accumulators (the N of dV += Pᵀ·dO, dK += dSᵀ·Q): D up to a whole
+  // 16-column k-step; at D 72 the last 8 come from zero-filled chunks and are never stored.
+  static constexpr int kHeadDimN = Shape::RowQK::kUsed * 8;
+  // K's rows zero-filled to the whole pitch: dQ's part of the second 64-column block reads all
+  // 64 of its columns (those past D land in dQ columns that are never written back).
+  struct RowKPitch : Shape::RowQK {
+    static constexpr int kUsed = Shape::RowQK::kPitch;
+  };
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
   static constexpr int kLoadThreads = 64;    // producer warps 0, 1 load; warps 2, 3 write dQ
 
-  static constexpr int kQT = kBlockM / 8;   // 8-column n-tiles of Sᵀ (queries)
-  static constexpr int kMK = kBlockM / 16;  // k-steps over queries (dV, dK)
-  static constexpr int kKV = kHeadDimV / 16;
-  // dQ split: rows (BLOCK_M 128: 64 query rows each), columns (D 128: 64 columns each), or
-  // keys (BLOCK_M 64, D 64: each warpgroup's sum over its own 64 keys, both reduced into the
-  // same dQ rows). Every warpgroup's part is m64n64, every tile: no branch around a wgmma
-  // (whole tiles in turn made ptxas serialize every wgmma of the kernel).
+  static constexpr int kQT = kBlockM / 8;          // 8-column n-tiles of Sᵀ (queries)
+  static constexpr int kMK = kBlockM / 16;         // k-steps over queries (dV, dK)
+  static constexpr int kKV = Shape::RowV::kSteps;  // k-steps of dPᵀ = V·dOᵀ (kKQ: of Sᵀ)
+  // dQ split: rows (BLOCK_M 128: 64 query rows each), 64-column blocks (above D 64: block cw
+  // each, the second one's columns past D dropped), or keys (BLOCK_M 64 up to D 64: each
+  // warpgroup's sum over its own 64 keys, both reduced into the same dQ rows). Every
+  // warpgroup's part is m64 n kDqN, every tile: no branch around a wgmma (whole tiles in turn
+  // made ptxas serialize every wgmma of the kernel).
+  static constexpr bool kTwoBlocks = kHeadDimQK > 64;
   static constexpr bool kDqSplitRows = kBlockM == 128;
-  static constexpr bool kDqSplitCols = kBlockM == 64 && kHeadDimQK == 128;
-  static constexpr bool kDqSplitKeys = kBlockM == 64 && kHeadDimQK == 64;
-  static constexpr int kDqN = 64;
+  static constexpr bool kDqSplitCols = kBlockM == 64 && kTwoBlocks;
+  static constexpr bool kDqSplitKeys = kBlockM == 64 && !kTwoBlocks;
+  static constexpr int kDqN = kTwoBlocks ? 64 : kHeadDimN;
 
-  static constexpr int kSmemKBytes = kBlockN * kHeadDimQK * 2;
-  static constexpr int kSmemVBytes = kBlockN * kHeadDimV * 2;
-  static constexpr int kSmemQBytes = kBlockM * kHeadDimQK * 2;  // per stage
-  static constexpr int kSmemDoBytes = kBlockM * kHeadDimV * 2;  // per stage
-  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;    // per buffer (2)
-  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;        // LSE, Δ per stage
-  static constexpr int kNumBarriers = 1 + 2 * kStages;          // kv, full, empty
-  // dQ parts staged for the writer warps: fp32, per consumer warpgroup 64 rows of 64 values,
+  static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;
+  static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;
+  static constexpr int kSmemQBytes = kBlockM * Shape::RowQK::kRowBytes;  // per stage
+  static constexpr int kSmemDoBytes = kBlockM * Shape::RowV::kRowBytes;  // per stage
+  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;             // per buffer (2)
+  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;                 // LSE, Δ per stage
+  static constexpr int kNumBarriers = 1 + 2 * kStages;                   // kv, full, empty
+  // dQ parts staged for the writer warps: fp32, per consumer warpgroup 64 rows of kDqN values,
   // either two boxes of 64 rows x 32 values in the tensor map's 128B swizzle (16 KiB,
   // conflict-free for the consumers' 8-byte stores), or rows for row-by-row reductions (no
   // tensor map), padded to 288 B (conflict-free) where shared memory allows, else 256 B (the
@@ -121,7 +135,7 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemOtherBytes =
       sm90::kSwizzleAtomBytes + kSmemDqOffset + kStages * kSmemRowsBytes + sm90::kMbarBytes * kNumBarriers;
   static constexpr int kDqRowBytes =
-      kSmemOtherBytes + kConsumerWarpgroups * 64 * (kDqN * 4 + 32) <= 227 * 1024 ? kDqN * 4 + 32 : kDqN * 4;
+      kSmemOtherBytes + kConsumerWarpgroups * 64 * 288 <= 227 * 1024 ? 288 : 256;
   static constexpr int kDqBoxBytes = 64 * sm90::kSw128RowBytes;  // 64 rows x 32 fp32
   static constexpr int kSmemDqBytes = 64 * kDqRowBytes;          // per consumer warpgroup (1 KiB multiple)
   static constexpr int kSmemRowsOffset = kSmemDqOffset + kConsumerWarpgroups * kSmemDqBytes;
@@ -129,9 +143,10 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
-  static_assert(kHeadDim_ == 64 || kHeadDim_ == 128, "D must be 64 or 128");
+  static_assert(kHeadDim_ % 8 == 0 && kHeadDim_ >= 32 && kHeadDim_ <= 128,
+                "D must be a multiple of 8, 32..128");
   static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
-  static_assert(kBlockM == 64 || kHeadDim_ == 64, "BLOCK_M 128 needs D 64 (registers)");
+  static_assert(kBlockM == 64 || kHeadDim_ <= 64, "BLOCK_M 128 needs D up to 64 (registers)");
   static_assert(kStages >= 2 && kStages <= 3, "STAGES must be 2 or 3");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
@@ -216,6 +231,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // wait on the reductions themselves (FlashAttention-3's dQ writer).
         const int part = tid / 32 - 2, lane = tid & 31;
         const int row0 = dq_row0(part), col0 = dq_col0(part);
+        // dQ's columns in this part: those past D (the second block above D 64, or D 72's zero
+        // chunk) are computed but not reduced
+        const int cols = Cfg::kHeadDimQK - col0 < Cfg::kDqN ? Cfg::kHeadDimQK - col0 : Cfg::kDqN;
         for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
           const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
           for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
@@ -227,9 +245,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
             if (dq_map.enabled) {
               if (lane == 0) {
 #pragma unroll
-                for (int blk = 0; blk < Cfg::kDqN / 32; ++blk)
-                  tma_reduce_add_4d(&dq_map.map, sDqPart(part) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk, q0,
-                                    hq, b);
+                for (int blk = 0; blk < (Cfg::kDqN + 31) / 32; ++blk)
+                  if (32 * blk < cols)  // (a box's columns past D are clipped by the map)
+                    tma_reduce_add_4d(&dq_map.map, sDqPart(part) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
+                                      q0, hq, b);
                 bulk_commit();
               }
             } else {
@@ -239,7 +258,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
               for (int r = lane; r < 64; r += 32)
                 if (q0 + r < len_q)
                   bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(part) + r * Cfg::kDqRowBytes,
-                                      Cfg::kDqN * 4);
+                                      cols * 4);
               bulk_commit();
             }
           }
@@ -248,7 +267,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       }
       return;
     }
-    load_tile_sw128<kBN, typename Cfg::RowQK, Cfg::kLoadThreads>(
+    load_tile_sw128<kBN, typename Cfg::RowKPitch, Cfg::kLoadThreads>(
         sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv), p.k_stride_n, kv0, len_kv, tid);
     load_tile_sw128<kBN, typename Cfg::RowV, Cfg::kLoadThreads>(
         sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
@@ -293,13 +312,13 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const bool key_tail = kv0 + kBN > len_kv;
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
-  float dk[Cfg::kHeadDimQK / 8][4], dv[Cfg::kHeadDimV / 8][4];
+  float dk[Cfg::kHeadDimN / 8][4], dv[Cfg::kHeadDimN / 8][4];
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDimQK / 8; ++j)
+  for (int j = 0; j < Cfg::kHeadDimN / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk[j][i] = 0.f;
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDimV / 8; ++j)
+  for (int j = 0; j < Cfg::kHeadDimN / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dv[j][i] = 0.f;
 
@@ -333,15 +352,15 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto issue_dv = [&](const u32(&pa)[Cfg::kMK][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimV>(dv, pa[kk],
+      wgmma_rs<E, Cfg::kHeadDimN>(dv, pa[kk],
                                   desc_advance(ddo_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
   auto issue_dk = [&](const u32(&da)[Cfg::kMK][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimQK>(dk, da[kk],
-                                   desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+      wgmma_rs<E, Cfg::kHeadDimN>(dk, da[kk],
+                                  desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
   // This warpgroup's m64n64 part of dQ = dS·K (rows row0.., columns col0.., keys key0..):
@@ -496,8 +515,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   named_barrier(kBarStaged + cw, kWG);
   E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
   E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
-  store_rows<kKeys, Cfg::kCQ, kWG, Sw128Blocks<kBN>>(dkg, p.dk_stride_n, sK, cw * kKeys, kv0, len_kv, wtid);
-  store_rows<kKeys, Cfg::kCV, kWG, Sw128Blocks<kBN>>(dvg, p.dv_stride_n, sV, cw * kKeys, kv0, len_kv, wtid);
+  store_rows<kKeys, Cfg::RowQK::kChunks, kWG, Sw128Blocks<kBN>>(dkg, p.dk_stride_n, sK, cw * kKeys, kv0,
+                                                                len_kv, wtid);
+  store_rows<kKeys, Cfg::RowV::kChunks, kWG, Sw128Blocks<kBN>>(dvg, p.dv_stride_n, sV, cw * kKeys, kv0,
+                                                               len_kv, wtid);
 }
 
 }  // namespace sm90

@@ -140,9 +140,12 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.deterministic = true, c.dlse = true; }),
       with({"document2d_causal", f16, 128, 64, 2, 2, 1, 17, 1000}, "det_noncontig",
            [](BwdCase& c) { c.deterministic = true, c.noncontig = true; }),
-      // Head dims beyond 64 / 128 (mma.sync): odd chunk counts (40, 80, 136), padded shared
-      // rows, QK != V; above 256 columns (192/128, 256/256, 200/72) the dK/dV grid splits in
-      // a dV part and a dK + dQ part (buffer gradients in the dK part only, once).
+      // Head dims beyond 64 / 128: odd chunk counts (40, 72, 80, 136), padded shared rows, QK !=
+      // V; above 256 columns (192/128, 256/256, 200/72) the mma.sync dK/dV grid splits in a dV
+      // part and a dK + dQ part (buffer gradients in the dK part only, once). Equal ones up to
+      // 128 take the Hopper kernel on sm_90a: dQ split by rows (32, 40 without a score_mod),
+      // by keys (40, 48 with one: n 48), by 64-column blocks (72 .. 112: the second block's
+      // columns past D dropped), each through the tensor map and row by row.
       {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},
       {"document_softcap", f16, 40, 40, 1, 4, 1, 17, 1000},
       {"alibi_slopes", bf16, 80, 80, 1, 4, 4, 1000, 4097},
@@ -156,6 +159,18 @@ const std::vector<BwdCase>& cases() {
       {"relative_bias", f16, 256, 256, 1, 4, 2, 17, 1000},
       {"document_softcap", bf16, 256, 256, 1, 2, 2, 1000, 1000},
       with({"sliding", f16, 200, 72, 1, 4, 4, 1000, 4097, 200}, "dlse", [](BwdCase& c) { c.dlse = true; }),
+      with({"causal", bf16, 96, 96, 2, 4, 2, 1000, 1000}, "noncontig",
+           [](BwdCase& c) { c.noncontig = true; }),
+      with({"document_softcap", bf16, 72, 72, 1, 4, 2, 1000, 1000}, "rowred",
+           [](BwdCase& c) { c.row_reductions = true; }),
+      with({"causal_alibi", f16, 112, 112, 1, 8, 2, 1000, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      {"relative_bias", bf16, 48, 48, 1, 4, 4, 300, 700},
+      {"sliding", bf16, 80, 80, 1, 4, 1, 17, 1000, 100},
+      with({"none", bf16, 40, 40, 2, 4, 2, 1000, 1000}, "rowred",
+           [](BwdCase& c) { c.row_reductions = true; }),
+      with({"document_softcap", f16, 80, 80, 1, 4, 2, 1000, 1000}, "rowred",
+           [](BwdCase& c) { c.row_reductions = true; }),
       with({"alibi_slopes", bf16, 192, 128, 1, 4, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
       with({"causal", f16, 256, 256, 2, 2, 1, 17, 1000}, "noncontig", [](BwdCase& c) { c.noncontig = true; }),
@@ -249,7 +264,7 @@ TEST_P(BackwardTest, MatchesReference) {
   opt.family = c.family;
   const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opt);
   const bool want_wgmma = c.family != fa::KernelFamily::kMmaSync && kernel.spec().arch == "sm_90a" &&
-                          c.dqk == c.dv && (c.dqk == 64 || c.dqk == 128);
+                          c.dqk == c.dv && c.dqk <= 128;
   EXPECT_EQ(kernel.backward_spec().family, want_wgmma ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync)
       << kernel.backward_spec().to_string();
 
@@ -414,11 +429,11 @@ TEST_P(BackwardTest, MatchesReference) {
 }
 
 // Every case with the backward the host picks (on an H100/H200: the wgmma kernel wherever
-// dqk == dv, 64 or 128) and again with the mma.sync kernel forced (where that differs).
+// dqk == dv <= 128) and again with the mma.sync kernel forced (where that differs).
 std::vector<BwdCase> mma_cases() {
   std::vector<BwdCase> v;
   for (BwdCase c : cases())
-    if (c.dqk == c.dv && (c.dqk == 64 || c.dqk == 128)) {
+    if (c.dqk == c.dv && c.dqk <= 128) {
       c.family = fa::KernelFamily::kMmaSync;
       v.push_back(c);
     }

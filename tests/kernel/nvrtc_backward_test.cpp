@@ -1,8 +1,8 @@
 // Compiles every backward-kernel variant with NVRTC (no GPU needed): fp16/bf16 x head dims
-// {64,128}x{64,128} x sm_80/sm_90a x {noop, causal+alibi with a slopes gradient (compiled as
-// the deterministic variant: dK/dV without dQ reductions plus the dQ kernel over the forward
-// tables)} mods x the tiles the host picks; prints compile time, registers and spills of the dK/dV kernel,
-// and fails on any compile error or on a misused config that compiles.
+// {64,128}x{64,128} x sm_80/sm_90a (other head dims below, both families) x {noop, causal+alibi with a slopes
+// gradient (compiled as the deterministic variant: dK/dV without dQ reductions plus the dQ kernel over the
+// forward tables)} mods x the tiles the host picks; prints compile time, registers and spills of the dK/dV
+// kernel, and fails on any compile error or on a misused config that compiles.
 //   usage: fajit_kernel_backward_test
 #include "fa_nvrtc.h"
 
@@ -82,6 +82,29 @@ int main() {
                                   : "alibi+m64",
                       ("wgmma " + cfg).c_str(), c.seconds, c.regs, c.spill_stores, c.spill_loads);
         }
+    // Other equal head dims up to 128 on the Hopper kernel: one 64-column block (32, 40: dQ
+    // split by rows or keys, n = D up to 16), two (72 with its zero chunk, 80, 96, 112: dQ
+    // split by blocks, the second one's columns past D dropped); noop and the BLOCK_M 64 tile
+    // of a weighing score_mod, 96 deterministic too.
+    for (int d : {32, 40, 72, 80, 96, 112})
+      for (int mods : {0, 3, 2}) {
+        if (mods == 2 && d != 96) continue;
+        const fa::TileConfig t =
+            fa::default_tile(d, d, mods == 3, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
+        const std::string cfg = std::to_string(d) + ", " + std::to_string(t.block_m) + ", " +
+                                std::to_string(t.stages) + ", " + (mods == 2 ? "true" : "false");
+        fa_test::Compiled c =
+            fa_test::compile(fa_test::backward_sm90_source(
+                                 mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), "bf16_t", cfg),
+                             "sm_90a", true, "fajit_bwd_dkdv");
+        ++count;
+        if (c.cubin.empty()) ++failures;
+        std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_90a", "bf16_t", d, d,
+                    mods == 0   ? "noop"
+                    : mods == 2 ? "alibi+det"
+                                : "alibi+m64",
+                    ("wgmma " + cfg).c_str(), c.seconds, c.regs, c.spill_stores, c.spill_loads);
+      }
     try {
       fa_test::compile(fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"), "sm_80",
                        false, "fajit_bwd_dkdv");

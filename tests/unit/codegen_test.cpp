@@ -277,7 +277,8 @@ TEST(Codegen, DefaultTiles) {
 
 // Head dims other than 64 / 128: the mma.sync kernels and the wgmma forward take every multiple
 // of 8 from 32 to 256 (the wgmma forward with BLOCK_N 64 above V 128, fewer stages where shared
-// memory needs it; the wgmma backward refuses what it cannot take, naming the limit);
+// memory needs it; the wgmma backward takes equal head dims up to 128 and refuses the rest,
+// naming the limit);
 // shared rows are padded to 64 elements and tiles shrink until the arch's shared memory holds them.
 TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(fa::head_dim_mma(40), 48);
@@ -342,8 +343,25 @@ TEST(Codegen, EveryHeadDimResolves) {
   w.head_dim_v = 128;
   EXPECT_EQ(
       error_of([&] { w.resolved(); }),
-      "the wgmma backward kernel takes head dims 64 or 128, equal, got head_dim_qk=64 head_dim_v=128; the "
+      "the wgmma backward kernel takes equal head dims up to 128, got head_dim_qk=64 head_dim_v=128; the "
       "mma.sync kernel takes them (leave the family on auto)");
+  w.head_dim_qk = w.head_dim_v = 136;
+  EXPECT_EQ(
+      error_of([&] { w.resolved(); }),
+      "the wgmma backward kernel takes equal head dims up to 128, got head_dim_qk=136 head_dim_v=136; the "
+      "mma.sync kernel takes them (leave the family on auto)");
+  // Equal head dims up to 128 take the Hopper backward: BLOCK_M 128 up to D 64 without a score_mod,
+  // else 64; rows of whole 64-column blocks, so 80 and 96 size their stages as 128 does.
+  auto hopper_bwd = [](int d, bool score_mod) {
+    fa::KernelSpec b = spec(fa::DType::bf16, d, d, "sm_90a", fa::KernelKind::kBackward);
+    b.family = fa::KernelFamily::kAuto;
+    return b.resolved(score_mod).to_string();
+  };
+  EXPECT_EQ(hopper_bwd(32, false), "backward bf16 qk32 v32 wgmma tile128x128w12s2 sm_90a");
+  EXPECT_EQ(hopper_bwd(40, true), "backward bf16 qk40 v40 wgmma tile64x128w12s2 sm_90a");
+  EXPECT_EQ(hopper_bwd(72, false), "backward bf16 qk72 v72 wgmma tile64x128w12s3 sm_90a");
+  EXPECT_EQ(hopper_bwd(96, true), "backward bf16 qk96 v96 wgmma tile64x128w12s3 sm_90a");
+  EXPECT_EQ(hopper_bwd(136, false), "backward bf16 qk136 v136 mma tile64x64w4s2 sm_90a");
 
   fa::KernelSpec big = spec(fa::DType::bf16, 128, 128, "sm_86");
   big.tile = {128, 128, 8, 4};
@@ -386,7 +404,8 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(bwd(96, 96).to_string(), "backward bf16 qk96 v96 mma tile64x128w8s2 sm_80");
   EXPECT_EQ(bwd(80, 80).to_string(), "backward bf16 qk80 v80 mma tile64x64w4s2 sm_80");
   EXPECT_EQ(bwd(136, 112).to_string(), "backward bf16 qk136 v112 mma tile64x64w4s2 sm_80");
-  EXPECT_EQ(bwd(96, 96, "sm_90a").family, fa::KernelFamily::kMmaSync);
+  EXPECT_EQ(bwd(96, 96, "sm_90a").family, fa::KernelFamily::kWgmma);
+  EXPECT_EQ(bwd(96, 64, "sm_90a").family, fa::KernelFamily::kMmaSync);
   EXPECT_EQ(bwd(128, 128, "sm_90a").family, fa::KernelFamily::kWgmma);
   // Above 256 columns the dK/dV grid has a dV part and a dK part (bwd_dkdv_parts).
   EXPECT_EQ(bwd(192, 128).to_string(), "backward bf16 qk192 v128 mma tile64x64w4s2 sm_80");

@@ -16,9 +16,11 @@ namespace {
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
 // The forward (forward_sm90.cuh) takes every head dim resolved() accepts (rows padded to
-// 64-column swizzle blocks); the backward (backward_sm90.cuh) 64 or 128, equal.
+// 64-column swizzle blocks). The backward (backward_sm90.cuh) keeps dK and dV of 64 keys per
+// warpgroup in registers: equal head dims up to 128; wider heads and QK != V take mma.sync.
+constexpr int kWgmmaBackwardMaxDim = 128;
 bool wgmma_takes(int dqk, int dv, KernelKind kind) {
-  return kind != KernelKind::kBackward || (dqk == dv && (dqk == 64 || dqk == 128));
+  return kind != KernelKind::kBackward || (dqk == dv && dqk <= kWgmmaBackwardMaxDim);
 }
 
 // The Hopper forward's tiles in order of preference (resolved() takes the first that fits):
@@ -70,7 +72,7 @@ static int sm90_backward_smem_bytes(int block_m, int block_n, int head_dim, int 
   // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
   // stages of Q and dO, two dSᵀ buffers, stages of LSE and delta rows, mbarriers, and two dQ
   // stagings of 64 rows of 288 B, or 256 B where 288 would not fit
-  const int m = block_m, n = block_n, d = head_dim;
+  const int m = block_m, n = block_n, d = head_dim_pitch(head_dim);  // rows of whole 64-column blocks
   const int other =
       1024 + 2 * n * 2 * d + stages * 2 * m * 2 * d + 2 * 2 * n * m + stages * m * 8 + 8 * (1 + 2 * stages);
   return other + 2 * 64 * (other + 2 * 64 * 288 <= 227 * 1024 ? 288 : 256);
@@ -82,13 +84,13 @@ int head_dim_pitch(int d) { return round_up(d, 64); }
 TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, KernelFamily family,
                         KernelKind kind) {
   const bool wide = head_dim_qk > 64 || head_dim_v > 64;
-  // block_m x 128 keys, 3 WGs. BLOCK_M 128 at D 64 unless the score_mod's derivative keeps a
+  // block_m x 128 keys, 3 WGs. BLOCK_M 128 up to D 64 unless the score_mod's derivative keeps a
   // value per score (has_score_mod: codegen's score_mod_weighs): softcap causal d64 1.90 ms at
   // 64 vs 2.27 at 128, ALiBi (dS = dT) 1.46 at 64 vs 1.18 at 128 (H200, 2026-11-24).
   // 3 Q/dO stages at D 128 (BLOCK_M 64; they fit with the dQ rows unpadded), so a warpgroup
   // running ahead of the other finds its next tile loaded: H200 d128 full 2.971 -> 2.858 ms,
   // causal 1.636 -> 1.535, softcap 2.099 -> 2.025; at d64 softcap (BLOCK_M 64) 1.577 -> 1.645,
-  // so D 64 keeps 2.
+  // so D 64 keeps 2. Between 64 and 128 the rows are whole 64-column blocks (as at 128): 3 stages.
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
     const int block_m = wide || has_score_mod ? 64 : 128;
     const bool three = wide && sm90_backward_smem_bytes(block_m, 128, head_dim_qk, 3) <= 227 * 1024;
@@ -125,9 +127,9 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     if (s.arch != "sm_90a") throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
     if (!wgmma_dims)  // the backward only: the forward takes every head dim
       throw Error(fmt::format(
-          "the wgmma backward kernel takes head dims 64 or 128, equal, got head_dim_qk={} head_dim_v={}; the "
+          "the wgmma backward kernel takes equal head dims up to {}, got head_dim_qk={} head_dim_v={}; the "
           "mma.sync kernel takes them (leave the family on auto)",
-          s.head_dim_qk, s.head_dim_v));
+          kWgmmaBackwardMaxDim, s.head_dim_qk, s.head_dim_v));
   }
   // The tile the spec resolves to, checked against the arch's shared memory (a default tile
   // falls back to smaller ones first).
