@@ -7,16 +7,16 @@
 //   #include "fajit/prelude.cuh"
 //   struct FaMods { ...forward members...; kScoreGrad; score_grad(...) };   // backward.cuh
 //   #include "fajit/backward_sm90.cuh"
-//   using FaBwdCfg = fa::Sm90BwdConfig<fa::bf16_t, 128, 64, 2, false>;  // fa::default_tile()
+//   using FaBwdCfg = fa::Sm90BwdConfig<fa::bf16_t, 128, 128, 64, 3, false>;  // fa::default_tile()
 //   FAJIT_DEFINE_BACKWARD_SM90(fajit_bwd, FaBwdCfg, FaMods)
 // defines fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq and fajit_bwd_dq_det as
 // FAJIT_DEFINE_BACKWARD does; only the dK/dV kernel differs. NVRTC: --gpu-architecture=sm_90a.
 //
-// ---- Config (fa::Sm90BwdConfig<Element, D, BLOCK_M, STAGES, DETERMINISTIC>) ---------------
-//   D         head dim of Q, K, V, O (DQK == DV): a multiple of 8 from 32 to 128. Shared rows
-//             are whole 64-column blocks (HeadRow::kPitch: 80 -> 128, zero-filled past D), the
-//             dK/dV accumulators D up to a 16-column k-step (kHeadDimN: 72 -> 80)
-//   BLOCK_M   query rows per step (64 or 128; 128 only up to D 64: the dK/dV accumulators of 128
+// ---- Config (fa::Sm90BwdConfig<Element, DQK, DV, BLOCK_M, STAGES, DETERMINISTIC>) ---------
+//   DQK, DV   head dims of Q, K and of V, O, dO: multiples of 8 from 32 to 128. Shared rows are
+//             whole 64-column blocks (HeadRow::kPitch: 80 -> 128, K zero-filled past DQK), the
+//             dK / dV accumulators each head dim up to a 16-column k-step (72 -> 80)
+//   BLOCK_M   query rows per step (64 or 128; 128 only up to 64 / 64: the dK/dV accumulators of 128
 //             keys x 128 and Sᵀ/dPᵀ of 128 queries do not fit the registers together)
 //   STAGES    Q/dO/LSE/Δ stages (2..3; 3 where shared memory allows: codegen's default_tile)
 //   BLOCK_N is fixed at 128 keys per CTA: two consumer warpgroups of 64 keys each.
@@ -26,7 +26,7 @@
 //          dynamic shared memory kSmemBytes (> 48 KiB: set the function attribute); parameters
 //          (FaBwdParams, FaCaptures, FaGradBuffers, FaTmaMap of dq_accum with boxes 32 x 64,
 //          FaTmaPair of Q and dO with boxes 64 x BLOCK_M)
-//   pre, dq, dq_det: as backward.cuh with BwdConfig<Element, D, D, BLOCK_M, BLOCK_M / 16>.
+//   pre, dq, dq_det: as backward.cuh with BwdConfig<Element, DQK, DV, BLOCK_M, BLOCK_M / 16>.
 //   Sparse block sizes must be multiples of BLOCK_M (q_block) and 128 (kv_block).
 //
 // ---- Structure (notation of KERNELS.md; one CTA = 128 keys of one KV head) -----------------
@@ -56,9 +56,9 @@
 //                                          GEMMs
 //     (the stage goes back to the producer once dV and dK are done: dQ reads no stage)
 //     dQ_part -> staging (fp32) for the writer warp; the last tile's part after the walk
-//   The dQ tile (BLOCK_M x D) is split between the warpgroups: by rows at BLOCK_M 128, by
-//   64-column blocks above D 64 (the second block's columns past D computed and dropped: an
-//   MN-major operand splits only at a block), and at BLOCK_M 64 up to D 64 by keys (each sums
+//   The dQ tile (BLOCK_M x DQK) is split between the warpgroups: by rows at BLOCK_M 128, by
+//   64-column blocks above DQK 64 (the second block's columns past DQK computed and dropped: an
+//   MN-major operand splits only at a block), and at BLOCK_M 64 up to DQK 64 by keys (each sums
 //   over its own 64 keys; both parts are reduced into the same rows).
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
 //   query sees). Deterministic mode leaves dQ to backward.cuh's dq_det kernel.
@@ -70,12 +70,13 @@
 
 namespace fa {
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kStages_ = 2, bool kDeterministic_ = false>
-struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
-  using Shape = AttentionTileShape<128, kHeadDim_, kHeadDim_>;
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kStages_ = 2,
+          bool kDeterministic_ = false>
+struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
+  using Shape = AttentionTileShape<128, kHeadDimQK_, kHeadDimV_>;
   using Element = Element_;
-  static constexpr int kHeadDimQK = kHeadDim_;
-  static constexpr int kHeadDimV = kHeadDim_;
+  static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kStages_;
@@ -91,12 +92,14 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together (up to D 128)
-  // Columns of the dK/dV accumulators (the N of dV += Pᵀ·dO, dK += dSᵀ·Q): D up to a whole
-  // 16-column k-step; at D 72 the last 8 come from zero-filled chunks and are never stored.
-  static constexpr int kHeadDimN = Shape::RowQK::kUsed * 8;
+  static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together (up to 128 / 128)
+  // Columns of the dK and dV accumulators (the N of dK += dSᵀ·Q, dV += Pᵀ·dO): each head dim
+  // up to a whole 16-column k-step; at 72 the last 8 come from zero-filled chunks and are never
+  // stored.
+  static constexpr int kHeadDimNQK = Shape::RowQK::kUsed * 8;
+  static constexpr int kHeadDimNV = Shape::RowV::kUsed * 8;
   // K's rows zero-filled to the whole pitch: dQ's part of the second 64-column block reads all
-  // 64 of its columns (those past D land in dQ columns that are never written back).
+  // 64 of its columns (those past DQK land in dQ columns that are never written back).
   struct RowKPitch : Shape::RowQK {
     static constexpr int kUsed = Shape::RowQK::kPitch;
   };
@@ -107,8 +110,8 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kQT = kBlockM / 8;          // 8-column n-tiles of Sᵀ (queries)
   static constexpr int kMK = kBlockM / 16;         // k-steps over queries (dV, dK)
   static constexpr int kKV = Shape::RowV::kSteps;  // k-steps of dPᵀ = V·dOᵀ (kKQ: of Sᵀ)
-  // dQ split: rows (BLOCK_M 128: 64 query rows each), 64-column blocks (above D 64: block cw
-  // each, the second one's columns past D dropped), or keys (BLOCK_M 64 up to D 64: each
+  // dQ split: rows (BLOCK_M 128: 64 query rows each), 64-column blocks (above DQK 64: block cw
+  // each, the second one's columns past DQK dropped), or keys (BLOCK_M 64 up to DQK 64: each
   // warpgroup's sum over its own 64 keys, both reduced into the same dQ rows). Every
   // warpgroup's part is m64 n kDqN, every tile: no branch around a wgmma (whole tiles in turn
   // made ptxas serialize every wgmma of the kernel).
@@ -116,7 +119,7 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr bool kDqSplitRows = kBlockM == 128;
   static constexpr bool kDqSplitCols = kBlockM == 64 && kTwoBlocks;
   static constexpr bool kDqSplitKeys = kBlockM == 64 && !kTwoBlocks;
-  static constexpr int kDqN = kTwoBlocks ? 64 : kHeadDimN;
+  static constexpr int kDqN = kTwoBlocks ? 64 : kHeadDimNQK;
 
   static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;
   static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;
@@ -143,10 +146,12 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDim_, kHeadDim_> {
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
-  static_assert(kHeadDim_ % 8 == 0 && kHeadDim_ >= 32 && kHeadDim_ <= 128,
-                "D must be a multiple of 8, 32..128");
+  static_assert(kHeadDimQK % 8 == 0 && kHeadDimQK >= 32 && kHeadDimQK <= 128 && kHeadDimV % 8 == 0 &&
+                    kHeadDimV >= 32 && kHeadDimV <= 128,
+                "head dims must be multiples of 8, 32..128");
   static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
-  static_assert(kBlockM == 64 || kHeadDim_ <= 64, "BLOCK_M 128 needs D up to 64 (registers)");
+  static_assert(kBlockM == 64 || (kHeadDimQK <= 64 && kHeadDimV <= 64),
+                "BLOCK_M 128 needs head dims up to 64 (registers)");
   static_assert(kStages >= 2 && kStages <= 3, "STAGES must be 2 or 3");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
@@ -231,7 +236,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // wait on the reductions themselves (FlashAttention-3's dQ writer).
         const int part = tid / 32 - 2, lane = tid & 31;
         const int row0 = dq_row0(part), col0 = dq_col0(part);
-        // dQ's columns in this part: those past D (the second block above D 64, or D 72's zero
+        // dQ's columns in this part: those past DQK (the second block above 64, or 72's zero
         // chunk) are computed but not reduced
         const int cols = Cfg::kHeadDimQK - col0 < Cfg::kDqN ? Cfg::kHeadDimQK - col0 : Cfg::kDqN;
         for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
@@ -312,13 +317,13 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const bool key_tail = kv0 + kBN > len_kv;
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
-  float dk[Cfg::kHeadDimN / 8][4], dv[Cfg::kHeadDimN / 8][4];
+  float dk[Cfg::kHeadDimNQK / 8][4], dv[Cfg::kHeadDimNV / 8][4];
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDimN / 8; ++j)
+  for (int j = 0; j < Cfg::kHeadDimNQK / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk[j][i] = 0.f;
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDimN / 8; ++j)
+  for (int j = 0; j < Cfg::kHeadDimNV / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dv[j][i] = 0.f;
 
@@ -352,15 +357,15 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto issue_dv = [&](const u32(&pa)[Cfg::kMK][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimN>(dv, pa[kk],
-                                  desc_advance(ddo_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+      wgmma_rs<E, Cfg::kHeadDimNV>(dv, pa[kk],
+                                   desc_advance(ddo_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
   auto issue_dk = [&](const u32(&da)[Cfg::kMK][4], int stage) {
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimN>(dk, da[kk],
-                                  desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+      wgmma_rs<E, Cfg::kHeadDimNQK>(dk, da[kk],
+                                    desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
   // This warpgroup's m64n64 part of dQ = dS·K (rows row0.., columns col0.., keys key0..):

@@ -24,11 +24,13 @@ fa::Options opts(int dqk, int dv) {
 }
 
 TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
-  const fa::Kernel k = fa::compile(fa::identity_score(), fa::mods::causal(), opts(128, 64));
+  fa::Options o = opts(128, 64);
+  o.arch = "sm_80";  // the mma.sync backward (sm_90a takes the Hopper one: the next test)
+  const fa::Kernel k = fa::compile(fa::identity_score(), fa::mods::causal(), o);
   const fa::KernelSpec& s = k.backward_spec();
   EXPECT_EQ(s.kind, fa::KernelKind::kBackward);
   EXPECT_EQ(s.tile, fa::default_tile(128, 64, false, fa::KernelFamily::kMmaSync, fa::KernelKind::kBackward));
-  EXPECT_EQ(s.to_string(), "backward bf16 qk128 v64 mma tile64x128w8s2 sm_90a");
+  EXPECT_EQ(s.to_string(), "backward bf16 qk128 v64 mma tile64x128w8s2 sm_80");
   const std::string& src = k.backward_cuda_source();
   EXPECT_NE(src.find("using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 64, 64, 8, 2, false>;"),
             std::string::npos)
@@ -39,9 +41,9 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
   EXPECT_EQ(k.spec().kind, fa::KernelKind::kForward);
 }
 
-// Which backward: the Hopper (wgmma) kernel on sm_90a when the head dims agree, with the tile
-// default_tile gives it (block_m 64 at d128 or with a score_mod, 128 at d64 without one); the
-// mma.sync kernel on other archs, for unequal head dims, and when the forward is mma.sync.
+// Which backward: the Hopper (wgmma) kernel on sm_90a for head dims up to 128, with the tile
+// default_tile gives it (block_m 64 above 64 or with a score_mod, 128 up to 64 / 64 without one);
+// the mma.sync kernel on other archs, for wider heads, and when the forward is mma.sync.
 // Above a QK head dim of 192 the deterministic kernels even when not asked for.
 TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
   struct Want {
@@ -58,7 +60,8 @@ TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
            {64, 64, true, "sm_90a", kAuto, "backward bf16 qk64 v64 wgmma tile64x128w12s2 sm_90a"},
            {64, 64, false, "sm_90a", kMma, "backward bf16 qk64 v64 mma tile64x64w4s2 sm_90a"},
            {128, 128, false, "sm_80", kAuto, "backward bf16 qk128 v128 mma tile64x128w8s2 sm_80"},
-           {64, 128, false, "sm_90a", kAuto, "backward bf16 qk64 v128 mma tile64x128w8s2 sm_90a"},
+           {64, 128, false, "sm_90a", kAuto, "backward bf16 qk64 v128 wgmma tile64x128w12s3 sm_90a"},
+           {192, 128, false, "sm_90a", kAuto, "backward bf16 qk192 v128 mma tile64x128w8s2 sm_90a"},
            // above QK 192 the deterministic kernels, measured faster (bwd_prefers_separate_dq)
            {192, 192, false, "sm_90a", kAuto, "backward bf16 qk192 v192 mma tile64x128w8s2 sm_90a"},
            {256, 256, false, "sm_90a", kAuto, "backward bf16 qk256 v256 mma tile64x64w4s2 sm_90a deterministic"},

@@ -340,20 +340,18 @@ TEST(Codegen, EveryHeadDimResolves) {
   w.tile = {};
   w.kind = fa::KernelKind::kBackward;
   w.head_dim_qk = 64;
-  w.head_dim_v = 128;
-  EXPECT_EQ(
-      error_of([&] { w.resolved(); }),
-      "the wgmma backward kernel takes equal head dims up to 128, got head_dim_qk=64 head_dim_v=128; the "
-      "mma.sync kernel takes them (leave the family on auto)");
+  w.head_dim_v = 136;
+  EXPECT_EQ(error_of([&] { w.resolved(); }),
+            "the wgmma backward kernel takes head dims up to 128, got head_dim_qk=64 head_dim_v=136; the "
+            "mma.sync kernel takes them (leave the family on auto)");
   w.head_dim_qk = w.head_dim_v = 136;
-  EXPECT_EQ(
-      error_of([&] { w.resolved(); }),
-      "the wgmma backward kernel takes equal head dims up to 128, got head_dim_qk=136 head_dim_v=136; the "
-      "mma.sync kernel takes them (leave the family on auto)");
-  // Equal head dims up to 128 take the Hopper backward: BLOCK_M 128 up to D 64 without a score_mod,
+  EXPECT_EQ(error_of([&] { w.resolved(); }),
+            "the wgmma backward kernel takes head dims up to 128, got head_dim_qk=136 head_dim_v=136; the "
+            "mma.sync kernel takes them (leave the family on auto)");
+  // Head dims up to 128 take the Hopper backward: BLOCK_M 128 up to 64 / 64 without a score_mod,
   // else 64; rows of whole 64-column blocks, so 80 and 96 size their stages as 128 does.
-  auto hopper_bwd = [](int d, bool score_mod) {
-    fa::KernelSpec b = spec(fa::DType::bf16, d, d, "sm_90a", fa::KernelKind::kBackward);
+  auto hopper_bwd = [](int d, bool score_mod, int dv = 0) {
+    fa::KernelSpec b = spec(fa::DType::bf16, d, dv ? dv : d, "sm_90a", fa::KernelKind::kBackward);
     b.family = fa::KernelFamily::kAuto;
     return b.resolved(score_mod).to_string();
   };
@@ -362,6 +360,8 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(hopper_bwd(72, false), "backward bf16 qk72 v72 wgmma tile64x128w12s3 sm_90a");
   EXPECT_EQ(hopper_bwd(96, true), "backward bf16 qk96 v96 wgmma tile64x128w12s3 sm_90a");
   EXPECT_EQ(hopper_bwd(136, false), "backward bf16 qk136 v136 mma tile64x64w4s2 sm_90a");
+  EXPECT_EQ(hopper_bwd(64, false, 128), "backward bf16 qk64 v128 wgmma tile64x128w12s3 sm_90a");
+  EXPECT_EQ(hopper_bwd(48, false, 32), "backward bf16 qk48 v32 wgmma tile128x128w12s2 sm_90a");
 
   fa::KernelSpec big = spec(fa::DType::bf16, 128, 128, "sm_86");
   big.tile = {128, 128, 8, 4};
@@ -405,7 +405,8 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(bwd(80, 80).to_string(), "backward bf16 qk80 v80 mma tile64x64w4s2 sm_80");
   EXPECT_EQ(bwd(136, 112).to_string(), "backward bf16 qk136 v112 mma tile64x64w4s2 sm_80");
   EXPECT_EQ(bwd(96, 96, "sm_90a").family, fa::KernelFamily::kWgmma);
-  EXPECT_EQ(bwd(96, 64, "sm_90a").family, fa::KernelFamily::kMmaSync);
+  EXPECT_EQ(bwd(96, 64, "sm_90a").family, fa::KernelFamily::kWgmma);
+  EXPECT_EQ(bwd(96, 136, "sm_90a").family, fa::KernelFamily::kMmaSync);
   EXPECT_EQ(bwd(128, 128, "sm_90a").family, fa::KernelFamily::kWgmma);
   // Above 256 columns the dK/dV grid has a dV part and a dK part (bwd_dkdv_parts).
   EXPECT_EQ(bwd(192, 128).to_string(), "backward bf16 qk192 v128 mma tile64x64w4s2 sm_80");

@@ -17,10 +17,10 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
 // The forward (forward_sm90.cuh) takes every head dim resolved() accepts (rows padded to
 // 64-column swizzle blocks). The backward (backward_sm90.cuh) keeps dK and dV of 64 keys per
-// warpgroup in registers: equal head dims up to 128; wider heads and QK != V take mma.sync.
+// warpgroup in registers: head dims up to 128 each; wider heads take mma.sync.
 constexpr int kWgmmaBackwardMaxDim = 128;
 bool wgmma_takes(int dqk, int dv, KernelKind kind) {
-  return kind != KernelKind::kBackward || (dqk == dv && dqk <= kWgmmaBackwardMaxDim);
+  return kind != KernelKind::kBackward || (dqk <= kWgmmaBackwardMaxDim && dv <= kWgmmaBackwardMaxDim);
 }
 
 // The Hopper forward's tiles in order of preference (resolved() takes the first that fits):
@@ -68,13 +68,14 @@ std::vector<TileConfig> mma_tiles(int dqk, int dv, bool has_score_mod, KernelKin
 
 }  // namespace
 
-static int sm90_backward_smem_bytes(int block_m, int block_n, int head_dim, int stages) {
+static int sm90_backward_smem_bytes(int block_m, int block_n, int head_dim_qk, int head_dim_v, int stages) {
   // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
   // stages of Q and dO, two dSᵀ buffers, stages of LSE and delta rows, mbarriers, and two dQ
   // stagings of 64 rows of 288 B, or 256 B where 288 would not fit
-  const int m = block_m, n = block_n, d = head_dim_pitch(head_dim);  // rows of whole 64-column blocks
+  const int m = block_m, n = block_n;
+  const int d = head_dim_pitch(head_dim_qk) + head_dim_pitch(head_dim_v);  // rows of whole 64-column blocks
   const int other =
-      1024 + 2 * n * 2 * d + stages * 2 * m * 2 * d + 2 * 2 * n * m + stages * m * 8 + 8 * (1 + 2 * stages);
+      1024 + n * 2 * d + stages * m * 2 * d + 2 * 2 * n * m + stages * m * 8 + 8 * (1 + 2 * stages);
   return other + 2 * 64 * (other + 2 * 64 * 288 <= 227 * 1024 ? 288 : 256);
 }
 
@@ -93,7 +94,8 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
   // so D 64 keeps 2. Between 64 and 128 the rows are whole 64-column blocks (as at 128): 3 stages.
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
     const int block_m = wide || has_score_mod ? 64 : 128;
-    const bool three = wide && sm90_backward_smem_bytes(block_m, 128, head_dim_qk, 3) <= 227 * 1024;
+    const bool three =
+        wide && sm90_backward_smem_bytes(block_m, 128, head_dim_qk, head_dim_v, 3) <= 227 * 1024;
     const int stages = three ? 3 : 2;
     return TileConfig{block_m, 128, 12, stages};
   }
@@ -127,7 +129,7 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     if (s.arch != "sm_90a") throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
     if (!wgmma_dims)  // the backward only: the forward takes every head dim
       throw Error(fmt::format(
-          "the wgmma backward kernel takes equal head dims up to {}, got head_dim_qk={} head_dim_v={}; the "
+          "the wgmma backward kernel takes head dims up to {}, got head_dim_qk={} head_dim_v={}; the "
           "mma.sync kernel takes them (leave the family on auto)",
           kWgmmaBackwardMaxDim, s.head_dim_qk, s.head_dim_v));
   }
@@ -288,7 +290,7 @@ int KernelSpec::decode_ctas_per_sm() const {
 int KernelSpec::smem_bytes() const {
   const int pq = head_dim_pitch(head_dim_qk), pv = head_dim_pitch(head_dim_v);
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma)
-    return sm90_backward_smem_bytes(tile.block_m, tile.block_n, head_dim_qk, tile.stages);
+    return sm90_backward_smem_bytes(tile.block_m, tile.block_n, head_dim_qk, head_dim_v, tile.stages);
   if (kind == KernelKind::kBackward) {  // templates/fajit/backward.cuh, BwdConfig::kSmemBytes
     const int m = tile.block_m, n = tile.block_n;
     const int stage = 2 * m * (pq + pv) + 2 * m * 4;  // Q, dO, LSE, delta
