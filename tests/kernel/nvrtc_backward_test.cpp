@@ -59,62 +59,44 @@ int main() {
                     mods ? "alibi+cau" : "noop", cfg.c_str(), c.seconds, c.regs, c.spill_stores,
                     c.spill_loads);
       }
-    // The Hopper dK/dV kernel (wgmma): 64 and 128, the tiles the host picks, both dQ modes.
+    // The Hopper dK/dV kernel (wgmma) at the tile the host picks. mods: 0 noop; 1 alibi+causal;
+    // 2 the same deterministic; 3 the same at the tile of a score_mod whose derivative weighs
+    // (softcap's: BLOCK_M 64 up to 64 / 64) - ALiBi's is dS = dT, which takes the tile of none.
+    auto compile_sm90 = [&](const char* elem, int dqk, int dv, int mods) {
+      const fa::TileConfig t =
+          fa::default_tile(dqk, dv, mods == 3, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
+      const std::string cfg = std::to_string(dqk) + ", " + std::to_string(dv) + ", " +
+                              std::to_string(t.block_m) + ", " + std::to_string(t.stages) + ", " +
+                              (mods == 2 ? "true" : "false");
+      fa_test::Compiled c =
+          fa_test::compile(fa_test::backward_sm90_source(
+                               mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem, cfg),
+                           "sm_90a", true, "fajit_bwd_dkdv");
+      ++count;
+      if (c.cubin.empty()) ++failures;
+      const char* what[] = {"noop", "alibi+cau", "alibi+det", "alibi+m64"};
+      std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_90a", elem, dqk, dv, what[mods],
+                  ("wgmma " + cfg).c_str(), c.seconds, c.regs, c.spill_stores, c.spill_loads);
+    };
+    // 64 and 128 at both dtypes, every mods kind (both dQ modes).
     for (const char* elem : {"f16_t", "bf16_t"})
       for (int d : {64, 128})
-        for (int mods = 0; mods < 4; ++mods) {  // noop; alibi+causal; the same deterministic;
-          // the same at the tile of a score_mod whose derivative weighs (softcap's: BLOCK_M 64 at
-          // D 64) - ALiBi's is dS = dT, which takes the tile of no score_mod
-          const fa::TileConfig t =
-              fa::default_tile(d, d, mods == 3, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
-          const std::string cfg = std::to_string(d) + ", " + std::to_string(d) + ", " +
-                                  std::to_string(t.block_m) + ", " + std::to_string(t.stages) + ", " +
-                                  (mods == 2 ? "true" : "false");
-          fa_test::Compiled c =
-              fa_test::compile(fa_test::backward_sm90_source(
-                                   mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem, cfg),
-                               "sm_90a", true, "fajit_bwd_dkdv");
-          ++count;
-          if (c.cubin.empty()) ++failures;
-          std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_90a", elem, d, d,
-                      mods == 0   ? "noop"
-                      : mods == 1 ? "alibi+cau"
-                      : mods == 2 ? "alibi+det"
-                                  : "alibi+m64",
-                      ("wgmma " + cfg).c_str(), c.seconds, c.regs, c.spill_stores, c.spill_loads);
-        }
-    // Other head dims up to 128 on the Hopper kernel: one 64-column block (32, 40: dQ split by
-    // rows or keys, n = D up to 16), two (72 with its zero chunk, 80, 96, 112: dQ split by
-    // blocks, the second one's columns past D dropped), QK != V (64/128, 128/64, 80/48); noop
-    // and the BLOCK_M 64 tile of a weighing score_mod, 96 deterministic too.
-    for (auto [d, dv] : {std::pair{32, 32},
-                         {40, 40},
-                         {72, 72},
-                         {80, 80},
-                         {96, 96},
-                         {112, 112},
-                         {64, 128},
-                         {128, 64},
-                         {80, 48}})
-      for (int mods : {0, 3, 2}) {
-        if (mods == 2 && d != 96) continue;
-        const fa::TileConfig t =
-            fa::default_tile(d, dv, mods == 3, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
-        const std::string cfg = std::to_string(d) + ", " + std::to_string(dv) + ", " +
-                                std::to_string(t.block_m) + ", " + std::to_string(t.stages) + ", " +
-                                (mods == 2 ? "true" : "false");
-        fa_test::Compiled c =
-            fa_test::compile(fa_test::backward_sm90_source(
-                                 mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), "bf16_t", cfg),
-                             "sm_90a", true, "fajit_bwd_dkdv");
-        ++count;
-        if (c.cubin.empty()) ++failures;
-        std::printf("%-7s %-6s %4d %4d %-10s %-6s %8.3f %5d %d/%d\n", "sm_90a", "bf16_t", d, dv,
-                    mods == 0   ? "noop"
-                    : mods == 2 ? "alibi+det"
-                                : "alibi+m64",
-                    ("wgmma " + cfg).c_str(), c.seconds, c.regs, c.spill_stores, c.spill_loads);
-      }
+        for (int mods = 0; mods < 4; ++mods) compile_sm90(elem, d, d, mods);
+    // Other head dims up to 128: one 64-column block (32, 40: dQ split by rows or keys, n = D up
+    // to 16), two (72 with its zero chunk, 80, 96, 112: dQ split by blocks, the second one's
+    // columns past D dropped), QK != V (64/128, 128/64, 80/48); noop and the BLOCK_M 64 tile of
+    // a weighing score_mod, 96 deterministic too.
+    for (auto [dqk, dv] : {std::pair{32, 32},
+                           {40, 40},
+                           {72, 72},
+                           {80, 80},
+                           {96, 96},
+                           {112, 112},
+                           {64, 128},
+                           {128, 64},
+                           {80, 48}})
+      for (int mods : {0, 3, 2})
+        if (mods != 2 || dqk == 96) compile_sm90("bf16_t", dqk, dv, mods);
     try {
       fa_test::compile(fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"), "sm_80",
                        false, "fajit_bwd_dkdv");
