@@ -49,7 +49,7 @@
 //     dSᵀ in registers                     (bwd::dscores_t: score_grad), while dV runs
 //     dK += dSᵀ·Q                          RS-wgmma (dS packed as A)
 //     dSᵀ -> shared memory (double-buffered)
-//     dQ_part = dS·K of the PREVIOUS tile  SS-wgmma, both operands MN-major, m64n64, once the
+//     dQ_part = dS·K of the PREVIOUS tile  SS-wgmma, both operands MN-major, m64 n kDqN, once the
 //                                          other warpgroup has ended that tile (named barriers
 //                                          by tile parity; split by keys, its own dSᵀ only):
 //                                          the two stay apart, one's softmax under the other's
@@ -197,7 +197,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto bar_full = [&](int s) { return bar_kv + kMbarBytes * (1 + s); };
   auto bar_empty = [&](int s) { return bar_kv + kMbarBytes * (1 + kStages + s); };
   auto sDqPart = [&](int cw) { return sK + Cfg::kSmemDqOffset + cw * Cfg::kSmemDqBytes; };
-  // The rows and columns of dQ's tile that consumer warpgroup cw's m64n64 part covers.
+  // The rows and columns of dQ's tile that consumer warpgroup cw's m64 n kDqN part covers.
   auto dq_row0 = [](int cw) { return Cfg::kDqSplitRows ? 64 * cw : 0; };
   auto dq_col0 = [](int cw) { return Cfg::kDqSplitCols ? 64 * cw : 0; };
 
@@ -368,7 +368,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                                     desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
-  // This warpgroup's m64n64 part of dQ = dS·K (rows row0.., columns col0.., keys key0..):
+  // This warpgroup's m64 n kDqN part of dQ = dS·K (rows row0.., columns col0.., keys key0..):
   // one commit group.
   const int row0 = dq_row0(cw), col0 = dq_col0(cw);
   constexpr int kDqKSteps = (Cfg::kDqSplitKeys ? kKeys : kBN) / 16;

@@ -277,8 +277,8 @@ TEST(Codegen, DefaultTiles) {
 
 // Head dims other than 64 / 128: the mma.sync kernels and the wgmma forward take every multiple
 // of 8 from 32 to 256 (the wgmma forward with BLOCK_N 64 above V 128, fewer stages where shared
-// memory needs it; the wgmma backward takes equal head dims up to 128 and refuses the rest,
-// naming the limit);
+// memory needs it; the wgmma backward takes head dims up to 128 and refuses wider ones, naming
+// the limit);
 // shared rows are padded to 64 elements and tiles shrink until the arch's shared memory holds them.
 TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(fa::head_dim_mma(40), 48);
