@@ -81,6 +81,7 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = kStages_;
   static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr bool kWide = false;  // backward_dkdv_kernel (not the wide-head one)
   // The preprocess, dQ conversion and deterministic dQ kernels (backward.cuh).
   using Aux = BwdConfig<Element, kHeadDimQK, kHeadDimV, kBlockM, kBlockM / 16, 2, kDeterministic>;
   static constexpr int kPreThreads = Aux::kPreThreads;
@@ -156,6 +157,68 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
+// The wide-head dK/dV kernel (backward_dkdv_wide_kernel): a head dim above 128 (up to 256 each,
+// any multiples of 8). 64 keys per CTA, 32 per consumer warpgroup, 64 query rows per step; dK
+// and dV accumulate transposed (M = head dim, N = the warpgroup's 32 keys: 16 registers per
+// 64-column block each), so 256 / 256 holds 128 accumulator registers.
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kStages_ = 2, bool kDeterministic_ = false>
+struct Sm90WideBwdConfig : AttentionTileShape<64, kHeadDimQK_, kHeadDimV_> {
+  using Shape = AttentionTileShape<64, kHeadDimQK_, kHeadDimV_>;
+  using Element = Element_;
+  static constexpr int kHeadDimQK = kHeadDimQK_;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 64;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr bool kWide = true;
+  using Aux = BwdConfig<Element, kHeadDimQK, kHeadDimV, kBlockM, kBlockM / 16, 2, kDeterministic>;
+  static constexpr int kPreThreads = Aux::kPreThreads;
+  static constexpr int kPreRows = Aux::kPreRows;
+  static constexpr int kDqRows = Aux::kDqRows;
+  static constexpr int kDetThreads = Aux::kDetThreads;
+  static constexpr int kDetSmemBytes = Aux::kDetSmemBytes;
+
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // 32: the N of S, dKᵀ, dVᵀ
+  static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
+  static constexpr int kDkDvParts = 1;
+  using RowKPitch = typename Shape::RowQK;  // (K's pitch padding is never read for a stored column)
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kLoadThreads = 64;  // producer warps 0, 1; warps 2, 3 idle (no dQ writer)
+
+  // 64-column blocks of a Q / K row and of a V / dO row: the m64 blocks of dKᵀ and dVᵀ (rows
+  // past the head dim come from pitch padding and are never stored).
+  static constexpr int kBlocksQK = Shape::RowQK::kPitch / 8;
+  static constexpr int kBlocksV = Shape::RowV::kPitch / 8;
+  // dQ (64 query rows x DQK) split by 64-column blocks: warpgroup cw takes kDqBlocks from block
+  // cw·kDqBlocks (at 192: blocks 0-1 and 2-3, the last past K's pitch, computed and dropped).
+  static constexpr int kDqBlocks = (kBlocksQK + 1) / 2;
+  static constexpr int kDqN = 64 * kDqBlocks;
+  static constexpr int kKV = Shape::RowV::kSteps;  // k-steps of dP = dO·Vᵀ (kKQ: of S)
+
+  static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;
+  static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;
+  static constexpr int kSmemQBytes = kBlockM * Shape::RowQK::kRowBytes;  // per stage
+  static constexpr int kSmemDoBytes = kBlockM * Shape::RowV::kRowBytes;  // per stage
+  static constexpr int kSmemPBytes = kBlockN * kBlockM * 2;              // Pᵀ [keys][queries]
+  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;             // dSᵀ, per buffer (2)
+  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;                 // LSE, Δ per stage
+  static constexpr int kNumBarriers = 1 + 2 * kStages;
+  static constexpr int kSmemRowsOffset =
+      kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + kSmemPBytes + 2 * kSmemDsBytes;
+  static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
+  static constexpr int kSmemBytes =
+      sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
+
+  static_assert(kHeadDimQK % 8 == 0 && kHeadDimQK >= 32 && kHeadDimQK <= 256 && kHeadDimV % 8 == 0 &&
+                    kHeadDimV >= 32 && kHeadDimV <= 256,
+                "head dims must be multiples of 8, 32..256");
+  static_assert(kStages >= 2 && kStages <= 3, "STAGES must be 2 or 3");
+  static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
+};
+
 namespace sm90 {
 
 // Named barriers of the backward's consumers (0 is __syncthreads).
@@ -163,6 +226,8 @@ constexpr int kBarDkdvDone = 2;  // both warpgroups done with K, V (256 threads)
 constexpr int kBarStaged = 3;    // + consumer index: that warpgroup's dK, dV staged (128)
 constexpr int kBarDqFull = 5;    // + consumer index: its dQ part staged (128 + its writer warp)
 constexpr int kBarDqFree = 7;    // + consumer index: its staging read by the writer (128 + 32)
+// + consumer index (the wide-head kernel, which has no dQ writer): its Pᵀ or dSᵀ rows staged (128)
+constexpr int kBarWideStaged = kBarDqFull;
 // + 2 · consumer index + (tile & 1): that warpgroup has ended a tile (its dSᵀ staged, its dQ
 // part of the tile before read out); arrived on by it, waited on by the other (256 threads).
 // Two ids per warpgroup by tile parity: a warpgroup may end tile n + 1 before the other has
@@ -171,6 +236,97 @@ constexpr int kBarTileEnded = 9;
 // Warpgroup 1 starts once warpgroup 0 has issued its first tile's dK: half a tile apart, one's
 // softmax runs under the other's GEMMs from the start (256 threads).
 constexpr int kBarStagger = 13;
+
+// ---- shared by the dK/dV kernels: shared-memory places, barriers, the producer -------------
+// Every backward config lays out, from a 1024-byte aligned base: K, V (kBlockN rows), kStages x
+// (Q, dO of kBlockM rows), then tiles of its own; LSE / Δ rows per stage at kSmemRowsOffset and
+// the mbarriers (kv, full[stages], empty[stages]) at kSmemBarOffset.
+template <typename Cfg>
+struct BwdSmem {
+  u32 k, v, stages;
+  __device__ __forceinline__ explicit BwdSmem(const unsigned char* raw)
+      : k((smem_addr(raw) + (kSwizzleAtomBytes - 1)) & ~u32(kSwizzleAtomBytes - 1)),
+        v(k + Cfg::kSmemKBytes),
+        stages(v + Cfg::kSmemVBytes) {}
+  __device__ __forceinline__ u32 q(int s) const {
+    return stages + s * (Cfg::kSmemQBytes + Cfg::kSmemDoBytes);
+  }
+  __device__ __forceinline__ u32 dout(int s) const { return q(s) + Cfg::kSmemQBytes; }
+  __device__ __forceinline__ u32 own() const { return q(Cfg::kStages); }  // the config's own tiles
+  __device__ __forceinline__ u32 lse(int s) const {
+    return k + Cfg::kSmemRowsOffset + s * Cfg::kSmemRowsBytes;
+  }
+  __device__ __forceinline__ u32 delta(int s) const { return lse(s) + Cfg::kBlockM * 4; }
+  __device__ __forceinline__ u32 bar_kv() const { return k + Cfg::kSmemBarOffset; }
+  __device__ __forceinline__ u32 bar_full(int s) const { return bar_kv() + kMbarBytes * (1 + s); }
+  __device__ __forceinline__ u32 bar_empty(int s) const {
+    return bar_kv() + kMbarBytes * (1 + Cfg::kStages + s);
+  }
+};
+
+// The mbarriers, by thread 0, before the CTA's first __syncthreads.
+template <typename Cfg>
+__device__ __forceinline__ void init_bwd_barriers(const BwdSmem<Cfg>& sm, bool tma) {
+  mbar_init(sm.bar_kv(), Cfg::kLoadThreads);
+  for (int s = 0; s < Cfg::kStages; ++s) {
+    // cp.async (or two expect_tx arrivals with TMA) + plain arrivals of the loader threads
+    mbar_init(sm.bar_full(s), (tma ? 2 : Cfg::kLoadThreads) + Cfg::kLoadThreads);
+    // every consumer thread arrives: the producer overwrites the stage's LSE/Δ rows with plain
+    // stores, so each reader's own arrival orders its reads before them (a warp leader's
+    // arrival after __syncwarp does too, but racecheck cannot see that and reports hazards)
+    mbar_init(sm.bar_empty(s), Cfg::kConsumerWarpgroups * kWarpgroupThreads);
+  }
+}
+
+// Producer warps 0, 1 (tid < kLoadThreads): cp.async K and V once (bar_kv), then for each query
+// head of the GQA group and each query tile the transposed tables list, Q and dO by TMA from
+// one thread (cp.async from both warps where the driver refuses a map, or FAJIT_TMA=0) and LSE,
+// Δ by plain stores into a stage (full[s]), once the consumers have released it (empty[s]).
+// The consumers walk the same tiles in the same order (TileCursor over len_q).
+template <typename Cfg>
+__device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const FaBwdParams& p,
+                                                  const FaTmaPair& qdo, int b, int hkv, int kv0, int tid) {
+  using E = typename Cfg::Element;
+  constexpr int kBM = Cfg::kBlockM;
+  const int group = p.heads_q / p.heads_kv;
+  const int len_q = p.len_q, len_kv = p.len_kv;
+  load_tile_sw128<Cfg::kBlockN, typename Cfg::RowKPitch, Cfg::kLoadThreads>(
+      sm.k, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv), p.k_stride_n, kv0, len_kv, tid);
+  load_tile_sw128<Cfg::kBlockN, typename Cfg::RowV, Cfg::kLoadThreads>(
+      sm.v, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
+  mbar_arrive_cp_async(sm.bar_kv());
+  // (with the dQ writers' branch beside it ptxas spills 100-160 instructions in the producer's
+  // 24 registers)
+  StageRing<Cfg::kStages> ring;
+  for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+    const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
+    const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
+    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+    for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
+      const int q0 = cur.start;
+      mbar_wait(sm.bar_empty(ring.stage), ring.phase ^ 1u);
+      if (qdo.enabled) {  // Q and dO by TMA, boxes of 64 columns x BLOCK_M rows, one thread
+        if (tid == 0) {   // each arms the stage's barrier with its bytes (an arrival each)
+          tma_load_tile<kBM, typename Cfg::RowQK>(sm.q(ring.stage), &qdo.a, q0, hq, b,
+                                                  sm.bar_full(ring.stage));
+          tma_load_tile<kBM, typename Cfg::RowV>(sm.dout(ring.stage), &qdo.b, q0, hq, b,
+                                                 sm.bar_full(ring.stage));
+        }
+      } else {
+        load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sm.q(ring.stage), qg, p.q_stride_m, q0,
+                                                                     len_q, tid);
+        load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sm.dout(ring.stage), dog, p.do_stride_m,
+                                                                    q0, len_q, tid);
+        mbar_arrive_cp_async(sm.bar_full(ring.stage));
+      }
+      bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sm.lse(ring.stage), sm.delta(ring.stage), p, b, hq, q0,
+                                                   tid);
+      mbar_arrive(sm.bar_full(ring.stage));
+      ring.advance();
+    }
+  }
+  cp_async_wait_all();
+}
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
@@ -184,18 +340,13 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   constexpr int kTileBlock = kBN * kSw128RowBytes;  // one 64-column block of a 128-row tile
 
   extern __shared__ unsigned char smem_raw[];
-  const u32 sK = (smem_addr(smem_raw) + (kSwizzleAtomBytes - 1)) & ~u32(kSwizzleAtomBytes - 1);
-  const u32 sV = sK + Cfg::kSmemKBytes;
-  const u32 sStages = sV + Cfg::kSmemVBytes;
-  auto sQ = [&](int s) { return sStages + s * (Cfg::kSmemQBytes + Cfg::kSmemDoBytes); };
-  auto sDo = [&](int s) { return sQ(s) + Cfg::kSmemQBytes; };
-  const u32 sDs0 = sStages + kStages * (Cfg::kSmemQBytes + Cfg::kSmemDoBytes);
-  auto sDs = [&](int buf) { return sDs0 + buf * Cfg::kSmemDsBytes; };
-  auto sLse = [&](int s) { return sK + Cfg::kSmemRowsOffset + s * Cfg::kSmemRowsBytes; };
-  auto sDelta = [&](int s) { return sLse(s) + kBM * 4; };
-  const u32 bar_kv = sK + Cfg::kSmemBarOffset;
-  auto bar_full = [&](int s) { return bar_kv + kMbarBytes * (1 + s); };
-  auto bar_empty = [&](int s) { return bar_kv + kMbarBytes * (1 + kStages + s); };
+  const BwdSmem<Cfg> sm(smem_raw);
+  const u32 sK = sm.k, sV = sm.v;
+  auto sQ = [&](int s) { return sm.q(s); };
+  auto sDo = [&](int s) { return sm.dout(s); };
+  auto sDs = [&](int buf) { return sm.own() + buf * Cfg::kSmemDsBytes; };
+  auto sLse = [&](int s) { return sm.lse(s); };
+  auto sDelta = [&](int s) { return sm.delta(s); };
   auto sDqPart = [&](int cw) { return sK + Cfg::kSmemDqOffset + cw * Cfg::kSmemDqBytes; };
   // The rows and columns of dQ's tile that consumer warpgroup cw's m64 n kDqN part covers.
   auto dq_row0 = [](int cw) { return Cfg::kDqSplitRows ? 64 * cw : 0; };
@@ -208,17 +359,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const int group = p.heads_q / p.heads_kv;
   const int len_q = p.len_q, len_kv = p.len_kv;
 
-  if (tid == 0) {
-    mbar_init(bar_kv, Cfg::kLoadThreads);
-    for (int s = 0; s < kStages; ++s) {
-      // cp.async (or two expect_tx arrivals with TMA) + plain arrivals of the loader threads
-      mbar_init(bar_full(s), (qdo.enabled ? 2 : Cfg::kLoadThreads) + Cfg::kLoadThreads);
-      // every consumer thread arrives: the producer overwrites the stage's LSE/Δ rows with plain
-      // stores, so each reader's own arrival orders its reads before them (a warp leader's
-      // arrival after __syncwarp does too, but racecheck cannot see that and reports hazards)
-      mbar_init(bar_empty(s), 2 * kWG);
-    }
-  }
+  if (tid == 0) init_bwd_barriers(sm, qdo.enabled);
   __syncthreads();
 
   // Every role below walks, per query head hq, the query tiles that see this CTA's keys with a
@@ -272,39 +413,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       }
       return;
     }
-    load_tile_sw128<kBN, typename Cfg::RowKPitch, Cfg::kLoadThreads>(
-        sK, bwd::row_base<E>(p.k, p.k_stride_b, p.k_stride_h, b, hkv), p.k_stride_n, kv0, len_kv, tid);
-    load_tile_sw128<kBN, typename Cfg::RowV, Cfg::kLoadThreads>(
-        sV, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
-    mbar_arrive_cp_async(bar_kv);
-    // warps 0, 1: Q, dO, LSE and Δ of each query tile into the stages (with the writers'
-    // branch beside it ptxas spills 100-160 instructions in the producer's 24 registers)
-    StageRing<kStages> ring;
-    for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-      const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
-      const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
-      const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-      for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
-        const int q0 = cur.start;
-        mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-        if (qdo.enabled) {  // Q and dO by TMA, boxes of 64 columns x BLOCK_M rows, one thread
-          if (tid == 0) {   // each arms the stage's barrier with its bytes (an arrival each)
-            tma_load_tile<kBM, typename Cfg::RowQK>(sQ(ring.stage), &qdo.a, q0, hq, b, bar_full(ring.stage));
-            tma_load_tile<kBM, typename Cfg::RowV>(sDo(ring.stage), &qdo.b, q0, hq, b, bar_full(ring.stage));
-          }
-        } else {
-          load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sQ(ring.stage), qg, p.q_stride_m, q0,
-                                                                       len_q, tid);
-          load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sDo(ring.stage), dog, p.do_stride_m, q0,
-                                                                      len_q, tid);
-          mbar_arrive_cp_async(bar_full(ring.stage));
-        }
-        bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sLse(ring.stage), sDelta(ring.stage), p, b, hq, q0, tid);
-        mbar_arrive(bar_full(ring.stage));
-        ring.advance();
-      }
-    }
-    cp_async_wait_all();
+    produce_bwd_tiles(sm, p, qdo, b, hkv, kv0, tid);
     return;
   }
 
@@ -412,7 +521,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       named_barrier(kBarTileEnded + 2 * cw, kWG);
   };
 
-  mbar_wait(bar_kv, 0);
+  mbar_wait(sm.bar_kv(), 0);
   fence_proxy_async();
   if (cw == 1) named_barrier(kBarStagger, 2 * kWG);
   StageRing<kStages> ring;
@@ -425,7 +534,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       const bool is_full = cur.is_full(walk);
       const int buf = n_done & 1;
 
-      mbar_wait(bar_full(stage), ring.phase);
+      mbar_wait(sm.bar_full(stage), ring.phase);
       if (!qdo.enabled) fence_proxy_async();  // cp.async Q/dO; TMA's need only the mbarrier
       float s[kQT][4], dp[kQT][4];
       wgmma_fence();
@@ -486,7 +595,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       pin(dv);
       pin(pa);
       pin(da);
-      mbar_arrive(bar_empty(stage));
+      mbar_arrive(sm.bar_empty(stage));
       wgmma_wait<0>();
       pin(dq);
       if (mine) stage_dq(dq);
@@ -526,6 +635,293 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                                                                len_kv, wtid);
 }
 
+// ---- the wide-head dK/dV kernel (Sm90WideBwdConfig: a head dim above 128) --------------------
+// FlashAttention-3's layout for wide heads: the keys of a warpgroup are the N of every GEMM,
+// so that dK and dV of 32 keys x up to 256 columns each fit its registers.
+//   Warpgroup 0: the producer (produce_bwd_tiles, warps 0, 1).
+//   Warpgroups 1, 2 (consumers): keys kv0 + 32·cw .. + 31, per query tile (64 rows)
+//     S = Q·K_cwᵀ and dP = dO·V_cwᵀ        SS-wgmma m64n32, both issued at once
+//     P in registers                       (score_tile, prob: rows = queries), while dP runs
+//     Pᵀ -> shared memory (its 32 key rows), dVᵀ += dOᵀ·P   SS-wgmma m64n32 per 64-column block
+//     dS in registers                      (score_grad, buffer gradients), while dVᵀ runs
+//     dSᵀ -> shared memory (double-buffered), dKᵀ += Qᵀ·dS  SS-wgmma m64n32 per block
+//     dQ_part = dS·K of the PREVIOUS tile  SS-wgmma m64 n kDqN (both warpgroups' dSᵀ: named
+//                                          barriers by tile parity, as the kernel above), its
+//                                          columns from block cw·kDqBlocks, reduced into
+//                                          dq_accum by red.global.add.v2.f32 (no staging: the
+//                                          shared memory holds K, V and the stages)
+//     (the stage goes back to the producer once dVᵀ and dKᵀ are done)
+//   Epilogue: dK·scale and dV transposed into the K / V tiles, 16-byte stores.
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, const FaCaptures& cap,
+                                                          const FaGradBuffers& grads, const FaTmaPair& qdo) {
+  using E = typename Cfg::Element;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kKeys = Cfg::kKeysPerWarpgroup;
+  constexpr int kWG = kWarpgroupThreads;
+  constexpr int kNT = kKeys / 8;                 // n-tiles of S, dP, dKᵀ, dVᵀ
+  constexpr int kQBlock = kBM * kSw128RowBytes;  // one 64-column block of a Q / dO stage
+  constexpr int kKBlock = kBN * kSw128RowBytes;  // one 64-column block of K / V
+  constexpr int kStageBytes = Cfg::kSmemQBytes + Cfg::kSmemDoBytes;
+
+  extern __shared__ unsigned char smem_raw[];
+  const BwdSmem<Cfg> sm(smem_raw);
+  const u32 sP = sm.own();  // Pᵀ, [keys][queries] (Sw128Blocks<kBN>: one 128-byte row per key)
+  auto sDs = [&](int buf) { return sP + Cfg::kSmemPBytes + buf * Cfg::kSmemDsBytes; };
+
+  const int tid = threadIdx.x;
+  const int warpgroup = tid / kWG;
+  const KeyBlockCta cta(kBN, p.heads_kv);
+  const int kv0 = cta.kv0, b = cta.b, hkv = cta.hkv;
+  const int group = p.heads_q / p.heads_kv;
+  const int len_q = p.len_q, len_kv = p.len_kv;
+
+  if (tid == 0) init_bwd_barriers(sm, qdo.enabled);
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (tid < Cfg::kLoadThreads) produce_bwd_tiles(sm, p, qdo, b, hkv, kv0, tid);
+    return;
+  }
+
+  // ================= consumers: keys kv0 + 32·cw .. + 31 =========================================
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const int cw = warpgroup - 1;
+  const int wtid = tid - kWG * warpgroup;
+  const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int key0 = kv0 + cw * kKeys;  // this warpgroup's first key
+  const int row = warp * 16 + g;      // this thread's first query row of a tile (and row + 8)
+  const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
+
+  float dkt[Cfg::kBlocksQK][kNT][4], dvt[Cfg::kBlocksV][kNT][4];
+#pragma unroll
+  for (int mb = 0; mb < Cfg::kBlocksQK; ++mb)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dkt[mb][j][i] = 0.f;
+#pragma unroll
+  for (int mb = 0; mb < Cfg::kBlocksV; ++mb)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dvt[mb][j][i] = 0.f;
+
+  // Operand descriptors. Q, dO (a stage) as K-major A of S, dP and as MN-major A (Qᵀ, dOᵀ, one
+  // 64-column block = one m64) of dKᵀ, dVᵀ; this warpgroup's K, V rows as K-major B of S, dP;
+  // its Pᵀ, dSᵀ rows as K-major B of dVᵀ, dKᵀ; dSᵀ (all 64 keys) as MN-major A and K as MN-major
+  // B of dQ = dS·K.
+  const u64 dq_a = desc_sw128(sm.q(0), 16, kSwizzleAtomBytes);
+  const u64 ddo_a = desc_sw128(sm.dout(0), 16, kSwizzleAtomBytes);
+  const u64 dq_at = desc_sw128(sm.q(0), kQBlock, kSwizzleAtomBytes);
+  const u64 ddo_at = desc_sw128(sm.dout(0), kQBlock, kSwizzleAtomBytes);
+  const u64 dk_b = desc_sw128(sm.k + cw * kKeys * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  const u64 dv_b = desc_sw128(sm.v + cw * kKeys * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  const u64 dp_b = desc_sw128(sP + cw * kKeys * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  const u64 dds_b = desc_sw128(sDs(0) + cw * kKeys * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  const u64 dds_at = desc_sw128(sDs(0), kKBlock, kSwizzleAtomBytes);
+  const u64 dkk_bt = desc_sw128(sm.k + cw * Cfg::kDqBlocks * kKBlock, kKBlock, kSwizzleAtomBytes);
+
+  // S = Q·K_cwᵀ and dP = dO·V_cwᵀ: two commit groups.
+  auto issue_s_dp = [&](float(&s)[kNT][4], float(&dp)[kNT][4], int stage) {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKQ; ++kk)
+      wgmma_ss<E, kKeys>(s, desc_advance(dq_a, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)),
+                         desc_advance(dk_b, kmajor_kstep_offset<kBN>(kk)), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKV; ++kk)
+      wgmma_ss<E, kKeys>(dp, desc_advance(ddo_a, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)),
+                         desc_advance(dv_b, kmajor_kstep_offset<kBN>(kk)), kk > 0);
+    wgmma_commit();
+  };
+  // accᵀ[block] += Xᵀ·B over the tile's 64 queries (X = dO or Q of the stage, B = Pᵀ or dSᵀ rows
+  // of this warpgroup's keys): one commit group.
+  auto issue_transposed = [&](auto& acc, u64 x_at, u64 b_desc, int stage) {
+    constexpr int kBlocks = sizeof(acc) / sizeof(acc[0]);
+#pragma unroll
+    for (int mb = 0; mb < kBlocks; ++mb)
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk)
+        wgmma_ss_amn<E, kKeys>(
+            acc[mb], desc_advance(x_at, stage * kStageBytes + mb * kQBlock + mnmajor_kstep_offset(kk)),
+            desc_advance(b_desc, kmajor_kstep_offset<kBN>(kk)), 1);
+    wgmma_commit();
+  };
+  // This warpgroup's m64 n kDqN part of dQ = dS·K from dSᵀ buffer `buf`: one commit group.
+  auto issue_dq = [&](float(&dq)[Cfg::kDqN / 8][4], int buf) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_ss_mn<E, Cfg::kDqN>(dq, desc_advance(dds_at, buf * Cfg::kSmemDsBytes + mnmajor_kstep_offset(kk)),
+                                desc_advance(dkk_bt, mnmajor_kstep_offset(kk)), kk > 0);
+    wgmma_commit();
+  };
+  // The part into dq_accum rows q0.. of query head hq (columns past DQK and rows past len_q
+  // dropped).
+  auto reduce_dq = [&](const float(&dq)[Cfg::kDqN / 8][4], int hq, int q0) {
+    float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = q0 + row + 8 * hh;
+      if (q >= len_q) continue;
+#pragma unroll
+      for (int j = 0; j < Cfg::kDqN / 8; ++j) {
+        const int col = cw * Cfg::kDqN + 8 * j + 2 * t;
+        if (col < Cfg::kHeadDimQK)
+          red_add_v2_f32(dqa + (long long)q * Cfg::kHeadDimQK + col, dq[j][2 * hh], dq[j][2 * hh + 1]);
+      }
+    }
+  };
+  // Waits until the other consumer warpgroup has ended its n-th tile (its dSᵀ staged, its dQ
+  // read of the buffer before done).
+  auto wait_tile_ended = [&](int n) { named_barrier(kBarTileEnded + 2 * (1 - cw) + (n & 1), 2 * kWG); };
+
+  mbar_wait(sm.bar_kv(), 0);
+  fence_proxy_async();
+  if (cw == 1) named_barrier(kBarStagger, 2 * kWG);
+  StageRing<Cfg::kStages> ring;
+  int n_done = 0;                // query tiles done: picks the dSᵀ buffer and the tile-end barrier
+  int prev_hq = 0, prev_q0 = 0;  // the tile whose dQ part is computed one tile late
+  for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+    for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); ++n_done) {
+      const int stage = ring.stage;
+      const int q0 = cur.start;
+      const bool is_full = cur.is_full(walk);
+      const int buf = n_done & 1;
+
+      mbar_wait(sm.bar_full(stage), ring.phase);
+      if (!qdo.enabled) fence_proxy_async();  // cp.async Q/dO; TMA's need only the mbarrier
+      float s[kNT][4], dp[kNT][4];
+      wgmma_fence();
+      issue_s_dp(s, dp, stage);
+      cur.next(walk, len_q);  // the next tile's block index loads while S and dP run
+
+      // ---- P from S while dP is still on the tensor cores (rows = queries)
+      int q_idx[2];
+      float lse[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int q = q0 + row + 8 * hh;
+        q_idx[hh] = q < len_q ? q : len_q - 1;
+        lse[hh] = ld_shared_f32(sm.lse(stage) + (row + 8 * hh) * 4);
+      }
+      wgmma_wait<1>();
+      pin(s);
+      float sc[Mods::kScoreGrad ? kNT : 1][4];
+      if constexpr (Mods::kScoreGrad) {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sc[j][i] = s[j][i] * p.scale;
+      }
+      score_tile<Mods, kKeys>(s, q_idx, key0, t, len_kv, is_full, p.scale, b, hq, cap);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[j][i] = bwd::prob(s[j][i], sn, lse[i >> 1]);
+
+      // ---- Pᵀ to shared memory (this warpgroup's rows; its dVᵀ of the last tile is done), then
+      // dVᵀ += dOᵀ·P queued behind dP
+      stage_transposed<E, Sw128Blocks<kBN>>(sP, s, 1.f, row, cw * kKeys, t);
+      fence_proxy_async();
+      named_barrier(kBarWideStaged + cw, kWG);
+      wgmma_fence();
+      issue_transposed(dvt, ddo_at, dp_b, stage);
+
+      // ---- dS from dP while dVᵀ runs
+      wgmma_wait<1>();
+      pin(dp);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float delta = ld_shared_f32(sm.delta(stage) + (row + 8 * hh) * 4);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int i = 2 * hh; i < 2 * hh + 2; ++i) {
+            const float dt = s[j][i] * (dp[j][i] - delta);
+            float ds = 0.f;  // only where P != 0 (masked, out of range, underflowed: none)
+            if (s[j][i] != 0.f) {
+              ds = dt;
+              if constexpr (Mods::kScoreGrad) {
+                const int kv = key0 + 8 * j + 2 * t + (i & 1);
+                ds = Mods::score_grad(sc[j][i], b, hq, q_idx[hh], kv < len_kv ? kv : len_kv - 1, dt, cap,
+                                      grads);
+              }
+            }
+            dp[j][i] = ds;
+          }
+      }
+
+      // ---- dSᵀ to shared memory (this tile's buffer held dSᵀ of tile n - 2, which the other
+      // warpgroup's dQ read in tile n - 1), dKᵀ += Qᵀ·dS, then this warpgroup's part of the
+      // previous tile's dQ = dS·K (deterministic: dQ is backward.cuh's dq_det kernel's)
+      if (!Cfg::kDeterministic && n_done > 0) wait_tile_ended(n_done - 1);
+      stage_transposed<E, Sw128Blocks<kBN>>(sDs(buf), dp, 1.f, row, cw * kKeys, t);
+      fence_proxy_async();
+      named_barrier(kBarWideStaged + cw, kWG);
+      wgmma_fence();
+      issue_transposed(dkt, dq_at, desc_advance(dds_b, buf * Cfg::kSmemDsBytes), stage);
+      if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);
+      float dq[Cfg::kDqN / 8][4];
+      if constexpr (!Cfg::kDeterministic) issue_dq(dq, buf ^ 1);  // (the first tile's: unused)
+      wgmma_wait<Cfg::kDeterministic ? 0 : 1>();
+      pin(dkt);
+      pin(dvt);
+      mbar_arrive(sm.bar_empty(stage));  // dVᵀ, dKᵀ done: the stage goes back to the producer
+      if constexpr (!Cfg::kDeterministic) {
+        wgmma_wait<0>();
+        pin(dq);
+        if (n_done > 0) reduce_dq(dq, prev_hq, prev_q0);
+        named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
+      }
+      prev_hq = hq;
+      prev_q0 = q0;
+      ring.advance();
+    }
+  }
+  if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);  // no tiles at all
+  if constexpr (!Cfg::kDeterministic) {                                    // the last tile's dQ part
+    if (n_done > 0) {
+      wait_tile_ended(n_done - 1);
+      float dq[Cfg::kDqN / 8][4];
+      wgmma_fence();
+      issue_dq(dq, (n_done - 1) & 1);
+      wgmma_wait<0>();
+      pin(dq);
+      reduce_dq(dq, prev_hq, prev_q0);
+    }
+  }
+
+  // ---- epilogue: dK·scale and dV, transposed into the K / V tiles once both warpgroups are
+  // done with them, 16-byte stores of this warpgroup's rows (rows past len_kv are not written).
+  named_barrier(kBarDkdvDone, 2 * kWG);
+#pragma unroll
+  for (int mb = 0; mb < Cfg::kBlocksQK; ++mb)
+    stage_transposed<E, Sw128Blocks<kBN>>(sm.k, dkt[mb], p.scale, 64 * mb + row, cw * kKeys, t);
+#pragma unroll
+  for (int mb = 0; mb < Cfg::kBlocksV; ++mb)
+    stage_transposed<E, Sw128Blocks<kBN>>(sm.v, dvt[mb], 1.f, 64 * mb + row, cw * kKeys, t);
+  named_barrier(kBarStaged + cw, kWG);
+  E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
+  E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
+  store_rows<kKeys, Cfg::RowQK::kChunks, kWG, Sw128Blocks<kBN>>(dkg, p.dk_stride_n, sm.k, cw * kKeys, kv0,
+                                                                len_kv, wtid);
+  store_rows<kKeys, Cfg::RowV::kChunks, kWG, Sw128Blocks<kBN>>(dvg, p.dv_stride_n, sm.v, cw * kKeys, kv0,
+                                                               len_kv, wtid);
+}
+
+// The dK/dV kernel a config names.
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void backward_dkdv(const FaBwdParams& p, const FaCaptures& cap,
+                                              const FaGradBuffers& grads, const FaTmaMap& dq_map,
+                                              const FaTmaPair& qdo) {
+  if constexpr (Cfg::kWide)
+    backward_dkdv_wide_kernel<Cfg, Mods>(p, cap, grads, qdo);
+  else
+    backward_dkdv_kernel<Cfg, Mods>(p, cap, grads, dq_map, qdo);
+}
+
 }  // namespace sm90
 }  // namespace fa
 
@@ -538,7 +934,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                       \
       name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads,                   \
                   const __grid_constant__ FaTmaMap dq_map, const __grid_constant__ FaTmaPair qdo) {       \
-    fa::sm90::backward_dkdv_kernel<Config, Mods>(p, cap, grads, dq_map, qdo);                             \
+    fa::sm90::backward_dkdv<Config, Mods>(p, cap, grads, dq_map, qdo);                                    \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {      \
     fa::backward_dq_kernel<typename Config::Aux>(p);                                                      \

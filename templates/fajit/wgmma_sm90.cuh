@@ -159,6 +159,11 @@ __device__ __forceinline__ void pin(float (&r)[A][B]) {
 #pragma unroll
     for (int j = 0; j < B; ++j) pin(r[i][j]);
 }
+template <int A, int B, int C>
+__device__ __forceinline__ void pin(float (&r)[A][B][C]) {
+#pragma unroll
+  for (int i = 0; i < A; ++i) pin(r[i]);
+}
 template <int A, int B>
 __device__ __forceinline__ void pin(u32 (&r)[A][B]) {
 #pragma unroll
@@ -170,6 +175,7 @@ __device__ __forceinline__ void pin(u32 (&r)[A][B]) {
 // ---- wgmma.mma_async m64nNk16, fp32 accumulate (scale_d = 0: D = A·B, else D += A·B) -------
 //   wgmma_ss<E, N>(d, desc_a, desc_b, scale_d)  A and B K-major in shared memory
 //   wgmma_ss_mn<E, N>(...)                        A and B MN-major in shared memory
+//   wgmma_ss_amn<E, N>(...)                       A MN-major, B K-major
 //   wgmma_rs<E, N>(d, a, desc_b, scale_d)       A in registers, B MN-major (imm-trans-b = 1)
 // Each (E, N) is one asm statement whose first N/2 operands are the accumulators ("+f",
 // d[kJ0 + j][i] in order: columns 8·kJ0 .. 8·kJ0 + N - 1 of an accumulator of kNd n-tiles);
@@ -214,31 +220,31 @@ struct Tag {};
 
 // A, B from shared memory: operands ACC..., a = %IA, b = %IB, scale_d = %IS, and the
 // transpose immediates (0: K-major, 1: MN-major) of A = %ITA and B = %ITB.
-#define FA_WGMMA_SS(E, PTX_T, N, ACC, REGS, IA, IB, IS, ITA, ITB)                                       \
-  template <int kTransA, int kTransB, int kJ0, int kNd>                                                 \
-  __device__ __forceinline__ void wgmma_ss(Tag<E, N>, float(&d)[kNd][4], u64 a, u64 b, int scale_d) {   \
-    static_assert(kJ0 >= 0 && kJ0 + N / 8 <= kNd, "accumulator columns out of range");                 \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                               \
-                 ", 0;\n"                                                                               \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS             \
-                 ", "                                                                                   \
-                 "%" #IA ", %" #IB ", p, 1, 1, %" #ITA ", %" #ITB ";\n}\n"                              \
-                 : ACC                                                                                  \
-                 : "l"(a), "l"(b), "r"(scale_d), "n"(kTransA), "n"(kTransB));                           \
+#define FA_WGMMA_SS(E, PTX_T, N, ACC, REGS, IA, IB, IS, ITA, ITB)                                     \
+  template <int kTransA, int kTransB, int kJ0, int kNd>                                               \
+  __device__ __forceinline__ void wgmma_ss(Tag<E, N>, float(&d)[kNd][4], u64 a, u64 b, int scale_d) { \
+    static_assert(kJ0 >= 0 && kJ0 + N / 8 <= kNd, "accumulator columns out of range");                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                             \
+                 ", 0;\n"                                                                             \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS           \
+                 ", "                                                                                 \
+                 "%" #IA ", %" #IB ", p, 1, 1, %" #ITA ", %" #ITB ";\n}\n"                            \
+                 : ACC                                                                                \
+                 : "l"(a), "l"(b), "r"(scale_d), "n"(kTransA), "n"(kTransB));                         \
   }
 // A from registers: operands ACC..., a[0..3] = %A0..%A3, b = %IB, scale_d = %IS.
-#define FA_WGMMA_RS(E, PTX_T, N, ACC, REGS, A0, A1, A2, A3, IB, IS)                                 \
-  template <int kJ0, int kNd>                                                                       \
-  __device__ __forceinline__ void wgmma_rs(Tag<E, N>, float(&d)[kNd][4], const u32(&a)[4], u64 b,   \
-                                           int scale_d) {                                           \
-    static_assert(kJ0 >= 0 && kJ0 + N / 8 <= kNd, "accumulator columns out of range");             \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                           \
-                 ", 0;\n"                                                                           \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS         \
-                 ", "                                                                               \
-                 "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, 1;\n}\n"             \
-                 : ACC                                                                              \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));               \
+#define FA_WGMMA_RS(E, PTX_T, N, ACC, REGS, A0, A1, A2, A3, IB, IS)                               \
+  template <int kJ0, int kNd>                                                                     \
+  __device__ __forceinline__ void wgmma_rs(Tag<E, N>, float(&d)[kNd][4], const u32(&a)[4], u64 b, \
+                                           int scale_d) {                                         \
+    static_assert(kJ0 >= 0 && kJ0 + N / 8 <= kNd, "accumulator columns out of range");            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS                                         \
+                 ", 0;\n"                                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_T "." PTX_T " " REGS       \
+                 ", "                                                                             \
+                 "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, 1;\n}\n"           \
+                 : ACC                                                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));             \
   }
 
 FA_WGMMA_SS(f16_t, "f16", 32, FA_ACC_N32, FA_REGS_N32, 16, 17, 18, 19, 20)
@@ -297,6 +303,12 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], u64 a, u64 b, int
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_ss_mn(float (&d)[N / 8][4], u64 a, u64 b, int scale_d) {
   wgmma_ss<1, 1, 0, N / 8>(Tag<E, N>(), d, a, b, scale_d);
+}
+// A MN-major, B K-major (A stored [k][m], B stored [n][k]): the wide-head backward's
+// dVᵀ = dOᵀ·P and dKᵀ = Qᵀ·dS, with dO / Q as stored and Pᵀ / dSᵀ staged [keys][queries].
+template <typename E, int N>
+__device__ __forceinline__ void wgmma_ss_amn(float (&d)[N / 8][4], u64 a, u64 b, int scale_d) {
+  wgmma_ss<1, 0, 0, N / 8>(Tag<E, N>(), d, a, b, scale_d);
 }
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 b, int scale_d) {

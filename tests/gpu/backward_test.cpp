@@ -32,7 +32,7 @@ struct BwdCase {
   bool noncontig = false;      // inputs and gradients as slices of [B, L, Hq + 2 Hkv, D] buffers
   float scale = 0.0f;          // 0: default 1/sqrt(dqk)
   bool deterministic = false;  // BackwardOptions::deterministic: also bit-identical over two runs
-  // kAuto: the backward the host picks (wgmma on sm_90a when both head dims are <= 128); kMmaSync: forced
+  // kAuto: the backward the host picks (wgmma on sm_90a); kMmaSync: forced
   // (fa::Options::family, which the backward follows).
   fa::KernelFamily family = fa::KernelFamily::kAuto;
   bool row_reductions = false;    // FAJIT_TMA=0: the Hopper dK/dV kernel reduces dQ row by row
@@ -174,6 +174,16 @@ const std::vector<BwdCase>& cases() {
       with({"alibi_slopes", bf16, 192, 128, 1, 4, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
       with({"causal", f16, 256, 256, 2, 2, 1, 17, 1000}, "noncontig", [](BwdCase& c) { c.noncontig = true; }),
+      // The wide-head Hopper kernel (a head dim above 128): 64-key CTAs, dK / dV transposed; at
+      // 160 the dQ blocks past the pitch, at 64/256 one QK block (warpgroup 1's dQ part all past
+      // DQK), 256/128 and 128/256 blocks of their own, zero-tile CTAs (Lq 17), GQA 8.
+      {"causal", f16, 160, 160, 1, 4, 2, 1000, 1000},
+      {"sliding", bf16, 64, 256, 1, 4, 2, 1000, 1000, 200},
+      {"alibi_slopes", bf16, 256, 128, 1, 8, 1, 1000, 1000},
+      {"document_softcap", f16, 128, 256, 1, 4, 4, 17, 1000},
+      with({"relative_bias", bf16, 256, 256, 1, 2, 1, 1000, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      with({"prefix_lm", bf16, 144, 144, 2, 2, 2, 1000, 700, 300}, "dlse", [](BwdCase& c) { c.dlse = true; }),
   };
   return all;
 }
@@ -263,8 +273,7 @@ TEST_P(BackwardTest, MatchesReference) {
   opt.dtype = c.dtype, opt.head_dim_qk = c.dqk, opt.head_dim_v = c.dv;
   opt.family = c.family;
   const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opt);
-  const bool want_wgmma =
-      c.family != fa::KernelFamily::kMmaSync && kernel.spec().arch == "sm_90a" && c.dqk <= 128 && c.dv <= 128;
+  const bool want_wgmma = c.family != fa::KernelFamily::kMmaSync && kernel.spec().arch == "sm_90a";
   EXPECT_EQ(kernel.backward_spec().family, want_wgmma ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync)
       << kernel.backward_spec().to_string();
 
@@ -428,15 +437,14 @@ TEST_P(BackwardTest, MatchesReference) {
   EXPECT_LT(sv.rel, tol) << "dv " << sv.first_bad;
 }
 
-// Every case with the backward the host picks (on an H100/H200: the wgmma kernel wherever
-// both head dims <= 128) and again with the mma.sync kernel forced (where that differs).
+// Every case with the backward the host picks (on an H100/H200: the wgmma kernel) and again
+// with the mma.sync kernel forced.
 std::vector<BwdCase> mma_cases() {
   std::vector<BwdCase> v;
-  for (BwdCase c : cases())
-    if (c.dqk <= 128 && c.dv <= 128) {
-      c.family = fa::KernelFamily::kMmaSync;
-      v.push_back(c);
-    }
+  for (BwdCase c : cases()) {
+    c.family = fa::KernelFamily::kMmaSync;
+    v.push_back(c);
+  }
   return v;
 }
 

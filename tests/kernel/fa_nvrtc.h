@@ -72,11 +72,12 @@ inline std::string backward_source(const std::string& mods, const std::string& e
 
 // The Hopper backward (backward_sm90.cuh): config = "D, BLOCK_M, STAGES, DETERMINISTIC".
 inline std::string backward_sm90_source(const std::string& mods, const std::string& element,
-                                        const std::string& config) {
+                                        const std::string& config,
+                                        const std::string& config_template = "Sm90BwdConfig") {
   std::ostringstream s;
   s << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n"
     << mods << "\n#include \"fajit/backward_sm90.cuh\"\n"
-    << "using FaBwdCfg = fa::Sm90BwdConfig<fa::" << element << ", " << config
+    << "using FaBwdCfg = fa::" << config_template << "<fa::" << element << ", " << config
     << ">;\nFAJIT_DEFINE_BACKWARD_SM90(fajit_bwd, FaBwdCfg, FaMods)\n";
   return s.str();
 }

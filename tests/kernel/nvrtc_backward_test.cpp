@@ -65,13 +65,15 @@ int main() {
     auto compile_sm90 = [&](const char* elem, int dqk, int dv, int mods) {
       const fa::TileConfig t =
           fa::default_tile(dqk, dv, mods == 3, fa::KernelFamily::kWgmma, fa::KernelKind::kBackward);
+      // 64-key tiles: the wide-head kernel (Sm90WideBwdConfig, no BLOCK_M parameter)
+      const bool wide = t.block_n == 64;
       const std::string cfg = std::to_string(dqk) + ", " + std::to_string(dv) + ", " +
-                              std::to_string(t.block_m) + ", " + std::to_string(t.stages) + ", " +
-                              (mods == 2 ? "true" : "false");
-      fa_test::Compiled c =
-          fa_test::compile(fa_test::backward_sm90_source(
-                               mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem, cfg),
-                           "sm_90a", true, "fajit_bwd_dkdv");
+                              (wide ? "" : std::to_string(t.block_m) + ", ") + std::to_string(t.stages) +
+                              ", " + (mods == 2 ? "true" : "false");
+      fa_test::Compiled c = fa_test::compile(
+          fa_test::backward_sm90_source(mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), elem, cfg,
+                                        wide ? "Sm90WideBwdConfig" : "Sm90BwdConfig"),
+          "sm_90a", true, "fajit_bwd_dkdv");
       ++count;
       if (c.cubin.empty()) ++failures;
       const char* what[] = {"noop", "alibi+cau", "alibi+det", "alibi+m64"};
@@ -97,6 +99,15 @@ int main() {
                            {80, 48}})
       for (int mods : {0, 3, 2})
         if (mods != 2 || dqk == 96) compile_sm90("bf16_t", dqk, dv, mods);
+    // Above 128 the wide-head kernel: 256 (2 stages) at both dtypes and every mods kind; 136 and
+    // 160 (dQ blocks past the pitch), 192 (3 stages), QK != V (192/128, 256/128, 64/256 with one
+    // QK block, 200/72), noop and alibi+causal, 192 deterministic too.
+    for (const char* elem : {"f16_t", "bf16_t"})
+      for (int mods = 0; mods < 4; ++mods) compile_sm90(elem, 256, 256, mods);
+    for (auto [dqk, dv] :
+         {std::pair{136, 136}, {160, 160}, {192, 192}, {192, 128}, {256, 128}, {64, 256}, {200, 72}})
+      for (int mods : {0, 1, 2})
+        if (mods != 2 || dqk == 192) compile_sm90("bf16_t", dqk, dv, mods);
     try {
       fa_test::compile(fa_test::backward_source(fa_test::mods_noop(), "bf16_t", 128, 128, "128, 4"), "sm_80",
                        false, "fajit_bwd_dkdv");

@@ -41,10 +41,10 @@ TEST(BackwardApi, GeneratesAndCompilesTheBackwardKernels) {
   EXPECT_EQ(k.spec().kind, fa::KernelKind::kForward);
 }
 
-// Which backward: the Hopper (wgmma) kernel on sm_90a for head dims up to 128, with the tile
-// default_tile gives it (block_m 64 above 64 or with a score_mod, 128 up to 64 / 64 without one);
-// the mma.sync kernel on other archs, for wider heads, and when the forward is mma.sync.
-// Above a QK head dim of 192 the deterministic kernels even when not asked for.
+// Which backward: the Hopper (wgmma) kernel on sm_90a, with the tile default_tile gives it
+// (block_m 64 above 64 or with a score_mod, 128 up to 64 / 64 without one; 64 x 64 above 128);
+// the mma.sync kernel on other archs and when the forward is mma.sync, there above a QK head
+// dim of 192 the deterministic kernels even when not asked for.
 TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
   struct Want {
     int dqk, dv;
@@ -61,10 +61,13 @@ TEST(BackwardApi, PicksTheHopperKernelWhereItApplies) {
            {64, 64, false, "sm_90a", kMma, "backward bf16 qk64 v64 mma tile64x64w4s2 sm_90a"},
            {128, 128, false, "sm_80", kAuto, "backward bf16 qk128 v128 mma tile64x128w8s2 sm_80"},
            {64, 128, false, "sm_90a", kAuto, "backward bf16 qk64 v128 wgmma tile64x128w12s3 sm_90a"},
-           {192, 128, false, "sm_90a", kAuto, "backward bf16 qk192 v128 mma tile64x128w8s2 sm_90a"},
-           // above QK 192 the deterministic kernels, measured faster (bwd_prefers_separate_dq)
-           {192, 192, false, "sm_90a", kAuto, "backward bf16 qk192 v192 mma tile64x128w8s2 sm_90a"},
-           {256, 256, false, "sm_90a", kAuto, "backward bf16 qk256 v256 mma tile64x64w4s2 sm_90a deterministic"},
+           // above 128 the wide-head Hopper kernel
+           {192, 128, false, "sm_90a", kAuto, "backward bf16 qk192 v128 wgmma tile64x64w12s3 sm_90a"},
+           {256, 256, true, "sm_90a", kAuto, "backward bf16 qk256 v256 wgmma tile64x64w12s2 sm_90a"},
+           {192, 192, false, "sm_90a", kMma, "backward bf16 qk192 v192 mma tile64x128w8s2 sm_90a"},
+           // mma.sync above QK 192: the deterministic kernels, measured faster (bwd_prefers_separate_dq)
+           {256, 256, false, "sm_90a", kMma,
+            "backward bf16 qk256 v256 mma tile64x64w4s2 sm_90a deterministic"},
        }) {
     fa::Options o = opts(w.dqk, w.dv);
     o.arch = w.arch, o.family = w.forward;

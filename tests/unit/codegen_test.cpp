@@ -277,8 +277,7 @@ TEST(Codegen, DefaultTiles) {
 
 // Head dims other than 64 / 128: the mma.sync kernels and the wgmma forward take every multiple
 // of 8 from 32 to 256 (the wgmma forward with BLOCK_N 64 above V 128, fewer stages where shared
-// memory needs it; the wgmma backward takes head dims up to 128 and refuses wider ones, naming
-// the limit);
+// memory needs it; the wgmma backward takes them too, above 128 with its wide-head config);
 // shared rows are padded to 64 elements and tiles shrink until the arch's shared memory holds them.
 TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(fa::head_dim_mma(40), 48);
@@ -341,13 +340,7 @@ TEST(Codegen, EveryHeadDimResolves) {
   w.kind = fa::KernelKind::kBackward;
   w.head_dim_qk = 64;
   w.head_dim_v = 136;
-  EXPECT_EQ(error_of([&] { w.resolved(); }),
-            "the wgmma backward kernel takes head dims up to 128, got head_dim_qk=64 head_dim_v=136; the "
-            "mma.sync kernel takes them (leave the family on auto)");
-  w.head_dim_qk = w.head_dim_v = 136;
-  EXPECT_EQ(error_of([&] { w.resolved(); }),
-            "the wgmma backward kernel takes head dims up to 128, got head_dim_qk=136 head_dim_v=136; the "
-            "mma.sync kernel takes them (leave the family on auto)");
+  EXPECT_EQ(w.resolved().to_string(), "backward bf16 qk64 v136 wgmma tile64x64w12s3 sm_90a");
   // Head dims up to 128 take the Hopper backward: BLOCK_M 128 up to 64 / 64 without a score_mod,
   // else 64; rows of whole 64-column blocks, so 80 and 96 size their stages as 128 does.
   auto hopper_bwd = [](int d, bool score_mod, int dv = 0) {
@@ -359,7 +352,11 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(hopper_bwd(40, true), "backward bf16 qk40 v40 wgmma tile64x128w12s2 sm_90a");
   EXPECT_EQ(hopper_bwd(72, false), "backward bf16 qk72 v72 wgmma tile64x128w12s3 sm_90a");
   EXPECT_EQ(hopper_bwd(96, true), "backward bf16 qk96 v96 wgmma tile64x128w12s3 sm_90a");
-  EXPECT_EQ(hopper_bwd(136, false), "backward bf16 qk136 v136 mma tile64x64w4s2 sm_90a");
+  // Above 128 the wide-head kernel: 64 x 64, 3 stages up to 192 / 192 (shared memory), else 2.
+  EXPECT_EQ(hopper_bwd(136, false), "backward bf16 qk136 v136 wgmma tile64x64w12s3 sm_90a");
+  EXPECT_EQ(hopper_bwd(192, true), "backward bf16 qk192 v192 wgmma tile64x64w12s3 sm_90a");
+  EXPECT_EQ(hopper_bwd(256, true), "backward bf16 qk256 v256 wgmma tile64x64w12s2 sm_90a");
+  EXPECT_EQ(hopper_bwd(256, false, 128), "backward bf16 qk256 v128 wgmma tile64x64w12s3 sm_90a");
   EXPECT_EQ(hopper_bwd(64, false, 128), "backward bf16 qk64 v128 wgmma tile64x128w12s3 sm_90a");
   EXPECT_EQ(hopper_bwd(48, false, 32), "backward bf16 qk48 v32 wgmma tile128x128w12s2 sm_90a");
 
@@ -406,12 +403,13 @@ TEST(Codegen, EveryHeadDimResolves) {
   EXPECT_EQ(bwd(136, 112).to_string(), "backward bf16 qk136 v112 mma tile64x64w4s2 sm_80");
   EXPECT_EQ(bwd(96, 96, "sm_90a").family, fa::KernelFamily::kWgmma);
   EXPECT_EQ(bwd(96, 64, "sm_90a").family, fa::KernelFamily::kWgmma);
-  EXPECT_EQ(bwd(96, 136, "sm_90a").family, fa::KernelFamily::kMmaSync);
+  EXPECT_EQ(bwd(96, 136, "sm_90a").family, fa::KernelFamily::kWgmma);
   EXPECT_EQ(bwd(128, 128, "sm_90a").family, fa::KernelFamily::kWgmma);
   // Above 256 columns the dK/dV grid has a dV part and a dK part (bwd_dkdv_parts).
   EXPECT_EQ(bwd(192, 128).to_string(), "backward bf16 qk192 v128 mma tile64x64w4s2 sm_80");
-  EXPECT_EQ(bwd(192, 128, "sm_90a").to_string(), "backward bf16 qk192 v128 mma tile64x128w8s2 sm_90a");
-  EXPECT_EQ(bwd(256, 256, "sm_90a").to_string(), "backward bf16 qk256 v256 mma tile64x64w4s2 sm_90a");
+  EXPECT_EQ(bwd(192, 128, "sm_90a").to_string(), "backward bf16 qk192 v128 wgmma tile64x64w12s3 sm_90a");
+  EXPECT_EQ(bwd(256, 256, "sm_90a").to_string(), "backward bf16 qk256 v256 wgmma tile64x64w12s2 sm_90a");
+  EXPECT_EQ(fa::bwd_dkdv_parts(bwd(256, 256, "sm_90a")), 1);
   EXPECT_EQ(fa::bwd_dkdv_parts(bwd(192, 128)), 2);
   EXPECT_EQ(fa::bwd_dkdv_parts(bwd(136, 112)), 1);
   EXPECT_EQ(fa::bwd_dkdv_parts(bwd(128, 128, "sm_90a")), 1);

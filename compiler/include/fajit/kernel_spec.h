@@ -94,9 +94,9 @@ struct CaptureSlot {
 // Head dims: any multiple of 8 from kMinHeadDim to kMaxHeadDim. The mma.sync kernels compute in
 // 16-column steps (head_dim_mma: an odd multiple of 8 computes one zero chunk more) and keep
 // shared rows in 64-element swizzle groups (head_dim_pitch: 80 -> 128); the wgmma forward takes
-// every head dim, the wgmma backward those up to 128 (each), and kAuto falls back to mma.sync for
-// the rest. The
-// mma.sync backward splits its dK/dV grid above 256 columns (detail/codegen.h bwd_dkdv_parts).
+// every head dim, and so does the wgmma backward (up to 128 each with 128 keys per CTA, above
+// that the wide-head kernel: detail/codegen.h sm90_backward_wide). The mma.sync backward splits its dK/dV
+// grid above 256 columns (detail/codegen.h bwd_dkdv_parts).
 constexpr int kMinHeadDim = 32, kMaxHeadDim = 256;
 FA_API int head_dim_mma(int head_dim);
 FA_API int head_dim_pitch(int head_dim);

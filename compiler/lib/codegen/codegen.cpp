@@ -429,9 +429,13 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
     const char* det = g.spec.deterministic ? "true" : "false";
     if (g.spec.family == KernelFamily::kWgmma) {
       os << "#include \"fajit/backward_sm90.cuh\"\n";
-      os << fmt::format("using FaBwdCfg = fa::Sm90BwdConfig<{}, {}, {}, {}, {}, {}>;\n",
-                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m,
-                        t.stages, det);
+      if (sm90_backward_wide(g.spec.head_dim_qk, g.spec.head_dim_v))
+        os << fmt::format("using FaBwdCfg = fa::Sm90WideBwdConfig<{}, {}, {}, {}, {}>;\n",
+                          element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.stages, det);
+      else
+        os << fmt::format("using FaBwdCfg = fa::Sm90BwdConfig<{}, {}, {}, {}, {}, {}>;\n",
+                          element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m,
+                          t.stages, det);
       os << "FAJIT_DEFINE_BACKWARD_SM90(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
     } else {
       os << "#include \"fajit/backward.cuh\"\n";

@@ -15,14 +15,6 @@ namespace {
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-// The forward (forward_sm90.cuh) takes every head dim resolved() accepts (rows padded to
-// 64-column swizzle blocks). The backward (backward_sm90.cuh) keeps dK and dV of 64 keys per
-// warpgroup in registers: head dims up to 128 each; wider heads take mma.sync.
-constexpr int kWgmmaBackwardMaxDim = 128;
-bool wgmma_takes(int dqk, int dv, KernelKind kind) {
-  return kind != KernelKind::kBackward || (dqk <= kWgmmaBackwardMaxDim && dv <= kWgmmaBackwardMaxDim);
-}
-
 // The Hopper forward's tiles in order of preference (resolved() takes the first that fits):
 // BLOCK_M 128 (two consumer warpgroups), 3 stages (d64 too since its K/V loads no longer wait
 // behind the walk: full 0.74 -> 0.65 ms, causal 0.43 -> 0.37 on the H200; 4 stages no better);
@@ -69,15 +61,20 @@ std::vector<TileConfig> mma_tiles(int dqk, int dv, bool has_score_mod, KernelKin
 }  // namespace
 
 static int sm90_backward_smem_bytes(int block_m, int block_n, int head_dim_qk, int head_dim_v, int stages) {
-  // templates/fajit/backward_sm90.cuh, Sm90BwdConfig::kSmemBytes: alignment slack, K, V,
-  // stages of Q and dO, two dSᵀ buffers, stages of LSE and delta rows, mbarriers, and two dQ
-  // stagings of 64 rows of 288 B, or 256 B where 288 would not fit
   const int m = block_m, n = block_n;
   const int d = head_dim_pitch(head_dim_qk) + head_dim_pitch(head_dim_v);  // rows of whole 64-column blocks
-  const int other =
-      1024 + n * 2 * d + stages * m * 2 * d + 2 * 2 * n * m + stages * m * 8 + 8 * (1 + 2 * stages);
+  // templates/fajit/backward_sm90.cuh: alignment slack, K, V, stages of Q and dO, stages of
+  // LSE and delta rows, mbarriers, and
+  const int common = 1024 + n * 2 * d + stages * m * 2 * d + stages * m * 8 + 8 * (1 + 2 * stages);
+  // Sm90WideBwdConfig::kSmemBytes: Pᵀ and two dSᵀ buffers (64 x 64, 16-bit)
+  if (sm90_backward_wide(head_dim_qk, head_dim_v)) return common + 3 * 2 * n * m;
+  // Sm90BwdConfig::kSmemBytes: two dSᵀ buffers and two dQ stagings of 64 rows of 288 B, or
+  // 256 B where 288 would not fit
+  const int other = common + 2 * 2 * n * m;
   return other + 2 * 64 * (other + 2 * 64 * 288 <= 227 * 1024 ? 288 : 256);
 }
+
+bool sm90_backward_wide(int head_dim_qk, int head_dim_v) { return head_dim_qk > 128 || head_dim_v > 128; }
 
 int head_dim_mma(int d) { return round_up(d, 16); }
 int head_dim_pitch(int d) { return round_up(d, 64); }
@@ -92,12 +89,14 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
   // running ahead of the other finds its next tile loaded: H200 d128 full 2.971 -> 2.858 ms,
   // causal 1.636 -> 1.535, softcap 2.099 -> 2.025; at d64 softcap (BLOCK_M 64) 1.577 -> 1.645,
   // so D 64 keeps 2. Between 64 and 128 the rows are whole 64-column blocks (as at 128): 3 stages.
+  // Above 128 (the wide-head kernel): 64 x 64, 3 stages where they fit (up to 192 / 192).
   if (kind == KernelKind::kBackward && family == KernelFamily::kWgmma) {
-    const int block_m = wide || has_score_mod ? 64 : 128;
+    const bool wide_head = sm90_backward_wide(head_dim_qk, head_dim_v);
+    const int block_m = wide || has_score_mod ? 64 : 128, block_n = wide_head ? 64 : 128;
     const bool three =
-        wide && sm90_backward_smem_bytes(block_m, 128, head_dim_qk, head_dim_v, 3) <= 227 * 1024;
+        wide && sm90_backward_smem_bytes(block_m, block_n, head_dim_qk, head_dim_v, 3) <= 227 * 1024;
     const int stages = three ? 3 : 2;
-    return TileConfig{block_m, 128, 12, stages};
+    return TileConfig{block_m, block_n, 12, stages};
   }
   if (family == KernelFamily::kWgmma) return wgmma_forward_tiles(head_dim_qk, head_dim_v).front();
   return mma_tiles(head_dim_qk, head_dim_v, has_score_mod, kind).front();
@@ -124,15 +123,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
           fmt::format("{} must be a multiple of 8 from {} to {}, got {}", name, kMinHeadDim, kMaxHeadDim, v));
   s.arch = jit::validate_arch(s.arch);
   const int smem_limit = jit::max_dynamic_smem(s.arch);
-  const bool wgmma_dims = wgmma_takes(s.head_dim_qk, s.head_dim_v, s.kind);
-  if (s.family == KernelFamily::kWgmma) {
-    if (s.arch != "sm_90a") throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
-    if (!wgmma_dims)  // the backward only: the forward takes every head dim
-      throw Error(fmt::format(
-          "the wgmma backward kernel takes head dims up to {}, got head_dim_qk={} head_dim_v={}; the "
-          "mma.sync kernel takes them (leave the family on auto)",
-          kWgmmaBackwardMaxDim, s.head_dim_qk, s.head_dim_v));
-  }
+  if (s.family == KernelFamily::kWgmma && s.arch != "sm_90a")
+    throw Error(fmt::format("the wgmma kernel needs arch sm_90a, got {}", s.arch));
   // The tile the spec resolves to, checked against the arch's shared memory (a default tile
   // falls back to smaller ones first).
   auto fit = [&](const std::vector<TileConfig>& candidates, bool fixed) {
@@ -162,8 +154,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   if (s.kind == KernelKind::kBackward) {
     // wgmma (backward_sm90.cuh) on sm_90a when it takes the head dims, unless mma.sync was
     // asked for; mma.sync (backward.cuh) everywhere else.
-    const bool wgmma_ok = s.arch == "sm_90a" && wgmma_dims;
-    s.family = s.family != KernelFamily::kMmaSync && wgmma_ok ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
+    s.family = s.family != KernelFamily::kMmaSync && s.arch == "sm_90a" ? KernelFamily::kWgmma
+                                                                        : KernelFamily::kMmaSync;
     const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, s.family, s.kind);
     std::vector<TileConfig> candidates = s.family == KernelFamily::kWgmma
                                              ? std::vector<TileConfig>{want}
@@ -178,8 +170,7 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     return s;
   }
   if (s.family == KernelFamily::kAuto)
-    s.family = s.arch == "sm_90a" && s.tile.is_default() && wgmma_dims ? KernelFamily::kWgmma
-                                                                       : KernelFamily::kMmaSync;
+    s.family = s.arch == "sm_90a" && s.tile.is_default() ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
   if (s.family == KernelFamily::kWgmma) {
     const std::vector<TileConfig> tiles = wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v);
     if (s.tile.is_default()) {

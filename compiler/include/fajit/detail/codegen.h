@@ -51,6 +51,9 @@ inline int bwd_dkdv_parts(const KernelSpec& s) {
              ? 2
              : 1;
 }
+// Whether the Hopper backward at these head dims is the wide-head kernel (templates/fajit/
+// backward_sm90.cuh, Sm90WideBwdConfig: 64 x 64 tiles, dK and dV accumulated transposed).
+bool sm90_backward_wide(int head_dim_qk, int head_dim_v);
 // Whether a backward not asked to be deterministic still takes the deterministic kernels (dQ
 // in its own kernel over the KV tables, no fp32 reductions from the dK/dV kernel): where that is
 // measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (the wgmma backward takes head dims up
