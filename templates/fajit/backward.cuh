@@ -285,6 +285,53 @@ __device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)
   }
 }
 
+// ---- the element-wise middle of a tile with rows = queries (the deterministic dQ kernel, the
+// wide-head Hopper dK/dV kernel): a thread holds query rows q_idx[hh] (clamped to len_q - 1;
+// their LSE and Δ) and keys start + 8j + 2t + i%2 of kTileN from `start`.
+
+// S (q·k, unscaled) -> P = exp(mod(s)·sn - LSE) in place (score_tile: mods, mask_mod on a partial
+// block, -inf past len_kv); sc keeps the scores score_mod saw when score_grad needs them.
+template <typename Mods, int kTileN, int kNT, int kSC>
+__device__ __forceinline__ void probs_rows(float (&s)[kNT][4], float (&sc)[kSC][4], const int (&q_idx)[2],
+                                           const float (&lse)[2], int start, int t, int len_kv, bool is_full,
+                                           float scale, float sn, int b, int h, const FaCaptures& cap) {
+  if constexpr (Mods::kScoreGrad) {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[j][i] = s[j][i] * scale;
+  }
+  score_tile<Mods, kTileN>(s, q_idx, start, t, len_kv, is_full, scale, b, h, cap);
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[j][i] = prob(s[j][i], sn, lse[i >> 1]);
+}
+
+// dP -> dS = grad(P∘(dP - Δ)) in place, zero where P is (as dscores_t); buffer gradients into
+// `grads` (none: FaGradBuffers{}).
+template <typename Mods, int kNT, int kSC>
+__device__ __forceinline__ void dscores_rows(float (&dp)[kNT][4], const float (&pr)[kNT][4],
+                                             const float (&sc)[kSC][4], const int (&q_idx)[2],
+                                             const float (&delta)[2], int start, int t, int len_kv, int b,
+                                             int h, const FaCaptures& cap, const FaGradBuffers& grads) {
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float dt = pr[j][i] * (dp[j][i] - delta[i >> 1]);
+      float ds = 0.f;
+      if (pr[j][i] != 0.f) {
+        ds = dt;
+        if constexpr (Mods::kScoreGrad) {
+          const int kv = start + 8 * j + 2 * t + (i & 1);
+          ds = Mods::score_grad(sc[j][i], b, h, q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, dt, cap, grads);
+        }
+      }
+      dp[j][i] = ds;
+    }
+}
+
 // dQ(BLOCK_M x DQK) += dS·K of one query tile, as fp32 reductions into dq_accum rows (dqa):
 // dSᵀ [keys][queries] at sDs, K at sK. Warp -> (16-row m-tile, column part); the part's
 // columns in chunks of kDqChunkTiles n-tiles (a wide head's chunks bound the registers).
@@ -632,7 +679,6 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
     delta[hh] = st.delta;
   }
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
-  const FaGradBuffers no_grads{};
 
   u32 offA_q[4], offA_v[4], offB_q[4], offB_v[4];
   lane_offsets_a<kCQ>(offA_q, lane);
@@ -665,36 +711,11 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
       for (int i = 0; i < 4; ++i) s[j][i] = dp[j][i] = 0.f;
     bwd::mma_abt<E, kNT, Cfg::kKQ, kCQ, kCQ>(s, sQ, warp, sK(stage), offA_q, offB_q);
     float sc[Mods::kScoreGrad ? kNT : 1][4];
-    if constexpr (Mods::kScoreGrad) {
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sc[j][i] = s[j][i] * p.scale;
-    }
-    score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[j][i] = bwd::prob(s[j][i], sn, lse[i >> 1]);
+    bwd::probs_rows<Mods, kBN>(s, sc, q_idx, lse, start, t, len_kv, is_full, p.scale, sn, b, h, cap);
 
-    // ---- dP = dO·Vᵀ, dS = grad(P∘(dP - Δ)), zero where P is
+    // ---- dP = dO·Vᵀ, dS = grad(P∘(dP - Δ)), zero where P is (buffer gradients: the dK/dV kernel's)
     bwd::mma_abt<E, kNT, Cfg::kKV, kCV, kCV>(dp, sDo, warp, sV(stage), offA_v, offB_v);
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float dt = s[j][i] * (dp[j][i] - delta[i >> 1]);
-        float ds = 0.f;  // only where P != 0, as in the dK/dV kernel
-        if (s[j][i] != 0.f) {
-          ds = dt;
-          if constexpr (Mods::kScoreGrad) {
-            const int kv = start + 8 * j + 2 * t + (i & 1);
-            ds = Mods::score_grad(sc[j][i], b, h, q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, dt, cap,
-                                  no_grads);
-          }
-        }
-        dp[j][i] = ds;
-      }
+    bwd::dscores_rows<Mods>(dp, s, sc, q_idx, delta, start, t, len_kv, b, h, cap, FaGradBuffers{});
 
     // ---- dQ += dS·K (dS packed as A fragments; K rows = keys, read with .trans)
     u32 da[kBN / 16][4];

@@ -799,27 +799,18 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
 
       // ---- P from S while dP is still on the tensor cores (rows = queries)
       int q_idx[2];
-      float lse[2];
+      float lse[2], delta[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int q = q0 + row + 8 * hh;
         q_idx[hh] = q < len_q ? q : len_q - 1;
         lse[hh] = ld_shared_f32(sm.lse(stage) + (row + 8 * hh) * 4);
+        delta[hh] = ld_shared_f32(sm.delta(stage) + (row + 8 * hh) * 4);
       }
       wgmma_wait<1>();
       pin(s);
       float sc[Mods::kScoreGrad ? kNT : 1][4];
-      if constexpr (Mods::kScoreGrad) {
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sc[j][i] = s[j][i] * p.scale;
-      }
-      score_tile<Mods, kKeys>(s, q_idx, key0, t, len_kv, is_full, p.scale, b, hq, cap);
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[j][i] = bwd::prob(s[j][i], sn, lse[i >> 1]);
+      bwd::probs_rows<Mods, kKeys>(s, sc, q_idx, lse, key0, t, len_kv, is_full, p.scale, sn, b, hq, cap);
 
       // ---- Pᵀ to shared memory (this warpgroup's rows; its dVᵀ of the last tile is done), then
       // dVᵀ += dOᵀ·P queued behind dP
@@ -832,26 +823,7 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
       // ---- dS from dP while dVᵀ runs
       wgmma_wait<1>();
       pin(dp);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float delta = ld_shared_f32(sm.delta(stage) + (row + 8 * hh) * 4);
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int i = 2 * hh; i < 2 * hh + 2; ++i) {
-            const float dt = s[j][i] * (dp[j][i] - delta);
-            float ds = 0.f;  // only where P != 0 (masked, out of range, underflowed: none)
-            if (s[j][i] != 0.f) {
-              ds = dt;
-              if constexpr (Mods::kScoreGrad) {
-                const int kv = key0 + 8 * j + 2 * t + (i & 1);
-                ds = Mods::score_grad(sc[j][i], b, hq, q_idx[hh], kv < len_kv ? kv : len_kv - 1, dt, cap,
-                                      grads);
-              }
-            }
-            dp[j][i] = ds;
-          }
-      }
+      bwd::dscores_rows<Mods>(dp, s, sc, q_idx, delta, key0, t, len_kv, b, hq, cap, grads);
 
       // ---- dSᵀ to shared memory (this tile's buffer held dSᵀ of tile n - 2, which the other
       // warpgroup's dQ read in tile n - 1), dKᵀ += Qᵀ·dS, then this warpgroup's part of the
