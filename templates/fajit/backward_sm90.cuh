@@ -20,9 +20,13 @@
 //             keys x 128 and Sᵀ/dPᵀ of 128 queries do not fit the registers together)
 //   STAGES    Q/dO/LSE/Δ stages (2..3; 3 where shared memory allows: codegen's default_tile)
 //   BLOCK_N is fixed at 128 keys per CTA: two consumer warpgroups of 64 keys each.
+// ---- Config above a head dim of 128 (fa::Sm90WideBwdConfig<Element, DQK, DV, STAGES, DET>) --
+//   DQK, DV up to 256 each; BLOCK_M 64, BLOCK_N 64 (32 keys per consumer warpgroup); the
+//   wide-head kernel (backward_dkdv_wide_kernel, described above it). The macro picks the kernel
+//   by Config::kWide; launch, parameters and scratch as below with 64 for 128.
 //
 // ---- Launch (host mirrors these) -----------------------------------------------------------
-//   dkdv:  grid (ceil(len_kv / 128), batch * heads_kv), block 384 (kThreads),
+//   dkdv:  grid (ceil(len_kv / BLOCK_N), batch * heads_kv), block 384 (kThreads),
 //          dynamic shared memory kSmemBytes (> 48 KiB: set the function attribute); parameters
 //          (FaBwdParams, FaCaptures, FaGradBuffers, FaTmaMap of dq_accum with boxes 32 x 64,
 //          FaTmaPair of Q and dO with boxes 64 x BLOCK_M)
