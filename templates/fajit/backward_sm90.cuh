@@ -74,18 +74,21 @@
 
 namespace fa {
 
-template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kStages_ = 2,
-          bool kDeterministic_ = false>
-struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
-  using Shape = AttentionTileShape<128, kHeadDimQK_, kHeadDimV_>;
+// What both Hopper dK/dV configs share: the tile's shape, the preprocess / dQ conversion /
+// deterministic dQ kernels' config, the warp roles and registers, and the shared-memory places
+// BwdSmem, init_bwd_barriers and produce_bwd_tiles read (K, V, stages of Q and dO, LSE / Δ rows
+// per stage at kSmemRowsOffset, mbarriers at kSmemBarOffset: those two each config places).
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_,
+          bool kDeterministic_>
+struct Sm90BwdTile : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
+  using Shape = AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_>;
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kDeterministic = kDeterministic_;
-  static constexpr bool kWide = false;  // backward_dkdv_kernel (not the wide-head one)
   // The preprocess, dQ conversion and deterministic dQ kernels (backward.cuh).
   using Aux = BwdConfig<Element, kHeadDimQK, kHeadDimV, kBlockM, kBlockM / 16, 2, kDeterministic>;
   static constexpr int kPreThreads = Aux::kPreThreads;
@@ -95,12 +98,38 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kDetSmemBytes = Aux::kDetSmemBytes;
 
   static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // 64: one wgmma M
+  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together (up to 128 / 128)
-  // Columns of the dK and dV accumulators (the N of dK += dSᵀ·Q, dV += Pᵀ·dO): each head dim
-  // up to a whole 16-column k-step; at 72 the last 8 come from zero-filled chunks and are never
-  // stored.
+  static constexpr int kDkDvParts = 1;  // dK and dV of one CTA together
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;        // 128 * 24 + 256 * 240 <= 65536
+  static constexpr int kLoadThreads = 64;          // producer warps 0, 1 load; warps 2, 3 write dQ (if any)
+  static constexpr int kKV = Shape::RowV::kSteps;  // k-steps of dP (kKQ: of S)
+
+  static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;
+  static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;
+  static constexpr int kSmemQBytes = kBlockM * Shape::RowQK::kRowBytes;  // per stage
+  static constexpr int kSmemDoBytes = kBlockM * Shape::RowV::kRowBytes;  // per stage
+  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;                 // LSE, Δ per stage
+  static constexpr int kNumBarriers = 1 + 2 * kStages;                   // kv, full, empty
+  // The first byte past K, V and the stages: the config's own tiles (BwdSmem::own).
+  static constexpr int kSmemOwnOffset = kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes);
+
+  static_assert(kStages >= 2 && kStages <= 3, "STAGES must be 2 or 3");
+};
+
+template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockM_, int kStages_ = 2,
+          bool kDeterministic_ = false>
+struct Sm90BwdConfig
+    : Sm90BwdTile<Element_, kHeadDimQK_, kHeadDimV_, kBlockM_, 128, kStages_, kDeterministic_> {
+  using Base = Sm90BwdTile<Element_, kHeadDimQK_, kHeadDimV_, kBlockM_, 128, kStages_, kDeterministic_>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDimQK, Base::kHeadDimV, Base::kStages, Base::kNumBarriers,
+      Base::kConsumerWarpgroups, Base::kSmemOwnOffset, Base::kSmemRowsBytes;
+  using typename Base::Shape;
+  static constexpr bool kWide = false;  // backward_dkdv_kernel (not the wide-head one)
+  // 64 keys per consumer warpgroup: one wgmma M. Columns of the dK and dV accumulators (the N
+  // of dK += dSᵀ·Q, dV += Pᵀ·dO): each head dim up to a whole 16-column k-step; at 72 the last
+  // 8 come from zero-filled chunks and are never stored.
   static constexpr int kHeadDimNQK = Shape::RowQK::kUsed * 8;
   static constexpr int kHeadDimNV = Shape::RowV::kUsed * 8;
   // K's rows zero-filled to the whole pitch: dQ's part of the second 64-column block reads all
@@ -108,13 +137,9 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
   struct RowKPitch : Shape::RowQK {
     static constexpr int kUsed = Shape::RowQK::kPitch;
   };
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 65536
-  static constexpr int kLoadThreads = 64;    // producer warps 0, 1 load; warps 2, 3 write dQ
 
-  static constexpr int kQT = kBlockM / 8;          // 8-column n-tiles of Sᵀ (queries)
-  static constexpr int kMK = kBlockM / 16;         // k-steps over queries (dV, dK)
-  static constexpr int kKV = Shape::RowV::kSteps;  // k-steps of dPᵀ = V·dOᵀ (kKQ: of Sᵀ)
+  static constexpr int kQT = kBlockM / 8;   // 8-column n-tiles of Sᵀ (queries)
+  static constexpr int kMK = kBlockM / 16;  // k-steps over queries (dV, dK)
   // dQ split: rows (BLOCK_M 128: 64 query rows each), 64-column blocks (above DQK 64: block cw
   // each, the second one's columns past DQK dropped), or keys (BLOCK_M 64 up to DQK 64: each
   // warpgroup's sum over its own 64 keys, both reduced into the same dQ rows). Every
@@ -126,20 +151,13 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
   static constexpr bool kDqSplitKeys = kBlockM == 64 && !kTwoBlocks;
   static constexpr int kDqN = kTwoBlocks ? 64 : kHeadDimNQK;
 
-  static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;
-  static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;
-  static constexpr int kSmemQBytes = kBlockM * Shape::RowQK::kRowBytes;  // per stage
-  static constexpr int kSmemDoBytes = kBlockM * Shape::RowV::kRowBytes;  // per stage
-  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;             // per buffer (2)
-  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;                 // LSE, Δ per stage
-  static constexpr int kNumBarriers = 1 + 2 * kStages;                   // kv, full, empty
+  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;  // per buffer (2)
   // dQ parts staged for the writer warps: fp32, per consumer warpgroup 64 rows of kDqN values,
   // either two boxes of 64 rows x 32 values in the tensor map's 128B swizzle (16 KiB,
   // conflict-free for the consumers' 8-byte stores), or rows for row-by-row reductions (no
   // tensor map), padded to 288 B (conflict-free) where shared memory allows, else 256 B (the
   // stores then conflict 8-way: the fallback path of 3 stages at D 128 only).
-  static constexpr int kSmemDqOffset =
-      kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + 2 * kSmemDsBytes;
+  static constexpr int kSmemDqOffset = kSmemOwnOffset + 2 * kSmemDsBytes;
   static constexpr int kSmemOtherBytes =
       sm90::kSwizzleAtomBytes + kSmemDqOffset + kStages * kSmemRowsBytes + sm90::kMbarBytes * kNumBarriers;
   static constexpr int kDqRowBytes =
@@ -157,40 +175,21 @@ struct Sm90BwdConfig : AttentionTileShape<128, kHeadDimQK_, kHeadDimV_> {
   static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
   static_assert(kBlockM == 64 || (kHeadDimQK <= 64 && kHeadDimV <= 64),
                 "BLOCK_M 128 needs head dims up to 64 (registers)");
-  static_assert(kStages >= 2 && kStages <= 3, "STAGES must be 2 or 3");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
 // The wide-head dK/dV kernel (backward_dkdv_wide_kernel): a head dim above 128 (up to 256 each,
 // any multiples of 8). 64 keys per CTA, 32 per consumer warpgroup, 64 query rows per step; dK
 // and dV accumulate transposed (M = head dim, N = the warpgroup's 32 keys: 16 registers per
-// 64-column block each), so 256 / 256 holds 128 accumulator registers.
+// 64-column block each), so 256 / 256 holds 128 accumulator registers. No dQ writer warps.
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kStages_ = 2, bool kDeterministic_ = false>
-struct Sm90WideBwdConfig : AttentionTileShape<64, kHeadDimQK_, kHeadDimV_> {
-  using Shape = AttentionTileShape<64, kHeadDimQK_, kHeadDimV_>;
-  using Element = Element_;
-  static constexpr int kHeadDimQK = kHeadDimQK_;
-  static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr int kBlockM = 64;
-  static constexpr int kBlockN = 64;
-  static constexpr int kStages = kStages_;
-  static constexpr bool kDeterministic = kDeterministic_;
+struct Sm90WideBwdConfig : Sm90BwdTile<Element_, kHeadDimQK_, kHeadDimV_, 64, 64, kStages_, kDeterministic_> {
+  using Base = Sm90BwdTile<Element_, kHeadDimQK_, kHeadDimV_, 64, 64, kStages_, kDeterministic_>;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDimQK, Base::kHeadDimV, Base::kStages, Base::kNumBarriers,
+      Base::kSmemOwnOffset, Base::kSmemRowsBytes;
+  using typename Base::Shape;
   static constexpr bool kWide = true;
-  using Aux = BwdConfig<Element, kHeadDimQK, kHeadDimV, kBlockM, kBlockM / 16, 2, kDeterministic>;
-  static constexpr int kPreThreads = Aux::kPreThreads;
-  static constexpr int kPreRows = Aux::kPreRows;
-  static constexpr int kDqRows = Aux::kDqRows;
-  static constexpr int kDetThreads = Aux::kDetThreads;
-  static constexpr int kDetSmemBytes = Aux::kDetSmemBytes;
-
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;  // 32: the N of S, dKᵀ, dVᵀ
-  static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  static constexpr int kDkDvParts = 1;
   using RowKPitch = typename Shape::RowQK;  // (K's pitch padding is never read for a stored column)
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
-  static constexpr int kLoadThreads = 64;  // producer warps 0, 1; warps 2, 3 idle (no dQ writer)
 
   // 64-column blocks of a Q / K row and of a V / dO row: the m64 blocks of dKᵀ and dVᵀ (rows
   // past the head dim come from pitch padding and are never stored).
@@ -200,18 +199,10 @@ struct Sm90WideBwdConfig : AttentionTileShape<64, kHeadDimQK_, kHeadDimV_> {
   // cw·kDqBlocks (at 192: blocks 0-1 and 2-3, the last past K's pitch, computed and dropped).
   static constexpr int kDqBlocks = (kBlocksQK + 1) / 2;
   static constexpr int kDqN = 64 * kDqBlocks;
-  static constexpr int kKV = Shape::RowV::kSteps;  // k-steps of dP = dO·Vᵀ (kKQ: of S)
 
-  static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;
-  static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;
-  static constexpr int kSmemQBytes = kBlockM * Shape::RowQK::kRowBytes;  // per stage
-  static constexpr int kSmemDoBytes = kBlockM * Shape::RowV::kRowBytes;  // per stage
-  static constexpr int kSmemPBytes = kBlockN * kBlockM * 2;              // Pᵀ [keys][queries]
-  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;             // dSᵀ, per buffer (2)
-  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;                 // LSE, Δ per stage
-  static constexpr int kNumBarriers = 1 + 2 * kStages;
-  static constexpr int kSmemRowsOffset =
-      kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes) + kSmemPBytes + 2 * kSmemDsBytes;
+  static constexpr int kSmemPBytes = kBlockN * kBlockM * 2;   // Pᵀ [keys][queries]
+  static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;  // dSᵀ, per buffer (2)
+  static constexpr int kSmemRowsOffset = kSmemOwnOffset + kSmemPBytes + 2 * kSmemDsBytes;
   static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
@@ -219,7 +210,6 @@ struct Sm90WideBwdConfig : AttentionTileShape<64, kHeadDimQK_, kHeadDimV_> {
   static_assert(kHeadDimQK % 8 == 0 && kHeadDimQK >= 32 && kHeadDimQK <= 256 && kHeadDimV % 8 == 0 &&
                     kHeadDimV >= 32 && kHeadDimV <= 256,
                 "head dims must be multiples of 8, 32..256");
-  static_assert(kStages >= 2 && kStages <= 3, "STAGES must be 2 or 3");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
@@ -256,7 +246,7 @@ struct BwdSmem {
     return stages + s * (Cfg::kSmemQBytes + Cfg::kSmemDoBytes);
   }
   __device__ __forceinline__ u32 dout(int s) const { return q(s) + Cfg::kSmemQBytes; }
-  __device__ __forceinline__ u32 own() const { return q(Cfg::kStages); }  // the config's own tiles
+  __device__ __forceinline__ u32 own() const { return k + Cfg::kSmemOwnOffset; }  // the config's own tiles
   __device__ __forceinline__ u32 lse(int s) const {
     return k + Cfg::kSmemRowsOffset + s * Cfg::kSmemRowsBytes;
   }
