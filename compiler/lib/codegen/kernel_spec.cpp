@@ -152,8 +152,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
     return s;
   }
   if (s.kind == KernelKind::kBackward) {
-    // wgmma (backward_sm90.cuh) on sm_90a when it takes the head dims, unless mma.sync was
-    // asked for; mma.sync (backward.cuh) everywhere else.
+    // wgmma (backward_sm90.cuh: every head dim, above 128 its wide-head config) on sm_90a
+    // unless mma.sync was asked for; mma.sync (backward.cuh) everywhere else.
     s.family = s.family != KernelFamily::kMmaSync && s.arch == "sm_90a" ? KernelFamily::kWgmma
                                                                         : KernelFamily::kMmaSync;
     const TileConfig want = default_tile(s.head_dim_qk, s.head_dim_v, has_score_mod, s.family, s.kind);

@@ -56,9 +56,9 @@ inline int bwd_dkdv_parts(const KernelSpec& s) {
 bool sm90_backward_wide(int head_dim_qk, int head_dim_v);
 // Whether a backward not asked to be deterministic still takes the deterministic kernels (dQ
 // in its own kernel over the KV tables, no fp32 reductions from the dK/dV kernel): where that is
-// measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (the wgmma backward takes head dims up
-// to 128 only): QK 256 full 24.5 vs 35.3 ms (the dK + dQ part's reductions of 256 columns), 192 13.9 vs
-// 12.7 (reductions win).
+// measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (what sm_80/86 and an mma.sync
+// forward get; sm_90a takes the wgmma backward at every head dim): QK 256 full 24.5 vs 35.3 ms (the dK + dQ
+// part's reductions of 256 columns), 192 13.9 vs 12.7 (reductions win).
 inline bool bwd_prefers_separate_dq(const KernelSpec& s) {
   return s.kind == KernelKind::kBackward && s.family == KernelFamily::kMmaSync && s.head_dim_qk > 192;
 }
