@@ -7,13 +7,13 @@
 //   #include "fajit/prelude.cuh"
 //   struct FaMods { ... };                                   // see templates/README.md
 //   #include "fajit/forward_sm90.cuh"
-//   using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true>;
+//   using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false>;
 //                          // the tile from the host: fa::default_tile() (kernel_spec.h)
 //   FAJIT_DEFINE_FORWARD_SM90(fajit_fwd, FaConfig, FaMods)
 // NVRTC: --gpu-architecture=sm_90a (wgmma and setmaxnreg exist only there). Macro arguments
 // must be single identifiers (name the config with a `using` first). The kernel is extern "C".
 //
-// ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG>) -----
+// ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K>)
 //   Element   fa::f16_t or fa::bf16_t (Q, K, V, O); LSE is fp32
 //   DQK, DV   head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 256, independently
 //             (rows padded to 64-column swizzle blocks; Q·Kᵀ runs ceil(DQK / 16) k-steps and
@@ -26,6 +26,10 @@
 //             (FA-3 intra-warpgroup pipelining); false: S, softmax, P·V strictly in turn
 //   PINGPONG  the two consumer warpgroups take turns issuing their GEMMs (named barriers 3, 4),
 //             so one's softmax runs while the other's GEMMs use the tensor cores
+//   EARLY_K   a K stage goes back to the producer as soon as S = Q·Kᵀ has completed, a tile
+//             before its V, and the producer copies K_{j+1} before V_j: on a 2-stage ring K_{j+1}
+//             then loads under the softmax of S_j instead of after P_{j-1}·V_{j-1}. false: a stage
+//             (K and V) goes back after its P·V, and K_j, V_j are copied in turn.
 //   BLOCK_M is fixed at 128: 2 consumer warpgroups of 64 query rows each.
 //
 // ---- Launch (host mirrors these; the constants are spelled out) --------------------------
@@ -34,7 +38,7 @@
 //   dynamic shared memory bytes                                == Config::kSmemBytes
 //         = 1024 (alignment slack) + 2 * (128 * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
 //           (P = the head dim rounded up to 64)
-//           + 8 * (1 + 3 * STAGES)                             (mbarriers)
+//           + 8 * (1 + 4 * STAGES)                             (mbarriers)
 //   always > 48 KiB: cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n).
 //   Kernel arguments: (const FaFwdParams p, const FaCaptures cap), by value.
 //   Host-validated preconditions (as forward.cuh): scale > 0; heads_q % heads_kv == 0;
@@ -52,14 +56,15 @@
 //   kv head h / (heads_q / heads_kv). A row with no unmasked score gets O = 0, LSE = -inf.
 //
 // ---- Structure ----------------------------------------------------------------------------
-//   Warpgroup 0 (producer, setmaxnreg down to 40): cp.async of the Q tile, then of each K/V
-//   tile into STAGES 128B-swizzled stages; completion reaches the consumers through mbarriers
-//   (cp.async.mbarrier.arrive.noinc: full_k[s], full_v[s]); it waits on empty[s] before
-//   reusing a stage. Warpgroups 1, 2 (consumers, setmaxnreg up to 232): 64 query rows each;
+//   Warpgroup 0 (producer, setmaxnreg down to 40): cp.async of the Q tile, then TMA (or
+//   cp.async) of each K and V tile into 128B-swizzled stages (with EARLY_K, K_{j+1} before V_j);
+//   completion reaches the consumers through mbarriers (full_k[s], full_v[s]); it waits on
+//   empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage. Warpgroups 1, 2 (consumers, setmaxnreg up to 232): 64 query rows each;
 //   S = Q·Kᵀ by wgmma m64n{BLOCK_N}k16 with Q and K from shared memory; score_mod/mask_mod and
 //   the online softmax (exp2, scale·log2e folded) on the accumulator registers; P converted
 //   to 16-bit in registers and used as the A operand of O += P·V (wgmma m64n{DV}k16, V
-//   MN-major from shared memory); each warp arrives on empty[s] once its P·V has completed.
+//   MN-major from shared memory); each warp arrives on empty_v[s] once its P·V has completed
+//   (with EARLY_K, on empty_k[s] once its S has).
 //   Epilogue: O / l staged through the warpgroup's own rows of the Q region, 16-byte stores.
 #ifndef FAJIT_FORWARD_SM90_CUH
 #define FAJIT_FORWARD_SM90_CUH
@@ -73,7 +78,7 @@
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockN_ = 128, int kStages_ = 2,
-          bool kOverlap_ = true, bool kPingPong_ = false>
+          bool kOverlap_ = true, bool kPingPong_ = false, bool kEarlyK_ = false>
 struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -81,6 +86,7 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  static constexpr bool kEarlyK = kEarlyK_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPingPong = kPingPong_;
 
@@ -98,7 +104,7 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;  // one K stage
   static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;   // one V stage
   static constexpr int kSmemBarOffset = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
-  static constexpr int kNumBarriers = 1 + 3 * kStages;  // q, full_k, full_v, empty
+  static constexpr int kNumBarriers = 1 + 4 * kStages;  // q, full_k, full_v, empty_v, empty_k
   static constexpr int kSmemBytes =
       sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
 
@@ -134,7 +140,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const u32 bar_q = sQ + Cfg::kSmemBarOffset;
   auto bar_full_k = [&](int s) { return bar_q + kMbarBytes * (1 + s); };
   auto bar_full_v = [&](int s) { return bar_q + kMbarBytes * (1 + kStages + s); };
-  auto bar_empty = [&](int s) { return bar_q + kMbarBytes * (1 + 2 * kStages + s); };
+  // empty_v: the stage's V (and, without EARLY_K, its K) is free; empty_k: its K (EARLY_K)
+  auto bar_empty_v = [&](int s) { return bar_q + kMbarBytes * (1 + 2 * kStages + s); };
+  auto bar_empty_k = [&](int s) { return bar_q + kMbarBytes * (1 + 3 * kStages + s); };
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / kWG;
@@ -147,12 +155,13 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
   if (tid == 0) {
     mbar_init(bar_q, kWG);
+    // full: TMA, one arrive (with the stage's bytes) from the issuing thread; cp.async, one
+    // arrive per producer thread. empty: one arrive per consumer warp.
     for (int s = 0; s < kStages; ++s) {
-      // TMA: one arrive (with the stage's bytes) from the issuing thread; cp.async: one arrive
-      // per producer thread
       mbar_init(bar_full_k(s), maps.enabled ? 1 : kWG);
       mbar_init(bar_full_v(s), maps.enabled ? 1 : kWG);
-      mbar_init(bar_empty(s), 4 * Cfg::kConsumerWarpgroups);  // one per consumer warp
+      mbar_init(bar_empty_v(s), 4 * Cfg::kConsumerWarpgroups);
+      mbar_init(bar_empty_k(s), 4 * Cfg::kConsumerWarpgroups);
     }
   }
   __syncthreads();
@@ -165,33 +174,60 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
     load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
     mbar_arrive_cp_async(bar_q);
-    StageRing<kStages> ring;
-    if (maps.enabled) {
-      // One thread issues each K/V tile as TMA boxes of 64 columns x BLOCK_N rows into the
-      // stage's column blocks (zeros past D and len_kv): no producer issue slots per chunk.
-      if (tid == 0) {
+    // `load(is_k, stage, start)` copies one K or V tile and arrives on its full barrier.
+    auto produce = [&](auto&& load) {
+      StageRing<kStages> rv;
+      if constexpr (!Cfg::kEarlyK) {
         for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); cur.next(walk, len_kv)) {
-          const int start = cur.start;
-          mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-          tma_load_tile<kBN, typename Cfg::RowQK>(sK + ring.stage * Cfg::kSmemKBytes, &maps.a, start, hkv, b,
-                                                  bar_full_k(ring.stage));
-          tma_load_tile<kBN, typename Cfg::RowV>(sV + ring.stage * Cfg::kSmemVBytes, &maps.b, start, hkv, b,
-                                                 bar_full_v(ring.stage));
-          ring.advance();
+          mbar_wait(bar_empty_v(rv.stage), rv.phase ^ 1u);
+          load(true, rv.stage, cur.start);
+          load(false, rv.stage, cur.start);
+          rv.advance();
         }
+        return;
       }
-    } else {
-      for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); cur.next(walk, len_kv)) {
+      // EARLY_K: K runs a tile ahead of V (K_{j+1} before V_j), each waiting for its own release.
+      StageRing<kStages> rk;
+      auto load_k = [&](int start) {
+        mbar_wait(bar_empty_k(rk.stage), rk.phase ^ 1u);
+        load(true, rk.stage, start);
+        rk.advance();
+      };
+      TileCursor<kBN> cur(walk, len_kv);
+      if (!cur.done(walk)) load_k(cur.start);
+      while (!cur.done(walk)) {
         const int start = cur.start;
-        mbar_wait(bar_empty(ring.stage), ring.phase ^ 1u);
-        load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + ring.stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
-                                                       start, len_kv, tid);
-        mbar_arrive_cp_async(bar_full_k(ring.stage));
-        load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + ring.stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
-                                                      start, len_kv, tid);
-        mbar_arrive_cp_async(bar_full_v(ring.stage));
-        ring.advance();
+        cur.next(walk, len_kv);
+        if (!cur.done(walk)) load_k(cur.start);
+        mbar_wait(bar_empty_v(rv.stage), rv.phase ^ 1u);
+        load(false, rv.stage, start);
+        rv.advance();
       }
+    };
+    if (maps.enabled) {
+      // One thread issues each tile as TMA boxes of 64 columns x BLOCK_N rows into the stage's
+      // column blocks (zeros past D and len_kv): no producer issue slots per chunk.
+      if (tid == 0)
+        produce([&](bool is_k, int stage, int start) {
+          if (is_k)
+            tma_load_tile<kBN, typename Cfg::RowQK>(sK + stage * Cfg::kSmemKBytes, &maps.a, start, hkv, b,
+                                                    bar_full_k(stage));
+          else
+            tma_load_tile<kBN, typename Cfg::RowV>(sV + stage * Cfg::kSmemVBytes, &maps.b, start, hkv, b,
+                                                   bar_full_v(stage));
+        });
+    } else {
+      produce([&](bool is_k, int stage, int start) {
+        if (is_k) {
+          load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + stage * Cfg::kSmemKBytes, kg, p.k_stride_n, start,
+                                                         len_kv, tid);
+          mbar_arrive_cp_async(bar_full_k(stage));
+        } else {
+          load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + stage * Cfg::kSmemVBytes, vg, p.v_stride_n, start,
+                                                        len_kv, tid);
+          mbar_arrive_cp_async(bar_full_v(stage));
+        }
+      });
     }
     cp_async_wait_all();  // the Q tile (and the cp.async K/V tiles)
     return;
@@ -276,21 +312,31 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     mbar_wait(bar, phase);
     if (!maps.enabled) fence_proxy_async();
   };
+  // A stage goes back to the producer once this warp's GEMMs that read it have completed.
+  auto release = [&](u32 bar_empty) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar_empty);
+  };
+  // After S = Q·Kᵀ has completed: with EARLY_K its K stage goes back to the producer.
+  auto s_done = [&](int stage) {
+    if constexpr (Cfg::kEarlyK) release(bar_empty_k(stage));
+  };
   // S_j = Q·K_jᵀ, alone: issued, waited for.
   auto gemm_s = [&](float(&s)[Cfg::kNT][4], int stage, u32 phase) {
     wait_loaded(bar_full_k(stage), phase);
     issue_turn([&] { issue_s(s, stage); });
     wgmma_wait<0>();
     pin(s);
+    s_done(stage);
   };
-  // After P·V has completed: O and P are free again, the stage goes back to the producer
-  // (unless `release` is false: the overlap loop's zero-P first step runs on a stage it keeps).
-  auto pv_done = [&](int stage, bool release = true) {
+  // After P·V has completed: O and P are free again, the V stage (without EARLY_K, K and V)
+  // goes back to the producer (unless `keep`: the overlap loop's zero-P first step runs on a
+  // stage it keeps).
+  auto pv_done = [&](int stage, bool keep = false) {
     wgmma_wait<0>();
     pin(o);
     pin(pa);
-    __syncwarp();
-    if (lane == 0 && release) mbar_arrive(bar_empty(stage));
+    if (!keep) release(bar_empty_v(stage));
   };
   // O += P·V, alone: issued, waited for, stage released.
   auto gemm_pv = [&](int stage, u32 phase) {
@@ -304,7 +350,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 
   mbar_wait(bar_q, 0);  // also before an empty walk: O staging reuses the Q region
   fence_proxy_async();  // Q came by cp.async
-  StageRing<kStages> ring;
+  StageRing<kStages> ring;  // the current tile's stage
   if constexpr (!Cfg::kOverlap) {
     // S, softmax, P·V strictly in turn.
     for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk);) {
@@ -330,16 +376,16 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     for (int kk = 0; kk < Cfg::kKP; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
-    StageRing<kStages> prev = ring;
+    StageRing<kStages> prev = ring;  // the previous tile's stage
     bool first = true;
     for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk);) {
       if (!first) ring.advance();
       const int start = cur.start;
       const bool is_full = cur.is_full(walk);
       float s[Cfg::kNT][4], alpha[2];
-      // The producer arrives on full_v[prev] before full_k[stage] and each arrive covers all
-      // of that thread's earlier copies, so the second wait passes at once, except on the
-      // first tile (full_k then full_v of one stage): S_0 does not wait for V_0.
+      // S_j is issued first, and P_{j-1}·V_{j-1} waits for its V behind it (on the first tile,
+      // V_0 for the zero-P step). Without EARLY_K the producer copies V_{j-1} before K_j and
+      // that wait passes at once; with it, K_j comes first.
       wait_loaded(bar_full_k(ring.stage), ring.phase);
       issue_turn([&] {
         issue_s(s, ring.stage);  // S_j = Q·K_jᵀ
@@ -349,9 +395,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       cur.next(walk, len_kv);  // the next tile's block index loads while S_j runs
       wgmma_wait<1>();         // S_j done
       pin(s);
+      s_done(ring.stage);
       mods(s, start, is_full);
       rows.step(s, alpha, sl2);
-      pv_done(prev.stage, !first);  // P_{j-1}·V_{j-1} done
+      pv_done(prev.stage, first);  // P_{j-1}·V_{j-1} done
       scale_rows(o, alpha);
       pack_a<E>(pa, s);
       prev = ring;

@@ -64,17 +64,22 @@ int main() {
       for (int dqk : {64, 128})
         for (int dv : {64, 128})
           for (int mods = 0; mods < 2; ++mods) v90.push_back({elem, dqk, dv, mods, ""});
-    for (const char* cfg : {"128,2,false", "128,3,true", "64,2,true", "64,4,false"})
+    // BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K (the host gives 2-stage rings EARLY_K)
+    for (const char* cfg : {"128,2,false", "128,3,true", "64,2,true", "64,4,false", "128,2,false,false,true",
+                            "128,2,true,true,true", "64,2,true,false,true"})
       v90.push_back({"bf16_t", 128, 128, 1, cfg});
     // Every other head-dim class (padded rows, P·V's N rounded up to 16, odd chunks).
     for (auto [dqk, dv] : {std::pair{32, 32}, {40, 40}, {72, 72}, {80, 80}, {96, 96}, {112, 48}, {104, 56}})
       v90.push_back({"bf16_t", dqk, dv, 1, "128,3,true"});
     // Above 128: BLOCK_N 128 while V fits (192/128, 256/64), else 64 with P·V as two wgmmas
     // (128 + the rest, or 64 + 80 at 144).
-    for (auto [dqk, dv, cfg] : {std::tuple{192, 128, "128,2,true"}, {256, 64, "128,2,true"}, {144, 144, "64,3,true"},
-                                {200, 168, "64,2,true"}, {256, 256, "64,2,true"}})
+    for (auto [dqk, dv, cfg] : {std::tuple{192, 128, "128,2,true,true,true"},
+                                {256, 64, "128,2,true,true,true"},
+                                {144, 144, "64,3,true"},
+                                {200, 168, "64,2,true,true,true"},
+                                {256, 256, "64,2,true,true,true"}})
       v90.push_back({"bf16_t", dqk, dv, 1, cfg});
-    v90.push_back({"f16_t", 256, 256, 0, "64,2,true"});
+    v90.push_back({"f16_t", 256, 256, 0, "64,2,true,true,true"});
     for (const V90& v : v90) {
       const std::string src = fa_test::variant_source_sm90(
           v.mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), v.elem, v.dqk, v.dv, v.cfg);

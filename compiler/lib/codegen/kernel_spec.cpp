@@ -76,6 +76,12 @@ static int sm90_backward_smem_bytes(int block_m, int block_n, int head_dim_qk, i
 
 bool sm90_backward_wide(int head_dim_qk, int head_dim_v) { return head_dim_qk > 128 || head_dim_v > 128; }
 
+// K released after S = Q·Kᵀ, a tile before its V (forward_sm90.cuh, EARLY_K), on 2-stage rings
+// only. H200, bf16 B4 H16 S4096: d256 (2 stages) full 2.415 -> 1.949 ms, causal 1.232 -> 1.026,
+// softcap 1.541 -> 1.323; on the 3-stage rings it costs: d64 full 0.662 -> 0.713, causal 0.369 ->
+// 0.406 (with a third K stage as well, d256 1.931 / 1.026: no better).
+bool sm90_forward_early_k(const TileConfig& tile) { return tile.stages == 2; }
+
 int head_dim_mma(int d) { return round_up(d, 16); }
 int head_dim_pitch(int d) { return round_up(d, 64); }
 
@@ -292,7 +298,7 @@ int KernelSpec::smem_bytes() const {
   // Shared rows are padded to multiples of 64 elements (templates/fajit/prelude.cuh, HeadRow)
   // in both kernels (Sm90FwdConfig::kSmemBytes, FwdConfig::kSmemBytes).
   int tiles = 2 * (tile.block_m * std::max(pq, pv) + tile.stages * tile.block_n * (pq + pv));
-  if (family == KernelFamily::kWgmma) return 1024 + tiles + 8 * (1 + 3 * tile.stages);  // + mbarriers
+  if (family == KernelFamily::kWgmma) return 1024 + tiles + 8 * (1 + 4 * tile.stages);  // + mbarriers
   return tiles;
 }
 

@@ -54,6 +54,9 @@ inline int bwd_dkdv_parts(const KernelSpec& s) {
 // Whether the Hopper backward at these head dims is the wide-head kernel (templates/fajit/
 // backward_sm90.cuh, Sm90WideBwdConfig: 64 x 64 tiles, dK and dV accumulated transposed).
 bool sm90_backward_wide(int head_dim_qk, int head_dim_v);
+// Whether the Hopper forward at this tile gives each K stage back after S = Q·Kᵀ
+// (templates/fajit/forward_sm90.cuh, EARLY_K).
+bool sm90_forward_early_k(const TileConfig& tile);
 // Whether a backward not asked to be deterministic still takes the deterministic kernels (dQ
 // in its own kernel over the KV tables, no fp32 reductions from the dK/dV kernel): where that is
 // measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (what sm_80/86 and an mma.sync
