@@ -17,7 +17,6 @@
 //   pack_a          16-bit A operand of the next GEMM (P·V) from an fp32 fragment
 //   stage_rows      O / l into a shared staging tile (any layout with offset(row, chunk))
 //   stage_packed    packed A fragments into a shared staging tile
-//   stage_transposed a fragment's transpose into a shared staging tile (16-bit)
 //   store_rows      staged rows to global memory with 16-byte stores
 //   store_lse       the natural-log LSE of a thread's two rows
 //   KvPipeline      the K/V cp.async ring's prologue and per-tile advance
@@ -589,28 +588,6 @@ __device__ __forceinline__ void stage_packed(u32 tile, const u32 (&a)[kK][4], in
 #pragma unroll
       for (int half = 0; half < 2; ++half)  // a[kk][2 half + hh]: row half hh, chunk 2kk + half
         st_shared_b32(tile + Layout::offset(row0 + 8 * hh, 2 * kk + half) + lane_t * 4, a[kk][2 * half + hh]);
-}
-
-// The transpose of a fragment, times `scale`, as 16-bit values into a staging tile: fragment
-// row r0 + g + 8·hh, column 8j + 2t + i%2 goes to tile row c0 + that column, tile column
-// r0 + g + 8·hh (2-byte stores; the wide-head backward's Pᵀ and dSᵀ, and dK, dV from their
-// transposed accumulators). Conflict-free in Sw128Blocks: a store's four tile rows sit in four
-// different 16-byte columns of the swizzle.
-template <typename E, typename Layout, int kNT>
-__device__ __forceinline__ void stage_transposed(u32 tile, const float (&f)[kNT][4], float scale, int r0,
-                                                 int c0, int lane_t) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int col = r0 + 8 * hh;
-    const u32 in_chunk = static_cast<u32>(col % 8) * 2;
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const int row = c0 + 8 * j + 2 * lane_t;
-      st_shared_b16x2_split(tile + Layout::offset(row, col / 8) + in_chunk,
-                            tile + Layout::offset(row + 1, col / 8) + in_chunk,
-                            pack2<E>(f[j][2 * hh] * scale, f[j][2 * hh + 1] * scale));
-    }
-  }
 }
 
 // Rows row_begin..row_begin+kRows-1 of a staged tile, chunks 0..kChunks-1 of each (a row's

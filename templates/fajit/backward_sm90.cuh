@@ -752,18 +752,21 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
   };
   // The part into dq_accum rows q0.. of query head hq (columns past DQK and rows past len_q
   // dropped).
+  // One row pointer per thread row, the columns as immediate offsets from it; where both parts
+  // lie inside DQK (QK 128, 256) no column is checked.
   auto reduce_dq = [&](const float(&dq)[Cfg::kDqN / 8][4], int hq, int q0) {
-    float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
+    constexpr bool kAllColumns = 2 * Cfg::kDqN <= Cfg::kHeadDimQK;
+    float* part =
+        p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK + cw * Cfg::kDqN + 2 * t;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int q = q0 + row + 8 * hh;
       if (q >= len_q) continue;
+      float* dst = part + (long long)q * Cfg::kHeadDimQK;
 #pragma unroll
-      for (int j = 0; j < Cfg::kDqN / 8; ++j) {
-        const int col = cw * Cfg::kDqN + 8 * j + 2 * t;
-        if (col < Cfg::kHeadDimQK)
-          red_add_v2_f32(dqa + (long long)q * Cfg::kHeadDimQK + col, dq[j][2 * hh], dq[j][2 * hh + 1]);
-      }
+      for (int j = 0; j < Cfg::kDqN / 8; ++j)
+        if (kAllColumns || cw * Cfg::kDqN + 8 * j + 2 * t < Cfg::kHeadDimQK)
+          red_add_v2_f32(dst + 8 * j, dq[j][2 * hh], dq[j][2 * hh + 1]);
     }
   };
   // Waits until the other consumer warpgroup has ended its n-th tile (its dSᵀ staged, its dQ

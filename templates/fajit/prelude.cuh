@@ -157,15 +157,6 @@ __device__ __forceinline__ u32x4 ld_global_v4(const void* p) {
                : "l"(p));
   return v;
 }
-// The low and high 16 bits of v to two places in shared memory (a packed pair split, as when
-// a fragment is staged transposed).
-__device__ __forceinline__ void st_shared_b16x2_split(u32 lo_addr, u32 hi_addr, u32 v) {
-  asm volatile(
-      "{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\nst.shared.b16 [%0], lo;\nst.shared.b16 [%1], hi;\n}" ::
-          "r"(lo_addr),
-      "r"(hi_addr), "r"(v)
-      : "memory");
-}
 __device__ __forceinline__ void st_shared_f32(u32 addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
