@@ -59,7 +59,8 @@
 //   Warpgroup 0 (producer, setmaxnreg down to 40): cp.async of the Q tile, then TMA (or
 //   cp.async) of each K and V tile into 128B-swizzled stages (with EARLY_K, K_{j+1} before V_j);
 //   completion reaches the consumers through mbarriers (full_k[s], full_v[s]); it waits on
-//   empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage. Warpgroups 1, 2 (consumers, setmaxnreg up to 232): 64 query rows each;
+//   empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage.
+//   Warpgroups 1, 2 (consumers, setmaxnreg up to 232): 64 query rows each;
 //   S = Q·Kᵀ by wgmma m64n{BLOCK_N}k16 with Q and K from shared memory; score_mod/mask_mod and
 //   the online softmax (exp2, scale·log2e folded) on the accumulator registers; P converted
 //   to 16-bit in registers and used as the A operand of O += P·V (wgmma m64n{DV}k16, V
