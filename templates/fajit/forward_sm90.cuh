@@ -220,12 +220,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     } else {
       produce([&](bool is_k, int stage, int start) {
         if (is_k) {
-          load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + stage * Cfg::kSmemKBytes, kg, p.k_stride_n, start,
-                                                         len_kv, tid);
+          load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
+                                                         start, len_kv, tid);
           mbar_arrive_cp_async(bar_full_k(stage));
         } else {
-          load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + stage * Cfg::kSmemVBytes, vg, p.v_stride_n, start,
-                                                        len_kv, tid);
+          load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
+                                                        start, len_kv, tid);
           mbar_arrive_cp_async(bar_full_v(stage));
         }
       });
@@ -349,8 +349,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
   };
 
-  mbar_wait(bar_q, 0);  // also before an empty walk: O staging reuses the Q region
-  fence_proxy_async();  // Q came by cp.async
+  mbar_wait(bar_q, 0);      // also before an empty walk: O staging reuses the Q region
+  fence_proxy_async();      // Q came by cp.async
   StageRing<kStages> ring;  // the current tile's stage
   if constexpr (!Cfg::kOverlap) {
     // S, softmax, P·V strictly in turn.
