@@ -451,7 +451,8 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   d.family = fa::KernelFamily::kAuto;
   fa::GeneratedKernel g = fa::generate(fa::trace(fa::mods::alibi(), fa::mods::causal()), d);
   EXPECT_HAS(g.source, "#include \"fajit/forward_sm90.cuh\"\n");
-  EXPECT_HAS(g.source, "using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false>;\n");
+  EXPECT_HAS(g.source,
+             "using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false>;\n");
   EXPECT_HAS(g.source, "FAJIT_DEFINE_FORWARD_SM90(fajit_forward, FaConfig, FaMods)\n");
   EXPECT_HAS(g.source, "static_assert(FaConfig::kThreads == 384, ");
   EXPECT_HAS(g.source, "static_assert(FaConfig::kSmemBytes == 230504, ");
