@@ -811,7 +811,7 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
 
       // ---- Pᵀ to shared memory (this warpgroup's rows; its dVᵀ of the last tile is done), then
       // dVᵀ += dOᵀ·P queued behind dP
-      stage_transposed<E, Sw128Blocks<kBN>>(sP, s, 1.f, row, cw * kKeys, t);
+      stage_transposed<E, Sw128Blocks<kBN>>(sP, s, 1.f, row, cw * kKeys);
       fence_proxy_async();
       named_barrier(kBarWideStaged + cw, kWG);
       wgmma_fence();
@@ -826,7 +826,7 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
       // warpgroup's dQ read in tile n - 1), dKᵀ += Qᵀ·dS, then this warpgroup's part of the
       // previous tile's dQ = dS·K (deterministic: dQ is backward.cuh's dq_det kernel's)
       if (!Cfg::kDeterministic && n_done > 0) wait_tile_ended(n_done - 1);
-      stage_transposed<E, Sw128Blocks<kBN>>(sDs(buf), dp, 1.f, row, cw * kKeys, t);
+      stage_transposed<E, Sw128Blocks<kBN>>(sDs(buf), dp, 1.f, row, cw * kKeys);
       fence_proxy_async();
       named_barrier(kBarWideStaged + cw, kWG);
       wgmma_fence();
@@ -867,10 +867,10 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
   named_barrier(kBarDkdvDone, 2 * kWG);
 #pragma unroll
   for (int mb = 0; mb < Cfg::kBlocksQK; ++mb)
-    stage_transposed<E, Sw128Blocks<kBN>>(sm.k, dkt[mb], p.scale, 64 * mb + row, cw * kKeys, t);
+    stage_transposed<E, Sw128Blocks<kBN>>(sm.k, dkt[mb], p.scale, 64 * mb + row, cw * kKeys);
 #pragma unroll
   for (int mb = 0; mb < Cfg::kBlocksV; ++mb)
-    stage_transposed<E, Sw128Blocks<kBN>>(sm.v, dvt[mb], 1.f, 64 * mb + row, cw * kKeys, t);
+    stage_transposed<E, Sw128Blocks<kBN>>(sm.v, dvt[mb], 1.f, 64 * mb + row, cw * kKeys);
   named_barrier(kBarStaged + cw, kWG);
   E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
   E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;

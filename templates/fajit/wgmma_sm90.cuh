@@ -52,10 +52,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 a0, u32 a1, u32 
                "r"(a1), "r"(a2), "r"(a3)
                : "memory");
 }
-__device__ __forceinline__ void stmatrix_x2_trans(u32 addr, u32 a0, u32 a1) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};" ::"r"(addr), "r"(a0), "r"(a1)
-               : "memory");
-}
 
 // The transpose of a warp's accumulator fragment (attention_tile.cuh's layout), times `scale`,
 // as 16-bit values into a staging tile: fragment row r0 + g + 8·hh, column 8j + 2t + i%2 goes
@@ -65,18 +61,16 @@ __device__ __forceinline__ void stmatrix_x2_trans(u32 addr, u32 a0, u32 a1) {
 // eight stored rows are consecutive tile rows, whose 16-byte chunks the swizzle spreads.
 template <typename E, typename Layout, int kNT>
 __device__ __forceinline__ void stage_transposed(u32 tile, const float (&f)[kNT][4], float scale, int r0,
-                                                 int c0, int lane_t) {
-  (void)lane_t;
+                                                 int c0) {
+  static_assert(kNT % 2 == 0, "stage_transposed stores 8-column tiles in pairs");
   const int lane = threadIdx.x & 31;
   const int m = lane >> 3, k = lane & 7;      // this lane's address: row k of matrix m
   const int chunk = (r0 & ~7) / 8 + (m & 1);  // matrices 0, 2: rows g; 1, 3: rows g + 8
   auto pk = [&](int j, int hh) { return pack2<E>(f[j][2 * hh] * scale, f[j][2 * hh + 1] * scale); };
 #pragma unroll
-  for (int j = 0; j + 1 < kNT; j += 2)
+  for (int j = 0; j < kNT; j += 2)
     stmatrix_x4_trans(tile + Layout::offset(c0 + 8 * (j + (m >> 1)) + k, chunk), pk(j, 0), pk(j, 1),
                       pk(j + 1, 0), pk(j + 1, 1));
-  if constexpr (kNT % 2 == 1)  // lanes 0-15 give the addresses
-    stmatrix_x2_trans(tile + Layout::offset(c0 + 8 * (kNT - 1) + k, chunk), pk(kNT - 1, 0), pk(kNT - 1, 1));
 }
 
 // ---- tile loads ----------------------------------------------------------------------------
