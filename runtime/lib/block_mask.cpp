@@ -37,6 +37,7 @@ struct BlockMask::State {
   int q_block = 0, kv_block = 0;
   int nq = 0, nkv = 0;
   std::vector<uint8_t> kinds;
+  bool matches_mask_mod = false;  // set_matches_mask_mod
 
   std::once_flag kv_once, q_once;
   std::atomic<bool> kv_ready{false}, q_ready{false};
@@ -48,6 +49,7 @@ struct BlockMask::State {
   };
   std::mutex mutex;
   std::map<CUcontext, Device> devices;
+  std::map<int, BlockMask> regrouped;  // with_q_block, by query block size (under mutex)
 };
 
 namespace {
@@ -450,6 +452,46 @@ const std::vector<int32_t>& BlockMask::q_num_blocks() const { return q_tables(st
 const std::vector<int32_t>& BlockMask::q_indices() const { return q_tables(state()).idx; }
 const std::vector<int32_t>& BlockMask::full_q_num_blocks() const { return q_tables(state()).full_num; }
 const std::vector<int32_t>& BlockMask::full_q_indices() const { return q_tables(state()).full_idx; }
+
+bool BlockMask::matches_mask_mod() const { return state().matches_mask_mod; }
+
+BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
+  state();  // throws for an empty mask
+  state_->matches_mask_mod = matches;
+  return *this;
+}
+
+const BlockMask& BlockMask::with_q_block(int q_block) const {
+  const State& s = state();
+  if (q_block == s.q_block) return *this;
+  if (!s.matches_mask_mod)
+    throw Error(fmt::format(
+        "block mask: its {}-row query blocks can be regrouped into {} rows only when the tables agree with "
+        "mask_mod (a mask built by Kernel::block_mask or create_block_mask); given tables, build them "
+        "with q_block {}",
+        s.q_block, q_block, q_block));
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (auto it = state_->regrouped.find(q_block); it != state_->regrouped.end()) return it->second;
+  auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, s.kv_block);
+  r->matches_mask_mod = true;
+  const int64_t groups = int64_t(s.batch) * s.heads;
+  r->kinds.assign(size_t(groups) * r->nq * r->nkv, uint8_t(BlockKind::kEmpty));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int i = 0; i < r->nq; ++i) {
+      // The source rows this block overlaps (rows past len_q are not part of any tile).
+      const int64_t row0 = int64_t(i) * q_block, row1 = std::min<int64_t>(row0 + q_block, s.len_q) - 1;
+      const int first = int(row0 / s.q_block), last = int(row1 / s.q_block);
+      uint8_t* out = r->kinds.data() + (g * r->nq + i) * r->nkv;
+      const uint8_t* src = s.kinds.data() + (g * s.nq + first) * s.nkv;
+      std::memcpy(out, src, size_t(s.nkv));
+      for (int qb = first + 1; qb <= last; ++qb) {
+        src += s.nkv;
+        for (int j = 0; j < s.nkv; ++j)
+          if (out[j] != src[j]) out[j] = uint8_t(BlockKind::kPartial);
+      }
+    }
+  return state_->regrouped.emplace(q_block, BlockMask(std::move(r))).first->second;
+}
 
 BlockKind BlockMask::kind(int b, int h, int q_blk, int kv_blk) const {
   const State& s = state();

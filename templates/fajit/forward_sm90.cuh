@@ -7,13 +7,14 @@
 //   #include "fajit/prelude.cuh"
 //   struct FaMods { ... };                                   // see templates/README.md
 //   #include "fajit/forward_sm90.cuh"
-//   using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false>;
+//   using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false, 2>;
 //                          // the tile from the host: fa::default_tile() (kernel_spec.h)
 //   FAJIT_DEFINE_FORWARD_SM90(fajit_fwd, FaConfig, FaMods)
 // NVRTC: --gpu-architecture=sm_90a (wgmma and setmaxnreg exist only there). Macro arguments
 // must be single identifiers (name the config with a `using` first). The kernel is extern "C".
 //
-// ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K>)
+// ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K,
+//                                 CONSUMERS>)
 //   Element   fa::f16_t or fa::bf16_t (Q, K, V, O); LSE is fp32
 //   DQK, DV   head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 256, independently
 //             (rows padded to 64-column swizzle blocks; Q·Kᵀ runs ceil(DQK / 16) k-steps and
@@ -24,26 +25,29 @@
 //   STAGES    K/V shared-memory stages (2..4, within 227 KiB)
 //   OVERLAP   issue S_{j+1} = Q·K_{j+1}ᵀ before the softmax of S_{j+1} runs against P_j·V_j
 //             (FA-3 intra-warpgroup pipelining); false: S, softmax, P·V strictly in turn
-//   PINGPONG  the two consumer warpgroups take turns issuing their GEMMs (named barriers 3, 4),
-//             so one's softmax runs while the other's GEMMs use the tensor cores
+//   PINGPONG  the consumer warpgroups take turns issuing their GEMMs, round robin (named
+//             barriers 4..), so one's softmax runs while the others' GEMMs use the tensor cores
 //   EARLY_K   a K stage goes back to the producer as soon as S = Q·Kᵀ has completed, a tile
 //             before its V, and the producer copies K_{j+1} before V_j: on a 2-stage ring K_{j+1}
 //             then loads under the softmax of S_j instead of after P_{j-1}·V_{j-1}. false: a stage
 //             (K and V) goes back after its P·V, and K_j, V_j are copied in turn.
-//   BLOCK_M is fixed at 128: 2 consumer warpgroups of 64 query rows each.
+//   CONSUMERS consumer warpgroups of 64 query rows each, 2 or 3: BLOCK_M = 64 * CONSUMERS.
+//             Three (192 rows, FA-3's d64 tile) give each softmax two other warpgroups' GEMMs
+//             to run under; they share 160 registers a thread (2: 232), so only narrow heads.
 //
 // ---- Launch (host mirrors these; the constants are spelled out) --------------------------
-//   grid  = ( ceil(len_q / 128), batch * heads_q, 1 )         (same as forward.cuh, BLOCK_M 128)
-//   block = ( 384, 1, 1 )                                      == Config::kThreads
+//   grid  = ( ceil(len_q / BLOCK_M), batch * heads_q, 1 )     (as forward.cuh)
+//   block = ( 128 * (1 + CONSUMERS), 1, 1 )                    == Config::kThreads
 //   dynamic shared memory bytes                                == Config::kSmemBytes
-//         = 1024 (alignment slack) + 2 * (128 * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
+//         = 1024 (alignment slack) + 2 * (BLOCK_M * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
 //           (P = the head dim rounded up to 64)
 //           + 8 * (1 + 4 * STAGES)                             (mbarriers)
 //   always > 48 KiB: cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n).
 //   Kernel arguments: (const FaFwdParams p, const FaCaptures cap), by value.
 //   Host-validated preconditions (as forward.cuh): scale > 0; heads_q % heads_kv == 0;
 //   len_q, len_kv >= 1; head dim contiguous; Q/K/V/O base pointers and row strides 16-byte
-//   aligned (row strides multiples of 8 elements); mask.q_block % 128 == 0,
+//   aligned (row strides multiples of 8 elements); mask.q_block % BLOCK_M == 0 (the host
+//   regroups a mask built from mask_mod into 192-row blocks: BlockMask::with_q_block),
 //   mask.kv_block % BLOCK_N == 0; table indices < ceil(len_kv / kv_block). A compute
 //   capability 9.0 device (sm_90a code loads on nothing else).
 //
@@ -56,11 +60,11 @@
 //   kv head h / (heads_q / heads_kv). A row with no unmasked score gets O = 0, LSE = -inf.
 //
 // ---- Structure ----------------------------------------------------------------------------
-//   Warpgroup 0 (producer, setmaxnreg down to 40): cp.async of the Q tile, then TMA (or
-//   cp.async) of each K and V tile into 128B-swizzled stages (with EARLY_K, K_{j+1} before V_j);
+//   Warpgroup 0 (producer, setmaxnreg down to 40, 32 with three consumers): cp.async of the Q tile, then TMA
+//   (or cp.async) of each K and V tile into 128B-swizzled stages (with EARLY_K, K_{j+1} before V_j);
 //   completion reaches the consumers through mbarriers (full_k[s], full_v[s]); it waits on
 //   empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage.
-//   Warpgroups 1, 2 (consumers, setmaxnreg up to 232): 64 query rows each;
+//   Warpgroups 1.. (consumers, setmaxnreg up to 232, 160 with three): 64 query rows each;
 //   S = Q·Kᵀ by wgmma m64n{BLOCK_N}k16 with Q and K from shared memory; score_mod/mask_mod and
 //   the online softmax (exp2, scale·log2e folded) on the accumulator registers; P converted
 //   to 16-bit in registers and used as the A operand of O += P·V (wgmma m64n{DV}k16, V
@@ -79,23 +83,24 @@
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockN_ = 128, int kStages_ = 2,
-          bool kOverlap_ = true, bool kPingPong_ = false, bool kEarlyK_ = false>
+          bool kOverlap_ = true, bool kPingPong_ = false, bool kEarlyK_ = false, int kConsumers_ = 2>
 struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr int kBlockM = 128;
+  static constexpr int kConsumerWarpgroups = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumers_;  // 64 query rows per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kEarlyK = kEarlyK_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPingPong = kPingPong_;
 
-  static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kConsumerRows = kBlockM / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+  // 128 * 40 + 256 * 232 <= 65536 with two consumer warpgroups, 128 * 32 + 384 * 160 with three
+  static constexpr int kProducerRegs = kConsumers_ == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kConsumers_ == 2 ? 232 : 160;
   // Shared rows are padded to whole 64-column swizzle blocks (HeadRow::kRowBytes): D 80 and
   // 96 take the room of 128.
   using Shape = AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_>;
@@ -114,15 +119,16 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static_assert(kHeadDimV <= 128 || kBlockN == 64, "DV above 128 needs BLOCK_N 64 (O and S in registers)");
   static_assert(kBlockN == 64 || kBlockN == 128, "BLOCK_N must be 64 or 128 (sm90 kernel)");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
+  static_assert(kConsumers_ == 2 || kConsumers_ == 3, "CONSUMERS must be 2 or 3");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
 namespace sm90 {
 
 // Named barrier ids (0 is __syncthreads): each consumer warpgroup's epilogue barrier, and each
-// one's ping-pong turn barrier (waited on by that warpgroup, arrived on by the other).
+// one's ping-pong turn barrier (waited on by that warpgroup, arrived on by the one before it).
 constexpr int kBarEpilogue = 1;  // + consumer index
-constexpr int kBarTurn = 3;      // + consumer index
+constexpr int kBarTurn = 4;      // + consumer index
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap,
@@ -287,17 +293,18 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   };
 
   // ---- ping-pong: a warpgroup waits for its turn before issuing GEMMs and hands the turn to
-  // the other after issuing them, so one's softmax runs under the other's GEMMs. Both issue
-  // the same number of turns (same tiles); warpgroup 1 hands the first turn over up front and
-  // warpgroup 0 takes one extra turn at the end, so every bar.sync of 256 meets exactly one
-  // bar.arrive of the other warpgroup.
+  // the next (round robin) after issuing them, so one's softmax runs under the others' GEMMs.
+  // All issue the same number of turns (same tiles); the last warpgroup hands warpgroup 0 the
+  // first turn up front and warpgroup 0 takes one extra turn at the end, so every bar.sync of
+  // 256 meets exactly one bar.arrive of the warpgroup before it.
+  constexpr int kCW = Cfg::kConsumerWarpgroups;
   auto turn_wait = [&]() {
     if constexpr (Cfg::kPingPong) named_barrier(kBarTurn + cw, 2 * kWG);
   };
   auto turn_pass = [&]() {
-    if constexpr (Cfg::kPingPong) named_barrier_arrive(kBarTurn + (1 - cw), 2 * kWG);
+    if constexpr (Cfg::kPingPong) named_barrier_arrive(kBarTurn + (cw + 1) % kCW, 2 * kWG);
   };
-  if (Cfg::kPingPong && cw == 1) named_barrier_arrive(kBarTurn, 2 * kWG);
+  if (Cfg::kPingPong && cw == kCW - 1) named_barrier_arrive(kBarTurn, 2 * kWG);
 
   // One turn on the tensor cores: `gemms` issues (and commits) wgmma groups.
   auto issue_turn = [&](auto&& gemms) {
@@ -408,7 +415,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     if (!first) gemm_pv(prev.stage, prev.phase);
   }
 
-  if (Cfg::kPingPong && cw == 0) turn_wait();  // the turn warpgroup 1 handed over last
+  if (Cfg::kPingPong && cw == 0) turn_wait();  // the turn the last warpgroup handed over
 
   // ---- epilogue: O / l staged in this warpgroup's rows of the Q region (same layout as Q,
   // so the other warpgroup's Q rows are untouched), 16-byte stores; LSE in natural log.
@@ -427,7 +434,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 }  // namespace fa
 
 // Defines the extern "C" kernel `name` for a config and mods struct (single identifiers).
-// __launch_bounds__(384, 1) caps registers at entry (168) so setmaxnreg can redistribute.
+// __launch_bounds__(threads, 1) caps registers at entry (168 at 384 threads, 128 at 512) so
+// setmaxnreg can redistribute.
 #define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                                           \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                             \
       name(const FaFwdParams p, const FaCaptures cap, const __grid_constant__ FaTmaPair maps) { \

@@ -587,6 +587,53 @@ TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
               s300.rel, s300.row_rel);
 }
 
+// ---- query rows of the tile vs the mask's blocks ---------------------------------------------
+
+// Hopper's d64 forward runs 192 query rows a CTA; masks built from the kernel's mask_mod are
+// regrouped to that (BlockMask::with_q_block, covered by every d64 case above). Tables given as
+// such keep flex_attention's meaning, where a full or empty tile overrides mask_mod, so they
+// run on the 128-row kernel instead: here block-causal tables (the diagonal tiles full) with a
+// kernel whose mask_mod keeps everything must give block-causal attention, which a 192-row
+// regrouping (a partial tile evaluating mask_mod) would not.
+TEST(ForwardTiles, GivenTablesKeepTheirMeaningOnTheWideTileKernel) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const FwdCase c{"none", bf16, 64, 64, 1, 2, 2, 1000, 1000};
+  std::shared_ptr<Prepared> p = start(c).get();
+  const int nq = (c.Lq + 127) / 128;
+  std::vector<int32_t> num(nq, 0), idx(size_t(nq) * nq, 0), full_num(nq), full_idx(size_t(nq) * nq, 0);
+  for (int i = 0; i < nq; ++i) {
+    full_num[size_t(i)] = i + 1;
+    for (int j = 0; j <= i; ++j) full_idx[size_t(i) * nq + j] = j;
+  }
+  const fa::BlockMask given = fa::BlockMask::from_kv_blocks(1, 1, c.Lq, c.Lkv, num, idx, full_num, full_idx);
+  EXPECT_FALSE(given.matches_mask_mod());
+  EXPECT_TRUE(p->mask.matches_mask_mod());  // Kernel::block_mask's
+  if (fa::rt::current_device_info().cc_major == 9) {
+    EXPECT_EQ(p->kernel->spec().tile.block_m, 192) << p->kernel->spec().to_string();
+  }
+
+  const fa::Program block_causal =
+      fa::trace(fa::identity_score(), {"block_causal", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                                         return kv / fa::Index(128) <= q / fa::Index(128);
+                                       }});
+  ModPrograms progs = mod_programs(block_causal);
+  fa::ReferenceOptions ro;
+  ro.mask_mod = &progs.mask;
+  ro.q_strides = p->q.stride, ro.k_strides = p->k.stride, ro.v_strides = p->v.stride;
+  const fa::ReferenceResult ref = fa::reference_attention(
+      fa::ReferenceShape{c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, p->in_vals.data() + p->q.offset,
+      p->in_vals.data() + p->k.offset, p->in_vals.data() + p->v.offset, ro);
+  const Stats s = launch_and_check(c, *p->kernel, *p, given, p->captures, ref);
+  std::printf("[ stats    ] given block-causal tables: rel %.2e row %.2e lse %.2e\n", s.rel, s.row_rel,
+              s.lse_err);
+  expect_good(c, s);
+  // Regrouping such tables is refused with what to do instead.
+  EXPECT_EQ(error_of([&] { given.with_q_block(192); }),
+            "block mask: its 128-row query blocks can be regrouped into 192 rows only when the tables agree "
+            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask); given tables, build "
+            "them with q_block 192");
+}
+
 // ---- autotuning (Options::autotune) ---------------------------------------------------------
 
 // Every configuration autotuning may pick is right: each candidate compiled explicitly and

@@ -23,10 +23,11 @@ inline std::string default_tile_args(int dqk, int dv, fa::KernelFamily family) {
     return a == b ? std::to_string(a)
                   : "(FaMods::kHasScoreMod ? " + std::to_string(b) + " : " + std::to_string(a) + ")";
   };
-  if (family == fa::KernelFamily::kWgmma) {  // Sm90FwdConfig: BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K
+  if (family == fa::KernelFamily::kWgmma) {
+    // Sm90FwdConfig: BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K, CONSUMERS (BLOCK_M / 64)
     const std::string early = fa::sm90_forward_early_k(plain) ? "true" : "false";  // the tile is plain's
     return pick(plain.block_n, modded.block_n) + ", " + pick(plain.stages, modded.stages) + ", true, true, " +
-           early;
+           early + ", " + pick(plain.block_m / 64, modded.block_m / 64);
   }
   return pick(plain.block_m, modded.block_m) + ", " + pick(plain.block_n, modded.block_n) + ", " +
          pick(plain.warps, modded.warps) + ", " + pick(plain.stages, modded.stages);

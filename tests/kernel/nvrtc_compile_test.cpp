@@ -68,6 +68,14 @@ int main() {
     for (const char* cfg : {"128,2,false", "128,3,true", "64,2,true", "64,4,false", "128,2,false,false,true",
                             "128,2,true,true,true", "64,2,true,false,true"})
       v90.push_back({"bf16_t", 128, 128, 1, cfg});
+    // Three consumer warpgroups (192 query rows, the default up to 64 without a score_mod):
+    // with a score_mod, without overlap, 4 stages, and the narrow head dims.
+    for (auto [dqk, dv, cfg] : {std::tuple{64, 64, "128,3,true,true,false,3"},
+                                {64, 64, "128,3,false,true,false,3"},
+                                {64, 64, "128,4,true,true,false,3"},
+                                {32, 32, "128,3,true,true,false,3"},
+                                {40, 48, "128,3,true,true,false,3"}})
+      v90.push_back({"bf16_t", dqk, dv, 1, cfg});
     // Every other head-dim class (padded rows, P·V's N rounded up to 16, odd chunks).
     for (auto [dqk, dv] : {std::pair{32, 32}, {40, 40}, {72, 72}, {80, 80}, {96, 96}, {112, 48}, {104, 56}})
       v90.push_back({"bf16_t", dqk, dv, 1, "128,3,true"});

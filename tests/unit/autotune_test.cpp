@@ -54,9 +54,11 @@ TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
                 "forward bf16 qk256 v256 mma tile128x64w8s2 sm_90a",
                 "forward bf16 qk256 v256 mma tile64x64w4s2 sm_90a",
             }));
-  // d64: three stages are the wgmma default, as above 64; two are a candidate.
+  // d64: three consumer warpgroups (192 rows) are the wgmma default; 128 rows in three stages
+  // as above 64, and two, are candidates.
   EXPECT_EQ(texts(fa::forward_tune_candidates(forward(64, 64), false)),
             (std::vector<std::string>{
+                "forward bf16 qk64 v64 wgmma tile192x128w16s3 sm_90a",
                 "forward bf16 qk64 v64 wgmma tile128x128w12s3 sm_90a",
                 "forward bf16 qk64 v64 wgmma tile128x128w12s2 sm_90a",
                 "forward bf16 qk64 v64 wgmma tile128x64w12s3 sm_90a",

@@ -318,7 +318,7 @@ TEST(Codegen, EveryHeadDimResolves) {
   };
   EXPECT_EQ(hopper(fa::DType::bf16, 96, 96), "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::f16, 80, 40), "forward f16 qk80 v40 wgmma tile128x128w12s3 sm_90a");
-  EXPECT_EQ(hopper(fa::DType::bf16, 32, 32), "forward bf16 qk32 v32 wgmma tile128x128w12s3 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::bf16, 32, 32), "forward bf16 qk32 v32 wgmma tile192x128w16s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 192, 128), "forward bf16 qk192 v128 wgmma tile128x128w12s2 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 256, 128), "forward bf16 qk256 v128 wgmma tile128x64w12s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 136, 136), "forward bf16 qk136 v136 wgmma tile128x64w12s3 sm_90a");
@@ -427,8 +427,13 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   fa::KernelSpec s = spec();
   s.family = fa::KernelFamily::kAuto;
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
-  s.head_dim_qk = s.head_dim_v = 64;
+  s.head_dim_qk = s.head_dim_v = 64;  // three consumer warpgroups, 192 query rows
+  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 wgmma tile192x128w16s3 sm_90a");
+  s.family = fa::KernelFamily::kWgmma;
+  s.tile = {128, 128, 12, 3};  // two, 128 rows
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 wgmma tile128x128w12s3 sm_90a");
+  s.family = fa::KernelFamily::kAuto;
+  s.tile = {};
   s.arch = "sm_80";
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 mma tile128x64w4s2 sm_80");
   s.arch = "sm_90a";
@@ -452,7 +457,7 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   fa::GeneratedKernel g = fa::generate(fa::trace(fa::mods::alibi(), fa::mods::causal()), d);
   EXPECT_HAS(g.source, "#include \"fajit/forward_sm90.cuh\"\n");
   EXPECT_HAS(g.source,
-             "using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false>;\n");
+             "using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false, 2>;\n");
   EXPECT_HAS(g.source, "FAJIT_DEFINE_FORWARD_SM90(fajit_forward, FaConfig, FaMods)\n");
   EXPECT_HAS(g.source, "static_assert(FaConfig::kThreads == 384, ");
   EXPECT_HAS(g.source, "static_assert(FaConfig::kSmemBytes == 230504, ");

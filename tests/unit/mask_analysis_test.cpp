@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "fa_test_util.h"
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/Dialect/FA/Passes.h"
 #include "fajit/detail/program_impl.h"
@@ -297,3 +299,56 @@ TEST(MaskAnalysis, PassAgreesWithIntervalProgram) {
 }
 
 }  // namespace
+
+// BlockMask::with_q_block (the Hopper d64 forward's 192-row tile over 128-row masks): each
+// regrouped tile joins the tiles it overlaps (full where all are full, empty where all are
+// empty, else partial), so its full and empty tiles are exactly what brute force finds at the
+// new size, and it is kept with the mask.
+TEST(MaskAnalysis, RegroupedMasksAreSound) {
+  const fa::MaskMod band{"band", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                           return kv <= q + fa::Index(200) && kv + fa::Index(300) >= q;
+                         }};
+  for (const fa::MaskMod& mm : {fa::mods::causal(), band})
+    for (int source : {64, 128, 256}) {
+      const std::string what = mm.name + " from " + std::to_string(source) + "-row blocks";
+      const int len_q = 1000, len_kv = 777;
+      fa::BlockMaskOptions bo;
+      bo.q_block = source;
+      const fa::BlockMask m = fa::create_block_mask(mm, 1, 1, len_q, len_kv, {}, bo);
+      EXPECT_TRUE(m.matches_mask_mod()) << what;
+      EXPECT_EQ(&m.with_q_block(source), &m) << what;
+      const fa::BlockMask& r = m.with_q_block(192);
+      EXPECT_EQ(&m.with_q_block(192), &r) << what;  // built once
+      EXPECT_TRUE(r.matches_mask_mod()) << what;
+      ASSERT_EQ(r.q_block(), 192) << what;
+      ASSERT_EQ(r.num_q_blocks(), 6) << what;
+      EXPECT_EQ(r.kv_block(), m.kv_block()) << what;
+      const std::vector<uint8_t> exact = fa::brute_force_block_classes(
+          mask_program(fa::trace(fa::identity_score(), mm)), {}, 1, 1, len_q, len_kv, 192, 128);
+      for (int i = 0; i < r.num_q_blocks(); ++i)
+        for (int j = 0; j < r.num_kv_blocks(); ++j) {
+          // the definition: the kinds of the source rows [192 i, min(192 (i + 1), Lq))
+          const int first = 192 * i / source, last = (std::min(192 * (i + 1), len_q) - 1) / source;
+          fa::BlockKind join = m.kind(0, 0, first, j);
+          for (int s = first + 1; s <= last; ++s)
+            if (m.kind(0, 0, s, j) != join) join = fa::BlockKind::kPartial;
+          const fa::BlockKind got = r.kind(0, 0, i, j);
+          EXPECT_EQ(got, join) << what << " tile " << i << "," << j;
+          if (got != fa::BlockKind::kPartial) {
+            EXPECT_EQ(uint8_t(got), exact[size_t(i) * r.num_kv_blocks() + j])
+                << what << " tile " << i << "," << j;
+          }
+        }
+    }
+  // Tables given as such may override mask_mod (flex_attention's meaning): not regrouped.
+  const fa::BlockMask given = fa::BlockMask::all_full(1, 1, 1000, 1000);
+  EXPECT_FALSE(given.matches_mask_mod());
+  EXPECT_EQ(&given.with_q_block(128), &given);
+  EXPECT_EQ(fa::test::error_of([&] { given.with_q_block(192); }),
+            "block mask: its 128-row query blocks can be regrouped into 192 rows only when the tables agree "
+            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask); given tables, build "
+            "them with q_block 192");
+  EXPECT_EQ(fa::test::error_of(
+                [&] { fa::BlockMask::all_full(1, 1, 1000, 1000).set_matches_mask_mod().with_q_block(100); }),
+            "block mask: block sizes must be positive multiples of 16, got 100x128");
+}

@@ -163,8 +163,8 @@ bool autotune_enabled(const Options& o) {
 }
 
 bool ForwardTuner::ClassKey::operator<(const ClassKey& o) const {
-  return std::tie(batch_heads, len_q, len_kv, q_block, kv_block, device) <
-         std::tie(o.batch_heads, o.len_q, o.len_kv, o.q_block, o.kv_block, o.device);
+  return std::tie(batch_heads, len_q, len_kv, q_block, kv_block, regroupable, device) <
+         std::tie(o.batch_heads, o.len_q, o.len_kv, o.q_block, o.kv_block, o.regroupable, o.device);
 }
 
 ForwardTuner::ForwardTuner(const Program& program, const Compiled& fwd, bool enabled)
@@ -311,6 +311,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
                          pow2_at_least(shape.len_kv),
                          shape.q_block,
                          shape.kv_block,
+                         shape.regroupable,
                          device};
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -338,10 +339,10 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
 
   const bool has_score_mod = score_mod_weighs(program_, KernelKind::kForward);  // as generate() resolves
   std::vector<KernelSpec> specs = forward_tune_candidates(fwd_.gen.spec, has_score_mod);
-  // Candidates whose tile does not divide the mask's blocks cannot run it.
+  // Candidates whose tile neither divides the mask's blocks nor may regroup them cannot run it.
   specs.erase(std::remove_if(specs.begin() + 1, specs.end(),
                              [&](const KernelSpec& s) {
-                               return shape.q_block % s.tile.block_m != 0 ||
+                               return (shape.q_block % s.tile.block_m != 0 && !shape.regroupable) ||
                                       shape.kv_block % s.tile.block_n != 0;
                              }),
               specs.end());

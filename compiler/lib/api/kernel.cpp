@@ -170,8 +170,16 @@ class MaskBuilder {
   // The builder kernel's spec (spec_beside(..., kBlockMask)); needed only once a mask is left undecided.
   void set_spec(KernelSpec spec) { spec_ = std::move(spec); }
 
+  // The mask is marked as agreeing with mask_mod (BlockMask::matches_mask_mod): it was decided
+  // from it, symbolically or element by element.
   BlockMask build(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
                   const BlockMaskOptions& options, Stream stream) {
+    return decide(batch, heads, len_q, len_kv, captures, options, stream).set_matches_mask_mod();
+  }
+
+  // The mask's tiles classified from mask_mod (see build).
+  BlockMask decide(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures,
+                   const BlockMaskOptions& options, Stream stream) {
     if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
       throw Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads,
                               len_q, len_kv));
@@ -228,8 +236,20 @@ class MaskBuilder {
 
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
 // the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
+// Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
+// agrees with mask_mod and is regrouped into the tile's query rows (BlockMask::with_q_block).
+bool forward_takes(const TileConfig& t, const BlockMask& mask) {
+  return mask.q_block() % t.block_m == 0 || mask.matches_mask_mod();
+}
+
+// The mask a dense forward of tile `t` reads (forward_takes said it can).
+const BlockMask& mask_for_tile(const TileConfig& t, const BlockMask& mask) {
+  return mask.q_block() % t.block_m == 0 ? mask : mask.with_q_block(t.block_m);
+}
+
+// `regroups`: the kernel (a dense forward) may run the mask regrouped (forward_takes).
 float check_call(const KernelSpec& s, const char* what, const AttentionShape& shape, const BlockMask& mask,
-                 float scale, bool check_tile = true) {
+                 float scale, bool check_tile = true, bool regroups = false) {
   if (shape.dtype != s.dtype)
     throw Error(fmt::format("q: the kernel was compiled for {}, got {}", dtype_name(s.dtype),
                             dtype_name(shape.dtype)));
@@ -242,7 +262,8 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
   if (!mask.valid())
     throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
   mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
-  if (check_tile && (mask.q_block() % s.tile.block_m != 0 || mask.kv_block() % s.tile.block_n != 0))
+  const bool q_fits = regroups ? forward_takes(s.tile, mask) : mask.q_block() % s.tile.block_m == 0;
+  if (check_tile && (!q_fits || mask.kv_block() % s.tile.block_n != 0))
     throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}",
                             mask.q_block(), mask.kv_block(), what, s.tile.block_m, s.tile.block_n));
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
@@ -325,6 +346,7 @@ struct Kernel::Impl {
   std::unique_ptr<Compiled> prefill[3];
   std::unique_ptr<detail::ForwardTuner> tuner;  // the dense forward per shape class (made by compile)
   std::map<std::string, std::unique_ptr<Compiled>> wide_twins;  // by the narrow kernel's cache key
+  std::unique_ptr<Compiled> rows128;  // dense_forward's fallback for masks a 192-row tile cannot take
 
   const Compiled& decode_kernel(SequenceLayout layout = SequenceLayout::kDense) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
@@ -360,6 +382,25 @@ struct Kernel::Impl {
                                         p.score_mod_name(), p.mask_mod_name())));
     }
     return *slot;
+  }
+
+  // The dense forward that runs `mask`: fwd, or, where fwd's tile takes query blocks the mask's
+  // cannot be regrouped into (BlockMask::with_q_block: given tables, not built from mask_mod),
+  // the same kernel with the 128-row tile, compiled on first use.
+  const Compiled& dense_forward(const BlockMask& m) {
+    if (fwd.gen.spec.tile.block_m <= 128 || forward_takes(fwd.gen.spec.tile, m)) return fwd;
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    if (!rows128) {
+      const Program& p = mask.program();
+      KernelSpec spec = fwd.gen.spec;
+      spec.tile.block_m = 128;
+      spec.tile.warps = 12;
+      rows128 = std::make_unique<Compiled>(
+          compile_generated(generate(p, spec), fwd.options.line_info,
+                            fmt::format("128-row forward of score_mod @{} mask_mod @{}", p.score_mod_name(),
+                                        p.mask_mod_name())));
+    }
+    return *rows128;
   }
 
   // `c`, or its wide-captures twin (KernelSpec::wide_captures: the same spec with 64-bit
@@ -459,7 +500,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
         "cu_seqlens_k, seqlens_k or page_table)");
   AttentionShape shape = validate_attention(q, k, v, o, lse);
   // A ragged / paged call's mask is checked against the tile of the kernel that runs it, below.
-  const float scale = check_call(spec(), "forward", shape, mask, options.scale, dense);
+  // The dense forward this mask runs on (fwd, unless its tile cannot take the mask's blocks).
+  const Compiled& dense_fwd = dense && mask.valid() ? impl_->dense_forward(mask) : impl_->fwd;
+  const float scale = check_call(dense_fwd.gen.spec, "forward", shape, mask, options.scale, dense, true);
   // CUDA grids hold at most 65535 CTAs along y: the prefill's B x Hq (decoding's B x Hq / the
   // heads sharing a tile is never larger).
   if (int64_t(shape.batch) * shape.heads_q > 65535)
@@ -529,19 +572,18 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   if (!dense) check_call(impl_->prefill_kernel(layout).gen.spec, "forward", shape, mask, options.scale);
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
-  const FaFwdParams params = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
   // Kernel f's launch on this call, its function and arguments resolved up front (the
   // autotuner times these with no host work between launches).
   struct PrefillLaunch {
     CUfunction fn;
     rt::Dim3 grid, block;
     unsigned smem;
-    FaTmaPair maps;  // the Hopper kernel takes K and V as TMA tensor maps (its third parameter)
-    const FaFwdParams* params;
+    FaTmaPair maps;      // the Hopper kernel takes K and V as TMA tensor maps (its third parameter)
+    FaFwdParams params;  // with the mask's tables for the tile's query rows
     unsigned char* cap;
     CUstream st;
     void operator()() {
-      FaFwdParams p = *params;
+      FaFwdParams p = params;
       void* args[] = {&p, cap, &maps};
       rt::launch(fn, grid, block, smem, st, args);
     }
@@ -549,27 +591,34 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   auto resolve = [&](const Compiled& f) {
     const KernelSpec& s = f.gen.spec;
     const TileConfig& t = s.tile;
-    PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
-                    rt::Dim3(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
-                             static_cast<unsigned>(shape.batch * shape.heads_q)),
-                    rt::Dim3(static_cast<unsigned>(s.threads())),
-                    static_cast<unsigned>(s.smem_bytes()),
-                    FaTmaPair{},
-                    &params,
-                    cap.data(),
-                    st};
+    PrefillLaunch l{
+        rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
+        rt::Dim3(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
+                 static_cast<unsigned>(shape.batch * shape.heads_q)),
+        rt::Dim3(static_cast<unsigned>(s.threads())),
+        static_cast<unsigned>(s.smem_bytes()),
+        FaTmaPair{},
+        with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, dense ? mask_for_tile(t, mask) : mask)),
+        cap.data(),
+        st};
     if (s.family == KernelFamily::kWgmma) l.maps = rt::make_tma_pair(k, v, t.block_n);
     return l;
   };
-  if (!dense || wide) {  // the tuner's candidates are narrow: a wide call runs the default tile
-    resolve(impl_->captures_twin(impl_->prefill_kernel(layout), wide))();
+  // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's
+  // query blocks or regroup them (a mask that cannot be regrouped runs dense_forward's fallback).
+  if (!dense || wide || &dense_fwd != &impl_->fwd) {
+    resolve(impl_->captures_twin(dense ? dense_fwd : impl_->prefill_kernel(layout), wide))();
     return;
   }
   // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
   // overlap none of the inputs, and never into a CUDA graph being captured. Asked only when a
   // shape class is about to be timed, not on every call.
-  const detail::TuneShape ts{int64_t(shape.batch) * shape.heads_q, shape.len_q, shape.len_kv, mask.q_block(),
-                             mask.kv_block()};
+  const detail::TuneShape ts{int64_t(shape.batch) * shape.heads_q,
+                             shape.len_q,
+                             shape.len_kv,
+                             mask.q_block(),
+                             mask.kv_block(),
+                             mask.matches_mask_mod()};
   auto may_time = [&] {
     auto touches_inputs = [&](const TensorView& out) {
       return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);

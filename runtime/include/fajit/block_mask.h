@@ -117,6 +117,21 @@ class FA_API BlockMask {
   // '#' full, '+' partial, '.' empty (of the tables of batch b, head h).
   std::string to_string(int b = 0, int h = 0) const;
 
+  // Whether the tiles agree with the mask_mod the mask runs with, element by element: full tiles
+  // where mask_mod holds for every in-range element, empty ones where it holds for none. Masks
+  // built from a mask_mod (fa::Kernel::block_mask, fa::create_block_mask) are marked so; tables
+  // given as such (from_kinds, from_kv_blocks, all_full) are not, since flex_attention lets a
+  // full or empty tile override mask_mod.
+  bool matches_mask_mod() const;
+  // Marks (or unmarks) the mask as agreeing with its mask_mod (above). Call before sharing it.
+  BlockMask& set_matches_mask_mod(bool matches = true);
+  // This mask regrouped into query blocks of `q_block` rows (a multiple of 16): a tile is full
+  // where every tile it overlaps is full, empty where every one is empty, else partial, so the
+  // mask_mod decides its elements. Built once per size and kept with this mask (thread-safe).
+  // Returns *this for q_block == q_block(); otherwise needs matches_mask_mod(). The Hopper
+  // forward's 192-row tile runs 128-row masks this way.
+  const BlockMask& with_q_block(int q_block) const;
+
   // Throws fa::Error unless the mask was built for these lengths and Bm/Hm are 1 or B/H:
   // "block mask was built for Lq=1024, Lkv=1024; got Lq=2048, Lkv=1024".
   void check_compatible(int batch, int heads, int64_t len_q, int64_t len_kv) const;
