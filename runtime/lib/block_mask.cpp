@@ -38,6 +38,8 @@ struct BlockMask::State {
   int nq = 0, nkv = 0;
   std::vector<uint8_t> kinds;
   bool matches_mask_mod = false;  // set_matches_mask_mod
+  std::once_flag uniform_once;    // regroupable: every tile of one kind
+  bool uniform = false;
 
   std::once_flag kv_once, q_once;
   std::atomic<bool> kv_ready{false}, q_ready{false};
@@ -455,6 +457,15 @@ const std::vector<int32_t>& BlockMask::full_q_indices() const { return q_tables(
 
 bool BlockMask::matches_mask_mod() const { return state().matches_mask_mod; }
 
+bool BlockMask::regroupable() const {
+  const State& s = state();
+  if (s.matches_mask_mod) return true;
+  std::call_once(state_->uniform_once, [&] {
+    state_->uniform = std::all_of(s.kinds.begin(), s.kinds.end(), [&](uint8_t k) { return k == s.kinds[0]; });
+  });
+  return s.uniform;
+}
+
 BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
   state();  // throws for an empty mask
   state_->matches_mask_mod = matches;
@@ -464,16 +475,16 @@ BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
 const BlockMask& BlockMask::with_q_block(int q_block) const {
   const State& s = state();
   if (q_block == s.q_block) return *this;
-  if (!s.matches_mask_mod)
+  if (!regroupable())
     throw Error(fmt::format(
         "block mask: its {}-row query blocks can be regrouped into {} rows only when the tables agree with "
-        "mask_mod (a mask built by Kernel::block_mask or create_block_mask); given tables, build them "
-        "with q_block {}",
+        "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "
+        "given tables, build them with q_block {}",
         s.q_block, q_block, q_block));
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (auto it = state_->regrouped.find(q_block); it != state_->regrouped.end()) return it->second;
   auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, s.kv_block);
-  r->matches_mask_mod = true;
+  r->matches_mask_mod = s.matches_mask_mod;
   const int64_t groups = int64_t(s.batch) * s.heads;
   r->kinds.assign(size_t(groups) * r->nq * r->nkv, uint8_t(BlockKind::kEmpty));
   for (int64_t g = 0; g < groups; ++g)

@@ -606,7 +606,7 @@ TEST(ForwardTiles, GivenTablesKeepTheirMeaningOnTheWideTileKernel) {
     for (int j = 0; j <= i; ++j) full_idx[size_t(i) * nq + j] = j;
   }
   const fa::BlockMask given = fa::BlockMask::from_kv_blocks(1, 1, c.Lq, c.Lkv, num, idx, full_num, full_idx);
-  EXPECT_FALSE(given.matches_mask_mod());
+  EXPECT_FALSE(given.regroupable());
   EXPECT_TRUE(p->mask.matches_mask_mod());  // Kernel::block_mask's
   if (fa::rt::current_device_info().cc_major == 9) {
     EXPECT_EQ(p->kernel->spec().tile.block_m, 192) << p->kernel->spec().to_string();
@@ -630,8 +630,8 @@ TEST(ForwardTiles, GivenTablesKeepTheirMeaningOnTheWideTileKernel) {
   // Regrouping such tables is refused with what to do instead.
   EXPECT_EQ(error_of([&] { given.with_q_block(192); }),
             "block mask: its 128-row query blocks can be regrouped into 192 rows only when the tables agree "
-            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask); given tables, build "
-            "them with q_block 192");
+            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of "
+            "tile; given tables, build them with q_block 192");
 }
 
 // ---- autotuning (Options::autotune) ---------------------------------------------------------

@@ -340,14 +340,21 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
           }
         }
     }
-  // Tables given as such may override mask_mod (flex_attention's meaning): not regrouped.
-  const fa::BlockMask given = fa::BlockMask::all_full(1, 1, 1000, 1000);
-  EXPECT_FALSE(given.matches_mask_mod());
+  // Tables given as such may override mask_mod (flex_attention's meaning): regrouped only
+  // where every tile has one kind (all full: exact whatever the mask_mod).
+  const fa::BlockMask full = fa::BlockMask::all_full(1, 1, 1000, 1000);
+  EXPECT_FALSE(full.matches_mask_mod());
+  EXPECT_TRUE(full.regroupable());
+  EXPECT_EQ(full.with_q_block(192).kinds(), std::vector<uint8_t>(6 * 8, uint8_t(fa::BlockKind::kFull)));
+  std::vector<uint8_t> kinds(8 * 8, uint8_t(fa::BlockKind::kFull));
+  kinds[1] = uint8_t(fa::BlockKind::kEmpty);
+  const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds);
+  EXPECT_FALSE(given.regroupable());
   EXPECT_EQ(&given.with_q_block(128), &given);
   EXPECT_EQ(fa::test::error_of([&] { given.with_q_block(192); }),
             "block mask: its 128-row query blocks can be regrouped into 192 rows only when the tables agree "
-            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask); given tables, build "
-            "them with q_block 192");
+            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of "
+            "tile; given tables, build them with q_block 192");
   EXPECT_EQ(fa::test::error_of(
                 [&] { fa::BlockMask::all_full(1, 1, 1000, 1000).set_matches_mask_mod().with_q_block(100); }),
             "block mask: block sizes must be positive multiples of 16, got 100x128");

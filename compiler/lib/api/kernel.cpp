@@ -237,9 +237,9 @@ class MaskBuilder {
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
 // the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
 // Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
-// agrees with mask_mod and is regrouped into the tile's query rows (BlockMask::with_q_block).
+// can be regrouped into the tile's query rows (BlockMask::regroupable, with_q_block).
 bool forward_takes(const TileConfig& t, const BlockMask& mask) {
-  return mask.q_block() % t.block_m == 0 || mask.matches_mask_mod();
+  return mask.q_block() % t.block_m == 0 || mask.regroupable();
 }
 
 // The mask a dense forward of tile `t` reads (forward_takes said it can).
@@ -618,7 +618,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                              shape.len_kv,
                              mask.q_block(),
                              mask.kv_block(),
-                             mask.matches_mask_mod()};
+                             mask.regroupable()};
   auto may_time = [&] {
     auto touches_inputs = [&](const TensorView& out) {
       return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);

@@ -128,9 +128,12 @@ class FA_API BlockMask {
   // This mask regrouped into query blocks of `q_block` rows (a multiple of 16): a tile is full
   // where every tile it overlaps is full, empty where every one is empty, else partial, so the
   // mask_mod decides its elements. Built once per size and kept with this mask (thread-safe).
-  // Returns *this for q_block == q_block(); otherwise needs matches_mask_mod(). The Hopper
+  // Returns *this for q_block == q_block(); otherwise needs regroupable(). The Hopper
   // forward's 192-row tile runs 128-row masks this way.
   const BlockMask& with_q_block(int q_block) const;
+  // Whether with_q_block may regroup the mask: matches_mask_mod(), or every tile has the same
+  // kind (an all-full mask regroups exactly whatever the mask_mod).
+  bool regroupable() const;
 
   // Throws fa::Error unless the mask was built for these lengths and Bm/Hm are 1 or B/H:
   // "block mask was built for Lq=1024, Lkv=1024; got Lq=2048, Lkv=1024".
