@@ -486,7 +486,7 @@ const BlockMask& BlockMask::with_q_block(int q_block) const {
   auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, s.kv_block);
   r->matches_mask_mod = s.matches_mask_mod;
   const int64_t groups = int64_t(s.batch) * s.heads;
-  r->kinds.assign(size_t(groups) * r->nq * r->nkv, uint8_t(BlockKind::kEmpty));
+  r->kinds.resize(size_t(groups) * r->nq * r->nkv);  // every row written below
   for (int64_t g = 0; g < groups; ++g)
     for (int i = 0; i < r->nq; ++i) {
       // The source rows this block overlaps (rows past len_q are not part of any tile).

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fa_test_util.h"
 #include "fajit/error.h"
@@ -183,6 +184,23 @@ TEST(BackwardApi, BadTensorsNameTheArgument) {
   const fa::BlockMask small = fa::BlockMask::all_full(1, 1, 256, 256, 32, 32);
   EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq, kk, dv, small); }),
             "block mask block sizes 32x32 must be multiples of the backward tile 128x128");
+}
+
+// The d64 Hopper forward (192 query rows) regroups masks that agree with mask_mod; given tables
+// whose blocks it can neither regroup nor hand to its 128-row twin are refused naming its tile.
+TEST(ForwardApi, GivenTablesTheWideTileCannotTakeAreRefusedNamingTheTile) {
+  const fa::Kernel k = fa::compile(fa::identity_score(), fa::mods::causal(), opts(64, 64));
+  ASSERT_EQ(k.spec().tile.block_m, 192) << k.spec().to_string();
+  FakeTensors f;
+  const auto bf = fa::DType::bf16;
+  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), kk = f.t(bf, {1, 2, 256, 64}),
+                       v = f.t(bf, {1, 2, 256, 64}), o = f.t(bf, {1, 2, 256, 64});
+  std::vector<uint8_t> kinds(4 * 2, uint8_t(fa::BlockKind::kFull));
+  kinds[1] = uint8_t(fa::BlockKind::kEmpty);
+  const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 256, 256, kinds, 64, 128);
+  ASSERT_FALSE(given.regroupable());
+  EXPECT_EQ(error_of([&] { k.forward(q, kk, v, o, given); }),
+            "block mask block sizes 64x128 must be multiples of the forward tile 192x128");
 }
 
 TEST(BackwardApi, BufferGradientsAreCheckedByName) {

@@ -234,8 +234,6 @@ class MaskBuilder {
   std::unique_ptr<Compiled> builders_[2];  // narrow, wide captures
 };
 
-// The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
-// the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
 // Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
 // can be regrouped into the tile's query rows (BlockMask::regroupable, with_q_block).
 bool forward_takes(const TileConfig& t, const BlockMask& mask) {
@@ -247,6 +245,8 @@ const BlockMask& mask_for_tile(const TileConfig& t, const BlockMask& mask) {
   return mask.q_block() % t.block_m == 0 ? mask : mask.with_q_block(t.block_m);
 }
 
+// The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
+// the mask fits the shapes and the tile, the scale is usable. Returns the scale to use.
 // `regroups`: the kernel (a dense forward) may run the mask regrouped (forward_takes).
 float check_call(const KernelSpec& s, const char* what, const AttentionShape& shape, const BlockMask& mask,
                  float scale, bool check_tile = true, bool regroups = false) {
@@ -384,11 +384,12 @@ struct Kernel::Impl {
     return *slot;
   }
 
-  // The dense forward that runs `mask`: fwd, or, where fwd's tile takes query blocks the mask's
-  // cannot be regrouped into (BlockMask::with_q_block: given tables, not built from mask_mod),
-  // the same kernel with the 128-row tile, compiled on first use.
+  // The dense forward that runs `mask`: fwd, or, where fwd's tile (192 rows) takes query blocks
+  // the mask's cannot be regrouped into (BlockMask::regroupable: given tables, not built from
+  // mask_mod) and the mask's blocks hold whole 128-row tiles, the same kernel with the 128-row
+  // tile, compiled on first use. Otherwise fwd, for check_call to refuse.
   const Compiled& dense_forward(const BlockMask& m) {
-    if (fwd.gen.spec.tile.block_m <= 128 || forward_takes(fwd.gen.spec.tile, m)) return fwd;
+    if (forward_takes(fwd.gen.spec.tile, m) || m.q_block() % 128 != 0) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
     if (!rows128) {
       const Program& p = mask.program();
