@@ -51,7 +51,7 @@ struct BlockMask::State {
   };
   std::mutex mutex;
   std::map<CUcontext, Device> devices;
-  std::map<int, BlockMask> regrouped;  // with_q_block, by query block size (under mutex)
+  std::map<std::pair<int, int>, BlockMask> regrouped;  // by (q_block, kv_block) (under mutex)
 };
 
 namespace {
@@ -472,36 +472,44 @@ BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
   return *this;
 }
 
-const BlockMask& BlockMask::with_q_block(int q_block) const {
+const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
   const State& s = state();
-  if (q_block == s.q_block) return *this;
+  if (q_block == s.q_block && kv_block == s.kv_block) return *this;
   if (!regroupable())
     throw Error(fmt::format(
-        "block mask: its {}-row query blocks can be regrouped into {} rows only when the tables agree with "
-        "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "
-        "given tables, build them with q_block {}",
-        s.q_block, q_block, q_block));
+        "block mask: its {}x{} blocks can be regrouped into {}x{} only when the tables agree with mask_mod "
+        "(a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; given tables, "
+        "build them with blocks {}x{}",
+        s.q_block, s.kv_block, q_block, kv_block, q_block, kv_block));
   std::lock_guard<std::mutex> lock(state_->mutex);
-  if (auto it = state_->regrouped.find(q_block); it != state_->regrouped.end()) return it->second;
-  auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, s.kv_block);
+  const std::pair<int, int> key{q_block, kv_block};
+  if (auto it = state_->regrouped.find(key); it != state_->regrouped.end()) return it->second;
+  auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, kv_block);
   r->matches_mask_mod = s.matches_mask_mod;
+  // The source blocks [first, last] a new block of `block` overlaps along one axis (positions
+  // past the length are not part of any tile).
+  auto span = [](int i, int block, int64_t len, int source) {
+    const int64_t p0 = int64_t(i) * block, p1 = std::min<int64_t>(p0 + block, len) - 1;
+    return std::pair<int, int>{int(p0 / source), int(p1 / source)};
+  };
+  std::vector<std::pair<int, int>> cols(size_t(r->nkv));
+  for (int j = 0; j < r->nkv; ++j) cols[size_t(j)] = span(j, kv_block, s.len_kv, s.kv_block);
   const int64_t groups = int64_t(s.batch) * s.heads;
-  r->kinds.resize(size_t(groups) * r->nq * r->nkv);  // every row written below
+  r->kinds.resize(size_t(groups) * r->nq * r->nkv);  // every tile written below
   for (int64_t g = 0; g < groups; ++g)
     for (int i = 0; i < r->nq; ++i) {
-      // The source rows this block overlaps (rows past len_q are not part of any tile).
-      const int64_t row0 = int64_t(i) * q_block, row1 = std::min<int64_t>(row0 + q_block, s.len_q) - 1;
-      const int first = int(row0 / s.q_block), last = int(row1 / s.q_block);
+      const auto [first, last] = span(i, q_block, s.len_q, s.q_block);
       uint8_t* out = r->kinds.data() + (g * r->nq + i) * r->nkv;
-      const uint8_t* src = s.kinds.data() + (g * s.nq + first) * s.nkv;
-      std::memcpy(out, src, size_t(s.nkv));
-      for (int qb = first + 1; qb <= last; ++qb) {
-        src += s.nkv;
-        for (int j = 0; j < s.nkv; ++j)
-          if (out[j] != src[j]) out[j] = uint8_t(BlockKind::kPartial);
+      for (int j = 0; j < r->nkv; ++j) {
+        const uint8_t* src = s.kinds.data() + (g * s.nq + first) * s.nkv;
+        uint8_t join = src[cols[size_t(j)].first];
+        for (int qb = first; qb <= last; ++qb, src += s.nkv)
+          for (int kb = cols[size_t(j)].first; kb <= cols[size_t(j)].second; ++kb)
+            if (src[kb] != join) join = uint8_t(BlockKind::kPartial);
+        out[j] = join;
       }
     }
-  return state_->regrouped.emplace(q_block, BlockMask(std::move(r))).first->second;
+  return state_->regrouped.emplace(key, BlockMask(std::move(r))).first->second;
 }
 
 BlockKind BlockMask::kind(int b, int h, int q_blk, int kv_blk) const {

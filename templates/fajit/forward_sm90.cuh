@@ -117,7 +117,8 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 256, "DQK must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV >= 32 && kHeadDimV <= 256, "DV must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV <= 128 || kBlockN == 64, "DV above 128 needs BLOCK_N 64 (O and S in registers)");
-  static_assert(kBlockN == 64 || kBlockN == 128, "BLOCK_N must be 64 or 128 (sm90 kernel)");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192,
+                "BLOCK_N must be a multiple of 16 from 64 to 192 (sm90 kernel)");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
   static_assert(kConsumers_ == 2 || kConsumers_ == 3, "CONSUMERS must be 2 or 3");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");

@@ -79,6 +79,13 @@ FwdCase with(FwdCase c, const std::string& tag, std::function<void(FwdCase&)> f)
   return c;
 }
 
+// The wgmma forward with 176 keys a tile (a candidate of the autotuner).
+void tile176(FwdCase& c) { c.tile = fa::TileConfig{128, 176, 12, 2}, c.family = fa::KernelFamily::kWgmma; }
+// Three consumer warpgroups with 112 keys a tile (between head dims 64 and 96).
+void tile192x112(FwdCase& c) {
+  c.tile = fa::TileConfig{192, 112, 16, 3}, c.family = fa::KernelFamily::kWgmma;
+}
+
 // A covering set, not the cross product: every library mod at both dtypes, every head-dim pair
 // at both dtypes, lengths 1 / 17 / 1000 / 4097 (Lq != Lkv both ways), GQA groups 1, 2, 4, 8.
 const std::vector<FwdCase>& cases() {
@@ -195,6 +202,27 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       with({"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      // 176 keys a tile on the wgmma kernel (the masks' 128-column blocks regrouped into 176,
+      // BlockMask::regrouped): tails in Lkv and Lq, causal, document + softcap, sliding at a
+      // padded head dim, GQA with V narrower than QK, f16, cp.async K/V with strided operands.
+      with({"none", bf16, 128, 128, 2, 2, 2, 1000, 1000}, "tile128x176", tile176),
+      with({"causal", bf16, 128, 128, 1, 4, 1, 4097, 4097}, "tile128x176", tile176),
+      with({"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000}, "tile128x176", tile176),
+      with({"sliding", bf16, 96, 96, 1, 8, 1, 1000, 4097, 200}, "tile128x176", tile176),
+      with({"causal_alibi", f16, 128, 64, 2, 4, 4, 1000, 777}, "tile128x176", tile176),
+      with({"prefix_lm", bf16, 128, 128, 1, 4, 2, 1000, 1000, 300}, "tile128x176_cpasync_noncontig",
+           [](FwdCase& c) { tile176(c), c.cp_async_kv = true, c.noncontig = true; }),
+      // Three consumer warpgroups between 64 and 96 (192x112, the default without mods; the
+      // masks' blocks regrouped into 192x112): tails, causal, document + softcap (160
+      // registers), sliding with GQA, V narrower than QK, cp.async K/V with strided operands.
+      {"none", f16, 80, 80, 2, 4, 2, 1000, 777},
+      with({"causal", bf16, 96, 96, 1, 4, 1, 4097, 4097}, "tile192x112", tile192x112),
+      with({"document_softcap", f16, 80, 80, 1, 2, 2, 17, 1000}, "tile192x112", tile192x112),
+      with({"sliding", bf16, 72, 72, 1, 8, 2, 1000, 4097, 200}, "tile192x112", tile192x112),
+      with({"causal_alibi", f16, 96, 64, 2, 4, 4, 1000, 777}, "tile192x112s2",
+           [](FwdCase& c) { tile192x112(c), c.tile.stages = 2; }),
+      with({"prefix_lm", bf16, 96, 96, 1, 4, 2, 1000, 1000, 300}, "tile192x112_cpasync_noncontig",
+           [](FwdCase& c) { tile192x112(c), c.cp_async_kv = true, c.noncontig = true; }),
       // The Hopper forward's cp.async K/V path (FAJIT_TMA=0), which it takes where the driver
       // refuses a tensor map: whole and padded rows, a tail tile, non-contiguous operands.
       with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "cpasync",
@@ -589,49 +617,56 @@ TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
 
 // ---- query rows of the tile vs the mask's blocks ---------------------------------------------
 
-// Hopper's d64 forward runs 192 query rows a CTA; masks built from the kernel's mask_mod are
-// regrouped to that (BlockMask::with_q_block, covered by every d64 case above). Tables given as
-// such keep flex_attention's meaning, where a full or empty tile overrides mask_mod, so they
-// run on the 128-row kernel instead: here block-causal tables (the diagonal tiles full) with a
-// kernel whose mask_mod keeps everything must give block-causal attention, which a 192-row
-// regrouping (a partial tile evaluating mask_mod) would not.
+// Hopper's forward runs 192 query rows a CTA up to head dim 96 (192x128 to 64, 192x112 above
+// without mods); masks built from the kernel's mask_mod are regrouped to that
+// (BlockMask::regrouped, covered by every such case above). Tables given as such keep
+// flex_attention's meaning, where a full or empty tile overrides mask_mod, so they run on the
+// 128x128 kernel instead: here block-causal tables (the diagonal tiles full) with a kernel
+// whose mask_mod keeps everything must give block-causal attention, which a regrouping (a
+// partial tile evaluating mask_mod) would not.
 TEST(ForwardTiles, GivenTablesKeepTheirMeaningOnTheWideTileKernel) {
   if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
-  const FwdCase c{"none", bf16, 64, 64, 1, 2, 2, 1000, 1000};
-  std::shared_ptr<Prepared> p = start(c).get();
-  const int nq = (c.Lq + 127) / 128;
-  std::vector<int32_t> num(nq, 0), idx(size_t(nq) * nq, 0), full_num(nq), full_idx(size_t(nq) * nq, 0);
-  for (int i = 0; i < nq; ++i) {
-    full_num[size_t(i)] = i + 1;
-    for (int j = 0; j <= i; ++j) full_idx[size_t(i) * nq + j] = j;
-  }
-  const fa::BlockMask given = fa::BlockMask::from_kv_blocks(1, 1, c.Lq, c.Lkv, num, idx, full_num, full_idx);
-  EXPECT_FALSE(given.regroupable());
-  EXPECT_TRUE(p->mask.matches_mask_mod());  // Kernel::block_mask's
-  if (fa::rt::current_device_info().cc_major == 9) {
-    EXPECT_EQ(p->kernel->spec().tile.block_m, 192) << p->kernel->spec().to_string();
-  }
+  for (const auto& [d, tile] :
+       {std::pair{64, fa::TileConfig{192, 128, 16, 3}}, {96, fa::TileConfig{192, 112, 16, 3}}}) {
+    const FwdCase c{"none", bf16, d, d, 1, 2, 2, 1000, 1000};
+    std::shared_ptr<Prepared> p = start(c).get();
+    const int nq = (c.Lq + 127) / 128;
+    std::vector<int32_t> num(nq, 0), idx(size_t(nq) * nq, 0), full_num(nq), full_idx(size_t(nq) * nq, 0);
+    for (int i = 0; i < nq; ++i) {
+      full_num[size_t(i)] = i + 1;
+      for (int j = 0; j <= i; ++j) full_idx[size_t(i) * nq + j] = j;
+    }
+    const fa::BlockMask given =
+        fa::BlockMask::from_kv_blocks(1, 1, c.Lq, c.Lkv, num, idx, full_num, full_idx);
+    EXPECT_FALSE(given.regroupable());
+    EXPECT_TRUE(p->mask.matches_mask_mod());  // Kernel::block_mask's
+    if (fa::rt::current_device_info().cc_major == 9) {
+      EXPECT_EQ(p->kernel->spec().tile, tile) << p->kernel->spec().to_string();
+    }
 
-  const fa::Program block_causal =
-      fa::trace(fa::identity_score(), {"block_causal", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
-                                         return kv / fa::Index(128) <= q / fa::Index(128);
-                                       }});
-  ModPrograms progs = mod_programs(block_causal);
-  fa::ReferenceOptions ro;
-  ro.mask_mod = &progs.mask;
-  ro.q_strides = p->q.stride, ro.k_strides = p->k.stride, ro.v_strides = p->v.stride;
-  const fa::ReferenceResult ref = fa::reference_attention(
-      fa::ReferenceShape{c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, p->in_vals.data() + p->q.offset,
-      p->in_vals.data() + p->k.offset, p->in_vals.data() + p->v.offset, ro);
-  const Stats s = launch_and_check(c, *p->kernel, *p, given, p->captures, ref);
-  std::printf("[ stats    ] given block-causal tables: rel %.2e row %.2e lse %.2e\n", s.rel, s.row_rel,
-              s.lse_err);
-  expect_good(c, s);
-  // Regrouping such tables is refused with what to do instead.
-  EXPECT_EQ(error_of([&] { given.with_q_block(192); }),
-            "block mask: its 128-row query blocks can be regrouped into 192 rows only when the tables agree "
-            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of "
-            "tile; given tables, build them with q_block 192");
+    const fa::Program block_causal =
+        fa::trace(fa::identity_score(), {"block_causal", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                                           return kv / fa::Index(128) <= q / fa::Index(128);
+                                         }});
+    ModPrograms progs = mod_programs(block_causal);
+    fa::ReferenceOptions ro;
+    ro.mask_mod = &progs.mask;
+    ro.q_strides = p->q.stride, ro.k_strides = p->k.stride, ro.v_strides = p->v.stride;
+    const fa::ReferenceResult ref = fa::reference_attention(
+        fa::ReferenceShape{c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, p->in_vals.data() + p->q.offset,
+        p->in_vals.data() + p->k.offset, p->in_vals.data() + p->v.offset, ro);
+    const Stats s = launch_and_check(c, *p->kernel, *p, given, p->captures, ref);
+    std::printf("[ stats    ] d%d, given block-causal tables: rel %.2e row %.2e lse %.2e\n", d, s.rel,
+                s.row_rel, s.lse_err);
+    expect_good(c, s);
+    // Regrouping such tables is refused with what to do instead.
+    const std::string to = std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n);
+    EXPECT_EQ(error_of([&, t = tile] { given.regrouped(t.block_m, t.block_n); }),
+              "block mask: its 128x128 blocks can be regrouped into " + to +
+                  " only when the tables agree with mask_mod (a mask built by Kernel::block_mask or "
+                  "create_block_mask) or hold one kind of tile; given tables, build them with blocks " +
+                  to);
+  }
 }
 
 // ---- autotuning (Options::autotune) ---------------------------------------------------------

@@ -37,12 +37,13 @@ TEST(Autotune, CandidatesOnSm90aStartWithTheDefaultThenEveryWgmmaTileThenMmaSync
                           "forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a",
                           "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a",
                           "forward bf16 qk128 v128 wgmma tile128x64w12s2 sm_90a",
+                          "forward bf16 qk128 v128 wgmma tile128x176w12s2 sm_90a",
                           "forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a",
                           "forward bf16 qk128 v128 mma tile64x64w4s2 sm_90a",
                       }));
   for (const fa::KernelSpec& s : c) EXPECT_EQ(s.resolved(), s) << s.to_string();  // each a resolved spec
   // A score_mod on d128 takes 8 warps on mma.sync (4 spill).
-  EXPECT_EQ(fa::forward_tune_candidates(def, true)[4].to_string(),
+  EXPECT_EQ(fa::forward_tune_candidates(def, true)[5].to_string(),
             "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a");
 }
 
@@ -66,6 +67,27 @@ TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
                 "forward bf16 qk64 v64 mma tile128x64w4s2 sm_90a",
                 "forward bf16 qk64 v64 mma tile64x64w4s2 sm_90a",
             }));
+  // Between 64 and 96: 192x112 (three consumers) first without a score_mod or mask_mod, else
+  // after the 128-row tiles; its 2-stage ring too.
+  const std::vector<std::string> d96_masked{
+      "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile128x128w12s2 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile128x64w12s3 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile128x64w12s2 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile192x112w16s3 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile192x112w16s2 sm_90a",
+      "forward bf16 qk96 v96 mma tile128x64w4s2 sm_90a",
+      "forward bf16 qk96 v96 mma tile64x64w4s2 sm_90a",
+  };
+  EXPECT_EQ(texts(fa::forward_tune_candidates(forward(96, 96), false)), d96_masked);
+  fa::KernelSpec plain96;
+  plain96.head_dim_qk = plain96.head_dim_v = 96;
+  const fa::KernelSpec def96 = plain96.resolved(false, false);
+  EXPECT_EQ(def96.to_string(), "forward bf16 qk96 v96 wgmma tile192x112w16s3 sm_90a");
+  std::vector<std::string> d96_plain = d96_masked;
+  d96_plain.erase(d96_plain.begin() + 4);
+  d96_plain.insert(d96_plain.begin(), "forward bf16 qk96 v96 wgmma tile192x112w16s3 sm_90a");
+  EXPECT_EQ(texts(fa::forward_tune_candidates(def96, false, false)), d96_plain);
   // sm_80: mma.sync only, 128 and 64 rows, BLOCK_N 64 and 32, 2 and 3 stages.
   EXPECT_EQ(texts(fa::forward_tune_candidates(forward(64, 64, "sm_80"), false)),
             (std::vector<std::string>{

@@ -300,62 +300,74 @@ TEST(MaskAnalysis, PassAgreesWithIntervalProgram) {
 
 }  // namespace
 
-// BlockMask::with_q_block (the Hopper d64 forward's 192-row tile over 128-row masks): each
-// regrouped tile joins the tiles it overlaps (full where all are full, empty where all are
+// BlockMask::regrouped (the Hopper forward's 192-row and 176-column tiles over 128x128 masks):
+// each regrouped tile joins the tiles it overlaps (full where all are full, empty where all are
 // empty, else partial), so its full and empty tiles are exactly what brute force finds at the
 // new size, and it is kept with the mask.
 TEST(MaskAnalysis, RegroupedMasksAreSound) {
   const fa::MaskMod band{"band", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
                            return kv <= q + fa::Index(200) && kv + fa::Index(300) >= q;
                          }};
+  const int len_q = 1000, len_kv = 777;
   for (const fa::MaskMod& mm : {fa::mods::causal(), band})
-    for (int source : {64, 128, 256}) {
-      const std::string what = mm.name + " from " + std::to_string(source) + "-row blocks";
-      const int len_q = 1000, len_kv = 777;
-      fa::BlockMaskOptions bo;
-      bo.q_block = source;
-      const fa::BlockMask m = fa::create_block_mask(mm, 1, 1, len_q, len_kv, {}, bo);
-      EXPECT_TRUE(m.matches_mask_mod()) << what;
-      EXPECT_EQ(&m.with_q_block(source), &m) << what;
-      const fa::BlockMask& r = m.with_q_block(192);
-      EXPECT_EQ(&m.with_q_block(192), &r) << what;  // built once
-      EXPECT_TRUE(r.matches_mask_mod()) << what;
-      ASSERT_EQ(r.q_block(), 192) << what;
-      ASSERT_EQ(r.num_q_blocks(), 6) << what;
-      EXPECT_EQ(r.kv_block(), m.kv_block()) << what;
-      const std::vector<uint8_t> exact = fa::brute_force_block_classes(
-          mask_program(fa::trace(fa::identity_score(), mm)), {}, 1, 1, len_q, len_kv, 192, 128);
-      for (int i = 0; i < r.num_q_blocks(); ++i)
-        for (int j = 0; j < r.num_kv_blocks(); ++j) {
-          // the definition: the kinds of the source rows [192 i, min(192 (i + 1), Lq))
-          const int first = 192 * i / source, last = (std::min(192 * (i + 1), len_q) - 1) / source;
-          fa::BlockKind join = m.kind(0, 0, first, j);
-          for (int s = first + 1; s <= last; ++s)
-            if (m.kind(0, 0, s, j) != join) join = fa::BlockKind::kPartial;
-          const fa::BlockKind got = r.kind(0, 0, i, j);
-          EXPECT_EQ(got, join) << what << " tile " << i << "," << j;
-          if (got != fa::BlockKind::kPartial) {
-            EXPECT_EQ(uint8_t(got), exact[size_t(i) * r.num_kv_blocks() + j])
-                << what << " tile " << i << "," << j;
+    for (int source : {64, 128, 256})
+      for (const auto& [qb, kvb] : {std::pair{192, 128}, std::pair{128, 176}, std::pair{192, 176}}) {
+        const std::string what = mm.name + " from " + std::to_string(source) + "x128 to " +
+                                 std::to_string(qb) + "x" + std::to_string(kvb);
+        fa::BlockMaskOptions bo;
+        bo.q_block = source;
+        const fa::BlockMask m = fa::create_block_mask(mm, 1, 1, len_q, len_kv, {}, bo);
+        EXPECT_TRUE(m.matches_mask_mod()) << what;
+        EXPECT_EQ(&m.regrouped(source, 128), &m) << what;
+        const fa::BlockMask& r = m.regrouped(qb, kvb);
+        EXPECT_EQ(&m.regrouped(qb, kvb), &r) << what;  // built once
+        EXPECT_TRUE(r.matches_mask_mod()) << what;
+        ASSERT_EQ(r.q_block(), qb) << what;
+        ASSERT_EQ(r.kv_block(), kvb) << what;
+        ASSERT_EQ(r.num_q_blocks(), (len_q + qb - 1) / qb) << what;
+        ASSERT_EQ(r.num_kv_blocks(), (len_kv + kvb - 1) / kvb) << what;
+        const std::vector<uint8_t> exact = fa::brute_force_block_classes(
+            mask_program(fa::trace(fa::identity_score(), mm)), {}, 1, 1, len_q, len_kv, qb, kvb);
+        int partial = 0;
+        for (int i = 0; i < r.num_q_blocks(); ++i)
+          for (int j = 0; j < r.num_kv_blocks(); ++j) {
+            // the definition: the kinds of the source tiles over rows [qb i, min(qb (i + 1), Lq))
+            // and columns [kvb j, min(kvb (j + 1), Lkv))
+            const int first = qb * i / source, last = (std::min(qb * (i + 1), len_q) - 1) / source;
+            const int c0 = kvb * j / 128, c1 = (std::min(kvb * (j + 1), len_kv) - 1) / 128;
+            fa::BlockKind join = m.kind(0, 0, first, c0);
+            for (int s = first; s <= last; ++s)
+              for (int c = c0; c <= c1; ++c)
+                if (m.kind(0, 0, s, c) != join) join = fa::BlockKind::kPartial;
+            const fa::BlockKind got = r.kind(0, 0, i, j);
+            EXPECT_EQ(got, join) << what << " tile " << i << "," << j;
+            if (got != fa::BlockKind::kPartial) {
+              EXPECT_EQ(uint8_t(got), exact[size_t(i) * r.num_kv_blocks() + j])
+                  << what << " tile " << i << "," << j;
+            } else {
+              ++partial;
+            }
           }
-        }
-    }
+        EXPECT_GT(partial, 0) << what;  // the join was exercised
+      }
   // Tables given as such may override mask_mod (flex_attention's meaning): regrouped only
   // where every tile has one kind (all full: exact whatever the mask_mod).
   const fa::BlockMask full = fa::BlockMask::all_full(1, 1, 1000, 1000);
   EXPECT_FALSE(full.matches_mask_mod());
   EXPECT_TRUE(full.regroupable());
-  EXPECT_EQ(full.with_q_block(192).kinds(), std::vector<uint8_t>(6 * 8, uint8_t(fa::BlockKind::kFull)));
+  EXPECT_EQ(full.regrouped(192, 128).kinds(), std::vector<uint8_t>(6 * 8, uint8_t(fa::BlockKind::kFull)));
+  EXPECT_EQ(full.regrouped(128, 176).kinds(), std::vector<uint8_t>(8 * 6, uint8_t(fa::BlockKind::kFull)));
   std::vector<uint8_t> kinds(8 * 8, uint8_t(fa::BlockKind::kFull));
   kinds[1] = uint8_t(fa::BlockKind::kEmpty);
   const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds);
   EXPECT_FALSE(given.regroupable());
-  EXPECT_EQ(&given.with_q_block(128), &given);
-  EXPECT_EQ(fa::test::error_of([&] { given.with_q_block(192); }),
-            "block mask: its 128-row query blocks can be regrouped into 192 rows only when the tables agree "
-            "with mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of "
-            "tile; given tables, build them with q_block 192");
-  EXPECT_EQ(fa::test::error_of(
-                [&] { fa::BlockMask::all_full(1, 1, 1000, 1000).set_matches_mask_mod().with_q_block(100); }),
+  EXPECT_EQ(&given.regrouped(128, 128), &given);
+  EXPECT_EQ(fa::test::error_of([&] { given.regrouped(128, 176); }),
+            "block mask: its 128x128 blocks can be regrouped into 128x176 only when the tables agree with "
+            "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "
+            "given tables, build them with blocks 128x176");
+  EXPECT_EQ(fa::test::error_of([&] {
+              fa::BlockMask::all_full(1, 1, 1000, 1000).set_matches_mask_mod().regrouped(100, 128);
+            }),
             "block mask: block sizes must be positive multiples of 16, got 100x128");
 }

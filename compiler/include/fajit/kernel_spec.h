@@ -71,8 +71,9 @@ struct FA_API KernelSpec {
   // the bad field ("head_dim_qk must be a multiple of 8 from 32 to 256, got 100"), the
   // family that cannot take the head dims, or the tile the arch's shared memory cannot hold.
   // The default tile depends on whether the score_mod costs registers per score (codegen's
-  // score_mod_weighs: for the backward, a derivative other than dS = dT).
-  KernelSpec resolved(bool has_score_mod = false) const;
+  // score_mod_weighs: for the backward, a derivative other than dS = dT) and, for the wgmma
+  // forward, whether there is a mask_mod (none: every tile full, wide tiles cost no partial ones).
+  KernelSpec resolved(bool has_score_mod = false, bool has_mask_mod = true) const;
   // Canonical one-line text: "forward bf16 qk128 v128 tile128x64w8s2 sm_90a".
   std::string to_string() const;
   bool operator==(const KernelSpec& o) const {
@@ -105,23 +106,22 @@ FA_API int head_dim_pitch(int head_dim);
 // Measured on an H200. mma.sync (templates/fajit/forward.cuh): 128x64 tiles, 2 stages; 4 warps
 // (32 rows each, Q re-read from shared memory) in general, 8 warps with Q in registers when a
 // score_mod runs on d128, where 4 warps spill. wgmma (templates/NOTES-sm90.md): 128x128 with
-// 12 warps (a producer and two consumer warpgroups), 3 stages when a head dim is 128 (d128
-// full 531 vs 501 TFLOP/s with 2), 2 at 64/64 (same speed, 83 KB less shared memory); a
-// score_mod does not change that choice. Above a V head dim of 128 (O of up to 256 columns in
-// the consumers' registers) BLOCK_N is 64; tiles that shared memory cannot hold fall back in
-// order (3 stages, then 2; BLOCK_N 128, then 64): 192/128 takes 128x128 with 2 stages, 256/256
-// 128x64 with 2. An explicit wgmma tile must be one of that list.
-// Backward (mma.sync, templates/fajit/backward.cuh): block_m query rows per step, warps x 16
-// keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps at 64/64, 64 x 128 with
-// 8 warps when a head dim is above 64 (a first choice, to be measured).
-// Other head dims (not measured yet): a head dim above 128 takes 16 rows per warp in the
-// forward (128x64, 8 warps, Q re-read from shared memory); the backward at an odd number of
-// 16-column steps of head_dim_qk takes 64 x 64 with 4 warps (dQ columns split over no warps).
-// This returns the first choice; KernelSpec::resolved falls back to smaller tiles (block_n 32,
-// then block_m 64) until the arch's shared memory (jit::max_dynamic_smem) holds it.
+// 12 warps (a producer and two consumer warpgroups), 3 stages; up to head dim 64 192x128 with
+// three consumer warpgroups, and between 64 and 96 192x112 when there is neither a score_mod
+// nor a mask_mod (kernel_spec.cpp: wgmma_forward_tiles has the measurements). Above a V head dim of 128 (O of
+// up to 256 columns in the consumers' registers) BLOCK_N is 64; tiles that shared memory cannot hold fall
+// back in order (3 stages, then 2; BLOCK_N 128, then 64): 192/128 takes 128x128 with 2 stages, 256/256 128x64
+// with 2. An explicit wgmma tile must be one of that list. Backward (mma.sync, templates/fajit/backward.cuh):
+// block_m query rows per step, warps x 16 keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps
+// at 64/64, 64 x 128 with 8 warps when a head dim is above 64 (a first choice, to be measured). Other head
+// dims (not measured yet): a head dim above 128 takes 16 rows per warp in the forward (128x64, 8 warps, Q
+// re-read from shared memory); the backward at an odd number of 16-column steps of head_dim_qk takes 64 x 64
+// with 4 warps (dQ columns split over no warps). This returns the first choice; KernelSpec::resolved falls
+// back to smaller tiles (block_n 32, then block_m 64) until the arch's shared memory (jit::max_dynamic_smem)
+// holds it.
 FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod,
                                KernelFamily family = KernelFamily::kMmaSync,
-                               KernelKind kind = KernelKind::kForward);
+                               KernelKind kind = KernelKind::kForward, bool has_mask_mod = true);
 
 // The forward configurations autotuning times (fa::Options::autotune), the resolved default
 // first: on sm_90a every wgmma tile of its list that fits, then the mma.sync default and its
@@ -129,7 +129,7 @@ FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_m
 // 2 and 3 stages. Each is a
 // resolved spec with family and tile set; at most kMaxTuneCandidates, none twice.
 constexpr int kMaxTuneCandidates = 8;
-FA_API std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& resolved_default,
-                                                       bool has_score_mod);
+FA_API std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& resolved_default, bool has_score_mod,
+                                                       bool has_mask_mod = true);
 
 }  // namespace fa

@@ -338,12 +338,13 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
   };
 
   const bool has_score_mod = score_mod_weighs(program_, KernelKind::kForward);  // as generate() resolves
-  std::vector<KernelSpec> specs = forward_tune_candidates(fwd_.gen.spec, has_score_mod);
+  std::vector<KernelSpec> specs =
+      forward_tune_candidates(fwd_.gen.spec, has_score_mod, !program_.mask_is_noop());
   // Candidates whose tile neither divides the mask's blocks nor may regroup them cannot run it.
   specs.erase(std::remove_if(specs.begin() + 1, specs.end(),
                              [&](const KernelSpec& s) {
-                               return (shape.q_block % s.tile.block_m != 0 && !shape.regroupable) ||
-                                      shape.kv_block % s.tile.block_n != 0;
+                               return !shape.regroupable && (shape.q_block % s.tile.block_m != 0 ||
+                                                             shape.kv_block % s.tile.block_n != 0);
                              }),
               specs.end());
   if (specs.size() < 2) {

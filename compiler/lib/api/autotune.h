@@ -24,7 +24,7 @@ struct TuneShape {
   int64_t batch_heads = 0;  // B x Hq
   int64_t len_q = 0, len_kv = 0;
   int q_block = 0, kv_block = 0;  // the block mask's
-  bool regroupable = false;  // the mask can be regrouped into other query blocks (BlockMask::regroupable)
+  bool regroupable = false;  // the mask can be regrouped into other blocks (BlockMask::regroupable)
 };
 // "bh64 q4096 kv4096 blk128x128": B x Hq, Lq and Lkv rounded up to powers of two.
 std::string shape_class(const TuneShape& shape);

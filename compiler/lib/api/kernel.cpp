@@ -235,14 +235,20 @@ class MaskBuilder {
 };
 
 // Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
-// can be regrouped into the tile's query rows (BlockMask::regroupable, with_q_block).
+// can be regrouped into the tile's blocks (BlockMask::regroupable, regrouped).
+bool tile_divides(const TileConfig& t, const BlockMask& mask) {
+  return mask.q_block() % t.block_m == 0 && mask.kv_block() % t.block_n == 0;
+}
 bool forward_takes(const TileConfig& t, const BlockMask& mask) {
-  return mask.q_block() % t.block_m == 0 || mask.regroupable();
+  return tile_divides(t, mask) || mask.regroupable();
 }
 
-// The mask a dense forward of tile `t` reads (forward_takes said it can).
+// The mask a dense forward of tile `t` reads (forward_takes said it can): the mask, or its
+// blocks regrouped along each axis the tile does not divide into the tile's size.
 const BlockMask& mask_for_tile(const TileConfig& t, const BlockMask& mask) {
-  return mask.q_block() % t.block_m == 0 ? mask : mask.with_q_block(t.block_m);
+  if (tile_divides(t, mask)) return mask;
+  return mask.regrouped(mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
+                        mask.kv_block() % t.block_n == 0 ? mask.kv_block() : t.block_n);
 }
 
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
@@ -262,8 +268,7 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
   if (!mask.valid())
     throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
   mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
-  const bool q_fits = regroups ? forward_takes(s.tile, mask) : mask.q_block() % s.tile.block_m == 0;
-  if (check_tile && (!q_fits || mask.kv_block() % s.tile.block_n != 0))
+  if (check_tile && !(regroups ? forward_takes(s.tile, mask) : tile_divides(s.tile, mask)))
     throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}",
                             mask.q_block(), mask.kv_block(), what, s.tile.block_m, s.tile.block_n));
   if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.dim_qk));
@@ -346,7 +351,7 @@ struct Kernel::Impl {
   std::unique_ptr<Compiled> prefill[3];
   std::unique_ptr<detail::ForwardTuner> tuner;  // the dense forward per shape class (made by compile)
   std::map<std::string, std::unique_ptr<Compiled>> wide_twins;  // by the narrow kernel's cache key
-  std::unique_ptr<Compiled> rows128;  // dense_forward's fallback for masks a 192-row tile cannot take
+  std::unique_ptr<Compiled> tile128;  // dense_forward's fallback for masks fwd's tile cannot take
 
   const Compiled& decode_kernel(SequenceLayout layout = SequenceLayout::kDense) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
@@ -384,24 +389,24 @@ struct Kernel::Impl {
     return *slot;
   }
 
-  // The dense forward that runs `mask`: fwd, or, where fwd's tile (192 rows) takes query blocks
-  // the mask's cannot be regrouped into (BlockMask::regroupable: given tables, not built from
-  // mask_mod) and the mask's blocks hold whole 128-row tiles, the same kernel with the 128-row
-  // tile, compiled on first use. Otherwise fwd, for check_call to refuse.
+  // The dense forward that runs `mask`: fwd, or, where fwd's tile (192 rows, 176 columns) does
+  // not divide the mask's blocks and the mask cannot be regrouped (BlockMask::regroupable: given
+  // tables, not built from mask_mod) but its blocks hold whole 128x128 tiles, the same kernel
+  // with the 128x128 tile, compiled on first use. Otherwise fwd, for check_call to refuse.
   const Compiled& dense_forward(const BlockMask& m) {
-    if (forward_takes(fwd.gen.spec.tile, m) || m.q_block() % 128 != 0) return fwd;
+    constexpr TileConfig kTwin{128, 128, 12, 3};
+    if (forward_takes(fwd.gen.spec.tile, m) || !tile_divides(kTwin, m)) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
-    if (!rows128) {
+    if (!tile128) {
       const Program& p = mask.program();
       KernelSpec spec = fwd.gen.spec;
-      spec.tile.block_m = 128;
-      spec.tile.warps = 12;
-      rows128 = std::make_unique<Compiled>(
+      spec.tile = kTwin;
+      tile128 = std::make_unique<Compiled>(
           compile_generated(generate(p, spec), fwd.options.line_info,
-                            fmt::format("128-row forward of score_mod @{} mask_mod @{}", p.score_mod_name(),
-                                        p.mask_mod_name())));
+                            fmt::format("128x128-tile forward of score_mod @{} mask_mod @{}",
+                                        p.score_mod_name(), p.mask_mod_name())));
     }
-    return *rows128;
+    return *tile128;
   }
 
   // `c`, or its wide-captures twin (KernelSpec::wide_captures: the same spec with 64-bit

@@ -372,7 +372,7 @@ bool score_mod_weighs(const Program& program, KernelKind kind) {
 
 GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   GeneratedKernel g;
-  g.spec = spec_in.resolved(score_mod_weighs(program, spec_in.kind));
+  g.spec = spec_in.resolved(score_mod_weighs(program, spec_in.kind), !program.mask_is_noop());
   g.slots = capture_slots(program);
   std::ostringstream os;
   os << "// fajit generated: " << g.spec.to_string() << "\n";

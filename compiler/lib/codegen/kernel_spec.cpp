@@ -20,21 +20,35 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 // behind the walk: full 0.74 -> 0.65 ms, causal 0.43 -> 0.37 on the H200; 4 stages no better);
 // BLOCK_N 128 while O (DV columns) and S fit the consumers' registers together, 64 above DV 128
 // or where shared memory needs it (QK 256 / V 128).
-// Up to head dim 64, BLOCK_M 192 (three consumer warpgroups at 160 registers) comes first: the
-// softmax of one warpgroup then has two others' GEMMs to hide under (H200, bf16 B4 H16 S4096 d64:
-// full 0.734 -> 0.611 ms, causal 0.408 -> 0.375, document 0.18 -> 0.165). A score_mod keeping
-// more values live spills at 160 registers (softcap causal 0.765 -> 0.785), so there it is last.
-std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod) {
+// Three consumer warpgroups (BLOCK_M 192, 160 registers each) give one warpgroup's softmax two
+// others' GEMMs to hide under, where the GEMMs are short (H200, bf16 B4 H16 S4096):
+// - up to head dim 64, 192x128 first: full 0.734 -> 0.611 ms, causal 0.408 -> 0.375, document
+//   0.18 -> 0.165. A score_mod keeping more values live spills at 160 registers (softcap causal
+//   0.765 -> 0.785), so there it is last.
+// - up to 96, 192x112 (BLOCK_N 128 spills there; the masks' 128-column blocks are regrouped):
+//   d96 full 0.822 -> 0.753 ms, d80 0.780 -> 0.712, causal 1-2.5 % faster, but document 15-25 %
+//   slower (112-key tiles across its 128-key blocks make more of them partial). First without a
+//   mask_mod or score_mod, else candidates after the 128-row tiles.
+// 128x176 (2 stages; FA-3's non-causal d128 tile), above 96 up to DV 128: a candidate. d128 full
+// 0.888 -> 0.881 ms at S 4096 (the last of 24 tiles is 48 keys), 0.861 -> 0.833 at 8192; causal,
+// sliding, document, ALiBi and softcap 1-25 % slower.
+std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod, bool has_mask_mod) {
   std::vector<TileConfig> tiles;
-  const bool three = head_dim_mma(dqk) <= 64 && head_dim_mma(dv) <= 64;
-  const TileConfig rows192{192, 128, 16, 3};
-  if (three && !has_score_mod) tiles.push_back(rows192);
+  const int widest = std::max(head_dim_mma(dqk), head_dim_mma(dv));
+  const TileConfig rows192{192, 128, 16, 3}, rows192n112{192, 112, 16, 3}, rows192n112s2{192, 112, 16, 2};
+  if (widest <= 64 && !has_score_mod) tiles.push_back(rows192);
+  if (widest > 64 && widest <= 96 && !has_score_mod && !has_mask_mod) tiles.push_back(rows192n112);
   for (int n : {128, 64}) {
     if (n == 128 && head_dim_mma(dv) > 128) continue;
     tiles.push_back({128, n, 12, 3});
     tiles.push_back({128, n, 12, 2});
   }
-  if (three && has_score_mod) tiles.push_back(rows192);
+  if (widest <= 64 && has_score_mod) tiles.push_back(rows192);
+  if (widest > 64 && widest <= 96) {
+    if (has_score_mod || has_mask_mod) tiles.push_back(rows192n112);
+    tiles.push_back(rows192n112s2);
+  }
+  if (widest > 96 && head_dim_mma(dv) <= 128) tiles.push_back({128, 176, 12, 2});
   return tiles;
 }
 
@@ -94,7 +108,7 @@ int head_dim_mma(int d) { return round_up(d, 16); }
 int head_dim_pitch(int d) { return round_up(d, 64); }
 
 TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, KernelFamily family,
-                        KernelKind kind) {
+                        KernelKind kind, bool has_mask_mod) {
   const bool wide = head_dim_qk > 64 || head_dim_v > 64;
   // block_m x 128 keys, 3 WGs. BLOCK_M 128 up to D 64 unless the score_mod's derivative keeps a
   // value per score (has_score_mod: codegen's score_mod_weighs): softcap causal d64 1.90 ms at
@@ -113,11 +127,11 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
     return TileConfig{block_m, block_n, 12, stages};
   }
   if (family == KernelFamily::kWgmma)
-    return wgmma_forward_tiles(head_dim_qk, head_dim_v, has_score_mod).front();
+    return wgmma_forward_tiles(head_dim_qk, head_dim_v, has_score_mod, has_mask_mod).front();
   return mma_tiles(head_dim_qk, head_dim_v, has_score_mod, kind).front();
 }
 
-KernelSpec KernelSpec::resolved(bool has_score_mod) const {
+KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
   if (deterministic && kind != KernelKind::kBackward)
     throw Error("deterministic applies to the backward kernels only");
   if (layout != SequenceLayout::kDense) {
@@ -187,7 +201,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   if (s.family == KernelFamily::kAuto)
     s.family = s.arch == "sm_90a" && s.tile.is_default() ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
   if (s.family == KernelFamily::kWgmma) {
-    const std::vector<TileConfig> tiles = wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod);
+    const std::vector<TileConfig> tiles =
+        wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod, has_mask_mod);
     if (s.tile.is_default()) {
       fit(tiles, false);
       return s;
@@ -222,7 +237,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod) const {
   return s;
 }
 
-std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& def, bool has_score_mod) {
+std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& def, bool has_score_mod,
+                                                bool has_mask_mod) {
   if (def.kind != KernelKind::kForward || def.layout != SequenceLayout::kDense)
     throw Error("autotuning takes the dense forward kernel only");
   std::vector<KernelSpec> out{def};
@@ -231,7 +247,7 @@ std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& def, bool has_
     s.family = family;
     s.tile = tile;
     try {
-      s = s.resolved(has_score_mod);
+      s = s.resolved(has_score_mod, has_mask_mod);
     } catch (const Error&) {
       return;  // shared memory or the family cannot take it here
     }
@@ -240,7 +256,8 @@ std::vector<KernelSpec> forward_tune_candidates(const KernelSpec& def, bool has_
   };
   const TileConfig mma = default_tile(def.head_dim_qk, def.head_dim_v, has_score_mod);
   if (def.arch == "sm_90a") {
-    for (const TileConfig& t : wgmma_forward_tiles(def.head_dim_qk, def.head_dim_v, has_score_mod))
+    for (const TileConfig& t :
+         wgmma_forward_tiles(def.head_dim_qk, def.head_dim_v, has_score_mod, has_mask_mod))
       add(KernelFamily::kWgmma, t);
     add(KernelFamily::kMmaSync, mma);
     add(KernelFamily::kMmaSync, {64, 64, 4, 2});

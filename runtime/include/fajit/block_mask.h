@@ -125,13 +125,14 @@ class FA_API BlockMask {
   bool matches_mask_mod() const;
   // Marks (or unmarks) the mask as agreeing with its mask_mod (above). Call before sharing it.
   BlockMask& set_matches_mask_mod(bool matches = true);
-  // This mask regrouped into query blocks of `q_block` rows (a multiple of 16): a tile is full
+  // This mask regrouped into blocks of q_block x kv_block (multiples of 16): a tile is full
   // where every tile it overlaps is full, empty where every one is empty, else partial, so the
   // mask_mod decides its elements. Built once per size and kept with this mask (thread-safe).
-  // Returns *this for q_block == q_block(); otherwise needs regroupable(). The Hopper
-  // forward's 192-row tile runs 128-row masks this way.
-  const BlockMask& with_q_block(int q_block) const;
-  // Whether with_q_block may regroup the mask: matches_mask_mod(), or every tile has the same
+  // Returns *this for the mask's own block sizes; otherwise needs regroupable(). The Hopper
+  // forward runs 128x128 masks this way on its 192-row tile (head dims up to 64) and on its
+  // 176-column tile (wider heads).
+  const BlockMask& regrouped(int q_block, int kv_block) const;
+  // Whether regrouped() may regroup the mask: matches_mask_mod(), or every tile has the same
   // kind (an all-full mask regroups exactly whatever the mask_mod).
   bool regroupable() const;
 
