@@ -20,8 +20,9 @@
 //             (rows padded to 64-column swizzle blocks; Q·Kᵀ runs ceil(DQK / 16) k-steps and
 //             P·V an N of DV rounded up to 16, over zero-filled columns; above 128 P·V is two
 //             wgmmas per k-step, split at a 64-column block of V)
-//   BLOCK_N   key/value rows per pipeline tile: 64 or 128 (the wgmma N of S = Q·Kᵀ); 64 above
-//             DV 128 (O's 256 columns and S share the consumers' registers)
+//   BLOCK_N   key/value rows per pipeline tile (the wgmma N of S = Q·Kᵀ): a multiple of 16 from
+//             64 to 128; 128 where O and S fit the consumers' registers, 112 with three
+//             consumers above head dim 64, 64 above DV 128 (O's 256 columns and S share them)
 //   STAGES    K/V shared-memory stages (2..4, within 227 KiB)
 //   OVERLAP   issue S_{j+1} = Q·K_{j+1}ᵀ before the softmax of S_{j+1} runs against P_j·V_j
 //             (FA-3 intra-warpgroup pipelining); false: S, softmax, P·V strictly in turn
@@ -33,7 +34,8 @@
 //             (K and V) goes back after its P·V, and K_j, V_j are copied in turn.
 //   CONSUMERS consumer warpgroups of 64 query rows each, 2 or 3: BLOCK_M = 64 * CONSUMERS.
 //             Three (192 rows, FA-3's d64 tile) give each softmax two other warpgroups' GEMMs
-//             to run under; they share 160 registers a thread (2: 232), so only narrow heads.
+//             to run under; they share 160 registers a thread (2: 232), so only narrow heads
+//             (BLOCK_N 128 up to 64, 112 up to 96).
 //
 // ---- Launch (host mirrors these; the constants are spelled out) --------------------------
 //   grid  = ( ceil(len_q / BLOCK_M), batch * heads_q, 1 )     (as forward.cuh)
@@ -46,10 +48,10 @@
 //   Kernel arguments: (const FaFwdParams p, const FaCaptures cap), by value.
 //   Host-validated preconditions (as forward.cuh): scale > 0; heads_q % heads_kv == 0;
 //   len_q, len_kv >= 1; head dim contiguous; Q/K/V/O base pointers and row strides 16-byte
-//   aligned (row strides multiples of 8 elements); mask.q_block % BLOCK_M == 0 (the host
-//   regroups a mask built from mask_mod into 192-row blocks: BlockMask::with_q_block),
-//   mask.kv_block % BLOCK_N == 0; table indices < ceil(len_kv / kv_block). A compute
-//   capability 9.0 device (sm_90a code loads on nothing else).
+//   aligned (row strides multiples of 8 elements); mask.q_block % BLOCK_M == 0 and
+//   mask.kv_block % BLOCK_N == 0 (the host regroups a mask built from mask_mod into the tile's
+//   blocks, 192x128 or 192x112: BlockMask::regrouped); table indices < ceil(len_kv /
+//   kv_block). A compute capability 9.0 device (sm_90a code loads on nothing else).
 //
 // ---- Semantics (flex_attention; identical to forward.cuh) --------------------------------
 //   score = q·k · scale, then FaMods::score_mod(score, b, h, q, kv); for partial blocks also
@@ -117,8 +119,8 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 256, "DQK must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV >= 32 && kHeadDimV <= 256, "DV must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV <= 128 || kBlockN == 64, "DV above 128 needs BLOCK_N 64 (O and S in registers)");
-  static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192,
-                "BLOCK_N must be a multiple of 16 from 64 to 192 (sm90 kernel)");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 128,
+                "BLOCK_N must be a multiple of 16 from 64 to 128 (sm90 kernel)");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
   static_assert(kConsumers_ == 2 || kConsumers_ == 3, "CONSUMERS must be 2 or 3");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");

@@ -79,8 +79,6 @@ FwdCase with(FwdCase c, const std::string& tag, std::function<void(FwdCase&)> f)
   return c;
 }
 
-// The wgmma forward with 176 keys a tile (a candidate of the autotuner).
-void tile176(FwdCase& c) { c.tile = fa::TileConfig{128, 176, 12, 2}, c.family = fa::KernelFamily::kWgmma; }
 // Three consumer warpgroups with 112 keys a tile (between head dims 64 and 96).
 void tile192x112(FwdCase& c) {
   c.tile = fa::TileConfig{192, 112, 16, 3}, c.family = fa::KernelFamily::kWgmma;
@@ -202,16 +200,6 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       with({"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      // 176 keys a tile on the wgmma kernel (the masks' 128-column blocks regrouped into 176,
-      // BlockMask::regrouped): tails in Lkv and Lq, causal, document + softcap, sliding at a
-      // padded head dim, GQA with V narrower than QK, f16, cp.async K/V with strided operands.
-      with({"none", bf16, 128, 128, 2, 2, 2, 1000, 1000}, "tile128x176", tile176),
-      with({"causal", bf16, 128, 128, 1, 4, 1, 4097, 4097}, "tile128x176", tile176),
-      with({"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000}, "tile128x176", tile176),
-      with({"sliding", bf16, 96, 96, 1, 8, 1, 1000, 4097, 200}, "tile128x176", tile176),
-      with({"causal_alibi", f16, 128, 64, 2, 4, 4, 1000, 777}, "tile128x176", tile176),
-      with({"prefix_lm", bf16, 128, 128, 1, 4, 2, 1000, 1000, 300}, "tile128x176_cpasync_noncontig",
-           [](FwdCase& c) { tile176(c), c.cp_async_kv = true, c.noncontig = true; }),
       // Three consumer warpgroups between 64 and 96 (192x112, the default without mods; the
       // masks' blocks regrouped into 192x112): tails, causal, document + softcap (160
       // registers), sliding with GQA, V narrower than QK, cp.async K/V with strided operands.

@@ -447,8 +447,8 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   w.tile = {64, 32, 4, 3};
   EXPECT_EQ(
       error_of([&] { w.resolved(); }),
-      "the wgmma forward kernel takes tiles 128x128w12s3, 128x128w12s2, 128x64w12s3, 128x64w12s2, "
-      "128x176w12s2 at head dims 128/128, got 64x32w4s3");
+      "the wgmma forward kernel takes tiles 128x128w12s3, 128x128w12s2, 128x64w12s3, 128x64w12s2 at head "
+      "dims 128/128, got 64x32w4s3");
   w.tile = {128, 64, 12, 3};  // a listed tile other than the default
   EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a");
 

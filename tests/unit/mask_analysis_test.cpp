@@ -300,7 +300,8 @@ TEST(MaskAnalysis, PassAgreesWithIntervalProgram) {
 
 }  // namespace
 
-// BlockMask::regrouped (the Hopper forward's 192-row and 176-column tiles over 128x128 masks):
+// BlockMask::regrouped (the Hopper forward's 192x128 and 192x112 tiles over 128x128 masks, and a
+// wider column block):
 // each regrouped tile joins the tiles it overlaps (full where all are full, empty where all are
 // empty, else partial), so its full and empty tiles are exactly what brute force finds at the
 // new size, and it is kept with the mask.
@@ -311,7 +312,7 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
   const int len_q = 1000, len_kv = 777;
   for (const fa::MaskMod& mm : {fa::mods::causal(), band})
     for (int source : {64, 128, 256})
-      for (const auto& [qb, kvb] : {std::pair{192, 128}, std::pair{128, 176}, std::pair{192, 176}}) {
+      for (const auto& [qb, kvb] : {std::pair{192, 128}, std::pair{192, 112}, std::pair{128, 176}}) {
         const std::string what = mm.name + " from " + std::to_string(source) + "x128 to " +
                                  std::to_string(qb) + "x" + std::to_string(kvb);
         fa::BlockMaskOptions bo;
@@ -356,16 +357,16 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
   EXPECT_FALSE(full.matches_mask_mod());
   EXPECT_TRUE(full.regroupable());
   EXPECT_EQ(full.regrouped(192, 128).kinds(), std::vector<uint8_t>(6 * 8, uint8_t(fa::BlockKind::kFull)));
-  EXPECT_EQ(full.regrouped(128, 176).kinds(), std::vector<uint8_t>(8 * 6, uint8_t(fa::BlockKind::kFull)));
+  EXPECT_EQ(full.regrouped(192, 112).kinds(), std::vector<uint8_t>(6 * 9, uint8_t(fa::BlockKind::kFull)));
   std::vector<uint8_t> kinds(8 * 8, uint8_t(fa::BlockKind::kFull));
   kinds[1] = uint8_t(fa::BlockKind::kEmpty);
   const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds);
   EXPECT_FALSE(given.regroupable());
   EXPECT_EQ(&given.regrouped(128, 128), &given);
-  EXPECT_EQ(fa::test::error_of([&] { given.regrouped(128, 176); }),
-            "block mask: its 128x128 blocks can be regrouped into 128x176 only when the tables agree with "
+  EXPECT_EQ(fa::test::error_of([&] { given.regrouped(192, 112); }),
+            "block mask: its 128x128 blocks can be regrouped into 192x112 only when the tables agree with "
             "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "
-            "given tables, build them with blocks 128x176");
+            "given tables, build them with blocks 192x112");
   EXPECT_EQ(fa::test::error_of([&] {
               fa::BlockMask::all_full(1, 1, 1000, 1000).set_matches_mask_mod().regrouped(100, 128);
             }),

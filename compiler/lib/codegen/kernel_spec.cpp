@@ -29,9 +29,6 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 //   d96 full 0.822 -> 0.753 ms, d80 0.780 -> 0.712, causal 1-2.5 % faster, but document 15-25 %
 //   slower (112-key tiles across its 128-key blocks make more of them partial). First without a
 //   mask_mod or score_mod, else candidates after the 128-row tiles.
-// 128x176 (2 stages; FA-3's non-causal d128 tile), above 96 up to DV 128: a candidate. d128 full
-// 0.888 -> 0.881 ms at S 4096 (the last of 24 tiles is 48 keys), 0.861 -> 0.833 at 8192; causal,
-// sliding, document, ALiBi and softcap 1-25 % slower.
 std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod, bool has_mask_mod) {
   std::vector<TileConfig> tiles;
   const int widest = std::max(head_dim_mma(dqk), head_dim_mma(dv));
@@ -48,7 +45,6 @@ std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod,
     if (has_score_mod || has_mask_mod) tiles.push_back(rows192n112);
     tiles.push_back(rows192n112s2);
   }
-  if (widest > 96 && head_dim_mma(dv) <= 128) tiles.push_back({128, 176, 12, 2});
   return tiles;
 }
 
