@@ -389,7 +389,7 @@ struct Kernel::Impl {
     return *slot;
   }
 
-  // The dense forward that runs `mask`: fwd, or, where fwd's tile (192 rows, 176 columns) does
+  // The dense forward that runs `mask`: fwd, or, where fwd's tile (192x128, 192x112) does
   // not divide the mask's blocks and the mask cannot be regrouped (BlockMask::regroupable: given
   // tables, not built from mask_mod) but its blocks hold whole 128x128 tiles, the same kernel
   // with the 128x128 tile, compiled on first use. Otherwise fwd, for check_call to refuse.
