@@ -343,8 +343,8 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
   // Candidates whose tile neither divides the mask's blocks nor may regroup them cannot run it.
   specs.erase(std::remove_if(specs.begin() + 1, specs.end(),
                              [&](const KernelSpec& s) {
-                               return !shape.regroupable && (shape.q_block % s.tile.block_m != 0 ||
-                                                             shape.kv_block % s.tile.block_n != 0);
+                               return !shape.regroupable &&
+                                      !tile_divides(s.tile, shape.q_block, shape.kv_block);
                              }),
               specs.end());
   if (specs.size() < 2) {

@@ -24,8 +24,13 @@ struct TuneShape {
   int64_t batch_heads = 0;  // B x Hq
   int64_t len_q = 0, len_kv = 0;
   int q_block = 0, kv_block = 0;  // the block mask's
-  bool regroupable = false;  // the mask can be regrouped into other blocks (BlockMask::regroupable)
+  bool regroupable = false;       // the mask can be regrouped into other blocks (BlockMask::regroupable)
 };
+// Whether tile `t` holds whole blocks of a q_block x kv_block mask (else a dense forward of it
+// runs the mask only regrouped: BlockMask::regroupable, regrouped).
+inline bool tile_divides(const TileConfig& t, int q_block, int kv_block) {
+  return q_block % t.block_m == 0 && kv_block % t.block_n == 0;
+}
 // "bh64 q4096 kv4096 blk128x128": B x Hq, Lq and Lkv rounded up to powers of two.
 std::string shape_class(const TuneShape& shape);
 

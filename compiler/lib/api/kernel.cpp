@@ -237,7 +237,7 @@ class MaskBuilder {
 // Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
 // can be regrouped into the tile's blocks (BlockMask::regroupable, regrouped).
 bool tile_divides(const TileConfig& t, const BlockMask& mask) {
-  return mask.q_block() % t.block_m == 0 && mask.kv_block() % t.block_n == 0;
+  return detail::tile_divides(t, mask.q_block(), mask.kv_block());
 }
 bool forward_takes(const TileConfig& t, const BlockMask& mask) {
   return tile_divides(t, mask) || mask.regroupable();
@@ -353,17 +353,23 @@ struct Kernel::Impl {
   std::map<std::string, std::unique_ptr<Compiled>> wide_twins;  // by the narrow kernel's cache key
   std::unique_ptr<Compiled> tile128;  // dense_forward's fallback for masks fwd's tile cannot take
 
+  // A kernel of this variant other than fwd, compiled from `spec` (callers hold bwd_mutex and
+  // keep it in their slot); `what` names it in errors: "<what> of score_mod @S mask_mod @M".
+  std::unique_ptr<Compiled> compile_beside(const KernelSpec& spec, std::string_view what) const {
+    const Program& p = mask.program();
+    return std::make_unique<Compiled>(compile_generated(
+        generate(p, spec), fwd.options.line_info,
+        fmt::format("{} of score_mod @{} mask_mod @{}", what, p.score_mod_name(), p.mask_mod_name())));
+  }
+
   const Compiled& decode_kernel(SequenceLayout layout = SequenceLayout::kDense) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
     std::unique_ptr<Compiled>& slot = dec[static_cast<int>(layout)];
     if (!slot) {
-      const Program& p = mask.program();
       KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kDecode);
       spec.tile = TileConfig{};
       spec.layout = layout;
-      slot = std::make_unique<Compiled>(compile_generated(
-          generate(p, spec), fwd.options.line_info,
-          fmt::format("decoding of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
+      slot = compile_beside(spec, "decoding");
     }
     return *slot;
   }
@@ -375,16 +381,11 @@ struct Kernel::Impl {
     std::lock_guard<std::mutex> lock(bwd_mutex);
     std::unique_ptr<Compiled>& slot = prefill[static_cast<int>(layout)];
     if (!slot) {
-      const Program& p = mask.program();
       KernelSpec spec = fwd.gen.spec;
       if (spec.family != KernelFamily::kMmaSync) spec.tile = TileConfig{};
       spec.family = KernelFamily::kMmaSync;
       spec.layout = layout;
-      slot = std::make_unique<Compiled>(
-          compile_generated(generate(p, spec), fwd.options.line_info,
-                            fmt::format("{} forward of score_mod @{} mask_mod @{}",
-                                        layout == SequenceLayout::kPaged ? "paged" : "ragged",
-                                        p.score_mod_name(), p.mask_mod_name())));
+      slot = compile_beside(spec, layout == SequenceLayout::kPaged ? "paged forward" : "ragged forward");
     }
     return *slot;
   }
@@ -398,13 +399,9 @@ struct Kernel::Impl {
     if (forward_takes(fwd.gen.spec.tile, m) || !tile_divides(kTwin, m)) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
     if (!tile128) {
-      const Program& p = mask.program();
       KernelSpec spec = fwd.gen.spec;
       spec.tile = kTwin;
-      tile128 = std::make_unique<Compiled>(
-          compile_generated(generate(p, spec), fwd.options.line_info,
-                            fmt::format("128x128-tile forward of score_mod @{} mask_mod @{}",
-                                        p.score_mod_name(), p.mask_mod_name())));
+      tile128 = compile_beside(spec, "128x128-tile forward");
     }
     return *tile128;
   }
@@ -416,13 +413,9 @@ struct Kernel::Impl {
     std::lock_guard<std::mutex> lock(bwd_mutex);
     std::unique_ptr<Compiled>& slot = wide_twins[c.key];
     if (!slot) {
-      const Program& p = mask.program();
       KernelSpec spec = c.gen.spec;
       spec.wide_captures = true;
-      slot = std::make_unique<Compiled>(
-          compile_generated(generate(p, spec), fwd.options.line_info,
-                            fmt::format("{} of score_mod @{} mask_mod @{}", spec.to_string(),
-                                        p.score_mod_name(), p.mask_mod_name())));
+      slot = compile_beside(spec, spec.to_string());
     }
     return *slot;
   }
@@ -438,10 +431,7 @@ struct Kernel::Impl {
     spec.deterministic =
         deterministic || bwd_prefers_separate_dq(spec.resolved(score_mod_weighs(p, KernelKind::kBackward)));
     std::unique_ptr<Compiled>& slot = bwd[spec.deterministic ? 1 : 0];
-    if (!slot)
-      slot = std::make_unique<Compiled>(compile_generated(
-          generate(p, spec), fwd.options.line_info,
-          fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
+    if (!slot) slot = compile_beside(spec, "backward");
     if (!asked) bwd_default = slot.get();
     return *slot;
   }

@@ -129,8 +129,8 @@ class FA_API BlockMask {
   // where every tile it overlaps is full, empty where every one is empty, else partial, so the
   // mask_mod decides its elements. Built once per size and kept with this mask (thread-safe).
   // Returns *this for the mask's own block sizes; otherwise needs regroupable(). The Hopper
-  // forward runs 128x128 masks this way on its 192-row tile (head dims up to 64) and on its
-  // 176-column tile (wider heads).
+  // forward runs 128x128 masks this way on its 192x128 tile (head dims up to 64) and its 192x112
+  // tile (up to 96).
   const BlockMask& regrouped(int q_block, int kv_block) const;
   // Whether regrouped() may regroup the mask: matches_mask_mod(), or every tile has the same
   // kind (an all-full mask regroups exactly whatever the mask_mod).
