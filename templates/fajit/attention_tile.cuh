@@ -407,6 +407,7 @@ struct SoftmaxRows {
   float r[2];  // R(m) = m·sl2 rounded (0 while m = -inf): the reference of the last step's p
 
   static constexpr float kExactFrom = 16777216.f;  // 2^24: |m·sl2| from which p is formed exactly
+  static constexpr float kRescaleFrom = 8.f;       // log2 of the largest p before R moves
   static __device__ __forceinline__ float resid(float mx, float sl2) {
     const float r = __fmul_rn(mx, sl2);
     return fabsf(r) < kExactFrom ? fmaf(mx, sl2, -r) : 0.f;
@@ -431,9 +432,16 @@ struct SoftmaxRows {
     return v[0];
   }
 
-  // Folds an S fragment in: S becomes P = exp2(S·sl2 - R(m_new)) in place, l is rescaled and
-  // grows, and alpha[hh] = exp2(R(m_old) - R(m_new)) is what O's rows must be multiplied by.
+  // Folds an S fragment in: S becomes P = exp2(S·sl2 - R) in place and l grows. Returns whether
+  // the reference moved (warp-uniform): then l was rescaled and alpha[hh] = exp2(R_old - R_new)
+  // is what O's rows must be multiplied by; else alpha is untouched and O stays as it is.
   // A row with nothing unmasked yet keeps m = -inf, R = 0 (masked scores give p = 0, no NaN).
+  //
+  // The reference stays where it is while every row of the warp has one (m > -inf) and the
+  // tile's max lies at most kRescaleFrom above it (FlashAttention-4's conditional rescale):
+  // p <= 2^kRescaleFrom, l and O (fp32) carry the factor, and finish()/lse() divide it out
+  // exactly as they would R's. m stays the max R was formed from (m and R agree, as lse()
+  // and a split-KV part's (m, log2_sum) need), not the running max.
   //
   // Both rows' maxima first (their shuffles overlap), then one warp vote: while every row of
   // the warp is below 2^24 now and before — always, but for scores ~1e7/scale — alpha is
@@ -443,24 +451,38 @@ struct SoftmaxRows {
   // FFMA forms the exact p = exp2((x - m)·sl2); that path holds no exponential of its own, so
   // the compiler keeps it a branch around a few subtractions instead of predicating both.
   template <int kNT>
-  __device__ __forceinline__ void step(float (&s)[kNT][4], float (&alpha)[2], float sl2) {
+  __device__ __forceinline__ bool step(float (&s)[kNT][4], float (&alpha)[2], float sl2) {
     float mx[2], rn[2], sub[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) mx[hh] = fmaxf(m[hh], row_max(s, hh));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) mx[hh] = quad_max(mx[hh]);
-    bool small = true;
+    bool small = true, keep = true;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       rn[hh] = mx[hh] == -INFINITY ? 0.f : __fmul_rn(mx[hh], sl2);
-      sub[hh] = rn[hh];
       small = small && fabsf(rn[hh]) < kExactFrom && fabsf(r[hh]) < kExactFrom;
+      keep = keep && m[hh] != -INFINITY && rn[hh] - r[hh] <= kRescaleFrom;
     }
-    if (__all_sync(0xffffffffu, small)) {
+    const bool rescale = !__all_sync(0xffffffffu, small && keep);
+    if (!rescale) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) alpha[hh] = ex2(fminf(r[hh] - rn[hh], 0.f));
+      for (int hh = 0; hh < 2; ++hh) sub[hh] = r[hh];
     } else {
-      huge_rows(s, alpha, mx, sub, sl2);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) sub[hh] = rn[hh];
+      if (__all_sync(0xffffffffu, small)) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) alpha[hh] = ex2(fminf(r[hh] - rn[hh], 0.f));
+      } else {
+        huge_rows(s, alpha, mx, sub, sl2);
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        m[hh] = mx[hh];
+        r[hh] = rn[hh];
+        l[hh] *= alpha[hh];
+      }
     }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -473,10 +495,9 @@ struct SoftmaxRows {
           s[j][2 * hh + e] = pv;
           rs += pv;
         }
-      m[hh] = mx[hh];
-      r[hh] = rn[hh];
-      l[hh] = l[hh] * alpha[hh] + rs;  // quad-reduced once, in finish()
+      l[hh] += rs;  // quad-reduced once, in finish()
     }
+    return rescale;
   }
 
   // step()'s rare path, a warp with a row at or past 2^24 (or m = +inf: then p is 0, or NaN

@@ -226,8 +226,7 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
     // ---- mods (each row with its own head), online softmax, O += P · V
     score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h_idx, cap);
     float alpha[2];
-    srow.step(s[0], alpha, sl2);
-    scale_rows(o, alpha);
+    if (srow.step(s[0], alpha, sl2)) scale_rows(o, alpha);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKP; ++kk) {
       u32 pa[4];

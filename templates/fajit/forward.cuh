@@ -245,8 +245,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) {
       float alpha[2];
-      rows[mi].step(s[mi], alpha, sl2);
-      scale_rows(o[mi], alpha);
+      if (rows[mi].step(s[mi], alpha, sl2)) scale_rows(o[mi], alpha);
     }
 
     // ---- O += P · V, P packed to 16-bit per k-step (A fragment = two adjacent S n-tiles)

@@ -371,8 +371,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       gemm_s(s, ring.stage, ring.phase);
       cur.next(walk, len_kv);
       mods(s, start, is_full);
-      rows.step(s, alpha, sl2);
-      scale_rows(o, alpha);
+      if (rows.step(s, alpha, sl2)) scale_rows(o, alpha);
       pack_a<E>(pa, s);
       gemm_pv(ring.stage, ring.phase);
       ring.advance();
@@ -408,9 +407,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       pin(s);
       s_done(ring.stage);
       mods(s, start, is_full);
-      rows.step(s, alpha, sl2);
+      const bool rescale = rows.step(s, alpha, sl2);
       pv_done(prev.stage, first);  // P_{j-1}·V_{j-1} done
-      scale_rows(o, alpha);
+      if (rescale) scale_rows(o, alpha);
       pack_a<E>(pa, s);
       prev = ring;
       first = false;

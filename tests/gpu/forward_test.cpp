@@ -219,6 +219,14 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.cp_async_kv = true; }),
       with({"sliding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 200}, "cpasync_noncontig",
            [](FwdCase& c) { c.cp_async_kv = true, c.noncontig = true; }),
+      // A row max that climbs tile by tile: the softmax's reference stays for a tile or two,
+      // then moves (conditional rescale), on every forward kernel family.
+      {"kv_ramp", bf16, 128, 128, 1, 4, 2, 1000, 4097},
+      {"kv_ramp", f16, 64, 64, 2, 4, 1, 1000, 1000, 40},
+      {"kv_ramp", f16, 80, 80, 1, 4, 2, 16, 9000, 20},  // the decoding kernel
+      with({"kv_ramp", bf16, 96, 96, 1, 4, 1, 1000, 1000, 60}, "tile192x112", tile192x112),
+      with({"kv_ramp", f16, 128, 128, 1, 4, 2, 1000, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       {"head_offset", bf16, 128, 128, 1, 6, 2, 1000, 1000},
       {"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097},  // the decoding kernel and its combine
       with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma",

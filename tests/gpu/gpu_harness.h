@@ -267,6 +267,19 @@ inline const Variant& variant(const std::string& name) {
            return ScoreMod{"self_ratio", [](Score s, Index, Index, Index, Index) { return s + s / s; }};
          },
          mods::causal, none});
+    // score + ramp·kv (ramp = param / 1000, default 0.03): each 128-key tile's max lies a few
+    // log2 units above the last one's, so the online softmax keeps its reference for a tile or
+    // two (p up to 2^8 in the P·V) and then moves it, with O rescaled by far more than usual.
+    v.push_back({"kv_ramp",
+                 [] {
+                   return ScoreMod{"kv_ramp", [](Score s, Index, Index, Index, Index kv) {
+                                     return s + scalar<float>("ramp") * kv;
+                                   }};
+                 },
+                 noop_mask,
+                 [](CaptureSet& c, const Dims&, int p, std::mt19937&) {
+                   c.scalar_f32("ramp", p >= 0 ? float(p) * 1e-3f : 0.03f);
+                 }});
     v.push_back({"relative_bias", [] { return mods::relative_bias(); }, noop_mask,
                  [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
                    // Exactly Lq + Lkv - 1 entries: an out-of-range q or kv reads out of bounds.
