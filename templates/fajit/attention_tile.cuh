@@ -443,7 +443,7 @@ struct SoftmaxRows {
   // exactly as they would R's. m stays the max R was formed from (m and R agree, as lse()
   // and a split-KV part's (m, log2_sum) need), not the running max.
   //
-  // Both rows' maxima first (their shuffles overlap), then one warp vote: while every row of
+  // Both rows' maxima first (their shuffles overlap), then a warp vote: while every row of
   // the warp is below 2^24 now and before — always, but for scores ~1e7/scale — alpha is
   // exp2(R_old - R_new) from the stored references (min 0: an empty row's R = 0 may exceed the
   // new one; its O and l are 0) and p one FFMA per score, straight-line for both rows. Else
