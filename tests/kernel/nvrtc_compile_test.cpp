@@ -68,20 +68,20 @@ int main() {
     for (const char* cfg : {"128,2,false", "128,3,true", "64,2,true", "64,4,false", "128,2,false,false,true",
                             "128,2,true,true,true", "64,2,true,false,true"})
       v90.push_back({"bf16_t", 128, 128, 1, cfg});
-    // Three consumer warpgroups (192 query rows, the default up to 64 without a score_mod):
-    // with a score_mod, without overlap, 4 stages, and the narrow head dims.
-    for (auto [dqk, dv, cfg] : {std::tuple{64, 64, "128,3,true,true,false,3"},
-                                {64, 64, "128,3,false,true,false,3"},
-                                {64, 64, "128,4,true,true,false,3"},
-                                {32, 32, "128,3,true,true,false,3"},
-                                {40, 48, "128,3,true,true,false,3"}})
-      v90.push_back({"bf16_t", dqk, dv, 1, cfg});
-    // Three consumers between 64 and 96 with 112 or 96 keys a tile (192x112 the default without
-    // mods): 3 and 2 stages, V narrower than QK, a padded head dim, f16.
-    for (auto [elem, dqk, dv, cfg] : {std::tuple{"bf16_t", 96, 96, "112,3,true,true,false,3"},
-                                      {"bf16_t", 80, 80, "112,2,true,true,true,3"},
-                                      {"f16_t", 96, 64, "112,3,true,true,false,3"},
-                                      {"bf16_t", 72, 72, "96,3,true,true,false,3"}})
+    for (auto [elem, dqk, dv, cfg] :
+         {// Three consumer warpgroups (192 query rows, the default up to 64 without a
+          // score_mod): with a score_mod, without overlap, 4 stages, and the narrow head dims.
+          std::tuple{"bf16_t", 64, 64, "128,3,true,true,false,3"},
+          {"bf16_t", 64, 64, "128,3,false,true,false,3"},
+          {"bf16_t", 64, 64, "128,4,true,true,false,3"},
+          {"bf16_t", 32, 32, "128,3,true,true,false,3"},
+          {"bf16_t", 40, 48, "128,3,true,true,false,3"},
+          // Three consumers between 64 and 96 with 112 or 96 keys a tile (192x112 the default
+          // without mods): 3 and 2 stages, V narrower than QK, a padded head dim, f16.
+          {"bf16_t", 96, 96, "112,3,true,true,false,3"},
+          {"bf16_t", 80, 80, "112,2,true,true,true,3"},
+          {"f16_t", 96, 64, "112,3,true,true,false,3"},
+          {"bf16_t", 72, 72, "96,3,true,true,false,3"}})
       v90.push_back({elem, dqk, dv, 1, cfg});
     v90.push_back({"bf16_t", 96, 96, 0, "112,3,true,true,false,3"});
     // Every other head-dim class (padded rows, P·V's N rounded up to 16, odd chunks).

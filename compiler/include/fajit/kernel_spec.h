@@ -108,17 +108,19 @@ FA_API int head_dim_pitch(int head_dim);
 // score_mod runs on d128, where 4 warps spill. wgmma (templates/NOTES-sm90.md): 128x128 with
 // 12 warps (a producer and two consumer warpgroups), 3 stages; up to head dim 64 192x128 with
 // three consumer warpgroups, and between 64 and 96 192x112 when there is neither a score_mod
-// nor a mask_mod (kernel_spec.cpp: wgmma_forward_tiles has the measurements). Above a V head dim of 128 (O of
-// up to 256 columns in the consumers' registers) BLOCK_N is 64; tiles that shared memory cannot hold fall
-// back in order (3 stages, then 2; BLOCK_N 128, then 64): 192/128 takes 128x128 with 2 stages, 256/256 128x64
-// with 2. An explicit wgmma tile must be one of that list. Backward (mma.sync, templates/fajit/backward.cuh):
-// block_m query rows per step, warps x 16 keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps
-// at 64/64, 64 x 128 with 8 warps when a head dim is above 64 (a first choice, to be measured). Other head
-// dims (not measured yet): a head dim above 128 takes 16 rows per warp in the forward (128x64, 8 warps, Q
-// re-read from shared memory); the backward at an odd number of 16-column steps of head_dim_qk takes 64 x 64
-// with 4 warps (dQ columns split over no warps). This returns the first choice; KernelSpec::resolved falls
-// back to smaller tiles (block_n 32, then block_m 64) until the arch's shared memory (jit::max_dynamic_smem)
-// holds it.
+// nor a mask_mod (kernel_spec.cpp: wgmma_forward_tiles has the measurements). Above a V head
+// dim of 128 (O of up to 256 columns in the consumers' registers) BLOCK_N is 64; tiles that
+// shared memory cannot hold fall back in order (3 stages, then 2; BLOCK_N 128, then 64):
+// 192/128 takes 128x128 with 2 stages, 256/256 128x64 with 2. An explicit wgmma tile must be
+// one of that list.
+// Backward (mma.sync, templates/fajit/backward.cuh): block_m query rows per step, warps x 16
+// keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps at 64/64, 64 x 128 with
+// 8 warps when a head dim is above 64 (a first choice, to be measured).
+// Other head dims (not measured yet): a head dim above 128 takes 16 rows per warp in the
+// forward (128x64, 8 warps, Q re-read from shared memory); the backward at an odd number of
+// 16-column steps of head_dim_qk takes 64 x 64 with 4 warps (dQ columns split over no warps).
+// This returns the first choice; KernelSpec::resolved falls back to smaller tiles (block_n 32,
+// then block_m 64) until the arch's shared memory (jit::max_dynamic_smem) holds it.
 FA_API TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod,
                                KernelFamily family = KernelFamily::kMmaSync,
                                KernelKind kind = KernelKind::kForward, bool has_mask_mod = true);

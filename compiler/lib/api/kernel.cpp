@@ -579,8 +579,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     unsigned char* cap;
     CUstream st;
     void operator()() {
-      FaFwdParams p = params;
-      void* args[] = {&p, cap, &maps};
+      void* args[] = {&params, cap, &maps};
       rt::launch(fn, grid, block, smem, st, args);
     }
   };
