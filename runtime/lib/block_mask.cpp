@@ -500,8 +500,9 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
     for (int i = 0; i < r->nq; ++i) {
       const auto [first, last] = span(i, q_block, s.len_q, s.q_block);
       uint8_t* out = r->kinds.data() + (g * r->nq + i) * r->nkv;
+      const uint8_t* first_row = s.kinds.data() + (g * s.nq + first) * s.nkv;
       for (int j = 0; j < r->nkv; ++j) {
-        const uint8_t* src = s.kinds.data() + (g * s.nq + first) * s.nkv;
+        const uint8_t* src = first_row;
         uint8_t join = src[cols[size_t(j)].first];
         for (int qb = first; qb <= last; ++qb, src += s.nkv)
           for (int kb = cols[size_t(j)].first; kb <= cols[size_t(j)].second; ++kb)
