@@ -14,7 +14,7 @@
 // must be single identifiers (name the config with a `using` first). The kernel is extern "C".
 //
 // ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K,
-//                                 CONSUMERS>)
+//                                 CONSUMERS, CP_ASYNC_KV>)
 //   Element   fa::f16_t or fa::bf16_t (Q, K, V, O); LSE is fp32
 //   DQK, DV   head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 256, independently
 //             (rows padded to 64-column swizzle blocks; Q·Kᵀ runs ceil(DQK / 16) k-steps and
@@ -36,6 +36,9 @@
 //             Three (192 rows, FA-3's d64 tile) give each softmax two other warpgroups' GEMMs
 //             to run under; they share 160 registers a thread (2: 232), so only narrow heads
 //             (BLOCK_N 128 up to 64, 112 up to 96).
+//   CP_ASYNC_KV false (default): K/V come by TMA only (the launch's tensor maps must be
+//             enabled); true: the producer warpgroup copies them with cp.async and the maps
+//             are not read (the twin for tensors the driver cannot map)
 //
 // ---- Launch (host mirrors these; the constants are spelled out) --------------------------
 //   grid  = ( ceil(len_q / BLOCK_M), batch * heads_q, 1 )     (as forward.cuh)
@@ -62,10 +65,10 @@
 //   kv head h / (heads_q / heads_kv). A row with no unmasked score gets O = 0, LSE = -inf.
 //
 // ---- Structure ----------------------------------------------------------------------------
-//   Warpgroup 0 (producer, setmaxnreg down to 40, 32 with three consumers): cp.async of the Q tile, then TMA
-//   (or cp.async) of each K and V tile into 128B-swizzled stages (with EARLY_K, K_{j+1} before V_j);
-//   completion reaches the consumers through mbarriers (full_k[s], full_v[s]); it waits on
-//   empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage.
+//   Warpgroup 0 (producer, setmaxnreg down to 40, 32 with three consumers): cp.async of the Q
+//   tile, then TMA (CP_ASYNC_KV: cp.async) of each K and V tile into 128B-swizzled stages (with
+//   EARLY_K, K_{j+1} before V_j); completion reaches the consumers through mbarriers (full_k[s],
+//   full_v[s]); it waits on empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage.
 //   Warpgroups 1.. (consumers, setmaxnreg up to 232, 160 with three): 64 query rows each;
 //   S = Q·Kᵀ by wgmma m64n{BLOCK_N}k16 with Q and K from shared memory; score_mod/mask_mod and
 //   the online softmax (exp2, scale·log2e folded) on the accumulator registers; P converted
@@ -85,7 +88,8 @@
 namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockN_ = 128, int kStages_ = 2,
-          bool kOverlap_ = true, bool kPingPong_ = false, bool kEarlyK_ = false, int kConsumers_ = 2>
+          bool kOverlap_ = true, bool kPingPong_ = false, bool kEarlyK_ = false, int kConsumers_ = 2,
+          bool kCpAsyncKv_ = false>
 struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -97,6 +101,7 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr bool kEarlyK = kEarlyK_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPingPong = kPingPong_;
+  static constexpr bool kTmaKv = !kCpAsyncKv_;
 
   static constexpr int kConsumerRows = kBlockM / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
@@ -168,8 +173,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     // full: TMA, one arrive (with the stage's bytes) from the issuing thread; cp.async, one
     // arrive per producer thread. empty: one arrive per consumer warp.
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full_k(s), maps.enabled ? 1 : kWG);
-      mbar_init(bar_full_v(s), maps.enabled ? 1 : kWG);
+      mbar_init(bar_full_k(s), Cfg::kTmaKv ? 1 : kWG);
+      mbar_init(bar_full_v(s), Cfg::kTmaKv ? 1 : kWG);
       mbar_init(bar_empty_v(s), 4 * Cfg::kConsumerWarpgroups);
       mbar_init(bar_empty_k(s), 4 * Cfg::kConsumerWarpgroups);
     }
@@ -214,7 +219,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         rv.advance();
       }
     };
-    if (maps.enabled) {
+    if constexpr (Cfg::kTmaKv) {
       // One thread issues each tile as TMA boxes of 64 columns x BLOCK_N rows into the stage's
       // column blocks (zeros past D and len_kv): no producer issue slots per chunk.
       if (tid == 0)
@@ -321,7 +326,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // the fence, a MEMBAR.ALL.CTA, would wait twice per tile for nothing).
   auto wait_loaded = [&](u32 bar, u32 phase) {
     mbar_wait(bar, phase);
-    if (!maps.enabled) fence_proxy_async();
+    if constexpr (!Cfg::kTmaKv) fence_proxy_async();
   };
   // A stage goes back to the producer once this warp's GEMMs that read it have completed.
   auto release = [&](u32 bar_empty) {

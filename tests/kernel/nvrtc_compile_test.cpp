@@ -96,6 +96,13 @@ int main() {
                                 {256, 256, "64,2,true,true,true"}})
       v90.push_back({"bf16_t", dqk, dv, 1, cfg});
     v90.push_back({"f16_t", 256, 256, 0, "64,2,true,true,true"});
+    // The cp.async K/V twins (CP_ASYNC_KV, for tensors the driver cannot map): two and three
+    // consumers, whole and padded rows, above 128.
+    for (auto [dqk, dv, cfg] : {std::tuple{128, 128, "128,3,true,true,false,2,true"},
+                                {64, 64, "128,3,true,true,false,3,true"},
+                                {80, 80, "112,3,true,true,false,3,true"},
+                                {72, 136, "64,2,true,true,true,2,true"}})
+      v90.push_back({"bf16_t", dqk, dv, 1, cfg});
     for (const V90& v : v90) {
       const std::string src = fa_test::variant_source_sm90(
           v.mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), v.elem, v.dqk, v.dv, v.cfg);

@@ -462,6 +462,26 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   EXPECT_HAS(g.source, "static_assert(FaConfig::kThreads == 384, ");
   EXPECT_HAS(g.source, "static_assert(FaConfig::kSmemBytes == 230504, ");
   EXPECT_LACKS(g.source, "fajit/forward.cuh");
+
+  // The cp.async K/V twin (tensors the driver cannot map): the same tile, the config's last
+  // argument, its own text (and so its own cache key); no other kernel takes the flag.
+  fa::KernelSpec twin = g.spec;
+  twin.cp_async_kv = true;
+  EXPECT_EQ(twin.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a cp-async-kv");
+  EXPECT_HAS(
+      fa::generate(fa::trace(fa::mods::alibi(), fa::mods::causal()), twin).source,
+      "using FaConfig = fa::Sm90FwdConfig<fa::bf16_t, 128, 128, 128, 3, true, true, false, 2, true>;\n");
+  for (auto [kind, family] : {std::pair{fa::KernelKind::kBackward, fa::KernelFamily::kAuto},
+                              {fa::KernelKind::kForward, fa::KernelFamily::kMmaSync},
+                              {fa::KernelKind::kDecode, fa::KernelFamily::kAuto}}) {
+    fa::KernelSpec bad = spec();
+    bad.kind = kind, bad.family = family, bad.cp_async_kv = true;
+    EXPECT_EQ(error_of([&] { (void)bad.resolved(); }),
+              "cp_async_kv applies to the wgmma forward kernel only");
+  }
+  fa::KernelSpec sm80 = spec();
+  sm80.family = fa::KernelFamily::kAuto, sm80.arch = "sm_80", sm80.cp_async_kv = true;
+  EXPECT_EQ(error_of([&] { (void)sm80.resolved(); }), "cp_async_kv applies to the wgmma forward kernel only");
 }
 
 // ---- (c) NVRTC ---------------------------------------------------------------------------

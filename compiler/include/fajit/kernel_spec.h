@@ -55,6 +55,12 @@ struct FA_API KernelSpec {
   // of a kernel (compiled on first need) only for a call whose buffers (or buffer gradients)
   // the narrow form cannot address.
   bool wide_captures = false;
+  // The Hopper forward's K/V copies. false (what fa::compile builds): TMA only, one thread
+  // issuing each tile; true: cp.async by the producer warpgroup, the twin the runtime compiles
+  // on first need for a call whose K or V the driver's tensor maps cannot describe (a base or
+  // row stride not a multiple of 16 bytes, FAJIT_TMA=0). Keeping the fallback out of the
+  // default kernel saves ~6 % of its NVRTC time.
+  bool cp_async_kv = false;
 
   // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits
   // static_asserts so the two cannot drift apart).
@@ -79,7 +85,8 @@ struct FA_API KernelSpec {
   bool operator==(const KernelSpec& o) const {
     return kind == o.kind && dtype == o.dtype && family == o.family && head_dim_qk == o.head_dim_qk &&
            head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch &&
-           deterministic == o.deterministic && layout == o.layout && wide_captures == o.wide_captures;
+           deterministic == o.deterministic && layout == o.layout && wide_captures == o.wide_captures &&
+           cp_async_kv == o.cp_async_kv;
   }
 };
 

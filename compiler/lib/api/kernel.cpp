@@ -350,7 +350,8 @@ struct Kernel::Impl {
   std::unique_ptr<Compiled> dec[3];
   std::unique_ptr<Compiled> prefill[3];
   std::unique_ptr<detail::ForwardTuner> tuner;  // the dense forward per shape class (made by compile)
-  std::map<std::string, std::unique_ptr<Compiled>> wide_twins;  // by the narrow kernel's cache key
+  std::map<std::string, std::unique_ptr<Compiled>> wide_twins;     // by the narrow kernel's cache key
+  std::map<std::string, std::unique_ptr<Compiled>> kv_copy_twins;  // by the TMA kernel's cache key
   std::unique_ptr<Compiled> tile128;  // dense_forward's fallback for masks fwd's tile cannot take
 
   // A kernel of this variant other than fwd, compiled from `spec` (callers hold bwd_mutex and
@@ -415,6 +416,19 @@ struct Kernel::Impl {
     if (!slot) {
       KernelSpec spec = c.gen.spec;
       spec.wide_captures = true;
+      slot = compile_beside(spec, spec.to_string());
+    }
+    return *slot;
+  }
+
+  // The Hopper forward `c` with K/V copied by cp.async (KernelSpec::cp_async_kv), compiled on
+  // first need: for a call whose K or V the driver's tensor maps cannot describe.
+  const Compiled& kv_copy_twin(const Compiled& c) {
+    std::lock_guard<std::mutex> lock(bwd_mutex);
+    std::unique_ptr<Compiled>& slot = kv_copy_twins[c.key];
+    if (!slot) {
+      KernelSpec spec = c.gen.spec;
+      spec.cp_async_kv = true;
       slot = compile_beside(spec, spec.to_string());
     }
     return *slot;
@@ -583,7 +597,13 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
       rt::launch(fn, grid, block, smem, st, args);
     }
   };
-  auto resolve = [&](const Compiled& f) {
+  // The Hopper forward takes K/V by TMA; where the driver cannot map them, its cp.async twin.
+  auto tma_maps = [&](const KernelSpec& s) { return rt::make_tma_pair(k, v, s.tile.block_n); };
+  auto resolve = [&](const Compiled& tma_form) {
+    const KernelSpec& ts = tma_form.gen.spec;
+    const bool wgmma = ts.family == KernelFamily::kWgmma;
+    const FaTmaPair maps = wgmma && !ts.cp_async_kv ? tma_maps(ts) : FaTmaPair{};
+    const Compiled& f = wgmma && !ts.cp_async_kv && !maps.enabled ? impl_->kv_copy_twin(tma_form) : tma_form;
     const KernelSpec& s = f.gen.spec;
     const TileConfig& t = s.tile;
     PrefillLaunch l{
@@ -596,12 +616,15 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
         with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, dense ? mask_for_tile(t, mask) : mask)),
         cap.data(),
         st};
-    if (s.family == KernelFamily::kWgmma) l.maps = rt::make_tma_pair(k, v, t.block_n);
+    if (wgmma && !s.cp_async_kv) l.maps = maps;
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's
   // query blocks or regroup them (a mask that cannot be regrouped runs dense_forward's fallback).
-  if (!dense || wide || &dense_fwd != &impl_->fwd) {
+  // Tuning times TMA kernels only: tensors the driver cannot map take the default's twin.
+  const bool untunable_kv =
+      dense && dense_fwd.gen.spec.family == KernelFamily::kWgmma && !tma_maps(dense_fwd.gen.spec).enabled;
+  if (!dense || wide || &dense_fwd != &impl_->fwd || untunable_kv) {
     resolve(impl_->captures_twin(dense ? dense_fwd : impl_->prefill_kernel(layout), wide))();
     return;
   }

@@ -131,6 +131,9 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
 KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
   if (deterministic && kind != KernelKind::kBackward)
     throw Error("deterministic applies to the backward kernels only");
+  if (cp_async_kv &&
+      (kind != KernelKind::kForward || family == KernelFamily::kMmaSync || layout != SequenceLayout::kDense))
+    throw Error("cp_async_kv applies to the wgmma forward kernel only");
   if (layout != SequenceLayout::kDense) {
     if (kind != KernelKind::kForward && kind != KernelKind::kDecode)
       throw Error("ragged and paged layouts apply to the forward and decoding kernels only");
@@ -197,6 +200,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
   }
   if (s.family == KernelFamily::kAuto)
     s.family = s.arch == "sm_90a" && s.tile.is_default() ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
+  if (s.cp_async_kv && s.family != KernelFamily::kWgmma)
+    throw Error("cp_async_kv applies to the wgmma forward kernel only");
   if (s.family == KernelFamily::kWgmma) {
     const std::vector<TileConfig> tiles =
         wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod, has_mask_mod);
@@ -272,7 +277,10 @@ std::string KernelSpec::to_string() const {
                   : kind == KernelKind::kBackward ? "backward"
                   : kind == KernelKind::kDecode   ? "decode"
                                                   : "block_mask";
-  const char* wide = wide_captures ? " wide-captures" : "";
+  const char* wide = wide_captures && cp_async_kv ? " wide-captures cp-async-kv"
+                     : wide_captures              ? " wide-captures"
+                     : cp_async_kv                ? " cp-async-kv"
+                                                  : "";
   if (kind == KernelKind::kBlockMask) return fmt::format("{} {}{}", k, arch, wide);
   const char* fam = family == KernelFamily::kWgmma     ? "wgmma"
                     : family == KernelFamily::kMmaSync ? "mma"
