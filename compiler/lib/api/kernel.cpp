@@ -407,31 +407,28 @@ struct Kernel::Impl {
     return *tile128;
   }
 
-  // `c`, or its wide-captures twin (KernelSpec::wide_captures: the same spec with 64-bit
-  // capture offsets) when `wide`, compiled on the first call that needs it.
-  const Compiled& captures_twin(const Compiled& c, bool wide) {
-    if (!wide) return c;
+  // c with its spec edited by `edit`, compiled on first need, one per c in `twins`.
+  template <typename Edit>
+  const Compiled& twin_of(std::map<std::string, std::unique_ptr<Compiled>>& twins, const Compiled& c,
+                          Edit edit) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
-    std::unique_ptr<Compiled>& slot = wide_twins[c.key];
+    std::unique_ptr<Compiled>& slot = twins[c.key];
     if (!slot) {
       KernelSpec spec = c.gen.spec;
-      spec.wide_captures = true;
+      edit(spec);
       slot = compile_beside(spec, spec.to_string());
     }
     return *slot;
   }
-
-  // The Hopper forward `c` with K/V copied by cp.async (KernelSpec::cp_async_kv), compiled on
-  // first need: for a call whose K or V the driver's tensor maps cannot describe.
+  // `c`, or its wide-captures twin (KernelSpec::wide_captures: the same spec with 64-bit
+  // capture offsets) when `wide`, compiled on the first call that needs it.
+  const Compiled& captures_twin(const Compiled& c, bool wide) {
+    return wide ? twin_of(wide_twins, c, [](KernelSpec& s) { s.wide_captures = true; }) : c;
+  }
+  // The Hopper forward `c` with K/V copied by cp.async (KernelSpec::cp_async_kv): for a call
+  // whose K or V the driver's tensor maps cannot describe.
   const Compiled& kv_copy_twin(const Compiled& c) {
-    std::lock_guard<std::mutex> lock(bwd_mutex);
-    std::unique_ptr<Compiled>& slot = kv_copy_twins[c.key];
-    if (!slot) {
-      KernelSpec spec = c.gen.spec;
-      spec.cp_async_kv = true;
-      slot = compile_beside(spec, spec.to_string());
-    }
-    return *slot;
+    return twin_of(kv_copy_twins, c, [](KernelSpec& s) { s.cp_async_kv = true; });
   }
 
   // The backward kernels; `deterministic` false still gives the deterministic ones where they
