@@ -598,9 +598,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   auto tma_maps = [&](const KernelSpec& s) { return rt::make_tma_pair(k, v, s.tile.block_n); };
   auto resolve = [&](const Compiled& tma_form) {
     const KernelSpec& ts = tma_form.gen.spec;
-    const bool wgmma = ts.family == KernelFamily::kWgmma;
-    const FaTmaPair maps = wgmma && !ts.cp_async_kv ? tma_maps(ts) : FaTmaPair{};
-    const Compiled& f = wgmma && !ts.cp_async_kv && !maps.enabled ? impl_->kv_copy_twin(tma_form) : tma_form;
+    const bool tma = ts.family == KernelFamily::kWgmma && !ts.cp_async_kv;
+    const FaTmaPair maps = tma ? tma_maps(ts) : FaTmaPair{};  // the twin and mma.sync read none
+    const Compiled& f = tma && !maps.enabled ? impl_->kv_copy_twin(tma_form) : tma_form;
     const KernelSpec& s = f.gen.spec;
     const TileConfig& t = s.tile;
     PrefillLaunch l{
@@ -609,25 +609,22 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                  static_cast<unsigned>(shape.batch * shape.heads_q)),
         rt::Dim3(static_cast<unsigned>(s.threads())),
         static_cast<unsigned>(s.smem_bytes()),
-        FaTmaPair{},
+        maps,
         with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, dense ? mask_for_tile(t, mask) : mask)),
         cap.data(),
         st};
-    if (wgmma && !s.cp_async_kv) l.maps = maps;
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's
   // query blocks or regroup them (a mask that cannot be regrouped runs dense_forward's fallback).
-  // Tuning times TMA kernels only: tensors the driver cannot map take the default's twin.
-  const bool untunable_kv =
-      dense && dense_fwd.gen.spec.family == KernelFamily::kWgmma && !tma_maps(dense_fwd.gen.spec).enabled;
-  if (!dense || wide || &dense_fwd != &impl_->fwd || untunable_kv) {
+  if (!dense || wide || &dense_fwd != &impl_->fwd) {
     resolve(impl_->captures_twin(dense ? dense_fwd : impl_->prefill_kernel(layout), wide))();
     return;
   }
   // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
-  // overlap none of the inputs, and never into a CUDA graph being captured. Asked only when a
-  // shape class is about to be timed, not on every call.
+  // overlap none of the inputs, never into a CUDA graph being captured, and on the TMA kernels
+  // only (K/V the driver cannot map run the default's cp.async twin, untuned). Asked only when
+  // a shape class is about to be timed, not on every call.
   const detail::TuneShape ts{int64_t(shape.batch) * shape.heads_q,
                              shape.len_q,
                              shape.len_kv,
@@ -638,7 +635,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     auto touches_inputs = [&](const TensorView& out) {
       return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);
     };
-    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !rt::stream_is_capturing(st);
+    const KernelSpec& fs = impl_->fwd.gen.spec;
+    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !rt::stream_is_capturing(st) &&
+           (fs.family != KernelFamily::kWgmma || tma_maps(fs).enabled);
   };
   auto prepare = [&](const Compiled& f) -> detail::ForwardTuner::Launcher { return resolve(f); };
   resolve(impl_->tuner->choose(ts, st, std::ref(may_time), std::ref(prepare)))();
