@@ -266,6 +266,21 @@ struct QueryBlockCta {
   __device__ __forceinline__ QueryBlockCta(GridTile t, int block_m, int heads_q, int heads_kv)
       : q0(t.tile * block_m), b(t.bh / heads_q), h(t.bh % heads_q), hkv(h / (heads_q / heads_kv)) {}
 };
+// Runs kernel(params) for this query-block CTA of the forward kernels: on p itself in the dense
+// layout; ragged / paged on p rebased on the CTA's sequence, and not at all where the block
+// lies past that sequence's end (the grid covers the longest).
+template <typename Cfg, typename Kernel>
+__device__ __forceinline__ void on_sequence(const FaFwdParams& p, Kernel&& kernel) {
+  if constexpr (Cfg::kLayout == kDenseLayout) {
+    kernel(p);
+  } else {
+    FaFwdParams seq = p;
+    const QueryBlockCta cta(Cfg::kBlockM, p.heads_q, p.heads_kv);
+    rebase_sequence<typename Cfg::Element>(seq, cta.b);
+    if (cta.q0 >= seq.len_q) return;
+    kernel(seq);
+  }
+}
 // A key-block CTA of the dK/dV grid (x: key blocks of block_n rows, y: batch x KV heads).
 struct KeyBlockCta {
   int kv0, b, hkv;

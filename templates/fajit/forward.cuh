@@ -285,19 +285,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   store_rows<kRW, RowV::kChunks, 32, Staging>(og, p.o_stride_m, sQ, warp_row0, q0, len_q, lane);
 }
 
-// The kernel for a layout: dense as is; ragged / paged on the CTA's sequence (a query block
-// past its end has nothing to do).
+// The kernel on the CTA's sequence (dense: p as is).
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_entry(const FaFwdParams& p, const FaCaptures& cap) {
-  if constexpr (Cfg::kLayout == kDenseLayout) {
-    forward_kernel<Cfg, Mods>(p, cap);
-  } else {
-    FaFwdParams seq = p;
-    const QueryBlockCta cta(Cfg::kBlockM, p.heads_q, p.heads_kv);
-    rebase_sequence<typename Cfg::Element>(seq, cta.b);
-    if (cta.q0 >= seq.len_q) return;
-    forward_kernel<Cfg, Mods>(seq, cap);
-  }
+  on_sequence<Cfg>(p, [&](const FaFwdParams& ps) { forward_kernel<Cfg, Mods>(ps, cap); });
 }
 
 }  // namespace fa

@@ -38,7 +38,12 @@
 //             (BLOCK_N 128 up to 64, 112 up to 96).
 //   CP_ASYNC_KV false (default): K/V come by TMA only (the launch's tensor maps must be
 //             enabled); true: the producer warpgroup copies them with cp.async and the maps
-//             are not read (the twin for tensors the driver cannot map)
+//             are not read (the twin for tensors the driver cannot map, and the ragged and
+//             paged layouts)
+// Sequence layouts: fa::WithLayout<Sm90FwdConfig<..., true>, fa::kRaggedLayout or
+// fa::kPagedLayout> (attention_tile.cuh, as forward.cuh): each CTA runs on its sequence
+// (rebase_sequence; a query block past the sequence's end returns at once), and paged K/V rows
+// are gathered through the page table (PagedRows).
 //
 // ---- Launch (host mirrors these; the constants are spelled out) --------------------------
 //   grid  = ( ceil(len_q / BLOCK_M), batch * heads_q, 1 )     (as forward.cuh)
@@ -185,8 +190,6 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     // ================= producer: cp.async Q, then K/V tiles through the stages =============
     setmaxnreg_dec<Cfg::kProducerRegs>();
     const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-    const E* kg = static_cast<const E*>(p.k) + b * p.k_stride_b + hkv * p.k_stride_h;
-    const E* vg = static_cast<const E*>(p.v) + b * p.v_stride_b + hkv * p.v_stride_h;
     load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
     mbar_arrive_cp_async(bar_q);
     // `load(is_k, stage, start)` copies one K or V tile and arrives on its full barrier.
@@ -232,17 +235,34 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
                                                    bar_full_v(stage));
         });
     } else {
-      produce([&](bool is_k, int stage, int start) {
-        if (is_k) {
-          load_tile_sw128<kBN, typename Cfg::RowQK, kWG>(sK + stage * Cfg::kSmemKBytes, kg, p.k_stride_n,
-                                                         start, len_kv, tid);
-          mbar_arrive_cp_async(bar_full_k(stage));
-        } else {
-          load_tile_sw128<kBN, typename Cfg::RowV, kWG>(sV + stage * Cfg::kSmemVBytes, vg, p.v_stride_n,
-                                                        start, len_kv, tid);
-          mbar_arrive_cp_async(bar_full_v(stage));
-        }
-      });
+      // cp.async by all producer threads, from K/V's rows as the layout lays them out.
+      auto produce_from = [&](const auto& k_rows, const auto& v_rows) {
+        produce([&](bool is_k, int stage, int start) {
+          if (is_k) {
+            load_rows_sw128<kBN, typename Cfg::RowQK, kWG>(sK + stage * Cfg::kSmemKBytes, k_rows, start,
+                                                           len_kv, tid);
+            mbar_arrive_cp_async(bar_full_k(stage));
+          } else {
+            load_rows_sw128<kBN, typename Cfg::RowV, kWG>(sV + stage * Cfg::kSmemVBytes, v_rows, start,
+                                                          len_kv, tid);
+            mbar_arrive_cp_async(bar_full_v(stage));
+          }
+        });
+      };
+      const E* k_head = static_cast<const E*>(p.k) + hkv * p.k_stride_h;
+      const E* v_head = static_cast<const E*>(p.v) + hkv * p.v_stride_h;
+      if constexpr (Cfg::kLayout == kPagedLayout) {  // k/v_stride_b: the pool's page stride
+        const int* pages = p.page_table + b * p.page_table_stride;
+        auto paged = [&](const E* head, long long page_stride, long long row_stride) {
+          return PagedRows<E>{reinterpret_cast<const char*>(head), pages, p.page_size,
+                              static_cast<int>(page_stride * sizeof(E)),
+                              static_cast<int>(row_stride * sizeof(E))};
+        };
+        produce_from(paged(k_head, p.k_stride_b, p.k_stride_n), paged(v_head, p.v_stride_b, p.v_stride_n));
+      } else {
+        produce_from(StridedRows<E>{k_head + b * p.k_stride_b, p.k_stride_n},
+                     StridedRows<E>{v_head + b * p.v_stride_b, p.v_stride_n});
+      }
     }
     cp_async_wait_all();  // the Q tile (and the cp.async K/V tiles)
     return;
@@ -437,6 +457,15 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   store_rows<kRows, Cfg::RowV::kChunks, kWG, QTile>(og, p.o_stride_m, sQ, cw * kRows, q0, len_q, wtid);
 }
 
+// The kernel on the CTA's sequence (dense: p as is). Ragged and paged K/V come by cp.async.
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void forward_entry(const FaFwdParams& p, const FaCaptures& cap,
+                                              const FaTmaPair& maps) {
+  static_assert(Cfg::kLayout == kDenseLayout || !Cfg::kTmaKv,
+                "ragged and paged layouts take K/V by cp.async (CP_ASYNC_KV true)");
+  on_sequence<Cfg>(p, [&](const FaFwdParams& ps) { forward_kernel<Cfg, Mods>(ps, cap, maps); });
+}
+
 }  // namespace sm90
 }  // namespace fa
 
@@ -446,7 +475,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 #define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                                           \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                             \
       name(const FaFwdParams p, const FaCaptures cap, const __grid_constant__ FaTmaPair maps) { \
-    fa::sm90::forward_kernel<Config, Mods>(p, cap, maps);                                       \
+    fa::sm90::forward_entry<Config, Mods>(p, cap, maps);                                        \
   }
 
 #endif  // FAJIT_FORWARD_SM90_CUH

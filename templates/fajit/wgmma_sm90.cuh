@@ -74,15 +74,62 @@ __device__ __forceinline__ void stage_transposed(u32 tile, const float (&f)[kNT]
 }
 
 // ---- tile loads ----------------------------------------------------------------------------
-// cp.async a tile of kRows head rows (Row = HeadRow<D>) from global rows row0.. (row stride
-// `stride` elements) into the swizzled column blocks of kRows x 128 B (Sw128Blocks): a row's
+// Where the rows of a [len, D] operand lie, for load_rows_sw128: at(row, col) gives a cursor on
+// element col of a row; cursor.ptr() is its address (only asked of rows < len),
+// cursor.advance(n) moves it n rows on; any() is an address cp.async may form for a row it
+// reads nothing of.
+// Strided rows (row stride `stride` elements): a running pointer, no multiply per row.
+template <typename E>
+struct StridedRows {
+  const E* src;
+  long long stride;
+  struct Cursor {
+    const E* g;
+    long long stride;
+    __device__ __forceinline__ const E* ptr() const { return g; }
+    __device__ __forceinline__ void advance(int n) { g += n * stride; }
+  };
+  __device__ __forceinline__ Cursor at(int row, int col) const {
+    return {src + (long long)row * stride + col, stride};
+  }
+  __device__ __forceinline__ const E* any() const { return src; }
+};
+// Paged rows (FaFwdParams' paged layout): key row r is row r % page_size of page
+// pages[r / page_size] of a pool at `base`, page and row strides in bytes (each < 2^31, checked
+// on the host). A cursor keeps (page slot, row in page): one division where it starts, and a
+// page-table load (an L1 hit after the first) only for the rows it copies.
+template <typename E>
+struct PagedRows {
+  const char* base;
+  const int* pages;
+  int page_size, page_bytes, row_bytes;
+  struct Cursor {
+    const PagedRows* rows;
+    int slot, in, col;
+    __device__ __forceinline__ const E* ptr() const {
+      return reinterpret_cast<const E*>(rows->base + (long long)rows->pages[slot] * rows->page_bytes +
+                                        (long long)in * rows->row_bytes) +
+             col;
+    }
+    __device__ __forceinline__ void advance(int n) {
+      for (in += n; in >= rows->page_size; in -= rows->page_size) ++slot;
+    }
+  };
+  __device__ __forceinline__ Cursor at(int row, int col) const {
+    const int slot = row / page_size;
+    return {this, slot, row - slot * page_size, col};
+  }
+  __device__ __forceinline__ const E* any() const { return reinterpret_cast<const E*>(base); }
+};
+
+// cp.async a tile of kRows head rows (Row = HeadRow<D>), rows row0.. of `rows` (StridedRows,
+// PagedRows), into the swizzled column blocks of kRows x 128 B (Sw128Blocks): a row's
 // Row::kUsed chunks, those past its Row::kChunks (D 72: the 16-column k-step's last 8) and rows
 // >= len zero-filled (neither read from global memory); chunks past kUsed (the pitch padding)
 // are never written: no wgmma reads them. D 64 and 128 (whole column blocks): consecutive threads
-// take consecutive chunks of a row and keep their chunk, walking rows with a running address.
-template <int kRows, typename Row, int kThreads, typename Element>
-__device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride, int row0,
-                                                int len, int tid) {
+// take consecutive chunks of a row and keep their chunk, walking rows with a running cursor.
+template <int kRows, typename Row, int kThreads, typename Rows>
+__device__ __forceinline__ void load_rows_sw128(u32 dst, const Rows& rows, int row0, int len, int tid) {
   constexpr int kChunks = Row::kPitch;
   // Threads per row: enough for rows to advance by a multiple of 8 (the swizzle phase stays
   // put), at most one per chunk; each takes chunks c, c + kPerRow, ... of its rows.
@@ -94,46 +141,52 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, lon
     static_assert(kRows % kRowStep == 0, "tile chunks must divide evenly among threads");
     static_assert(kRowStep % 8 == 0, "row step must keep the swizzle phase");
     const int c = tid % kPerRow, r0 = tid / kPerRow;
-    // Running pointer/address (few live registers: the producer runs on 24-40).
-    const Element* g = src + (long long)(row0 + r0) * stride + c * 8;
-    const long long step = (long long)kRowStep * stride;
+    // Running cursor/address (few live registers: the producer runs on 24-40).
+    auto cur = rows.at(row0 + r0, c * 8);
     u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
     int left = len - row0 - r0;  // rows of this thread still in range, counting down
 #pragma unroll(kMine > 1 ? 1 : 4)
     for (int i = 0; i < kRows / kRowStep; ++i) {
       const bool valid = left > 0;
+      const auto* g = valid ? cur.ptr() : rows.any();  // paged: no page lookup past len
 #pragma unroll
       for (int m = 0; m < kMine; ++m)  // chunk c + m·kPerRow: same swizzle column, next block
-        cp_async_16(d + m * (kPerRow / 8) * (kRows * kSw128RowBytes), valid ? g + m * kPerRow * 8 : src,
-                    valid);
-      g += step;
+        cp_async_16(d + m * (kPerRow / 8) * (kRows * kSw128RowBytes),
+                    valid ? g + m * kPerRow * 8 : rows.any(), valid);
+      cur.advance(kRowStep);
       d += kRowStep * kSw128RowBytes;
       left -= kRowStep;
     }
   } else {  // padded rows (D 72, 80, 96, ...): each thread walks chunks tid, tid + kThreads, ...
-            // of the tile's row-major chunk order with a running row, chunk and pointer: no
+            // of the tile's row-major chunk order with a running row, chunk and cursor: no
             // division or 64-bit multiply per chunk (the producer shares the SM's issue slots
             // with the consumers), and not prelude.cuh's load_tile_async, which unrolls fully
             // (272 B of spills at D 80 in the producer's 40 registers)
     constexpr int kUsed = Row::kUsed;
     constexpr int kDr = kThreads / kUsed, kDc = kThreads % kUsed;  // rows, chunks per step
     int r = tid / kUsed, c = tid % kUsed;
-    const int rows = len - row0;  // rows in range
-    const Element* g = src + (long long)(row0 + r) * stride;
+    const int in_range = len - row0;  // rows in range
+    auto cur = rows.at(row0 + r, 0);
 #pragma unroll 2
     for (int idx = tid; idx < kRows * kUsed; idx += kThreads) {
-      const bool valid = r < rows && c < Row::kChunks;
-      cp_async_16(dst + Sw128Blocks<kRows>::offset(r, c), valid ? g + c * 8 : src, valid);
+      const bool valid = r < in_range && c < Row::kChunks;
+      cp_async_16(dst + Sw128Blocks<kRows>::offset(r, c), valid ? cur.ptr() + c * 8 : rows.any(), valid);
       r += kDr;
       c += kDc;
-      g += kDr * stride;
+      cur.advance(kDr);
       if (c >= kUsed) {
         c -= kUsed;
         ++r;
-        g += stride;
+        cur.advance(1);
       }
     }
   }
+}
+// The same for a strided [len, D] operand.
+template <int kRows, typename Row, int kThreads, typename Element>
+__device__ __forceinline__ void load_tile_sw128(u32 dst, const Element* src, long long stride, int row0,
+                                                int len, int tid) {
+  load_rows_sw128<kRows, Row, kThreads>(dst, StridedRows<Element>{src, stride}, row0, len, tid);
 }
 
 // ---- shared-memory matrix descriptors ----------------------------------------------------

@@ -2,7 +2,8 @@
 // each sequence's output and LSE against the float64 reference of that sequence alone (its
 // mods seeing positions from 0 and its own b), on fresh random inputs with O and LSE poisoned;
 // the same K/V scattered over shuffled pages of a pool gives bit-identical results; lengths
-// 0 and 1 included; the short-query cases take the decoding kernel, the others the prefill.
+// 0 and 1 included; the short-query cases take the decoding kernel, the others the prefill
+// (on Hopper the wgmma forward with K/V by cp.async, and mma.sync where a case asks for it).
 #include <numeric>
 
 #include <fmt/format.h>
@@ -21,22 +22,28 @@ struct SeqCase {
   int page_size;
   bool dense_q = false;  // q, o [B, Hq, Lq, D] (all lens_q equal) instead of packed
   int param = -1;        // the variant's knob (window, ...)
+  fa::KernelFamily family = fa::KernelFamily::kAuto;  // the prefill's: wgmma on sm_90a
   std::string name() const {
     std::string n = fmt::format("{}_{}_d{}x{}_h{}g{}_p{}", variant, fa::dtype_name(dtype), dqk, dv, Hq,
                                 Hq / Hkv, page_size);
     for (size_t b = 0; b < lens_q.size(); ++b) n += fmt::format("_{}x{}", lens_q[b], lens_kv[b]);
-    return n + (dense_q ? "_denseq" : "");
+    return n + (dense_q ? "_denseq" : "") + (family == fa::KernelFamily::kMmaSync ? "_mma" : "");
   }
 };
 
 std::vector<SeqCase> cases() {
   const fa::DType bf16 = fa::DType::bf16, f16 = fa::DType::f16;
-  return {
+  std::vector<SeqCase> all = {
       // prefill: empty and one-token sequences, lengths off the tile, GQA 4
       {"causal", bf16, 128, 128, 8, 2, {0, 1, 300, 17, 1000}, {0, 1, 300, 17, 1000}, 16},
       {"sliding", f16, 64, 64, 4, 4, {129, 5, 0, 700}, {129, 900, 3, 700}, 64, false, 64},
       {"document2d_causal", bf16, 64, 64, 2, 1, {200, 77, 333}, {250, 77, 333}, 32},  // mods read b
       {"alibi_slopes", f16, 80, 80, 4, 2, {70, 1, 260}, {90, 2, 260}, 1},             // page size 1
+      // the wgmma prefill's other tiles (Hopper): BLOCK_N 64 at d256, QK != V, softcap at d96
+      // (192x112 tiles over 128-key blocks), a page smaller than a row step
+      {"causal", f16, 256, 256, 4, 4, {300, 0, 129}, {300, 5, 200}, 16},
+      {"none", bf16, 192, 128, 8, 2, {257, 64}, {1100, 66}, 8},
+      {"document_softcap", bf16, 96, 96, 4, 1, {500, 193}, {520, 193}, 3, false, 60},
       // decoding (max_q <= 64): one token over long caches (vLLM), a few tokens, GQA 8
       {"none", bf16, 128, 128, 32, 4, {1, 1, 1, 1}, {1, 8191, 0, 33000}, 16, true},
       {"sliding", f16, 128, 128, 8, 1, {16, 3, 0, 9}, {5000, 17, 12, 131072}, 128, false, 256},
@@ -51,6 +58,13 @@ std::vector<SeqCase> cases() {
       {"none", bf16, 128, 128, 8, 4, {1, 16, 2}, {3001, 500, 77}, 12},
       {"none", f16, 64, 64, 4, 2, {300, 129}, {1000, 700}, 6},
   };
+  // the first two prefill cases on mma.sync too (the Hopper default is wgmma)
+  for (int i : {0, 1}) {
+    SeqCase c = all[size_t(i)];
+    c.family = fa::KernelFamily::kMmaSync;
+    all.push_back(c);
+  }
+  return all;
 }
 
 void PrintTo(const SeqCase& c, std::ostream* os) { *os << c.name(); }  // readable ctest names
@@ -86,7 +100,7 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
   fa::rt::ContextGuard guard;
 
   fa::Options opts;
-  opts.dtype = c.dtype, opts.head_dim_qk = c.dqk, opts.head_dim_v = c.dv;
+  opts.dtype = c.dtype, opts.head_dim_qk = c.dqk, opts.head_dim_v = c.dv, opts.family = c.family;
   const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opts);
   CaptureSet caps;
   var.fill(caps, Dims{B, c.Hq, max_q, max_kv}, c.param, rng);

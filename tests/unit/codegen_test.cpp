@@ -649,9 +649,9 @@ TEST(CodegenNvrtc, EveryHeadDimClassCompiles) {
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 }
 
-// Ragged and paged layouts (fa::Sequences): the mma.sync prefill and the decoding kernels of
-// each, on sm_80 and sm_90a, with odd head dims and QK != V too; the rules on which kernels
-// take them.
+// Ragged and paged layouts (fa::Sequences): the prefill (wgmma on sm_90a with K/V by
+// cp.async, mma.sync elsewhere or when asked) and the decoding kernels of each, on sm_80 and
+// sm_90a, with odd head dims and QK != V too; the rules on which kernels take them.
 TEST(CodegenNvrtc, RaggedAndPagedLayoutsCompile) {
   fa::Program p = rich_program();
   struct Case {
@@ -659,28 +659,42 @@ TEST(CodegenNvrtc, RaggedAndPagedLayoutsCompile) {
     fa::KernelSpec spec;
   };
   std::vector<Case> cases;
-  for (fa::SequenceLayout layout : {fa::SequenceLayout::kRagged, fa::SequenceLayout::kPaged})
+  for (fa::SequenceLayout layout : {fa::SequenceLayout::kRagged, fa::SequenceLayout::kPaged}) {
     for (fa::KernelKind kind : {fa::KernelKind::kForward, fa::KernelKind::kDecode})
       for (auto [dqk, dv, arch] :
            {std::tuple{128, 128, "sm_90a"}, {64, 64, "sm_80"}, {80, 80, "sm_90a"}, {192, 128, "sm_80"}}) {
         fa::KernelSpec s = spec(dqk == 80 ? fa::DType::f16 : fa::DType::bf16, dqk, dv, arch, kind);
         s.layout = layout;
-        if (kind == fa::KernelKind::kForward) s.family = fa::KernelFamily::kAuto;  // -> mma.sync
+        if (kind == fa::KernelKind::kForward) s.family = fa::KernelFamily::kAuto;  // wgmma on sm_90a
         cases.push_back({s.resolved(true).to_string(), s});
       }
-  ASSERT_EQ(cases.size(), 16u);
-  EXPECT_EQ(cases[0].name, "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a ragged");
-  EXPECT_EQ(cases[12].name, "decode bf16 qk128 v128 mma tile64x64w4s2 sm_90a paged");
+    // the wgmma forward's other row loads: three consumers at d64 (192 rows), BLOCK_N 64 at
+    // d256; and mma.sync on sm_90a when asked for
+    for (auto [dqk, dv, family] : {std::tuple{64, 64, fa::KernelFamily::kAuto},
+                                   {256, 256, fa::KernelFamily::kAuto},
+                                   {128, 128, fa::KernelFamily::kMmaSync}}) {
+      fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a");
+      s.family = family;
+      s.layout = layout;
+      cases.push_back({s.resolved(false).to_string(), s});
+    }
+  }
+  ASSERT_EQ(cases.size(), 22u);
+  EXPECT_EQ(cases[0].name, "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a ragged cp-async-kv");
+  EXPECT_EQ(cases[1].name, "forward bf16 qk64 v64 mma tile128x64w4s2 sm_80 ragged");
+  EXPECT_EQ(cases[8].name, "forward bf16 qk64 v64 wgmma tile192x128w16s3 sm_90a ragged cp-async-kv");
+  EXPECT_EQ(cases[10].name, "forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a ragged");
+  EXPECT_EQ(cases[15].name, "decode bf16 qk128 v128 mma tile64x64w4s2 sm_90a paged");
   std::vector<std::function<std::string()>> jobs;
   for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
   std::vector<std::string> errors = run_parallel(jobs);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 
+  // an explicit wgmma forward takes the layouts too, with K/V by cp.async
   fa::KernelSpec w = spec(fa::DType::bf16, 128, 128, "sm_90a");
   w.family = fa::KernelFamily::kWgmma;
   w.layout = fa::SequenceLayout::kPaged;
-  EXPECT_EQ(error_of([&] { (void)w.resolved(); }),
-            "the wgmma forward kernel takes dense operands only; ragged and paged layouts use mma.sync");
+  EXPECT_TRUE(w.resolved().cp_async_kv);
   fa::KernelSpec b = spec(fa::DType::bf16, 128, 128, "sm_90a", fa::KernelKind::kBackward);
   b.layout = fa::SequenceLayout::kRagged;
   EXPECT_EQ(error_of([&] { (void)b.resolved(); }),

@@ -383,6 +383,11 @@ int main(int argc, char** argv) {
       "a ragged batch: random lengths up to --len-q / --len-kv per sequence (0 and 1 included), "
       "packed with cu_seqlens");
   run_cmd
+      ->add_option("--seed", run.seed,
+                   "seed of the random inputs and --varlen lengths (default: fresh each run), so "
+                   "runs of two libraries or kernels see the same batch")
+      ->check(CLI::Range(int64_t(0), int64_t(UINT32_MAX)));
+  run_cmd
       ->add_option("--paged", run.page_size,
                    "K/V in a paged pool of this page size, pages shuffled, with a page table and seqlens_k")
       ->check(CLI::Range(1, 1 << 16));

@@ -126,7 +126,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
     std::cerr << fmt::format("fajit run: --heads ({}) must be a multiple of --heads-kv ({})\n", Hq, Hkv);
     return 2;
   }
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(o.seed >= 0 ? static_cast<unsigned>(o.seed) : std::random_device{}());
   // Lengths: all equal, or (--varlen) random with one sequence at each maximum and, from 3
   // sequences on, one of length 0 and one of length 1.
   std::vector<int32_t> lq(B, max_q), lk(B, max_kv);
@@ -365,7 +365,7 @@ int run_variant(const RunOptions& o) {
     return run_sequences(o, k, program, mask_p, score_p);
   }
   const int B = o.batch, H = o.heads, L = o.len;
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(o.seed >= 0 ? static_cast<unsigned>(o.seed) : std::random_device{}());
   const size_t rows = static_cast<size_t>(B) * H * L, n_qk = rows * DQK, n_v = rows * DV;
   fa::RoundedTensor q = fa::random_rounded(n_qk, o.dtype, rng), kk = fa::random_rounded(n_qk, o.dtype, rng),
                     v = fa::random_rounded(n_v, o.dtype, rng);

@@ -18,10 +18,11 @@ struct RunOptions {
   std::string path = "auto";
   int splits = 0;
   bool varlen = false;
-  int page_size = 0;            // 0: contiguous K/V
-  bool no_check = false;        // time only (shapes too large for the float64 reference)
-  std::string kernel = "auto";  // forward family: auto, mma or wgmma
-  std::string tile;             // forward tile "MxNwWsS" (e.g. 128x64w12s3); "": the default
+  int page_size = 0;             // 0: contiguous K/V
+  int64_t seed = -1;             // the random inputs' (and --varlen lengths') seed; -1: fresh
+  bool no_check = false;         // time only (shapes too large for the float64 reference)
+  std::string kernel = "auto";   // forward family: auto, mma or wgmma
+  std::string tile;              // forward tile "MxNwWsS" (e.g. 128x64w12s3); "": the default
   std::string autotune = "env";  // the dense forward's autotuning: env ($FAJIT_AUTOTUNE), on or off
   bool layouts() const {
     return len_q || len_kv || heads_kv || path != "auto" || splits || varlen || page_size;

@@ -89,8 +89,9 @@ struct ForwardOptions {
   ForwardPath path = ForwardPath::kAuto;
   int decode_splits = 0;  // decoding: parts of the KV walk; 0 = one wave of CTAs (spec's CTAs per SM)
   // Ragged (packed, variable-length) batches and paged KV caches (fajit/sequences.h). Any table
-  // given switches q/k/v/o/lse to the layouts described there; the kernels for it (mma.sync
-  // prefill, decoding) are compiled on first use, once: lengths and pages are run-time data.
+  // given switches q/k/v/o/lse to the layouts described there; the kernels for it (the
+  // forward's family in that layout, decoding) are compiled on first use, once: lengths and
+  // pages are run-time data.
   Sequences sequences;
 };
 

@@ -26,7 +26,8 @@ enum class KernelFamily : uint8_t { kAuto, kMmaSync, kWgmma };
 // How a kernel finds a sequence's rows: dense [B, H, L, D] operands; ragged (packed
 // sequences: cu_seqlens / seqlens tables read per CTA, lengths change without a new kernel);
 // paged (ragged, and K/V rows gathered from a page pool through a page table). Forward
-// (mma.sync) and decoding kernels take all three; the others are dense.
+// (both families: the wgmma forward with K/V by cp.async) and decoding kernels take all three;
+// the others are dense.
 enum class SequenceLayout : uint8_t { kDense, kRagged, kPaged };
 
 // The forward kernel's tile: BLOCK_M query rows per CTA, BLOCK_N key rows per pipeline
@@ -59,7 +60,8 @@ struct FA_API KernelSpec {
   // issuing each tile; true: cp.async by the producer warpgroup, the twin the runtime compiles
   // on first need for a call whose K or V the driver's tensor maps cannot describe (a base or
   // row stride not a multiple of 16 bytes, FAJIT_TMA=0). Keeping the fallback out of the
-  // default kernel saves 7-9 % of its NVRTC time.
+  // default kernel saves 7-9 % of its NVRTC time. resolved() sets it for the ragged and paged
+  // layouts of the wgmma forward (their K/V rows come by cp.async).
   bool cp_async_kv = false;
 
   // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits

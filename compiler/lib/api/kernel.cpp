@@ -346,13 +346,13 @@ struct Kernel::Impl {
   std::unique_ptr<Compiled> bwd[2];       // the backward kernels (atomic dQ, deterministic), on first use
   const Compiled* bwd_default = nullptr;  // what a backward not asked to be deterministic runs
   // On first use, per sequence layout (dense, ragged, paged): the split-KV decoding kernels,
-  // and the ragged / paged prefill kernels (mma.sync; the dense one is fwd).
+  // and the ragged / paged prefill kernels (the dense one is fwd).
   std::unique_ptr<Compiled> dec[3];
   std::unique_ptr<Compiled> prefill[3];
   std::unique_ptr<detail::ForwardTuner> tuner;  // the dense forward per shape class (made by compile)
   std::map<std::string, std::unique_ptr<Compiled>> wide_twins;     // by the narrow kernel's cache key
   std::map<std::string, std::unique_ptr<Compiled>> kv_copy_twins;  // by the TMA kernel's cache key
-  std::unique_ptr<Compiled> tile128;  // dense_forward's fallback for masks fwd's tile cannot take
+  std::map<std::string, std::unique_ptr<Compiled>> tile128_twins;  // forward_for_mask's, likewise
 
   // A kernel of this variant other than fwd, compiled from `spec` (callers hold bwd_mutex and
   // keep it in their slot); `what` names it in errors: "<what> of score_mod @S mask_mod @M".
@@ -375,36 +375,28 @@ struct Kernel::Impl {
     return *slot;
   }
 
-  // The prefill kernel for a layout: fwd when dense, else the mma.sync forward compiled for it
-  // (the forward's tile when that is an mma.sync one, else the default).
+  // The prefill kernel for a layout: fwd when dense, else fwd's kernel compiled for it (the
+  // wgmma forward then copies K/V with cp.async: KernelSpec::resolved).
   const Compiled& prefill_kernel(SequenceLayout layout) {
     if (layout == SequenceLayout::kDense) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
     std::unique_ptr<Compiled>& slot = prefill[static_cast<int>(layout)];
     if (!slot) {
       KernelSpec spec = fwd.gen.spec;
-      if (spec.family != KernelFamily::kMmaSync) spec.tile = TileConfig{};
-      spec.family = KernelFamily::kMmaSync;
       spec.layout = layout;
       slot = compile_beside(spec, layout == SequenceLayout::kPaged ? "paged forward" : "ragged forward");
     }
     return *slot;
   }
 
-  // The dense forward that runs `mask`: fwd, or, where fwd's tile (192x128, 192x112) does
+  // The forward that runs `mask` in c's stead: c, or, where c's tile (192x128, 192x112) does
   // not divide the mask's blocks and the mask cannot be regrouped (BlockMask::regroupable: given
-  // tables, not built from mask_mod) but its blocks hold whole 128x128 tiles, the same kernel
-  // with the 128x128 tile, compiled on first use. Otherwise fwd, for check_call to refuse.
-  const Compiled& dense_forward(const BlockMask& m) {
+  // tables, not built from mask_mod) but its blocks hold whole 128x128 tiles, c with the
+  // 128x128 tile, compiled on first use. Otherwise c, for check_call to refuse.
+  const Compiled& forward_for_mask(const Compiled& c, const BlockMask& m) {
     constexpr TileConfig kTwin{128, 128, 12, 3};
-    if (forward_takes(fwd.gen.spec.tile, m) || !tile_divides(kTwin, m)) return fwd;
-    std::lock_guard<std::mutex> lock(bwd_mutex);
-    if (!tile128) {
-      KernelSpec spec = fwd.gen.spec;
-      spec.tile = kTwin;
-      tile128 = compile_beside(spec, "128x128-tile forward");
-    }
-    return *tile128;
+    if (!m.valid() || forward_takes(c.gen.spec.tile, m) || !tile_divides(kTwin, m)) return c;
+    return twin_of(tile128_twins, c, [&](KernelSpec& s) { s.tile = kTwin; });
   }
 
   // c with its spec edited by `edit`, compiled on first need, one per c in `twins`.
@@ -508,7 +500,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   AttentionShape shape = validate_attention(q, k, v, o, lse);
   // A ragged / paged call's mask is checked against the tile of the kernel that runs it, below.
   // The dense forward this mask runs on (fwd, unless its tile cannot take the mask's blocks).
-  const Compiled& dense_fwd = dense && mask.valid() ? impl_->dense_forward(mask) : impl_->fwd;
+  const Compiled& dense_fwd = dense ? impl_->forward_for_mask(impl_->fwd, mask) : impl_->fwd;
   const float scale = check_call(dense_fwd.gen.spec, "forward", shape, mask, options.scale, dense, true);
   // CUDA grids hold at most 65535 CTAs along y: the prefill's B x Hq (decoding's B x Hq / the
   // heads sharing a tile is never larger).
@@ -575,8 +567,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     return;
   }
 
-  // A ragged / paged call's mask against the tile of its kernel.
-  if (!dense) check_call(impl_->prefill_kernel(layout).gen.spec, "forward", shape, mask, options.scale);
+  // The kernel of this layout and mask; a ragged / paged call's mask against its tile.
+  const Compiled& prefill = dense ? dense_fwd : impl_->forward_for_mask(impl_->prefill_kernel(layout), mask);
+  if (!dense) check_call(prefill.gen.spec, "forward", shape, mask, options.scale, true, true);
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
   // Kernel f's launch on this call, its function and arguments resolved up front (the
@@ -603,22 +596,21 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     const Compiled& f = tma && !maps.enabled ? impl_->kv_copy_twin(tma_form) : tma_form;
     const KernelSpec& s = f.gen.spec;
     const TileConfig& t = s.tile;
-    PrefillLaunch l{
-        rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
-        rt::Dim3(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
-                 static_cast<unsigned>(shape.batch * shape.heads_q)),
-        rt::Dim3(static_cast<unsigned>(s.threads())),
-        static_cast<unsigned>(s.smem_bytes()),
-        maps,
-        with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, dense ? mask_for_tile(t, mask) : mask)),
-        cap.data(),
-        st};
+    PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
+                    rt::Dim3(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
+                             static_cast<unsigned>(shape.batch * shape.heads_q)),
+                    rt::Dim3(static_cast<unsigned>(s.threads())),
+                    static_cast<unsigned>(s.smem_bytes()),
+                    maps,
+                    with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask_for_tile(t, mask))),
+                    cap.data(),
+                    st};
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's
-  // query blocks or regroup them (a mask that cannot be regrouped runs dense_forward's fallback).
+  // query blocks or regroup them (a mask that cannot be regrouped runs forward_for_mask's fallback).
   if (!dense || wide || &dense_fwd != &impl_->fwd) {
-    resolve(impl_->captures_twin(dense ? dense_fwd : impl_->prefill_kernel(layout), wide))();
+    resolve(impl_->captures_twin(prefill, wide))();
     return;
   }
   // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)

@@ -384,10 +384,13 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
     g.kernel_name = "fajit_forward";
     if (g.spec.family == KernelFamily::kWgmma) {
       os << "#include \"fajit/forward_sm90.cuh\"\n";
-      os << fmt::format("using FaConfig = fa::Sm90FwdConfig<{}, {}, {}, {}, {}, true, true, {}, {}{}>;\n",
-                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_n,
-                        t.stages, sm90_forward_early_k(t), t.block_m / 64,
-                        g.spec.cp_async_kv ? ", true" : "");
+      os << "using FaConfig = "
+         << with_layout(fmt::format("fa::Sm90FwdConfig<{}, {}, {}, {}, {}, true, true, {}, {}{}>",
+                                    element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v,
+                                    t.block_n, t.stages, sm90_forward_early_k(t), t.block_m / 64,
+                                    g.spec.cp_async_kv ? ", true" : ""),
+                        g.spec.layout)
+         << ";\n";
       os << "FAJIT_DEFINE_FORWARD_SM90(" << g.kernel_name << ", FaConfig, FaMods)\n";
     } else {
       os << "#include \"fajit/forward.cuh\"\n";

@@ -131,18 +131,11 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
 KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
   if (deterministic && kind != KernelKind::kBackward)
     throw Error("deterministic applies to the backward kernels only");
-  if (cp_async_kv &&
-      (kind != KernelKind::kForward || family == KernelFamily::kMmaSync || layout != SequenceLayout::kDense))
+  if (cp_async_kv && (kind != KernelKind::kForward || family == KernelFamily::kMmaSync))
     throw Error("cp_async_kv applies to the wgmma forward kernel only");
-  if (layout != SequenceLayout::kDense) {
-    if (kind != KernelKind::kForward && kind != KernelKind::kDecode)
-      throw Error("ragged and paged layouts apply to the forward and decoding kernels only");
-    if (kind == KernelKind::kForward && family == KernelFamily::kWgmma)
-      throw Error(
-          "the wgmma forward kernel takes dense operands only; ragged and paged layouts use mma.sync");
-  }
+  if (layout != SequenceLayout::kDense && kind != KernelKind::kForward && kind != KernelKind::kDecode)
+    throw Error("ragged and paged layouts apply to the forward and decoding kernels only");
   KernelSpec s = *this;
-  if (s.layout != SequenceLayout::kDense && s.kind == KernelKind::kForward) s.family = KernelFamily::kMmaSync;
   if (s.dtype != DType::f16 && s.dtype != DType::bf16)
     throw Error(fmt::format("kernel dtype must be f16 or bf16, got {}", dtype_name(s.dtype)));
   for (auto [name, v] :
@@ -202,6 +195,9 @@ KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
     s.family = s.arch == "sm_90a" && s.tile.is_default() ? KernelFamily::kWgmma : KernelFamily::kMmaSync;
   if (s.cp_async_kv && s.family != KernelFamily::kWgmma)
     throw Error("cp_async_kv applies to the wgmma forward kernel only");
+  // The wgmma forward's ragged and paged layouts copy K/V with cp.async: a TMA map would read
+  // a sequence's neighbour's rows (or a page's) past its end where cp.async zero-fills.
+  if (s.family == KernelFamily::kWgmma && s.layout != SequenceLayout::kDense) s.cp_async_kv = true;
   if (s.family == KernelFamily::kWgmma) {
     const std::vector<TileConfig> tiles =
         wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod, has_mask_mod);
