@@ -23,4 +23,6 @@ d128_causal_B4_Hq32_Hkv8_S4096 --batch 4 --heads 32 --heads-kv 8 --len 4096 --ma
 d128_full_B4_Hq32_Hkv8_S4096 --batch 4 --heads 32 --heads-kv 8 --len 4096
 d64_full_B4_H16_S4096 --batch 4 --heads 16 --heads-kv 16 --len 4096 --head-dim 64
 d64_causal_B8_H16_S2048 --batch 8 --heads 16 --heads-kv 16 --len 2048 --head-dim 64 --mask causal
+d80_full_B4_H16_S4096 --batch 4 --heads 16 --heads-kv 16 --len 4096 --head-dim 80
+d256_causal_B4_H16_S4096 --batch 4 --heads 16 --heads-kv 16 --len 4096 --head-dim 256 --mask causal
 CASES

@@ -81,6 +81,7 @@ __device__ __forceinline__ void stage_transposed(u32 tile, const float (&f)[kNT]
 // Strided rows (row stride `stride` elements): a running pointer, no multiply per row.
 template <typename E>
 struct StridedRows {
+  static constexpr bool kGathered = false;
   const E* src;
   long long stride;
   struct Cursor {
@@ -96,10 +97,14 @@ struct StridedRows {
 };
 // Paged rows (FaFwdParams' paged layout): key row r is row r % page_size of page
 // pages[r / page_size] of a pool at `base`, page and row strides in bytes (each < 2^31, checked
-// on the host). A cursor keeps (page slot, row in page): one division where it starts, and a
-// page-table load (an L1 hit after the first) only for the rows it copies.
+// on the host). Gathered: where threads keep their rows (D 64, 128, 256), each lane of a warp
+// looks up one of the warp's rows per tile (offset()) and the others take it by shuffle, so a
+// tile costs one page-table load per lane instead of one, in turn, per row. Otherwise a cursor
+// keeps (page slot, row in page): one division where it starts, and a page-table load (an L1
+// hit after the first) for each row it copies.
 template <typename E>
 struct PagedRows {
+  static constexpr bool kGathered = true;
   const char* base;
   const int* pages;
   int page_size, page_bytes, row_bytes;
@@ -120,6 +125,14 @@ struct PagedRows {
     return {this, slot, row - slot * page_size, col};
   }
   __device__ __forceinline__ const E* any() const { return reinterpret_cast<const E*>(base); }
+  // Row r's byte offset in the pool, and the element `col` of the row at byte offset `off`.
+  __device__ __forceinline__ long long offset(int r) const {
+    const int slot = r / page_size;
+    return (long long)pages[slot] * page_bytes + (long long)(r - slot * page_size) * row_bytes;
+  }
+  __device__ __forceinline__ const E* at_offset(long long off, int col) const {
+    return reinterpret_cast<const E*>(base + off) + col;
+  }
 };
 
 // cp.async a tile of kRows head rows (Row = HeadRow<D>), rows row0.. of `rows` (StridedRows,
@@ -145,15 +158,31 @@ __device__ __forceinline__ void load_rows_sw128(u32 dst, const Rows& rows, int r
     auto cur = rows.at(row0 + r0, c * 8);
     u32 d = dst + Sw128Blocks<kRows>::offset(r0, c);
     int left = len - row0 - r0;  // rows of this thread still in range, counting down
+    // Gathered rows: the warp holds kGroups consecutive r0 (lanes r0 % kGroups + kGroups * i
+    // share a thread's rows r0 + kRowStep * i), lane l the offset of row l % kGroups +
+    // kRowStep * (l / kGroups) of them (rows past len: none, never read).
+    constexpr int kGroups = 32 / kPerRow;
+    [[maybe_unused]] long long lane_off = 0;
+    if constexpr (Rows::kGathered) {
+      static_assert(kGroups * (kRows / kRowStep) <= 32, "a warp's rows must fit its lanes");
+      const int lane = tid & 31, r = (tid >> 5) * kGroups + lane % kGroups + kRowStep * (lane / kGroups);
+      if (lane < kGroups * (kRows / kRowStep) && row0 + r < len) lane_off = rows.offset(row0 + r);
+    }
 #pragma unroll(kMine > 1 ? 1 : 4)
     for (int i = 0; i < kRows / kRowStep; ++i) {
       const bool valid = left > 0;
-      const auto* g = valid ? cur.ptr() : rows.any();  // paged: no page lookup past len
+      decltype(rows.any()) g;
+      if constexpr (Rows::kGathered) {
+        const long long off = __shfl_sync(0xffffffffu, lane_off, r0 % kGroups + kGroups * i);
+        g = valid ? rows.at_offset(off, c * 8) : rows.any();
+      } else {
+        g = valid ? cur.ptr() : rows.any();
+      }
 #pragma unroll
       for (int m = 0; m < kMine; ++m)  // chunk c + m·kPerRow: same swizzle column, next block
         cp_async_16(d + m * (kPerRow / 8) * (kRows * kSw128RowBytes),
                     valid ? g + m * kPerRow * 8 : rows.any(), valid);
-      cur.advance(kRowStep);
+      if constexpr (!Rows::kGathered) cur.advance(kRowStep);
       d += kRowStep * kSw128RowBytes;
       left -= kRowStep;
     }

@@ -3,7 +3,8 @@
 // mods seeing positions from 0 and its own b), on fresh random inputs with O and LSE poisoned;
 // the same K/V scattered over shuffled pages of a pool gives bit-identical results; lengths
 // 0 and 1 included; the short-query cases take the decoding kernel, the others the prefill
-// (on Hopper the wgmma forward with K/V by cp.async, and mma.sync where a case asks for it).
+// (on Hopper the wgmma forward with K/V by cp.async at D 64/128/256, else mma.sync, and the
+// other family where a case asks for it).
 #include <numeric>
 
 #include <fmt/format.h>
@@ -27,7 +28,10 @@ struct SeqCase {
     std::string n = fmt::format("{}_{}_d{}x{}_h{}g{}_p{}", variant, fa::dtype_name(dtype), dqk, dv, Hq,
                                 Hq / Hkv, page_size);
     for (size_t b = 0; b < lens_q.size(); ++b) n += fmt::format("_{}x{}", lens_q[b], lens_kv[b]);
-    return n + (dense_q ? "_denseq" : "") + (family == fa::KernelFamily::kMmaSync ? "_mma" : "");
+    return n + (dense_q ? "_denseq" : "") +
+           (family == fa::KernelFamily::kMmaSync ? "_mma"
+            : family == fa::KernelFamily::kWgmma ? "_wgmma"
+                                                 : "");
   }
 };
 
@@ -58,10 +62,15 @@ std::vector<SeqCase> cases() {
       {"none", bf16, 128, 128, 8, 4, {1, 16, 2}, {3001, 500, 77}, 12},
       {"none", f16, 64, 64, 4, 2, {300, 129}, {1000, 700}, 6},
   };
-  // the first two prefill cases on mma.sync too (the Hopper default is wgmma)
-  for (int i : {0, 1}) {
+  // the first two prefill cases on mma.sync too (the Hopper default is wgmma), and the wgmma
+  // kernel asked for where the host picks mma.sync (Hopper only: rows of D 80 and 192 copied
+  // one page lookup per row, sm90_forward_gathers_rows)
+  for (auto [i, family] : {std::pair{0, fa::KernelFamily::kMmaSync},
+                           {1, fa::KernelFamily::kMmaSync},
+                           {3, fa::KernelFamily::kWgmma},
+                           {5, fa::KernelFamily::kWgmma}}) {
     SeqCase c = all[size_t(i)];
-    c.family = fa::KernelFamily::kMmaSync;
+    c.family = family;
     all.push_back(c);
   }
   return all;
@@ -90,6 +99,8 @@ fa::rt::DeviceBuffer upload(const void* host, size_t bytes) {
 TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
   if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
   const SeqCase& c = GetParam();
+  if (c.family == fa::KernelFamily::kWgmma && fa::rt::current_device_info().cc_major != 9)
+    GTEST_SKIP() << "the wgmma kernel runs on compute capability 9.0 only";
   const Variant& var = variant(c.variant);
   const int B = static_cast<int>(c.lens_q.size());
   const int max_q = std::max(1, *std::max_element(c.lens_q.begin(), c.lens_q.end()));

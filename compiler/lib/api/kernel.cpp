@@ -376,13 +376,19 @@ struct Kernel::Impl {
   }
 
   // The prefill kernel for a layout: fwd when dense, else fwd's kernel compiled for it (the
-  // wgmma forward then copies K/V with cp.async: KernelSpec::resolved).
+  // wgmma forward then copies K/V with cp.async: KernelSpec::resolved), or the mma.sync one
+  // where the wgmma kernel's paged copy is slow (sm90_forward_gathers_rows).
   const Compiled& prefill_kernel(SequenceLayout layout) {
     if (layout == SequenceLayout::kDense) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
     std::unique_ptr<Compiled>& slot = prefill[static_cast<int>(layout)];
     if (!slot) {
       KernelSpec spec = fwd.gen.spec;
+      if (spec.family == KernelFamily::kWgmma &&
+          !sm90_forward_gathers_rows(spec.head_dim_qk, spec.head_dim_v)) {
+        spec.family = KernelFamily::kMmaSync;
+        spec.tile = TileConfig{};
+      }
       spec.layout = layout;
       slot = compile_beside(spec, layout == SequenceLayout::kPaged ? "paged forward" : "ragged forward");
     }

@@ -101,6 +101,11 @@ bool sm90_backward_wide(int head_dim_qk, int head_dim_v) { return head_dim_qk > 
 // 0.406 (with a third K stage as well, d256 1.931 / 1.026: no better).
 bool sm90_forward_early_k(const TileConfig& tile) { return tile.stages == 2; }
 
+bool sm90_forward_gathers_rows(int head_dim_qk, int head_dim_v) {
+  auto whole = [](int d) { return d == 64 || d == 128 || d == 256; };
+  return whole(head_dim_qk) && whole(head_dim_v);
+}
+
 int head_dim_mma(int d) { return round_up(d, 16); }
 int head_dim_pitch(int d) { return round_up(d, 64); }
 

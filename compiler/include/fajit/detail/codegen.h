@@ -57,6 +57,12 @@ bool sm90_backward_wide(int head_dim_qk, int head_dim_v);
 // Whether the Hopper forward at this tile gives each K stage back after S = Q·Kᵀ
 // (templates/fajit/forward_sm90.cuh, EARLY_K).
 bool sm90_forward_early_k(const TileConfig& tile);
+// Whether the Hopper forward gathers paged K/V rows at these head dims with one page-table load
+// per lane and tile (templates/fajit/wgmma_sm90.cuh, load_rows_sw128: rows of whole 64-column
+// blocks that the producer's threads keep, D 64, 128 or 256). At other head dims its paged copy
+// looks a page up per row in turn: 0.74-0.78x of the mma.sync kernel's speed (H200, d80), so the
+// ragged and paged prefill run mma.sync there (both, so paged stays bit-identical to packed).
+bool sm90_forward_gathers_rows(int head_dim_qk, int head_dim_v);
 // Whether a backward not asked to be deterministic still takes the deterministic kernels (dQ
 // in its own kernel over the KV tables, no fp32 reductions from the dK/dV kernel): where that is
 // measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (what sm_80/86 and an mma.sync
