@@ -111,11 +111,7 @@ struct PagedRows {
   struct Cursor {
     const PagedRows* rows;
     int slot, in, col;
-    __device__ __forceinline__ const E* ptr() const {
-      return reinterpret_cast<const E*>(rows->base + (long long)rows->pages[slot] * rows->page_bytes +
-                                        (long long)in * rows->row_bytes) +
-             col;
-    }
+    __device__ __forceinline__ const E* ptr() const { return rows->at_offset(rows->offset(slot, in), col); }
     __device__ __forceinline__ void advance(int n) {
       for (in += n; in >= rows->page_size; in -= rows->page_size) ++slot;
     }
@@ -125,10 +121,14 @@ struct PagedRows {
     return {this, slot, row - slot * page_size, col};
   }
   __device__ __forceinline__ const E* any() const { return reinterpret_cast<const E*>(base); }
-  // Row r's byte offset in the pool, and the element `col` of the row at byte offset `off`.
+  // The byte offset in the pool of row `in` of the sequence's page `slot`, of key row r, and
+  // the element `col` of the row at byte offset `off`.
+  __device__ __forceinline__ long long offset(int slot, int in) const {
+    return (long long)pages[slot] * page_bytes + (long long)in * row_bytes;
+  }
   __device__ __forceinline__ long long offset(int r) const {
     const int slot = r / page_size;
-    return (long long)pages[slot] * page_bytes + (long long)(r - slot * page_size) * row_bytes;
+    return offset(slot, r - slot * page_size);
   }
   __device__ __forceinline__ const E* at_offset(long long off, int col) const {
     return reinterpret_cast<const E*>(base + off) + col;

@@ -136,7 +136,7 @@ TileConfig default_tile(int head_dim_qk, int head_dim_v, bool has_score_mod, Ker
 KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
   if (deterministic && kind != KernelKind::kBackward)
     throw Error("deterministic applies to the backward kernels only");
-  if (cp_async_kv && (kind != KernelKind::kForward || family == KernelFamily::kMmaSync))
+  if (cp_async_kv && kind != KernelKind::kForward)  // the family: below, once resolved
     throw Error("cp_async_kv applies to the wgmma forward kernel only");
   if (layout != SequenceLayout::kDense && kind != KernelKind::kForward && kind != KernelKind::kDecode)
     throw Error("ragged and paged layouts apply to the forward and decoding kernels only");
