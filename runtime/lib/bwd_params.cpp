@@ -35,6 +35,9 @@ FaBwdParams make_bwd_params(const BwdTensors& t, float scale, const BlockMask& m
   p.lse_stride_h = t.lse->stride[1];
   p.dlse_stride_b = t.dlse ? t.dlse->stride[0] : 0;
   p.dlse_stride_h = t.dlse ? t.dlse->stride[1] : 0;
+  // delta / dq_accum: [B, Hq, Lq] contiguous (a packed call re-strides them to [Hq, total_q])
+  p.delta_stride_h = s.len_q;
+  p.delta_stride_b = (long long)s.heads_q * s.len_q;
   p.batch = s.batch;
   p.heads_q = s.heads_q;
   p.heads_kv = s.heads_kv;

@@ -89,7 +89,62 @@ void check_offsets(const std::vector<int32_t>& cu, const char* name, int64_t tot
         fmt::format("{}: last offset {} is past the end of {} ({} rows)", name, cu.back(), rows, total));
 }
 
+// lse [Hq, total_q] of packed queries as [B, Hq, max_q] (batch stride 0): `name` is lse or dlse.
+TensorView packed_lse_view(const TensorView& lse, const char* name, const TensorView& q, int64_t batch,
+                           int64_t max_q) {
+  if (lse.rank != 2)
+    throw Error(
+        fmt::format("{}: packed queries take {} [Hq, total_q], got {} dimensions", name, name, lse.rank));
+  if (lse.shape[0] != q.shape[1] || lse.shape[1] != q.shape[0])
+    throw Error(fmt::format("{}: expected [Hq, total_q] = [{}, {}], got [{}, {}]", name, q.shape[1],
+                            q.shape[0], lse.shape[0], lse.shape[1]));
+  // the kernels index a sequence's LSE entries from its first row one by one
+  if (lse.stride[1] != 1)
+    throw Error(fmt::format("{}: total_q must be contiguous (stride 1), got stride {}", name, lse.stride[1]));
+  return TensorView(lse.data, lse.dtype, {batch, lse.shape[0], max_q}, {0, lse.stride[0], 1});
+}
+
+// A packed gradient `t` (named `name`) of the packed tensor `like` (named `like_name`): the
+// same number of rows.
+TensorView packed_like(const TensorView& t, const char* name, const TensorView& like, const char* like_name,
+                       const char* total, int64_t batch, int64_t max_len) {
+  TensorView view = packed_view(t, name, batch, max_len);
+  if (t.shape[0] != like.shape[0])
+    throw Error(
+        fmt::format("{}: {} must match {} ({}), got {}", name, total, like_name, like.shape[0], t.shape[0]));
+  return view;
+}
+
 }  // namespace
+
+RaggedGradViews ragged_grad_views(const TensorView& q, const TensorView& k, const TensorView& dout,
+                                  const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                  const TensorView* dlse, const Sequences& s) {
+  if (s.page_table)
+    throw Error("page_table: the backward takes packed (cu_seqlens_k) or dense keys, not a paged cache");
+  if (s.seqlens_k)
+    throw Error(
+        "seqlens_k: the backward takes packed (cu_seqlens_k) or dense keys, not a padded cache (every key of "
+        "a dense k, v is a key of its sequence)");
+  RaggedGradViews r;
+  r.has_dlse = dlse != nullptr;
+  const int64_t B = s.cu_seqlens_q ? s.cu_seqlens_q->shape[0] - 1 : s.cu_seqlens_k->shape[0] - 1;
+  if (s.cu_seqlens_q) {
+    r.dout = packed_like(dout, "dout", q, "q", "total_q", B, s.max_seqlen_q);
+    r.dq = packed_like(dq, "dq", q, "q", "total_q", B, s.max_seqlen_q);
+    if (dlse) r.dlse = packed_lse_view(*dlse, "dlse", q, B, s.max_seqlen_q);
+  } else {
+    r.dout = dout, r.dq = dq;
+    if (dlse) r.dlse = *dlse;
+  }
+  if (s.cu_seqlens_k) {
+    r.dk = packed_like(dk, "dk", k, "k", "total_kv", B, s.max_seqlen_k);
+    r.dv = packed_like(dv, "dv", k, "k", "total_kv", B, s.max_seqlen_k);
+  } else {
+    r.dk = dk, r.dv = dv;
+  }
+  return r;
+}
 
 RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                          const TensorView* lse, const Sequences& s, void* stream) {
@@ -131,17 +186,7 @@ RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorV
     r.o = packed_view(o, "o", B, s.max_seqlen_q);
     if (o.shape[0] != q.shape[0])
       throw Error(fmt::format("o: total_q must match q ({}), got {}", q.shape[0], o.shape[0]));
-    if (lse) {
-      if (lse->rank != 2)
-        throw Error(fmt::format("lse: packed queries take lse [Hq, total_q], got {} dimensions", lse->rank));
-      if (lse->shape[0] != q.shape[1] || lse->shape[1] != q.shape[0])
-        throw Error(fmt::format("lse: expected [Hq, total_q] = [{}, {}], got [{}, {}]", q.shape[1],
-                                q.shape[0], lse->shape[0], lse->shape[1]));
-      // the kernels index a sequence's LSE entries from its first row one by one
-      if (lse->stride[1] != 1)
-        throw Error(fmt::format("lse: total_q must be contiguous (stride 1), got stride {}", lse->stride[1]));
-      r.lse = TensorView(lse->data, lse->dtype, {B, lse->shape[0], s.max_seqlen_q}, {0, lse->stride[0], 1});
-    }
+    if (lse) r.lse = packed_lse_view(*lse, "lse", q, B, s.max_seqlen_q);
   } else {
     if (q.rank == 4 && q.shape[0] != B)
       throw Error(fmt::format("q: B must match the tables' {} (from {}), got {}", B, batch.from, q.shape[0]));

@@ -132,6 +132,11 @@ struct BwdConfig : AttentionTileShape<16 * kWarps_, kHeadDimQK_, kHeadDimV_> {
 
 namespace bwd {
 
+// The first delta / dq_accum row of query head hq of sequence b (FaBwdParams::delta_stride_*):
+// row q of it is this + q, of Dqk floats in dq_accum.
+__device__ __forceinline__ long long stat_row(const FaBwdParams& p, int b, int hq) {
+  return b * p.delta_stride_b + hq * p.delta_stride_h;
+}
 // Row (b, h) offsets of a [B, H, L, D]-strided tensor.
 template <typename E>
 __device__ __forceinline__ const E* row_base(const void* p, long long sb, long long sh, int b, int h) {
@@ -181,7 +186,7 @@ struct RowStats {
 __device__ __forceinline__ RowStats row_stats(const FaBwdParams& p, int b, int hq, int q) {
   if (q >= p.len_q) return {INFINITY, 0.f};
   const float lse = p.lse[b * p.lse_stride_b + hq * p.lse_stride_h + q];
-  return {lse == -INFINITY ? INFINITY : lse, p.delta[((long long)b * p.heads_q + hq) * p.len_q + q]};
+  return {lse == -INFINITY ? INFINITY : lse, p.delta[stat_row(p, b, hq) + q]};
 }
 // P = exp(x·sn - LSE) of one element, as exp2(fma(x, sn, -LSE)·log2e): the difference is
 // rounded once, so P keeps its precision at any |LSE| (x·sl2 - LSE·log2e did not: past
@@ -384,6 +389,53 @@ __device__ __forceinline__ void add_dq(float* dqa, u32 sDs, u32 sK, int q0, int 
 
 }  // namespace bwd
 
+// ---- the ragged layout (WithLayout<Config, kRaggedLayout>: FaBwdParams' cu_seqlens) --------
+// p rebased on sequence b of a packed batch: q, o, dout, dq at its first query row, lse, dlse,
+// delta and dq_accum at its first entry (row); k, v, dk, dv at its first key row where the keys
+// are packed; len_q / len_kv its own, clamped to [0, the launch's longest] (as the forward's
+// rebase_sequence: tables that break the contract cannot make a kernel read past the views).
+template <typename Cfg>
+__device__ __forceinline__ void rebase_sequence(FaBwdParams& p, int b) {
+  using E = typename Cfg::Element;
+  auto clamp_len = [](int n, int hi) { return n < 0 ? 0 : n > hi ? hi : n; };
+  if (p.cu_seqlens_q != nullptr) {
+    const int first = p.cu_seqlens_q[b];
+    p.len_q = clamp_len(p.cu_seqlens_q[b + 1] - first, p.len_q);
+    p.q = static_cast<const E*>(p.q) + (long long)first * p.q_stride_m;
+    p.o = static_cast<const E*>(p.o) + (long long)first * p.o_stride_m;
+    p.dout = static_cast<const E*>(p.dout) + (long long)first * p.do_stride_m;
+    p.dq = static_cast<E*>(p.dq) + (long long)first * p.dq_stride_m;
+    p.lse += first;
+    if (p.dlse != nullptr) p.dlse += first;
+    p.delta += first;
+    if (p.dq_accum != nullptr) p.dq_accum += (long long)first * Cfg::kHeadDimQK;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const int first = p.cu_seqlens_k[b];
+    p.len_kv = clamp_len(p.cu_seqlens_k[b + 1] - first, p.len_kv);
+    p.k = static_cast<const E*>(p.k) + (long long)first * p.k_stride_n;
+    p.v = static_cast<const E*>(p.v) + (long long)first * p.v_stride_n;
+    p.dk = static_cast<E*>(p.dk) + (long long)first * p.dk_stride_n;
+    p.dv = static_cast<E*>(p.dv) + (long long)first * p.dv_stride_n;
+  }
+}
+// Runs kernel(params) for a CTA of sequence b whose first row is row0 (a query row; with kKeys a
+// key row): on p itself in the dense layout; ragged on p rebased on sequence b, and not at all
+// where row0 lies past that sequence's end (the grid covers the longest). A dK/dV CTA of a
+// sequence without queries runs, and stores zeros.
+template <typename Cfg, bool kKeys, typename Kernel>
+__device__ __forceinline__ void on_bwd_sequence(const FaBwdParams& p, int b, int row0, Kernel&& kernel) {
+  if constexpr (Cfg::kLayout == kDenseLayout) {
+    kernel(p);
+  } else {
+    static_assert(Cfg::kLayout == kRaggedLayout, "the backward takes dense or ragged operands");
+    FaBwdParams seq = p;
+    rebase_sequence<Cfg>(seq, b);
+    if (row0 >= (kKeys ? seq.len_kv : seq.len_q)) return;
+    kernel(seq);
+  }
+}
+
 // ================================ preprocess =================================================
 // delta[b, h, q] = sum_d dO·O (fp32) - dLSE; dq_accum rows zeroed. kPreLanes threads per row,
 // one 16-byte chunk each.
@@ -413,13 +465,13 @@ __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
 #pragma unroll
   for (int m = kLanes / 2; m > 0; m /= 2) acc += shfl_xor(acc, m);  // the row's lanes
   if (!in) return;
-  const long long bh = (long long)b * p.heads_q + h;
+  const long long row = bwd::stat_row(p, b, h) + q;
   if (c == 0) {
     const float dlse = p.dlse ? p.dlse[b * p.dlse_stride_b + h * p.dlse_stride_h + q] : 0.f;
-    p.delta[bh * p.len_q + q] = acc - dlse;
+    p.delta[row] = acc - dlse;
   }
   if (p.dq_accum == nullptr) return;  // deterministic mode: dQ is written directly
-  float* dqa = p.dq_accum + (bh * p.len_q + q) * Cfg::kHeadDimQK;
+  float* dqa = p.dq_accum + row * Cfg::kHeadDimQK;
   for (int cc = c; cc < kCQ4; cc += kLanes) st_global_v4(dqa + cc * 4, u32x4{0u, 0u, 0u, 0u});
 }
 
@@ -431,8 +483,7 @@ __device__ __forceinline__ void backward_dq_kernel(const FaBwdParams& p) {
   const int b = blockIdx.y / p.heads_q, h = blockIdx.y % p.heads_q;
   const int q = blockIdx.x * Cfg::kDqRows + threadIdx.x / kLanes, c = threadIdx.x % kLanes;
   if (q >= p.len_q || c >= Cfg::RowQK::kChunks) return;
-  const long long bh = (long long)b * p.heads_q + h;
-  const float* src = p.dq_accum + (bh * p.len_q + q) * Cfg::kHeadDimQK + c * 8;
+  const float* src = p.dq_accum + (bwd::stat_row(p, b, h) + q) * Cfg::kHeadDimQK + c * 8;
   const u32x4 lo = ld_global_v4(src), hi = ld_global_v4(src + 4);
   const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
   u32 out[4];
@@ -512,7 +563,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
     const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
     const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
-    float* dqa = p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK;
+    float* dqa = p.dq_accum + bwd::stat_row(p, b, hq) * Cfg::kHeadDimQK;
     // The query tiles that see these keys (none past len_q): a load cursor one tile ahead of
     // the compute cursor, each moved right after its use, so the next block index loads under
     // the tile's MMAs (forward.cuh).
@@ -732,23 +783,44 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   store_rows<16, RowQK::kChunks, 32, SwizzledRows<kCQ>>(dqg, p.dq_stride_m, sQ, warp * 16, q0, len_q, lane);
 }
 
+// ---- the kernels' entries: each CTA on its sequence (on_bwd_sequence) -----------------------
+template <typename Cfg>
+__device__ __forceinline__ void backward_pre(const FaBwdParams& p) {
+  on_bwd_sequence<Cfg, false>(p, blockIdx.y / p.heads_q, blockIdx.x * Cfg::kPreRows,
+                              [&](const FaBwdParams& s) { backward_pre_kernel<Cfg>(s); });
+}
+template <typename Cfg>
+__device__ __forceinline__ void backward_dq(const FaBwdParams& p) {
+  on_bwd_sequence<Cfg, false>(p, blockIdx.y / p.heads_q, blockIdx.x * Cfg::kDqRows,
+                              [&](const FaBwdParams& s) { backward_dq_kernel<Cfg>(s); });
+}
+template <typename Cfg, typename Mods>
+__device__ __forceinline__ void backward_dq_det(const FaBwdParams& p, const FaCaptures& cap) {
+  const QueryBlockCta cta(Cfg::kBlockM, p.heads_q, p.heads_kv);
+  on_bwd_sequence<Cfg, false>(p, cta.b, cta.q0,
+                              [&](const FaBwdParams& s) { backward_dq_det_kernel<Cfg, Mods>(s, cap); });
+}
+
 }  // namespace fa
 
 // Defines the extern "C" kernels name##_pre, name##_dkdv, name##_dq (single identifiers).
 #define FAJIT_DEFINE_BACKWARD(name, Config, Mods)                                                     \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_pre(const FaBwdParams p) { \
-    fa::backward_pre_kernel<Config>(p);                                                               \
+    fa::backward_pre<Config>(p);                                                                      \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                   \
       name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {             \
-    fa::backward_dkdv_kernel<Config, Mods>(p, cap, grads);                                            \
+    const fa::KeyBlockCta cta(Config::kBlockN, p.heads_kv);                                           \
+    fa::on_bwd_sequence<Config, true>(p, cta.b, cta.kv0, [&](const FaBwdParams& s) {                  \
+      fa::backward_dkdv_kernel<Config, Mods>(s, cap, grads);                                          \
+    });                                                                                               \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {  \
-    fa::backward_dq_kernel<Config>(p);                                                                \
+    fa::backward_dq<Config>(p);                                                                       \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                   \
       name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                      \
-    if constexpr (Config::kDeterministic) fa::backward_dq_det_kernel<Config, Mods>(p, cap);           \
+    if constexpr (Config::kDeterministic) fa::backward_dq_det<Config, Mods>(p, cap);                  \
   }
 
 #endif  // FAJIT_BACKWARD_CUH

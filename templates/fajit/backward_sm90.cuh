@@ -392,8 +392,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                 bulk_commit();
               }
             } else {
-              float* dqa =
-                  p.dq_accum + (((long long)b * p.heads_q + hq) * len_q + q0) * Cfg::kHeadDimQK + col0;
+              float* dqa = p.dq_accum + (bwd::stat_row(p, b, hq) + q0) * Cfg::kHeadDimQK + col0;
 #pragma unroll
               for (int r = lane; r < 64; r += 32)
                 if (q0 + r < len_q)
@@ -756,8 +755,7 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
   // lane-pair swap: 1-2 % slower at d192/d256, H200.)
   auto reduce_dq = [&](const float(&dq)[Cfg::kDqN / 8][4], int hq, int q0) {
     constexpr bool kAllColumns = 2 * Cfg::kDqN <= Cfg::kHeadDimQK;
-    float* part =
-        p.dq_accum + ((long long)b * p.heads_q + hq) * len_q * Cfg::kHeadDimQK + cw * Cfg::kDqN + 2 * t;
+    float* part = p.dq_accum + bwd::stat_row(p, b, hq) * Cfg::kHeadDimQK + cw * Cfg::kDqN + 2 * t;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int q = q0 + row + 8 * hh;
@@ -880,15 +878,19 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
                                                                len_kv, wtid);
 }
 
-// The dK/dV kernel a config names.
+// The dK/dV kernel a config names, on the CTA's sequence (ragged: the host passes no tensor
+// maps, the boxes would cross into the next sequence's rows).
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv(const FaBwdParams& p, const FaCaptures& cap,
                                               const FaGradBuffers& grads, const FaTmaMap& dq_map,
                                               const FaTmaPair& qdo) {
-  if constexpr (Cfg::kWide)
-    backward_dkdv_wide_kernel<Cfg, Mods>(p, cap, grads, qdo);
-  else
-    backward_dkdv_kernel<Cfg, Mods>(p, cap, grads, dq_map, qdo);
+  const KeyBlockCta cta(Cfg::kBlockN, p.heads_kv);
+  on_bwd_sequence<Cfg, true>(p, cta.b, cta.kv0, [&](const FaBwdParams& s) {
+    if constexpr (Cfg::kWide)
+      backward_dkdv_wide_kernel<Cfg, Mods>(s, cap, grads, qdo);
+    else
+      backward_dkdv_kernel<Cfg, Mods>(s, cap, grads, dq_map, qdo);
+  });
 }
 
 }  // namespace sm90
@@ -896,21 +898,22 @@ __device__ __forceinline__ void backward_dkdv(const FaBwdParams& p, const FaCapt
 
 // Defines the extern "C" kernels name##_pre, name##_dkdv, name##_dq, name##_dq_det (single
 // identifiers). __launch_bounds__(384, 1) caps registers at entry so setmaxnreg can redistribute.
-#define FAJIT_DEFINE_BACKWARD_SM90(name, Config, Mods)                                                    \
-  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_pre(const FaBwdParams p) {     \
-    fa::backward_pre_kernel<typename Config::Aux>(p);                                                     \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                       \
-      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads,                   \
-                  const __grid_constant__ FaTmaMap dq_map, const __grid_constant__ FaTmaPair qdo) {       \
-    fa::sm90::backward_dkdv<Config, Mods>(p, cap, grads, dq_map, qdo);                                    \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {      \
-    fa::backward_dq_kernel<typename Config::Aux>(p);                                                      \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                       \
-      name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                          \
-    if constexpr (Config::kDeterministic) fa::backward_dq_det_kernel<typename Config::Aux, Mods>(p, cap); \
+#define FAJIT_DEFINE_BACKWARD_SM90(name, Config, Mods)                                                \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_pre(const FaBwdParams p) { \
+    fa::backward_pre<fa::WithLayout<typename Config::Aux, Config::kLayout>>(p);                       \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                   \
+      name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads,               \
+                  const __grid_constant__ FaTmaMap dq_map, const __grid_constant__ FaTmaPair qdo) {   \
+    fa::sm90::backward_dkdv<Config, Mods>(p, cap, grads, dq_map, qdo);                                \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {  \
+    fa::backward_dq<fa::WithLayout<typename Config::Aux, Config::kLayout>>(p);                        \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                   \
+      name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                      \
+    if constexpr (Config::kDeterministic)                                                             \
+      fa::backward_dq_det<fa::WithLayout<typename Config::Aux, Config::kLayout>, Mods>(p, cap);       \
   }
 
 #endif  // FAJIT_BACKWARD_SM90_CUH

@@ -5,7 +5,7 @@
 #ifndef FAJIT_PARAMS_H
 #define FAJIT_PARAMS_H
 
-#define FAJIT_ABI_VERSION 5
+#define FAJIT_ABI_VERSION 6
 
 #define FA_MAX_BUFFERS 16
 #define FA_MAX_BUFFER_RANK 4
@@ -137,9 +137,12 @@ typedef struct FaDecodeParams {
 // (fp32, natural log); dLSE (same shape, null = 0) is the gradient of a loss that uses the
 // LSE too. Outputs dQ [B, Hq, Lq, Dqk], dK [B, Hkv, Lkv, Dqk], dV [B, Hkv, Lkv, Dv] in the
 // element type (GQA: a KV head's dK/dV sum over its query heads). Scratch the host provides:
-//   delta    [B, Hq, Lq] fp32 contiguous: rowsum(dO * O) - dLSE (the preprocess kernel)
-//   dq_accum [B, Hq, Lq, Dqk] fp32 contiguous: zeroed by the preprocess kernel, accumulated
-//            by the dK/dV kernel, scaled and converted into dQ by the last kernel.
+//   delta    fp32 rowsum(dO * O) - dLSE (the preprocess kernel): row (b, h, q) at
+//            b * delta_stride_b + h * delta_stride_h + q ([B, Hq, Lq] contiguous when dense,
+//            [Hq, total_q] in the ragged layout)
+//   dq_accum fp32, the same rows of Dqk values each (row i at i * Dqk): zeroed by the
+//            preprocess kernel, accumulated by the dK/dV kernel, scaled and converted into dQ
+//            by the last kernel.
 // mask_t: the transposed block tables in the FaBlockTables layout, read along the other
 // axis: rows are KV blocks, columns query blocks, i.e. kv_num_blocks / kv_indices /
 // full_kv_* hold flex's q_num_blocks / q_indices / full_q_*, num_q_blocks is the number of
@@ -168,10 +171,17 @@ typedef struct FaBwdParams {
   long long dv_stride_b, dv_stride_h, dv_stride_n;
   long long lse_stride_b, lse_stride_h;
   long long dlse_stride_b, dlse_stride_h;
+  long long delta_stride_b, delta_stride_h;
   int batch, heads_q, heads_kv, len_q, len_kv;
   float scale;
   FaBlockTables mask_t;
   FaBlockTables mask;  // the forward's tables (the deterministic dQ kernel walks them)
+  // The ragged layout (kernels compiled for it; null otherwise), as FaFwdParams': sequence b's
+  // queries are rows cu_seqlens_q[b].. of q, o, dout, dq (batch strides 0) and entries
+  // cu_seqlens_q[b].. of lse, dlse and delta (their batch strides 0); its keys rows
+  // cu_seqlens_k[b].. of k, v, dk, dv. len_q / len_kv are the longest. No paged K/V.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
 } FaBwdParams;
 
 // Gradients of captured float buffers (the backward's third argument): slot i receives the

@@ -6,6 +6,7 @@
 // (on Hopper the wgmma forward with K/V by cp.async at D 64/128/256, else mma.sync, and the
 // other family where a case asks for it).
 #include <numeric>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -288,6 +289,261 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, SequencesTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<SeqCase>& i) { return i.param.name(); });
+
+// ---- the ragged backward (packed training batches) ------------------------------------------
+// After the ragged forward, each sequence's dQ, dK, dV against the float64 reference backward of
+// that sequence alone (its mods seeing its own b and positions from 0; Δ from the kernel's O),
+// and the buffer gradients summed over the sequences; gradients poisoned first. A sequence
+// without keys gets dQ = 0, one without queries dK = dV = 0, rows the mask empties and keys no
+// query sees exactly 0; deterministic mode gives the same bits twice.
+struct RaggedBwdCase {
+  std::string variant;
+  fa::DType dtype;
+  int dqk, dv, Hq, Hkv;
+  std::vector<int> lens_q, lens_kv;
+  int param = -1;
+  fa::KernelFamily family = fa::KernelFamily::kAuto;  // wgmma on sm_90a
+  bool deterministic = false;
+  bool dlse = false;
+  std::string name() const {
+    std::string n = fmt::format("{}_{}_d{}x{}_h{}g{}", variant, fa::dtype_name(dtype), dqk, dv, Hq, Hq / Hkv);
+    for (size_t b = 0; b < lens_q.size(); ++b) n += fmt::format("_{}x{}", lens_q[b], lens_kv[b]);
+    return n + (deterministic ? "_det" : "") + (dlse ? "_dlse" : "") +
+           (family == fa::KernelFamily::kMmaSync ? "_mma" : "");
+  }
+};
+void PrintTo(const RaggedBwdCase& c, std::ostream* os) { *os << c.name(); }
+
+std::vector<RaggedBwdCase> ragged_bwd_cases() {
+  const fa::DType bf16 = fa::DType::bf16, f16 = fa::DType::f16;
+  const fa::KernelFamily mma = fa::KernelFamily::kMmaSync, autof = fa::KernelFamily::kAuto;
+  return {
+      // empty and one-token sequences, lengths off the tile, GQA 4 (Hopper: BLOCK_M 64, 3 stages)
+      {"causal", bf16, 128, 128, 8, 2, {0, 1, 300, 17, 1000}, {0, 1, 300, 17, 1000}},
+      // Lq != Lkv per sequence, a sequence with keys and no query (dK = dV = 0)
+      {"sliding", f16, 64, 64, 4, 4, {129, 5, 0, 700}, {129, 900, 3, 700}, 64},
+      {"document2d_causal", bf16, 64, 64, 2, 1, {200, 77, 333}, {250, 77, 333}},  // the mask reads b
+      {"alibi_slopes", f16, 80, 80, 4, 2, {70, 1, 260}, {90, 2, 260}},            // slopes' gradient
+      {"relative_bias", bf16, 192, 128, 4, 2, {257, 64}, {300, 66}},  // the wide-head kernel, bias gradient
+      {"document_softcap", bf16, 64, 64, 4, 1, {500, 193}, {520, 193}, 60, autof, true},
+      // a sequence with queries and no key (dQ = 0), dLSE, the mma.sync kernels
+      {"causal", bf16, 128, 128, 4, 1, {1000, 3, 64}, {1000, 0, 64}, -1, mma, false, true},
+      {"none", f16, 64, 64, 4, 4, {300, 129}, {1000, 700}, -1, mma, true},
+      {"causal", f16, 256, 256, 4, 4, {300, 0, 129}, {300, 5, 200}},
+  };
+}
+
+class RaggedBackwardTest : public ::testing::TestWithParam<RaggedBwdCase> {};
+
+TEST_P(RaggedBackwardTest, MatchesReferencePerSequence) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const RaggedBwdCase& c = GetParam();
+  const Variant& var = variant(c.variant);
+  const int B = static_cast<int>(c.lens_q.size());
+  const int max_q = std::max(1, *std::max_element(c.lens_q.begin(), c.lens_q.end()));
+  const int max_kv = std::max(1, *std::max_element(c.lens_kv.begin(), c.lens_kv.end()));
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  fa::rt::ContextGuard guard;
+
+  fa::Options opts;
+  opts.dtype = c.dtype, opts.head_dim_qk = c.dqk, opts.head_dim_v = c.dv, opts.family = c.family;
+  const fa::Kernel kernel = fa::compile(var.score(), var.mask(), opts);
+  CaptureSet caps;
+  var.fill(caps, Dims{B, c.Hq, max_q, max_kv}, c.param, rng);
+  caps.upload();
+  const fa::Captures cap = caps.captures();
+  const fa::BlockMask mask = kernel.block_mask(B, c.Hq, max_q, max_kv, cap);
+
+  std::vector<int32_t> cu_q(B + 1, 0), cu_k(B + 1, 0);
+  for (int b = 0; b < B; ++b) cu_q[b + 1] = cu_q[b] + c.lens_q[b], cu_k[b + 1] = cu_k[b] + c.lens_kv[b];
+  const int64_t tq = std::max(cu_q[B], 1), tk = std::max(cu_k[B], 1);
+  Tensor16 q(size_t(tq) * c.Hq * c.dqk, c.dtype, rng), k(size_t(tk) * c.Hkv * c.dqk, c.dtype, rng),
+      v(size_t(tk) * c.Hkv * c.dv, c.dtype, rng), dout(size_t(tq) * c.Hq * c.dv, c.dtype, rng);
+  std::vector<float> dlse(size_t(c.Hq) * tq, 0.f);  // [Hq, total_q]
+  std::uniform_real_distribution<float> ud(-1.f, 1.f);
+  if (c.dlse)
+    for (float& x : dlse) x = ud(rng);
+
+  fa::rt::DeviceBuffer d_q = upload(q.bits.data(), q.bits.size() * 2),
+                       d_k = upload(k.bits.data(), k.bits.size() * 2),
+                       d_v = upload(v.bits.data(), v.bits.size() * 2),
+                       d_do = upload(dout.bits.data(), dout.bits.size() * 2),
+                       d_dlse = upload(dlse.data(), dlse.size() * 4),
+                       d_cuq = upload(cu_q.data(), cu_q.size() * 4),
+                       d_cuk = upload(cu_k.data(), cu_k.size() * 4);
+  fa::rt::DeviceBuffer d_o(dout.bits.size() * 2), d_lse(dlse.size() * 4), d_dq(q.bits.size() * 2),
+      d_dk(k.bits.size() * 2), d_dv(v.bits.size() * 2);
+  auto packed = [&](fa::rt::DeviceBuffer& buf, int64_t rows, int H, int D) {
+    return fa::TensorView(buf.as<void>(), c.dtype, {rows, H, D});
+  };
+  const fa::TensorView qv = packed(d_q, tq, c.Hq, c.dqk), kv = packed(d_k, tk, c.Hkv, c.dqk),
+                       vv = packed(d_v, tk, c.Hkv, c.dv), ov = packed(d_o, tq, c.Hq, c.dv),
+                       dov = packed(d_do, tq, c.Hq, c.dv), dqv = packed(d_dq, tq, c.Hq, c.dqk),
+                       dkv = packed(d_dk, tk, c.Hkv, c.dqk), dvv = packed(d_dv, tk, c.Hkv, c.dv);
+  const fa::TensorView lsev(d_lse.as<void>(), fa::DType::f32, {c.Hq, tq}),
+      dlsev(d_dlse.as<void>(), fa::DType::f32, {c.Hq, tq}), cuq_v(d_cuq.as<void>(), fa::DType::i32, {B + 1}),
+      cuk_v(d_cuk.as<void>(), fa::DType::i32, {B + 1});
+  fa::Sequences seqs;
+  seqs.cu_seqlens_q = &cuq_v, seqs.max_seqlen_q = max_q;
+  seqs.cu_seqlens_k = &cuk_v, seqs.max_seqlen_k = max_kv;
+  seqs.check_tables = true;
+
+  fa::ForwardOptions fo;
+  fo.lse = &lsev, fo.sequences = seqs;
+  kernel.forward(qv, kv, vv, ov, mask, cap, fo);
+  std::map<std::string, fa::rt::DeviceBuffer> d_bgrad;
+  fa::BackwardOptions bo;
+  for (const std::string& name : fa::detail::gradient_buffers(kernel.program())) {
+    const fa::TensorView& primal = cap.buffers().at(name);
+    fa::rt::DeviceBuffer& buf = d_bgrad[name];
+    buf = fa::rt::DeviceBuffer(size_t(primal.numel()) * 4);
+    std::vector<int64_t> shape(primal.shape, primal.shape + primal.rank);
+    bo.buffer_grads.emplace(name, shape.size() == 1
+                                      ? fa::TensorView(buf.as<void>(), fa::DType::f32, {shape[0]})
+                                      : fa::TensorView(buf.as<void>(), fa::DType::f32, {shape[0], shape[1]}));
+  }
+  bo.sequences = seqs, bo.deterministic = c.deterministic, bo.dlse = c.dlse ? &dlsev : nullptr;
+  auto run_backward = [&] {
+    for (fa::rt::DeviceBuffer* g : {&d_dq, &d_dk, &d_dv}) g->memset8(0xFF);  // kPoison16
+    for (auto& [name, buf] : d_bgrad) buf.memset8(0);                        // gradients accumulate
+    kernel.backward(qv, kv, vv, ov, lsev, dov, dqv, dkv, dvv, mask, cap, bo);
+    fa::rt::synchronize(nullptr);
+  };
+  run_backward();
+  EXPECT_EQ(kernel.backward_spec().family,
+            c.family == fa::KernelFamily::kMmaSync || kernel.spec().arch != "sm_90a"
+                ? fa::KernelFamily::kMmaSync
+                : fa::KernelFamily::kWgmma);
+  auto download16 = [](fa::rt::DeviceBuffer& buf, size_t n) {
+    std::vector<uint16_t> h(n);
+    buf.download(h.data(), n * 2);
+    return h;
+  };
+  const std::vector<uint16_t> gq = download16(d_dq, q.bits.size()), gk = download16(d_dk, k.bits.size()),
+                              gv = download16(d_dv, v.bits.size()),
+                              o_bits = download16(d_o, dout.bits.size());
+  if (c.deterministic) {
+    run_backward();
+    EXPECT_TRUE(gq == download16(d_dq, gq.size()) && gk == download16(d_dk, gk.size()) &&
+                gv == download16(d_dv, gv.size()))
+        << "deterministic mode: gradients differ between two runs";
+  }
+
+  // The reference, sequence by sequence (mods that read b see it: b + 1 batches over the same
+  // rows, the last one kept; their buffer gradients would count every batch, so those are
+  // checked only where the mask reads no b).
+  ModPrograms progs = mod_programs(kernel.program());
+  std::optional<fa::ModProgram> grad;
+  fa::Bindings env = caps.bindings();
+  fa::ReferenceOptions ro;
+  ro.mask_mod = &progs.mask, ro.bindings = &env;
+  if (!kernel.program().score_is_identity()) {
+    grad.emplace(fa::ModProgram::grad_of(kernel.program()));
+    ro.score_mod = &progs.score, ro.score_grad = &*grad;
+  }
+  struct Err {
+    double e2 = 0, r2 = 0;
+    double rel() const { return r2 > 0 ? std::sqrt(e2 / r2) : std::sqrt(e2); }
+  } eq, ek, ev;
+  size_t nan = 0, nonzero = 0;
+  std::string first_bad;
+  std::map<std::string, std::vector<double>> bgrad_ref;
+  // Packed row `row` of head h of a [rows, H, D] gradient against ref (null: must be 0).
+  auto check_row = [&](const char* what, const std::vector<uint16_t>& g, int64_t row, int H, int h, int D,
+                       const double* ref, Err& err) {
+    for (int d = 0; d < D; ++d) {
+      const float x = from_bits(c.dtype, g[size_t((row * H + h) * D + d)]);
+      if (std::isnan(x) || (ref == nullptr && x != 0.f)) {
+        ++(std::isnan(x) ? nan : nonzero);
+        if (first_bad.empty()) first_bad = fmt::format("{} row {} h {} d {} = {}", what, row, h, d, x);
+        continue;
+      }
+      const double want = ref ? ref[d] : 0.0;
+      err.e2 += (x - want) * (x - want), err.r2 += want * want;
+    }
+  };
+  for (int b = 0; b < B; ++b) {
+    const int lq = c.lens_q[b], lkv = c.lens_kv[b];
+    if (lq == 0 || lkv == 0) {  // no pair: every gradient of the sequence is 0
+      for (int h = 0; h < c.Hq; ++h)
+        for (int i = 0; i < lq; ++i) check_row("dq", gq, cu_q[b] + i, c.Hq, h, c.dqk, nullptr, eq);
+      for (int h = 0; h < c.Hkv; ++h)
+        for (int j = 0; j < lkv; ++j) {
+          check_row("dk", gk, cu_k[b] + j, c.Hkv, h, c.dqk, nullptr, ek);
+          check_row("dv", gv, cu_k[b] + j, c.Hkv, h, c.dv, nullptr, ev);
+        }
+      continue;
+    }
+    const int rb = var.mask_batch ? b + 1 : 1;
+    // contiguous [rb, H, L, D] copies of the sequence's rows (every batch the same)
+    auto gather = [&](auto&& at, int H, int L, int D, int64_t first) {
+      std::vector<double> out(size_t(rb) * H * L * D);
+      for (int r = 0; r < rb; ++r)
+        for (int h = 0; h < H; ++h)
+          for (int i = 0; i < L; ++i)
+            for (int d = 0; d < D; ++d)
+              out[((size_t(r) * H + h) * L + i) * D + d] = at(size_t(((first + i) * H + h) * D + d));
+      return out;
+    };
+    auto vals = [&](const Tensor16& t) { return [&t](size_t i) { return double(t.vals[i]); }; };
+    const std::vector<double> qs = gather(vals(q), c.Hq, lq, c.dqk, cu_q[b]),
+                              ks = gather(vals(k), c.Hkv, lkv, c.dqk, cu_k[b]),
+                              vs = gather(vals(v), c.Hkv, lkv, c.dv, cu_k[b]),
+                              dos = gather(vals(dout), c.Hq, lq, c.dv, cu_q[b]),
+                              os = gather([&](size_t i) { return double(from_bits(c.dtype, o_bits[i])); },
+                                          c.Hq, lq, c.dv, cu_q[b]),
+                              dls = gather([&](size_t i) { return double(dlse[(i % c.Hq) * tq + i / c.Hq]); },
+                                           c.Hq, lq, 1, cu_q[b]);
+    const std::vector<float> qf(qs.begin(), qs.end()), kf(ks.begin(), ks.end()), vf(vs.begin(), vs.end());
+    ro.delta_out = os.data();
+    const fa::ReferenceGrads ref =
+        fa::reference_attention_backward({rb, c.Hq, c.Hkv, lq, lkv, c.dqk, c.dv}, qf.data(), kf.data(),
+                                         vf.data(), dos.data(), c.dlse ? dls.data() : nullptr, ro);
+    const size_t lq_last = size_t(rb - 1) * c.Hq, lk_last = size_t(rb - 1) * c.Hkv;
+    for (int h = 0; h < c.Hq; ++h)
+      for (int i = 0; i < lq; ++i) {
+        const size_t r = (lq_last + h) * lq + i;
+        const bool empty = std::isinf(ref.forward.lse[r]);  // the mask empties the row
+        check_row("dq", gq, cu_q[b] + i, c.Hq, h, c.dqk, empty ? nullptr : &ref.dq[r * c.dqk], eq);
+      }
+    for (int h = 0; h < c.Hkv; ++h)
+      for (int j = 0; j < lkv; ++j) {
+        const size_t r = (lk_last + h) * lkv + j;
+        bool unseen = true;  // no query sees the key: its dV row, a sum of P > 0 terms, is 0
+        for (int d = 0; d < c.dv; ++d) unseen = unseen && ref.dv[r * c.dv + d] == 0.0;
+        check_row("dk", gk, cu_k[b] + j, c.Hkv, h, c.dqk, unseen ? nullptr : &ref.dk[r * c.dqk], ek);
+        check_row("dv", gv, cu_k[b] + j, c.Hkv, h, c.dv, unseen ? nullptr : &ref.dv[r * c.dv], ev);
+      }
+    for (const auto& [name, g] : ref.buffer_grads) {
+      std::vector<double>& sum = bgrad_ref[name];
+      sum.resize(g.size());
+      for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+    }
+  }
+  const double tol = c.dtype == fa::DType::bf16 ? 3e-2 : 1e-2;
+  std::printf("[ stats    ] dq rel %.2e | dk rel %.2e | dv rel %.2e  nan %zu nonzero %zu  (seed %u)\n",
+              eq.rel(), ek.rel(), ev.rel(), nan, nonzero, seed);
+  EXPECT_EQ(nan, 0u) << first_bad;
+  EXPECT_EQ(nonzero, 0u) << first_bad;
+  EXPECT_LT(eq.rel(), tol);
+  EXPECT_LT(ek.rel(), tol);
+  EXPECT_LT(ev.rel(), tol);
+  if (var.mask_batch) return;
+  for (auto& [name, buf] : d_bgrad) {
+    const std::vector<double>& r = bgrad_ref.at(name);
+    std::vector<float> got(r.size());
+    buf.download(got.data(), got.size() * 4);
+    Err e;
+    for (size_t i = 0; i < r.size(); ++i) e.e2 += (got[i] - r[i]) * (got[i] - r[i]), e.r2 += r[i] * r[i];
+    std::printf("[ stats    ] d%s rel %.2e\n", name.c_str(), e.rel());
+    EXPECT_LT(e.rel(), tol) << "d" << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, RaggedBackwardTest, ::testing::ValuesIn(ragged_bwd_cases()),
+                         [](const ::testing::TestParamInfo<RaggedBwdCase>& i) { return i.param.name(); });
 
 }  // namespace
 }  // namespace fa_gpu_test

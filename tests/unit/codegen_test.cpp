@@ -696,9 +696,50 @@ TEST(CodegenNvrtc, RaggedAndPagedLayoutsCompile) {
   w.layout = fa::SequenceLayout::kPaged;
   EXPECT_TRUE(w.resolved().cp_async_kv);
   fa::KernelSpec b = spec(fa::DType::bf16, 128, 128, "sm_90a", fa::KernelKind::kBackward);
-  b.layout = fa::SequenceLayout::kRagged;
+  b.layout = fa::SequenceLayout::kPaged;
   EXPECT_EQ(error_of([&] { (void)b.resolved(); }),
-            "ragged and paged layouts apply to the forward and decoding kernels only");
+            "the paged layout applies to the forward and decoding kernels only");
+  fa::KernelSpec m = spec(fa::DType::bf16, 128, 128, "sm_90a", fa::KernelKind::kBlockMask);
+  m.layout = fa::SequenceLayout::kRagged;
+  EXPECT_EQ(error_of([&] { (void)m.resolved(); }),
+            "the ragged layout applies to the forward, decoding and backward kernels only");
+}
+
+// The ragged backward (packed training batches): every dK/dV kernel form (mma.sync, the Hopper
+// kernel at BLOCK_M 64 and 128, the wide-head one, deterministic, a padded head dim).
+TEST(CodegenNvrtc, RaggedBackwardCompiles) {
+  fa::Program p = rich_program();
+  struct Case {
+    int dqk, dv;
+    const char* arch;
+    bool det;
+    fa::DType dtype;
+  };
+  const std::vector<Case> cases = {
+      {128, 128, "sm_90a", false, fa::DType::bf16}, {64, 64, "sm_90a", false, fa::DType::f16},
+      {192, 128, "sm_90a", false, fa::DType::bf16}, {128, 128, "sm_90a", true, fa::DType::bf16},
+      {64, 64, "sm_80", false, fa::DType::bf16},    {80, 80, "sm_80", true, fa::DType::f16},
+      {192, 128, "sm_80", false, fa::DType::bf16},  {256, 256, "sm_90a", false, fa::DType::bf16}};
+  std::vector<std::string> names;
+  std::vector<std::function<std::string()>> jobs;
+  for (const Case& c : cases) {
+    fa::KernelSpec s = spec(c.dtype, c.dqk, c.dv, c.arch, fa::KernelKind::kBackward);
+    s.family = fa::KernelFamily::kAuto;  // wgmma on sm_90a
+    s.layout = fa::SequenceLayout::kRagged;
+    s.deterministic = c.det;
+    names.push_back(s.resolved(true).to_string());
+    jobs.push_back([&p, s] {
+      const fa::GeneratedKernel g = fa::generate(p, s);
+      if (g.source.find("fa::WithLayout<fa::Sm90") == std::string::npos &&
+          g.source.find("fa::WithLayout<fa::BwdConfig") == std::string::npos)
+        return std::string("no ragged config in the source");
+      return compile_generated(g);
+    });
+  }
+  EXPECT_EQ(names[0], "backward bf16 qk128 v128 wgmma tile64x128w12s3 sm_90a ragged");
+  EXPECT_EQ(names[4], "backward bf16 qk64 v64 mma tile64x64w4s2 sm_80 ragged");
+  std::vector<std::string> errors = run_parallel(jobs);
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << names[i];
 }
 
 // The default mods too (identity / noop: kHasScoreMod / kHasMaskMod false paths).

@@ -267,6 +267,34 @@ FA_API fajit_status fajit_kernel_backward(const fajit_kernel* kernel, const faji
                                           const fajit_captures* buffer_grads, int deterministic,
                                           void* cu_stream);
 
+/* The backward's options beyond fajit_kernel_backward's, with a packed (cu_seqlens) batch: the
+ * forward's tables and maxima (fajit_forward_options), dout and dq packed like q [total_q, Hq, D],
+ * dk and dv like k [total_kv, Hkv, D], lse and dlse [Hq, total_q]. Rows of dq / dk / dv in no
+ * sequence are not written; paged or padded (seqlens_k) keys are refused (inference layouts).
+ * Start from fajit_backward_options_init (it sets struct_size). */
+typedef struct fajit_backward_options {
+  size_t struct_size;
+  float scale;              /* the forward's; 0 = 1/sqrt(head_dim_qk) */
+  const fajit_tensor* dlse; /* may be NULL */
+  int deterministic;        /* != 0: bit-identical dQ, dK, dV run to run */
+  const fajit_tensor* cu_seqlens_q;
+  const fajit_tensor* cu_seqlens_k;
+  int max_seqlen_q;
+  int max_seqlen_k;
+  int check_tables;
+} fajit_backward_options;
+FA_API void fajit_backward_options_init(fajit_backward_options* options);
+
+/* fajit_kernel_backward with options (NULL = the defaults). */
+FA_API fajit_status fajit_kernel_backward_ex(const fajit_kernel* kernel, const fajit_tensor* q,
+                                             const fajit_tensor* k, const fajit_tensor* v,
+                                             const fajit_tensor* o, const fajit_tensor* lse,
+                                             const fajit_tensor* dout, const fajit_tensor* dq,
+                                             const fajit_tensor* dk, const fajit_tensor* dv,
+                                             const fajit_backward_options* options,
+                                             const fajit_block_mask* mask, const fajit_captures* captures,
+                                             const fajit_captures* buffer_grads, void* cu_stream);
+
 #ifdef __cplusplus
 }
 #endif

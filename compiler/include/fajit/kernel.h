@@ -105,6 +105,12 @@ struct BackwardOptions {
   // Bit-identical dQ, dK, dV run to run: dQ comes from its own kernel walking the forward's
   // block tables in a fixed order instead of fp32 atomics (buffer gradients still use atomics).
   bool deterministic = false;
+  // A packed (cu_seqlens) batch, as the forward took it (fajit/sequences.h): the same tables and
+  // maxima; dout, dq are packed like q and o ([total_q, Hq, D]), dk, dv like k and v
+  // ([total_kv, Hkv, D]), lse and dlse [Hq, total_q]. Rows of dq / dk / dv that lie in no
+  // sequence (before cu_seqlens[0] or past cu_seqlens[B]) are not written. Paged and padded
+  // (seqlens_k) keys are inference layouts: the backward refuses them.
+  Sequences sequences;
 };
 
 struct BlockMaskOptions {

@@ -631,18 +631,54 @@ fajit_status fajit_kernel_backward(const fajit_kernel* k, const fajit_tensor* q,
                                    const fajit_tensor* dv, const fajit_tensor* dlse, float scale,
                                    const fajit_block_mask* mask, const fajit_captures* captures,
                                    const fajit_captures* buffer_grads, int deterministic, void* cu_stream) {
+  fajit_backward_options opt;
+  fajit_backward_options_init(&opt);
+  opt.scale = scale, opt.dlse = dlse, opt.deterministic = deterministic;
+  return fajit_kernel_backward_ex(k, q, kk, v, o, lse, dout, dq, dk, dv, &opt, mask, captures, buffer_grads,
+                                  cu_stream);
+}
+
+void fajit_backward_options_init(fajit_backward_options* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+}
+
+fajit_status fajit_kernel_backward_ex(const fajit_kernel* k, const fajit_tensor* q, const fajit_tensor* kk,
+                                      const fajit_tensor* v, const fajit_tensor* o, const fajit_tensor* lse,
+                                      const fajit_tensor* dout, const fajit_tensor* dq,
+                                      const fajit_tensor* dk, const fajit_tensor* dv,
+                                      const fajit_backward_options* options, const fajit_block_mask* mask,
+                                      const fajit_captures* captures, const fajit_captures* buffer_grads,
+                                      void* cu_stream) {
   return guarded([&] {
     require(k, "kernel");
     require(mask, "mask");
-    fa::TensorView dlse_view;
+    fajit_backward_options opt;
+    fajit_backward_options_init(&opt);
+    if (options) {
+      if (options->struct_size != sizeof opt)
+        throw fa::Error(
+            fmt::format("options: struct_size {} is not a fajit_backward_options size (this library's "
+                        "is {}); call fajit_backward_options_init",
+                        options->struct_size, sizeof opt));
+      std::memcpy(&opt, options, options->struct_size);
+    }
+    fa::TensorView dlse_view, cq, ck;
     fa::BackwardOptions bo;
-    bo.scale = scale;
-    if (dlse) {
-      dlse_view = to_view(dlse, "dlse");
+    bo.scale = opt.scale;
+    if (opt.dlse) {
+      dlse_view = to_view(opt.dlse, "dlse");
       bo.dlse = &dlse_view;
     }
     if (buffer_grads) bo.buffer_grads = to_captures(buffer_grads).buffers();
-    bo.deterministic = deterministic != 0;
+    bo.deterministic = opt.deterministic != 0;
+    fa::Sequences& s = bo.sequences;
+    if (opt.cu_seqlens_q) cq = to_view(opt.cu_seqlens_q, "cu_seqlens_q"), s.cu_seqlens_q = &cq;
+    if (opt.cu_seqlens_k) ck = to_view(opt.cu_seqlens_k, "cu_seqlens_k"), s.cu_seqlens_k = &ck;
+    s.max_seqlen_q = opt.max_seqlen_q;
+    s.max_seqlen_k = opt.max_seqlen_k;
+    s.check_tables = opt.check_tables != 0;
     k->kernel.backward(to_view(q, "q"), to_view(kk, "k"), to_view(v, "v"), to_view(o, "o"),
                        to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"), to_view(dk, "dk"),
                        to_view(dv, "dv"), mask->mask, to_captures(captures), bo,

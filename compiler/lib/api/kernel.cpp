@@ -277,6 +277,14 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
   return scale;
 }
 
+// Options::sequences' sizes and checks are for a call with tables.
+void check_sequences_given(const Sequences& seq) {
+  if (!seq.any() && (seq.max_seqlen_q || seq.max_seqlen_k || seq.check_tables))
+    throw Error(
+        "sequences: max_seqlen_q / max_seqlen_k / check_tables given without a table (cu_seqlens_q, "
+        "cu_seqlens_k, seqlens_k or page_table)");
+}
+
 // Whether the decoding kernel can take a query of len_q rows per sequence: at most
 // kDecodeMaxLenQ, within one row of block tables.
 bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
@@ -343,8 +351,10 @@ struct Kernel::Impl {
   MaskBuilder mask;
   Compiled fwd;
   std::mutex bwd_mutex;
-  std::unique_ptr<Compiled> bwd[2];       // the backward kernels (atomic dQ, deterministic), on first use
-  const Compiled* bwd_default = nullptr;  // what a backward not asked to be deterministic runs
+  // The backward kernels per layout (dense, ragged) and dQ path (atomic, deterministic), on first
+  // use, and what a backward not asked to be deterministic runs in each layout.
+  std::unique_ptr<Compiled> bwd[2][2];
+  const Compiled* bwd_default[2] = {nullptr, nullptr};
   // On first use, per sequence layout (dense, ragged, paged): the split-KV decoding kernels,
   // and the ragged / paged prefill kernels (the dense one is fwd).
   std::unique_ptr<Compiled> dec[3];
@@ -429,19 +439,23 @@ struct Kernel::Impl {
     return twin_of(kv_copy_twins, c, [](KernelSpec& s) { s.cp_async_kv = true; });
   }
 
-  // The backward kernels; `deterministic` false still gives the deterministic ones where they
-  // are the faster (bwd_prefers_separate_dq, decided once): callers launch by the spec's flag.
-  const Compiled& backward_kernel(bool deterministic = false) {
+  // The backward kernels of a layout (dense or ragged); `deterministic` false still gives the
+  // deterministic ones where they are the faster (bwd_prefers_separate_dq, decided once per
+  // layout): callers launch by the spec's flag.
+  const Compiled& backward_kernel(bool deterministic = false,
+                                  SequenceLayout layout = SequenceLayout::kDense) {
     std::lock_guard<std::mutex> lock(bwd_mutex);
-    if (const Compiled* known = deterministic ? bwd[1].get() : bwd_default) return *known;
+    const int l = layout == SequenceLayout::kDense ? 0 : 1;
+    if (const Compiled* known = deterministic ? bwd[l][1].get() : bwd_default[l]) return *known;
     const Program& p = mask.program();
     KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kBackward);
+    spec.layout = layout;
     const bool asked = deterministic;
     spec.deterministic =
         deterministic || bwd_prefers_separate_dq(spec.resolved(score_mod_weighs(p, KernelKind::kBackward)));
-    std::unique_ptr<Compiled>& slot = bwd[spec.deterministic ? 1 : 0];
-    if (!slot) slot = compile_beside(spec, "backward");
-    if (!asked) bwd_default = slot.get();
+    std::unique_ptr<Compiled>& slot = bwd[l][spec.deterministic ? 1 : 0];
+    if (!slot) slot = compile_beside(spec, l ? "ragged backward" : "backward");
+    if (!asked) bwd_default[l] = slot.get();
     return *slot;
   }
 };
@@ -499,10 +513,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     return p;
   };
 
-  if (!seq.any() && (seq.max_seqlen_q || seq.max_seqlen_k || seq.check_tables))
-    throw Error(
-        "sequences: max_seqlen_q / max_seqlen_k / check_tables given without a table (cu_seqlens_q, "
-        "cu_seqlens_k, seqlens_k or page_table)");
+  check_sequences_given(seq);
   AttentionShape shape = validate_attention(q, k, v, o, lse);
   // A ragged / paged call's mask is checked against the tile of the kernel that runs it, below.
   // The dense forward this mask runs on (fwd, unless its tile cannot take the mask's blocks).
@@ -660,6 +671,8 @@ WarmReport Kernel::warm(const WarmOptions& options) const {
     count(&impl_->prefill_kernel(l));
     count(&impl_->decode_kernel(l));
   }
+  if (options.ragged && options.backward) count(&impl_->backward_kernel(false, SequenceLayout::kRagged));
+  if (options.ragged && options.deterministic) count(&impl_->backward_kernel(true, SequenceLayout::kRagged));
   return r;
 }
 
@@ -672,16 +685,36 @@ const KernelSpec& Kernel::decode_spec() const { return impl_->decode_kernel().ge
 const std::string& Kernel::backward_cuda_source() const { return impl_->backward_kernel().gen.source; }
 const KernelSpec& Kernel::backward_spec() const { return impl_->backward_kernel().gen.spec; }
 
-void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                      const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                      const TensorView& dk, const TensorView& dv, const BlockMask& mask,
-                      const Captures& captures, const BackwardOptions& options, Stream stream) const {
-  const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, options.dlse);
+void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
+                      const TensorView& o_in, const TensorView& lse_in, const TensorView& dout_in,
+                      const TensorView& dq_in, const TensorView& dk_in, const TensorView& dv_in,
+                      const BlockMask& mask, const Captures& captures, const BackwardOptions& options,
+                      Stream stream) const {
+  // A ragged call runs on [B, H, Lmax, D]-shaped views of the packed tensors, as the forward.
+  const Sequences& seq = options.sequences;
+  check_sequences_given(seq);
+  const bool dense = !seq.any();
+  RaggedViews rv;
+  RaggedGradViews gv;
+  if (!dense) {
+    rv = ragged_views(q_in, k_in, v_in, o_in, &lse_in, seq, stream);
+    gv = ragged_grad_views(q_in, k_in, dout_in, dq_in, dk_in, dv_in, options.dlse, seq);
+  }
+  const TensorView &q = dense ? q_in : rv.q, &k = dense ? k_in : rv.k, &v = dense ? v_in : rv.v,
+                   &o = dense ? o_in : rv.o, &lse = dense ? lse_in : rv.lse;
+  const TensorView &dout = dense ? dout_in : gv.dout, &dq = dense ? dq_in : gv.dq,
+                   &dk = dense ? dk_in : gv.dk, &dv = dense ? dv_in : gv.dv;
+  const TensorView* dlse = dense ? options.dlse : gv.has_dlse ? &gv.dlse : nullptr;
+  const AttentionShape shape = validate_attention_backward(q, k, v, o, lse, dout, dq, dk, dv, dlse);
+  if (int64_t(shape.batch) * shape.heads_q > 65535)
+    throw Error(
+        fmt::format("B x Hq = {} x {} = {} exceeds the 65535 the kernels' grid takes; split the batch",
+                    shape.batch, shape.heads_q, int64_t(shape.batch) * shape.heads_q));
   std::vector<unsigned char> cap = pack_captures(captures);
   FaGradBuffers grads = grad_buffers_of(program(), capture_slots(), captures, options.buffer_grads);
-  const Compiled& b =
-      impl_->captures_twin(impl_->backward_kernel(options.deterministic),
-                           wide_captures_needed(capture_slots(), captures, &options.buffer_grads));
+  const Compiled& b = impl_->captures_twin(
+      impl_->backward_kernel(options.deterministic, dense ? SequenceLayout::kDense : SequenceLayout::kRagged),
+      wide_captures_needed(capture_slots(), captures, &options.buffer_grads));
   const KernelSpec& s = b.gen.spec;
   const bool det = s.deterministic;  // asked for, or the faster at these head dims
   const float scale = check_call(s, "backward", shape, mask, options.scale);
@@ -691,15 +724,23 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
   CUfunction pre = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_pre");
   CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
   CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + (det ? "_dq_det" : "_dq"));
-  const size_t rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
+  // delta / dq_accum rows: [B, Hq, Lq], or [Hq, total_q] for packed queries
+  const bool packed_q = seq.cu_seqlens_q != nullptr;
+  const size_t rows = packed_q ? size_t(shape.heads_q) * size_t(q_in.shape[0])
+                               : size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
   const size_t accum_floats = det ? 0 : rows * size_t(shape.dim_qk);
   StreamScratch scratch((delta_floats + accum_floats) * sizeof(float), st,
                         "the backward's fp32 scratch (delta, dQ accumulator)");
   float* delta = scratch.f32();
   float* dq_accum = det ? nullptr : delta + delta_floats;
-  const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, options.dlse};
+  const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, dlse};
   FaBwdParams p = rt::make_bwd_params(t, scale, mask, delta, dq_accum);
+  if (packed_q) p.delta_stride_b = 0, p.delta_stride_h = q_in.shape[0];
+  if (!dense) {
+    p.cu_seqlens_q = packed_q ? static_cast<const int*>(seq.cu_seqlens_q->data) : nullptr;
+    p.cu_seqlens_k = seq.cu_seqlens_k ? static_cast<const int*>(seq.cu_seqlens_k->data) : nullptr;
+  }
 
   const unsigned bh_q = static_cast<unsigned>(shape.batch * shape.heads_q);
   const int pre_rows = bwd_aux_rows(shape.dim_v), dq_rows = bwd_aux_rows(shape.dim_qk);
@@ -708,10 +749,10 @@ void Kernel::backward(const TensorView& q, const TensorView& k, const TensorView
              rt::Dim3(kBwdAuxThreads), 0, st, pre_args);
   // The Hopper dK/dV kernel's dQ writers reduce into dq_accum through a tensor map and its
   // producer loads Q and dO through two (__grid_constant__ parameters four and five; the
-  // mma.sync kernel takes three).
+  // mma.sync kernel takes three). None in the ragged layout: a box would cross a sequence's end.
   FaTmaMap dq_map{};
   FaTmaPair qdo{};
-  if (s.family == KernelFamily::kWgmma) {
+  if (s.family == KernelFamily::kWgmma && dense) {
     if (dq_accum)
       dq_map = rt::make_tma_accum(dq_accum, shape.batch, shape.heads_q, shape.len_q, shape.dim_qk, 64);
     qdo = rt::make_tma_pair(q, dout, s.tile.block_m);

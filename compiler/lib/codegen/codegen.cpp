@@ -433,19 +433,21 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
     const char* det = g.spec.deterministic ? "true" : "false";
     if (g.spec.family == KernelFamily::kWgmma) {
       os << "#include \"fajit/backward_sm90.cuh\"\n";
-      if (sm90_backward_wide(g.spec.head_dim_qk, g.spec.head_dim_v))
-        os << fmt::format("using FaBwdCfg = fa::Sm90WideBwdConfig<{}, {}, {}, {}, {}>;\n",
-                          element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.stages, det);
-      else
-        os << fmt::format("using FaBwdCfg = fa::Sm90BwdConfig<{}, {}, {}, {}, {}, {}>;\n",
-                          element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m,
-                          t.stages, det);
+      const std::string cfg =
+          sm90_backward_wide(g.spec.head_dim_qk, g.spec.head_dim_v)
+              ? fmt::format("fa::Sm90WideBwdConfig<{}, {}, {}, {}, {}>", element_type(g.spec.dtype),
+                            g.spec.head_dim_qk, g.spec.head_dim_v, t.stages, det)
+              : fmt::format("fa::Sm90BwdConfig<{}, {}, {}, {}, {}, {}>", element_type(g.spec.dtype),
+                            g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.stages, det);
+      os << "using FaBwdCfg = " << with_layout(cfg, g.spec.layout) << ";\n";
       os << "FAJIT_DEFINE_BACKWARD_SM90(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
     } else {
       os << "#include \"fajit/backward.cuh\"\n";
-      os << fmt::format("using FaBwdCfg = fa::BwdConfig<{}, {}, {}, {}, {}, {}, {}>;\n",
-                        element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps,
-                        t.stages, det);
+      os << "using FaBwdCfg = "
+         << with_layout(fmt::format("fa::BwdConfig<{}, {}, {}, {}, {}, {}, {}>", element_type(g.spec.dtype),
+                                    g.spec.head_dim_qk, g.spec.head_dim_v, t.block_m, t.warps, t.stages, det),
+                        g.spec.layout)
+         << ";\n";
       os << "FAJIT_DEFINE_BACKWARD(" << g.kernel_name << ", FaBwdCfg, FaMods)\n";
     }
     os << fmt::format(

@@ -138,8 +138,10 @@ KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
     throw Error("deterministic applies to the backward kernels only");
   if (cp_async_kv && kind != KernelKind::kForward)  // the family: below, once resolved
     throw Error("cp_async_kv applies to the wgmma forward kernel only");
-  if (layout != SequenceLayout::kDense && kind != KernelKind::kForward && kind != KernelKind::kDecode)
-    throw Error("ragged and paged layouts apply to the forward and decoding kernels only");
+  if (layout == SequenceLayout::kRagged && kind == KernelKind::kBlockMask)
+    throw Error("the ragged layout applies to the forward, decoding and backward kernels only");
+  if (layout == SequenceLayout::kPaged && kind != KernelKind::kForward && kind != KernelKind::kDecode)
+    throw Error("the paged layout applies to the forward and decoding kernels only");
   KernelSpec s = *this;
   if (s.dtype != DType::f16 && s.dtype != DType::bf16)
     throw Error(fmt::format("kernel dtype must be f16 or bf16, got {}", dtype_name(s.dtype)));

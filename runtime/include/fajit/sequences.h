@@ -60,4 +60,17 @@ FA_API RaggedViews ragged_views(const TensorView& q, const TensorView& k, const 
                                 const TensorView& o, const TensorView* lse, const Sequences& s,
                                 void* stream = nullptr);
 
+// The backward's gradient tensors of a ragged call (Kernel::backward with
+// BackwardOptions::sequences), as [B, H, Lmax, D]-shaped views beside ragged_views': dout like o
+// and dq like q ([total_q, Hq, D] with cu_seqlens_q), dk like k and dv like v ([total_kv, Hkv, D]
+// with cu_seqlens_k), dlse like lse ([Hq, total_q]). The totals must match the forward tensors'
+// (errors name the argument). The backward takes no paged or padded (seqlens_k) keys.
+struct RaggedGradViews {
+  TensorView dout, dq, dk, dv, dlse;
+  bool has_dlse = false;
+};
+FA_API RaggedGradViews ragged_grad_views(const TensorView& q, const TensorView& k, const TensorView& dout,
+                                         const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                         const TensorView* dlse, const Sequences& s);
+
 }  // namespace fa

@@ -19,7 +19,8 @@ struct BwdTensors {
 
 // Validates (validate_attention_backward), checks the mask against the shapes and fills in
 // pointers, element strides, sizes, the mask's transposed device tables and the scratch:
-// delta [B, Hq, Lq] and dq_accum [B, Hq, Lq, Dqk], fp32, contiguous.
+// delta [B, Hq, Lq] and dq_accum [B, Hq, Lq, Dqk], fp32, contiguous (a packed call sets
+// delta_stride_b/h and the cu_seqlens itself).
 FaBwdParams make_bwd_params(const BwdTensors& t, float scale, const BlockMask& mask, float* delta,
                             float* dq_accum);
 
