@@ -316,3 +316,54 @@ TEST(RaggedViews, PagedPoolStridesUnder2To31Bytes) {
       "under 2^31 bytes");
   EXPECT_EQ(error(just_under, just_under), "");
 }
+
+// The ragged backward's gradient views (fa::ragged_grad_views): packed like their primal, the
+// totals matching, dlse like lse; paged and padded keys refused by name. Host checks only.
+TEST(RaggedViews, BackwardGradientsMatchTheirPrimals) {
+  const TensorView q(addr(0), DType::bf16, {300, 4, 128}), k(addr(1), DType::bf16, {500, 2, 128});
+  const TensorView cq(addr(5), DType::i32, {3}), ck(addr(6), DType::i32, {3});
+  fa::Sequences s;
+  s.cu_seqlens_q = &cq, s.max_seqlen_q = 200;
+  s.cu_seqlens_k = &ck, s.max_seqlen_k = 400;
+  const TensorView dout(addr(2), DType::bf16, {300, 4, 64}), dq(addr(3), DType::bf16, {300, 4, 128}),
+      dk(addr(4), DType::bf16, {500, 2, 128}), dv(addr(7), DType::bf16, {500, 2, 64}),
+      dlse(addr(8), DType::f32, {4, 300});
+  auto error = [&](const TensorView& a, const TensorView& b, const TensorView& c, const TensorView& d,
+                   const TensorView* l, const fa::Sequences& seq) -> std::string {
+    try {
+      const fa::RaggedGradViews g = fa::ragged_grad_views(q, k, a, b, c, d, l, seq);
+      // [B, H, max, D] with batch stride 0 over the packed rows
+      EXPECT_EQ(g.dq.shape[0], 2);
+      EXPECT_EQ(g.dq.shape[2], 200);
+      EXPECT_EQ(g.dq.stride[0], 0);
+      EXPECT_EQ(g.dk.shape[2], 400);
+      if (l) {
+        EXPECT_EQ(g.dlse.stride[2], 1);
+      }
+    } catch (const fa::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(dout, dq, dk, dv, &dlse, s), "");
+  EXPECT_EQ(error(dout, TensorView(addr(3), DType::bf16, {299, 4, 128}), dk, dv, nullptr, s),
+            "dq: total_q must match q (300), got 299");
+  EXPECT_EQ(error(TensorView(addr(2), DType::bf16, {301, 4, 64}), dq, dk, dv, nullptr, s),
+            "dout: total_q must match q (300), got 301");
+  EXPECT_EQ(error(dout, dq, dk, TensorView(addr(7), DType::bf16, {499, 2, 64}), nullptr, s),
+            "dv: total_kv must match k (500), got 499");
+  EXPECT_EQ(error(dout, dq, TensorView(addr(4), DType::bf16, {1, 500, 2, 128}), dv, nullptr, s),
+            "dk: a packed tensor has 3 dimensions [total, H, D], got 4");
+  const TensorView dlse_t(addr(8), DType::f32, {300, 4});
+  EXPECT_EQ(error(dout, dq, dk, dv, &dlse_t, s), "dlse: expected [Hq, total_q] = [4, 300], got [300, 4]");
+  fa::Sequences paged = s;
+  const TensorView pt(addr(9), DType::i32, {2, 4}), n(addr(10), DType::i32, {2});
+  paged.cu_seqlens_k = nullptr, paged.page_table = &pt, paged.seqlens_k = &n;
+  EXPECT_EQ(error(dout, dq, dk, dv, nullptr, paged),
+            "page_table: the backward takes packed (cu_seqlens_k) or dense keys, not a paged cache");
+  fa::Sequences padded = s;
+  padded.cu_seqlens_k = nullptr, padded.seqlens_k = &n;
+  EXPECT_EQ(error(dout, dq, dk, dv, nullptr, padded),
+            "seqlens_k: the backward takes packed (cu_seqlens_k) or dense keys, not a padded cache (every key "
+            "of a dense k, v is a key of its sequence)");
+}

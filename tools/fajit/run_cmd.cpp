@@ -114,8 +114,8 @@ struct CaptureData {
 };
 
 // `fajit run` with per-sequence lengths, GQA, a forced kernel path, a ragged batch or a paged
-// KV cache (forward only): every sequence checked against the float64 reference of that
-// sequence alone, then timed.
+// KV cache: every sequence checked against the float64 reference of that sequence alone, then
+// timed; with --backward (not paged) the gradients likewise.
 int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& program,
                   const fa::mods::Preset<fa::MaskMod>& mask_p,
                   const fa::mods::Preset<fa::ScoreMod>& score_p) {
@@ -315,7 +315,119 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   for (int b = 0; b < B; ++b) kv_bytes += double(lk[b]) * Hkv * (DQK + DV) * 2;
   std::cout << fmt::format("forward: {:.3f} ms (median of {}), K+V read once: {:.2f} TB/s (host-timed)\n", ms,
                            o.iters, kv_bytes / ms / 1e9);
-  return ok ? 0 : 1;
+  if (!o.backward) return ok ? 0 : 1;
+
+  // ---- backward: random dO in o's layout, gradients (in q's, k's, v's) poisoned first.
+  const fa::RoundedTensor g_out = fa::random_rounded(size_t(tq) * Hq * DV, t, rng);
+  fa::rt::DeviceBuffer d_do = upload(g_out.bits.data(), g_out.bits.size() * 2),
+                       d_dq(q.bits.size() * 2), d_dk(kk.bits.size() * 2), d_dv(v.bits.size() * 2);
+  auto like = [](fa::TensorView x, fa::rt::DeviceBuffer& buf) {  // x's shape and strides over buf
+    x.data = buf.as<void>();
+    return x;
+  };
+  const fa::TensorView tdo = like(to4, d_do), tdq = like(tq4, d_dq), tdk = like(tk4, d_dk), tdv = like(tv4, d_dv);
+  fa::BackwardOptions bo;
+  bo.sequences = seq;
+  bo.sequences.check_tables = seq.any();
+  for (fa::rt::DeviceBuffer* g : {&d_dq, &d_dk, &d_dv}) g->memset8(0xff);
+  fa::rt::synchronize(nullptr);
+  t0 = std::chrono::steady_clock::now();
+  k.backward(tq4, tk4, tv4, to4, tl, tdo, tdq, tdk, tdv, mask, captures.cap, bo);
+  fa::rt::synchronize(nullptr);
+  std::cout << fmt::format(
+      "backward: {} (first call, compile included: {:.0f} ms)\n", k.backward_spec().to_string(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  bool gok = true;
+  if (o.no_check) {
+    std::cout << "gradients not checked (--no-check)\n";
+  } else {
+    std::vector<uint16_t> gq(q.bits.size()), gk(kk.bits.size()), gv(v.bits.size());
+    d_dq.download(gq.data(), gq.size() * 2);
+    d_dk.download(gk.data(), gk.size() * 2);
+    d_dv.download(gv.data(), gv.size() * 2);
+    std::optional<fa::ModProgram> grad;
+    fa::ReferenceOptions ro;
+    ro.mask_mod = &mp, ro.bindings = &captures.env;
+    if (!program.score_is_identity()) {
+      grad.emplace(fa::ModProgram::grad_of(program));
+      ro.score_mod = &sp, ro.score_grad = &*grad;
+    }
+    // per gradient: squared error and reference, NaN count; rows of packed [rows, H, D] storage
+    struct Err {
+      double e2 = 0, r2 = 0;
+      size_t nan = 0;
+    } err[3];
+    auto add_row = [&](Err& e, const std::vector<uint16_t>& g, size_t at, int D, const double* ref) {
+      for (int d = 0; d < D; ++d) {
+        const double x = fa::from_bits(g[at + d], t), want = ref ? ref[d] : 0.0;
+        if (std::isnan(x)) ++e.nan;
+        e.e2 += (x - want) * (x - want), e.r2 += want * want;
+      }
+    };
+    for (int b = 0; b < B; ++b) {
+      const int lqb = lq[b], lkb = lk[b];
+      const int rb = reads_b ? b + 1 : 1;
+      const bool pairs = lqb > 0 && lkb > 0;
+      // contiguous [rb, H, L, D] copies of the sequence's dO and O (the reference's layout)
+      auto gather = [&](auto&& at, int D) {
+        std::vector<double> x(size_t(rb) * Hq * lqb * D);
+        for (int r = 0; r < rb; ++r)
+          for (int h = 0; h < Hq; ++h)
+            for (int i = 0; i < lqb; ++i)
+              for (int d = 0; d < D; ++d)
+                x[((size_t(r) * Hq + h) * lqb + i) * D + d] = at((size_t(cu_q[b] + i) * Hq + h) * DV + d);
+        return x;
+      };
+      std::optional<fa::ReferenceGrads> g;
+      std::vector<double> dos, os;
+      if (pairs) {
+        dos = gather([&](size_t i) { return double(g_out.values[i]); }, DV);
+        os = gather([&](size_t i) { return fa::from_bits(out[i], t); }, DV);
+        ro.delta_out = os.data();
+        ro.q_strides = std::array<int64_t, 4>{0, DQK, int64_t(Hq) * DQK, 1};
+        ro.k_strides = std::array<int64_t, 4>{0, DQK, int64_t(Hkv) * DQK, 1};
+        ro.v_strides = std::array<int64_t, 4>{0, DV, int64_t(Hkv) * DV, 1};
+        g = fa::reference_attention_backward(
+            {rb, Hq, Hkv, lqb, lkb, DQK, DV}, q.values.data() + size_t(cu_q[b]) * Hq * DQK,
+            kk.values.data() + size_t(cu_k[b]) * Hkv * DQK, v.values.data() + size_t(cu_k[b]) * Hkv * DV,
+            dos.data(), nullptr, ro);
+      }
+      // no pair in the sequence: every gradient row is 0
+      for (int h = 0; h < Hq; ++h)
+        for (int i = 0; i < lqb; ++i)
+          add_row(err[0], gq, (size_t(cu_q[b] + i) * Hq + h) * DQK, DQK,
+                  g ? &g->dq[((size_t(rb - 1) * Hq + h) * lqb + i) * DQK] : nullptr);
+      for (int h = 0; h < Hkv; ++h)
+        for (int j = 0; j < lkb; ++j) {
+          const size_t r = (size_t(rb - 1) * Hkv + h) * lkb + j;
+          add_row(err[1], gk, (size_t(cu_k[b] + j) * Hkv + h) * DQK, DQK, g ? &g->dk[r * DQK] : nullptr);
+          add_row(err[2], gv, (size_t(cu_k[b] + j) * Hkv + h) * DV, DV, g ? &g->dv[r * DV] : nullptr);
+        }
+    }
+    const double gtol = t == fa::DType::bf16 ? 3e-2 : 1e-2;
+    std::string line;
+    for (int i = 0; i < 3; ++i) {
+      const double rel = err[i].r2 > 0 ? std::sqrt(err[i].e2 / err[i].r2) : std::sqrt(err[i].e2);
+      gok = gok && err[i].nan == 0 && rel < gtol;
+      line += fmt::format("{} {:.2e}{} ", i == 0 ? "dq" : i == 1 ? "dk" : "dv", rel,
+                          err[i].nan ? fmt::format(" ({} NaN)", err[i].nan) : "");
+    }
+    std::cout << fmt::format("gradients vs float64 reference (each sequence): rel err {}(bound {:.0e}): {}\n",
+                             line, gtol, gok ? "OK" : "MISMATCH");
+  }
+  bo.sequences.check_tables = false;
+  const double bms = median_ms(
+      o.iters, [&] { k.backward(tq4, tk4, tv4, to4, tl, tdo, tdq, tdk, tdv, mask, captures.cap, bo); });
+  // the pairs every sequence keeps (mask_mod at h = 0), for the backward's FLOPs
+  double kept = 0;
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < lq[b]; ++i)
+      for (int j = 0; j < lk[b]; ++j) kept += mp.eval_mask(reads_b ? b : 0, 0, i, j, captures.env) ? 1 : 0;
+  std::cout << fmt::format(
+      "backward: {:.3f} ms (median of {}), {:.1f} TFLOP/s (2.5x the forward's FLOPs on the kept pairs, "
+      "host-timed)\n",
+      bms, o.iters, 2.5 * 2.0 * Hq * kept * (DQK + DV) / bms / 1e9);
+  return ok && gok ? 0 : 1;
 }
 
 }  // namespace
@@ -357,9 +469,8 @@ int run_variant(const RunOptions& o) {
                            k.spec().to_string(), fa::to_string(k.origin()), compile_ms);
 
   if (o.layouts()) {
-    if (o.backward) {
-      std::cerr << "fajit run: --backward takes dense equal-length batches (no --len-q/--len-kv/--heads-kv/"
-                   "--path/--splits/--varlen/--paged)\n";
+    if (o.backward && o.page_size) {
+      std::cerr << "fajit run: --backward takes dense or packed (--varlen) keys, not a paged cache (--paged)\n";
       return 2;
     }
     return run_sequences(o, k, program, mask_p, score_p);
