@@ -13,7 +13,8 @@ import os
 import threading
 
 __all__ = ["lib", "FajitError", "check", "library_path", "Tensor", "Options", "Captures", "BufferCapture",
-           "ScalarCapture", "CaptureInfo", "BlockMaskInfo", "ForwardOptions", "forward_options", "DTYPES", "PATHS"]
+           "ScalarCapture", "CaptureInfo", "BlockMaskInfo", "ForwardOptions", "forward_options", "BackwardOptions",
+           "backward_options", "DTYPES", "PATHS"]
 
 # fajit_status
 OK, INVALID_ARGUMENT, COMPILE, CUDA, IO, INTERNAL = range(6)
@@ -82,6 +83,13 @@ class ForwardOptions(C.Structure):
                 ("max_seqlen_k", C.c_int), ("check_tables", C.c_int)]
 
 
+class BackwardOptions(C.Structure):
+    """fajit_backward_options; start from backward_options() (struct_size set by the library)."""
+    _fields_ = [("struct_size", C.c_size_t), ("scale", C.c_float), ("dlse", C.POINTER(Tensor)),
+                ("deterministic", C.c_int), ("cu_seqlens_q", C.POINTER(Tensor)), ("cu_seqlens_k", C.POINTER(Tensor)),
+                ("max_seqlen_q", C.c_int), ("max_seqlen_k", C.c_int), ("check_tables", C.c_int)]
+
+
 _P = C.c_void_p
 _PT = C.POINTER(Tensor)
 _PC = C.POINTER(Captures)
@@ -124,6 +132,9 @@ _SIGNATURES = {
     "fajit_kernel_forward_ex": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, C.POINTER(ForwardOptions), _P, _PC, _P]),
     "fajit_kernel_backward": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, C.c_float, _P,
                                         _PC, _PC, C.c_int, _P]),
+    "fajit_backward_options_init": (None, [C.POINTER(BackwardOptions)]),
+    "fajit_kernel_backward_ex": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT,
+                                           C.POINTER(BackwardOptions), _P, _PC, _PC, _P]),
 }
 
 _lock = threading.Lock()
@@ -195,12 +206,22 @@ def text(p):
     return (p or b"").decode("utf-8", "replace")
 
 
-def forward_options():
-    """A fajit_forward_options set to the defaults by the library (fajit_forward_options_init),
-    checked to be the layout this module mirrors."""
-    o = ForwardOptions()
-    lib().fajit_forward_options_init(C.byref(o))
-    if o.struct_size != C.sizeof(ForwardOptions):
-        raise FajitError(INTERNAL, f"{_path}: fajit_forward_options is {o.struct_size} bytes there and "
-                         f"{C.sizeof(ForwardOptions)} in this fajit package; they are from different versions")
+def _options(struct, init, name):
+    """A `struct` set to the defaults by the library's `init`, checked to be the layout this
+    module mirrors (a library of another version would read the fields at other offsets)."""
+    o = struct()
+    getattr(lib(), init)(C.byref(o))
+    if o.struct_size != C.sizeof(struct):
+        raise FajitError(INTERNAL, f"{_path}: {name} is {o.struct_size} bytes there and {C.sizeof(struct)} in this "
+                         f"fajit package; they are from different versions")
     return o
+
+
+def forward_options():
+    """A fajit_forward_options with the library's defaults (fajit_forward_options_init)."""
+    return _options(ForwardOptions, "fajit_forward_options_init", "fajit_forward_options")
+
+
+def backward_options():
+    """A fajit_backward_options with the library's defaults (fajit_backward_options_init)."""
+    return _options(BackwardOptions, "fajit_backward_options_init", "fajit_backward_options")

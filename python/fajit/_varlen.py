@@ -1,6 +1,10 @@
 """fajit.torch.flex_attention_varlen: flex_attention over ragged ("varlen": packed sequences of
-different lengths) batches and paged KV caches, forward only, through the C API's
-fajit_kernel_forward_ex (the library's fa::Sequences; runtime/include/fajit/sequences.h).
+different lengths) batches and paged KV caches, through the C API's fajit_kernel_forward_ex (the
+library's fa::Sequences; runtime/include/fajit/sequences.h), with autograd for the packed layouts
+(and dense ones beside them) through fajit_kernel_backward_ex: the custom ops
+fajit::flex_varlen_fwd / fajit::flex_varlen_bwd, and eagerly _VarlenFunction, as fajit.torch's
+flex_attention does for dense tensors. Paged and padded caches are inference layouts: the library
+has no backward for them.
 
 Imported by fajit.torch (its public home), whose variant, kernel, block-mask and C-struct
 helpers it shares (imported at the end: fajit.torch imports this module at its own end, and
@@ -40,6 +44,16 @@ def _out_shapes(q, v, packed_q):
     return (B, Hq, L, v.shape[-1]), (B, Hq, L)
 
 
+def _set_tensors(opts, named, keep):
+    """Point the options' tensor fields (tables, dlse) at the (name, tensor) pairs given (None:
+    not given)."""
+    for name, t in named:
+        if t is not None:
+            ct = _ctensor(t)
+            keep.append(ct)
+            setattr(opts, name, C.pointer(ct))
+
+
 def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                      seqlens_k: Optional[Tensor], page_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                      variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
@@ -63,11 +77,7 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Ten
         ts = [_ctensor(t) for t in (q, k, v, out, lse)]
         opts = _capi.forward_options()
         opts.scale, opts.path, opts.decode_splits, opts.check_tables = scale, path, decode_splits, int(check_tables)
-        for name, t in zip(_TABLES, (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)):
-            if t is not None:
-                ct = _ctensor(t)
-                keep.append(ct)
-                setattr(opts, name, C.pointer(ct))
+        _set_tensors(opts, zip(_TABLES, (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)), keep)
         # the library takes max_seqlen_* only with the tables they bound (dense: the tensor's length)
         opts.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
         opts.max_seqlen_k = max_seqlen_k if cu_seqlens_k is not None or page_table is not None else 0
@@ -77,8 +87,8 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Ten
     return out, lse
 
 
-# The op for torch.compile; an eager call runs _varlen_fwd_impl directly (no autograd here,
-# and the custom op's dispatch costs more host time than a short decode).
+# The op for torch.compile; eager calls run _varlen_fwd_impl directly, or through _VarlenFunction
+# when autograd records them (the custom op's dispatch costs more host time than a short decode).
 _varlen_fwd = torch.library.custom_op("fajit::flex_varlen_fwd", mutates_args=())(_varlen_fwd_impl)
 
 
@@ -87,6 +97,108 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table, max_seqlen_q, 
       mask_info, buffers, scalars, path, decode_splits, check_tables):
     oshape, lshape = _out_shapes(q, v, cu_seqlens_q is not None)
     return q.new_empty(oshape), q.new_empty(lshape, dtype=torch.float32)
+
+
+def _grads_like(q, k, v, zero_q, zero_kv):
+    """dq, dk, dv laid out as q, k, v: zeros where asked (a packed tensor, whose rows outside every
+    sequence the library leaves unwritten; or a call that never reaches it), else for the kernels."""
+    def like(t, zero):
+        return torch.zeros_like(t) if zero else torch.empty_like(t)
+    return like(q, zero_q), like(k, zero_kv), like(v, zero_kv)
+
+
+def _varlen_bwd_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+                     max_seqlen_k: int, variant: str, scale: float, tables: List[Tensor], mask_info: List[int],
+                     buffers: List[Tensor], scalars: List[Tensor], buffer_grads: List[bool],
+                     check_tables: bool) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+    # The forward's short cuts (no query, or no key at all) reached no kernel: no gradient flows.
+    empty = (max_seqlen_q == 0 or q.numel() == 0 or max_seqlen_k == 0 or k.numel() == 0 or v.numel() == 0)
+    dq, dk, dv = _grads_like(q, k, v, empty or cu_seqlens_q is not None, empty or cu_seqlens_k is not None)
+    dbufs = _grad_buffers(buffers, buffer_grads)
+    if empty:
+        return dq, dk, dv, dbufs
+    var = _VARIANTS[variant]
+    keep = []
+    dout = _rows(dout)  # autograd's, in whatever layout the loss made
+    dlse = dlse.contiguous() if dlse is not None else None  # [Hq, total_q] rows contiguous along total_q
+    with _on_device(q.device):
+        kern = _kernel(var, q.dtype, q.shape[-1], v.shape[-1], q.device)
+        mask = _mask_for(tables, mask_info, 0, 0, q.device)
+        caps = _ccaptures(var, buffers, scalars, keep)
+        grads = _cbuffer_grads(var, dbufs, buffer_grads, keep)
+        ts = [_ctensor(t) for t in (q, k, v, out, lse, dout, dq, dk, dv)]
+        opts = _capi.backward_options()
+        opts.scale, opts.check_tables = scale, int(check_tables)
+        _set_tensors(opts, (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("dlse", dlse)), keep)
+        opts.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
+        opts.max_seqlen_k = max_seqlen_k if cu_seqlens_k is not None else 0
+        _capi.check(_capi.lib().fajit_kernel_backward_ex(
+            kern.handle, *[C.byref(t) for t in ts], C.byref(opts), mask.h, C.byref(caps),
+            C.byref(grads) if grads is not None else None, _stream(q.device)), "flex_attention_varlen backward")
+    return dq, dk, dv, dbufs
+
+
+_varlen_bwd = torch.library.custom_op("fajit::flex_varlen_bwd", mutates_args=())(_varlen_bwd_impl)
+
+
+@_varlen_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, variant, scale, tables,
+      mask_info, buffers, scalars, buffer_grads, check_tables):
+    return (*_grads_like(q, k, v, False, False), _grad_buffers(buffers, buffer_grads))
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    """fajit::flex_varlen_fwd's autograd context (its packed or dense layouts only: the call
+    refuses grad for paged and padded keys before the op)."""
+    (q, k, v, cu_q, cu_k, _, _, max_q, max_k, variant, scale, tables, mask_info, buffers, scalars, _, _,
+     check_tables) = inputs
+    ctx.lens, ctx.variant, ctx.scale, ctx.mask_info = (max_q, max_k), variant, scale, mask_info
+    ctx.check_tables, ctx.n_tables, ctx.n_buffers = check_tables, len(tables), len(buffers)
+    ctx.buffer_grads = _wanted_grads(variant, buffers)
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, *tables, *buffers, *scalars)
+
+
+def _varlen_backward(ctx, dout, dlse, bwd=None):
+    """The custom op's autograd (bwd: the fajit::flex_varlen_bwd op, which torch.compile traces
+    with fake tensors) and _VarlenFunction's (bwd=_varlen_bwd_impl)."""
+    q, k, v, out, lse, cu_q, cu_k, *rest = ctx.saved_tensors
+    n, m = ctx.n_tables, ctx.n_tables + ctx.n_buffers
+    tables, buffers, scalars = list(rest[:n]), list(rest[n:m]), list(rest[m:])
+    if dout is None:  # only the LSE is used
+        dout = torch.zeros_like(out)
+    dq, dk, dv, dbufs = (bwd or _varlen_bwd)(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.lens, ctx.variant,
+                                             ctx.scale, tables, ctx.mask_info, buffers, scalars, ctx.buffer_grads,
+                                             ctx.check_tables)
+    gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
+    # one entry per input of the op, tensor lists as long as the input lists (torch checks the structure)
+    return (dq, dk, dv) + (None,) * 8 + ([None] * n, None, gb, [None] * len(scalars), None, None, None)
+
+
+_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+class _VarlenFunction(torch.autograd.Function):
+    """Eager autograd of flex_attention_varlen (packed or dense layouts), as fajit.torch's
+    _FlexFunction: the custom ops' own forward, context and backward without their dispatch.
+    Tensor lists are flattened so autograd sees the captured buffers as inputs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, variant, scale, info, path, splits, check, n_tables, n_buffers,
+                *rest):
+        n, m = n_tables, n_tables + n_buffers
+        inputs = (q, k, v, cu_q, cu_k, None, None, max_q, max_k, variant, scale, list(rest[:n]), info,
+                  list(rest[n:m]), list(rest[m:]), path, splits, check)
+        ctx.set_materialize_grads(False)  # an unused out or LSE gets no zero gradient
+        out, lse = _varlen_fwd_impl(*inputs)
+        _varlen_setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        g = _varlen_backward(ctx, dout, dlse, _varlen_bwd_impl)
+        # forward's inputs: q, k, v, 12 non-tensors (and tables), then tables, buffers, scalars
+        return (*g[:3], *[None] * 12, *g[11], *g[13], *g[14])
 
 
 def _length(name, value):
@@ -118,8 +230,9 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
                           max_seqlen_k=None, *, seqlens_k=None, page_table=None, score_mod=None, block_mask=None,
                           scale=None, enable_gqa=False, return_lse=False, path="auto", decode_splits=0,
                           check_tables=False):
-    """flex_attention over ragged (packed, variable-length) batches and paged KV caches: forward
-    only (inference). Positional arguments follow flash-attn's flash_attn_varlen_func.
+    """flex_attention over ragged (packed, variable-length) batches and paged KV caches, with
+    autograd for packed (and dense) layouts. Positional arguments follow flash-attn's
+    flash_attn_varlen_func.
 
     Queries (fp16/bf16; E and Ev multiples of 8 from 32 to 256):
       packed, cu_seqlens_q given: query [total_q, Hq, E], sequence b's queries are rows
@@ -157,11 +270,18 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
     (synchronizing the stream; a debugging aid): otherwise tables that break the rules above are
     undefined behaviour.
 
-    Forward only: the library has no backward for these layouts, so with grad mode on, a query,
-    key or value (or a float tensor the score_mod reads) that requires grad raises
-    NotImplementedError; run under torch.no_grad() or torch.inference_mode(). Runs as the custom
-    op fajit::flex_varlen_fwd on the current CUDA stream (torch.compile keeps it in its graph;
-    max_seqlen_* are constants there)."""
+    Training: with packed keys or dense ones (no page_table, no seqlens_k), autograd gives the
+    gradients of query, key and value (packed like them: rows in no sequence get 0; GQA sums a
+    KV head's query heads), of the float tensors the score_mod reads that require grad (fp32,
+    accumulated into .grad as flex_attention's), and lets the LSE of return_lse=True take part
+    in the loss. The backward kernels are compiled on its first call. Paged (page_table) and
+    padded (seqlens_k) caches are inference layouts without a backward: with grad mode on, a
+    query, key or value (or a float tensor the score_mod reads) that requires grad raises
+    NotImplementedError naming the table; run them under torch.no_grad() or
+    torch.inference_mode(), or pass detached tensors.
+
+    Runs as the custom ops fajit::flex_varlen_fwd / fajit::flex_varlen_bwd on the current CUDA
+    stream (torch.compile keeps them in its graph; max_seqlen_* are constants there)."""
     # 1. What every argument is, without touching a device (these run without a GPU).
     _check_types((("query", query), ("key", key), ("value", value)))
     given = {n: t for n, t in zip(_TABLES, (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)) if t is not None}
@@ -203,10 +323,12 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
     if not isinstance(path, str) or path not in _capi.PATHS:
         raise ValueError(f"path must be 'auto', 'prefill' or 'decode', got {path!r}")
     decode_splits = _length("decode_splits", decode_splits)
-    if torch.is_grad_enabled():
+    # the inference layouts: what the backward refuses (the table named in its errors), else None
+    cache = "page_table" if page_table is not None else "seqlens_k" if seqlens_k is not None else None
+    if cache is not None and torch.is_grad_enabled():
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.requires_grad:
-                raise NotImplementedError(_NO_BACKWARD.format(f"{name} requires grad"))
+                raise NotImplementedError(_no_backward(f"{name} requires grad", cache))
 
     # 2. Where they are.
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -223,26 +345,39 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
     mask_mod, mtables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _NOTES)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
-    if torch.is_grad_enabled():
-        var = _VARIANTS[vkey]
-        for name, b in zip(var.buffer_names, buffers):
-            if b.requires_grad and var.gradient.get(name, False):
-                raise NotImplementedError(_NO_BACKWARD.format(f"score_mod reads '{name}', which requires grad"))
+    if cache is not None:  # no autograd past here: the op must not record one it cannot run
+        if torch.is_grad_enabled():
+            var = _VARIANTS[vkey]
+            for name, b in zip(var.buffer_names, buffers):
+                if b.requires_grad and var.gradient.get(name, False):
+                    raise NotImplementedError(_no_backward(f"score_mod reads '{name}', which requires grad", cache))
+        buffers = [b.detach() for b in buffers]
+    q, k, v = _rows(query), _rows(key), _rows(value)
     tabs = [_rows(t) if t is not None else None for t in (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)]
-    op = torch.ops.fajit.flex_varlen_fwd if torch.compiler.is_compiling() else _varlen_fwd_impl
-    out, lse = op(_rows(query), _rows(key), _rows(value), *tabs, L, S, vkey, scale, mtables, info,
-                  [b.detach() for b in buffers], scalars, _capi.PATHS[path], decode_splits, bool(check_tables))
+    run = (_capi.PATHS[path], decode_splits, bool(check_tables))
+    args = (q, k, v, *tabs, L, S, vkey, scale, mtables, info, buffers, scalars, *run)
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.fajit.flex_varlen_fwd(*args)
+    elif _records_grad((query, key, value, *buffers)):
+        out, lse = _VarlenFunction.apply(q, k, v, *tabs[:2], L, S, vkey, scale, info, *run, len(mtables), len(buffers),
+                                         *mtables, *buffers, *scalars)
+    else:
+        out, lse = _varlen_fwd_impl(*args)
     if return_lse:
         return out, lse
     return out
 
 
-_NO_BACKWARD = ("flex_attention_varlen: {} with grad mode on, but ragged / paged layouts are forward only (fajit "
-                "has no backward for them); call it under torch.no_grad() or torch.inference_mode(), or pass "
-                "detached tensors")
+def _no_backward(what, table):
+    """Why a call with `table` (page_table or seqlens_k) cannot record autograd."""
+    layout = "a paged KV cache" if table == "page_table" else "a padded KV cache"
+    return (f"flex_attention_varlen: {what} with grad mode on, but {table} makes the keys {layout}, an inference "
+            f"layout with no backward (the backward takes packed (cu_seqlens) or dense layouts); call it under "
+            f"torch.no_grad() or torch.inference_mode(), or pass detached tensors")
 
 
 # fajit.torch's helpers, read when called (this module is imported at the end of fajit.torch)
-from .torch import (_VARIANTS, _bind, _block_mask_args, _ccaptures, _check_cuda, _check_dtype,  # noqa: E402
-                    _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale, _check_types,
-                    _ctensor, _kernel, _mask_for, _on_device, _rows, _stream, _variant_key)
+from .torch import (_VARIANTS, _bind, _block_mask_args, _cbuffer_grads, _ccaptures, _check_cuda,  # noqa: E402
+                    _check_dtype, _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale,
+                    _check_types, _ctensor, _grad_buffers, _kernel, _mask_for, _on_device, _records_grad, _rows,
+                    _stream, _variant_key, _wanted_grads)

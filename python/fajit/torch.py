@@ -20,7 +20,8 @@ implementation directly, one that does goes through _FlexFunction, an autograd.F
 the ops' own forward, context and backward.
 
 flex_attention_varlen (fajit._varlen, on the same helpers) takes ragged (packed) batches and
-paged KV caches, forward only, as the custom op fajit::flex_varlen_fwd.
+paged KV caches, as the custom ops fajit::flex_varlen_fwd / fajit::flex_varlen_bwd (a backward
+for packed and dense layouts; paged and padded caches are forward only).
 
 Inside torch.compile, define mods outside the compiled function (module level or closures made
 before): the trace runs once at compile time (torch._dynamo.assume_constant_result) and the
@@ -447,30 +448,50 @@ def _(q, k, v, variant, scale, tables, mask_info, buffers, scalars):
     return (q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=torch.float32))
 
 
+def _wanted_grads(variant, buffers):
+    """Which captured buffers get a gradient: float buffers that need one and that the score_mod
+    reads as values (the library's has_gradient); others get none (a buffer read only by the
+    mask_mod, say)."""
+    v = _VARIANTS[variant]
+    return [bool(b.requires_grad and v.gradient.get(n, False)) for n, b in zip(v.buffer_names, buffers)]
+
+
+def _grad_buffers(buffers, buffer_grads):
+    """The backward's buffer gradients: fp32 zeros the kernels accumulate into where wanted, an
+    empty placeholder elsewhere (the op's output list keeps one entry per buffer)."""
+    return [torch.zeros(b.shape, dtype=torch.float32, device=b.device) if want else b.new_empty((0,))
+            for b, want in zip(buffers, buffer_grads)]
+
+
+def _cbuffer_grads(variant, dbufs, buffer_grads, keep):
+    """The wanted gradients of _grad_buffers as the C API's buffer_grads (None: none wanted)."""
+    names = [n for n, want in zip(variant.buffer_names, buffer_grads) if want]
+    if not names:
+        return None
+    arr = (_capi.BufferCapture * len(names))()
+    for i, (n, g) in enumerate(zip(names, [g for g, w in zip(dbufs, buffer_grads) if w])):
+        arr[i].name = n.encode()
+        arr[i].tensor = _ctensor(g)
+    keep.append(arr)
+    grads = _capi.Captures()
+    grads.buffers, grads.num_buffers = arr, len(names)
+    return grads
+
+
 def _flex_bwd_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
               variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
               scalars: List[Tensor], buffer_grads: List[bool]) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
     B, Hq, Lq, D = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     var = _VARIANTS[variant]
-    dbufs = [torch.zeros(b.shape, dtype=torch.float32, device=b.device) if want else b.new_empty((0,))
-             for b, want in zip(buffers, buffer_grads)]
+    dbufs = _grad_buffers(buffers, buffer_grads)
     keep = []
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     with _on_device(q.device):
         kern = _kernel(var, q.dtype, D, v.shape[3], q.device)
         mask = _mask_for(tables, mask_info, B, Hq, q.device)
         caps = _ccaptures(var, buffers, scalars, keep)
-        grads = None
-        names = [n for n, want in zip(var.buffer_names, buffer_grads) if want]
-        if names:
-            arr = (_capi.BufferCapture * len(names))()
-            for i, (n, g) in enumerate(zip(names, [g for g, w in zip(dbufs, buffer_grads) if w])):
-                arr[i].name = n.encode()
-                arr[i].tensor = _ctensor(g)
-            keep.append(arr)
-            grads = _capi.Captures()
-            grads.buffers, grads.num_buffers = arr, len(names)
+        grads = _cbuffer_grads(var, dbufs, buffer_grads, keep)
         ts = [_ctensor(t) for t in (q, k, v, out, lse, dout, dq, dk, dv)]
         dl = _ctensor(dlse.contiguous()) if dlse is not None else None
         _capi.check(_capi.lib().fajit_kernel_backward(
@@ -495,11 +516,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.variant, ctx.scale, ctx.mask_info = variant, scale, mask_info
     ctx.n_tables, ctx.n_buffers = len(tables), len(buffers)
-    # Gradients for float buffers that need one and that the score_mod reads as values (the
-    # library's has_gradient); others get none (a buffer read only by the mask_mod, say).
-    has = _VARIANTS[variant].gradient
-    ctx.buffer_grads = [bool(b.requires_grad and has.get(n, False))
-                        for n, b in zip(_VARIANTS[variant].buffer_names, buffers)]
+    ctx.buffer_grads = _wanted_grads(variant, buffers)
     ctx.save_for_backward(q, k, v, out, lse, *tables, *buffers, *scalars)
 
 
@@ -684,5 +701,5 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     return out
 
 
-# ragged / paged batches (forward only): defined beside, on the helpers above
+# ragged / paged batches: defined beside, on the helpers above
 from ._varlen import flex_attention_varlen  # noqa: E402

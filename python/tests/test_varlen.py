@@ -1,4 +1,5 @@
-"""fajit.torch.flex_attention_varlen: ragged (packed) batches and paged KV caches, forward only.
+"""fajit.torch.flex_attention_varlen: ragged (packed) batches and paged KV caches, and the backward
+of packed (and dense) layouts.
 
 GPU tests: each sequence's output and LSE against a float64 reference of that sequence alone
 (plain torch: softmax(Q K^T * scale + score_mod, masked -inf) V; a row with no key left gives 0
@@ -6,8 +7,12 @@ and an LSE of -inf), on random inputs, with the outputs' memory poisoned before 
 same K/V scattered over shuffled pages of a pool (page sizes 1, 16, 64) gives bit-identical
 results; lengths 0 and 1; GQA; causal masks and score_mods reading the sequence index b; head
 dims 64, 80, 128; fp16 and bf16; the decoding path (one or a few queries per sequence, dense
-queries over a paged or padded cache). Argument errors are checked without a GPU where the
-check comes before anything touches the device. Skips, with the reason, without torch or GPU.
+queries over a paged or padded cache). Backward: gradients of q, k, v and of a captured float
+tensor against float64 autograd of the same per-sequence reference (rows in no sequence must be
+0, with the gradients' memory poisoned first), with a loss that reads the LSE, GQA, dense queries
+over packed keys and packed queries over dense keys, the empty batches, and a training step
+inside torch.compile. Argument errors are checked without a GPU where the check comes before
+anything touches the device. Skips, with the reason, without torch or GPU.
 """
 import itertools
 import math
@@ -251,21 +256,35 @@ def test_bad_arguments_name_themselves_before_touching_a_device():
         f(_cpu(2, 4, 1, 64), pool, pool, None, None, None, 32, seqlens_k=lens, page_table=table)
 
 
-def test_inputs_that_require_grad_are_refused_with_grad_mode_on():
+def test_grad_is_refused_over_paged_and_padded_caches_only():
+    """Paged and padded keys are inference layouts (the library has no backward for them): with
+    grad mode on, an input that requires grad is refused naming the table. Packed and dense
+    layouts train: the same inputs go on to the device check."""
     f = ft.flex_attention_varlen
     q, k = _cpu(10, 4, 64, requires_grad=True), _cpu(12, 4, 64)
     cu_q, cu_k = _i32([0, 4, 10]), _i32([0, 5, 12])
+    pool, table, lens = _cpu(8, 16, 4, 64), _i32([[0, 1], [2, 3]]), _i32([5, 12])
     with pytest.raises(NotImplementedError, match=r"flex_attention_varlen: query requires grad with grad mode on, "
-                                                  r"but ragged / paged layouts are forward only .*torch.no_grad\(\)"):
-        f(q, k, k, cu_q, cu_k, 8, 8)
-    with pytest.raises(NotImplementedError, match="value requires grad"):
-        f(q.detach(), k, k.clone().requires_grad_(), cu_q, cu_k, 8, 8)
+                                                  r"but page_table makes the keys a paged KV cache, an inference "
+                                                  r"layout with no backward \(the backward takes packed "
+                                                  r"\(cu_seqlens\) or dense layouts\).*torch.no_grad\(\)"):
+        f(q, pool, pool, cu_q, None, 8, 32, seqlens_k=lens, page_table=table)
+    with pytest.raises(NotImplementedError, match="value requires grad with grad mode on, but page_table"):
+        f(q.detach(), pool, pool.clone().requires_grad_(), cu_q, None, 8, 32, seqlens_k=lens, page_table=table)
+    dense_q, dense_k = _cpu(2, 4, 3, 64), _cpu(2, 4, 16, 64, requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"key requires grad with grad mode on, but seqlens_k makes the "
+                                                  r"keys a padded KV cache.*packed \(cu_seqlens\) or dense"):
+        f(dense_q, dense_k, dense_k.detach(), seqlens_k=lens)
+    for layout in ((q, k, k, cu_q, cu_k, 8, 8), (q, _cpu(2, 4, 6, 64), _cpu(2, 4, 6, 64), cu_q, None, 8),
+                   (_cpu(2, 4, 5, 64, requires_grad=True), k, k, None, cu_k, None, 8)):
+        with pytest.raises(ValueError, match="query must be a CUDA tensor"):  # packed / dense: on to the device
+            f(*layout)
     with torch.no_grad():  # past the grad check: on to the device check
         with pytest.raises(ValueError, match="query must be a CUDA tensor"):
-            f(q, k, k, cu_q, cu_k, 8, 8)
+            f(q, pool, pool, cu_q, None, 8, 32, seqlens_k=lens, page_table=table)
     with torch.inference_mode():
         with pytest.raises(ValueError, match="query must be a CUDA tensor"):
-            f(q.detach(), k, k, cu_q, cu_k, 8, 8)
+            f(dense_q, dense_k.detach(), dense_k.detach(), seqlens_k=lens)
 
 
 def test_the_reference_of_this_file():
@@ -284,6 +303,35 @@ def test_the_reference_of_this_file():
     assert bool((out == 0).all()) and bool((lse == -math.inf).all())
     out, lse = _reference(q, k[:0], v[:0], 0, 0.5)
     assert out.shape == (5, 4, 8) and bool((out == 0).all()) and bool((lse == -math.inf).all())
+
+
+def test_the_training_reference_of_this_file():
+    """_train_reference on the CPU: per-sequence float64 gradients equal autograd of plain causal
+    softmax attention; rows without keys (none, or all masked) and rows in no sequence get 0, not
+    NaN (no GPU)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((9, 4, 8), (8, 2, 8), (8, 2, 8)))
+    cu_q, cu_k = [1, 5, 5, 8], [0, 6, 6, 6]  # row 0 and 8 in no sequence; sequence 2 has no keys
+    w, wl = torch.randn(9, 4, 8, generator=g, dtype=torch.float64), torch.randn(4, 9, generator=g, dtype=torch.float64)
+
+    def loss_of(out, lse, rows):
+        return (out * w[rows]).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * wl[:, rows]).sum()
+
+    dq, dk, dv = _train_reference(q, k, v, cu_q, cu_k, 3, 0.5, None, causal, loss_of)
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q[1:5], k[:6], v[:6]))
+    s = torch.einsum("qhe,khe->hqk", qs, ks.repeat_interleave(2, dim=1)) * 0.5
+    s = s.masked_fill(torch.arange(4)[:, None] < torch.arange(6)[None, :], -math.inf)
+    out = torch.einsum("hqk,khe->qhe", torch.softmax(s, -1), vs.repeat_interleave(2, dim=1))
+    loss_of(out, torch.logsumexp(s, -1), slice(1, 5)).backward()
+    assert torch.allclose(dq[1:5], qs.grad) and torch.allclose(dk[:6], ks.grad) and torch.allclose(dv[:6], vs.grad)
+    assert not any(torch.isnan(t).any() for t in (dq, dk, dv))
+    assert bool((dq[0] == 0).all() and (dq[5:] == 0).all() and (dk[6:] == 0).all())
+
+    def never(b, h, q_idx, kv_idx):  # every row without a key
+        return q_idx > kv_idx + 100
+
+    dq, dk, dv = _train_reference(q, k, v, cu_q, cu_k, 3, 0.5, None, never, loss_of)
+    assert all(bool((t == 0).all()) for t in (dq, dk, dv))
 
 
 # ---- GPU: packed and paged against the reference --------------------------------------------
@@ -499,5 +547,272 @@ def test_bad_gpu_inputs_name_the_argument():
     def biased(score, b, h, q_idx, kv_idx):
         return score + bias[h]
 
-    with pytest.raises(NotImplementedError, match="score_mod reads 'bias', which requires grad"):
-        f(q, k, k, cu_q, cu_k, 100, 200, score_mod=biased)
+    with pytest.raises(NotImplementedError, match="score_mod reads 'bias', which requires grad with grad mode on, "
+                                                  "but page_table makes the keys a paged KV cache"):
+        f(q, pool, pool, cu_q, None, 100, 20, seqlens_k=lens, page_table=table, score_mod=biased)
+
+
+# ---- GPU: the backward of packed and dense layouts against float64 autograd -------------------
+
+def _poison(*tensors):
+    """Blocks of these tensors' sizes filled with 0xFF bytes (NaN) and freed: the caching allocator
+    hands them to the next allocations of those sizes (the backward's gradients), so a row left
+    unwritten and not zeroed shows as NaN."""
+    blocks = [torch.full((t.numel() * t.element_size(),), 0xFF, dtype=torch.uint8, device=t.device) for t in tensors]
+    del blocks
+
+
+def _seq(t, rows):
+    """A sequence's [L, H, D] (or lse [H, L]): rows = a slice of a packed tensor, or the index b of
+    a dense one (transposed from [B, H, L, D] / [B, H, L])."""
+    if isinstance(rows, slice):
+        return t[rows] if t.dim() == 3 else t[:, rows]
+    return t[rows].transpose(0, 1) if t.dim() == 4 else t[rows]
+
+
+def _seq_rows(cu, b):
+    """Sequence b's rows: a slice of offsets cu (a list), or b itself for a dense tensor (cu None)."""
+    return slice(cu[b], cu[b + 1]) if cu is not None else b
+
+
+def _train_reference(q, k, v, cu_q, cu_k, B, scale, make_mod, mask_mod, loss_of, leaves=()):
+    """Float64 autograd of each sequence alone through _reference (make_mod(*leaves) is the
+    score_mod, given float64 copies of the captured tensors `leaves`), the loss summed over
+    sequences. Returns the gradients of q, k, v and of the leaves (0 where nothing reads them:
+    rows in no sequence)."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    l64 = [t.detach().double().requires_grad_() for t in leaves]
+    mod = make_mod(*l64) if make_mod is not None else None
+    total = 0
+    for b in range(B):
+        rq, rk = _seq_rows(cu_q, b), _seq_rows(cu_k, b)
+        out, lse = _reference(_seq(q64, rq), _seq(k64, rk), _seq(v64, rk), b, scale, mod, mask_mod)
+        total = total + loss_of(out, lse, rq)
+    inputs = [q64, k64, v64, *l64]
+    grads = torch.autograd.grad(total, inputs, allow_unused=True)
+    return [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, inputs)]
+
+
+def _loss(out_shape, lse_shape, cu_q, g, use_out=True, use_lse=True):
+    """A random loss of out and lse: loss_of(out, lse, rows) = sum(out * w) + sum(lse * wl) over
+    the rows (all: slice(None); one sequence: _seq_rows), finite LSEs only (a row without keys has
+    -inf and no gradient). Weights are 0 on rows in no sequence (packed: before cu_q[0], from
+    cu_q[B] on), which the forward leaves unwritten."""
+    w = torch.randn(out_shape, device="cuda", dtype=torch.float64, generator=g)
+    wl = torch.randn(lse_shape, device="cuda", dtype=torch.float64, generator=g)
+    if cu_q is not None:
+        for lo, hi in ((0, cu_q[0]), (cu_q[-1], out_shape[0])):
+            w[lo:hi], wl[:, lo:hi] = 0, 0
+
+    def loss_of(out, lse, rows):
+        total = 0
+        if use_out:
+            total = total + (out.double() * _seq(w, rows)).sum()
+        if use_lse:
+            total = total + (torch.where(torch.isfinite(lse), lse.double(), 0.0) * _seq(wl, rows)).sum()
+        return total
+
+    return loss_of
+
+
+def _check_grads(got, ref, names, dtype):
+    """Gradients against the float64 reference: q, k, v at test_torch.py's 3 * TOL, captured
+    tensors at its dbias tolerance (5e-2); none NaN (a row left unwritten)."""
+    for i, (name, a, b) in enumerate(zip(names, got, ref)):
+        assert a is not None, f"{name}: no gradient"
+        assert a.shape == b.shape, f"{name}: shape {list(a.shape)}, expected {list(b.shape)}"
+        assert not torch.isnan(a).any(), f"{name}: NaN (a row left unwritten?)"
+        _close(a, b, name, 3 * TOL[dtype] if i < 3 else 5e-2)
+
+
+def _leaf(shape, dtype, g):
+    return _randn(shape, dtype, g).requires_grad_()
+
+
+def _rel_bias(max_k):
+    """make_mod(table): score + table[h, q_idx - kv_idx + max_k - 1] (a relative bias; a table of
+    [H, max_q + max_k - 1] covers every (q_idx, kv_idx) of a sequence, masked or not)."""
+    def make(table):
+        def rel_bias(score, b, h, q_idx, kv_idx):
+            return score + table[h, q_idx - kv_idx + max_k - 1]
+        return rel_bias
+    return make
+
+
+def _alibi(per_sequence=False):
+    """make_mod(slopes): score + slopes[h] * (kv_idx - q_idx) (ALiBi), or slopes[b]: a slope per
+    sequence, which proves the backward's b."""
+    def make(slopes):
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score + slopes[b if per_sequence else h] * (kv_idx - q_idx)
+        return alibi
+    return make
+
+
+# (name, Hq, Hkv, E, captured tensor: "rel_bias" [Hq, max_q + max_k - 1] or "alibi" slopes [Hq])
+GRAD_CASES = [("causal_rel_bias_d64", 4, 4, 64, "rel_bias"), ("causal_gqa_alibi_d128", 8, 2, 128, "alibi")]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_packed_gradients_match_the_reference(case, dtype):
+    """Causal over packed queries and keys, gradients of q, k, v and of a captured float tensor:
+    sequences of 0 and of 1 rows, one with keys but no queries, one with queries but no keys, and
+    rows in no sequence before the first and after the last (their gradients must be 0)."""
+    name, Hq, Hkv, E, captured = case
+    seed = sum(map(ord, name)) + (dtype == torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lens_q = [130, 0, 1, 0, 7, 200, 64]
+    lens_k = [130, 20, 1, 0, 0, 200, 90]
+    B, max_q, max_k = len(lens_q), max(lens_q), max(lens_k)
+    cu_q, cu_k = _offsets(lens_q) + 2, _offsets(lens_k) + 3  # 2 and 3 rows in no sequence first
+    q = _leaf((sum(lens_q) + 5, Hq, E), dtype, g)
+    k, v = _leaf((sum(lens_k) + 4, Hkv, E), dtype, g), _leaf((sum(lens_k) + 4, Hkv, E), dtype, g)
+    if captured == "rel_bias":
+        make = _rel_bias(max_k)
+        buf = 0.3 * torch.randn(Hq, max_q + max_k - 1, device="cuda", generator=g)
+    else:
+        make = _alibi()
+        buf = 0.02 + 0.1 * torch.rand(Hq, device="cuda", generator=g)
+    buf.requires_grad_()
+    oq, ok = cu_q.tolist(), cu_k.tolist()
+    loss_of = _loss((q.shape[0], Hq, E), (Hq, q.shape[0]), oq, g)
+    mask = ft.create_block_mask(causal, None, None, max_q, max_k)
+    out, lse = ft.flex_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, score_mod=make(buf), block_mask=mask,
+                                        enable_gqa=Hq != Hkv, return_lse=True)
+    loss = loss_of(out, lse, slice(None))
+    _poison(q, k, v)
+    loss.backward()
+    ref = _train_reference(q, k, v, oq, ok, B, 1 / math.sqrt(E), make, causal, loss_of, (buf,))
+    _check_grads([q.grad, k.grad, v.grad, buf.grad], ref, ["dq", "dk", "dv", "d" + captured], dtype)
+    for what, grad, cu in (("dq", q.grad, oq), ("dk", k.grad, ok), ("dv", v.grad, ok)):
+        outside = torch.cat([grad[:cu[0]], grad[cu[-1]:]])
+        assert bool((outside == 0).all()), f"{what}: rows in no sequence must be 0"
+
+
+@needs_gpu
+@pytest.mark.parametrize("loss", ["out", "lse", "both"])
+def test_lse_in_the_loss(loss):
+    """return_lse=True: a loss of out alone, of the LSE alone (out unused: no dO; dLSE reaches dq
+    and dk) or of both, over packed GQA sequences (one without keys: lse -inf, no gradient)."""
+    Hq, Hkv, E, dtype = 8, 2, 64, torch.float16
+    g = torch.Generator(device="cuda").manual_seed(11)
+    lens_q, lens_k = [150, 3, 1, 90], [150, 0, 40, 300]
+    B, max_q, max_k = len(lens_q), max(lens_q), max(lens_k)
+    cu_q, cu_k = _offsets(lens_q), _offsets(lens_k)
+    q = _leaf((sum(lens_q), Hq, E), dtype, g)
+    k, v = _leaf((sum(lens_k), Hkv, E), dtype, g), _leaf((sum(lens_k), Hkv, E), dtype, g)
+    oq, ok = cu_q.tolist(), cu_k.tolist()
+    loss_of = _loss((q.shape[0], Hq, E), (Hq, q.shape[0]), oq, g, use_out=loss != "lse", use_lse=loss != "out")
+    out, lse = ft.flex_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, enable_gqa=True, return_lse=True)
+    loss_of(out, lse, slice(None)).backward()
+    ref = _train_reference(q, k, v, oq, ok, B, 1 / math.sqrt(E), None, None, loss_of)
+    grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in (q, k, v)]  # the LSE does not read v
+    _check_grads(grads, ref, [f"{loss} dq", f"{loss} dk", f"{loss} dv"], dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["dense_q_packed_k", "packed_q_dense_k"])
+def test_dense_beside_packed_gradients_match_the_reference(layout, dtype):
+    """Dense queries [B, Hq, L, E] over packed keys (sequences with no key and with one), and
+    packed queries over dense keys [B, Hkv, S, E] (every key of a sequence is one; sequences with
+    no query and with one); GQA; a slope per sequence (slopes[b]) that requires grad; the LSE in
+    the loss."""
+    Hq, Hkv, E = 8, 2, 64
+    seed = sum(map(ord, layout)) + (dtype == torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lens = [0, 1, 170, 33, 96]
+    B = len(lens)
+    if layout == "dense_q_packed_k":
+        L, S = 40, max(lens)
+        cu_q, cu_k = None, _offsets(lens)
+        q = _leaf((B, Hq, L, E), dtype, g)
+        k, v = _leaf((sum(lens), Hkv, E), dtype, g), _leaf((sum(lens), Hkv, E), dtype, g)
+        out_shape, lse_shape = (B, Hq, L, E), (B, Hq, L)
+    else:
+        L, S = max(lens), 120
+        cu_q, cu_k = _offsets(lens), None
+        q = _leaf((sum(lens), Hq, E), dtype, g)
+        k, v = _leaf((B, Hkv, S, E), dtype, g), _leaf((B, Hkv, S, E), dtype, g)
+        out_shape, lse_shape = (sum(lens), Hq, E), (Hq, sum(lens))
+    oq, ok = (cu.tolist() if cu is not None else None for cu in (cu_q, cu_k))
+    slopes = (0.02 + 0.1 * torch.rand(B, device="cuda", generator=g)).requires_grad_()
+    make = _alibi(per_sequence=True)
+    loss_of = _loss(out_shape, lse_shape, oq, g)
+    out, lse = ft.flex_attention_varlen(q, k, v, cu_q, cu_k, L if cu_q is not None else None,
+                                        S if cu_k is not None else None, score_mod=make(slopes), enable_gqa=True,
+                                        return_lse=True)
+    assert out.shape == out_shape and lse.shape == lse_shape
+    _poison(q, k, v)
+    loss_of(out, lse, slice(None)).backward()
+    ref = _train_reference(q, k, v, oq, ok, B, 1 / math.sqrt(E), make, None, loss_of, (slopes,))
+    _check_grads([q.grad, k.grad, v.grad, slopes.grad], ref, ["dq", "dk", "dv", "dslopes"], dtype)
+
+
+@needs_gpu
+def test_empty_batches_give_zero_gradients():
+    """The calls the forward answers without the library (no key at all, no query at all): zero
+    gradients of q, k, v and of a captured tensor, of the tensors' shapes."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    slopes = torch.full((4,), 0.1, device="cuda", requires_grad=True)
+    alibi = _alibi()(slopes)
+    q = _leaf((5, 4, 64), torch.float16, g)
+    k = torch.zeros(0, 4, 64, dtype=torch.float16, device="cuda", requires_grad=True)
+    v = torch.zeros(0, 4, 64, dtype=torch.float16, device="cuda", requires_grad=True)
+    out, lse = ft.flex_attention_varlen(q, k, v, _offsets([2, 3]), _offsets([0, 0]), 3, 0, score_mod=alibi,
+                                        return_lse=True)
+    (out.float().sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()).backward()
+    for name, t in (("dq", q), ("dk", k), ("dv", v), ("dslopes", slopes)):
+        assert t.grad is not None and t.grad.shape == t.shape and bool((t.grad == 0).all()), name
+    q0 = torch.zeros(0, 4, 64, dtype=torch.float16, device="cuda", requires_grad=True)
+    k, v = _leaf((5, 4, 64), torch.float16, g), _leaf((5, 4, 64), torch.float16, g)
+    out = ft.flex_attention_varlen(q0, k, v, _offsets([0, 0]), _offsets([2, 3]), 0, 3)
+    out.float().sum().backward()
+    for name, t in (("dq", q0), ("dk", k), ("dv", v)):
+        assert t.grad is not None and t.grad.shape == t.shape and bool((t.grad == 0).all()), name
+
+
+@needs_gpu
+def test_training_step_inside_torch_compile():
+    """A packed training step (projection to q, k, v, causal attention with a learned ALiBi slope
+    per head, a loss of out and LSE) inside torch.compile(fullgraph=True): the gradients of the
+    weights and slopes are eager's (aot_eager: the custom ops' fake and autograd; inductor too),
+    and new lengths in tables of the same size recompile nothing."""
+    import torch._dynamo.testing
+
+    Hq, Hkv, E, dim, dtype = 4, 2, 64, 128, torch.bfloat16
+    rng, g = random.Random(9), torch.Generator(device="cuda").manual_seed(9)
+    lens, _ = _lens(rng, 5, 200, "same")
+    max_len, total = max(lens), sum(lens)
+    x = _randn((total, dim), dtype, g)
+    proj = torch.nn.Linear(dim, (Hq + 2 * Hkv) * E, bias=False, device="cuda", dtype=dtype)
+    slopes = torch.nn.Parameter(0.02 + 0.1 * torch.rand(Hq, device="cuda", generator=g))
+    alibi = _alibi()(slopes)
+    mask = ft.create_block_mask(causal, None, None, max_len, max_len)
+    w = torch.randn(total, Hq, E, device="cuda", generator=g)
+
+    def step(x, cu):
+        qkv = proj(x).view(total, Hq + 2 * Hkv, E)  # q, k, v: strided views of one projection
+        q, k, v = qkv[:, :Hq], qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]
+        out, lse = ft.flex_attention_varlen(q, k, v, cu, cu, max_len, max_len, score_mod=alibi, block_mask=mask,
+                                            enable_gqa=True, return_lse=True)
+        return (out.float() * w).sum() + lse.sum() * 1e-2
+
+    def grads_of(f, cu):
+        proj.weight.grad, slopes.grad = None, None
+        loss = f(x, cu)
+        loss.backward()
+        return loss.detach(), proj.weight.grad.clone(), slopes.grad.clone()
+
+    cu, cu2 = _offsets(lens), _offsets(lens[1:] + lens[:1])  # cu2: the same total and longest, other sequences
+    eager, eager2 = grads_of(step, cu), grads_of(step, cu2)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    for what, f, c, ref in (("aot_eager", compiled, cu, eager), ("new lengths", compiled, cu2, eager2),
+                            ("inductor", torch.compile(step, fullgraph=True), cu, eager)):
+        for name, a, b in zip(("loss", "dweight", "dslopes"), grads_of(f, c), ref):
+            _close(a, b, f"{what} {name}", 1e-2)
+        if what == "new lengths":
+            assert counter.frame_count == 1, "new lengths recompiled the graph"

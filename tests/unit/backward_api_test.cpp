@@ -126,10 +126,10 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   fa::WarmOptions w;
   w.backward = w.decode = w.ragged = true;
   const fa::WarmReport r = k.warm(w);
-  EXPECT_EQ(r.kernels, 6);  // forward, builder, backward, decode, ragged prefill and decode
+  EXPECT_EQ(r.kernels, 7);  // forward, builder, backward, decode, ragged prefill, decode and backward
   EXPECT_EQ(r.compiled + r.from_disk + r.from_memory, r.kernels);
   const fa::WarmReport again = k.warm(w);
-  EXPECT_EQ(again.kernels, 6);
+  EXPECT_EQ(again.kernels, 7);
   EXPECT_EQ(again.compiled, r.compiled);
   EXPECT_EQ(k.backward_spec().kind, fa::KernelKind::kBackward);
   EXPECT_EQ(k.decode_spec().kind, fa::KernelKind::kDecode);

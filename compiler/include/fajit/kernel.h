@@ -124,7 +124,8 @@ struct WarmOptions {
   bool backward = false;       // the backward kernels (dQ by atomics)
   bool deterministic = false;  // the backward kernels of deterministic mode
   bool decode = false;         // the split-KV decoding kernel (dense layout)
-  bool ragged = false;         // the packed (cu_seqlens) prefill and decoding kernels
+  bool ragged = false;         // the packed (cu_seqlens) prefill and decoding kernels, and with
+                               // backward / deterministic the packed backward too
   bool paged = false;          // the paged-KV prefill and decoding kernels
 };
 
