@@ -12,6 +12,10 @@
 //   fajit_bwd_dkdv  one CTA per (KV tile, batch x KV head[, part]): dK, dV; dQ partials into
 //                   dq_accum
 //   fajit_bwd_dq    dQ = scale * dq_accum, in the element type
+// The host launches dK/dV and dQ as programmatic dependents (rt::launch_dependent): each grid
+// lets the next start at once (allow_dependent_launch), and a thread waits for the grid before
+// (wait_for_prior_grids) where it first needs what that grid writes: the dK/dV kernel's K/V
+// loads and set-up overlap the preprocess, and each kernel's launch the previous one's end.
 //
 // ---- What FaMods adds for the backward ----------------------------------------------------
 //   static constexpr bool kScoreGrad;   false: dS = dT (no score_mod, or one whose derivative
@@ -422,7 +426,8 @@ __device__ __forceinline__ void rebase_sequence(FaBwdParams& p, int b) {
 // Runs kernel(params) for a CTA of sequence b whose first row is row0 (a query row; with kKeys a
 // key row): on p itself in the dense layout; ragged on p rebased on sequence b, and not at all
 // where row0 lies past that sequence's end (the grid covers the longest). A dK/dV CTA of a
-// sequence without queries runs, and stores zeros.
+// sequence without queries runs, and stores zeros. A CTA with nothing to do still waits for the
+// grid before it (the chain below): no grid of the chain may end before the one it follows.
 template <typename Cfg, bool kKeys, typename Kernel>
 __device__ __forceinline__ void on_bwd_sequence(const FaBwdParams& p, int b, int row0, Kernel&& kernel) {
   if constexpr (Cfg::kLayout == kDenseLayout) {
@@ -431,7 +436,10 @@ __device__ __forceinline__ void on_bwd_sequence(const FaBwdParams& p, int b, int
     static_assert(Cfg::kLayout == kRaggedLayout, "the backward takes dense or ragged operands");
     FaBwdParams seq = p;
     rebase_sequence<Cfg>(seq, b);
-    if (row0 >= (kKeys ? seq.len_kv : seq.len_q)) return;
+    if (row0 >= (kKeys ? seq.len_kv : seq.len_q)) {
+      wait_for_prior_grids();
+      return;
+    }
     kernel(seq);
   }
 }
@@ -806,20 +814,25 @@ __device__ __forceinline__ void backward_dq_det(const FaBwdParams& p, const FaCa
 // Defines the extern "C" kernels name##_pre, name##_dkdv, name##_dq (single identifiers).
 #define FAJIT_DEFINE_BACKWARD(name, Config, Mods)                                                     \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_pre(const FaBwdParams p) { \
+    fa::allow_dependent_launch();                                                                     \
     fa::backward_pre<Config>(p);                                                                      \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                   \
       name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {             \
+    fa::allow_dependent_launch();                                                                     \
+    fa::wait_for_prior_grids(); /* Δ and the zeroed dq_accum */                                       \
     const fa::KeyBlockCta cta(Config::kBlockN, p.heads_kv);                                           \
     fa::on_bwd_sequence<Config, true>(p, cta.b, cta.kv0, [&](const FaBwdParams& s) {                  \
       fa::backward_dkdv_kernel<Config, Mods>(s, cap, grads);                                          \
     });                                                                                               \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {  \
+    fa::wait_for_prior_grids();                                                                       \
     fa::backward_dq<Config>(p);                                                                       \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                   \
       name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                      \
+    fa::wait_for_prior_grids();                                                                       \
     if constexpr (Config::kDeterministic) fa::backward_dq_det<Config, Mods>(p, cap);                  \
   }
 

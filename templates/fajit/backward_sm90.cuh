@@ -10,7 +10,9 @@
 //   using FaBwdCfg = fa::Sm90BwdConfig<fa::bf16_t, 128, 128, 64, 3, false>;  // fa::default_tile()
 //   FAJIT_DEFINE_BACKWARD_SM90(fajit_bwd, FaBwdCfg, FaMods)
 // defines fajit_bwd_pre, fajit_bwd_dkdv, fajit_bwd_dq and fajit_bwd_dq_det as
-// FAJIT_DEFINE_BACKWARD does; only the dK/dV kernel differs. NVRTC: --gpu-architecture=sm_90a.
+// FAJIT_DEFINE_BACKWARD does (a chain of programmatic dependent launches); only the dK/dV
+// kernel differs: its producer loads K and V before it waits for the preprocess, and only the
+// threads that read Δ (the producer) or reduce into dq_accum wait. NVRTC: --gpu-architecture=sm_90a.
 //
 // ---- Config (fa::Sm90BwdConfig<Element, DQK, DV, BLOCK_M, STAGES, DETERMINISTIC>) ---------
 //   DQK, DV   head dims of Q, K and of V, O, dO: multiples of 8 from 32 to 128. Shared rows are
@@ -289,6 +291,7 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const 
   load_tile_sw128<Cfg::kBlockN, typename Cfg::RowV, Cfg::kLoadThreads>(
       sm.v, bwd::row_base<E>(p.v, p.v_stride_b, p.v_stride_h, b, hkv), p.v_stride_n, kv0, len_kv, tid);
   mbar_arrive_cp_async(sm.bar_kv());
+  wait_for_prior_grids();  // the preprocess's Δ (K and V above are loaded while it ends)
   // (with the dQ writers' branch beside it ptxas spills 100-160 instructions in the producer's
   // 24 registers)
   StageRing<Cfg::kStages> ring;
@@ -374,6 +377,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // dQ's columns in this part: those past DQK (the second block above 64, or 72's zero
         // chunk) are computed but not reduced
         const int cols = Cfg::kHeadDimQK - col0 < Cfg::kDqN ? Cfg::kHeadDimQK - col0 : Cfg::kDqN;
+        wait_for_prior_grids();  // dq_accum zeroed by the preprocess
         for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
           const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
           for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
@@ -679,6 +683,7 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
 
   // ================= consumers: keys kv0 + 32·cw .. + 31 =========================================
   setmaxnreg_inc<Cfg::kConsumerRegs>();
+  wait_for_prior_grids();  // they reduce into dq_accum, zeroed by the preprocess
   const int cw = warpgroup - 1;
   const int wtid = tid - kWG * warpgroup;
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -900,18 +905,22 @@ __device__ __forceinline__ void backward_dkdv(const FaBwdParams& p, const FaCapt
 // identifiers). __launch_bounds__(384, 1) caps registers at entry so setmaxnreg can redistribute.
 #define FAJIT_DEFINE_BACKWARD_SM90(name, Config, Mods)                                                \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_pre(const FaBwdParams p) { \
+    fa::allow_dependent_launch();                                                                     \
     fa::backward_pre<fa::WithLayout<typename Config::Aux, Config::kLayout>>(p);                       \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                   \
       name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads,               \
                   const __grid_constant__ FaTmaMap dq_map, const __grid_constant__ FaTmaPair qdo) {   \
+    fa::allow_dependent_launch(); /* waits: the producer before Δ, whoever writes dq_accum */         \
     fa::sm90::backward_dkdv<Config, Mods>(p, cap, grads, dq_map, qdo);                                \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {  \
+    fa::wait_for_prior_grids();                                                                       \
     fa::backward_dq<fa::WithLayout<typename Config::Aux, Config::kLayout>>(p);                        \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                   \
       name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                      \
+    fa::wait_for_prior_grids();                                                                       \
     if constexpr (Config::kDeterministic)                                                             \
       fa::backward_dq_det<fa::WithLayout<typename Config::Aux, Config::kLayout>, Mods>(p, cap);       \
   }

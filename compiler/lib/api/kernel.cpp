@@ -757,22 +757,24 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
       dq_map = rt::make_tma_accum(dq_accum, shape.batch, shape.heads_q, shape.len_q, shape.dim_qk, 64);
     qdo = rt::make_tma_pair(q, dout, s.tile.block_m);
   }
+  // The three kernels run as a chain of programmatic dependent launches (backward.cuh): dK/dV
+  // loads K and V while the preprocess ends, and waits for it only where it reads Δ or dq_accum.
   void* main_args[] = {&p, cap.data(), &grads, &dq_map, &qdo};
-  rt::launch(
+  rt::launch_dependent(
       dkdv,
       rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),
                static_cast<unsigned>(shape.batch * shape.heads_kv), static_cast<unsigned>(bwd_dkdv_parts(s))),
       rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st, main_args);
   if (det) {
     void* det_args[] = {&p, cap.data()};
-    rt::launch(dq_fn,
-               rt::Dim3(static_cast<unsigned>((shape.len_q + s.tile.block_m - 1) / s.tile.block_m), bh_q),
-               rt::Dim3(static_cast<unsigned>(bwd_det_threads(s))),
-               static_cast<unsigned>(bwd_det_smem_bytes(s)), st, det_args);
+    rt::launch_dependent(
+        dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + s.tile.block_m - 1) / s.tile.block_m), bh_q),
+        rt::Dim3(static_cast<unsigned>(bwd_det_threads(s))), static_cast<unsigned>(bwd_det_smem_bytes(s)), st,
+        det_args);
   } else {
     void* dq_args[] = {&p};
-    rt::launch(dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
-               rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
+    rt::launch_dependent(dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + dq_rows - 1) / dq_rows), bh_q),
+                         rt::Dim3(kBwdAuxThreads), 0, st, dq_args);
   }
 }
 
