@@ -820,7 +820,7 @@ __device__ __forceinline__ void backward_dq_det(const FaBwdParams& p, const FaCa
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                   \
       name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads) {             \
     fa::allow_dependent_launch();                                                                     \
-    fa::wait_for_prior_grids(); /* Δ and the zeroed dq_accum */                                       \
+    fa::wait_for_prior_grids(); /* Δ and the zeroed dq_accum */                                      \
     const fa::KeyBlockCta cta(Config::kBlockN, p.heads_kv);                                           \
     fa::on_bwd_sequence<Config, true>(p, cta.b, cta.kv0, [&](const FaBwdParams& s) {                  \
       fa::backward_dkdv_kernel<Config, Mods>(s, cap, grads);                                          \

@@ -279,6 +279,26 @@ __device__ __forceinline__ void init_bwd_barriers(const BwdSmem<Cfg>& sm, bool t
 // one thread (cp.async from both warps where the driver refuses a map, or FAJIT_TMA=0) and LSE,
 // Δ by plain stores into a stage (full[s]), once the consumers have released it (empty[s]).
 // The consumers walk the same tiles in the same order (TileCursor over len_q).
+// Where a CTA's query-row boxes (Q, dO by TMA; dQ parts into dq_accum) start in their tensor
+// maps: dense queries at (row q0, batch b); packed ones (ragged layout, cu_seqlens_q) in one
+// [1, Hq, total_q, D] map at row cu_seqlens_q[b] + q0. A box must not pass a packed sequence's
+// end (it would read or add into the next sequence's rows; past total_q, or a dense tensor's
+// L, the map clips it): fits() says whether rows q0 .. q0 + rows - 1 may go as one box.
+template <typename Cfg>
+struct QueryBoxes {
+  int row0, b;
+  bool packed;
+  __device__ __forceinline__ QueryBoxes(const FaBwdParams& p, int b_) {
+    packed = Cfg::kLayout != kDenseLayout && p.cu_seqlens_q != nullptr;
+    row0 = packed ? p.cu_seqlens_q[b_] : 0;
+    b = packed ? 0 : b_;
+  }
+  __device__ __forceinline__ int row(int q0) const { return row0 + q0; }
+  __device__ __forceinline__ bool fits(int q0, int rows, int len_q) const {
+    return !packed || q0 + rows <= len_q;
+  }
+};
+
 template <typename Cfg>
 __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const FaBwdParams& p,
                                                   const FaTmaPair& qdo, int b, int hkv, int kv0, int tid) {
@@ -294,6 +314,7 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const 
   wait_for_prior_grids();  // the preprocess's Δ (K and V above are loaded while it ends)
   // (with the dQ writers' branch beside it ptxas spills 100-160 instructions in the producer's
   // 24 registers)
+  const QueryBoxes<Cfg> boxes(p, b);
   StageRing<Cfg::kStages> ring;
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
     const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
@@ -302,11 +323,11 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const 
     for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
       const int q0 = cur.start;
       mbar_wait(sm.bar_empty(ring.stage), ring.phase ^ 1u);
-      if (qdo.enabled) {  // Q and dO by TMA, boxes of 64 columns x BLOCK_M rows, one thread
-        if (tid == 0) {   // each arms the stage's barrier with its bytes (an arrival each)
-          tma_load_tile<kBM, typename Cfg::RowQK>(sm.q(ring.stage), &qdo.a, q0, hq, b,
+      if (qdo.enabled && boxes.fits(q0, kBM, len_q)) {  // Q and dO by TMA, boxes of 64 columns x
+        if (tid == 0) {  // BLOCK_M rows, one thread; each arms the stage's barrier with its bytes
+          tma_load_tile<kBM, typename Cfg::RowQK>(sm.q(ring.stage), &qdo.a, boxes.row(q0), hq, boxes.b,
                                                   sm.bar_full(ring.stage));
-          tma_load_tile<kBM, typename Cfg::RowV>(sm.dout(ring.stage), &qdo.b, q0, hq, b,
+          tma_load_tile<kBM, typename Cfg::RowV>(sm.dout(ring.stage), &qdo.b, boxes.row(q0), hq, boxes.b,
                                                  sm.bar_full(ring.stage));
         }
       } else {
@@ -314,7 +335,14 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const 
                                                                      len_q, tid);
         load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sm.dout(ring.stage), dog, p.do_stride_m,
                                                                     q0, len_q, tid);
-        mbar_arrive_cp_async(sm.bar_full(ring.stage));
+        if (Cfg::kLayout != kDenseLayout && qdo.enabled) {
+          // a packed sequence's last tile where the barrier expects TMA's two arrivals: the
+          // copies hold the phase open, thread 0 makes the two arrivals
+          mbar_track_cp_async(sm.bar_full(ring.stage));
+          if (tid == 0) mbar_arrive(sm.bar_full(ring.stage)), mbar_arrive(sm.bar_full(ring.stage));
+        } else {
+          mbar_arrive_cp_async(sm.bar_full(ring.stage));
+        }
       }
       bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sm.lse(ring.stage), sm.delta(ring.stage), p, b, hq, q0,
                                                    tid);
@@ -377,6 +405,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // dQ's columns in this part: those past DQK (the second block above 64, or 72's zero
         // chunk) are computed but not reduced
         const int cols = Cfg::kHeadDimQK - col0 < Cfg::kDqN ? Cfg::kHeadDimQK - col0 : Cfg::kDqN;
+        const QueryBoxes<Cfg> boxes(p, b);
         wait_for_prior_grids();  // dq_accum zeroed by the preprocess
         for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
           const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
@@ -386,16 +415,16 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
             __syncwarp();
             named_barrier_arrive(kBarDqFree + part, kWG + 32);
             named_barrier(kBarDqFull + part, kWG + 32);
-            if (dq_map.enabled) {
+            if (dq_map.enabled && boxes.fits(q0, 64, len_q)) {
               if (lane == 0) {
 #pragma unroll
                 for (int blk = 0; blk < (Cfg::kDqN + 31) / 32; ++blk)
                   if (32 * blk < cols)  // (a box's columns past D are clipped by the map)
                     tma_reduce_add_4d(&dq_map.map, sDqPart(part) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
-                                      q0, hq, b);
+                                      boxes.row(q0), hq, boxes.b);
                 bulk_commit();
               }
-            } else {
+            } else {  // (a packed sequence's last part comes staged as rows: stage_dq)
               float* dqa = p.dq_accum + (bwd::stat_row(p, b, hq) + q0) * Cfg::kHeadDimQK + col0;
 #pragma unroll
               for (int r = lane; r < 64; r += 32)
@@ -489,8 +518,12 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
           desc_advance(dkk_bt, (col0 / 64) * kTileBlock + key0 + mnmajor_kstep_offset(kk)), kk > 0);
     wgmma_commit();
   };
-  // The part to the staging, once the writer warp has read the previous one.
-  auto stage_dq = [&](const float(&dq)[Cfg::kDqN / 8][4]) {
+  // The part to the staging, once the writer warp has read the previous one: as the tensor
+  // map's boxes, or as rows for the writer's row-by-row reductions (no map; a packed
+  // sequence's part that passes its end: QueryBoxes).
+  const QueryBoxes<Cfg> boxes(p, b);
+  auto stage_dq = [&](const float(&dq)[Cfg::kDqN / 8][4], int part_q0) {
+    const bool fits = boxes.fits(part_q0 + dq_row0(cw), 64, len_q);
     named_barrier(kBarDqFree + cw, kWG + 32);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
@@ -499,9 +532,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // row r (r % 8 == g), columns 8j + 2t, 8j + 2t + 1: in swizzled box j / 4, 16-byte
         // chunk (2 (j % 4) + t / 2) ^ g of row r; or at 4 (8j + 2t) of a padded row
         const int r = warp * 16 + g + 8 * hh;
-        const u32 off = dq_map.enabled ? (j / 4) * Cfg::kDqBoxBytes + r * kSw128RowBytes +
-                                             ((((j % 4) * 2 + (t >> 1)) ^ g) << 4) + (t & 1) * 8
-                                       : r * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4;
+        const u32 off = dq_map.enabled && fits ? (j / 4) * Cfg::kDqBoxBytes + r * kSw128RowBytes +
+                                                     ((((j % 4) * 2 + (t >> 1)) ^ g) << 4) + (t & 1) * 8
+                                               : r * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4;
         st_shared_v2_f32(sDqPart(cw) + off, dq[j][2 * hh], dq[j][2 * hh + 1]);
       }
     fence_proxy_async();
@@ -523,6 +556,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if (cw == 1) named_barrier(kBarStagger, 2 * kWG);
   StageRing<kStages> ring;
   int n_done = 0;  // query tiles done: picks the dSᵀ buffer and the tile-end barrier
+  int dq_q0 = 0;   // the first query row of the tile whose dQ part is staged next
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
     const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
     for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); ++n_done) {
@@ -532,7 +566,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       const int buf = n_done & 1;
 
       mbar_wait(sm.bar_full(stage), ring.phase);
-      if (!qdo.enabled) fence_proxy_async();  // cp.async Q/dO; TMA's need only the mbarrier
+      // cp.async Q/dO (always possible in the ragged layout: a sequence's last tile); TMA's need
+      // only the mbarrier
+      if (Cfg::kLayout != kDenseLayout || !qdo.enabled) fence_proxy_async();
       float s[kQT][4], dp[kQT][4];
       wgmma_fence();
       issue_s_dp(s, dp, stage);
@@ -595,7 +631,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       mbar_arrive(sm.bar_empty(stage));
       wgmma_wait<0>();
       pin(dq);
-      if (mine) stage_dq(dq);
+      if (mine) stage_dq(dq, dq_q0);
+      dq_q0 = q0;
       if constexpr (!Cfg::kDeterministic && kDqReadsBoth)
         named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
       ring.advance();
@@ -610,7 +647,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       issue_dq(dq, (n_done - 1) & 1);
       wgmma_wait<0>();
       pin(dq);
-      stage_dq(dq);
+      stage_dq(dq, dq_q0);
     }
   }
 
@@ -791,7 +828,9 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
       const int buf = n_done & 1;
 
       mbar_wait(sm.bar_full(stage), ring.phase);
-      if (!qdo.enabled) fence_proxy_async();  // cp.async Q/dO; TMA's need only the mbarrier
+      // cp.async Q/dO (always possible in the ragged layout: a sequence's last tile); TMA's need
+      // only the mbarrier
+      if (Cfg::kLayout != kDenseLayout || !qdo.enabled) fence_proxy_async();
       float s[kNT][4], dp[kNT][4];
       wgmma_fence();
       issue_s_dp(s, dp, stage);
@@ -911,7 +950,7 @@ __device__ __forceinline__ void backward_dkdv(const FaBwdParams& p, const FaCapt
   extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                                   \
       name##_dkdv(const FaBwdParams p, const FaCaptures cap, const FaGradBuffers grads,               \
                   const __grid_constant__ FaTmaMap dq_map, const __grid_constant__ FaTmaPair qdo) {   \
-    fa::allow_dependent_launch(); /* waits: the producer before Δ, whoever writes dq_accum */         \
+    fa::allow_dependent_launch(); /* waits: the producer before Δ, whoever writes dq_accum */        \
     fa::sm90::backward_dkdv<Config, Mods>(p, cap, grads, dq_map, qdo);                                \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(Config::kPreThreads) name##_dq(const FaBwdParams p) {  \

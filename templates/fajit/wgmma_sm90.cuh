@@ -445,6 +445,12 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
+// Holds the barrier's current phase open until every cp.async this thread issued so far has
+// landed, without counting as one of its arrivals (the pending count goes up now and back down
+// then): cp.async copies standing in for a TMA load whose arrivals are made plainly.
+__device__ __forceinline__ void mbar_track_cp_async(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 // Blocks until the phase with parity `parity` has completed (a fresh barrier is in phase 0,
 // so waiting for parity 1 returns at once).
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {

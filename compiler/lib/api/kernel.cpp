@@ -749,13 +749,22 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
              rt::Dim3(kBwdAuxThreads), 0, st, pre_args);
   // The Hopper dK/dV kernel's dQ writers reduce into dq_accum through a tensor map and its
   // producer loads Q and dO through two (__grid_constant__ parameters four and five; the
-  // mma.sync kernel takes three). None in the ragged layout: a box would cross a sequence's end.
+  // mma.sync kernel takes three). Packed queries: maps of the packed tensors as [1, Hq, total_q,
+  // D] (dq_accum is [Hq, total_q, D]); the kernel sends a sequence's whole tiles through them and
+  // its last partial tile by cp.async / row by row, as a box would cross into the next sequence.
   FaTmaMap dq_map{};
   FaTmaPair qdo{};
-  if (s.family == KernelFamily::kWgmma && dense) {
+  if (s.family == KernelFamily::kWgmma) {
+    auto rows_of = [](const TensorView& t) {  // packed [total, H, D] as [1, H, total, D]
+      return TensorView(t.data, t.dtype, {1, t.shape[1], t.shape[0], t.shape[2]},
+                        {0, t.stride[1], t.stride[0], t.stride[2]});
+    };
     if (dq_accum)
-      dq_map = rt::make_tma_accum(dq_accum, shape.batch, shape.heads_q, shape.len_q, shape.dim_qk, 64);
-    qdo = rt::make_tma_pair(q, dout, s.tile.block_m);
+      dq_map = packed_q
+                   ? rt::make_tma_accum(dq_accum, 1, shape.heads_q, q_in.shape[0], shape.dim_qk, 64)
+                   : rt::make_tma_accum(dq_accum, shape.batch, shape.heads_q, shape.len_q, shape.dim_qk, 64);
+    qdo = packed_q ? rt::make_tma_pair(rows_of(q_in), rows_of(dout_in), s.tile.block_m)
+                   : rt::make_tma_pair(q, dout, s.tile.block_m);
   }
   // The three kernels run as a chain of programmatic dependent launches (backward.cuh): dK/dV
   // loads K and V while the preprocess ends, and waits for it only where it reads Δ or dq_accum.
