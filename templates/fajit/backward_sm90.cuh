@@ -922,8 +922,8 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
                                                                len_kv, wtid);
 }
 
-// The dK/dV kernel a config names, on the CTA's sequence (ragged: the host passes no tensor
-// maps, the boxes would cross into the next sequence's rows).
+// The dK/dV kernel a config names, on the CTA's sequence (packed queries: the host's maps are of
+// the packed tensors, and QueryBoxes keeps every box inside the CTA's sequence).
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv(const FaBwdParams& p, const FaCaptures& cap,
                                               const FaGradBuffers& grads, const FaTmaMap& dq_map,
