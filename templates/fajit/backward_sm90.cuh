@@ -265,7 +265,8 @@ template <typename Cfg>
 __device__ __forceinline__ void init_bwd_barriers(const BwdSmem<Cfg>& sm, bool tma) {
   mbar_init(sm.bar_kv(), Cfg::kLoadThreads);
   for (int s = 0; s < Cfg::kStages; ++s) {
-    // cp.async (or two expect_tx arrivals with TMA) + plain arrivals of the loader threads
+    // cp.async (or two expect_tx arrivals with TMA: a cp.async tile among TMA ones makes them
+    // plainly, its copies tracked without counting) + plain arrivals of the loader threads
     mbar_init(sm.bar_full(s), (tma ? 2 : Cfg::kLoadThreads) + Cfg::kLoadThreads);
     // every consumer thread arrives: the producer overwrites the stage's LSE/Δ rows with plain
     // stores, so each reader's own arrival orders its reads before them (a warp leader's
@@ -274,11 +275,6 @@ __device__ __forceinline__ void init_bwd_barriers(const BwdSmem<Cfg>& sm, bool t
   }
 }
 
-// Producer warps 0, 1 (tid < kLoadThreads): cp.async K and V once (bar_kv), then for each query
-// head of the GQA group and each query tile the transposed tables list, Q and dO by TMA from
-// one thread (cp.async from both warps where the driver refuses a map, or FAJIT_TMA=0) and LSE,
-// Δ by plain stores into a stage (full[s]), once the consumers have released it (empty[s]).
-// The consumers walk the same tiles in the same order (TileCursor over len_q).
 // Where a CTA's query-row boxes (Q, dO by TMA; dQ parts into dq_accum) start in their tensor
 // maps: dense queries at (row q0, batch b); packed ones (ragged layout, cu_seqlens_q) in one
 // [1, Hq, total_q, D] map at row cu_seqlens_q[b] + q0. A box must not pass a packed sequence's
@@ -299,6 +295,12 @@ struct QueryBoxes {
   }
 };
 
+// Producer warps 0, 1 (tid < kLoadThreads): cp.async K and V once (bar_kv), then for each query
+// head of the GQA group and each query tile the transposed tables list, Q and dO by TMA from
+// one thread (cp.async from both warps where the driver refuses a map, or FAJIT_TMA=0, and for
+// a packed sequence's last partial tile: QueryBoxes) and LSE, Δ by plain stores into a stage
+// (full[s]), once the consumers have released it (empty[s]).
+// The consumers walk the same tiles in the same order (TileCursor over len_q).
 template <typename Cfg>
 __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const FaBwdParams& p,
                                                   const FaTmaPair& qdo, int b, int hkv, int kv0, int tid) {
