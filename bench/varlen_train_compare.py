@@ -21,6 +21,10 @@ import argparse
 import datetime
 import os
 import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flex_compare as fc  # noqa: E402  (rel_err, as backward_compare.py)
 
 
 def lens_of(total, lo, hi, seed):
@@ -31,11 +35,6 @@ def lens_of(total, lo, hi, seed):
         lens.append(rng.randint(lo, hi))
     lens.append(total - sum(lens))
     return lens
-
-
-def rel(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def kernel_table(fn, label, steps=5):
@@ -117,7 +116,7 @@ def run_case(name, Hq, Hkv, D, total, lo, hi, warmup, rep, profile=False):
     rows = []
     for label, fn in fns:
         got = grads(fn)
-        errs = [rel(a, b) for a, b in zip(got, ref)]
+        errs = [fc.rel_err(a, b) for a, b in zip(got, ref)]
         ok = all(e < 3e-2 for e in errs)
         with torch.inference_mode():
             t_fwd = do_bench(lambda: fn(q, k, v), warmup=warmup, rep=rep)
