@@ -197,8 +197,12 @@ __device__ __forceinline__ RowStats row_stats(const FaBwdParams& p, int b, int h
 // |LSE| ~ 2^17 the rounding of LSE·log2e alone moved P by more than the gradients' tolerance,
 // and scores of 3e7 moved it by a factor of 4). 0 for a query with no key or past len_q
 // (LSE = +inf) whatever its score is: a padded row's score may be NaN (0/0 of a zero Q row)
-// and must reach neither dK/dV nor a buffer gradient.
+// and must reach neither dK/dV nor a buffer gradient. Without a score_mod (kChecked false) x is
+// q·k or -inf (masked), finite for finite inputs (a zero Q row scores 0), and exp2(x·sn - inf)
+// is 0 by itself: the test would cost two instructions an element for nothing.
+template <bool kChecked = true>
 __device__ __forceinline__ float prob(float x, float sn, float lse) {
+  if constexpr (!kChecked) return ex2(fmaf(x, sn, -lse) * kLog2e);
   return lse == INFINITY ? 0.f : ex2(fmaf(x, sn, -lse) * kLog2e);
 }
 // Rows q0..q0+kRows-1 of them into shared memory (fp32: LSE at s_lse, Δ at s_delta) by
@@ -229,9 +233,9 @@ struct KeyRows {
 };
 
 // Sᵀ (q·k, unscaled) -> Pᵀ = exp(mod(s)·sn - LSE) in place (prob); sc keeps the scores
-// score_mod saw when the backward needs them (score_grad). lse(col) is column col's LSE,
-// +inf for a query with no key or past len_q (P = 0 there). mask_mod runs on every tile,
-// straight-line (a full block's is_full keeps every score): a choice per element was
+// score_mod saw when the backward needs them (score_grad). lse(j, col): the LSE of columns
+// col, col + 1 (n-tile j), +inf for a query with no key or past len_q (P = 0 there). mask_mod
+// runs on every tile, straight-line (a full block's is_full keeps every score): a choice per element was
 // if-converted into predicated code that issued the mask on every tile anyway, with the
 // captures loaded per element (896 instructions a tile at d64 for a document mask), and a
 // branch per tile spilled (bench/RESULTS.md, sixteenth session). Key rows past len_kv (only
@@ -244,7 +248,7 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
 #pragma unroll
   for (int j = 0; j < kQT; ++j) {
     const int col0 = 8 * j + 2 * t;
-    const f32x2 l2 = lse(col0);
+    const f32x2 l2 = lse(j, col0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int col = col0 + (i & 1);
@@ -252,7 +256,7 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
       const int hh = i >> 1;
       if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * scale;
       const float x = mod_score<Mods, true>(s[j][i], q, kr.kv_c[hh], is_full, scale, b, hq, cap);
-      s[j][i] = prob(x, sn, (i & 1) ? l2.y : l2.x);
+      s[j][i] = prob<Mods::kHasScoreMod>(x, sn, (i & 1) ? l2.y : l2.x);
     }
   }
   if (key_tail) {
@@ -266,8 +270,8 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
 
 // dPᵀ -> dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)) in place, zero where P is: masked, out-of-range and
 // underflowed elements reach neither dS nor a buffer gradient (score_grad's reductions),
-// whatever the derivative is there — a branch, never a product. delta(col): Δ of columns col,
-// col + 1.
+// whatever the derivative is there — a branch, never a product. delta(j, col): Δ of columns col,
+// col + 1 (n-tile j). Without score_grad dS is dT (dP and Δ are finite: 0 where P is).
 template <typename Mods, int kQT, int kSC, typename Delta>
 __device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)[kQT][4],
                                           const float (&sc)[kSC][4], const KeyRows& kr, int q0, int t,
@@ -276,10 +280,15 @@ __device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)
 #pragma unroll
   for (int j = 0; j < kQT; ++j) {
     const int col0 = 8 * j + 2 * t;
-    const f32x2 dl = delta(col0);
+    const f32x2 dl = delta(j, col0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float dt = pt[j][i] * (dp[j][i] - ((i & 1) ? dl.y : dl.x));
+      // without score_grad dS is dT, 0 where P is (dP and Δ are finite: a product suffices)
+      if constexpr (!Mods::kScoreGrad) {
+        dp[j][i] = dt;
+        continue;
+      }
       float ds = 0.f;
       if (pt[j][i] != 0.f) {
         ds = dt;
@@ -314,7 +323,7 @@ __device__ __forceinline__ void probs_rows(float (&s)[kNT][4], float (&sc)[kSC][
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[j][i] = prob(s[j][i], sn, lse[i >> 1]);
+    for (int i = 0; i < 4; ++i) s[j][i] = prob<Mods::kHasScoreMod>(s[j][i], sn, lse[i >> 1]);
 }
 
 // dP -> dS = grad(P∘(dP - Δ)) in place, zero where P is (as dscores_t); buffer gradients into
@@ -329,6 +338,10 @@ __device__ __forceinline__ void dscores_rows(float (&dp)[kNT][4], const float (&
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float dt = pr[j][i] * (dp[j][i] - delta[i >> 1]);
+      if constexpr (!Mods::kScoreGrad) {  // (as dscores_t)
+        dp[j][i] = dt;
+        continue;
+      }
       float ds = 0.f;
       if (pr[j][i] != 0.f) {
         ds = dt;
@@ -613,7 +626,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
       // ---- mods, then Pᵀ (scores as score_mod saw them kept for score_grad)
       float sc[Mods::kScoreGrad ? kQT : 1][4];
       bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, key_tail, is_full, p.scale, sn, b, hq, cap,
-                         [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
+                         [&](int, int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
 
       // ---- dV += Pᵀ·dO (P packed to 16 bits as A fragments)
       if constexpr (kDoDv) {
@@ -632,7 +645,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
 
         // ---- dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)), zero where P is
         bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads,
-                             [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
+                             [&](int, int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
 
         // ---- dK += dSᵀ·Q (dS packed to 16 bits as A fragments)
         u32 da[Cfg::kMK][4];

@@ -579,17 +579,40 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       // ---- Pᵀ from Sᵀ while dPᵀ is still on the tensor cores. At BLOCK_M 64, dV += Pᵀ·dO is
       // queued behind dPᵀ and dSᵀ formed while it runs; at BLOCK_M 128 the registers do not hold
       // Pᵀ, dPᵀ and the in-flight P operand together (ptxas serializes), so dV waits for dSᵀ.
+      // (at BLOCK_M 64 the tile's LSE, then its Δ, are loaded into registers before the waits
+      // for Sᵀ and dPᵀ, so their latency passes under the GEMMs; at 128, or beside score_grad's
+      // scores, the registers do not hold them (ptxas spills): loaded where used. Δ with the
+      // LSE before the first wait, together with a shfl-fed block cursor, was 0.91-1.02x on the
+      // H100 (2026-11-27; not separated))
+      constexpr bool kDvEarly = kBM == 64;
+      constexpr bool kEarlyStats = kDvEarly && !Mods::kScoreGrad;
+      f32x2 stats[kEarlyStats ? kQT : 1];
+      auto load_stats = [&](u32 rows) {
+        if constexpr (kEarlyStats) {
+#pragma unroll
+          for (int j = 0; j < kQT; ++j) stats[j] = ld_shared_v2_f32(rows + (8 * j + 2 * t) * 4);
+        }
+      };
+      auto stat = [&](u32 rows) {
+        return [&, rows](int j, int col) {
+          if constexpr (kEarlyStats)
+            return stats[j];
+          else
+            return ld_shared_v2_f32(rows + col * 4);
+        };
+      };
+      load_stats(sLse(stage));
       wgmma_wait<1>();
       pin(s);
       float sc[Mods::kScoreGrad ? kQT : 1][4];
       bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, key_tail, is_full, p.scale, sn, b, hq, cap,
-                         [&](int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
-      constexpr bool kDvEarly = kBM == 64;
+                         stat(sLse(stage)));
       u32 pa[Cfg::kMK][4];
       if constexpr (kDvEarly) {
         pack_a<E>(pa, s);
         wgmma_fence();
         issue_dv(pa, stage);
+        load_stats(sDelta(stage));
         wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
@@ -597,8 +620,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 
       // ---- dSᵀ from dPᵀ, then dK += dSᵀ·Q
       pin(dp);
-      bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads,
-                           [&](int col) { return ld_shared_v2_f32(sDelta(stage) + col * 4); });
+      bwd::dscores_t<Mods>(dp, s, sc, kr, q0, t, len_q, b, hq, cap, grads, stat(sDelta(stage)));
       u32 da[Cfg::kMK][4];
       if constexpr (!kDvEarly) pack_a<E>(pa, s);
       pack_a<E>(da, dp);
@@ -617,7 +639,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // this tile's buffer held dSᵀ of tile n - 2, which the other warpgroup's dQ read in tile
         // n - 1; that tile's end also has its dSᵀ of tile n - 1 staged
         if (n_done > 0) wait_tile_ended(n_done - 1);
-        stage_packed<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16 + g, t);
+        stage_packed_x4<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16);
         fence_proxy_async();
         // (at the first tile a product of the unused buffer, never staged: a branch around
         // the wgmma would make ptxas serialize every wgmma of the kernel)

@@ -53,6 +53,28 @@ __device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 a0, u32 a1, u32 
                : "memory");
 }
 
+// stmatrix without .trans: matrix m's rows stored as they are (lane 4g + t's register holds row
+// g, columns 2t, 2t + 1), lanes 8m..8m+7 giving the row addresses.
+__device__ __forceinline__ void stmatrix_x4(u32 addr, u32 a0, u32 a1, u32 a2, u32 a3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a0),
+               "r"(a1), "r"(a2), "r"(a3)
+               : "memory");
+}
+
+// Packed 16-bit A fragments (pack_a: kK k-steps of 16 columns) of a warp's 16 rows from row0
+// (a multiple of 8) into a staging tile, columns 0..16kK-1: attention_tile.cuh's stage_packed
+// with one stmatrix per k-step instead of eight 4-byte stores (the fragment's a0..a3 are the
+// 8x8 matrices rows 0-7 / 8-15 of chunk 2kk, then of chunk 2kk + 1). Conflict-free in
+// Sw128Blocks: a matrix's eight rows are consecutive tile rows.
+template <typename Layout, int kK>
+__device__ __forceinline__ void stage_packed_x4(u32 tile, const u32 (&a)[kK][4], int row0) {
+  const int lane = threadIdx.x & 31;
+  const int m = lane >> 3, r = row0 + 8 * (m & 1) + (lane & 7);  // this lane's address: row r
+#pragma unroll
+  for (int kk = 0; kk < kK; ++kk)
+    stmatrix_x4(tile + Layout::offset(r, 2 * kk + (m >> 1)), a[kk][0], a[kk][1], a[kk][2], a[kk][3]);
+}
+
 // The transpose of a warp's accumulator fragment (attention_tile.cuh's layout), times `scale`,
 // as 16-bit values into a staging tile: fragment row r0 + g + 8·hh, column 8j + 2t + i%2 goes
 // to tile row c0 + that column, tile column r0 + g + 8·hh (r0: the thread's first row, 16w + g).
