@@ -8,7 +8,8 @@
 //   using FaBwdCfg = fa::BwdConfig<fa::bf16_t, 128, 128, 64, 8>;   // tile: fa::default_tile()
 //   FAJIT_DEFINE_BACKWARD(fajit_bwd, FaBwdCfg, FaMods)
 // defines three extern "C" kernels, launched in this order on one stream:
-//   fajit_bwd_pre   delta = rowsum(dO * O) - dLSE; zeroes dq_accum
+//   fajit_bwd_pre   delta = rowsum(dO * O) - dLSE (dLSE dropped on a row with no key); zeroes
+//                   dq_accum
 //   fajit_bwd_dkdv  one CTA per (KV tile, batch x KV head[, part]): dK, dV; dQ partials into
 //                   dq_accum
 //   fajit_bwd_dq    dQ = scale * dq_accum, in the element type
@@ -35,7 +36,9 @@
 //   dV += Pᵀ·dO;  dK += dSᵀ·Q;  dSᵀ to shared memory; dQ += dS·K with fp32 reductions.
 // dS is zero wherever P is (masked, out of range, underflow) and score_grad is not called
 // there: a branch, never a product, so a score_mod whose derivative is inf/NaN where it is
-// masked leaks NaN neither into dS nor into a buffer gradient.
+// masked leaks NaN neither into dS nor into a buffer gradient. Without score_grad dS = dT is a
+// product, 0 where P is: dP is finite and so is Δ (the preprocess drops dLSE on a row with no
+// key).
 // At the end dK·scale and dV are stored (zero for a KV tile no query sees).
 // Wide heads (DQK + DV above 256 columns, e.g. 192/128, 256/256): dK and dV of a warp's keys do
 // not fit in registers together, so the dK/dV grid has two parts (kDkDvParts, blockIdx.z): part 0
@@ -270,8 +273,9 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
 
 // dPᵀ -> dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)) in place, zero where P is: masked, out-of-range and
 // underflowed elements reach neither dS nor a buffer gradient (score_grad's reductions),
-// whatever the derivative is there — a branch, never a product. delta(j, col): Δ of columns col,
-// col + 1 (n-tile j). Without score_grad dS is dT (dP and Δ are finite: 0 where P is).
+// whatever the derivative is there — a branch, never a product (with score_grad; without it dS
+// is dT, a product: dP and Δ are finite, so 0 where P is). delta(j, col): Δ of columns col,
+// col + 1 (n-tile j).
 template <typename Mods, int kQT, int kSC, typename Delta>
 __device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)[kQT][4],
                                           const float (&sc)[kSC][4], const KeyRows& kr, int q0, int t,
@@ -458,8 +462,8 @@ __device__ __forceinline__ void on_bwd_sequence(const FaBwdParams& p, int b, int
 }
 
 // ================================ preprocess =================================================
-// delta[b, h, q] = sum_d dO·O (fp32) - dLSE; dq_accum rows zeroed. kPreLanes threads per row,
-// one 16-byte chunk each.
+// delta[b, h, q] = sum_d dO·O (fp32) - dLSE (dLSE dropped where the LSE is -inf: no key);
+// dq_accum rows zeroed. kPreLanes threads per row, one 16-byte chunk each.
 template <typename Cfg>
 __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
   using E = typename Cfg::Element;
@@ -488,7 +492,12 @@ __device__ __forceinline__ void backward_pre_kernel(const FaBwdParams& p) {
   if (!in) return;
   const long long row = bwd::stat_row(p, b, h) + q;
   if (c == 0) {
-    const float dlse = p.dlse ? p.dlse[b * p.dlse_stride_b + h * p.dlse_stride_h + q] : 0.f;
+    // a row with no key (LSE -inf, O = 0) has P = 0 on all of it: Δ = 0 there whatever dLSE is,
+    // so a NaN dLSE (0 · NaN of a torch.where that guarded the -inf LSE upstream) stays out of
+    // dS = P·(dP - Δ), which the kernels form as a product where there is no score_grad
+    const float dlse = p.dlse && p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] != -INFINITY
+                           ? p.dlse[b * p.dlse_stride_b + h * p.dlse_stride_h + q]
+                           : 0.f;
     p.delta[row] = acc - dlse;
   }
   if (p.dq_accum == nullptr) return;  // deterministic mode: dQ is written directly
