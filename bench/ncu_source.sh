@@ -18,13 +18,13 @@ name=$1 regex=$2; shift 2
 rep=/tmp/ncu-src-$name
 timeout -k 5 "${NCU_TIMEOUT:-240}" ncu --kernel-name "regex:$regex" --launch-skip 1 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --section SpeedOfLight --section ComputeWorkloadAnalysis \
-    --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
+    --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
     --import-source no -f -o "$rep" "$FAJIT" run "$@" --no-check --iters 2 >"$rep.log" 2>&1
 echo "ncu rc=$?" >>"$rep.log"
 {
   nvidia-smi -L
   echo "fajit run $* --no-check --iters 2; kernel $regex (second launch)"
-  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|gmma|pipe_xu" <(ncu -i "$rep.ncu-rep" --page details 2>/dev/null) | head -8
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|pipe_xu" <(ncu -i "$rep.ncu-rep" --page details 2>/dev/null) | head -8
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>"$rep.err"
   python3 bench/ncu_top_stalls.py "$rep.csv" "${TOP:-45}" "$OUT/ncu-sass-$name.txt"
   tail -3 "$rep.log"
