@@ -288,21 +288,17 @@ __device__ __forceinline__ void dscores_t(float (&dp)[kQT][4], const float (&pt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float dt = pt[j][i] * (dp[j][i] - ((i & 1) ? dl.y : dl.x));
-      // without score_grad dS is dT, 0 where P is (dP and Δ are finite: a product suffices)
       if constexpr (!Mods::kScoreGrad) {
-        dp[j][i] = dt;
-        continue;
-      }
-      float ds = 0.f;
-      if (pt[j][i] != 0.f) {
-        ds = dt;
-        if constexpr (Mods::kScoreGrad) {
+        dp[j][i] = dt;  // dS is dT, 0 where P is (dP and Δ are finite: a product suffices)
+      } else {
+        float ds = 0.f;  // score_grad only where P is not 0: a branch
+        if (pt[j][i] != 0.f) {
           const int col = col0 + (i & 1);
           const int q = q0 + col < len_q ? q0 + col : len_q - 1;
           ds = Mods::score_grad(sc[j][i], b, hq, q, kr.kv_c[i >> 1], dt, cap, grads);
         }
+        dp[j][i] = ds;
       }
-      dp[j][i] = ds;
     }
   }
 }
@@ -342,19 +338,16 @@ __device__ __forceinline__ void dscores_rows(float (&dp)[kNT][4], const float (&
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float dt = pr[j][i] * (dp[j][i] - delta[i >> 1]);
-      if constexpr (!Mods::kScoreGrad) {  // (as dscores_t)
-        dp[j][i] = dt;
-        continue;
-      }
-      float ds = 0.f;
-      if (pr[j][i] != 0.f) {
-        ds = dt;
-        if constexpr (Mods::kScoreGrad) {
+      if constexpr (!Mods::kScoreGrad) {
+        dp[j][i] = dt;  // (as dscores_t)
+      } else {
+        float ds = 0.f;
+        if (pr[j][i] != 0.f) {
           const int kv = start + 8 * j + 2 * t + (i & 1);
           ds = Mods::score_grad(sc[j][i], b, h, q_idx[i >> 1], kv < len_kv ? kv : len_kv - 1, dt, cap, grads);
         }
+        dp[j][i] = ds;
       }
-      dp[j][i] = ds;
     }
 }
 
