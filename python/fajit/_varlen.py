@@ -358,7 +358,7 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
     args = (q, k, v, *tabs, L, S, vkey, scale, mtables, info, buffers, scalars, *run)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.fajit.flex_varlen_fwd(*args)
-    elif _records_grad((query, key, value, *buffers)):
+    elif _records_grad((query, key, value), vkey, buffers):
         out, lse = _VarlenFunction.apply(q, k, v, *tabs[:2], L, S, vkey, scale, info, *run, len(mtables), len(buffers),
                                          *mtables, *buffers, *scalars)
     else:

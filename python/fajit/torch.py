@@ -436,10 +436,12 @@ def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, 
 _flex_fwd = torch.library.custom_op("fajit::flex_fwd", mutates_args=())(_flex_fwd_impl)
 
 
-def _records_grad(tensors):
-    """Whether autograd would record an eager forward of these inputs (grad mode on and one
-    that requires grad): then it goes through _FlexFunction, else straight to the impl."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _records_grad(tensors, variant, buffers):
+    """Whether autograd must record an eager forward (grad mode on, and q, k, v or a buffer that
+    gets a gradient requires one: _wanted_grads): then it goes through _FlexFunction, else
+    straight to the impl. A buffer read only by the mask_mod has no gradient, so needing one
+    records nothing (no saved tensors, no backward for it), as torch's flex_attention."""
+    return torch.is_grad_enabled() and (any(t.requires_grad for t in tensors) or any(_wanted_grads(variant, buffers)))
 
 
 @_flex_fwd.register_fake
@@ -692,7 +694,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     args = (_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers, scalars)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.fajit.flex_fwd(*args)
-    elif _records_grad((query, key, value, *buffers)):
+    elif _records_grad((query, key, value), vkey, buffers):
         out, lse = _FlexFunction.apply(*args[:5], info, len(tables), len(buffers), *tables, *buffers, *scalars)
     else:
         out, lse = _flex_fwd_impl(*args)

@@ -252,6 +252,38 @@ def test_captured_bias_gradient_matches_flex():
 
 
 @needs_gpu
+def test_a_buffer_read_only_by_the_mask_mod_gets_no_gradient():
+    """A float buffer that requires grad but is read only by the mask_mod has no gradient (as in
+    torch): without q, k, v needing one nothing is recorded; with them, its grad stays None."""
+    import fajit.torch as ft
+
+    B, H, L, D = 1, 2, 256, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=5)
+    keep = torch.rand(L, device="cuda", generator=torch.Generator(device="cuda").manual_seed(6))
+    keep.requires_grad_()
+
+    def kept_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ((keep[kv_idx] > 0.2) | (q_idx == kv_idx))
+
+    def kept_causal_ref(b, h, q_idx, kv_idx):  # (torch on a copy that needs no grad)
+        return (q_idx >= kv_idx) & ((keep_ref[kv_idx] > 0.2) | (q_idx == kv_idx))
+
+    keep_ref = keep.detach().clone()
+    mask = ft.create_block_mask(kept_causal, None, None, L, L)
+    ref, _, (qf, kf, vf) = _reference(q, k, v, None, kept_causal_ref)
+    out = ft.flex_attention(q.detach(), k.detach(), v.detach(), block_mask=mask)
+    assert not out.requires_grad and out.grad_fn is None
+    _close(out, ref, "out without grads", TOL[torch.bfloat16])
+    out = ft.flex_attention(q, k, v, block_mask=mask)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert keep.grad is None
+    ref.backward(dout.float())
+    for name, a, b in (("dq", q.grad, qf.grad), ("dk", k.grad, kf.grad), ("dv", v.grad, vf.grad)):
+        _close(a, b, name, TOL[torch.bfloat16])
+
+
+@needs_gpu
 def test_document_mask_with_captured_ids_and_alibi():
     import fajit.torch as ft
 
