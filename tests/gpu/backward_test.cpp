@@ -38,6 +38,7 @@ struct BwdCase {
   fa::KernelFamily family = fa::KernelFamily::kAuto;
   bool row_reductions = false;    // FAJIT_TMA=0: the Hopper dK/dV kernel reduces dQ row by row
   bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
+  int kv_block = 0;               // the block mask's kv_block (0: the default, 128)
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -136,6 +137,11 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.row_reductions = true; }),
       with({"relative_bias", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
+      // 256-key blocks: several dK/dV CTAs (BLOCK_N 128 on sm_90a, 64 or 128 on mma.sync) walk each
+      // transposed row, and the forward walks two or more key tiles per block.
+      with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "kvb256", [](BwdCase& c) { c.kv_block = 256; }),
+      with({"document_softcap", f16, 64, 64, 1, 4, 2, 1000, 777}, "kvb256",
+           [](BwdCase& c) { c.kv_block = 256; }),
       {"self_ratio", f16, 64, 128, 1, 6, 3, 201, 182},
       {"self_ratio", bf16, 128, 128, 1, 4, 2, 1000, 1000},
       with({"self_ratio", bf16, 64, 64, 1, 4, 4, 17, 1000}, "det",
@@ -291,7 +297,9 @@ TEST_P(BackwardTest, MatchesReference) {
   var.fill(caps, Dims{c.B, c.Hq, c.Lq, c.Lkv}, c.param, rng);
   caps.upload(c.strided_captures);
   const fa::Captures captures = caps.captures();
-  const fa::BlockMask mask = kernel.block_mask(c.B, c.Hq, c.Lq, c.Lkv, captures);
+  fa::BlockMaskOptions mask_options;
+  if (c.kv_block > 0) mask_options.kv_block = c.kv_block;
+  const fa::BlockMask mask = kernel.block_mask(c.B, c.Hq, c.Lq, c.Lkv, captures, mask_options);
 
   // Host inputs: Q, K, V in one buffer; dO and dLSE contiguous.
   const Layout lay = layout_of(c);
