@@ -355,6 +355,21 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const 
   cp_async_wait_all();
 }
 
+// Both dK/dV kernels' last step: this warpgroup's kKeys rows of dK and dV, staged in the K / V
+// tiles (kBarStaged), to global memory by 16-byte stores (rows past len_kv are not written).
+template <typename Cfg, int kKeys>
+__device__ __forceinline__ void store_dk_dv(const FaBwdParams& p, u32 sk, u32 sv, int b, int hkv, int cw,
+                                            int kv0, int wtid) {
+  using E = typename Cfg::Element;
+  using Tile = Sw128Blocks<Cfg::kBlockN>;
+  E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
+  E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
+  store_rows<kKeys, Cfg::RowQK::kChunks, kWarpgroupThreads, Tile>(dkg, p.dk_stride_n, sk, cw * kKeys, kv0,
+                                                                  p.len_kv, wtid);
+  store_rows<kKeys, Cfg::RowV::kChunks, kWarpgroupThreads, Tile>(dvg, p.dv_stride_n, sv, cw * kKeys, kv0,
+                                                                 p.len_kv, wtid);
+}
+
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
                                                      const FaGradBuffers& grads, const FaTmaMap& dq_map,
@@ -685,12 +700,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     stage_rows<E, Sw128Blocks<kBN>>(sV, dv, one, row, t);
   }
   named_barrier(kBarStaged + cw, kWG);
-  E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
-  E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
-  store_rows<kKeys, Cfg::RowQK::kChunks, kWG, Sw128Blocks<kBN>>(dkg, p.dk_stride_n, sK, cw * kKeys, kv0,
-                                                                len_kv, wtid);
-  store_rows<kKeys, Cfg::RowV::kChunks, kWG, Sw128Blocks<kBN>>(dvg, p.dv_stride_n, sV, cw * kKeys, kv0,
-                                                               len_kv, wtid);
+  store_dk_dv<Cfg, kKeys>(p, sK, sV, b, hkv, cw, kv0, wtid);
 }
 
 // ---- the wide-head dK/dV kernel (Sm90WideBwdConfig: a head dim above 128) --------------------
@@ -938,12 +948,7 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
   for (int mb = 0; mb < Cfg::kBlocksV; ++mb)
     stage_transposed<E, Sw128Blocks<kBN>>(sm.v, dvt[mb], 1.f, 64 * mb + row, cw * kKeys);
   named_barrier(kBarStaged + cw, kWG);
-  E* dkg = static_cast<E*>(p.dk) + b * p.dk_stride_b + hkv * p.dk_stride_h;
-  E* dvg = static_cast<E*>(p.dv) + b * p.dv_stride_b + hkv * p.dv_stride_h;
-  store_rows<kKeys, Cfg::RowQK::kChunks, kWG, Sw128Blocks<kBN>>(dkg, p.dk_stride_n, sm.k, cw * kKeys, kv0,
-                                                                len_kv, wtid);
-  store_rows<kKeys, Cfg::RowV::kChunks, kWG, Sw128Blocks<kBN>>(dvg, p.dv_stride_n, sm.v, cw * kKeys, kv0,
-                                                               len_kv, wtid);
+  store_dk_dv<Cfg, kKeys>(p, sm.k, sm.v, b, hkv, cw, kv0, wtid);
 }
 
 // The dK/dV kernel a config names, on the CTA's sequence (packed queries: the host's maps are of
