@@ -365,10 +365,7 @@ __device__ __forceinline__ void add_dq(float* dqa, u32 sDs, u32 sK, int q0, int 
 #pragma unroll
   for (int c0 = 0; c0 < kNQ; c0 += kNC) {
     float dq[kNC][4];
-#pragma unroll
-    for (int j = 0; j < kNC; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
+    zero_frags(dq);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // over keys
       u32 a[4];
@@ -574,14 +571,8 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
 
   constexpr int kDkTiles = kDoDk ? Cfg::kDQKTiles : 1, kDvTiles = kDoDv ? Cfg::kDT : 1;
   float dk[kDkTiles][4], dv[kDvTiles][4];
-#pragma unroll
-  for (int j = 0; j < kDkTiles; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dk[j][i] = 0.f;
-#pragma unroll
-  for (int j = 0; j < kDvTiles; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dv[j][i] = 0.f;
+  zero_frags(dk);
+  zero_frags(dv);
 
   for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
     const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
@@ -619,10 +610,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
 
       // ---- Sᵀ = K·Qᵀ, this warp's 16 keys x BLOCK_M queries
       float s[kQT][4];
-#pragma unroll
-      for (int j = 0; j < kQT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[j][i] = 0.f;
+      zero_frags(s);
       bwd::mma_abt<E, kQT, Cfg::kKQ, kCQ, kCQ>(s, sK, warp, sQ(stage), offA_q, offB_q);
 
       // ---- mods, then Pᵀ (scores as score_mod saw them kept for score_grad)
@@ -639,10 +627,7 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
       if constexpr (kDoDk) {
         // ---- dPᵀ = V·dOᵀ
         float dp[kQT][4];
-#pragma unroll
-        for (int j = 0; j < kQT; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dp[j][i] = 0.f;
+        zero_frags(dp);
         bwd::mma_abt<E, kQT, Cfg::kKV, kCV, kCV>(dp, sV, warp, sDo(stage), offA_v, offB_v);
 
         // ---- dSᵀ = grad(Pᵀ∘(dPᵀ - Δ)), zero where P is
@@ -761,10 +746,7 @@ __device__ __forceinline__ void backward_dq_det_kernel(const FaBwdParams& p, con
   lane_offsets_b<kCV>(offB_v, lane);
 
   float dq[kDQ][4];
-#pragma unroll
-  for (int j = 0; j < kDQ; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dq[j][i] = 0.f;
+  zero_frags(dq);
 
   int it = 0;
   for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); ++it) {

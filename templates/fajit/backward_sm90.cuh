@@ -470,14 +470,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
   float dk[Cfg::kHeadDimNQK / 8][4], dv[Cfg::kHeadDimNV / 8][4];
-#pragma unroll
-  for (int j = 0; j < Cfg::kHeadDimNQK / 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dk[j][i] = 0.f;
-#pragma unroll
-  for (int j = 0; j < Cfg::kHeadDimNV / 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dv[j][i] = 0.f;
+  zero_frags(dk);
+  zero_frags(dv);
 
   // Operand descriptors. K, V rows of this warpgroup as K-major A of Sᵀ, dPᵀ; Q, dO (a stage)
   // as K-major B of Sᵀ, dPᵀ and as MN-major B of dK, dV; dSᵀ as MN-major A and K as MN-major B

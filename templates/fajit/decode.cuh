@@ -177,10 +177,7 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
 
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
   float o[Cfg::kDT][4];
-#pragma unroll
-  for (int dj = 0; dj < Cfg::kDT; ++dj)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[dj][i] = 0.f;
+  zero_frags(o);
   SoftmaxRows srow;
   srow.init();
 

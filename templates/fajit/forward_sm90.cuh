@@ -282,10 +282,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   }
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
   float o[Cfg::kDT][4];
-#pragma unroll
-  for (int dj = 0; dj < Cfg::kDT; ++dj)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[dj][i] = 0.f;
+  zero_frags(o);
   SoftmaxRows rows;
   rows.init();
   u32 pa[Cfg::kKP][4];  // P as the register A operand of P·V

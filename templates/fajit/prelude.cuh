@@ -137,6 +137,15 @@ __device__ __forceinline__ u32x4 ld_shared_v4(u32 addr) {
                : "r"(addr));
   return v;
 }
+// Every element of an array of accumulator fragments (N fragments of 4 floats) set to 0.
+template <int N>
+__device__ __forceinline__ void zero_frags(float (&a)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[j][i] = 0.f;
+}
+
 __device__ __forceinline__ void st_global_v4(void* p, u32x4 v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
