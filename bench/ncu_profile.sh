@@ -6,6 +6,11 @@
 #
 # On the GPU machine (tool `run`, kind nvidia-h200, carry [".device-build/bin"]):
 #   bench/ncu_profile.sh            writes $OUT/ncu-<case>.txt (sections) and $OUT/ncu-summary.txt
+#   bench/ncu_profile.sh backward   instead: where the backward's memory traffic goes (issue 10's
+#                                   d128 gap to cuDNN): fajit's dK/dV kernel at d128 full and
+#                                   causal and cuDNN's backward kernels at d128 full, with the
+#                                   MemoryWorkloadAnalysis section and L2 / DRAM / shared byte
+#                                   counts (the dQ reductions' L2 `red` sectors among them)
 # Sections: SpeedOfLight, ComputeWorkloadAnalysis (pipe utilisation), InstructionStats,
 # WarpStateStats (stall reasons), Occupancy, LaunchStats. `fajit run --no-check` skips the
 # float64 reference (at this shape it would take minutes); each profile is cut at NCU_TIMEOUT
@@ -28,15 +33,38 @@ METRICS=$(tr ',' '\n' <<<"$METRICS" | while read -r m; do grep -qx "${m%%.*}" <<
 
 profile() {  # name kernel-regex skip command...
   local name=$1 regex=$2 skip=$3; shift 3
-  timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count 1 "${SECTIONS[@]}" \
+  timeout -k 5 "${NCU_TIMEOUT:-150}" ncu --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count "${NCU_LAUNCHES:-1}" "${SECTIONS[@]}" \
       --metrics "$METRICS" "$@" >"$OUT/ncu-$name.txt" 2>&1
   echo "$name: rc=$? $(grep -c 'Section:' "$OUT/ncu-$name.txt") sections" >>"$OUT/ncu-summary.txt"
 }
 
 nvidia-smi -L >"$OUT/ncu-summary.txt"
 ncu --version | tail -1 >>"$OUT/ncu-summary.txt"
-echo "metrics: $METRICS" >>"$OUT/ncu-summary.txt"
 SHAPE=(--batch 4 --heads 16 --len 4096 --no-check --iters 3)
+
+if [[ "${1:-}" == backward ]]; then
+  SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats)
+  MEM=lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,dram__bytes_read.sum,dram__bytes_write.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
+  METRICS=$(tr ',' '\n' <<<"$MEM" | while read -r m; do grep -qx "${m%%.*}" <<<"$known" && echo "$m"; done | paste -sd,)
+  echo "metrics: $METRICS" >>"$OUT/ncu-summary.txt"
+  profile fajit_bwd_dkdv_d128_full_mem fajit_bwd_dkdv 1 "$FAJIT" run --backward "${SHAPE[@]}"
+  profile fajit_bwd_dkdv_d128_causal_mem fajit_bwd_dkdv 1 "$FAJIT" run --backward --mask causal "${SHAPE[@]}"
+  cat >"$OUT/ncu_torch_bwd.py" <<'PY'
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+for _ in range(3):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+torch.cuda.synchronize()
+PY
+  # the third iteration's kernels whose names look like cuDNN's attention (forward and backward:
+  # the report names each)
+  NCU_LAUNCHES=6 profile cudnn_bwd_d128_full_mem "sdpa|fmha|flash|dgrad|bprop|cudnn" 4 python3 "$OUT/ncu_torch_bwd.py"
+  cat "$OUT/ncu-summary.txt"
+  exit 0
+fi
+echo "metrics: $METRICS" >>"$OUT/ncu-summary.txt"
 profile fajit_fwd_d128_causal fajit_forward 1 "$FAJIT" run --mask causal "${SHAPE[@]}"
 profile fajit_fwd_d64_full fajit_forward 1 "$FAJIT" run "${SHAPE[@]}" --head-dim 64
 profile fajit_fwd_d128_softcap_causal fajit_forward 1 "$FAJIT" run --mask causal --score softcap:30 "${SHAPE[@]}"
