@@ -26,6 +26,11 @@ SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Ins
 # sections): tensor (wgmma / mma.sync), MUFU (xu), FMA pipes, as % of peak while active.
 METRICS=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum
 
+if [[ "${1:-}" == backward ]]; then  # memory traffic: L2 / DRAM / shared bytes, L2 `red` sectors
+  SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats)
+  METRICS=lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,dram__bytes_read.sum,dram__bytes_write.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
+fi
+
 # Keep the metrics this ncu knows (an unknown name would fail the whole profile).
 known=$(ncu --query-metrics 2>/dev/null | awk '{print $1}')
 METRICS=$(tr ',' '\n' <<<"$METRICS" | while read -r m; do grep -qx "${m%%.*}" <<<"$known" && echo "$m"; done | paste -sd,)
@@ -40,13 +45,10 @@ profile() {  # name kernel-regex skip command...
 
 nvidia-smi -L >"$OUT/ncu-summary.txt"
 ncu --version | tail -1 >>"$OUT/ncu-summary.txt"
+echo "metrics: $METRICS" >>"$OUT/ncu-summary.txt"
 SHAPE=(--batch 4 --heads 16 --len 4096 --no-check --iters 3)
 
 if [[ "${1:-}" == backward ]]; then
-  SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats)
-  MEM=lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,dram__bytes_read.sum,dram__bytes_write.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
-  METRICS=$(tr ',' '\n' <<<"$MEM" | while read -r m; do grep -qx "${m%%.*}" <<<"$known" && echo "$m"; done | paste -sd,)
-  echo "metrics: $METRICS" >>"$OUT/ncu-summary.txt"
   profile fajit_bwd_dkdv_d128_full_mem fajit_bwd_dkdv 1 "$FAJIT" run --backward "${SHAPE[@]}"
   profile fajit_bwd_dkdv_d128_causal_mem fajit_bwd_dkdv 1 "$FAJIT" run --backward --mask causal "${SHAPE[@]}"
   cat >"$OUT/ncu_torch_bwd.py" <<'PY'
@@ -64,7 +66,6 @@ PY
   cat "$OUT/ncu-summary.txt"
   exit 0
 fi
-echo "metrics: $METRICS" >>"$OUT/ncu-summary.txt"
 profile fajit_fwd_d128_causal fajit_forward 1 "$FAJIT" run --mask causal "${SHAPE[@]}"
 profile fajit_fwd_d64_full fajit_forward 1 "$FAJIT" run "${SHAPE[@]}" --head-dim 64
 profile fajit_fwd_d128_softcap_causal fajit_forward 1 "$FAJIT" run --mask causal --score softcap:30 "${SHAPE[@]}"
