@@ -10,7 +10,10 @@
 #                                   d128 gap to cuDNN): fajit's dK/dV kernel at d128 full and
 #                                   causal and cuDNN's backward kernels at d128 full, with the
 #                                   MemoryWorkloadAnalysis section and L2 / DRAM / shared byte
-#                                   counts (the dQ reductions' L2 `red` sectors among them)
+#                                   counts (the dQ reductions' L2 `red` sectors among them).
+#                                   First run (H200, 2026-11-27, bench/RESULTS.md thirty-second
+#                                   session): L2 at 41 % for fajit, 50 % for cuDNN; same red
+#                                   sectors; fajit 19 % more shared wavefronts
 # Sections: SpeedOfLight, ComputeWorkloadAnalysis (pipe utilisation), InstructionStats,
 # WarpStateStats (stall reasons), Occupancy, LaunchStats. `fajit run --no-check` skips the
 # float64 reference (at this shape it would take minutes); each profile is cut at NCU_TIMEOUT
@@ -28,7 +31,10 @@ METRICS=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,s
 
 if [[ "${1:-}" == backward ]]; then  # memory traffic: L2 / DRAM / shared bytes, L2 `red` sectors
   SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats)
-  METRICS=lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,dram__bytes_read.sum,dram__bytes_write.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
+  # (shared-memory wavefronts count the wgmma operand reads too: an SS m64n64k16 reads 4 KB, 32
+  # wavefronts, as fast as the tensor core consumes them; ld / st split them from the stores'
+  # and loads' own, bank conflicts the excess)
+  METRICS=lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,dram__bytes_read.sum,dram__bytes_write.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum
 fi
 
 # Keep the metrics this ncu knows (an unknown name would fail the whole profile).
