@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Summarise Nsight Compute's source page (SASS, CSV: `ncu -i R --page source --csv --print-source
 sass`): total warp-state samples by reason, then the N SASS lines with the most samples, each with
-its execution count and top three reasons. Column names vary between ncu versions, so they are
-matched loosely and the header is printed once for the record.
+its execution count and top three reasons; where the page has them, shared-memory wavefronts (all,
+ideal, excess, the wgmma operand reads' share) and the lines with the most excess (bank
+conflicts). Column names vary between ncu versions, so they are matched loosely and the header is
+printed once for the record.
 
     python3 bench/ncu_top_stalls.py report.csv [N] [LISTING]
 
@@ -73,6 +75,7 @@ def main():
                 ex = f"{number(r[executed]):.0f}" if executed is not None else "-"
                 a = r[addr][-5:] if addr is not None else "?"
                 out.write(f"{a} {number(r[samples]):7.0f} {ex:>9}  {r[src].strip() if src is not None else ''}\n")
+    shared_wavefronts(body, col, src, executed)
     print(f"\n{'address':>8} {'samples':>8} {'%':>5} {'executed':>10}  instruction  [top reasons]")
     for r in sorted(body, key=lambda r: -number(r[samples]))[:top]:
         s = number(r[samples])
@@ -84,6 +87,32 @@ def main():
         a = r[addr] if addr is not None else "?"
         text = r[src].strip() if src is not None else ""
         print(f"{a:>8} {s:8.0f} {100 * s / max(total, 1):5.1f} {ex:>10}  {text[:70]:70}  {why}")
+
+
+def shared_wavefronts(body, col, src, executed, top=6):
+    """Shared-memory wavefronts (LSU: loads, stores, ldmatrix/stmatrix and wgmma operand reads),
+    the ideal count and the excess, and the lines with the most excess."""
+    wf = col("wavefronts shared", avoid=("ideal", "excessive"))
+    ideal = col("wavefronts shared ideal")
+    excess = col("wavefronts shared excessive")
+    if wf is None or src is None:
+        return
+    total = sum(number(r[wf]) for r in body)
+    if total == 0:
+        return
+    gmma = sum(number(r[wf]) for r in body if "GMMA" in r[src])
+    line = f"shared wavefronts {total:.4g} ({100 * gmma / total:.1f} % wgmma operand reads)"
+    if ideal is not None and excess is not None:
+        ex = sum(number(r[excess]) for r in body)
+        line += f", ideal {sum(number(r[ideal]) for r in body):.4g}, excess {ex:.4g} ({100 * ex / total:.1f} %)"
+        print(line)
+        for r in sorted(body, key=lambda r: -number(r[excess]))[:top]:
+            if number(r[excess]) <= 0:
+                break
+            ex_n = f"{number(r[executed]):.0f}" if executed is not None else "-"
+            print(f"  excess {number(r[excess]):10.0f} of {number(r[wf]):10.0f}  executed {ex_n:>9}  {r[src].strip()[:60]}")
+    else:
+        print(line)
 
 
 if __name__ == "__main__":
