@@ -57,18 +57,9 @@ SHAPE=(--batch 4 --heads 16 --len 4096 --no-check --iters 3)
 if [[ "${1:-}" == backward ]]; then
   profile fajit_bwd_dkdv_d128_full_mem fajit_bwd_dkdv 1 "$FAJIT" run --backward "${SHAPE[@]}"
   profile fajit_bwd_dkdv_d128_causal_mem fajit_bwd_dkdv 1 "$FAJIT" run --backward --mask causal "${SHAPE[@]}"
-  cat >"$OUT/ncu_torch_bwd.py" <<'PY'
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-q, k, v = (torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-for _ in range(3):
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
-torch.cuda.synchronize()
-PY
   # the third iteration's kernels whose names look like cuDNN's attention (forward and backward:
   # the report names each)
-  NCU_LAUNCHES=6 profile cudnn_bwd_d128_full_mem "sdpa|fmha|flash|dgrad|bprop|cudnn" 4 python3 "$OUT/ncu_torch_bwd.py"
+  NCU_LAUNCHES=6 profile cudnn_bwd_d128_full_mem "sdpa|fmha|flash|dgrad|bprop|cudnn" 4 python3 bench/sdpa_backward_once.py 128
   cat "$OUT/ncu-summary.txt"
   exit 0
 fi

@@ -102,17 +102,16 @@ def shared_wavefronts(body, col, src, executed, top=6):
         return
     gmma = sum(number(r[wf]) for r in body if "GMMA" in r[src])
     line = f"shared wavefronts {total:.4g} ({100 * gmma / total:.1f} % wgmma operand reads)"
-    if ideal is not None and excess is not None:
-        ex = sum(number(r[excess]) for r in body)
-        line += f", ideal {sum(number(r[ideal]) for r in body):.4g}, excess {ex:.4g} ({100 * ex / total:.1f} %)"
+    if ideal is None or excess is None:
         print(line)
-        for r in sorted(body, key=lambda r: -number(r[excess]))[:top]:
-            if number(r[excess]) <= 0:
-                break
-            ex_n = f"{number(r[executed]):.0f}" if executed is not None else "-"
-            print(f"  excess {number(r[excess]):10.0f} of {number(r[wf]):10.0f}  executed {ex_n:>9}  {r[src].strip()[:60]}")
-    else:
-        print(line)
+        return
+    ex = sum(number(r[excess]) for r in body)
+    print(f"{line}, ideal {sum(number(r[ideal]) for r in body):.4g}, excess {ex:.4g} ({100 * ex / total:.1f} %)")
+    for r in sorted(body, key=lambda r: -number(r[excess]))[:top]:
+        if number(r[excess]) <= 0:
+            break
+        ex_n = f"{number(r[executed]):.0f}" if executed is not None else "-"
+        print(f"  excess {number(r[excess]):10.0f} of {number(r[wf]):10.0f}  executed {ex_n:>9}  {r[src].strip()[:60]}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Three forward+backward passes of SDPA on its cuDNN backend, bf16 B=4 H=16 S=4096 (head dim from
-argv, default 128): a program for Nsight Compute to profile cuDNN's backward kernels
-(bench/ncu_source.sh NAME bprop --cmd python3 bench/sdpa_backward_once.py 128)."""
+argv, default 128; `causal` after it for a causal mask): a program for Nsight Compute to profile
+cuDNN's backward kernels (bench/ncu_profile.sh backward; bench/ncu_source.sh NAME bprop --cmd
+python3 bench/sdpa_backward_once.py 128)."""
 import sys
 
 import torch
