@@ -27,6 +27,8 @@
 //                                      const FaCaptures& cap, const FaGradBuffers& grads);
 //     returns dS = dt * d(score_mod)/d(score) at `score` (already scaled) and adds
 //     dt * d(score_mod)/d(buf[idx]) into grads.buffers[slot] for each buffer read it has.
+//   static constexpr bool kMaskReadsBuffers;   whether mask_mod reads a captured buffer (a
+//                                       document mask): a hint for backward_sm90.cuh's walk
 //
 // ---- Algorithm (per CTA: BLOCK_N keys of one KV head; notation of KERNELS.md) -------------
 // K, V tiles stay in shared memory, dK, dV accumulate in registers. For each query head of the

@@ -5,7 +5,7 @@
 // ---- How codegen uses it ------------------------------------------------------------------
 //   #include "fajit/params.h"
 //   #include "fajit/prelude.cuh"
-//   struct FaMods { ...forward members...; kScoreGrad; score_grad(...) };   // backward.cuh
+//   struct FaMods { ...forward members...; kScoreGrad; score_grad(...); kMaskReadsBuffers };  // backward.cuh
 //   #include "fajit/backward_sm90.cuh"
 //   using FaBwdCfg = fa::Sm90BwdConfig<fa::bf16_t, 128, 128, 64, 3, false>;  // fa::default_tile()
 //   FAJIT_DEFINE_BACKWARD_SM90(fajit_bwd, FaBwdCfg, FaMods)
@@ -112,7 +112,7 @@ struct Sm90BwdTile : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;
   static constexpr int kSmemQBytes = kBlockM * Shape::RowQK::kRowBytes;  // per stage
   static constexpr int kSmemDoBytes = kBlockM * Shape::RowV::kRowBytes;  // per stage
-  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2;                 // LSE, Δ per stage
+  static constexpr int kSmemRowsBytes = kBlockM * 4 * 2 + 16;            // LSE, Δ, TileInfo per stage
   static constexpr int kNumBarriers = 1 + 2 * kStages;                   // kv, full, empty
   // The first byte past K, V and the stages: the config's own tiles (BwdSmem::own).
   static constexpr int kSmemOwnOffset = kSmemKBytes + kSmemVBytes + kStages * (kSmemQBytes + kSmemDoBytes);
@@ -129,6 +129,10 @@ struct Sm90BwdConfig
       Base::kConsumerWarpgroups, Base::kSmemOwnOffset, Base::kSmemRowsBytes;
   using typename Base::Shape;
   static constexpr bool kWide = false;  // backward_dkdv_kernel (not the wide-head one)
+  // Whether the consumers may take each tile from its stage's TileInfo: at BLOCK_M 128, for a
+  // mask_mod that reads buffers (backward_dkdv_kernel: Mods::kMaskReadsBuffers). At BLOCK_M 64
+  // they walk the tables themselves (there d128 causal ran 0.97x, softcap 0.98x published).
+  static constexpr bool kPublishTiles = kBlockM == 128;
   // 64 keys per consumer warpgroup: one wgmma M. Columns of the dK and dV accumulators (the N
   // of dK += dSᵀ·Q, dV += Pᵀ·dO): each head dim up to a whole 16-column k-step; at 72 the last
   // 8 come from zero-filled chunks and are never stored.
@@ -253,6 +257,7 @@ struct BwdSmem {
     return k + Cfg::kSmemRowsOffset + s * Cfg::kSmemRowsBytes;
   }
   __device__ __forceinline__ u32 delta(int s) const { return lse(s) + Cfg::kBlockM * 4; }
+  __device__ __forceinline__ u32 tile_info(int s) const { return delta(s) + Cfg::kBlockM * 4; }
   __device__ __forceinline__ u32 bar_kv() const { return k + Cfg::kSmemBarOffset; }
   __device__ __forceinline__ u32 bar_full(int s) const { return bar_kv() + kMbarBytes * (1 + s); }
   __device__ __forceinline__ u32 bar_empty(int s) const {
@@ -295,13 +300,55 @@ struct QueryBoxes {
   }
 };
 
+// Which query tile a stage holds, published by the producer beside its LSE / Δ rows (plain
+// stores, ordered for the consumers by the stage's full barrier like those rows): its first
+// query row and query head and whether it lies in a full block; a stage with q0 < 0 ends the
+// walk. The consumers read it after their wait instead of walking the block tables themselves,
+// so no global load of the next block index sits on their path.
+struct TileInfo {
+  int q0, hq;
+  bool full;
+  __device__ __forceinline__ static void publish(u32 at, int q0, int hq, bool full) {
+    st_shared_b32(at, static_cast<u32>(q0));
+    st_shared_b32(at + 4, static_cast<u32>(2 * hq + (full ? 1 : 0)));
+  }
+  __device__ __forceinline__ static TileInfo read(u32 at) {
+    const int q0 = static_cast<int>(ld_shared_b32(at));
+    const int w = static_cast<int>(ld_shared_b32(at + 4));
+    return TileInfo{q0, w >> 1, (w & 1) != 0};
+  }
+  __device__ __forceinline__ bool end() const { return q0 < 0; }
+};
+
+// The consumers' walk where the producer publishes each tile (TileInfo): nothing to walk; the
+// cursor never ends by itself (the end marker does).
+struct PublishedWalk {
+  __device__ __forceinline__ PublishedWalk(const FaBlockTables&, int, int, int) {}
+  struct Cursor {
+    int start = 0;
+    __device__ __forceinline__ Cursor(const PublishedWalk&, int) {}
+    __device__ __forceinline__ bool done(const PublishedWalk&) const { return false; }
+    __device__ __forceinline__ bool is_full(const PublishedWalk&) const { return false; }
+    __device__ __forceinline__ void next(const PublishedWalk&, int) {}
+  };
+};
+template <bool kFirst, typename A, typename B>
+struct PickType {
+  using Type = A;
+};
+template <typename A, typename B>
+struct PickType<false, A, B> {
+  using Type = B;
+};
+
 // Producer warps 0, 1 (tid < kLoadThreads): cp.async K and V once (bar_kv), then for each query
 // head of the GQA group and each query tile the transposed tables list, Q and dO by TMA from
 // one thread (cp.async from both warps where the driver refuses a map, or FAJIT_TMA=0, and for
 // a packed sequence's last partial tile: QueryBoxes) and LSE, Δ by plain stores into a stage
 // (full[s]), once the consumers have released it (empty[s]).
-// The consumers walk the same tiles in the same order (TileCursor over len_q).
-template <typename Cfg>
+// kPublish: each stage also carries its TileInfo, and a last stage with none ends the consumers'
+// walk; else the consumers walk the same tiles in the same order (TileCursor over len_q).
+template <typename Cfg, bool kPublish = false>
 __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const FaBwdParams& p,
                                                   const FaTmaPair& qdo, int b, int hkv, int kv0, int tid) {
   using E = typename Cfg::Element;
@@ -348,9 +395,20 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const 
       }
       bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sm.lse(ring.stage), sm.delta(ring.stage), p, b, hq, q0,
                                                    tid);
+      if (kPublish && tid == 0) TileInfo::publish(sm.tile_info(ring.stage), q0, hq, cur.is_full(walk));
       mbar_arrive(sm.bar_full(ring.stage));
       ring.advance();
     }
+  }
+  if constexpr (kPublish) {  // the end: a stage with no tile, completed by plain arrivals alone
+    mbar_wait(sm.bar_empty(ring.stage), ring.phase ^ 1u);
+    if (tid == 0) TileInfo::publish(sm.tile_info(ring.stage), -1, 0, false);
+    if (qdo.enabled) {
+      if (tid == 0) mbar_arrive(sm.bar_full(ring.stage)), mbar_arrive(sm.bar_full(ring.stage));
+    } else {
+      mbar_arrive(sm.bar_full(ring.stage));
+    }
+    mbar_arrive(sm.bar_full(ring.stage));
   }
   cp_async_wait_all();
 }
@@ -404,8 +462,14 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if (tid == 0) init_bwd_barriers(sm, qdo.enabled);
   __syncthreads();
 
-  // Every role below walks, per query head hq, the query tiles that see this CTA's keys with a
-  // TileCursor over len_q: the same tiles in the same order (sub-tiles past len_q skipped alike).
+  // Every role below takes, per query head hq, the query tiles that see this CTA's keys in one
+  // order (sub-tiles past len_q skipped alike): the producer and the dQ writers walk them with a
+  // TileCursor over len_q, the consumers too, or (kPublished) from the producer's TileInfo in
+  // each stage. Published only where mask_mod reads buffers: there a CTA's walk is a few tiles
+  // and the consumers' own block-index loads weigh (H200, bf16 B4 H16 S4096 d64: document
+  // 1.06x); on an affine mask (causal, sliding 0.985x) the loads hide under the GEMMs and the
+  // TileInfo's shared load after the wait costs more.
+  constexpr bool kPublished = Cfg::kPublishTiles && Mods::kMaskReadsBuffers;
   if (warpgroup == 0) {
     // ================= producer ==============================================================
     setmaxnreg_dec<Cfg::kProducerRegs>();
@@ -456,7 +520,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       }
       return;
     }
-    produce_bwd_tiles(sm, p, qdo, b, hkv, kv0, tid);
+    produce_bwd_tiles<Cfg, kPublished>(sm, p, qdo, b, hkv, kv0, tid);
     return;
   }
 
@@ -568,15 +632,26 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   StageRing<kStages> ring;
   int n_done = 0;  // query tiles done: picks the dSᵀ buffer and the tile-end barrier
   int dq_q0 = 0;   // the first query row of the tile whose dQ part is staged next
-  for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-    for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); ++n_done) {
+  // The tiles in the producer's order: published (kPublished), each named by its stage's
+  // TileInfo until a stage ends the walk (one pass of the outer loop; the walk and cursor unused);
+  // else walked here too, per query head of the GQA group, with a TileCursor over the tables.
+  using Walk = typename PickType<kPublished, PublishedWalk, BlockWalk<kBM>>::Type;
+  using Cursor = typename PickType<kPublished, PublishedWalk::Cursor, TileCursor<kBM>>::Type;
+  for (int walk_hq = hkv * group; walk_hq < (kPublished ? hkv * group + 1 : (hkv + 1) * group); ++walk_hq) {
+    const Walk walk(p.mask_t, b, walk_hq, kv0);
+    for (Cursor cur(walk, len_q); !cur.done(walk); ++n_done) {
       const int stage = ring.stage;
-      const int q0 = cur.start;
-      const bool is_full = cur.is_full(walk);
+      int q0 = cur.start, hq = walk_hq;
+      bool is_full = cur.is_full(walk);
+      if constexpr (kPublished) {
+        mbar_wait(sm.bar_full(stage), ring.phase);
+        const TileInfo tile = TileInfo::read(sm.tile_info(stage));
+        if (tile.end()) break;
+        q0 = tile.q0, hq = tile.hq, is_full = tile.full;
+      }
       const int buf = n_done & 1;
 
-      mbar_wait(sm.bar_full(stage), ring.phase);
+      if constexpr (!kPublished) mbar_wait(sm.bar_full(stage), ring.phase);
       // cp.async Q/dO (always possible in the ragged layout: a sequence's last tile); TMA's need
       // only the mbarrier
       if (Cfg::kLayout != kDenseLayout || !qdo.enabled) fence_proxy_async();

@@ -127,6 +127,11 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void st_shared_b32(u32 addr, u32 v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v));
 }
+__device__ __forceinline__ u32 ld_shared_b32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
 struct u32x4 {
   u32 x, y, z, w;
 };

@@ -127,6 +127,7 @@ inline const char* mods_noop() {
   static constexpr bool kHasMaskMod = false;
   static __device__ __forceinline__ float score_mod(float s, int, int, int, int, const FaCaptures&) { return s; }
   static __device__ __forceinline__ bool mask_mod(int, int, int, int, const FaCaptures&) { return true; }
+  static constexpr bool kMaskReadsBuffers = false;
   static constexpr bool kScoreGrad = false;
   static __device__ __forceinline__ float score_grad(float, int, int, int, int, float dt, const FaCaptures&,
                                                      const FaGradBuffers&) { return dt; }
@@ -142,6 +143,7 @@ inline const char* mods_alibi_causal() {
   }
   static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv, const FaCaptures& cap) { return q >= kv; }
   // d/dscore = 1; d/dslope[h] = kv - q, accumulated into the slopes' gradient when wanted.
+  static constexpr bool kMaskReadsBuffers = false;
   static constexpr bool kScoreGrad = true;
   static __device__ __forceinline__ float score_grad(float s, int b, int h, int q, int kv, float dt,
                                                      const FaCaptures& cap, const FaGradBuffers& grads) {

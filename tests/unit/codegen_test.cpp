@@ -1073,6 +1073,18 @@ TEST(Codegen, BackwardHookFromTheDerivative) {
   EXPECT_LACKS(fa::emit_mods(fa::trace(fa::mods::softcap(), fa::mods::causal())), "kScoreGrad");
 }
 
+TEST(Codegen, BackwardMaskHintSaysWhetherMaskModReadsBuffers) {
+  // The Hopper dK/dV kernel's walk hint: a document mask reads its ids; causal and noop masks
+  // read nothing, nor does a score_mod's buffer make the mask read one.
+  EXPECT_HAS(fa::emit_mods(fa::trace(fa::identity_score(), fa::mods::document()), true),
+             "static constexpr bool kMaskReadsBuffers = true;");
+  EXPECT_HAS(fa::emit_mods(fa::trace(fa::mods::relative_bias(), fa::mods::causal()), true),
+             "static constexpr bool kMaskReadsBuffers = false;");
+  EXPECT_HAS(fa::emit_mods(fa::trace(fa::identity_score(), fa::noop_mask()), true),
+             "static constexpr bool kMaskReadsBuffers = false;");
+  EXPECT_LACKS(fa::emit_mods(fa::trace(fa::identity_score(), fa::mods::document())), "kMaskReadsBuffers");
+}
+
 TEST(Codegen, BackwardOfAModWithoutDerivativeIsRefused) {
   const fa::ScoreMod stepped{"stepped", [](Score s, Index, Index, Index, Index) { return s * fa::floor(s); }};
   const fa::Program p = fa::trace(stepped, fa::mods::causal());

@@ -83,8 +83,8 @@ static int sm90_backward_smem_bytes(int block_m, int block_n, int head_dim_qk, i
   const int m = block_m, n = block_n;
   const int d = head_dim_pitch(head_dim_qk) + head_dim_pitch(head_dim_v);  // rows of whole 64-column blocks
   // templates/fajit/backward_sm90.cuh: alignment slack, K, V, stages of Q and dO, stages of
-  // LSE and delta rows, mbarriers, and
-  const int common = 1024 + n * 2 * d + stages * m * 2 * d + stages * m * 8 + 8 * (1 + 2 * stages);
+  // LSE and delta rows with the tile's TileInfo (16 B), mbarriers, and
+  const int common = 1024 + n * 2 * d + stages * m * 2 * d + stages * (m * 8 + 16) + 8 * (1 + 2 * stages);
   // Sm90WideBwdConfig::kSmemBytes: Pᵀ and two dSᵀ buffers (64 x 64, 16-bit)
   if (sm90_backward_wide(head_dim_qk, head_dim_v)) return common + 3 * 2 * n * m;
   // Sm90BwdConfig::kSmemBytes: two dSᵀ buffers and two dQ stagings of 64 rows of 288 B, or
