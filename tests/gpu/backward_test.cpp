@@ -155,6 +155,18 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.deterministic = true, c.dlse = true; }),
       with({"document2d_causal", f16, 128, 64, 2, 2, 1, 17, 1000}, "det_noncontig",
            [](BwdCase& c) { c.deterministic = true, c.noncontig = true; }),
+      // A mask_mod that reads a buffer without a score_mod, up to head dim 64 (BLOCK_M 128 on
+      // sm_90a): the producer publishes each tile to the consumers (TileInfo). GQA 4 over keys no
+      // query sees (CTAs with no tile: the end marker alone), deterministic, 32 columns, dLSE
+      // with non-contiguous tensors, 256-key blocks.
+      {"document2d_causal", f16, 64, 64, 2, 8, 2, 17, 1000},
+      with({"document2d_causal", bf16, 64, 64, 1, 4, 2, 1000, 777}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      {"document2d_causal", bf16, 32, 32, 2, 4, 4, 300, 300},
+      with({"document2d_causal", f16, 64, 64, 2, 4, 1, 4097, 1000}, "dlse_noncontig",
+           [](BwdCase& c) { c.dlse = true, c.noncontig = true; }),
+      with({"document2d_causal", bf16, 64, 64, 1, 4, 2, 1000, 1000}, "kvb256",
+           [](BwdCase& c) { c.kv_block = 256; }),
       // Head dims beyond 64 / 128: odd chunk counts (40, 72, 80, 136), padded shared rows, QK !=
       // V; above 256 columns (192/128, 256/256, 200/72) the mma.sync dK/dV grid splits in a dV
       // part and a dK + dQ part (buffer gradients in the dK part only, once). On sm_90a every
