@@ -11,6 +11,7 @@
 #include "mlir/IR/BuiltinOps.h"
 
 #include "fajit/Dialect/FA/BodyOps.h"
+#include "fajit/Dialect/FA/Passes.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/params.h"
 
@@ -340,10 +341,10 @@ std::string emit_mods(const Program& program, bool with_backward) {
   // (fa::Error with the pass's diagnostic when the score_mod has none): dS = dT when the
   // derivative is `yield %dt` with no buffer gradient, else the generated score_grad.
   if (with_backward) {
-    // Whether mask_mod reads a captured buffer (a document mask's ids): the Hopper dK/dV
-    // kernel's consumers then take their tiles from the producer (TileInfo) at BLOCK_M 128.
-    bool mask_reads_buffers = false;
-    impl.mask->walk([&](mlir::fa::LoadOp) { mask_reads_buffers = true; });
+    // Whether mask_mod reads a captured buffer (a document mask's ids; the dialect's
+    // computeUses): the Hopper dK/dV kernel's consumers then take their tiles from the producer
+    // (TileInfo) at BLOCK_M 128.
+    const bool mask_reads_buffers = !mlir::fa::computeUses(impl.mask.getOperation()).buffers.empty();
     os << "  static constexpr bool kMaskReadsBuffers = " << (mask_reads_buffers ? "true" : "false") << ";\n";
     mlir::fa::ScoreGradOp grad = detail::score_grad_of(program);
     if (program.score_grad_is_identity()) {
