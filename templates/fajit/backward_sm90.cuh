@@ -643,15 +643,14 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       const int stage = ring.stage;
       int q0 = cur.start, hq = walk_hq;
       bool is_full = cur.is_full(walk);
+      mbar_wait(sm.bar_full(stage), ring.phase);
       if constexpr (kPublished) {
-        mbar_wait(sm.bar_full(stage), ring.phase);
         const TileInfo tile = TileInfo::read(sm.tile_info(stage));
         if (tile.end()) break;
         q0 = tile.q0, hq = tile.hq, is_full = tile.full;
       }
       const int buf = n_done & 1;
 
-      if constexpr (!kPublished) mbar_wait(sm.bar_full(stage), ring.phase);
       // cp.async Q/dO (always possible in the ragged layout: a sequence's last tile); TMA's need
       // only the mbarrier
       if (Cfg::kLayout != kDenseLayout || !qdo.enabled) fence_proxy_async();
