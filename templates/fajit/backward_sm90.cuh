@@ -43,7 +43,8 @@
 //   stage (mbarrier full[s]: two expect_tx arrivals, or 64 cp.async ones, + 64 plain ones),
 //   after waiting for the consumers to release it (empty[s], every consumer thread arrives).
 //   Warps 2, 3: the dQ
-//   writers of consumer warpgroups 1, 2 (FlashAttention-3's): each staged dQ part goes to
+//   writers of consumer warpgroups 1, 2 (FlashAttention-3's; by turns warp 2 alone takes the
+//   parts of both): each staged dQ part goes to
 //   dq_accum by bulk fp32 reductions (cp.reduce.async.bulk.tensor through the accumulator's
 //   tensor map, FaTmaMap; row by row without one), handshaking with its warpgroup through
 //   named barriers (staging free / part staged), so no consumer waits on a reduction.
@@ -62,10 +63,13 @@
 //                                          GEMMs
 //     (the stage goes back to the producer once dV and dK are done: dQ reads no stage)
 //     dQ_part -> staging (fp32) for the writer warp; the last tile's part after the walk
-//   The dQ tile (BLOCK_M x DQK) is split between the warpgroups: by rows at BLOCK_M 128, by
-//   64-column blocks above DQK 64 (the second block's columns past DQK computed and dropped: an
-//   MN-major operand splits only at a block), and at BLOCK_M 64 up to DQK 64 by keys (each sums
-//   over its own 64 keys; both parts are reduced into the same rows).
+//   The dQ tile (BLOCK_M x DQK) is split between the warpgroups: by rows at BLOCK_M 128, at
+//   BLOCK_M 64 up to DQK 64 by keys (each sums over its own 64 keys; both parts are reduced into
+//   the same rows), and above DQK 64 by tiles (kDqByTurns, cuDNN's way: the whole m64 n DQK
+//   part over both warpgroups' 128 keys by one warpgroup, the two in turn, issued once its dK
+//   and dV have completed rather than beside them, staged into one staging for warp 2; with
+//   a score_mod that has its own derivative above DQK 96, by 64-column blocks instead, each
+//   warpgroup its block of every tile, the second block's columns past DQK dropped).
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
 //   query sees). Deterministic mode leaves dQ to backward.cuh's dq_det kernel.
 #ifndef FAJIT_BACKWARD_SM90_CUH
@@ -138,31 +142,39 @@ struct Sm90BwdConfig
   // 8 come from zero-filled chunks and are never stored.
   static constexpr int kHeadDimNQK = Shape::RowQK::kUsed * 8;
   static constexpr int kHeadDimNV = Shape::RowV::kUsed * 8;
-  // K's rows zero-filled to the whole pitch: dQ's part of the second 64-column block reads all
-  // 64 of its columns (those past DQK land in dQ columns that are never written back).
+  // K's rows zero-filled to the whole pitch: dQ's B operand reads K's columns up to kDqN
+  // (those past DQK land in dQ columns that are never written back).
   struct RowKPitch : Shape::RowQK {
     static constexpr int kUsed = Shape::RowQK::kPitch;
   };
 
   static constexpr int kQT = kBlockM / 8;   // 8-column n-tiles of Sᵀ (queries)
   static constexpr int kMK = kBlockM / 16;  // k-steps over queries (dV, dK)
-  // dQ split: rows (BLOCK_M 128: 64 query rows each), 64-column blocks (above DQK 64: block cw
-  // each, the second one's columns past DQK dropped), or keys (BLOCK_M 64 up to DQK 64: each
-  // warpgroup's sum over its own 64 keys, both reduced into the same dQ rows). Every
-  // warpgroup's part is m64 n kDqN, every tile: no branch around a wgmma (whole tiles in turn
-  // made ptxas serialize every wgmma of the kernel).
+  // dQ split: rows (BLOCK_M 128: 64 query rows each, every tile), keys (BLOCK_M 64 up to DQK
+  // 64: each warpgroup's sum over its own 64 keys, both reduced into the same dQ rows, every
+  // tile), or tiles (above DQK 64, kDqByTurns: a tile's whole m64 n DQK part over both
+  // warpgroups' 128 keys by one warpgroup, the two in turn, as cuDNN's d128 kernel does: 48 KB of
+  // operand reads per tile against 64 KB for two m64n64 halves). Each part is m64 n kDqN. A
+  // part by turns is issued, waited for and staged inside its branch once dK and dV have
+  // completed: with a wgmma in flight across a branch ptxas serializes every wgmma of the
+  // kernel (C7520).
   static constexpr bool kTwoBlocks = kHeadDimQK > 64;
   static constexpr bool kDqSplitRows = kBlockM == 128;
-  static constexpr bool kDqSplitCols = kBlockM == 64 && kTwoBlocks;
   static constexpr bool kDqSplitKeys = kBlockM == 64 && !kTwoBlocks;
-  static constexpr int kDqN = kTwoBlocks ? 64 : kHeadDimNQK;
+  // Above DQK 64 by turns (kDqByTurns), or by 64-column blocks (each warpgroup block cw of every
+  // tile, the second one's columns past DQK dropped: an MN-major operand splits only at a block)
+  // where the mods hold too many registers for a whole part (backward_dkdv_kernel's DqPlan).
+  template <bool kByTurns>
+  static constexpr int kDqNFor = kTwoBlocks && !kByTurns ? 64 : kHeadDimNQK;
+  static constexpr bool kDqMayTurn = kBlockM == 64 && kTwoBlocks;
 
   static constexpr int kSmemDsBytes = kBlockN * kBlockM * 2;  // per buffer (2)
   // dQ parts staged for the writer warps: fp32, per consumer warpgroup 64 rows of kDqN values,
   // either two boxes of 64 rows x 32 values in the tensor map's 128B swizzle (16 KiB,
   // conflict-free for the consumers' 8-byte stores), or rows for row-by-row reductions (no
   // tensor map), padded to 288 B (conflict-free) where shared memory allows, else 256 B (the
-  // stores then conflict 8-way: the fallback path of 3 stages at D 128 only).
+  // stores then conflict 8-way: the fallback path of 3 stages at D 128 only). By turns, one
+  // staging of both regions for the whole part: up to four boxes, or rows of kDqTurnRowBytes.
   static constexpr int kSmemDqOffset = kSmemOwnOffset + 2 * kSmemDsBytes;
   static constexpr int kSmemOtherBytes =
       sm90::kSwizzleAtomBytes + kSmemDqOffset + kStages * kSmemRowsBytes + sm90::kMbarBytes * kNumBarriers;
@@ -170,6 +182,12 @@ struct Sm90BwdConfig
       kSmemOtherBytes + kConsumerWarpgroups * 64 * 288 <= 227 * 1024 ? 288 : 256;
   static constexpr int kDqBoxBytes = 64 * sm90::kSw128RowBytes;  // 64 rows x 32 fp32
   static constexpr int kSmemDqBytes = 64 * kDqRowBytes;          // per consumer warpgroup (1 KiB multiple)
+  static constexpr int kDqTurnRowBytes = 64 * (kHeadDimNQK * 4 + 32) <= kConsumerWarpgroups * kSmemDqBytes
+                                             ? kHeadDimNQK * 4 + 32
+                                             : kHeadDimNQK * 4;
+  static_assert(!kDqMayTurn || ((kHeadDimNQK + 31) / 32 * kDqBoxBytes <= kConsumerWarpgroups * kSmemDqBytes &&
+                                64 * kDqTurnRowBytes <= kConsumerWarpgroups * kSmemDqBytes),
+                "a part by turns must fit both stagings");
   static constexpr int kSmemRowsOffset = kSmemDqOffset + kConsumerWarpgroups * kSmemDqBytes;
   static constexpr int kSmemBarOffset = kSmemRowsOffset + kStages * kSmemRowsBytes;
   static constexpr int kSmemBytes =
@@ -229,7 +247,8 @@ constexpr int kBarDqFree = 7;    // + consumer index: its staging read by the wr
 // + consumer index (the wide-head kernel, which has no dQ writer): its Pᵀ or dSᵀ rows staged (128)
 constexpr int kBarWideStaged = kBarDqFull;
 // + 2 · consumer index + (tile & 1): that warpgroup has ended a tile (its dSᵀ staged, its dQ
-// part of the tile before read out); arrived on by it, waited on by the other (256 threads).
+// part of the tile before read out, if it formed one); arrived on by it, waited on by the other
+// (256 threads).
 // Two ids per warpgroup by tile parity: a warpgroup may end tile n + 1 before the other has
 // waited for tile n, and one id would then count both arrivals as the 256.
 constexpr int kBarTileEnded = 9;
@@ -438,6 +457,12 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   constexpr int kWG = kWarpgroupThreads;
   constexpr int kQT = Cfg::kQT;
   constexpr int kTileBlock = kBN * kSw128RowBytes;  // one 64-column block of a 128-row tile
+  // dQ above DQK 64 at BLOCK_M 64: by turns, unless a score_mod with its own derivative keeps
+  // its scores (sc) through the tile above DQK 96; there the whole part's 64 accumulators spill
+  // (H200 bf16 d128 softcap by turns 0.95x) and each warpgroup forms a 64-column block instead.
+  constexpr bool kDqByTurns = Cfg::kDqMayTurn && !(Mods::kScoreGrad && Cfg::kHeadDimQK > 96);
+  constexpr bool kDqSplitCols = Cfg::kDqMayTurn && !kDqByTurns;
+  constexpr int kDqN = Cfg::template kDqNFor<kDqByTurns>;
 
   extern __shared__ unsigned char smem_raw[];
   const BwdSmem<Cfg> sm(smem_raw);
@@ -447,10 +472,12 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto sDs = [&](int buf) { return sm.own() + buf * Cfg::kSmemDsBytes; };
   auto sLse = [&](int s) { return sm.lse(s); };
   auto sDelta = [&](int s) { return sm.delta(s); };
-  auto sDqPart = [&](int cw) { return sK + Cfg::kSmemDqOffset + cw * Cfg::kSmemDqBytes; };
+  // warpgroup cw's dQ staging (by turns both warpgroups stage into one) and its row pitch
+  auto sDqPart = [&](int cw) { return sK + Cfg::kSmemDqOffset + (kDqByTurns ? 0 : cw * Cfg::kSmemDqBytes); };
+  constexpr int kDqRowPitch = kDqByTurns ? Cfg::kDqTurnRowBytes : Cfg::kDqRowBytes;
   // The rows and columns of dQ's tile that consumer warpgroup cw's m64 n kDqN part covers.
   auto dq_row0 = [](int cw) { return Cfg::kDqSplitRows ? 64 * cw : 0; };
-  auto dq_col0 = [](int cw) { return Cfg::kDqSplitCols ? 64 * cw : 0; };
+  auto dq_col0 = [](int cw) { return kDqSplitCols ? 64 * cw : 0; };
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / kWG;
@@ -482,26 +509,37 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // lane, else one bulk reduction per row (rows past len_q skipped). The consumers never
         // wait on the reductions themselves (FlashAttention-3's dQ writer).
         const int part = tid / 32 - 2, lane = tid & 31;
+        // By turns warp 2 reduces every part, each from the one staging, in the barriers of the
+        // warpgroup that formed it (tile k's part: warpgroup (k + 1) % 2, during tile k + 1);
+        // warp 3 has nothing to do.
+        if (kDqByTurns && part == 1) return;
         const int row0 = dq_row0(part), col0 = dq_col0(part);
-        // dQ's columns in this part: those past DQK (the second block above 64, or 72's zero
-        // chunk) are computed but not reduced
-        const int cols = Cfg::kHeadDimQK - col0 < Cfg::kDqN ? Cfg::kHeadDimQK - col0 : Cfg::kDqN;
+        // dQ's columns in this part: those past DQK (the second block's, or 72's zero chunk) are
+        // computed but not reduced
+        const int cols = Cfg::kHeadDimQK - col0 < kDqN ? Cfg::kHeadDimQK - col0 : kDqN;
         const QueryBoxes<Cfg> boxes(p, b);
         wait_for_prior_grids();  // dq_accum zeroed by the preprocess
+        int former = part;       // the warpgroup whose part comes next
         for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
           const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
           for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
             const int q0 = cur.start + row0;
+            if (kDqByTurns) former ^= 1;  // (tile 0's part: warpgroup 1)
             bulk_wait_read<0>();
             __syncwarp();
-            named_barrier_arrive(kBarDqFree + part, kWG + 32);
-            named_barrier(kBarDqFull + part, kWG + 32);
+            // (by turns a sync, not an arrive: the two warpgroups write one staging, and
+            // racecheck orders stores only through barriers every side waits on)
+            if (kDqByTurns)
+              named_barrier(kBarDqFree + former, kWG + 32);
+            else
+              named_barrier_arrive(kBarDqFree + former, kWG + 32);
+            named_barrier(kBarDqFull + former, kWG + 32);
             if (dq_map.enabled && boxes.fits(q0, 64, len_q)) {
               if (lane == 0) {
 #pragma unroll
-                for (int blk = 0; blk < (Cfg::kDqN + 31) / 32; ++blk)
+                for (int blk = 0; blk < (kDqN + 31) / 32; ++blk)
                   if (32 * blk < cols)  // (a box's columns past D are clipped by the map)
-                    tma_reduce_add_4d(&dq_map.map, sDqPart(part) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
+                    tma_reduce_add_4d(&dq_map.map, sDqPart(former) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
                                       boxes.row(q0), hq, boxes.b);
                 bulk_commit();
               }
@@ -510,8 +548,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 #pragma unroll
               for (int r = lane; r < 64; r += 32)
                 if (q0 + r < len_q)
-                  bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(part) + r * Cfg::kDqRowBytes,
-                                      cols * 4);
+                  bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(former) + r * kDqRowPitch, cols * 4);
               bulk_commit();
             }
           }
@@ -578,42 +615,45 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                                     desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
-  // This warpgroup's m64 n kDqN part of dQ = dS·K (rows row0.., columns col0.., keys key0..):
-  // one commit group.
+  // This warpgroup's m64 n kDqN part of dQ = dS·K (rows row0.., keys key0..; by turns, N spans
+  // both 64-column blocks of K): one commit group.
   const int row0 = dq_row0(cw), col0 = dq_col0(cw);
   constexpr int kDqKSteps = (Cfg::kDqSplitKeys ? kKeys : kBN) / 16;
   const u32 key0 = mnmajor_kstep_offset(Cfg::kDqSplitKeys ? cw * (kKeys / 16) : 0);
-  auto issue_dq = [&](float(&dq)[Cfg::kDqN / 8][4], int buf) {
+  auto issue_dq = [&](float(&dq)[kDqN / 8][4], int buf) {
 #pragma unroll
     for (int kk = 0; kk < kDqKSteps; ++kk)
-      wgmma_ss_mn<E, Cfg::kDqN>(
-          dq,
-          desc_advance(dds_at,
-                       buf * Cfg::kSmemDsBytes + (row0 / 64) * kTileBlock + key0 + mnmajor_kstep_offset(kk)),
-          desc_advance(dkk_bt, (col0 / 64) * kTileBlock + key0 + mnmajor_kstep_offset(kk)), kk > 0);
+      wgmma_ss_mn<E, kDqN>(dq,
+                           desc_advance(dds_at, buf * Cfg::kSmemDsBytes + (row0 / 64) * kTileBlock + key0 +
+                                                    mnmajor_kstep_offset(kk)),
+                           desc_advance(dkk_bt, (col0 / 64) * kTileBlock + key0 + mnmajor_kstep_offset(kk)),
+                           kk > 0);
     wgmma_commit();
   };
   // The part to the staging, once the writer warp has read the previous one: as the tensor
   // map's boxes, or as rows for the writer's row-by-row reductions (no map; a packed
   // sequence's part that passes its end: QueryBoxes).
   const QueryBoxes<Cfg> boxes(p, b);
-  auto stage_dq = [&](const float(&dq)[Cfg::kDqN / 8][4], int part_q0) {
+  auto stage_dq = [&](const float(&dq)[kDqN / 8][4], int part_q0) {
     const bool fits = boxes.fits(part_q0 + dq_row0(cw), 64, len_q);
     named_barrier(kBarDqFree + cw, kWG + 32);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-      for (int j = 0; j < Cfg::kDqN / 8; ++j) {
+      for (int j = 0; j < kDqN / 8; ++j) {
         // row r (r % 8 == g), columns 8j + 2t, 8j + 2t + 1: in swizzled box j / 4, 16-byte
         // chunk (2 (j % 4) + t / 2) ^ g of row r; or at 4 (8j + 2t) of a padded row
         const int r = warp * 16 + g + 8 * hh;
         const u32 off = dq_map.enabled && fits ? (j / 4) * Cfg::kDqBoxBytes + r * kSw128RowBytes +
                                                      ((((j % 4) * 2 + (t >> 1)) ^ g) << 4) + (t & 1) * 8
-                                               : r * Cfg::kDqRowBytes + (8 * j + 2 * t) * 4;
+                                               : r * kDqRowPitch + (8 * j + 2 * t) * 4;
         st_shared_v2_f32(sDqPart(cw) + off, dq[j][2 * hh], dq[j][2 * hh + 1]);
       }
     fence_proxy_async();
-    named_barrier_arrive(kBarDqFull + cw, kWG + 32);
+    if constexpr (kDqByTurns)  // (a sync: the writer waits here already; see the writer)
+      named_barrier(kBarDqFull + cw, kWG + 32);
+    else
+      named_barrier_arrive(kBarDqFull + cw, kWG + 32);
   };
   // Waits until the other consumer warpgroup has ended its n-th tile. Split by keys, a
   // warpgroup's dQ reads only its own dSᵀ rows: a barrier of its own 128 threads (their dSᵀ
@@ -713,32 +753,47 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);
 
       // ---- dSᵀ (this warpgroup's 64 key rows) to shared memory, then this warpgroup's part
-      // of the previous tile's dQ = dS·K (else dQ comes from backward.cuh's dq_det kernel).
+      // of the previous tile's dQ = dS·K, by turns the whole part when it is this one's turn
+      // (else dQ comes from backward.cuh's dq_det kernel).
       // One tile late, so a warpgroup waits only for the other to have ended the previous
       // tile, not for it to reach this point of this one: the two need not run in lockstep.
       bool mine = false;
-      float dq[Cfg::kDqN / 8][4];
+      float dq[kDqN / 8][4];
       if constexpr (!Cfg::kDeterministic) {
         // this tile's buffer held dSᵀ of tile n - 2, which the other warpgroup's dQ read in tile
         // n - 1; that tile's end also has its dSᵀ of tile n - 1 staged
         if (n_done > 0) wait_tile_ended(n_done - 1);
         stage_packed_x4<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16);
         fence_proxy_async();
-        // (at the first tile a product of the unused buffer, never staged: a branch around
-        // the wgmma would make ptxas serialize every wgmma of the kernel)
-        issue_dq(dq, buf ^ 1);
-        mine = n_done > 0;
+        if constexpr (kDqByTurns) {  // the previous tile's part, if it is this one's turn
+          mine = n_done > 0 && ((n_done ^ cw) & 1) == 0;
+        } else {
+          // (at the first tile a product of the unused buffer, never staged: a branch around
+          // the wgmma would make ptxas serialize every wgmma of the kernel)
+          issue_dq(dq, buf ^ 1);
+          mine = n_done > 0;
+        }
       }
       // dV and dK done: the stage goes back to the producer (dQ reads no stage), then dQ
-      wgmma_wait<Cfg::kDeterministic ? 0 : 1>();
+      wgmma_wait<Cfg::kDeterministic || kDqByTurns ? 0 : 1>();
       pin(dk);
       pin(dv);
       pin(pa);
       pin(da);
       mbar_arrive(sm.bar_empty(stage));
-      wgmma_wait<0>();
-      pin(dq);
-      if (mine) stage_dq(dq, dq_q0);
+      if constexpr (kDqByTurns && !Cfg::kDeterministic) {
+        if (mine) {  // nothing in flight: the branch holds the whole wgmma (fence to wait)
+          wgmma_fence();
+          issue_dq(dq, buf ^ 1);
+          wgmma_wait<0>();
+          pin(dq);
+          stage_dq(dq, dq_q0);
+        }
+      } else {
+        wgmma_wait<0>();
+        pin(dq);
+        if (mine) stage_dq(dq, dq_q0);
+      }
       dq_q0 = q0;
       if constexpr (!Cfg::kDeterministic && kDqReadsBoth)
         named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
@@ -749,12 +804,14 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   if constexpr (!Cfg::kDeterministic) {                                    // the last tile's dQ part
     if (n_done > 0) {
       wait_tile_ended(n_done - 1);
-      float dq[Cfg::kDqN / 8][4];
-      wgmma_fence();
-      issue_dq(dq, (n_done - 1) & 1);
-      wgmma_wait<0>();
-      pin(dq);
-      stage_dq(dq, dq_q0);
+      if (!kDqByTurns || (n_done & 1) == cw) {  // by turns: the warpgroup whose turn it is
+        float dq[kDqN / 8][4];
+        wgmma_fence();
+        issue_dq(dq, (n_done - 1) & 1);
+        wgmma_wait<0>();
+        pin(dq);
+        stage_dq(dq, dq_q0);
+      }
     }
   }
 
