@@ -48,7 +48,7 @@ struct BlockWalk {
 // division. The next sparse block's index is loaded one block ahead (`ahead`): next() within a
 // block loads nothing, and at a block's end takes the index loaded a block earlier and loads the
 // one after, so no role waits on a table load while it moves the cursor (ncu, d128 backward
-// before: 5.7 % of the consumers' samples at that load, one a tile). A cursor may start at any
+// before: 5.7 % of all samples at the consumers' load, one a tile). A cursor may start at any
 // tile `first` of the walk (a split of the decoding kernel) and stop before tile `end`
 // (done(w, end)).
 template <int kTile>
