@@ -163,7 +163,8 @@ struct Sm90BwdConfig
   static constexpr bool kDqSplitKeys = kBlockM == 64 && !kTwoBlocks;
   // Above DQK 64 by turns (kDqByTurns), or by 64-column blocks (each warpgroup block cw of every
   // tile, the second one's columns past DQK dropped: an MN-major operand splits only at a block)
-  // where the mods hold too many registers for a whole part (backward_dkdv_kernel's DqPlan).
+  // where the mods hold too many registers for a whole part (backward_dkdv_kernel's kDqByTurns;
+  // kDqNFor is a part's width, the kernel's kDqN, which the comments here call kDqN too).
   template <bool kByTurns>
   static constexpr int kDqNFor = kTwoBlocks && !kByTurns ? 64 : kHeadDimNQK;
   static constexpr bool kDqMayTurn = kBlockM == 64 && kTwoBlocks;
