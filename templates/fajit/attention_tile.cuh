@@ -235,7 +235,8 @@ struct KvTiles {
 };
 
 // ---- where a CTA and a thread are -------------------------------------------------------------
-// The tile a CTA of a (tiles, batch x heads) grid takes. CTAs start in about linear order
+// The tile a CTA of a (tiles, batch x heads) grid takes (grid_tile(lin, ...): the lin-th of that
+// list, as the persistent forward hands it out). CTAs start in about linear order
 // (x fastest) and one CTA fills an SM, so the order is a list schedule: heaviest tiles first
 // leaves light ones for the last wave (a causal forward's last query blocks walk every key
 // block: launched last, they ran alone at the end). Heads go in groups of kGridHeadGroup, all
@@ -247,13 +248,15 @@ struct GridTile {
   int tile, bh;
 };
 template <bool kHeavyLast>
-__device__ __forceinline__ GridTile grid_tile() {
-  const long long nt = gridDim.x, nbh = gridDim.y;
-  const long long lin = (long long)blockIdx.y * nt + blockIdx.x;
+__device__ __forceinline__ GridTile grid_tile(long long lin, long long nt, long long nbh) {
   const long long group = lin / (kGridHeadGroup * nt), g0 = group * kGridHeadGroup;
   const long long in_group = nbh - g0 < kGridHeadGroup ? nbh - g0 : kGridHeadGroup;
   const long long rem = lin - group * kGridHeadGroup * nt, step = rem / in_group;
   return {static_cast<int>(kHeavyLast ? nt - 1 - step : step), static_cast<int>(g0 + rem - step * in_group)};
+}
+template <bool kHeavyLast>
+__device__ __forceinline__ GridTile grid_tile() {
+  return grid_tile<kHeavyLast>((long long)blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y);
 }
 
 // A query-block CTA (grid x: query blocks of block_m rows, y: batch x query heads, taken in
@@ -638,6 +641,28 @@ __device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, i
     if (q0 + r < len)
       st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, ld_shared_v4(tile + Layout::offset(r, c)));
   });
+}
+
+// store_rows with the shared reads first, all of them, then `read()` (the tile may be
+// overwritten after it: the persistent forward frees its Q region there), then the stores.
+template <int kRows, int kChunks, int kThreads, typename Layout, typename E, typename Read>
+__device__ __forceinline__ void store_rows_read_first(E* dst, long long stride, u32 tile, int row_begin,
+                                                      int q0, int len, int tid, Read&& read) {
+  constexpr int kPer = (kRows * kChunks + kThreads - 1) / kThreads;
+  u32x4 v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int idx = tid + i * kThreads;
+    if ((kRows * kChunks) % kThreads == 0 || idx < kRows * kChunks)
+      v[i] = ld_shared_v4(tile + Layout::offset(row_begin + idx / kChunks, idx % kChunks));
+  }
+  read();
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int idx = tid + i * kThreads, r = row_begin + idx / kChunks, c = idx % kChunks;
+    if (((kRows * kChunks) % kThreads == 0 || idx < kRows * kChunks) && q0 + r < len)
+      st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, v[i]);
+  }
 }
 
 // The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), written by

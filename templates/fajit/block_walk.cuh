@@ -26,16 +26,24 @@ struct BlockWalk {
 
   // The walk of the row block that starts at `row0` (a query row in the forward, a key row
   // in the backward) of (batch b, query head h).
-  __device__ __forceinline__ BlockWalk(const FaBlockTables& bt, int b, int h, int row0) {
-    const long long row = b * bt.row_stride_b + h * bt.row_stride_h + row0 / bt.q_block;
-    n_partial = bt.kv_num_blocks[row];
-    const int n_full = bt.full_kv_num_blocks ? bt.full_kv_num_blocks[row] : 0;
+  __device__ __forceinline__ BlockWalk(const FaBlockTables& bt, int b, int h, int row0)
+      : BlockWalk(bt, b, h, row0, bt.kv_num_blocks[row_of(bt, b, h, row0)],
+                  bt.full_kv_num_blocks ? bt.full_kv_num_blocks[row_of(bt, b, h, row0)] : 0) {}
+  // The same walk from its block counts, read already (the persistent forward's producer
+  // publishes them to its consumers): no loads.
+  __device__ __forceinline__ BlockWalk(const FaBlockTables& bt, int b, int h, int row0, int partial,
+                                       int full) {
+    const long long row = row_of(bt, b, h, row0);
+    n_partial = partial;
     partial_idx = bt.kv_indices + row * bt.num_kv_blocks;
     full_idx = bt.full_kv_indices + row * bt.num_kv_blocks;
     col_block = bt.kv_block;
     tiles_per_block = bt.kv_block / kTile;
-    n_blocks = n_partial + n_full;
+    n_blocks = partial + full;
     n_tiles = n_blocks * tiles_per_block;
+  }
+  __device__ __forceinline__ static long long row_of(const FaBlockTables& bt, int b, int h, int row0) {
+    return b * bt.row_stride_b + h * bt.row_stride_h + row0 / bt.q_block;
   }
   // Column block index of sparse block `sb` of the walk.
   __device__ __forceinline__ int block_index(int sb) const {
@@ -62,6 +70,15 @@ struct TileCursor {
   __device__ __forceinline__ TileCursor(const BlockWalk<kTile>& w, int len, int first = 0)
       : sb(first / w.tiles_per_block), sub(first - sb * w.tiles_per_block), start(0), it(first) {
     ahead = sb < w.n_blocks ? w.block_index(sb) : 0;
+    seek(w, len);
+  }
+  // At the walk's first tile, with the indices of its first two sparse blocks read already
+  // (0 where there is none): no load unless that tile starts at or past len.
+  __device__ __forceinline__ TileCursor(const BlockWalk<kTile>& w, int len, int index0, int index1)
+      : sb(0), sub(0), start(index0 * w.col_block), it(0), ahead(w.n_blocks > 1 ? index1 : 0) {
+    if (w.n_blocks == 0 || start < len) return;
+    ahead = index1;
+    sb = 1, it = w.tiles_per_block;
     seek(w, len);
   }
   __device__ __forceinline__ bool done(const BlockWalk<kTile>& w) const { return sb >= w.n_blocks; }

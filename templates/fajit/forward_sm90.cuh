@@ -14,7 +14,7 @@
 // must be single identifiers (name the config with a `using` first). The kernel is extern "C".
 //
 // ---- Config (fa::Sm90FwdConfig<Element, DQK, DV, BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K,
-//                                 CONSUMERS, CP_ASYNC_KV>)
+//                                 CONSUMERS, CP_ASYNC_KV, PERSISTENT>)
 //   Element   fa::f16_t or fa::bf16_t (Q, K, V, O); LSE is fp32
 //   DQK, DV   head dims of Q·Kᵀ and of V/O: multiples of 8 from 32 to 256, independently
 //             (rows padded to 64-column swizzle blocks; Q·Kᵀ runs ceil(DQK / 16) k-steps and
@@ -40,6 +40,13 @@
 //             enabled); true: the producer warpgroup copies them with cp.async and the maps
 //             are not read (the twin for tensors the driver cannot map, and the ragged and
 //             paged layouts)
+//   PERSISTENT false (default): one CTA per query block. true (dense, K/V by TMA; the host
+//             takes it on three-consumer tiles where two Q regions fit): one CTA per SM takes
+//             query blocks from FaFwdParams::tile_counter (zeroed before the launch; block
+//             blockIdx.x first, then gridDim.x + atomicAdd) in grid_tile's heaviest-first order;
+//             the producer thread publishes each block's walk in shared memory and loads its Q
+//             by TMA into region k % 2 once the consumers have read block k - 2's staged O
+//             there (q_empty); the K/V ring runs on from block to block.
 // Sequence layouts: fa::WithLayout<Sm90FwdConfig<..., true>, fa::kRaggedLayout or
 // fa::kPagedLayout> (attention_tile.cuh, as forward.cuh): each CTA runs on its sequence
 // (rebase_sequence; a query block past the sequence's end returns at once), and paged K/V rows
@@ -47,13 +54,16 @@
 //
 // ---- Launch (host mirrors these; the constants are spelled out) --------------------------
 //   grid  = ( ceil(len_q / BLOCK_M), batch * heads_q, 1 )     (as forward.cuh)
+//           PERSISTENT: ( min(ceil(len_q / BLOCK_M) * batch * heads_q, SMs), 1, 1 )
 //   block = ( 128 * (1 + CONSUMERS), 1, 1 )                    == Config::kThreads
 //   dynamic shared memory bytes                                == Config::kSmemBytes
-//         = 1024 (alignment slack) + 2 * (BLOCK_M * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
-//           (P = the head dim rounded up to 64)
+//         = 1024 (alignment slack) + 2 * (R * BLOCK_M * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
+//           (P = the head dim rounded up to 64; R = 2 Q regions with PERSISTENT, else 1)
 //           + 8 * (1 + 4 * STAGES)                             (mbarriers)
+//           PERSISTENT: + 8 * 3 + 64                           (q and q_empty barriers, slots)
 //   always > 48 KiB: cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n).
-//   Kernel arguments: (const FaFwdParams p, const FaCaptures cap), by value.
+//   Kernel arguments: (const FaFwdParams p, const FaCaptures cap, FaTmaPair maps (K, V),
+//   FaTmaPair qmaps (Q as .a: PERSISTENT only, boxes of BLOCK_M rows)), by value.
 //   Host-validated preconditions (as forward.cuh): scale > 0; heads_q % heads_kv == 0;
 //   len_q, len_kv >= 1; head dim contiguous; Q/K/V/O base pointers and row strides 16-byte
 //   aligned (row strides multiples of 8 elements); mask.q_block % BLOCK_M == 0 and
@@ -70,15 +80,14 @@
 //   kv head h / (heads_q / heads_kv). A row with no unmasked score gets O = 0, LSE = -inf.
 //
 // ---- Structure ----------------------------------------------------------------------------
-//   Warpgroup 0 (producer, setmaxnreg down to 40, 32 with three consumers): cp.async of the Q
-//   tile, then TMA (CP_ASYNC_KV: cp.async) of each K and V tile into 128B-swizzled stages (with
-//   EARLY_K, K_{j+1} before V_j); completion reaches the consumers through mbarriers (full_k[s],
-//   full_v[s]); it waits on empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage.
-//   Warpgroups 1.. (consumers, setmaxnreg up to 232, 160 with three): 64 query rows each;
-//   S = Q·Kᵀ by wgmma m64n{BLOCK_N}k16 with Q and K from shared memory; score_mod/mask_mod and
-//   the online softmax (exp2, scale·log2e folded) on the accumulator registers; P converted
-//   to 16-bit in registers and used as the A operand of O += P·V (wgmma m64n{DV}k16, V
-//   MN-major from shared memory); each warp arrives on empty_v[s] once its P·V has completed
+//   Warpgroup 0 (producer, setmaxnreg down to 40, 32 with three consumers): cp.async of the Q (PERSISTENT:
+//   TMA) tile, then TMA (CP_ASYNC_KV: cp.async) of each K and V tile into 128B-swizzled stages (with EARLY_K,
+//   K_{j+1} before V_j); completion reaches the consumers through mbarriers (full_k[s], full_v[s]); it waits
+//   on empty_v[s] (and with EARLY_K, empty_k[s] for K) before reusing a stage. Warpgroups 1.. (consumers,
+//   setmaxnreg up to 232, 160 with three): 64 query rows each; S = Q·Kᵀ by wgmma m64n{BLOCK_N}k16 with Q and
+//   K from shared memory; score_mod/mask_mod and the online softmax (exp2, scale·log2e folded) on the
+//   accumulator registers; P converted to 16-bit in registers and used as the A operand of O += P·V (wgmma
+//   m64n{DV}k16, V MN-major from shared memory); each warp arrives on empty_v[s] once its P·V has completed
 //   (with EARLY_K, on empty_k[s] once its S has).
 //   Epilogue: O / l staged through the warpgroup's own rows of the Q region, 16-byte stores.
 #ifndef FAJIT_FORWARD_SM90_CUH
@@ -94,7 +103,7 @@ namespace fa {
 
 template <typename Element_, int kHeadDimQK_, int kHeadDimV_, int kBlockN_ = 128, int kStages_ = 2,
           bool kOverlap_ = true, bool kPingPong_ = false, bool kEarlyK_ = false, int kConsumers_ = 2,
-          bool kCpAsyncKv_ = false>
+          bool kCpAsyncKv_ = false, bool kPersistent_ = false>
 struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Element = Element_;
   static constexpr int kHeadDimQK = kHeadDimQK_;
@@ -107,6 +116,11 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPingPong = kPingPong_;
   static constexpr bool kTmaKv = !kCpAsyncKv_;
+  // PERSISTENT: one CTA per SM takes query blocks (heaviest first) from a counter until none
+  // is left, the next block's Q loading into the other of two Q regions and its K/V streaming
+  // on behind the current block's, so the pipeline neither drains nor refills between blocks.
+  static constexpr bool kPersistent = kPersistent_;
+  static constexpr int kQRegions = kPersistent_ ? 2 : 1;
 
   static constexpr int kConsumerRows = kBlockM / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
@@ -118,13 +132,15 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   using Shape = AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_>;
   static constexpr int kMaxRowBytes =
       Shape::RowQK::kRowBytes > Shape::RowV::kRowBytes ? Shape::RowQK::kRowBytes : Shape::RowV::kRowBytes;
-  static constexpr int kSmemQOBytes = kBlockM * kMaxRowBytes;            // Q tile, then O staging
+  static constexpr int kSmemQOBytes = kBlockM * kMaxRowBytes;            // a Q tile, then O staging
   static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;  // one K stage
   static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;   // one V stage
-  static constexpr int kSmemBarOffset = kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
-  static constexpr int kNumBarriers = 1 + 4 * kStages;  // q, full_k, full_v, empty_v, empty_k
+  static constexpr int kSmemBarOffset = kQRegions * kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
+  // q, full_k, full_v, empty_v, empty_k; PERSISTENT: the second region's q and both regions'
+  // q_empty, then each region's published block (eight ints)
+  static constexpr int kNumBarriers = 1 + 4 * kStages + (kPersistent_ ? 3 : 0);
   static constexpr int kSmemBytes =
-      sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers;
+      sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers + (kPersistent_ ? 64 : 0);
 
   static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 256, "DQK must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV >= 32 && kHeadDimV <= 256, "DV must be a multiple of 8 from 32 to 256");
@@ -133,6 +149,7 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
                 "BLOCK_N must be a multiple of 16 from 64 to 128 (sm90 kernel)");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
   static_assert(kConsumers_ == 2 || kConsumers_ == 3, "CONSUMERS must be 2 or 3");
+  static_assert(!kPersistent_ || kTmaKv, "PERSISTENT needs K/V by TMA (CP_ASYNC_KV false)");
   static_assert(kSmemBytes <= 227 * 1024, "tile config needs more than 227 KiB of shared memory");
 };
 
@@ -145,7 +162,7 @@ constexpr int kBarTurn = 4;      // + consumer index
 
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCaptures& cap,
-                                               const FaTmaPair& maps) {
+                                               const FaTmaPair& maps, const FaTmaPair& qmaps) {
   using E = typename Cfg::Element;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kRows = Cfg::kConsumerRows;  // query rows per consumer warpgroup
@@ -155,7 +172,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   extern __shared__ unsigned char smem_raw[];
   // Every swizzle atom starts on a 1024 B boundary (descriptor base offset 0).
   const u32 sQ = (smem_addr(smem_raw) + (kSwizzleAtomBytes - 1)) & ~u32(kSwizzleAtomBytes - 1);
-  const u32 sK = sQ + Cfg::kSmemQOBytes;
+  const u32 sK = sQ + Cfg::kQRegions * Cfg::kSmemQOBytes;
   const u32 sV = sK + kStages * Cfg::kSmemKBytes;
   const u32 bar_q = sQ + Cfg::kSmemBarOffset;
   auto bar_full_k = [&](int s) { return bar_q + kMbarBytes * (1 + s); };
@@ -163,18 +180,40 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // empty_v: the stage's V (and, without EARLY_K, its K) is free; empty_k: its K (EARLY_K)
   auto bar_empty_v = [&](int s) { return bar_q + kMbarBytes * (1 + 2 * kStages + s); };
   auto bar_empty_k = [&](int s) { return bar_q + kMbarBytes * (1 + 3 * kStages + s); };
+  // Q region r (PERSISTENT: 0 and 1 by turns): its Q loaded; the consumers done with its O
+  auto bar_q_full = [&](int r) { return r == 0 ? bar_q : bar_q + kMbarBytes * (1 + 4 * kStages); };
+  auto bar_q_empty = [&](int r) { return bar_q + kMbarBytes * (2 + 4 * kStages + r); };
+  auto sq_of = [&](int r) { return sQ + u32(r) * u32(Cfg::kSmemQOBytes); };
+  // PERSISTENT: region r's query block as the producer publishes it to the consumers, eight
+  // ints: the block (n_blocks or more: none left), its q0, b, h, its walk's partial and full
+  // block counts and first two block indices, so a consumer starts the block without a load.
+  const u32 slots = bar_q + kMbarBytes * Cfg::kNumBarriers;
+  auto slot = [&](int r, int i) { return slots + 32 * r + 4 * i; };
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / kWG;
-  const QueryBlockCta cta(kBM, p.heads_q, p.heads_kv);
-  const int q0 = cta.q0, b = cta.b, h = cta.h, hkv = cta.hkv;
   const int len_q = p.len_q, len_kv = p.len_kv;
 
-  // ---- block-sparse walk: partial blocks, then full blocks, kv_block / BLOCK_N tiles each
-  const BlockWalk<kBN> walk(p.mask, b, h, q0);
+  // ---- work: query blocks of BLOCK_M rows. Without PERSISTENT the CTA's own (the grid holds
+  // every block, in grid_tile's order: heaviest first). With it, the same blocks in the same
+  // order as one list: block blockIdx.x first, then gridDim.x + a counter's next value, until
+  // none is left; the load balances itself, and the CTA's start costs once per SM.
+  const int n_qblocks = (len_q + kBM - 1) / kBM;
+  const int n_blocks = Cfg::kPersistent ? n_qblocks * p.batch * p.heads_q : 1;
+  auto block_cta = [&](int block) {
+    if constexpr (Cfg::kPersistent)
+      return QueryBlockCta(grid_tile<true>(block, n_qblocks, p.batch * p.heads_q), kBM, p.heads_q,
+                           p.heads_kv);
+    else
+      return QueryBlockCta(kBM, p.heads_q, p.heads_kv);
+  };
 
   if (tid == 0) {
-    mbar_init(bar_q, kWG);
+    // q: the producer threads' cp.async arrivals; PERSISTENT: thread 0's TMA arrival (with the
+    // block in the slot), and q_empty every consumer thread's
+    for (int r = 0; r < Cfg::kQRegions; ++r) mbar_init(bar_q_full(r), Cfg::kPersistent ? 1 : kWG);
+    if constexpr (Cfg::kPersistent)
+      for (int r = 0; r < 2; ++r) mbar_init(bar_q_empty(r), kWG * Cfg::kConsumerWarpgroups);
     // full: TMA, one arrive (with the stage's bytes) from the issuing thread; cp.async, one
     // arrive per producer thread. empty: one arrive per consumer warp.
     for (int s = 0; s < kStages; ++s) {
@@ -189,12 +228,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   if (warpgroup == 0) {
     // ================= producer: cp.async Q, then K/V tiles through the stages =============
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    const E* qg = static_cast<const E*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-    load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ, qg, p.q_stride_m, q0, len_q, tid);
-    mbar_arrive_cp_async(bar_q);
-    // `load(is_k, stage, start)` copies one K or V tile and arrives on its full barrier.
-    auto produce = [&](auto&& load) {
-      StageRing<kStages> rv;
+    // `load(is_k, stage, start)` copies one K or V tile and arrives on its full barrier. The
+    // rings run on from one query block's walk into the next's, as the consumers' ring does.
+    StageRing<kStages> rv, rk;
+    auto produce = [&](const BlockWalk<kBN>& walk, auto&& load) {
       if constexpr (!Cfg::kEarlyK) {
         for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); cur.next(walk, len_kv)) {
           mbar_wait(bar_empty_v(rv.stage), rv.phase ^ 1u);
@@ -205,7 +242,6 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         return;
       }
       // EARLY_K: K runs a tile ahead of V (K_{j+1} before V_j), each waiting for its own release.
-      StageRing<kStages> rk;
       auto load_k = [&](int start) {
         mbar_wait(bar_empty_k(rk.stage), rk.phase ^ 1u);
         load(true, rk.stage, start);
@@ -222,22 +258,65 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         rv.advance();
       }
     };
+    // TMA: one thread issues each K or V tile of (KV head, batch) as boxes of 64 columns x
+    // BLOCK_N rows into the stage's column blocks (zeros past D and len_kv).
+    auto tma_kv = [&](int kv_head, int batch) {
+      return [&, kv_head, batch](bool is_k, int stage, int start) {
+        if (is_k)
+          tma_load_tile<kBN, typename Cfg::RowQK>(sK + stage * Cfg::kSmemKBytes, &maps.a, start, kv_head,
+                                                  batch, bar_full_k(stage));
+        else
+          tma_load_tile<kBN, typename Cfg::RowV>(sV + stage * Cfg::kSmemVBytes, &maps.b, start, kv_head,
+                                                 batch, bar_full_v(stage));
+      };
+    };
+    if constexpr (Cfg::kPersistent) {
+      // One thread: block blockIdx.x, then the counter's; each block's walk published and its Q
+      // loaded by TMA into region k % 2 once the consumers have stored block k - 2's O from
+      // it, its K/V behind.
+      if (tid == 0) {
+        int block = blockIdx.x;
+#pragma unroll 1
+        for (int k = 0;; ++k) {
+          const int r = k & 1;
+          if (k >= 2) mbar_wait(bar_q_empty(r), ((k >> 1) - 1) & 1);
+          st_shared_b32(slot(r, 0), static_cast<u32>(block));
+          if (block >= n_blocks) {  // none left: the consumers read that in the region's slot
+            mbar_arrive(bar_q_full(r));
+            break;
+          }
+          const QueryBlockCta c = block_cta(block);
+          const BlockWalk<kBN> walk(p.mask, c.b, c.h, c.q0);
+          const int published[7] = {c.q0,
+                                    c.b,
+                                    c.h,
+                                    walk.n_partial,
+                                    walk.n_blocks - walk.n_partial,
+                                    walk.n_blocks > 0 ? walk.block_index(0) : 0,
+                                    walk.n_blocks > 1 ? walk.block_index(1) : 0};
+#pragma unroll
+          for (int i = 0; i < 7; ++i) st_shared_b32(slot(r, 1 + i), static_cast<u32>(published[i]));
+          // The Q barrier's arrival (with the tile's bytes) releases the slot to the consumers.
+          tma_load_tile<kBM, typename Cfg::RowQK>(sq_of(r), &qmaps.a, c.q0, c.h, c.b, bar_q_full(r));
+          const int next =
+              static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);  // lands under the tiles
+          produce(walk, tma_kv(c.hkv, c.b));
+          block = next;
+        }
+      }
+      return;
+    }
+    const QueryBlockCta c = block_cta(0);
+    const E* qg = static_cast<const E*>(p.q) + c.b * p.q_stride_b + c.h * p.q_stride_h;
+    load_tile_sw128<kBM, typename Cfg::RowQK, kWG>(sQ, qg, p.q_stride_m, c.q0, len_q, tid);
+    mbar_arrive_cp_async(bar_q);
+    const BlockWalk<kBN> walk(p.mask, c.b, c.h, c.q0);
     if constexpr (Cfg::kTmaKv) {
-      // One thread issues each tile as TMA boxes of 64 columns x BLOCK_N rows into the stage's
-      // column blocks (zeros past D and len_kv): no producer issue slots per chunk.
-      if (tid == 0)
-        produce([&](bool is_k, int stage, int start) {
-          if (is_k)
-            tma_load_tile<kBN, typename Cfg::RowQK>(sK + stage * Cfg::kSmemKBytes, &maps.a, start, hkv, b,
-                                                    bar_full_k(stage));
-          else
-            tma_load_tile<kBN, typename Cfg::RowV>(sV + stage * Cfg::kSmemVBytes, &maps.b, start, hkv, b,
-                                                   bar_full_v(stage));
-        });
+      if (tid == 0) produce(walk, tma_kv(c.hkv, c.b));  // no producer issue slots per chunk
     } else {
       // cp.async by all producer threads, from K/V's rows as the layout lays them out.
       auto produce_from = [&](const auto& k_rows, const auto& v_rows) {
-        produce([&](bool is_k, int stage, int start) {
+        produce(walk, [&](bool is_k, int stage, int start) {
           if (is_k) {
             load_rows_sw128<kBN, typename Cfg::RowQK, kWG>(sK + stage * Cfg::kSmemKBytes, k_rows, start,
                                                            len_kv, tid);
@@ -249,10 +328,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           }
         });
       };
-      const E* k_head = static_cast<const E*>(p.k) + hkv * p.k_stride_h;
-      const E* v_head = static_cast<const E*>(p.v) + hkv * p.v_stride_h;
+      const E* k_head = static_cast<const E*>(p.k) + c.hkv * p.k_stride_h;
+      const E* v_head = static_cast<const E*>(p.v) + c.hkv * p.v_stride_h;
       if constexpr (Cfg::kLayout == kPagedLayout) {  // k/v_stride_b: the pool's page stride
-        const int* pages = p.page_table + b * p.page_table_stride;
+        const int* pages = p.page_table + c.b * p.page_table_stride;
         auto paged = [&](const E* head, long long page_stride, long long row_stride) {
           return PagedRows<E>{reinterpret_cast<const char*>(head), pages, p.page_size,
                               static_cast<int>(page_stride * sizeof(E)),
@@ -260,8 +339,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         };
         produce_from(paged(k_head, p.k_stride_b, p.k_stride_n), paged(v_head, p.v_stride_b, p.v_stride_n));
       } else {
-        produce_from(StridedRows<E>{k_head + b * p.k_stride_b, p.k_stride_n},
-                     StridedRows<E>{v_head + b * p.v_stride_b, p.v_stride_n});
+        produce_from(StridedRows<E>{k_head + c.b * p.k_stride_b, p.k_stride_n},
+                     StridedRows<E>{v_head + c.b * p.v_stride_b, p.v_stride_n});
       }
     }
     cp_async_wait_all();  // the Q tile (and the cp.async K/V tiles)
@@ -274,22 +353,14 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const int wtid = tid - kWG * warpgroup;
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int row_base = cw * kRows + warp * 16 + g;  // this thread's rows: row_base, row_base + 8
-  int q_idx[2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int q = q0 + row_base + 8 * hh;
-    q_idx[hh] = q < len_q ? q : len_q - 1;  // mods never see q >= len_q
-  }
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
   float o[Cfg::kDT][4];
-  zero_frags(o);
-  SoftmaxRows rows;
-  rows.init();
   u32 pa[Cfg::kKP][4];  // P as the register A operand of P·V
 
-  // ---- the two GEMMs, each one commit group. Q (K-major, this warpgroup's rows) and K
-  // (K-major) from shared memory for S = Q·Kᵀ; P from registers and V (MN-major) for O += P·V.
-  const u64 dq = desc_sw128(sQ + cw * kRows * kSw128RowBytes, 16, kSwizzleAtomBytes);
+  // ---- the two GEMMs, each one commit group. Q (K-major, this warpgroup's rows of the query
+  // block's region) and K (K-major) from shared memory for S = Q·Kᵀ; P from registers and V
+  // (MN-major) for O += P·V.
+  u64 dq = 0;
   const u64 dk = desc_sw128(sK, 16, kSwizzleAtomBytes);
   const u64 dv = desc_sw128(sV, kBN * kSw128RowBytes, kSwizzleAtomBytes);
   auto issue_s = [&](float(&s)[Cfg::kNT][4], int stage) {
@@ -377,90 +448,147 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     issue_turn([&] { issue_pv(stage); });
     pv_done(stage);
   };
+  int q_idx[2], b = 0, h = 0;  // the current query block's rows, batch and head
   auto mods = [&](float(&s)[Cfg::kNT][4], int start, bool is_full) {
     score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
   };
 
-  mbar_wait(bar_q, 0);      // also before an empty walk: O staging reuses the Q region
-  fence_proxy_async();      // Q came by cp.async
-  StageRing<kStages> ring;  // the current tile's stage
-  if constexpr (!Cfg::kOverlap) {
-    // S, softmax, P·V strictly in turn.
-    for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk);) {
-      const int start = cur.start;
-      const bool is_full = cur.is_full(walk);
-      float s[Cfg::kNT][4], alpha[2];
-      gemm_s(s, ring.stage, ring.phase);
-      cur.next(walk, len_kv);
-      mods(s, start, is_full);
-      if (rows.step(s, alpha, sl2)) scale_rows(o, alpha);
-      pack_a<E>(pa, s);
-      gemm_pv(ring.stage, ring.phase);
-      ring.advance();
-    }
-  } else {
-    // FA-3 intra-warpgroup overlap: S_j is issued together with P_{j-1}·V_{j-1}, and the
-    // softmax of S_j runs while P_{j-1}·V_{j-1} is still on the tensor cores. Before the first
-    // tile P is 0 and its P·V runs on the first tile's own V (adding nothing; the stage is not
-    // released twice): one copy of the score_mod and softmax code for every tile, with no
-    // branch around a wgmma, which cuts what NVRTC compiles by a quarter to a third.
+  StageRing<kStages> ring;  // the current tile's stage, running on across query blocks
+#pragma unroll 1
+  for (int k = 0;; ++k) {
+    const int r = k & (Cfg::kQRegions - 1);
+    mbar_wait(bar_q_full(r), (k >> 1) & 1);  // also before an empty walk: O staging reuses the Q region
+    // The block: PERSISTENT, as the producer published it (each value read once for the warp,
+    // so it stays warp-uniform); else the CTA's own, its walk read from the tables.
+    auto published = [&](int i) {
+      return __shfl_sync(0xffffffffu, static_cast<int>(ld_shared_b32(slot(r, i))), 0);
+    };
+    int q0, index0 = 0, index1 = 0;
+    auto walk_of = [&] {
+      if constexpr (Cfg::kPersistent) {
+        q0 = published(1), b = published(2), h = published(3);
+        index0 = published(6), index1 = published(7);
+        return BlockWalk<kBN>(p.mask, b, h, q0, published(4), published(5));
+      } else {
+        const QueryBlockCta c = block_cta(0);
+        q0 = c.q0, b = c.b, h = c.h;
+        return BlockWalk<kBN>(p.mask, b, h, q0);
+      }
+    };
+    if (Cfg::kPersistent && published(0) >= n_blocks) break;
+    const BlockWalk<kBN> walk = walk_of();
+    auto first_tile = [&] {
+      if constexpr (Cfg::kPersistent)
+        return TileCursor<kBN>(walk, len_kv, index0, index1);
+      else
+        return TileCursor<kBN>(walk, len_kv);
+    };
+    const u32 sq = sq_of(r);
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kKP; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
-    StageRing<kStages> prev = ring;  // the previous tile's stage
-    bool first = true;
-    for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk);) {
-      if (!first) ring.advance();
-      const int start = cur.start;
-      const bool is_full = cur.is_full(walk);
-      float s[Cfg::kNT][4], alpha[2];
-      // S_j is issued first, and P_{j-1}·V_{j-1} waits for its V behind it (on the first tile,
-      // V_0 for the zero-P step). Without EARLY_K the producer copies V_{j-1} before K_j and
-      // that wait passes at once; with it, K_j comes first.
-      wait_loaded(bar_full_k(ring.stage), ring.phase);
-      issue_turn([&] {
-        issue_s(s, ring.stage);  // S_j = Q·K_jᵀ
-        wait_loaded(bar_full_v(prev.stage), prev.phase);
-        issue_pv(prev.stage);  // O += P_{j-1}·V_{j-1}, overlapping the softmax below
-      });
-      cur.next(walk, len_kv);  // the next tile's block index loads while S_j runs
-      wgmma_wait<1>();         // S_j done
-      pin(s);
-      s_done(ring.stage);
-      mods(s, start, is_full);
-      const bool rescale = rows.step(s, alpha, sl2);
-      pv_done(prev.stage, first);  // P_{j-1}·V_{j-1} done
-      if (rescale) scale_rows(o, alpha);
-      pack_a<E>(pa, s);
-      prev = ring;
-      first = false;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = q0 + row_base + 8 * hh;
+      q_idx[hh] = q < len_q ? q : len_q - 1;  // mods never see q >= len_q
     }
-    if (!first) gemm_pv(prev.stage, prev.phase);
-  }
+    zero_frags(o);
+    SoftmaxRows rows;
+    rows.init();
+    dq = desc_sw128(sq + cw * kRows * kSw128RowBytes, 16, kSwizzleAtomBytes);
+    if constexpr (!Cfg::kPersistent) fence_proxy_async();  // Q came by cp.async (PERSISTENT: TMA)
+    if constexpr (!Cfg::kOverlap) {
+      // S, softmax, P·V strictly in turn.
+      for (TileCursor<kBN> cur = first_tile(); !cur.done(walk);) {
+        const int start = cur.start;
+        const bool is_full = cur.is_full(walk);
+        float s[Cfg::kNT][4], alpha[2];
+        gemm_s(s, ring.stage, ring.phase);
+        cur.next(walk, len_kv);
+        mods(s, start, is_full);
+        if (rows.step(s, alpha, sl2)) scale_rows(o, alpha);
+        pack_a<E>(pa, s);
+        gemm_pv(ring.stage, ring.phase);
+        ring.advance();
+      }
+    } else {
+      // FA-3 intra-warpgroup overlap: S_j is issued together with P_{j-1}·V_{j-1}, and the
+      // softmax of S_j runs while P_{j-1}·V_{j-1} is still on the tensor cores. Before the first
+      // tile P is 0 and its P·V runs on the first tile's own V (adding nothing; the stage is not
+      // released twice): one copy of the score_mod and softmax code for every tile, with no
+      // branch around a wgmma, which cuts what NVRTC compiles by a quarter to a third.
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kKP; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
+      StageRing<kStages> prev = ring;  // the previous tile's stage
+      bool first = true;
+      for (TileCursor<kBN> cur = first_tile(); !cur.done(walk);) {
+        if (!first) ring.advance();
+        const int start = cur.start;
+        const bool is_full = cur.is_full(walk);
+        float s[Cfg::kNT][4], alpha[2];
+        // S_j is issued first, and P_{j-1}·V_{j-1} waits for its V behind it (on the first tile,
+        // V_0 for the zero-P step). Without EARLY_K the producer copies V_{j-1} before K_j and
+        // that wait passes at once; with it, K_j comes first.
+        wait_loaded(bar_full_k(ring.stage), ring.phase);
+        issue_turn([&] {
+          issue_s(s, ring.stage);  // S_j = Q·K_jᵀ
+          wait_loaded(bar_full_v(prev.stage), prev.phase);
+          issue_pv(prev.stage);  // O += P_{j-1}·V_{j-1}, overlapping the softmax below
+        });
+        cur.next(walk, len_kv);  // the next tile's block index loads while S_j runs
+        wgmma_wait<1>();         // S_j done
+        pin(s);
+        s_done(ring.stage);
+        mods(s, start, is_full);
+        const bool rescale = rows.step(s, alpha, sl2);
+        pv_done(prev.stage, first);  // P_{j-1}·V_{j-1} done
+        if (rescale) scale_rows(o, alpha);
+        pack_a<E>(pa, s);
+        prev = ring;
+        first = false;
+      }
+      if (!first) {
+        gemm_pv(prev.stage, prev.phase);
+        ring.advance();  // the next query block's first tile
+      }
+    }
+
+    // ---- epilogue: O / l staged in this warpgroup's rows of the block's Q region (same layout
+    // as Q, so the other warpgroups' Q rows are untouched), 16-byte stores; LSE in natural log.
+    {
+      float inv[2];
+      rows.finish(inv);
+      stage_rows<E, QTile>(sq, o, inv, row_base, t);
+      // PERSISTENT: after the fence below (it would wait for this store)
+      if constexpr (!Cfg::kPersistent) store_lse(p, b, h, q0, row_base, t, rows, sl2);
+    }
+    named_barrier(kBarEpilogue + cw, kWG);
+    E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+    if constexpr (!Cfg::kPersistent) {
+      store_rows<kRows, Cfg::RowV::kChunks, kWG, QTile>(og, p.o_stride_m, sq, cw * kRows, q0, len_q, wtid);
+      break;
+    } else {
+      // Once this thread has read its staged rows, the region is free for the next Q (by TMA,
+      // the async proxy: the fence orders the reads before it), before the global stores, so
+      // the fence waits on no store.
+      store_rows_read_first<kRows, Cfg::RowV::kChunks, kWG, QTile>(og, p.o_stride_m, sq, cw * kRows, q0,
+                                                                   len_q, wtid, [&] {
+                                                                     fence_proxy_async();
+                                                                     mbar_arrive(bar_q_empty(r));
+                                                                   });
+      store_lse(p, b, h, q0, row_base, t, rows, sl2);
+    }
+  }  // query blocks
 
   if (Cfg::kPingPong && cw == 0) turn_wait();  // the turn the last warpgroup handed over
-
-  // ---- epilogue: O / l staged in this warpgroup's rows of the Q region (same layout as Q,
-  // so the other warpgroup's Q rows are untouched), 16-byte stores; LSE in natural log.
-  {
-    float inv[2];
-    rows.finish(inv);
-    stage_rows<E, QTile>(sQ, o, inv, row_base, t);
-    store_lse(p, b, h, q0, row_base, t, rows, sl2);
-  }
-  named_barrier(kBarEpilogue + cw, kWG);
-  E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-  store_rows<kRows, Cfg::RowV::kChunks, kWG, QTile>(og, p.o_stride_m, sQ, cw * kRows, q0, len_q, wtid);
 }
 
 // The kernel on the CTA's sequence (dense: p as is). Ragged and paged K/V come by cp.async.
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void forward_entry(const FaFwdParams& p, const FaCaptures& cap,
-                                              const FaTmaPair& maps) {
+                                              const FaTmaPair& maps, const FaTmaPair& qmaps) {
   static_assert(Cfg::kLayout == kDenseLayout || !Cfg::kTmaKv,
                 "ragged and paged layouts take K/V by cp.async (CP_ASYNC_KV true)");
-  on_sequence<Cfg>(p, [&](const FaFwdParams& ps) { forward_kernel<Cfg, Mods>(ps, cap, maps); });
+  on_sequence<Cfg>(p, [&](const FaFwdParams& ps) { forward_kernel<Cfg, Mods>(ps, cap, maps, qmaps); });
 }
 
 }  // namespace sm90
@@ -469,10 +597,11 @@ __device__ __forceinline__ void forward_entry(const FaFwdParams& p, const FaCapt
 // Defines the extern "C" kernel `name` for a config and mods struct (single identifiers).
 // __launch_bounds__(threads, 1) caps registers at entry (168 at 384 threads, 128 at 512) so
 // setmaxnreg can redistribute.
-#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                                           \
-  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                             \
-      name(const FaFwdParams p, const FaCaptures cap, const __grid_constant__ FaTmaPair maps) { \
-    fa::sm90::forward_entry<Config, Mods>(p, cap, maps);                                        \
+#define FAJIT_DEFINE_FORWARD_SM90(name, Config, Mods)                                         \
+  extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)                           \
+      name(const FaFwdParams p, const FaCaptures cap, const __grid_constant__ FaTmaPair maps, \
+           const __grid_constant__ FaTmaPair qmaps) {                                         \
+    fa::sm90::forward_entry<Config, Mods>(p, cap, maps, qmaps);                               \
   }
 
 #endif  // FAJIT_FORWARD_SM90_CUH

@@ -86,6 +86,9 @@ typedef struct FaFwdParams {
   const int* page_table;
   long long page_table_stride;
   int page_size;
+  // The persistent Hopper forward's work counter (device int32, zero at launch; null for every
+  // other kernel): the query blocks past the grid's first are handed out by atomicAdd on it.
+  int* tile_counter;
 } FaFwdParams;
 
 // Two [B, H, L, D] operands of a Hopper kernel as TMA tensor maps, each a CUtensorMap (128

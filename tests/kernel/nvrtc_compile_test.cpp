@@ -103,6 +103,14 @@ int main() {
                                 {80, 80, "112,3,true,true,false,3,true"},
                                 {72, 136, "64,2,true,true,true,2,true"}})
       v90.push_back({"bf16_t", dqk, dv, 1, cfg});
+    // The persistent form (PERSISTENT, what the host launches on three-consumer tiles where a
+    // second Q region fits): with and without mods, without overlap, EARLY_K at 192x112, d32.
+    for (auto [dqk, dv, mods, cfg] : {std::tuple{64, 64, 1, "128,3,true,true,false,3,false,true"},
+                                      {64, 64, 0, "128,3,true,true,false,3,false,true"},
+                                      {64, 64, 1, "128,3,false,true,false,3,false,true"},
+                                      {32, 32, 1, "128,3,true,true,false,3,false,true"},
+                                      {80, 80, 0, "112,2,true,true,true,3,false,true"}})
+      v90.push_back({"bf16_t", dqk, dv, mods, cfg});
     for (const V90& v : v90) {
       const std::string src = fa_test::variant_source_sm90(
           v.mods ? fa_test::mods_alibi_causal() : fa_test::mods_noop(), v.elem, v.dqk, v.dv, v.cfg);
@@ -126,6 +134,19 @@ int main() {
       if (std::string(e.what()).find("BLOCK_N must be a multiple of 16 from 64 to 128") ==
           std::string::npos) {
         std::printf("FAIL: unexpected message for sm90 BLOCK_N 144:\n%s\n", e.what());
+        ++failures;
+      }
+    }
+    try {
+      fa_test::compile(fa_test::variant_source_sm90(fa_test::mods_noop(), "bf16_t", 128, 128,
+                                                    "128,2,true,true,true,2,true,true"),
+                       "sm_90a", false);
+      std::printf("FAIL: sm90 PERSISTENT with cp.async K/V compiled\n");
+      ++failures;
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("PERSISTENT needs K/V by TMA (CP_ASYNC_KV false)") ==
+          std::string::npos) {
+        std::printf("FAIL: unexpected message for sm90 PERSISTENT with cp.async:\n%s\n", e.what());
         ++failures;
       }
     }

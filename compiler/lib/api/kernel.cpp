@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -596,11 +598,19 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     rt::Dim3 grid, block;
     unsigned smem;
     FaTmaPair maps;      // the Hopper kernel takes K and V as TMA tensor maps (its third parameter)
+    FaTmaPair qmaps;     // and the persistent one Q (a; its fourth)
     FaFwdParams params;  // with the mask's tables for the tile's query rows
     unsigned char* cap;
     CUstream st;
+    bool persistent;  // the persistent Hopper forward: its work counter, zeroed on the stream
     void operator()() {
-      void* args[] = {&params, cap, &maps};
+      std::optional<StreamScratch> counter;
+      if (persistent) {
+        counter.emplace(sizeof(int), st, "the persistent forward's work counter");
+        params.tile_counter = reinterpret_cast<int*>(counter->f32());
+        FA_CU(cuMemsetD32Async, reinterpret_cast<CUdeviceptr>(params.tile_counter), 0u, 1, st);
+      }
+      void* args[] = {&params, cap, &maps, &qmaps};
       rt::launch(fn, grid, block, smem, st, args);
     }
   };
@@ -610,18 +620,33 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     const KernelSpec& ts = tma_form.gen.spec;
     const bool tma = ts.family == KernelFamily::kWgmma && !ts.cp_async_kv;
     const FaTmaPair maps = tma ? tma_maps(ts) : FaTmaPair{};  // the twin and mma.sync read none
-    const Compiled& f = tma && !maps.enabled ? impl_->kv_copy_twin(tma_form) : tma_form;
+    // The persistent form also takes Q by TMA (maps over Q alone; only .a is read).
+    const bool wants_q = tma && maps.enabled && sm90_forward_persistent(ts);
+    const FaTmaPair qmaps = wants_q ? rt::make_tma_pair(q, q, ts.tile.block_m) : FaTmaPair{};
+    const Compiled& f =
+        tma && (!maps.enabled || (wants_q && !qmaps.enabled)) ? impl_->kv_copy_twin(tma_form) : tma_form;
     const KernelSpec& s = f.gen.spec;
     const TileConfig& t = s.tile;
+    // The persistent forward: one CTA per SM (at most one per query block), y = 1;
+    // FAJIT_PERSISTENT_CTAS=N caps the CTAs (tests: many blocks per CTA on small shapes).
+    const bool persistent = sm90_forward_persistent(s);
+    const int64_t q_blocks = (shape.len_q + t.block_m - 1) / t.block_m,
+                  bh = int64_t(shape.batch) * shape.heads_q;
+    int64_t sms = persistent ? std::max(1, rt::current_device_info().sm_count) : 0;
+    if (const char* cap_env = persistent ? std::getenv("FAJIT_PERSISTENT_CTAS") : nullptr;
+        cap_env && *cap_env)
+      sms = std::clamp<int64_t>(std::atoll(cap_env), 1, sms);
     PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
-                    rt::Dim3(static_cast<unsigned>((shape.len_q + t.block_m - 1) / t.block_m),
-                             static_cast<unsigned>(shape.batch * shape.heads_q)),
+                    persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
+                               : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
                     rt::Dim3(static_cast<unsigned>(s.threads())),
                     static_cast<unsigned>(s.smem_bytes()),
                     maps,
+                    qmaps,
                     with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask_for_tile(t, mask))),
                     cap.data(),
-                    st};
+                    st,
+                    persistent};
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's

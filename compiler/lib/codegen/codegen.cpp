@@ -394,7 +394,9 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
          << with_layout(fmt::format("fa::Sm90FwdConfig<{}, {}, {}, {}, {}, true, true, {}, {}{}>",
                                     element_type(g.spec.dtype), g.spec.head_dim_qk, g.spec.head_dim_v,
                                     t.block_n, t.stages, sm90_forward_early_k(t), t.block_m / 64,
-                                    g.spec.cp_async_kv ? ", true" : ""),
+                                    g.spec.cp_async_kv                ? ", true"
+                                    : sm90_forward_persistent(g.spec) ? ", false, true"
+                                                                      : ""),
                         g.spec.layout)
          << ";\n";
       os << "FAJIT_DEFINE_FORWARD_SM90(" << g.kernel_name << ", FaConfig, FaMods)\n";

@@ -101,6 +101,29 @@ bool sm90_backward_wide(int head_dim_qk, int head_dim_v) { return head_dim_qk > 
 // 0.406 (with a third K stage as well, d256 1.931 / 1.026: no better).
 bool sm90_forward_early_k(const TileConfig& tile) { return tile.stages == 2; }
 
+// The persistent forward (forward_sm90.cuh, PERSISTENT): one CTA per SM takes query blocks
+// from a counter, so a CTA's start (barrier set-up, the first Q and K loads) costs once per SM.
+// A CTA costs ~6 us beside its tiles (H200, d64 192x128 and d128 128x128, from S 4096 vs 2048
+// at equal CTA counts): 10 % of a full S 4096 forward, a quarter of a d64 document one. Only the
+// three-consumer tiles (BLOCK_M 192) take it: there, against one block per CTA (H100, d64 B4
+// H16 S4096, one call), full 1.031x, document 1.032x, sliding 1.097x, causal 0.990x (0.98-0.99x
+// on H200); with two consumer warpgroups it ran 11-50 % slower (d128 128x128 s2, d64 128x128 s3:
+// the block changes, not understood; templates/NOTES-sm90.md).
+// Sm90FwdConfig::kSmemBytes: alignment slack, a Q region per query block, the K/V stages, mbarriers.
+static int sm90_forward_smem_bytes(const KernelSpec& s, bool persistent) {
+  const int pq = head_dim_pitch(s.head_dim_qk), pv = head_dim_pitch(s.head_dim_v);
+  const TileConfig& t = s.tile;
+  const int q_regions = persistent ? 2 : 1;
+  return 1024 + 2 * (q_regions * t.block_m * std::max(pq, pv) + t.stages * t.block_n * (pq + pv)) +
+         8 * (1 + 4 * t.stages + (persistent ? 3 : 0)) + (persistent ? 64 : 0);
+}
+
+bool sm90_forward_persistent(const KernelSpec& s) {
+  const bool may = s.kind == KernelKind::kForward && s.family == KernelFamily::kWgmma &&
+                   s.layout == SequenceLayout::kDense && !s.cp_async_kv && s.tile.block_m == 192;
+  return may && sm90_forward_smem_bytes(s, true) <= jit::max_dynamic_smem(s.arch);
+}
+
 bool sm90_forward_gathers_rows(int head_dim_qk, int head_dim_v) {
   auto whole = [](int d) { return d == 64 || d == 128 || d == 256; };
   return whole(head_dim_qk) && whole(head_dim_v);
@@ -331,9 +354,8 @@ int KernelSpec::smem_bytes() const {
     return 2 * (tile.block_m * pq + tile.stages * tile.block_n * (pq + pv));
   // Shared rows are padded to multiples of 64 elements (templates/fajit/prelude.cuh, HeadRow)
   // in both kernels (Sm90FwdConfig::kSmemBytes, FwdConfig::kSmemBytes).
-  int tiles = 2 * (tile.block_m * std::max(pq, pv) + tile.stages * tile.block_n * (pq + pv));
-  if (family == KernelFamily::kWgmma) return 1024 + tiles + 8 * (1 + 4 * tile.stages);  // + mbarriers
-  return tiles;
+  if (family == KernelFamily::kWgmma) return sm90_forward_smem_bytes(*this, sm90_forward_persistent(*this));
+  return 2 * (tile.block_m * std::max(pq, pv) + tile.stages * tile.block_n * (pq + pv));
 }
 
 }  // namespace fa
