@@ -648,21 +648,16 @@ __device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, i
 template <int kRows, int kChunks, int kThreads, typename Layout, typename E, typename Read>
 __device__ __forceinline__ void store_rows_read_first(E* dst, long long stride, u32 tile, int row_begin,
                                                       int q0, int len, int tid, Read&& read) {
-  constexpr int kPer = (kRows * kChunks + kThreads - 1) / kThreads;
-  u32x4 v[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int idx = tid + i * kThreads;
-    if ((kRows * kChunks) % kThreads == 0 || idx < kRows * kChunks)
-      v[i] = ld_shared_v4(tile + Layout::offset(row_begin + idx / kChunks, idx % kChunks));
-  }
+  u32x4 v[(kRows * kChunks + kThreads - 1) /
+          kThreads];  // this thread's chunks, the i-th at idx tid + i·kThreads
+  for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {
+    v[(idx - tid) / kThreads] = ld_shared_v4(tile + Layout::offset(row_begin + idx / kChunks, idx % kChunks));
+  });
   read();
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int idx = tid + i * kThreads, r = row_begin + idx / kChunks, c = idx % kChunks;
-    if (((kRows * kChunks) % kThreads == 0 || idx < kRows * kChunks) && q0 + r < len)
-      st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, v[i]);
-  }
+  for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {
+    const int r = row_begin + idx / kChunks, c = idx % kChunks;
+    if (q0 + r < len) st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, v[(idx - tid) / kThreads]);
+  });
 }
 
 // The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), written by

@@ -139,8 +139,8 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   // q, full_k, full_v, empty_v, empty_k; PERSISTENT: the second region's q and both regions'
   // q_empty, then each region's published block (eight ints)
   static constexpr int kNumBarriers = 1 + 4 * kStages + (kPersistent_ ? 3 : 0);
-  static constexpr int kSmemBytes =
-      sm90::kSwizzleAtomBytes + kSmemBarOffset + sm90::kMbarBytes * kNumBarriers + (kPersistent_ ? 64 : 0);
+  static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kSmemBarOffset +
+                                    sm90::kMbarBytes * kNumBarriers + (kPersistent_ ? 2 * 8 * 4 : 0);
 
   static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 256, "DQK must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV >= 32 && kHeadDimV <= 256, "DV must be a multiple of 8 from 32 to 256");
@@ -187,8 +187,19 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // PERSISTENT: region r's query block as the producer publishes it to the consumers, eight
   // ints: the block (n_blocks or more: none left), its q0, b, h, its walk's partial and full
   // block counts and first two block indices, so a consumer starts the block without a load.
+  enum Slot {
+    kSlotBlock,
+    kSlotQ0,
+    kSlotB,
+    kSlotH,
+    kSlotPartial,
+    kSlotFull,
+    kSlotIndex0,
+    kSlotIndex1,
+    kSlots
+  };
   const u32 slots = bar_q + kMbarBytes * Cfg::kNumBarriers;
-  auto slot = [&](int r, int i) { return slots + 32 * r + 4 * i; };
+  auto slot = [&](int r, int field) { return slots + 4 * (kSlots * r + field); };
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / kWG;
@@ -280,22 +291,23 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         for (int k = 0;; ++k) {
           const int r = k & 1;
           if (k >= 2) mbar_wait(bar_q_empty(r), ((k >> 1) - 1) & 1);
-          st_shared_b32(slot(r, 0), static_cast<u32>(block));
+          st_shared_b32(slot(r, kSlotBlock), static_cast<u32>(block));
           if (block >= n_blocks) {  // none left: the consumers read that in the region's slot
             mbar_arrive(bar_q_full(r));
             break;
           }
           const QueryBlockCta c = block_cta(block);
           const BlockWalk<kBN> walk(p.mask, c.b, c.h, c.q0);
-          const int published[7] = {c.q0,
-                                    c.b,
-                                    c.h,
-                                    walk.n_partial,
-                                    walk.n_blocks - walk.n_partial,
-                                    walk.n_blocks > 0 ? walk.block_index(0) : 0,
-                                    walk.n_blocks > 1 ? walk.block_index(1) : 0};
-#pragma unroll
-          for (int i = 0; i < 7; ++i) st_shared_b32(slot(r, 1 + i), static_cast<u32>(published[i]));
+          auto publish = [&](Slot field, int value) {
+            st_shared_b32(slot(r, field), static_cast<u32>(value));
+          };
+          publish(kSlotQ0, c.q0);
+          publish(kSlotB, c.b);
+          publish(kSlotH, c.h);
+          publish(kSlotPartial, walk.n_partial);
+          publish(kSlotFull, walk.n_blocks - walk.n_partial);
+          publish(kSlotIndex0, walk.n_blocks > 0 ? walk.block_index(0) : 0);
+          publish(kSlotIndex1, walk.n_blocks > 1 ? walk.block_index(1) : 0);
           // The Q barrier's arrival (with the tile's bytes) releases the slot to the consumers.
           tma_load_tile<kBM, typename Cfg::RowQK>(sq_of(r), &qmaps.a, c.q0, c.h, c.b, bar_q_full(r));
           const int next =
@@ -460,22 +472,22 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     mbar_wait(bar_q_full(r), (k >> 1) & 1);  // also before an empty walk: O staging reuses the Q region
     // The block: PERSISTENT, as the producer published it (each value read once for the warp,
     // so it stays warp-uniform); else the CTA's own, its walk read from the tables.
-    auto published = [&](int i) {
-      return __shfl_sync(0xffffffffu, static_cast<int>(ld_shared_b32(slot(r, i))), 0);
+    auto published = [&](Slot field) {
+      return __shfl_sync(0xffffffffu, static_cast<int>(ld_shared_b32(slot(r, field))), 0);
     };
     int q0, index0 = 0, index1 = 0;
     auto walk_of = [&] {
       if constexpr (Cfg::kPersistent) {
-        q0 = published(1), b = published(2), h = published(3);
-        index0 = published(6), index1 = published(7);
-        return BlockWalk<kBN>(p.mask, b, h, q0, published(4), published(5));
+        q0 = published(kSlotQ0), b = published(kSlotB), h = published(kSlotH);
+        index0 = published(kSlotIndex0), index1 = published(kSlotIndex1);
+        return BlockWalk<kBN>(p.mask, b, h, q0, published(kSlotPartial), published(kSlotFull));
       } else {
         const QueryBlockCta c = block_cta(0);
         q0 = c.q0, b = c.b, h = c.h;
         return BlockWalk<kBN>(p.mask, b, h, q0);
       }
     };
-    if (Cfg::kPersistent && published(0) >= n_blocks) break;
+    if (Cfg::kPersistent && published(kSlotBlock) >= n_blocks) break;
     const BlockWalk<kBN> walk = walk_of();
     auto first_tile = [&] {
       if constexpr (Cfg::kPersistent)
