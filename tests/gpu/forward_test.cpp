@@ -52,6 +52,7 @@ struct FwdCase {
   bool autotune = false;          // Options::autotune (off elsewhere: the measured defaults under test)
   float salt = 0.0f;              // != 0: score_mod + salt, a variant of its own (a cache key no run saw)
   bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
+  int persistent_ctas = 0;  // > 0: FAJIT_PERSISTENT_CTAS, the persistent forward's CTAs capped
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -211,6 +212,25 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { tile192x112(c), c.tile.stages = 2; }),
       with({"prefix_lm", bf16, 96, 96, 1, 4, 2, 1000, 1000, 300}, "tile192x112_cpasync_noncontig",
            [](FwdCase& c) { tile192x112(c), c.cp_async_kv = true, c.noncontig = true; }),
+      // The persistent forward (three-consumer tiles, dense, K/V by TMA) with its CTAs capped at
+      // 2 or 3, so each takes many query blocks in turn: every block of a head a CTA's neighbour
+      // also walks, empty walks (padding's masked rows), walks of every length (sliding,
+      // document), GQA, Lq != Lkv both ways, a tail block, f16 and bf16, 192x112 s2 at d80, and
+      // operands TMA cannot map (the cp.async twin, one block per CTA, takes those).
+      with({"none", bf16, 64, 64, 2, 4, 1, 1000, 1000}, "ctas3", [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"causal", f16, 64, 64, 1, 8, 2, 1000, 1000}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"document_softcap", bf16, 64, 64, 2, 4, 2, 1000, 1000}, "ctas3",
+           [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"sliding", f16, 64, 64, 2, 4, 4, 1000, 1000, 100}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "ctas3",
+           [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"alibi_slopes", f16, 64, 64, 2, 8, 2, 300, 4097}, "ctas3", [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"causal", bf16, 32, 32, 1, 4, 4, 4097, 777}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"causal_alibi", bf16, 80, 80, 1, 4, 1, 1000, 1000}, "tile192x112s2_ctas3", [](FwdCase& c) {
+        tile192x112(c), c.tile.stages = 2, c.persistent_ctas = 3;
+      }),
+      with({"none", f16, 64, 64, 2, 4, 2, 1000, 1000}, "noncontig_ctas3",
+           [](FwdCase& c) { c.noncontig = true, c.persistent_ctas = 3; }),
       // The Hopper forward's cp.async K/V path (FAJIT_TMA=0), which it takes where the driver
       // refuses a tensor map: whole and padded rows, a tail tile, non-contiguous operands.
       with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "cpasync",
@@ -448,9 +468,11 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
   CUstream stream = nullptr;
   if (c.own_stream) FA_CU(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);
   if (c.cp_async_kv) setenv("FAJIT_TMA", "0", 1);
+  if (c.persistent_ctas > 0) setenv("FAJIT_PERSISTENT_CTAS", std::to_string(c.persistent_ctas).c_str(), 1);
   auto t0 = std::chrono::steady_clock::now();
   kernel.forward(q, k, v, o, mask, captures, fo, reinterpret_cast<fa::Stream>(stream));
   if (c.cp_async_kv) unsetenv("FAJIT_TMA");
+  if (c.persistent_ctas > 0) unsetenv("FAJIT_PERSISTENT_CTAS");
   fa::rt::synchronize(stream);
   if (gpu_ms) *gpu_ms = seconds_since(t0) * 1e3;
   if (stream) FA_CU(cuStreamDestroy, stream);
