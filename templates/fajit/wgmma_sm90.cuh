@@ -35,8 +35,10 @@ constexpr int kMbarBytes = 8;            // one mbarrier
 
 // The 128B-swizzled layout above as a staging-layout type (attention_tile.cuh): byte offset of
 // 16-byte chunk c of row r in a tile of kRows rows stored as 128-byte column blocks.
+// Rows 8 apart keep their swizzle: offset(r + 8m, c) = offset(r, c) + 8m * kRowBytes.
 template <int kRows>
 struct Sw128Blocks {
+  static constexpr int kRowBytes = kSw128RowBytes;
   static __device__ __forceinline__ u32 offset(int r, int c) {
     return static_cast<u32>((c / 8) * (kRows * kSw128RowBytes) + r * kSw128RowBytes +
                             (((c % 8) ^ (r % 8)) << 4));
