@@ -2,6 +2,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include <fmt/format.h>
@@ -34,6 +37,49 @@ class ScopedCurrent {
 };
 
 }  // namespace
+
+namespace {
+
+// fajit's scratch pool of `dev` (nullptr where the device has no memory pools), created once.
+CUmemoryPool scratch_pool(CUdevice dev) {
+  static std::mutex mu;
+  static std::map<CUdevice, CUmemoryPool> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = pools.find(dev);
+  if (it != pools.end()) return it->second;
+  CUmemoryPool pool = nullptr;
+  int supported = 0;
+  if (driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev) == CUDA_SUCCESS &&
+      supported) {
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = dev;
+    if (driver().cuMemPoolCreate(&pool, &props) != CUDA_SUCCESS) pool = nullptr;
+  }
+  if (pool) {
+    cuuint64_t keep = ~cuuint64_t(0);
+    if (const char* e = std::getenv("FAJIT_SCRATCH_KEEP_MB"); e && *e)
+      keep = cuuint64_t(std::strtoull(e, nullptr, 10)) << 20;
+    driver().cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+  }
+  pools.emplace(dev, pool);  // never destroyed: scratch freed at exit may still be queued
+  return pool;
+}
+
+}  // namespace
+
+CUdeviceptr stream_alloc(size_t bytes, CUstream stream, std::string_view what) {
+  CUdevice dev = 0;
+  FA_CU(cuCtxGetDevice, &dev);
+  CUdeviceptr ptr = 0;
+  if (CUmemoryPool pool = scratch_pool(dev))
+    check_allocation(driver().cuMemAllocFromPoolAsync(&ptr, bytes, pool, stream), bytes, what);
+  else
+    check_allocation(driver().cuMemAllocAsync(&ptr, bytes, stream), bytes, what);
+  return ptr;
+}
 
 void check_allocation(CUresult result, size_t bytes, std::string_view what) {
   if (result != CUDA_SUCCESS)

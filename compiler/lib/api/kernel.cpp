@@ -293,12 +293,13 @@ bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
   return len_q <= kDecodeMaxLenQ && len_q <= mask.q_block();
 }
 
-// Stream-ordered device scratch: allocated on `stream`, freed on it after the work queued so far.
+// Stream-ordered device scratch (rt::stream_alloc: fajit's pool): allocated on `stream`, freed on
+// it after the work queued so far.
 class StreamScratch {
  public:
   // `what` names the use in an out-of-memory error ("the backward's fp32 dQ accumulator").
   StreamScratch(size_t bytes, CUstream stream, std::string_view what) : stream_(stream) {
-    rt::check_allocation(rt::driver().cuMemAllocAsync(&ptr_, bytes, stream_), bytes, what);
+    ptr_ = rt::stream_alloc(bytes, stream_, what);
   }
   ~StreamScratch() {
     if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);  // best effort: a destructor reports nothing

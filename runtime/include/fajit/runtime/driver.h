@@ -46,6 +46,9 @@ namespace fa::rt {
   X(cuMemFree)                      \
   X(cuMemAllocAsync)                \
   X(cuMemFreeAsync)                 \
+  X(cuMemPoolCreate)                \
+  X(cuMemPoolSetAttribute)          \
+  X(cuMemAllocFromPoolAsync)        \
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
   X(cuMemcpyHtoDAsync)              \

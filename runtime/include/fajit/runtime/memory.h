@@ -17,6 +17,16 @@ namespace fa::rt {
 // `result` (of the allocation of `bytes` for `what`) is CUDA_SUCCESS.
 void check_allocation(CUresult result, size_t bytes, std::string_view what);
 
+// Stream-ordered scratch (a call's work counter, the backward's fp32 dQ accumulator): `bytes`
+// on `stream` from fajit's own memory pool of the current context's device, freed with
+// cuMemFreeAsync on a stream once the work that uses it is queued. The driver's default pool
+// returns freed memory to the system at every synchronization (release threshold 0), so a loop
+// that synchronizes after each call mapped its scratch again each time: ~0.1 ms a call (H200,
+// H100). fajit's pool keeps what it freed for the next call, up to FAJIT_SCRATCH_KEEP_MB
+// megabytes (default: all of it, as a caching allocator does). Devices without memory pools use
+// cuMemAllocAsync. Out of memory throws check_allocation's error.
+CUdeviceptr stream_alloc(size_t bytes, CUstream stream, std::string_view what);
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
