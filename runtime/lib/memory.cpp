@@ -49,7 +49,8 @@ CUmemoryPool scratch_pool(CUdevice dev) {
   if (it != pools.end()) return it->second;
   CUmemoryPool pool = nullptr;
   int supported = 0;
-  if (driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev) == CUDA_SUCCESS &&
+  if (driver().cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev) ==
+          CUDA_SUCCESS &&
       supported) {
     CUmemPoolProps props{};
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;

@@ -655,7 +655,7 @@ __device__ __forceinline__ void store_rows_read_first(E* dst, long long stride, 
                                                       int q0, int len, int tid, Read&& read) {
   constexpr int kRounds = (kRows * kChunks + kThreads - 1) / kThreads;
   constexpr int kStep = kThreads / kChunks;  // rows a round, where rounds cover whole rows
-  u32x4 v[kRounds];  // this thread's chunks, the i-th at idx tid + i·kThreads
+  u32x4 v[kRounds];                          // this thread's chunks, the i-th at idx tid + i·kThreads
   if constexpr (kThreads % kChunks == 0 && kStep % 8 == 0 && kRows % kStep == 0) {
     const int c = tid % kChunks, row = row_begin + tid / kChunks;
     const u32 at = tile + Layout::offset(row, c);
@@ -668,7 +668,8 @@ __device__ __forceinline__ void store_rows_read_first(E* dst, long long stride, 
       if (q0 + row + i * kStep < len) st_global_v4(d + i * kStep * stride, v[i]);
   } else {
     for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {
-      v[(idx - tid) / kThreads] = ld_shared_v4(tile + Layout::offset(row_begin + idx / kChunks, idx % kChunks));
+      v[(idx - tid) / kThreads] =
+          ld_shared_v4(tile + Layout::offset(row_begin + idx / kChunks, idx % kChunks));
     });
     read();
     for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {

@@ -52,7 +52,7 @@ struct FwdCase {
   bool autotune = false;          // Options::autotune (off elsewhere: the measured defaults under test)
   float salt = 0.0f;              // != 0: score_mod + salt, a variant of its own (a cache key no run saw)
   bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
-  int persistent_ctas = 0;  // > 0: FAJIT_PERSISTENT_CTAS, the persistent forward's CTAs capped
+  int persistent_ctas = 0;        // > 0: FAJIT_PERSISTENT_CTAS, the persistent forward's CTAs capped
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -221,16 +221,28 @@ const std::vector<FwdCase>& cases() {
       with({"causal", f16, 64, 64, 1, 8, 2, 1000, 1000}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
       with({"document_softcap", bf16, 64, 64, 2, 4, 2, 1000, 1000}, "ctas3",
            [](FwdCase& c) { c.persistent_ctas = 3; }),
-      with({"sliding", f16, 64, 64, 2, 4, 4, 1000, 1000, 100}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"sliding", f16, 64, 64, 2, 4, 4, 1000, 1000, 100}, "ctas2",
+           [](FwdCase& c) { c.persistent_ctas = 2; }),
       with({"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "ctas3",
            [](FwdCase& c) { c.persistent_ctas = 3; }),
-      with({"alibi_slopes", f16, 64, 64, 2, 8, 2, 300, 4097}, "ctas3", [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"alibi_slopes", f16, 64, 64, 2, 8, 2, 300, 4097}, "ctas3",
+           [](FwdCase& c) { c.persistent_ctas = 3; }),
       with({"causal", bf16, 32, 32, 1, 4, 4, 4097, 777}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
-      with({"causal_alibi", bf16, 80, 80, 1, 4, 1, 1000, 1000}, "tile192x112s2_ctas3", [](FwdCase& c) {
-        tile192x112(c), c.tile.stages = 2, c.persistent_ctas = 3;
-      }),
+      with({"causal_alibi", bf16, 80, 80, 1, 4, 1, 1000, 1000}, "tile192x112s2_ctas3",
+           [](FwdCase& c) { tile192x112(c), c.tile.stages = 2, c.persistent_ctas = 3; }),
       with({"none", f16, 64, 64, 2, 4, 2, 1000, 1000}, "noncontig_ctas3",
            [](FwdCase& c) { c.noncontig = true, c.persistent_ctas = 3; }),
+      // two consumer warpgroups: the d128 and d96 default for a mask_mod alone (128x128 s2), and
+      // 128x128 s3 at d64
+      with({"document2d_causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "ctas3",
+           [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"sliding", f16, 96, 96, 2, 4, 4, 1000, 1000, 100}, "ctas2",
+           [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"padding", f16, 64, 64, 2, 4, 1, 1000, 1000, 333}, "tile128x128s3_ctas3",
+           [](FwdCase& c) {
+             c.tile = fa::TileConfig{128, 128, 12, 3}, c.family = fa::KernelFamily::kWgmma,
+             c.persistent_ctas = 3;
+           }),
       // The Hopper forward's cp.async K/V path (FAJIT_TMA=0), which it takes where the driver
       // refuses a tensor map: whole and padded rows, a tail tile, non-contiguous operands.
       with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "cpasync",

@@ -103,9 +103,12 @@ int main() {
                                 {80, 80, "112,3,true,true,false,3,true"},
                                 {72, 136, "64,2,true,true,true,2,true"}})
       v90.push_back({"bf16_t", dqk, dv, 1, cfg});
-    // The persistent form (PERSISTENT, what the host launches on three-consumer tiles where a
-    // second Q region fits): with and without mods, without overlap, EARLY_K at 192x112, d32.
+    // The persistent form (PERSISTENT, what the host launches on the dense TMA tiles where a
+    // second Q region fits): with and without mods, without overlap, EARLY_K at 192x112, d32,
+    // two consumer warpgroups at d128 (2 stages, EARLY_K) and d64.
     for (auto [dqk, dv, mods, cfg] : {std::tuple{64, 64, 1, "128,3,true,true,false,3,false,true"},
+                                      {128, 128, 1, "128,2,true,true,true,2,false,true"},
+                                      {64, 64, 0, "128,3,true,true,false,2,false,true"},
                                       {64, 64, 0, "128,3,true,true,false,3,false,true"},
                                       {64, 64, 1, "128,3,false,true,false,3,false,true"},
                                       {32, 32, 1, "128,3,true,true,false,3,false,true"},

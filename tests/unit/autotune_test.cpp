@@ -32,11 +32,13 @@ std::vector<std::string> texts(const std::vector<fa::KernelSpec>& specs) {
 TEST(Autotune, CandidatesOnSm90aStartWithTheDefaultThenEveryWgmmaTileThenMmaSync) {
   const fa::KernelSpec def = forward(128, 128);
   const std::vector<fa::KernelSpec> c = fa::forward_tune_candidates(def, false);
+  // A mask_mod without a score_mod above 64: 2 stages first (the persistent form's second Q
+  // region fits beside them).
   EXPECT_EQ(texts(c), (std::vector<std::string>{
-                          "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a",
                           "forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a",
-                          "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a",
+                          "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a",
                           "forward bf16 qk128 v128 wgmma tile128x64w12s2 sm_90a",
+                          "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a",
                           "forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a",
                           "forward bf16 qk128 v128 mma tile64x64w4s2 sm_90a",
                       }));
@@ -69,10 +71,10 @@ TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
   // Between 64 and 96: 192x112 (three consumers) first without a score_mod or mask_mod, else
   // after the 128-row tiles; its 2-stage ring too.
   const std::vector<std::string> d96_masked{
-      "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a",
       "forward bf16 qk96 v96 wgmma tile128x128w12s2 sm_90a",
-      "forward bf16 qk96 v96 wgmma tile128x64w12s3 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a",
       "forward bf16 qk96 v96 wgmma tile128x64w12s2 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile128x64w12s3 sm_90a",
       "forward bf16 qk96 v96 wgmma tile192x112w16s3 sm_90a",
       "forward bf16 qk96 v96 wgmma tile192x112w16s2 sm_90a",
       "forward bf16 qk96 v96 mma tile128x64w4s2 sm_90a",
@@ -83,9 +85,12 @@ TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
   plain96.head_dim_qk = plain96.head_dim_v = 96;
   const fa::KernelSpec def96 = plain96.resolved(false, false);
   EXPECT_EQ(def96.to_string(), "forward bf16 qk96 v96 wgmma tile192x112w16s3 sm_90a");
+  // without a mask_mod: 192x112 first, then the 128-row tiles 3 stages first
   std::vector<std::string> d96_plain = d96_masked;
   d96_plain.erase(d96_plain.begin() + 4);
   d96_plain.insert(d96_plain.begin(), "forward bf16 qk96 v96 wgmma tile192x112w16s3 sm_90a");
+  std::swap(d96_plain[1], d96_plain[2]);
+  std::swap(d96_plain[3], d96_plain[4]);
   EXPECT_EQ(texts(fa::forward_tune_candidates(def96, false, false)), d96_plain);
   // sm_80: mma.sync only, 128 and 64 rows, BLOCK_N 64 and 32, 2 and 3 stages.
   EXPECT_EQ(texts(fa::forward_tune_candidates(forward(64, 64, "sm_80"), false)),
@@ -144,28 +149,28 @@ TEST(Autotune, StoredRecordsNameOneOfTheCandidates) {
   r.timed = {{c[0], 1.25f}, {c[2], 1.125f}};
   const std::string text = fa::detail::tune_record_text(r);
   EXPECT_EQ(text,
-            "choice forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a\n"
+            "choice forward bf16 qk128 v128 wgmma tile128x64w12s2 sm_90a\n"
             "class bh64 q4096 kv4096 blk128x128\n"
             "device NVIDIA H200\n"
-            "timed 1.2500 forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a\n"
-            "timed 1.1250 forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a\n");
+            "timed 1.2500 forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a\n"
+            "timed 1.1250 forward bf16 qk128 v128 wgmma tile128x64w12s2 sm_90a\n");
   EXPECT_EQ(fa::detail::parse_tune_choice(text, c), c[2]);
   // A choice that is not (or no longer) a candidate, or a damaged record, is no choice.
   EXPECT_FALSE(fa::detail::parse_tune_choice(text, {c[0], c[1]}));
   EXPECT_FALSE(fa::detail::parse_tune_choice("", c));
   EXPECT_FALSE(fa::detail::parse_tune_choice("choice forward bf16 qk128", c));
   EXPECT_EQ(fa::to_string(r),
-            "bh64 q4096 kv4096 blk128x128: tuned wgmma 128x64w12s3 (wgmma 128x128w12s3 1.250 ms, wgmma "
-            "128x64w12s3 1.125 ms, compile 0.00 s, timing 0.00 s) on NVIDIA H200");
+            "bh64 q4096 kv4096 blk128x128: tuned wgmma 128x64w12s2 (wgmma 128x128w12s2 1.250 ms, wgmma "
+            "128x64w12s2 1.125 ms, compile 0.00 s, timing 0.00 s) on NVIDIA H200");
   r.origin = fa::TuneRecord::Origin::kStored;
   r.timed.clear();
-  EXPECT_EQ(fa::to_string(r), "bh64 q4096 kv4096 blk128x128: stored wgmma 128x64w12s3 on NVIDIA H200");
+  EXPECT_EQ(fa::to_string(r), "bh64 q4096 kv4096 blk128x128: stored wgmma 128x64w12s2 on NVIDIA H200");
   r.origin = fa::TuneRecord::Origin::kSkipped;
   r.chosen = c[0];
   r.note = "one launch takes 40.00 ms, 6 candidates do not fit 200 ms";
   EXPECT_EQ(
       fa::to_string(r),
-      "bh64 q4096 kv4096 blk128x128: default wgmma 128x128w12s3 (not timed: one launch takes 40.00 ms, 6 "
+      "bh64 q4096 kv4096 blk128x128: default wgmma 128x128w12s2 (not timed: one launch takes 40.00 ms, 6 "
       "candidates do not fit 200 ms) on NVIDIA H200");
 }
 

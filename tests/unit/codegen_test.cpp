@@ -316,8 +316,10 @@ TEST(Codegen, EveryHeadDimResolves) {
     a.family = fa::KernelFamily::kAuto;
     return a.resolved().to_string();
   };
-  EXPECT_EQ(hopper(fa::DType::bf16, 96, 96), "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a");
-  EXPECT_EQ(hopper(fa::DType::f16, 80, 40), "forward f16 qk80 v40 wgmma tile128x128w12s3 sm_90a");
+  // (resolved() assumes a mask_mod and no score_mod: 2 stages first between 64 and 128, which
+  // leaves room for the persistent form)
+  EXPECT_EQ(hopper(fa::DType::bf16, 96, 96), "forward bf16 qk96 v96 wgmma tile128x128w12s2 sm_90a");
+  EXPECT_EQ(hopper(fa::DType::f16, 80, 40), "forward f16 qk80 v40 wgmma tile128x128w12s2 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 32, 32), "forward bf16 qk32 v32 wgmma tile192x128w16s3 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 192, 128), "forward bf16 qk192 v128 wgmma tile128x128w12s2 sm_90a");
   EXPECT_EQ(hopper(fa::DType::bf16, 256, 128), "forward bf16 qk256 v128 wgmma tile128x64w12s3 sm_90a");
@@ -426,7 +428,9 @@ TEST(Codegen, EveryHeadDimResolves) {
 TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   fa::KernelSpec s = spec();
   s.family = fa::KernelFamily::kAuto;
-  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
+  EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a");
+  EXPECT_EQ(s.resolved(false, false).to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
+  EXPECT_EQ(s.resolved(true, true).to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
   s.head_dim_qk = s.head_dim_v = 64;  // three consumer warpgroups, 192 query rows
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 wgmma tile192x128w16s3 sm_90a");
   s.family = fa::KernelFamily::kWgmma;
@@ -447,7 +451,7 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   w.tile = {64, 32, 4, 3};
   EXPECT_EQ(
       error_of([&] { w.resolved(); }),
-      "the wgmma forward kernel takes tiles 128x128w12s3, 128x128w12s2, 128x64w12s3, 128x64w12s2 at head "
+      "the wgmma forward kernel takes tiles 128x128w12s2, 128x128w12s3, 128x64w12s2, 128x64w12s3 at head "
       "dims 128/128, got 64x32w4s3");
   w.tile = {128, 64, 12, 3};  // a listed tile other than the default
   EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a");

@@ -29,7 +29,8 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 //   d96 full 0.822 -> 0.753 ms, d80 0.780 -> 0.712, causal 1-2.5 % faster, but document 15-25 %
 //   slower (112-key tiles across its 128-key blocks make more of them partial). First without a
 //   mask_mod or score_mod, else candidates after the 128-row tiles.
-std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod, bool has_mask_mod) {
+std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod, bool has_mask_mod,
+                                            bool dense = true) {
   std::vector<TileConfig> tiles;
   const int widest = std::max(head_dim_mma(dqk), head_dim_mma(dv));
   const bool three128 = widest <= 64, three112 = widest > 64 && widest <= 96;
@@ -38,10 +39,16 @@ std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod,
   const bool three_first = three128 ? !has_score_mod : !has_score_mod && !has_mask_mod;
   if (three128 && three_first) tiles.push_back(rows192);
   if (three112 && three_first) tiles.push_back(rows192n112);
+  // Above 64 a mask_mod without a score_mod takes 2 stages first on the dense layout: 128x128 s2
+  // leaves room for the persistent form's second Q region (s3 does not), and the short walks of
+  // data-dependent masks gain most from it (d128 document 0.211 -> 0.190 ms, sliding 0.284 ->
+  // 0.266; causal within 1 %; H200). Ragged and paged K/V (cp.async, one block per CTA) keep 3.
+  const bool persistent_first = dense && widest > 64 && widest <= 128 && has_mask_mod && !has_score_mod;
   for (int n : {128, 64}) {
     if (n == 128 && head_dim_mma(dv) > 128) continue;
+    if (persistent_first) tiles.push_back({128, n, 12, 2});
     tiles.push_back({128, n, 12, 3});
-    tiles.push_back({128, n, 12, 2});
+    if (!persistent_first) tiles.push_back({128, n, 12, 2});
   }
   if (three128 && !three_first) tiles.push_back(rows192);
   if (three112 && !three_first) tiles.push_back(rows192n112);
@@ -102,13 +109,18 @@ bool sm90_backward_wide(int head_dim_qk, int head_dim_v) { return head_dim_qk > 
 bool sm90_forward_early_k(const TileConfig& tile) { return tile.stages == 2; }
 
 // The persistent forward (forward_sm90.cuh, PERSISTENT): one CTA per SM takes query blocks
-// from a counter, so a CTA's start (barrier set-up, the first Q and K loads) costs once per SM.
-// A CTA costs ~6 us beside its tiles (H200, d64 192x128 and d128 128x128, from S 4096 vs 2048
-// at equal CTA counts): 10 % of a full S 4096 forward, a quarter of a d64 document one. Only the
-// three-consumer tiles (BLOCK_M 192) take it: there, against one block per CTA (H100, d64 B4
-// H16 S4096, one call), full 1.031x, document 1.032x, sliding 1.097x, causal 0.990x (0.98-0.99x
-// on H200); with two consumer warpgroups it ran 11-50 % slower (d128 128x128 s2, d64 128x128 s3:
-// the block changes, not understood; templates/NOTES-sm90.md).
+// from a counter, so a CTA's start (barrier set-up, the first Q and K loads, the last block's
+// epilogue) costs once per SM. A CTA costs ~6 us beside its tiles (H200, d64 192x128 and d128
+// 128x128, from S 4096 vs 2048 at equal CTA counts): 10 % of a full S 4096 forward, a quarter
+// of a d64 document one. Every dense TMA tile where two Q regions fit takes it. Against one
+// block per CTA on the same tile (H200, B4 H16 S4096; 192x128 also H100):
+// - d64 192x128 (three consumers): full 1.03x, document 1.03x, sliding 1.10x, causal 0.99x;
+// - d128 128x128 s2: document 0.190 vs 0.211 ms, sliding 1024 0.266 vs 0.284, full, causal and
+//   ALiBi within 1 %, softcap 3 % slower (s3, one block per CTA, stays its default);
+// - d64 128x128 s3: document 0.155 vs 0.178 ms (the 192x128 default: 0.176), full 2 % slower.
+// (Two-consumer tiles had measured 11-50 % slower: ~0.1 ms of that was the work counter's
+// allocation in host-timed runs, now from rt::stream_alloc's pool, and 8 % a tile was the epilogue
+// pushing the tile cursor off ptxas's uniform datapath, fixed in store_rows_read_first.)
 // Sm90FwdConfig::kSmemBytes: alignment slack, a Q region per query block, the K/V stages, mbarriers.
 static int sm90_forward_smem_bytes(const KernelSpec& s, bool persistent) {
   const int pq = head_dim_pitch(s.head_dim_qk), pv = head_dim_pitch(s.head_dim_v);
@@ -120,7 +132,7 @@ static int sm90_forward_smem_bytes(const KernelSpec& s, bool persistent) {
 
 bool sm90_forward_persistent(const KernelSpec& s) {
   const bool may = s.kind == KernelKind::kForward && s.family == KernelFamily::kWgmma &&
-                   s.layout == SequenceLayout::kDense && !s.cp_async_kv && s.tile.block_m == 192;
+                   s.layout == SequenceLayout::kDense && !s.cp_async_kv;
   return may && sm90_forward_smem_bytes(s, true) <= jit::max_dynamic_smem(s.arch);
 }
 
@@ -229,8 +241,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
   // a sequence's neighbour's rows (or a page's) past its end where cp.async zero-fills.
   if (s.family == KernelFamily::kWgmma && s.layout != SequenceLayout::kDense) s.cp_async_kv = true;
   if (s.family == KernelFamily::kWgmma) {
-    const std::vector<TileConfig> tiles =
-        wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod, has_mask_mod);
+    const std::vector<TileConfig> tiles = wgmma_forward_tiles(
+        s.head_dim_qk, s.head_dim_v, has_score_mod, has_mask_mod, s.layout == SequenceLayout::kDense);
     if (s.tile.is_default()) {
       fit(tiles, false);
       return s;
