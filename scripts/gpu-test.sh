@@ -43,10 +43,10 @@ B=.device-build/bin/fajit_gpu_tests
 OUT=\${OUT:-.device-build/out}; mkdir -p "\$OUT"
 CS=\$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 export FAJIT_CACHE_DIR=\${FAJIT_CACHE_DIR:-/tmp/fajit-gpu-test-cache}
-# Argument: suite | backward | rest | sanitizers | (none: suite and sanitizers). On an H200 the
-# backward cases of both families take ~9 min, the rest ~2, the sanitizers ~4: one run call
-# (10 min at most) each for \`backward\` and \`rest\` + \`sanitizers\` (\`run-gpu-tests.sh rest
-# sanitizers\`).
+# Argument: suite | backward | rest | sanitizers | (none: suite and sanitizers). On an H200
+# (2026-11-27) the backward cases of both families take ~6.5 min, the rest ~2, the sanitizers
+# over 7 (memcheck ~3, racecheck the rest): one run call (10 min at most) each for
+# \`backward\`, \`rest\` and \`sanitizers\`.
 WHAT="\${*:-suite sanitizers}"
 has() { case " \$WHAT " in *" \$1 "*) return 0 ;; esac; return 1; }
 nvidia-smi -L
