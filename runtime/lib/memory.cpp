@@ -36,10 +36,6 @@ class ScopedCurrent {
   bool pushed_ = false;
 };
 
-}  // namespace
-
-namespace {
-
 // fajit's scratch pool of `dev` (nullptr where the device has no memory pools), created once.
 CUmemoryPool scratch_pool(CUdevice dev) {
   static std::mutex mu;

@@ -41,7 +41,7 @@
 //             are not read (the twin for tensors the driver cannot map, and the ragged and
 //             paged layouts)
 //   PERSISTENT false (default): one CTA per query block. true (dense, K/V by TMA; the host
-//             takes it on three-consumer tiles where two Q regions fit): one CTA per SM takes
+//             takes it on every such tile where two Q regions fit): one CTA per SM takes
 //             query blocks from FaFwdParams::tile_counter (zeroed before the launch; block
 //             blockIdx.x first, then gridDim.x + atomicAdd) in grid_tile's heaviest-first order;
 //             the producer thread publishes each block's walk in shared memory and loads its Q

@@ -212,7 +212,7 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { tile192x112(c), c.tile.stages = 2; }),
       with({"prefix_lm", bf16, 96, 96, 1, 4, 2, 1000, 1000, 300}, "tile192x112_cpasync_noncontig",
            [](FwdCase& c) { tile192x112(c), c.cp_async_kv = true, c.noncontig = true; }),
-      // The persistent forward (three-consumer tiles, dense, K/V by TMA) with its CTAs capped at
+      // The persistent forward (dense, K/V by TMA, three-consumer tiles first) with its CTAs capped at
       // 2 or 3, so each takes many query blocks in turn: every block of a head a CTA's neighbour
       // also walks, empty walks (padding's masked rows), walks of every length (sliding,
       // document), GQA, Lq != Lkv both ways, a tail block, f16 and bf16, 192x112 s2 at d80, and
