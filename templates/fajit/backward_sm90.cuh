@@ -481,7 +481,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   auto dq_col0 = [](int cw) { return kDqSplitCols ? 64 * cw : 0; };
 
   const int tid = threadIdx.x;
-  const int warpgroup = tid / kWG;
+  const int warpgroup = warpgroup_index();
   const KeyBlockCta cta(kBN, p.heads_kv);
   const int kv0 = cta.kv0, b = cta.b, hkv = cta.hkv;
   const int group = p.heads_q / p.heads_kv;
@@ -590,30 +590,31 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
 
   // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: two commit groups.
   auto issue_s_dp = [&](float(&s)[kQT][4], float(&dp)[kQT][4], int stage) {
+    const u64 dqs = desc_advance(dq_b, stage * kStageBytes), ddos = desc_advance(ddo_b, stage * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKQ; ++kk)
       wgmma_ss<E, kBM>(s, desc_advance(dk_a, kmajor_kstep_offset<kBN>(kk)),
-                       desc_advance(dq_b, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)), kk > 0);
+                       desc_advance(dqs, kmajor_kstep_offset<kBM>(kk)), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKV; ++kk)
       wgmma_ss<E, kBM>(dp, desc_advance(dv_a, kmajor_kstep_offset<kBN>(kk)),
-                       desc_advance(ddo_b, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)), kk > 0);
+                       desc_advance(ddos, kmajor_kstep_offset<kBM>(kk)), kk > 0);
     wgmma_commit();
   };
   // dV += Pᵀ·dO, then dK += dSᵀ·Q: a commit group each.
   auto issue_dv = [&](const u32(&pa)[Cfg::kMK][4], int stage) {
+    const u64 ddos = desc_advance(ddo_bt, stage * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimNV>(dv, pa[kk],
-                                   desc_advance(ddo_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+      wgmma_rs<E, Cfg::kHeadDimNV>(dv, pa[kk], desc_advance(ddos, mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
   auto issue_dk = [&](const u32(&da)[Cfg::kMK][4], int stage) {
+    const u64 dqs = desc_advance(dq_bt, stage * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kMK; ++kk)
-      wgmma_rs<E, Cfg::kHeadDimNQK>(dk, da[kk],
-                                    desc_advance(dq_bt, stage * kStageBytes + mnmajor_kstep_offset(kk)), 1);
+      wgmma_rs<E, Cfg::kHeadDimNQK>(dk, da[kk], desc_advance(dqs, mnmajor_kstep_offset(kk)), 1);
     wgmma_commit();
   };
   // This warpgroup's m64 n kDqN part of dQ = dS·K (rows row0.., keys key0..; by turns, N spans
@@ -622,11 +623,10 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   constexpr int kDqKSteps = (Cfg::kDqSplitKeys ? kKeys : kBN) / 16;
   const u32 key0 = mnmajor_kstep_offset(Cfg::kDqSplitKeys ? cw * (kKeys / 16) : 0);
   auto issue_dq = [&](float(&dq)[kDqN / 8][4], int buf) {
+    const u64 dss = desc_advance(dds_at, buf * Cfg::kSmemDsBytes + (row0 / 64) * kTileBlock + key0);
 #pragma unroll
     for (int kk = 0; kk < kDqKSteps; ++kk)
-      wgmma_ss_mn<E, kDqN>(dq,
-                           desc_advance(dds_at, buf * Cfg::kSmemDsBytes + (row0 / 64) * kTileBlock + key0 +
-                                                    mnmajor_kstep_offset(kk)),
+      wgmma_ss_mn<E, kDqN>(dq, desc_advance(dss, mnmajor_kstep_offset(kk)),
                            desc_advance(dkk_bt, (col0 / 64) * kTileBlock + key0 + mnmajor_kstep_offset(kk)),
                            kk > 0);
     wgmma_commit();
@@ -863,7 +863,7 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
   auto sDs = [&](int buf) { return sP + Cfg::kSmemPBytes + buf * Cfg::kSmemDsBytes; };
 
   const int tid = threadIdx.x;
-  const int warpgroup = tid / kWG;
+  const int warpgroup = warpgroup_index();
   const KeyBlockCta cta(kBN, p.heads_kv);
   const int kv0 = cta.kv0, b = cta.b, hkv = cta.hkv;
   const int group = p.heads_q / p.heads_kv;
@@ -919,14 +919,15 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
 
   // S = Q·K_cwᵀ and dP = dO·V_cwᵀ: two commit groups.
   auto issue_s_dp = [&](float(&s)[kNT][4], float(&dp)[kNT][4], int stage) {
+    const u64 dqs = desc_advance(dq_a, stage * kStageBytes), ddos = desc_advance(ddo_a, stage * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKQ; ++kk)
-      wgmma_ss<E, kKeys>(s, desc_advance(dq_a, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)),
+      wgmma_ss<E, kKeys>(s, desc_advance(dqs, kmajor_kstep_offset<kBM>(kk)),
                          desc_advance(dk_b, kmajor_kstep_offset<kBN>(kk)), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKV; ++kk)
-      wgmma_ss<E, kKeys>(dp, desc_advance(ddo_a, stage * kStageBytes + kmajor_kstep_offset<kBM>(kk)),
+      wgmma_ss<E, kKeys>(dp, desc_advance(ddos, kmajor_kstep_offset<kBM>(kk)),
                          desc_advance(dv_b, kmajor_kstep_offset<kBN>(kk)), kk > 0);
     wgmma_commit();
   };
@@ -934,20 +935,22 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
   // of this warpgroup's keys): one commit group.
   auto issue_transposed = [&](auto& acc, u64 x_at, u64 b_desc, int stage) {
     constexpr int kBlocks = sizeof(acc) / sizeof(acc[0]);
+    const u64 xs = desc_advance(x_at, stage * kStageBytes);
 #pragma unroll
     for (int mb = 0; mb < kBlocks; ++mb)
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk)
         wgmma_ss_amn<E, kKeys>(
-            acc[mb], desc_advance(x_at, stage * kStageBytes + mb * kQBlock + mnmajor_kstep_offset(kk)),
+            acc[mb], desc_advance(xs, mb * kQBlock + mnmajor_kstep_offset(kk)),
             desc_advance(b_desc, kmajor_kstep_offset<kBN>(kk)), 1);
     wgmma_commit();
   };
   // This warpgroup's m64 n kDqN part of dQ = dS·K from dSᵀ buffer `buf`: one commit group.
   auto issue_dq = [&](float(&dq)[Cfg::kDqN / 8][4], int buf) {
+    const u64 dss = desc_advance(dds_at, buf * Cfg::kSmemDsBytes);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
-      wgmma_ss_mn<E, Cfg::kDqN>(dq, desc_advance(dds_at, buf * Cfg::kSmemDsBytes + mnmajor_kstep_offset(kk)),
+      wgmma_ss_mn<E, Cfg::kDqN>(dq, desc_advance(dss, mnmajor_kstep_offset(kk)),
                                 desc_advance(dkk_bt, mnmajor_kstep_offset(kk)), kk > 0);
     wgmma_commit();
   };

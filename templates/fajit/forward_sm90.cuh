@@ -202,7 +202,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   auto slot = [&](int r, int field) { return slots + 4 * (kSlots * r + field); };
 
   const int tid = threadIdx.x;
-  const int warpgroup = tid / kWG;
+  const int warpgroup = warpgroup_index();
   const int len_q = p.len_q, len_kv = p.len_kv;
 
   // ---- work: query blocks of BLOCK_M rows. Without PERSISTENT the CTA's own (the grid holds
@@ -376,10 +376,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const u64 dk = desc_sw128(sK, 16, kSwizzleAtomBytes);
   const u64 dv = desc_sw128(sV, kBN * kSw128RowBytes, kSwizzleAtomBytes);
   auto issue_s = [&](float(&s)[Cfg::kNT][4], int stage) {
+    const u64 dks = desc_advance(dk, stage * Cfg::kSmemKBytes);  // then constant steps
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKQ; ++kk)
       wgmma_ss<E, kBN>(s, desc_advance(dq, kmajor_kstep_offset<kBM>(kk)),
-                       desc_advance(dk, stage * Cfg::kSmemKBytes + kmajor_kstep_offset<kBN>(kk)), kk > 0);
+                       desc_advance(dks, kmajor_kstep_offset<kBN>(kk)), kk > 0);
     wgmma_commit();
   };
   // P·V's N is the head dim rounded up to 16; above 128 (wgmma's widest here) O's columns go
@@ -389,9 +390,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   constexpr int kPvN0 = kPvN <= 128 ? kPvN : kPvN - 128 >= 32 ? 128 : 64;
   constexpr int kPvN1 = kPvN - kPvN0;
   auto issue_pv = [&](int stage) {
+    const u64 dvs = desc_advance(dv, stage * Cfg::kSmemVBytes);
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKP; ++kk) {
-      const u64 vk = desc_advance(dv, stage * Cfg::kSmemVBytes + mnmajor_kstep_offset(kk));
+      const u64 vk = desc_advance(dvs, mnmajor_kstep_offset(kk));
       wgmma_rs_cols<E, kPvN0, 0, Cfg::kDT>(o, pa[kk], vk, 1);
       if constexpr (kPvN1 > 0)
         wgmma_rs_cols<E, kPvN1, kPvN0 / 8, Cfg::kDT>(o, pa[kk],

@@ -33,6 +33,13 @@ constexpr int kSw128RowBytes = 128;      // one row of a 64-column block of 16-b
 constexpr int kSwizzleAtomBytes = 1024;  // 8 rows x 128 B: the swizzle period and alignment
 constexpr int kMbarBytes = 8;            // one mbarrier
 
+// This thread's warpgroup, broadcast from lane 0 so that ptxas knows it is warp-uniform: what
+// derives from it (a consumer's shared-memory descriptors, its named barriers) then lives in
+// uniform registers, without an R2UR pair before every wgmma that reads it.
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarpgroupThreads, 0);
+}
+
 // The 128B-swizzled layout above as a staging-layout type (attention_tile.cuh): byte offset of
 // 16-byte chunk c of row r in a tile of kRows rows stored as 128-byte column blocks.
 // Rows 8 apart keep their swizzle: offset(r + 8m, c) = offset(r, c) + 8m * kRowBytes.
@@ -248,7 +255,13 @@ __device__ __forceinline__ u64 desc_sw128(u32 smem_addr, u32 lbo_bytes, u32 sbo_
          ((u64)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 // The descriptor of the operand `bytes` further on (start address field, in 16-byte units).
-__device__ __forceinline__ u64 desc_advance(u64 desc, int bytes) { return desc + (bytes >> 4); }
+// The field is the low word's bits 0-13 and a shared address never carries out of it, so a
+// 32-bit add on the low word does: one uniform add per wgmma instead of a sign extension and a
+// 64-bit add.
+__device__ __forceinline__ u64 desc_advance(u64 desc, int bytes) {
+  const u32 lo = static_cast<u32>(desc) + static_cast<u32>(bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
 // Byte offset of k-step kk (16 columns) of a K-major operand of kRows rows: 32 B within a
 // 128-byte row, then the next 64-column block.
 template <int kRows>
