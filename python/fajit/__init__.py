@@ -113,11 +113,18 @@ def _options(dtype="bf16", head_dim_qk=128, head_dim_v=None, arch=None):
 class Kernel:
     """One compiled attention variant (the C API's fajit_kernel)."""
 
-    def __init__(self, program, dtype="bf16", head_dim_qk=128, head_dim_v=None, arch=None):
+    def __init__(self, program, dtype="bf16", head_dim_qk=128, head_dim_v=None, arch=None,
+                 backward_in_background=False):
+        """Compiles the forward. backward_in_background: the backward kernels compile on a
+        background thread meanwhile (training's first backward then finds them ready; an error
+        there is reported by the first backward)."""
         lib = _capi.lib()
         h = _C.c_void_p()
         o = _options(dtype, head_dim_qk, head_dim_v, arch)
-        _capi.check(lib.fajit_compile_program(program.handle, _C.byref(o), _C.byref(h)))
+        if backward_in_background:
+            _capi.check(lib.fajit_compile_program_background(program.handle, _C.byref(o), 2, _C.byref(h)))
+        else:
+            _capi.check(lib.fajit_compile_program(program.handle, _C.byref(o), _C.byref(h)))
         self._h = h
         self._lib = lib
         self.program = program

@@ -106,6 +106,7 @@ _SIGNATURES = {
     "fajit_program_num_captures": (C.c_int, [_P]),
     "fajit_program_capture": (C.c_int, [_P, C.c_int, C.POINTER(CaptureInfo)]),
     "fajit_compile_program": (C.c_int, [_P, C.POINTER(Options), C.POINTER(_P)]),
+    "fajit_compile_program_background": (C.c_int, [_P, C.POINTER(Options), C.c_uint, C.POINTER(_P)]),
     "fajit_program_block_mask": (C.c_int, [_P, C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int, _PC,
                                            C.POINTER(Options), _P, C.POINTER(_P)]),
     "fajit_kernel_destroy": (None, [_P]),

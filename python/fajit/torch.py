@@ -137,7 +137,10 @@ def _variant_key(score_mod, mask_mod):
 _KERNELS = {}  # (text_key, dtype, dqk, dv, device index) -> fajit.Kernel
 
 
-def _kernel(variant, dtype, dqk, dv, device):
+def _kernel(variant, dtype, dqk, dv, device, backward=False):
+    """The variant's kernel for these types and head dims, compiled on first use; `backward`
+    (a call autograd records): its backward kernels then compile in the background meanwhile,
+    so the first backward does not wait for a compile of its own."""
     k = (variant.text_key, dtype, dqk, dv, device.index)
     kern = _KERNELS.get(k)
     if kern is not None:
@@ -147,7 +150,7 @@ def _kernel(variant, dtype, dqk, dv, device):
         if kern is None:
             from . import Kernel
 
-            kern = Kernel(variant.program, _DTYPES[dtype][0], dqk, dv)
+            kern = Kernel(variant.program, _DTYPES[dtype][0], dqk, dv, backward_in_background=backward)
             _KERNELS[k] = kern
     return kern
 
@@ -554,6 +557,8 @@ class _FlexFunction(torch.autograd.Function):
         buffers = list(rest[n_tables:n_tables + n_buffers])
         scalars = list(rest[n_tables + n_buffers:])
         ctx.set_materialize_grads(False)  # an unused out or LSE gets no zero gradient
+        with _on_device(q.device):  # compiled with its backward beside it, if new
+            _kernel(_VARIANTS[variant], q.dtype, q.shape[3], v.shape[3], q.device, backward=True)
         out, lse = _flex_fwd_impl(q, k, v, variant, scale, tables, info, buffers, scalars)
         _setup_context(ctx, (q, k, v, variant, scale, tables, info, buffers, scalars), (out, lse))
         return out, lse

@@ -397,3 +397,20 @@ def test_warm_compiles_the_lazy_kernels_without_a_gpu():
     ks = fajit.compile(stepped, causal, head_dim_qk=64, arch="sm_80")
     with pytest.raises(fajit.FajitError, match="cannot differentiate score_mod"):
         ks.warm(backward=True)
+
+
+def test_backward_in_background_compiles_beside_the_forward():
+    def halved(score, b, h, q_idx, kv_idx):
+        return score * 0.53125
+
+    prog = fajit.Program(fajit.trace(halved, causal).text)
+    k = fajit.Kernel(prog, head_dim_qk=64, arch="sm_80", backward_in_background=True)
+    assert k.warm(block_mask=False, backward=True) == 2  # waits for the background compile if running
+
+    def stepped(score, b, h, q_idx, kv_idx):
+        return score + score.floor()
+
+    ks = fajit.Kernel(fajit.Program(fajit.trace(stepped, causal).text), head_dim_qk=64, arch="sm_80",
+                      backward_in_background=True)  # nothing to compile: no error until the backward
+    with pytest.raises(fajit.FajitError, match="cannot differentiate score_mod"):
+        ks.warm(backward=True)

@@ -49,6 +49,31 @@ int main(int argc, char** argv) {
     printf("warmed %d kernels\n", n);
   }
 
+  /* fajit_compile_program_background: the backward compiles beside the forward (the first
+   * backward, here a warm, finds it ready); a bit other than FAJIT_WARM_BACKWARD is refused. */
+  {
+    fajit_program* p = NULL;
+    fajit_kernel* kb = NULL;
+    int n = 0;
+    if (fajit_program_preset("sliding:100", "softcap:20", &p) != FAJIT_OK ||
+        fajit_compile_program_background(p, &o, FAJIT_WARM_BACKWARD, &kb) != FAJIT_OK ||
+        fajit_kernel_warm(kb, FAJIT_WARM_BACKWARD, &n) != FAJIT_OK || n != 2) {
+      fprintf(stderr, "fajit_compile_program_background: %d kernels, %s\n", n, fajit_last_error());
+      return 1;
+    }
+    fajit_kernel_destroy(kb);
+    kb = NULL;
+    if (fajit_compile_program_background(p, &o, FAJIT_WARM_DECODE, &kb) != FAJIT_ERROR_INVALID_ARGUMENT || kb ||
+        strcmp(fajit_last_error(),
+               "background: flags 0x8 name kernels that do not compile in the background (only "
+               "FAJIT_WARM_BACKWARD does)") != 0) {
+      fprintf(stderr, "expected the background-flags error, got: %s\n", fajit_last_error());
+      return 1;
+    }
+    fajit_program_destroy(p);
+    printf("compiled with the backward in the background\n");
+  }
+
   /* fajit_kernel_forward_ex: ragged / paged tables and the options struct are checked before
    * anything runs (fake, aligned device addresses: nothing is launched, no GPU needed). */
   {

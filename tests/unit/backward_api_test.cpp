@@ -147,6 +147,33 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   EXPECT_EQ(e.rfind("cannot differentiate score_mod @stepped:\n", 0), 0u) << e;
 }
 
+// Options::backward_in_background compiles the backward on a thread of its own while the forward
+// compiles: a later Kernel::warm finds it in the process's memory cache (finished, or joined in
+// flight) instead of compiling it or reading it from disk. The score_mod is this test's own, so
+// no earlier test of the process put this backward in memory. A score_mod without a derivative
+// starts nothing and fails at the backward's first use, as without the option.
+TEST(KernelWarm, BackwardInBackgroundIsReadyForTheFirstBackward) {
+  const fa::ScoreMod scaled{"bg_scaled",
+                            [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s * 0.8125f; }};
+  fa::Options o = opts(64, 64);
+  o.backward_in_background = true;
+  const fa::Kernel k = fa::compile(scaled, fa::mods::causal(), o);
+  EXPECT_NE(k.origin(), fa::CacheOrigin::kMemory);
+  fa::WarmOptions bw;
+  bw.block_mask = false;
+  bw.backward = true;
+  const fa::WarmReport r = k.warm(bw);
+  EXPECT_EQ(r.kernels, 2);
+  EXPECT_EQ(r.from_memory, 1);  // the backward
+  EXPECT_EQ(r.compiled + r.from_disk, 1);
+
+  const fa::ScoreMod stepped{
+      "stepped_bg", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s + fa::floor(s); }};
+  const fa::Kernel ks = fa::compile(stepped, fa::mods::causal(), o);
+  const std::string e = error_of([&] { ks.warm(bw); });
+  EXPECT_EQ(e.rfind("cannot differentiate score_mod @stepped_bg:\n", 0), 0u) << e;
+}
+
 // Tensors at fake, 256-byte aligned addresses: validation never dereferences them.
 struct FakeTensors {
   uintptr_t next = 0x10000000;

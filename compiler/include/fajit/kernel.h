@@ -46,6 +46,13 @@ struct Options {
   // default runs). Unset: on unless $FAJIT_AUTOTUNE is 0, off, false or no (read by
   // fa::compile); true with an explicit family or tile is an fa::Error.
   std::optional<bool> autotune;
+  // Compile the backward kernels (dense layout, the default dQ path) on a background thread
+  // while the forward compiles, into the process's kernel cache, so that training's first
+  // backward finds them ready: the two compiles overlap instead of running one after the
+  // other. Kernel::backward and Kernel::warm use them as usual (waiting for the compile if it
+  // is still running). A failure there (a score_mod without a derivative, say) is not reported
+  // here: the first backward reports it. Compiles still running at exit are joined first.
+  bool backward_in_background = false;
 };
 
 // What autotuning chose for one shape class (Kernel::tune_records).

@@ -354,6 +354,21 @@ fajit_status fajit_compile_program(const fajit_program* p, const fajit_options* 
   });
 }
 
+fajit_status fajit_compile_program_background(const fajit_program* p, const fajit_options* options,
+                                              unsigned background, fajit_kernel** out) {
+  return guarded([&] {
+    require(p, "program");
+    require(out, "out");
+    if (background & ~static_cast<unsigned>(FAJIT_WARM_BACKWARD))
+      throw fa::Error(fmt::format("background: flags {:#x} name kernels that do not compile in the background "
+                                  "(only FAJIT_WARM_BACKWARD does)",
+                                  background & ~static_cast<unsigned>(FAJIT_WARM_BACKWARD)));
+    fa::Options o = to_options(options);
+    o.backward_in_background = (background & FAJIT_WARM_BACKWARD) != 0;
+    *out = new fajit_kernel{fa::compile(p->program, o), p->mlir, {}, {}};
+  });
+}
+
 fajit_status fajit_program_block_mask(const fajit_program* p, int batch, int heads, int64_t len_q,
                                       int64_t len_kv, int q_block, int kv_block,
                                       const fajit_captures* captures, const fajit_options* options,

@@ -19,6 +19,9 @@ struct Compiled {
   jit::CompileOptions options;
 };
 
+// What compile_generated asks the cache for: `gen`'s source, spec and options.
+jit::KernelRequest kernel_request(const GeneratedKernel& gen, bool line_info, std::string_view what);
+
 // `gen` through the global cache (memory, disk, NVRTC); `what` goes into the entry's meta.
 Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view what);
 

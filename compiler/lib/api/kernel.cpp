@@ -5,12 +5,15 @@
 #include "compiled.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -32,8 +35,7 @@ namespace fa {
 
 namespace detail {
 
-Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view what) {
-  Compiled c;
+jit::KernelRequest kernel_request(const GeneratedKernel& gen, bool line_info, std::string_view what) {
   jit::KernelRequest req;
   req.source = gen.source;
   req.name = gen.kernel_name + ".cu";
@@ -41,6 +43,12 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   req.meta = fmt::format("{} {}", gen.spec.to_string(), what);
   req.options.arch = gen.spec.arch;
   req.options.line_info = line_info;
+  return req;
+}
+
+Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view what) {
+  Compiled c;
+  const jit::KernelRequest req = kernel_request(gen, line_info, what);
   jit::Lookup l = jit::compile_cached(req);
   c.key = l.entry->key;
   c.entry = l.entry;
@@ -156,6 +164,76 @@ KernelSpec spec_beside(const KernelSpec& forward, KernelKind kind) {
                  : KernelFamily::kAuto;
   s.tile = TileConfig{};
   return s;
+}
+
+// The backward kernels' spec beside a resolved forward spec, for a layout (dense or ragged);
+// `deterministic` false still takes the separate dQ kernel where that is the faster
+// (bwd_prefers_separate_dq).
+KernelSpec backward_spec_beside(const Program& p, const KernelSpec& forward, bool deterministic, SequenceLayout layout) {
+  KernelSpec spec = spec_beside(forward, KernelKind::kBackward);
+  spec.layout = layout;
+  spec.deterministic =
+      deterministic || bwd_prefers_separate_dq(spec.resolved(score_mod_weighs(p, KernelKind::kBackward)));
+  return spec;
+}
+
+// Compiles started ahead of their first use (Options::backward_in_background), each on a
+// thread of its own and into the process's kernel cache only: the first use then finds the
+// kernel in memory, or waits for the compile in flight (jit::compile_cached is single-flight
+// per key). A failed compile is dropped; the first use compiles again and reports it. Threads
+// still compiling at exit are joined then, before NVRTC's library object goes.
+class BackgroundCompiles {
+ public:
+  static BackgroundCompiles& get() {
+    jit::Nvrtc::get();  // constructed first, so destroyed after ~BackgroundCompiles has joined
+    static BackgroundCompiles jobs;
+    return jobs;
+  }
+  void start(jit::KernelRequest req) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = jobs_.begin(); it != jobs_.end();) {  // join the finished ones
+      if (it->done->load()) {
+        it->thread.join();
+        it = jobs_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread thread([req = std::move(req), done] {
+      try {
+        jit::compile_cached(req);
+      } catch (...) {
+      }
+      done->store(true);
+    });
+    jobs_.push_back({std::move(thread), std::move(done)});
+  }
+  ~BackgroundCompiles() {
+    for (Job& j : jobs_) j.thread.join();
+  }
+
+ private:
+  BackgroundCompiles() = default;
+  struct Job {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::mutex mutex_;
+  std::list<Job> jobs_;
+};
+
+// Options::backward_in_background: the dense backward of a forward spec, generated here (the
+// IR is not for other threads) and compiled on a background thread. A score_mod without a
+// derivative, or no NVRTC, starts nothing: the first backward reports it as it would have.
+void start_backward_compile(const Program& p, const KernelSpec& forward, bool line_info) {
+  try {
+    const KernelSpec spec = backward_spec_beside(p, forward, false, SequenceLayout::kDense);
+    const GeneratedKernel gen = generate(p, spec);
+    BackgroundCompiles::get().start(detail::kernel_request(
+        gen, line_info, fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
+  } catch (const Error&) {
+  }
 }
 
 // What a block mask needs of a variant: the mask_mod as an interval program (compiled once),
@@ -450,12 +528,8 @@ struct Kernel::Impl {
     std::lock_guard<std::mutex> lock(bwd_mutex);
     const int l = layout == SequenceLayout::kDense ? 0 : 1;
     if (const Compiled* known = deterministic ? bwd[l][1].get() : bwd_default[l]) return *known;
-    const Program& p = mask.program();
-    KernelSpec spec = spec_beside(fwd.gen.spec, KernelKind::kBackward);
-    spec.layout = layout;
+    const KernelSpec spec = backward_spec_beside(mask.program(), fwd.gen.spec, deterministic, layout);
     const bool asked = deterministic;
-    spec.deterministic =
-        deterministic || bwd_prefers_separate_dq(spec.resolved(score_mod_weighs(p, KernelKind::kBackward)));
     std::unique_ptr<Compiled>& slot = bwd[l][spec.deterministic ? 1 : 0];
     if (!slot) slot = compile_beside(spec, l ? "ragged backward" : "backward");
     if (!asked) bwd_default[l] = slot.get();
@@ -826,7 +900,9 @@ Kernel compile(const Program& program, const Options& options) {
   auto impl = std::make_shared<Kernel::Impl>(program);
   std::string what =
       fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
-  impl->fwd = compile_generated(generate(program, spec), options.line_info, what);
+  GeneratedKernel gen = generate(program, spec);
+  if (options.backward_in_background) start_backward_compile(program, gen.spec, options.line_info);
+  impl->fwd = compile_generated(std::move(gen), options.line_info, what);
   impl->mask.set_spec(spec_beside(impl->fwd.gen.spec, KernelKind::kBlockMask));
   impl->tuner = std::make_unique<detail::ForwardTuner>(impl->mask.program(), impl->fwd,
                                                        detail::autotune_enabled(options));
