@@ -940,9 +940,8 @@ __device__ __forceinline__ void backward_dkdv_wide_kernel(const FaBwdParams& p, 
     for (int mb = 0; mb < kBlocks; ++mb)
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk)
-        wgmma_ss_amn<E, kKeys>(
-            acc[mb], desc_advance(xs, mb * kQBlock + mnmajor_kstep_offset(kk)),
-            desc_advance(b_desc, kmajor_kstep_offset<kBN>(kk)), 1);
+        wgmma_ss_amn<E, kKeys>(acc[mb], desc_advance(xs, mb * kQBlock + mnmajor_kstep_offset(kk)),
+                               desc_advance(b_desc, kmajor_kstep_offset<kBN>(kk)), 1);
     wgmma_commit();
   };
   // This warpgroup's m64 n kDqN part of dQ = dS·K from dSᵀ buffer `buf`: one commit group.

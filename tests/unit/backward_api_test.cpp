@@ -153,8 +153,8 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
 // no earlier test of the process put this backward in memory. A score_mod without a derivative
 // starts nothing and fails at the backward's first use, as without the option.
 TEST(KernelWarm, BackwardInBackgroundIsReadyForTheFirstBackward) {
-  const fa::ScoreMod scaled{"bg_scaled",
-                            [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s * 0.8125f; }};
+  const fa::ScoreMod scaled{
+      "bg_scaled", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s * 0.8125f; }};
   fa::Options o = opts(64, 64);
   o.backward_in_background = true;
   const fa::Kernel k = fa::compile(scaled, fa::mods::causal(), o);

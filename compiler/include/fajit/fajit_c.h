@@ -147,8 +147,9 @@ FA_API fajit_status fajit_compile_program(const fajit_program* program, const fa
  * (fa::Options::backward_in_background), so that training's first backward finds them ready.
  * Another bit is FAJIT_ERROR_INVALID_ARGUMENT; a failure in the background (a score_mod without
  * a derivative) is reported by the first backward, as without the flag. */
-FA_API fajit_status fajit_compile_program_background(const fajit_program* program, const fajit_options* options,
-                                                     unsigned background, fajit_kernel** out);
+FA_API fajit_status fajit_compile_program_background(const fajit_program* program,
+                                                     const fajit_options* options, unsigned background,
+                                                     fajit_kernel** out);
 
 /* The program's mask_mod as a block mask for [B, H, Lq, Lkv] with q_block x kv_block tiles
  * (0 = 128), without a kernel: blocks the symbolic analysis decides need nothing compiled;

@@ -360,9 +360,10 @@ fajit_status fajit_compile_program_background(const fajit_program* p, const faji
     require(p, "program");
     require(out, "out");
     if (background & ~static_cast<unsigned>(FAJIT_WARM_BACKWARD))
-      throw fa::Error(fmt::format("background: flags {:#x} name kernels that do not compile in the background "
-                                  "(only FAJIT_WARM_BACKWARD does)",
-                                  background & ~static_cast<unsigned>(FAJIT_WARM_BACKWARD)));
+      throw fa::Error(
+          fmt::format("background: flags {:#x} name kernels that do not compile in the background "
+                      "(only FAJIT_WARM_BACKWARD does)",
+                      background & ~static_cast<unsigned>(FAJIT_WARM_BACKWARD)));
     fa::Options o = to_options(options);
     o.backward_in_background = (background & FAJIT_WARM_BACKWARD) != 0;
     *out = new fajit_kernel{fa::compile(p->program, o), p->mlir, {}, {}};

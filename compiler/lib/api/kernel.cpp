@@ -169,7 +169,8 @@ KernelSpec spec_beside(const KernelSpec& forward, KernelKind kind) {
 // The backward kernels' spec beside a resolved forward spec, for a layout (dense or ragged);
 // `deterministic` false still takes the separate dQ kernel where that is the faster
 // (bwd_prefers_separate_dq).
-KernelSpec backward_spec_beside(const Program& p, const KernelSpec& forward, bool deterministic, SequenceLayout layout) {
+KernelSpec backward_spec_beside(const Program& p, const KernelSpec& forward, bool deterministic,
+                                SequenceLayout layout) {
   KernelSpec spec = spec_beside(forward, KernelKind::kBackward);
   spec.layout = layout;
   spec.deterministic =
@@ -231,7 +232,8 @@ void start_backward_compile(const Program& p, const KernelSpec& forward, bool li
     const KernelSpec spec = backward_spec_beside(p, forward, false, SequenceLayout::kDense);
     const GeneratedKernel gen = generate(p, spec);
     BackgroundCompiles::get().start(detail::kernel_request(
-        gen, line_info, fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
+        gen, line_info,
+        fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
   } catch (const Error&) {
   }
 }
