@@ -311,6 +311,58 @@ TEST_F(CacheTest, WaitersSeeTheCompileError) {
   EXPECT_EQ(cache.stats().memory_entries, 0u);
 }
 
+// claim() takes the key's flight on the calling thread: a get_or_compile that arrives before the
+// claimed job has even started waits for it (one compile, the job's cubin), a second claim
+// finds nothing to do, and once the job has run the entry is in memory. A failing job hands its
+// error to the waiters and caches nothing, so a later lookup compiles again.
+TEST_F(CacheTest, ClaimedFlightIsWaitedFor) {
+  Cache cache(dir_);
+  std::atomic<int> compiles{0};
+  std::function<void()> job = cache.claim(
+      kKey,
+      [&] {
+        ++compiles;
+        return kCubin;
+      },
+      "claimed");
+  ASSERT_TRUE(job);
+  EXPECT_FALSE(cache.claim(
+      kKey, [] { return std::string("x"); }, ""));  // in flight already
+  std::thread runner([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the lookup below waits
+    job();
+  });
+  const fa::jit::Lookup l = cache.get_or_compile(kKey, [&] {
+    ++compiles;
+    return std::string("a second compile");
+  });
+  runner.join();
+  EXPECT_EQ(compiles.load(), 1);
+  EXPECT_EQ(l.origin, Origin::kMemory);
+  EXPECT_EQ(l.entry->cubin, kCubin);
+  EXPECT_EQ(l.entry->meta, "claimed");
+  EXPECT_FALSE(cache.claim(
+      kKey, [] { return std::string("x"); }, ""));  // in memory now
+
+  Cache other(dir_ + "/other");
+  std::function<void()> failing = other.claim(
+      kKey, []() -> std::string { throw fa::Error("nvrtc said no", fa::ErrorCode::kCompile); }, "");
+  ASSERT_TRUE(failing);
+  std::thread failer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    failing();  // never throws
+  });
+  std::string error;
+  try {
+    other.get_or_compile(kKey, [] { return std::string("unused"); });
+  } catch (const fa::Error& e) {
+    error = e.what();
+  }
+  failer.join();
+  EXPECT_EQ(error, "nvrtc said no");
+  EXPECT_EQ(other.get_or_compile(kKey, [] { return std::string("again"); }).entry->cubin, "again");
+}
+
 TEST_F(CacheTest, EightProcessesRaceOnOneKey) {
   race_processes(8, [&](int) {
     Cache cache(dir_);

@@ -9,11 +9,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -178,20 +181,28 @@ KernelSpec backward_spec_beside(const Program& p, const KernelSpec& forward, boo
   return spec;
 }
 
-// Compiles started ahead of their first use (Options::backward_in_background), each on a
-// thread of its own and into the process's kernel cache only: the first use then finds the
-// kernel in memory, or waits for the compile in flight (jit::compile_cached is single-flight
-// per key). A failed compile is dropped; the first use compiles again and reports it. Threads
-// still compiling at exit are joined then, before NVRTC's library object goes.
+// Compiles started ahead of their first use (Options::backward_in_background). The request's
+// cache flight is claimed on the calling thread (jit::claim_compile): a first use arriving at
+// any time waits for this compile instead of starting its own (and gets its error, if any),
+// while the compile runs on a thread of its own. At most half the hardware threads run such
+// compiles at once; past that nothing is started and the first use compiles as it did. At exit
+// the running ones are joined, before NVRTC's library object goes (the join is registered after
+// it). A forked child starts none and never joins its parent's threads (a child waiting on a key
+// its parent had in flight at the fork would wait for good: don't fork mid-compile).
 class BackgroundCompiles {
  public:
   static BackgroundCompiles& get() {
-    jit::Nvrtc::get();  // constructed first, so destroyed after ~BackgroundCompiles has joined
-    static BackgroundCompiles jobs;
-    return jobs;
+    static BackgroundCompiles* jobs = [] {
+      jit::Nvrtc::get();
+      auto* j = new BackgroundCompiles;  // never destroyed: close() at exit instead
+      std::atexit([] { get().close(); });
+      return j;
+    }();
+    return *jobs;
   }
-  void start(jit::KernelRequest req) {
+  void start(const jit::KernelRequest& req) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_ || getpid() != pid_) return;
     for (auto it = jobs_.begin(); it != jobs_.end();) {  // join the finished ones
       if (it->done->load()) {
         it->thread.join();
@@ -200,18 +211,31 @@ class BackgroundCompiles {
         ++it;
       }
     }
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    std::thread thread([req = std::move(req), done] {
-      try {
-        jit::compile_cached(req);
-      } catch (...) {
-      }
-      done->store(true);
-    });
-    jobs_.push_back({std::move(thread), std::move(done)});
+    if (jobs_.size() >= std::max(1u, std::thread::hardware_concurrency() / 2)) return;
+    std::function<void()> job = jit::claim_compile(req);
+    if (!job) return;  // in memory, or in flight already
+    jobs_.emplace_back();
+    Job& j = jobs_.back();
+    j.done = std::make_shared<std::atomic<bool>>(false);
+    try {
+      j.thread = std::thread([job, done = j.done] {
+        job();
+        done->store(true);
+      });
+    } catch (...) {  // no thread: the claimed flight must still end, so compile here
+      jobs_.pop_back();
+      job();
+    }
   }
-  ~BackgroundCompiles() {
-    for (Job& j : jobs_) j.thread.join();
+  void close() {
+    std::list<Job> running;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+      if (getpid() != pid_) return;
+      running.swap(jobs_);
+    }
+    for (Job& j : running) j.thread.join();
   }
 
  private:
@@ -222,11 +246,14 @@ class BackgroundCompiles {
   };
   std::mutex mutex_;
   std::list<Job> jobs_;
+  bool closed_ = false;
+  const pid_t pid_ = getpid();
 };
 
 // Options::backward_in_background: the dense backward of a forward spec, generated here (the
 // IR is not for other threads) and compiled on a background thread. A score_mod without a
-// derivative, or no NVRTC, starts nothing: the first backward reports it as it would have.
+// derivative, no NVRTC or no thread to spare starts nothing: the first backward compiles (or
+// reports the error) as it would have.
 void start_backward_compile(const Program& p, const KernelSpec& forward, bool line_info) {
   try {
     const KernelSpec spec = backward_spec_beside(p, forward, false, SequenceLayout::kDense);
@@ -234,7 +261,7 @@ void start_backward_compile(const Program& p, const KernelSpec& forward, bool li
     BackgroundCompiles::get().start(detail::kernel_request(
         gen, line_info,
         fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
-  } catch (const Error&) {
+  } catch (...) {  // an optimisation only: fa::compile goes on without it
   }
 }
 

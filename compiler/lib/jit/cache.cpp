@@ -248,6 +248,43 @@ struct Cache::Impl {
     mem[e->key] = e;
   }
 
+  // The flight leader's work for `key` (in flight, claimed by this caller with `promise`): disk,
+  // else compile(); the entry into memory, then to the waiters, then the flight ends. A failure
+  // reaches the waiters and is rethrown.
+  Lookup lead(const std::string& key, const std::function<std::string()>& compile, std::string_view meta,
+              std::promise<EntryPtr>& promise) {
+    auto finish = [&] {
+      std::lock_guard<std::mutex> lock(flight_mu);
+      in_flight.erase(key);
+    };
+    try {
+      bool bad = false;
+      EntryPtr e = disk_find(key, &bad);
+      CacheOrigin origin = CacheOrigin::kDisk;
+      if (e) {
+        ++disk_hits;
+      } else {
+        if (bad) ++corrupt;
+        ++misses;
+        auto fresh = std::make_shared<Entry>();
+        fresh->key = key;
+        fresh->cubin = compile();
+        fresh->meta = std::string(meta);
+        disk_put(*fresh);
+        e = std::move(fresh);
+        origin = CacheOrigin::kCompiled;
+      }
+      memory_put(e);  // before leaving the flight, so no later caller misses both
+      promise.set_value(e);
+      finish();
+      return {std::move(e), origin};
+    } catch (...) {
+      promise.set_exception(std::current_exception());
+      finish();
+      throw;
+    }
+  }
+
   // The entry on disk, or null; *bad is set when a file exists but fails a check.
   EntryPtr disk_find(const std::string& key, bool* bad) {
     *bad = false;
@@ -364,36 +401,26 @@ Lookup Cache::get_or_compile(const std::string& key, const std::function<std::st
     return {std::move(e), CacheOrigin::kMemory};
   }
 
-  auto finish = [&] {
+  return im.lead(key, compile, meta, promise);
+}
+
+std::function<void()> Cache::claim(const std::string& key, std::function<std::string()> compile,
+                                   std::string meta) {
+  if (!is_valid_key(key)) return {};
+  Impl& im = *impl_;
+  if (im.memory_find(key)) return {};
+  auto promise = std::make_shared<std::promise<EntryPtr>>();
+  {
     std::lock_guard<std::mutex> lock(im.flight_mu);
-    im.in_flight.erase(key);
-  };
-  try {
-    bool bad = false;
-    EntryPtr e = im.disk_find(key, &bad);
-    CacheOrigin origin = CacheOrigin::kDisk;
-    if (e) {
-      ++im.disk_hits;
-    } else {
-      if (bad) ++im.corrupt;
-      ++im.misses;
-      auto fresh = std::make_shared<Entry>();
-      fresh->key = key;
-      fresh->cubin = compile();
-      fresh->meta = std::string(meta);
-      im.disk_put(*fresh);
-      e = std::move(fresh);
-      origin = CacheOrigin::kCompiled;
-    }
-    im.memory_put(e);  // before leaving the flight, so no later caller misses both
-    promise.set_value(e);
-    finish();
-    return {std::move(e), origin};
-  } catch (...) {
-    promise.set_exception(std::current_exception());
-    finish();
-    throw;
+    if (im.memory_find(key) || im.in_flight.count(key)) return {};
+    im.in_flight.emplace(key, promise->get_future().share());
   }
+  return [&im, key, compile = std::move(compile), meta = std::move(meta), promise] {
+    try {
+      im.lead(key, compile, meta, *promise);
+    } catch (...) {  // lead() handed it to the waiters
+    }
+  };
 }
 
 std::shared_ptr<const Entry> Cache::find(const std::string& key) {

@@ -22,4 +22,14 @@ Lookup compile_cached(const KernelRequest& req, Cache& cache, const Nvrtc* nvrtc
       request_key(req, nv), [&] { return nv.compile(req.source, req.name, opt).cubin; }, req.meta);
 }
 
+std::function<void()> claim_compile(const KernelRequest& req, Cache& cache, const Nvrtc* nvrtc) {
+  const Nvrtc* nv = nvrtc ? nvrtc : &Nvrtc::get();
+  CompileOptions opt = req.options;
+  opt.want_ptx = false;
+  return cache.claim(
+      request_key(req, *nv),
+      [nv, source = req.source, name = req.name, opt] { return nv->compile(source, name, opt).cubin; },
+      req.meta);
+}
+
 }  // namespace fa::jit

@@ -91,6 +91,13 @@ class Cache {
   Lookup get_or_compile(const std::string& key, const std::function<std::string()>& compile,
                         std::string_view meta = {});
 
+  // get_or_compile split in two for a compile on another thread: claims `key`'s flight now,
+  // on the calling thread, so that a get_or_compile arriving before the returned job has even
+  // started waits for it instead of compiling again, and returns the job that does the lookup
+  // and the compile and ends the flight. Empty when the key is in memory or already in flight
+  // (nothing to do). The job never throws: a failure reaches the callers waiting on the key.
+  std::function<void()> claim(const std::string& key, std::function<std::string()> compile, std::string meta);
+
   // The entry for `key` from memory or disk, or null. Never compiles.
   std::shared_ptr<const Entry> find(const std::string& key);
 

@@ -10,6 +10,7 @@
 //   fa::jit::Lookup l = fa::jit::compile_cached(req);   // l.entry->cubin, l.origin
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "fajit/jit/cache.h"
@@ -33,5 +34,12 @@ std::string request_key(const KernelRequest& req, const Nvrtc& nvrtc);
 // Looks `req` up in `cache` (memory, then disk) and compiles it on a miss. `nvrtc` null
 // means Nvrtc::get(). Compile errors throw fa::Error (kCompile) and cache nothing.
 Lookup compile_cached(const KernelRequest& req, Cache& cache = Cache::global(), const Nvrtc* nvrtc = nullptr);
+
+// compile_cached for another thread: the key is computed and the cache's flight claimed here,
+// on the calling thread (Cache::claim), and the returned job (empty: in memory or in flight
+// already) does the lookup and the compile wherever it runs, so a compile_cached of the same
+// request meanwhile waits for it. The job never throws; `nvrtc` must outlive it.
+std::function<void()> claim_compile(const KernelRequest& req, Cache& cache = Cache::global(),
+                                    const Nvrtc* nvrtc = nullptr);
 
 }  // namespace fa::jit
