@@ -122,7 +122,8 @@ class Kernel:
         h = _C.c_void_p()
         o = _options(dtype, head_dim_qk, head_dim_v, arch)
         if backward_in_background:
-            _capi.check(lib.fajit_compile_program_background(program.handle, _C.byref(o), 2, _C.byref(h)))
+            _capi.check(lib.fajit_compile_program_background(program.handle, _C.byref(o), _capi.WARM_BACKWARD,
+                                                             _C.byref(h)))
         else:
             _capi.check(lib.fajit_compile_program(program.handle, _C.byref(o), _C.byref(h)))
         self._h = h
@@ -157,8 +158,9 @@ class Kernel:
         """Compiles now, through the caches, the kernels otherwise compiled on first use (a server
         warms them at start; no GPU needed). Returns how many kernels the variant has, the
         forward included."""
-        flags = ((1 if block_mask else 0) | (2 if backward else 0) | (4 if deterministic else 0) |
-                 (8 if decode else 0) | (16 if ragged else 0) | (32 if paged else 0))
+        flags = ((_capi.WARM_BLOCK_MASK if block_mask else 0) | (_capi.WARM_BACKWARD if backward else 0) |
+                 (_capi.WARM_DETERMINISTIC if deterministic else 0) | (_capi.WARM_DECODE if decode else 0) |
+                 (_capi.WARM_RAGGED if ragged else 0) | (_capi.WARM_PAGED if paged else 0))
         n = _C.c_int(0)
         _capi.check(self._lib.fajit_kernel_warm(self._h, flags, _C.byref(n)))
         return n.value

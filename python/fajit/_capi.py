@@ -25,6 +25,9 @@ _STATUS = {INVALID_ARGUMENT: "invalid argument", COMPILE: "compile error", CUDA:
 F16, BF16, F32, I32 = 0, 1, 2, 3
 DTYPES = {"f16": F16, "bf16": BF16, "f32": F32, "i32": I32}
 
+# fajit_warm_flag
+WARM_BLOCK_MASK, WARM_BACKWARD, WARM_DETERMINISTIC, WARM_DECODE, WARM_RAGGED, WARM_PAGED = 1, 2, 4, 8, 16, 32
+
 # fajit_forward_path
 PATH_AUTO, PATH_PREFILL, PATH_DECODE = 0, 1, 2
 PATHS = {"auto": PATH_AUTO, "prefill": PATH_PREFILL, "decode": PATH_DECODE}
