@@ -209,10 +209,9 @@ std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelS
   std::vector<std::string> errors(todo.size());
   auto work = [&](size_t j) {
     try {
-      made[j] = std::make_unique<Compiled>(
-          compile_generated(std::move(todo[j].second), fwd_.options.line_info,
-                            fmt::format("autotune candidate of score_mod @{} mask_mod @{}",
-                                        program_.score_mod_name(), program_.mask_mod_name())));
+      made[j] =
+          std::make_unique<Compiled>(compile_generated(std::move(todo[j].second), fwd_.options.line_info,
+                                                       "autotune candidate of " + variant_name(program_)));
     } catch (const std::exception& e) {
       errors[j] = e.what();
     }

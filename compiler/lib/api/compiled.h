@@ -19,6 +19,9 @@ struct Compiled {
   jit::CompileOptions options;
 };
 
+// "score_mod @S mask_mod @M": how errors and cache metadata name a variant's kernels.
+std::string variant_name(const Program& p);
+
 // What compile_generated asks the cache for: `gen`'s source, spec and options.
 jit::KernelRequest kernel_request(const GeneratedKernel& gen, bool line_info, std::string_view what);
 

@@ -38,6 +38,10 @@ namespace fa {
 
 namespace detail {
 
+std::string variant_name(const Program& p) {
+  return fmt::format("score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name());
+}
+
 jit::KernelRequest kernel_request(const GeneratedKernel& gen, bool line_info, std::string_view what) {
   jit::KernelRequest req;
   req.source = gen.source;
@@ -204,7 +208,7 @@ class BackgroundCompiles {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_ || getpid() != pid_) return;
     for (auto it = jobs_.begin(); it != jobs_.end();) {  // join the finished ones
-      if (it->done->load()) {
+      if (it->done) {
         it->thread.join();
         it = jobs_.erase(it);
       } else {
@@ -213,14 +217,12 @@ class BackgroundCompiles {
     }
     if (jobs_.size() >= std::max(1u, std::thread::hardware_concurrency() / 2)) return;
     std::function<void()> job = jit::claim_compile(req);
-    if (!job) return;  // in memory, or in flight already
-    jobs_.emplace_back();
-    Job& j = jobs_.back();
-    j.done = std::make_shared<std::atomic<bool>>(false);
+    if (!job) return;               // in memory, or in flight already
+    Job& j = jobs_.emplace_back();  // a list node: stays put while its thread runs
     try {
-      j.thread = std::thread([job, done = j.done] {
+      j.thread = std::thread([job, &done = j.done] {
         job();
-        done->store(true);
+        done = true;
       });
     } catch (...) {  // no thread: the claimed flight must still end, so compile here
       jobs_.pop_back();
@@ -242,7 +244,7 @@ class BackgroundCompiles {
   BackgroundCompiles() = default;
   struct Job {
     std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
+    std::atomic<bool> done{false};
   };
   std::mutex mutex_;
   std::list<Job> jobs_;
@@ -258,9 +260,8 @@ void start_backward_compile(const Program& p, const KernelSpec& forward, bool li
   try {
     const KernelSpec spec = backward_spec_beside(p, forward, false, SequenceLayout::kDense);
     const GeneratedKernel gen = generate(p, spec);
-    BackgroundCompiles::get().start(detail::kernel_request(
-        gen, line_info,
-        fmt::format("backward of score_mod @{} mask_mod @{}", p.score_mod_name(), p.mask_mod_name())));
+    BackgroundCompiles::get().start(
+        detail::kernel_request(gen, line_info, "backward of " + detail::variant_name(p)));
   } catch (...) {  // an optimisation only: fa::compile goes on without it
   }
 }
@@ -479,8 +480,7 @@ struct Kernel::Impl {
   std::unique_ptr<Compiled> compile_beside(const KernelSpec& spec, std::string_view what) const {
     const Program& p = mask.program();
     return std::make_unique<Compiled>(compile_generated(
-        generate(p, spec), fwd.options.line_info,
-        fmt::format("{} of score_mod @{} mask_mod @{}", what, p.score_mod_name(), p.mask_mod_name())));
+        generate(p, spec), fwd.options.line_info, fmt::format("{} of {}", what, detail::variant_name(p))));
   }
 
   const Compiled& decode_kernel(SequenceLayout layout = SequenceLayout::kDense) {
@@ -927,8 +927,7 @@ bool takes_decoding_kernel(ForwardPath path, int len_q, int heads_q, int heads_k
 Kernel compile(const Program& program, const Options& options) {
   KernelSpec spec = forward_spec(options);
   auto impl = std::make_shared<Kernel::Impl>(program);
-  std::string what =
-      fmt::format("score_mod @{} mask_mod @{}", program.score_mod_name(), program.mask_mod_name());
+  const std::string what = detail::variant_name(program);
   GeneratedKernel gen = generate(program, spec);
   if (options.backward_in_background) start_backward_compile(program, gen.spec, options.line_info);
   impl->fwd = compile_generated(std::move(gen), options.line_info, what);

@@ -248,6 +248,29 @@ struct Cache::Impl {
     mem[e->key] = e;
   }
 
+  // Single flight: the first caller for a key does the work, later ones wait for it. The entry
+  // if it is in memory (`found`), else the flight to wait on if one is running (`waiting`),
+  // else this caller leads: `promise`'s flight is registered for the key.
+  struct Flight {
+    EntryPtr found;
+    std::shared_future<EntryPtr> waiting;
+    bool leader = false;
+  };
+  Flight join_flight(const std::string& key, std::promise<EntryPtr>& promise) {
+    Flight f;
+    if ((f.found = memory_find(key))) return f;
+    std::lock_guard<std::mutex> lock(flight_mu);
+    if ((f.found = memory_find(key))) return f;  // finished while we took the lock
+    auto it = in_flight.find(key);
+    if (it != in_flight.end()) {
+      f.waiting = it->second;
+    } else {
+      in_flight.emplace(key, promise.get_future().share());
+      f.leader = true;
+    }
+    return f;
+  }
+
   // The flight leader's work for `key` (in flight, claimed by this caller with `promise`): disk,
   // else compile(); the entry into memory, then to the waiters, then the flight ends. A failure
   // reaches the waiters and is rethrown.
@@ -374,33 +397,13 @@ Lookup Cache::get_or_compile(const std::string& key, const std::function<std::st
   if (!is_valid_key(key))
     throw Error("invalid cache key '" + key + "'; expected 32 lowercase hex characters");
   Impl& im = *impl_;
-  if (EntryPtr e = im.memory_find(key)) {
-    ++im.memory_hits;
-    return {std::move(e), CacheOrigin::kMemory};
-  }
-
-  // Single flight: the first thread for a key does the work, later ones wait for it.
   std::promise<EntryPtr> promise;
-  std::shared_future<EntryPtr> waiting;
-  {
-    std::lock_guard<std::mutex> lock(im.flight_mu);
-    if (EntryPtr e = im.memory_find(key)) {  // finished while we took the lock
-      ++im.memory_hits;
-      return {std::move(e), CacheOrigin::kMemory};
-    }
-    auto it = im.in_flight.find(key);
-    if (it != im.in_flight.end()) {
-      waiting = it->second;
-    } else {
-      im.in_flight.emplace(key, promise.get_future().share());
-    }
-  }
-  if (waiting.valid()) {
-    EntryPtr e = waiting.get();  // rethrows the leader's exception
+  Impl::Flight f = im.join_flight(key, promise);
+  if (!f.leader) {
+    EntryPtr e = f.found ? std::move(f.found) : f.waiting.get();  // get() rethrows the leader's exception
     ++im.memory_hits;
     return {std::move(e), CacheOrigin::kMemory};
   }
-
   return im.lead(key, compile, meta, promise);
 }
 
@@ -408,13 +411,8 @@ std::function<void()> Cache::claim(const std::string& key, std::function<std::st
                                    std::string meta) {
   if (!is_valid_key(key)) return {};
   Impl& im = *impl_;
-  if (im.memory_find(key)) return {};
   auto promise = std::make_shared<std::promise<EntryPtr>>();
-  {
-    std::lock_guard<std::mutex> lock(im.flight_mu);
-    if (im.memory_find(key) || im.in_flight.count(key)) return {};
-    im.in_flight.emplace(key, promise->get_future().share());
-  }
+  if (!im.join_flight(key, *promise).leader) return {};
   return [&im, key, compile = std::move(compile), meta = std::move(meta), promise] {
     try {
       im.lead(key, compile, meta, *promise);

@@ -59,8 +59,9 @@ bool sm90_backward_wide(int head_dim_qk, int head_dim_v);
 bool sm90_forward_early_k(const TileConfig& tile);
 // Whether a resolved forward spec is the persistent Hopper forward (templates/fajit/
 // forward_sm90.cuh, PERSISTENT): the dense wgmma forward with K/V by TMA, at any tile where a
-// second Q region fits the arch's shared memory beside the tile's stages. It launches one CTA per SM (at most one per query block) with
-// FaFwdParams::tile_counter zeroed and Q as a fourth (TMA map) argument.
+// second Q region fits the arch's shared memory beside the tile's stages. It launches one CTA
+// per SM (at most one per query block) with FaFwdParams::tile_counter zeroed and Q as a fourth
+// (TMA map) argument.
 bool sm90_forward_persistent(const KernelSpec& spec);
 // Whether the Hopper forward gathers paged K/V rows at these head dims with one page-table load
 // per lane and tile (templates/fajit/wgmma_sm90.cuh, load_rows_sw128: rows of whole 64-column
