@@ -37,6 +37,10 @@ struct BlockMask::State {
   int q_block = 0, kv_block = 0;
   int nq = 0, nkv = 0;
   std::vector<uint8_t> kinds;
+  // A regrouped mask's tiles split into 64-row sub-blocks, 2 bits each (params.h,
+  // FaBlockTables::kv_sub_kinds), where its q_block is 128 to 256 rows in whole sub-blocks;
+  // else empty. Same layout as kinds.
+  std::vector<uint8_t> sub_kinds;
   bool matches_mask_mod = false;  // set_matches_mask_mod
   std::once_flag uniform_once;    // regroupable: every tile of one kind
   bool uniform = false;
@@ -47,7 +51,9 @@ struct BlockMask::State {
 
   struct Device {
     rt::DeviceBuffer kv_buffer, q_buffer;  // each: num, idx, full_num, full_idx back to back
+    rt::DeviceBuffer sub_buffer;           // kv_sub_kinds, with the kv set
     BlockMaskDeviceTables tables;
+    const unsigned char* kv_sub_kinds = nullptr;
   };
   std::mutex mutex;
   std::map<CUcontext, Device> devices;
@@ -307,8 +313,24 @@ void upload_set(rt::DeviceBuffer& buf, const TableSet* host, RowSource src, cons
   out[3] = base + at_full_idx;
 }
 
-// The device tables in the current context: the kv set always, the q set when with_q.
-BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q) {
+// kv_sub_kinds as the kernel reads it: row r's entry i is the sub-block kinds of the row's
+// i-th partial tile (kv_indices' order: ascending), 0 after the last.
+std::vector<uint8_t> partial_sub_kinds(const State& s) {
+  std::vector<uint8_t> out(s.sub_kinds.size(), 0);
+  const int64_t rows = int64_t(s.sub_kinds.size()) / s.nkv;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* k = s.kinds.data() + r * s.nkv;
+    const uint8_t* sub = s.sub_kinds.data() + r * s.nkv;
+    uint8_t* o = out.data() + r * s.nkv;
+    for (int j = 0; j < s.nkv; ++j)
+      if (k[j] == uint8_t(BlockKind::kPartial)) *o++ = sub[j];
+  }
+  return out;
+}
+
+// The device tables in the current context: the kv set always (with kv_sub_kinds where the
+// mask has them), the q set when with_q.
+BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q, const unsigned char** sub = nullptr) {
   State& s = const_cast<State&>(cs);
   rt::ContextGuard guard;
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -324,6 +346,12 @@ BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q) {
       dev.tables.kv_indices = p[1];
       dev.tables.full_kv_num_blocks = p[2];
       dev.tables.full_kv_indices = p[3];
+      if (!s.sub_kinds.empty()) {
+        dev.sub_buffer = rt::DeviceBuffer(s.sub_kinds.size(), "the block mask's sub-block kinds");
+        const std::vector<uint8_t> sub = partial_sub_kinds(s);
+        dev.sub_buffer.upload(sub.data(), sub.size());
+        dev.kv_sub_kinds = dev.sub_buffer.as<const unsigned char>();
+      }
     }
     if (with_q && !dev.q_buffer) {
       const int* p[4];
@@ -340,6 +368,7 @@ BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q) {
     if (!dev.kv_buffer && !dev.q_buffer) s.devices.erase(guard.context());
     throw;
   }
+  if (sub) *sub = dev.kv_sub_kinds;
   return dev.tables;
 }
 
@@ -446,6 +475,7 @@ int BlockMask::kv_block() const { return state().kv_block; }
 int BlockMask::num_q_blocks() const { return state().nq; }
 int BlockMask::num_kv_blocks() const { return state().nkv; }
 const std::vector<uint8_t>& BlockMask::kinds() const { return state().kinds; }
+const std::vector<uint8_t>& BlockMask::sub_kinds() const { return state().sub_kinds; }
 const std::vector<int32_t>& BlockMask::kv_num_blocks() const { return kv_tables(state()).num; }
 const std::vector<int32_t>& BlockMask::kv_indices() const { return kv_tables(state()).idx; }
 const std::vector<int32_t>& BlockMask::full_kv_num_blocks() const { return kv_tables(state()).full_num; }
@@ -496,18 +526,34 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
   for (int j = 0; j < r->nkv; ++j) cols[size_t(j)] = span(j, kv_block, s.len_kv, s.kv_block);
   const int64_t groups = int64_t(s.batch) * s.heads;
   r->kinds.resize(size_t(groups) * r->nq * r->nkv);  // every tile written below
+  // The join of the source tiles over rows [first, last] of the source blocks, new column j.
+  auto join_of = [&](int64_t g, int first, int last, int j) {
+    const uint8_t* src = s.kinds.data() + (g * s.nq + first) * s.nkv;
+    uint8_t join = src[cols[size_t(j)].first];
+    for (int qb = first; qb <= last; ++qb, src += s.nkv)
+      for (int kb = cols[size_t(j)].first; kb <= cols[size_t(j)].second; ++kb)
+        if (src[kb] != join) join = uint8_t(BlockKind::kPartial);
+    return join;
+  };
+  // 64-row sub-blocks (the Hopper forward's consumer warpgroups) of blocks regrouped along q:
+  // kinds of their own, so a warpgroup skips a tile its rows do not see (rows past len_q see
+  // nothing).
+  constexpr int kSub = 64;
+  const int n_sub = q_block / kSub;
+  const bool with_sub = q_block != s.q_block && q_block % kSub == 0 && n_sub >= 2 && n_sub <= 4;
+  if (with_sub) r->sub_kinds.resize(r->kinds.size());
   for (int64_t g = 0; g < groups; ++g)
     for (int i = 0; i < r->nq; ++i) {
       const auto [first, last] = span(i, q_block, s.len_q, s.q_block);
       uint8_t* out = r->kinds.data() + (g * r->nq + i) * r->nkv;
-      const uint8_t* first_row = s.kinds.data() + (g * s.nq + first) * s.nkv;
-      for (int j = 0; j < r->nkv; ++j) {
-        const uint8_t* src = first_row;
-        uint8_t join = src[cols[size_t(j)].first];
-        for (int qb = first; qb <= last; ++qb, src += s.nkv)
-          for (int kb = cols[size_t(j)].first; kb <= cols[size_t(j)].second; ++kb)
-            if (src[kb] != join) join = uint8_t(BlockKind::kPartial);
-        out[j] = join;
+      for (int j = 0; j < r->nkv; ++j) out[j] = join_of(g, first, last, j);
+      if (!with_sub) continue;
+      uint8_t* sub = r->sub_kinds.data() + (g * r->nq + i) * r->nkv;
+      for (int c = 0; c < n_sub; ++c) {
+        const int64_t row0 = int64_t(i) * q_block + int64_t(c) * kSub;
+        if (row0 >= s.len_q) continue;  // kFaBlockEmpty
+        const auto [sf, sl] = span(int(row0 / kSub), kSub, s.len_q, s.q_block);
+        for (int j = 0; j < r->nkv; ++j) sub[j] |= uint8_t(join_of(g, sf, sl, j) << (2 * c));
       }
     }
   return state_->regrouped.emplace(key, BlockMask(std::move(r))).first->second;
@@ -577,7 +623,8 @@ BlockMaskDeviceTables BlockMask::device_tables() const { return device_tables_of
 
 void BlockMask::fill(FaBlockTables& t) const {
   const State& s = state();
-  const BlockMaskDeviceTables d = device_tables_of(s, /*with_q=*/false);
+  const unsigned char* sub = nullptr;
+  const BlockMaskDeviceTables d = device_tables_of(s, /*with_q=*/false, &sub);
   t.kv_num_blocks = d.kv_num_blocks;
   t.kv_indices = d.kv_indices;
   t.full_kv_num_blocks = d.full_kv_num_blocks;
@@ -588,6 +635,7 @@ void BlockMask::fill(FaBlockTables& t) const {
   t.num_kv_blocks = s.nkv;
   t.q_block = s.q_block;
   t.kv_block = s.kv_block;
+  t.kv_sub_kinds = sub;
 }
 
 void BlockMask::fill_transposed(FaBlockTables& t) const {
@@ -603,6 +651,7 @@ void BlockMask::fill_transposed(FaBlockTables& t) const {
   t.num_kv_blocks = s.nq;  // columns: query blocks
   t.q_block = s.kv_block;
   t.kv_block = s.q_block;
+  t.kv_sub_kinds = nullptr;
 }
 
 }  // namespace fa

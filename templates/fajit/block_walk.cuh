@@ -110,6 +110,48 @@ struct TileCursor {
   }
 };
 
+// The kinds of a walk's tiles for one 64-row sub-block of its row block (the Hopper forward's
+// consumer warpgroups own 64 rows each): from FaBlockTables::kv_sub_kinds where the tables have
+// them (a mask regrouped into taller blocks), else each tile's own kind. A sparse block's byte
+// (2 bits a sub-block) is loaded a block ahead of the cursor, as TileCursor loads indices.
+struct SubBlockKinds {
+  static constexpr unsigned kAllPartial = 0x55u, kAllFull = 0xAAu;
+  const unsigned char* partial;  // the walk's row of kv_sub_kinds, or null
+  int sb;                        // the sparse block `kinds` belongs to
+  unsigned kinds, next;          // the bytes of sparse blocks sb and sb + 1
+
+  template <int kTile>
+  __device__ __forceinline__ static const unsigned char* row_of(const FaBlockTables& bt, int b, int h,
+                                                                int row0) {
+    return bt.kv_sub_kinds ? bt.kv_sub_kinds + BlockWalk<kTile>::row_of(bt, b, h, row0) * bt.num_kv_blocks
+                           : nullptr;
+  }
+  // Sparse block sb's byte (0 past the walk).
+  template <int kTile>
+  __device__ __forceinline__ static unsigned byte_of(const BlockWalk<kTile>& w, const unsigned char* partial,
+                                                     int sb) {
+    if (sb >= w.n_blocks) return 0u;
+    if (sb >= w.n_partial) return kAllFull;
+    return partial ? partial[sb] : kAllPartial;
+  }
+  // At the walk's first block, the bytes of blocks 0 and 1 given (read already) or loaded.
+  __device__ __forceinline__ SubBlockKinds(const unsigned char* row, unsigned kinds0, unsigned kinds1)
+      : partial(row), sb(0), kinds(kinds0), next(kinds1) {}
+  template <int kTile>
+  __device__ __forceinline__ SubBlockKinds(const unsigned char* row, const BlockWalk<kTile>& w)
+      : SubBlockKinds(row, byte_of(w, row, 0), byte_of(w, row, 1)) {}
+  // Follows the cursor to its sparse block `cursor_sb` (the next one's byte is ready).
+  template <int kTile>
+  __device__ __forceinline__ void follow(const BlockWalk<kTile>& w, int cursor_sb) {
+    if (cursor_sb == sb) return;
+    kinds = cursor_sb == sb + 1 ? next : byte_of(w, partial, cursor_sb);
+    sb = cursor_sb;
+    next = byte_of(w, partial, sb + 1);
+  }
+  // Sub-block c's kind in the current block (kFaBlockEmpty / Partial / Full).
+  __device__ __forceinline__ int of(int c) const { return static_cast<int>(kinds >> (2 * c)) & 3; }
+};
+
 }  // namespace fa
 
 #endif  // FAJIT_BLOCK_WALK_CUH

@@ -60,7 +60,7 @@
 //         = 1024 (alignment slack) + 2 * (R * BLOCK_M * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
 //           (P = the head dim rounded up to 64; R = 2 Q regions with PERSISTENT, else 1)
 //           + 8 * (1 + 4 * STAGES)                             (mbarriers)
-//           PERSISTENT: + 8 * 3 + 64                           (q and q_empty barriers, slots)
+//           PERSISTENT: + 8 * 3 + 72                           (q and q_empty barriers, slots)
 //   always > 48 KiB: cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n).
 //   Kernel arguments: (const FaFwdParams p, const FaCaptures cap, FaTmaPair maps (K, V),
 //   FaTmaPair qmaps (Q as .a: PERSISTENT only, boxes of BLOCK_M rows)), by value.
@@ -88,7 +88,9 @@
 //   K from shared memory; score_mod/mask_mod and the online softmax (exp2, scale·log2e folded) on the
 //   accumulator registers; P converted to 16-bit in registers and used as the A operand of O += P·V (wgmma
 //   m64n{DV}k16, V MN-major from shared memory); each warp arrives on empty_v[s] once its P·V has completed
-//   (with EARLY_K, on empty_k[s] once its S has).
+//   (with EARLY_K, on empty_k[s] once its S has). A consumer whose 64 rows see none of a tile (all past
+//   len_q, or an empty sub-block in mask.kv_sub_kinds) computes nothing there: it waits for the tile's
+//   stage, releases it and passes its turns on; a full sub-block skips mask_mod.
 //   Epilogue: O / l staged through the warpgroup's own rows of the Q region, 16-byte stores.
 #ifndef FAJIT_FORWARD_SM90_CUH
 #define FAJIT_FORWARD_SM90_CUH
@@ -137,10 +139,11 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;   // one V stage
   static constexpr int kSmemBarOffset = kQRegions * kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
   // q, full_k, full_v, empty_v, empty_k; PERSISTENT: the second region's q and both regions'
-  // q_empty, then each region's published block (eight ints)
+  // q_empty, then each region's published block (kSlotInts ints)
   static constexpr int kNumBarriers = 1 + 4 * kStages + (kPersistent_ ? 3 : 0);
+  static constexpr int kSlotInts = 9;
   static constexpr int kSmemBytes = sm90::kSwizzleAtomBytes + kSmemBarOffset +
-                                    sm90::kMbarBytes * kNumBarriers + (kPersistent_ ? 2 * 8 * 4 : 0);
+                                    sm90::kMbarBytes * kNumBarriers + (kPersistent_ ? 2 * kSlotInts * 4 : 0);
 
   static_assert(kHeadDimQK >= 32 && kHeadDimQK <= 256, "DQK must be a multiple of 8 from 32 to 256");
   static_assert(kHeadDimV >= 32 && kHeadDimV <= 256, "DV must be a multiple of 8 from 32 to 256");
@@ -184,9 +187,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   auto bar_q_full = [&](int r) { return r == 0 ? bar_q : bar_q + kMbarBytes * (1 + 4 * kStages); };
   auto bar_q_empty = [&](int r) { return bar_q + kMbarBytes * (2 + 4 * kStages + r); };
   auto sq_of = [&](int r) { return sQ + u32(r) * u32(Cfg::kSmemQOBytes); };
-  // PERSISTENT: region r's query block as the producer publishes it to the consumers, eight
+  // PERSISTENT: region r's query block as the producer publishes it to the consumers, nine
   // ints: the block (n_blocks or more: none left), its q0, b, h, its walk's partial and full
-  // block counts and first two block indices, so a consumer starts the block without a load.
+  // block counts, first two block indices and their sub-block kinds (a byte each), so a
+  // consumer starts the block without a load.
   enum Slot {
     kSlotBlock,
     kSlotQ0,
@@ -196,8 +200,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     kSlotFull,
     kSlotIndex0,
     kSlotIndex1,
+    kSlotKinds,
     kSlots
   };
+  static_assert(kSlots == Cfg::kSlotInts, "the published block's slots");
   const u32 slots = bar_q + kMbarBytes * Cfg::kNumBarriers;
   auto slot = [&](int r, int field) { return slots + 4 * (kSlots * r + field); };
 
@@ -308,6 +314,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           publish(kSlotFull, walk.n_blocks - walk.n_partial);
           publish(kSlotIndex0, walk.n_blocks > 0 ? walk.block_index(0) : 0);
           publish(kSlotIndex1, walk.n_blocks > 1 ? walk.block_index(1) : 0);
+          const unsigned char* sub_row = SubBlockKinds::row_of<kBN>(p.mask, c.b, c.h, c.q0);
+          publish(kSlotKinds, static_cast<int>(SubBlockKinds::byte_of(walk, sub_row, 0) |
+                                               SubBlockKinds::byte_of(walk, sub_row, 1) << 8));
           // The Q barrier's arrival (with the tile's bytes) releases the slot to the consumers.
           tma_load_tile<kBM, typename Cfg::RowQK>(sq_of(r), &qmaps.a, c.q0, c.h, c.b, bar_q_full(r));
           const int next =
@@ -456,6 +465,14 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     pin(pa);
     if (!keep) release(bar_empty_v(stage));
   };
+  // A tile this warpgroup's rows do not see: its stage goes back once loaded (so the release
+  // counts towards this tile's phase, not the one before). The caller passes its turns on.
+  auto skip_stage = [&](int stage, u32 phase) {
+    mbar_wait(bar_full_k(stage), phase);
+    s_done(stage);
+    mbar_wait(bar_full_v(stage), phase);
+    release(bar_empty_v(stage));
+  };
   // O += P·V, alone: issued, waited for, stage released.
   auto gemm_pv = [&](int stage, u32 phase) {
     wait_loaded(bar_full_v(stage), phase);
@@ -477,11 +494,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     auto published = [&](Slot field) {
       return __shfl_sync(0xffffffffu, static_cast<int>(ld_shared_b32(slot(r, field))), 0);
     };
-    int q0, index0 = 0, index1 = 0;
+    int q0, index0 = 0, index1 = 0, kinds01 = 0;
     auto walk_of = [&] {
       if constexpr (Cfg::kPersistent) {
         q0 = published(kSlotQ0), b = published(kSlotB), h = published(kSlotH);
-        index0 = published(kSlotIndex0), index1 = published(kSlotIndex1);
+        index0 = published(kSlotIndex0), index1 = published(kSlotIndex1), kinds01 = published(kSlotKinds);
         return BlockWalk<kBN>(p.mask, b, h, q0, published(kSlotPartial), published(kSlotFull));
       } else {
         const QueryBlockCta c = block_cta(0);
@@ -497,6 +514,22 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       else
         return TileCursor<kBN>(walk, len_kv);
     };
+    // This warpgroup's rows along the walk: a tile none of them sees is skipped (an empty
+    // sub-block of a regrouped mask's partial tile, or rows all past len_q), a full sub-block
+    // needs no mask_mod.
+    const bool rows_live = q0 + cw * kRows < len_q;
+    SubBlockKinds kinds = [&] {
+      const unsigned char* row = SubBlockKinds::row_of<kBN>(p.mask, b, h, q0);
+      if constexpr (Cfg::kPersistent)
+        return SubBlockKinds(row, static_cast<unsigned>(kinds01) & 0xffu,
+                             static_cast<unsigned>(kinds01) >> 8);
+      else
+        return SubBlockKinds(row, walk);
+    }();
+    auto tile_kind = [&](const TileCursor<kBN>& cur) {
+      kinds.follow(walk, cur.sb);
+      return rows_live ? kinds.of(cw) : static_cast<int>(kFaBlockEmpty);
+    };
     const u32 sq = sq_of(r);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -511,8 +544,16 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     if constexpr (!Cfg::kOverlap) {
       // S, softmax, P·V strictly in turn.
       for (TileCursor<kBN> cur = first_tile(); !cur.done(walk);) {
-        const int start = cur.start;
-        const bool is_full = cur.is_full(walk);
+        const int start = cur.start, kind = tile_kind(cur);
+        if (kind == kFaBlockEmpty) {
+          skip_stage(ring.stage, ring.phase);
+          issue_turn([] {});  // S's turn and P·V's
+          issue_turn([] {});
+          ring.advance();
+          cur.next(walk, len_kv);
+          continue;
+        }
+        const bool is_full = kind == kFaBlockFull;
         float s[Cfg::kNT][4], alpha[2];
         gemm_s(s, ring.stage, ring.phase);
         cur.next(walk, len_kv);
@@ -528,16 +569,36 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       // tile P is 0 and its P·V runs on the first tile's own V (adding nothing; the stage is not
       // released twice): one copy of the score_mod and softmax code for every tile, with no
       // branch around a wgmma, which cuts what NVRTC compiles by a quarter to a third.
+      auto zero_p = [&] {
 #pragma unroll
-      for (int kk = 0; kk < Cfg::kKP; ++kk)
+        for (int kk = 0; kk < Cfg::kKP; ++kk)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
+          for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
+      };
+      zero_p();
       StageRing<kStages> prev = ring;  // the previous tile's stage
-      bool first = true;
+      bool first = true, any = false;
       for (TileCursor<kBN> cur = first_tile(); !cur.done(walk);) {
-        if (!first) ring.advance();
-        const int start = cur.start;
-        const bool is_full = cur.is_full(walk);
+        const int start = cur.start, kind = tile_kind(cur);
+        any = true;
+        if (kind == kFaBlockEmpty) {
+          // Its turn issues the pending P_{j-1}·V_{j-1} (no stage stays held across skipped
+          // tiles: the producer may need it for the next tile this warpgroup sees), and the
+          // next tile seen starts again from a zero P.
+          skip_stage(ring.stage, ring.phase);
+          if (first) {
+            issue_turn([] {});
+          } else {
+            gemm_pv(prev.stage, prev.phase);
+            zero_p();
+            first = true;
+          }
+          ring.advance();
+          cur.next(walk, len_kv);
+          continue;
+        }
+        const bool is_full = kind == kFaBlockFull;
+        if (first) prev = ring;
         float s[Cfg::kNT][4], alpha[2];
         // S_j is issued first, and P_{j-1}·V_{j-1} waits for its V behind it (on the first tile,
         // V_0 for the zero-P step). Without EARLY_K the producer copies V_{j-1} before K_j and
@@ -558,12 +619,13 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         if (rescale) scale_rows(o, alpha);
         pack_a<E>(pa, s);
         prev = ring;
+        ring.advance();
         first = false;
       }
-      if (!first) {
+      if (!first)
         gemm_pv(prev.stage, prev.phase);
-        ring.advance();  // the next query block's first tile
-      }
+      else if (any)
+        issue_turn([] {});  // the last P·V's turn: every warpgroup takes as many as the others
     }
 
     // ---- epilogue: O / l staged in this warpgroup's rows of the block's Q region (same layout

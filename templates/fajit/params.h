@@ -39,6 +39,12 @@ typedef struct FaCaptures {
 //   full_kv_indices    [Bm, Hm, num_q_blocks, num_kv_blocks]
 // Bm is 1 or B, Hm is 1 or Hq; row(b, h, qb) = b*row_stride_b + h*row_stride_h + qb,
 // with row_stride_b/h = 0 where the table is broadcast.
+//   kv_sub_kinds       [Bm, Hm, num_q_blocks, num_kv_blocks] uint8 (null: none), beside
+//                      kv_indices: entry i of a row gives the kinds of the 64-row sub-blocks
+//                      of that row's i-th partial tile, 2 bits each (sub-block c at bits
+//                      2c..2c+1, kFaBlockEmpty / Partial / Full). A mask regrouped into taller
+//                      blocks (BlockMask::regrouped) has them: its partial tile may join an
+//                      empty or full sub-block of the original mask to a partial one.
 typedef struct FaBlockTables {
   const int* kv_num_blocks;
   const int* kv_indices;
@@ -50,6 +56,7 @@ typedef struct FaBlockTables {
   int num_kv_blocks;
   int q_block;   // sparse block size along q (a multiple of the kernel's BLOCK_M)
   int kv_block;  // sparse block size along kv (a multiple of the kernel's BLOCK_N)
+  const unsigned char* kv_sub_kinds;
 } FaBlockTables;
 
 // Forward attention. Element strides; the last (head) dimension is contiguous.

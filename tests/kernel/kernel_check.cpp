@@ -464,7 +464,8 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
             t.nqb,
             t.nkb,
             128,
-            128};
+            128,
+            nullptr};
   FaCaptures cap;
   std::memset(&cap, 0, sizeof cap);
   cap.buffers[0].ptr = (const void*)dslopes.p;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -350,6 +351,41 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
             }
           }
         EXPECT_GT(partial, 0) << what;  // the join was exercised
+        // The 64-row sub-blocks of a 192-row tile: sound at 64 rows (an empty or full one is
+        // what brute force finds there), empty past len_q, joining to the tile's kind; some
+        // of a partial tile's are not partial where the tile is taller than the mask's blocks
+        // (what the forward's warpgroups skip).
+        if (qb == source) {
+          EXPECT_TRUE(r.sub_kinds().empty()) << what;
+          continue;
+        }
+        ASSERT_EQ(r.sub_kinds().size(), r.kinds().size()) << what;
+        const std::vector<uint8_t> exact64 = fa::brute_force_block_classes(
+            mask_program(fa::trace(fa::identity_score(), mm)), {}, 1, 1, len_q, len_kv, 64, kvb);
+        int decided = 0;
+        for (int i = 0; i < r.num_q_blocks(); ++i)
+          for (int j = 0; j < r.num_kv_blocks(); ++j) {
+            const uint8_t sub = r.sub_kinds()[size_t(i) * r.num_kv_blocks() + j];
+            std::optional<fa::BlockKind> join;
+            for (int c = 0; c < qb / 64; ++c) {
+              const auto k = fa::BlockKind((sub >> (2 * c)) & 3);
+              const int row0 = qb * i + 64 * c;
+              if (row0 >= len_q) {
+                EXPECT_EQ(k, fa::BlockKind::kEmpty) << what << " tile " << i << "," << j << " sub " << c;
+                continue;
+              }
+              if (k != fa::BlockKind::kPartial) {
+                EXPECT_EQ(uint8_t(k), exact64[size_t(row0 / 64) * r.num_kv_blocks() + j])
+                    << what << " tile " << i << "," << j << " sub " << c;
+                decided += r.kind(0, 0, i, j) == fa::BlockKind::kPartial;
+              }
+              join = !join || *join == k ? k : fa::BlockKind::kPartial;
+            }
+            EXPECT_EQ(join, r.kind(0, 0, i, j)) << what << " tile " << i << "," << j;
+          }
+        if (qb > source) {  // taller blocks than the mask's
+          EXPECT_GT(decided, 0) << what;
+        }
       }
   // Tables given as such may override mask_mod (flex_attention's meaning): regrouped only
   // where every tile has one kind (all full: exact whatever the mask_mod).
@@ -363,6 +399,9 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
   const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds);
   EXPECT_FALSE(given.regroupable());
   EXPECT_EQ(&given.regrouped(128, 128), &given);
+  EXPECT_TRUE(given.sub_kinds().empty());                     // not regrouped
+  EXPECT_TRUE(full.regrouped(128, 112).sub_kinds().empty());  // q blocks as they were
+  EXPECT_EQ(full.regrouped(192, 128).sub_kinds().size(), size_t(6 * 8));
   EXPECT_EQ(fa::test::error_of([&] { given.regrouped(192, 112); }),
             "block mask: its 128x128 blocks can be regrouped into 192x112 only when the tables agree with "
             "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "

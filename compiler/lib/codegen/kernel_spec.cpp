@@ -127,7 +127,7 @@ static int sm90_forward_smem_bytes(const KernelSpec& s, bool persistent) {
   const TileConfig& t = s.tile;
   const int q_regions = persistent ? 2 : 1;
   return 1024 + 2 * (q_regions * t.block_m * std::max(pq, pv) + t.stages * t.block_n * (pq + pv)) +
-         8 * (1 + 4 * t.stages + (persistent ? 3 : 0)) + (persistent ? 64 : 0);
+         8 * (1 + 4 * t.stages + (persistent ? 3 : 0)) + (persistent ? 72 : 0);
 }
 
 bool sm90_forward_persistent(const KernelSpec& s) {

@@ -101,6 +101,11 @@ class FA_API BlockMask {
 
   BlockKind kind(int b, int h, int q_blk, int kv_blk) const;
   const std::vector<uint8_t>& kinds() const;  // [Bm, Hm, nq, nkv]
+  // A regrouped mask's tiles split into 64-row sub-blocks (regrouped() below), [Bm, Hm, nq, nkv]:
+  // sub-block c's kind at bits 2c..2c+1 (0 past len_q), the join of the original tiles it
+  // overlaps. Empty unless the mask came from regrouped() into a q_block of 128, 192 or 256
+  // other than its own.
+  const std::vector<uint8_t>& sub_kinds() const;
 
   const std::vector<int32_t>& kv_num_blocks() const;
   const std::vector<int32_t>& kv_indices() const;
@@ -130,7 +135,8 @@ class FA_API BlockMask {
   // mask_mod decides its elements. Built once per size and kept with this mask (thread-safe).
   // Returns *this for the mask's own block sizes; otherwise needs regroupable(). The Hopper
   // forward runs 128x128 masks this way on its 192x128 tile (head dims up to 64) and its 192x112
-  // tile (up to 96).
+  // tile (up to 96); its consumer warpgroups (64 rows each) skip the partial tiles whose
+  // sub-block (sub_kinds()) is empty, and apply no mask_mod where it is full.
   const BlockMask& regrouped(int q_block, int kv_block) const;
   // Whether regrouped() may regroup the mask: matches_mask_mod(), or every tile has the same
   // kind (an all-full mask regroups exactly whatever the mask_mod).
