@@ -38,7 +38,7 @@ struct BlockMask::State {
   int nq = 0, nkv = 0;
   std::vector<uint8_t> kinds;
   // A regrouped mask's tiles split into 64-row sub-blocks, 2 bits each (params.h,
-  // FaBlockTables::kv_sub_kinds), where its q_block is 128 to 256 rows in whole sub-blocks;
+  // FaBlockTables::kv_sub_kinds), where regrouped() changed q_block to 128, 192 or 256 rows;
   // else empty. Same layout as kinds.
   std::vector<uint8_t> sub_kinds;
   bool matches_mask_mod = false;  // set_matches_mask_mod

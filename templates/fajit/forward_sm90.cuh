@@ -314,9 +314,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           publish(kSlotFull, walk.n_blocks - walk.n_partial);
           publish(kSlotIndex0, walk.n_blocks > 0 ? walk.block_index(0) : 0);
           publish(kSlotIndex1, walk.n_blocks > 1 ? walk.block_index(1) : 0);
-          const unsigned char* sub_row = SubBlockKinds::row_of<kBN>(p.mask, c.b, c.h, c.q0);
-          publish(kSlotKinds, static_cast<int>(SubBlockKinds::byte_of(walk, sub_row, 0) |
-                                               SubBlockKinds::byte_of(walk, sub_row, 1) << 8));
+          const SubBlockKinds kinds(SubBlockKinds::row_of<kBN>(p.mask, c.b, c.h, c.q0), walk);
+          publish(kSlotKinds, static_cast<int>(kinds.kinds | kinds.next << 8));
           // The Q barrier's arrival (with the tile's bytes) releases the slot to the consumers.
           tma_load_tile<kBM, typename Cfg::RowQK>(sq_of(r), &qmaps.a, c.q0, c.h, c.b, bar_q_full(r));
           const int next =
@@ -425,6 +424,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   };
   if (Cfg::kPingPong && cw == kCW - 1) named_barrier_arrive(kBarTurn, 2 * kWG);
 
+  // A turn taken and handed on with nothing issued (a tile this warpgroup skips).
+  auto pass_turn = [&]() {
+    turn_wait();
+    turn_pass();
+  };
   // One turn on the tensor cores: `gemms` issues (and commits) wgmma groups.
   auto issue_turn = [&](auto&& gemms) {
     turn_wait();
@@ -547,8 +551,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         const int start = cur.start, kind = tile_kind(cur);
         if (kind == kFaBlockEmpty) {
           skip_stage(ring.stage, ring.phase);
-          issue_turn([] {});  // S's turn and P·V's
-          issue_turn([] {});
+          pass_turn();  // S's turn and P·V's
+          pass_turn();
           ring.advance();
           cur.next(walk, len_kv);
           continue;
@@ -587,7 +591,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           // next tile seen starts again from a zero P.
           skip_stage(ring.stage, ring.phase);
           if (first) {
-            issue_turn([] {});
+            pass_turn();
           } else {
             gemm_pv(prev.stage, prev.phase);
             zero_p();
@@ -625,7 +629,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       if (!first)
         gemm_pv(prev.stage, prev.phase);
       else if (any)
-        issue_turn([] {});  // the last P·V's turn: every warpgroup takes as many as the others
+        pass_turn();  // the last P·V's turn: every warpgroup takes as many as the others
     }
 
     // ---- epilogue: O / l staged in this warpgroup's rows of the block's Q region (same layout
