@@ -107,7 +107,7 @@ TEST(Codegen, BufferAndScalarSlots) {
   EXPECT_HAS(s, "= fa.load %slopes[%h] : !fa.buffer<f32, 1>\n");
   EXPECT_HAS(s, "= fa.scalar \"window\" : i32\n");
   EXPECT_HAS(s, "__fmul_rn(");
-  EXPECT_HAS(s, "__fadd_rn(score, ");
+  EXPECT_HAS(s, "(score + ");  // plain: the kernel's q·k · scale fuses into it (one FFMA)
   EXPECT_HAS(s, "__int2float_rn(");
   // A score_mod at d128 takes the 8-warp tile.
   EXPECT_HAS(s, "using FaConfig = fa::FwdConfig<fa::bf16_t, 128, 128, 128, 64, 8, 2>;\n");
@@ -871,8 +871,18 @@ std::vector<OpCase> op_cases() {
       cmpi_i1("slt", "((v_0 ? -1 : 0) < (v_1 ? -1 : 0))"),
       cmpi_i1("sge", "((v_0 ? -1 : 0) >= (v_1 ? -1 : 0))"),
       cmpi_i1("ult", "((unsigned)v_0 < (unsigned)v_1)"),
-      float_bin("arith.addf", "__fadd_rn(score, v_0)"),
-      float_bin("arith.subf", "__fsub_rn(score, v_0)"),
+      // On the score, + and - stay plain so that the kernel's q·k · scale fuses into them;
+      // elsewhere every float op rounds once.
+      float_bin("arith.addf", "(score + v_0)"),
+      float_bin("arith.subf", "(score - v_0)"),
+      {"arith.addf off the score",
+       std::string(kScoreHead) + "  %y = fa.scalar \"y\" : f32\n  %z = arith.mulf %score, %y : f32\n"
+                                 "  %r = arith.addf %z, %y : f32\n  fa.yield %r : f32\n}\n",
+       {"__fadd_rn(v_1, v_0)"}},
+      {"arith.subf off the score",
+       std::string(kScoreHead) + "  %y = fa.scalar \"y\" : f32\n  %z = arith.mulf %score, %y : f32\n"
+                                 "  %r = arith.subf %y, %z : f32\n  fa.yield %r : f32\n}\n",
+       {"__fsub_rn(v_0, v_1)"}},
       float_bin("arith.mulf", "__fmul_rn(score, v_0)"),
       float_bin("arith.divf", "fa::mod::divf(score, v_0)"),
       float_bin("arith.remf", "fmodf(score, v_0)"),

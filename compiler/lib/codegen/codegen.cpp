@@ -131,6 +131,17 @@ class ModEmitter {
     return v.getType().isSignlessInteger(1) ? fmt::format("({} ? -1 : 0)", name(v)) : name(v);
   }
 
+  // Whether an operand of `op` is the `score` argument of its fa.score_mod / fa.score_grad.
+  static bool reads_score(Operation& op) {
+    for (Value v : op.getOperands()) {
+      auto arg = llvm::dyn_cast<mlir::BlockArgument>(v);
+      if (arg && arg.getArgNumber() == 0 &&
+          llvm::isa<mlir::fa::ScoreModOp, mlir::fa::ScoreGradOp>(arg.getOwner()->getParentOp()))
+        return true;
+    }
+    return false;
+  }
+
   std::string bin(Operation& op, const char* fmt_str) {
     return fmt::format(fmt::runtime(fmt_str), name(op.getOperand(0)), name(op.getOperand(1)));
   }
@@ -208,8 +219,10 @@ class ModEmitter {
         }
         return "false";
       }
-      case B::AddF: return bin(op, "__fadd_rn({}, {})");
-      case B::SubF: return bin(op, "__fsub_rn({}, {})");
+      // On the score itself, + and - are plain: the kernel passes the score as q·k · scale, and
+      // the compiler fuses that product into the first add (ALiBi's, a bias's) as one FFMA.
+      case B::AddF: return bin(op, reads_score(op) ? "({} + {})" : "__fadd_rn({}, {})");
+      case B::SubF: return bin(op, reads_score(op) ? "({} - {})" : "__fsub_rn({}, {})");
       case B::MulF: return bin(op, "__fmul_rn({}, {})");
       case B::DivF: return bin(op, "fa::mod::divf({}, {})");
       case B::RemF: return bin(op, "fmodf({}, {})");

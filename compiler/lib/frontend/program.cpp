@@ -213,6 +213,7 @@ Program finish_program(std::unique_ptr<mlir::MLIRContext> ctx_in, mlir::OwningOp
   add_missing_mods(*module);
   mlir::PassManager pm(ctx);
   pm.addPass(mlir::createCanonicalizerPass());
+  pm.addPass(mlir::fa::createFASplitIndexCasts());  // kv - q converted per row and column, not per element
   pm.addPass(mlir::createCSEPass());
   // To a fixed point: CSE can expose folds (two fa.scalar "w" merged make `cmpi sge %w, %w`
   // foldable), and a module printed and parsed again must come back unchanged (same cache key).

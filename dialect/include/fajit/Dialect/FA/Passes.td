@@ -65,4 +65,29 @@ def FADifferentiate : Pass<"fa-differentiate", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::arith::ArithDialect", "::mlir::math::MathDialect"];
 }
 
+def FASplitIndexCasts : Pass<"fa-split-index-casts", "::mlir::ModuleOp"> {
+  let summary = "convert each index of a difference or sum to float on its own";
+  let description = [{
+    Rewrites `arith.sitofp (a - b)` and `arith.sitofp (a + b)`, where each of a and b is
+    one of a mod's index arguments (b, h, q, kv) or an integer constant of magnitude below
+    2^24, into `arith.subf` / `arith.addf` of the two converted operands. A kernel applies
+    the mods to every element of a tile, and `kv - q` differs from element to element, so
+    each element paid an integer subtraction and a conversion. Split, `sitofp %q` is the
+    same value along a row and `sitofp %kv` along a column, and CSE in the kernel compiler
+    keeps one conversion per row and one per column: an element pays one float subtraction
+    (ALiBi, `score + slope * (kv - q)`: the Hopper forward's I2F count 137 -> 76).
+
+    The result is the same float: both operands are integers below 2^24, exact in f32, so
+    their f32 sum or difference is the exact integer result rounded once, as the
+    conversion of the integer result is. (Indices at or above 2^24 are rounded when
+    converted, so there the two forms can differ by the rounding of one index; below it,
+    which every attention length up to 16 Mi tokens keeps to, they cannot.)
+
+    ```
+    fajit-opt --fa-split-index-casts in.mlir
+    ```
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect"];
+}
+
 #endif // FAJIT_DIALECT_FA_PASSES_TD
