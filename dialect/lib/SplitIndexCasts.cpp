@@ -52,7 +52,8 @@ struct SplitIndexCast : public OpRewritePattern<arith::SIToFPOp> {
 
   LogicalResult matchAndRewrite(arith::SIToFPOp cast, PatternRewriter &rewriter) const override {
     Operation *def = cast.getIn().getDefiningOp();
-    if (!def || !isa<arith::AddIOp, arith::SubIOp>(def)) return failure();
+    if (!def || !isa<arith::AddIOp, arith::SubIOp>(def) || !cast.getIn().getType().isInteger(32))
+      return failure();
     Value a = def->getOperand(0), b = def->getOperand(1);
     if (!isExactOperand(a) || !isExactOperand(b)) return failure();
     Type f = cast.getType();

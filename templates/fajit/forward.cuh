@@ -45,7 +45,8 @@
 //   mask.kv_block % BLOCK_N == 0; table indices < ceil(len_kv / kv_block).
 //
 // ---- Semantics (flex_attention) ----------------------------------------------------------
-//   score = q·k · scale, then FaMods::score_mod(score, b, h, q, kv); for partial blocks also
+//   score = q·k · scale (the product may fuse into the score's first add: templates/README.md),
+//   then FaMods::score_mod(score, b, h, q, kv); for partial blocks also
 //   FaMods::mask_mod(b, h, q, kv) (false -> -inf). Partial blocks first, then full blocks
 //   (score_mod only); empty blocks are never read. Any tile whose kv range crosses len_kv is
 //   bounds-masked, whatever its class. Query rows past len_q are computed with a clamped q

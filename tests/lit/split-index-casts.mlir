@@ -36,6 +36,33 @@ fa.score_mod @sum_with_constant(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32
   fa.yield %r : f32
 }
 
+// A negative constant: kv + (-5) is kv - 5 either way.
+// CHECK-LABEL: fa.score_mod @negative_constant
+// CHECK-DAG:     %[[CF:.+]] = arith.constant -5.000000e+00 : f32
+// CHECK-DAG:     %[[KF:.+]] = arith.sitofp %kv : i32 to f32
+// CHECK:         arith.addf %[[KF]], %[[CF]] : f32
+// CHECK-NOT:     arith.addi
+fa.score_mod @negative_constant(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {
+  %c = arith.constant -5 : i32
+  %s = arith.addi %kv, %c : i32
+  %sf = arith.sitofp %s : i32 to f32
+  %r = arith.addf %score, %sf : f32
+  fa.yield %r : f32
+}
+
+// An i1 sum wraps (true + true = false): it stays one conversion.
+// CHECK-LABEL: fa.score_mod @bool_sum
+// CHECK:         %[[S:.+]] = arith.addi %{{.+}}, %{{.+}} : i1
+// CHECK-NEXT:    arith.sitofp %[[S]] : i1 to f32
+fa.score_mod @bool_sum(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {
+  %lt = arith.cmpi slt, %q, %kv : i32
+  %le = arith.cmpi sle, %q, %kv : i32
+  %s = arith.addi %lt, %le : i1
+  %sf = arith.sitofp %s : i1 to f32
+  %r = arith.addf %score, %sf : f32
+  fa.yield %r : f32
+}
+
 // What stays one conversion: a constant of 2^24 or more (not exact in f32, so the two forms
 // could round differently), a runtime scalar or a loaded value (magnitude unknown), and a
 // nested sum (its partial sums could round).

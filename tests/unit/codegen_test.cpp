@@ -875,6 +875,10 @@ std::vector<OpCase> op_cases() {
       // elsewhere every float op rounds once.
       float_bin("arith.addf", "(score + v_0)"),
       float_bin("arith.subf", "(score - v_0)"),
+      {"arith.addf on a score used twice",
+       std::string(kScoreHead) + "  %f = math.floor %score : f32\n"
+                                 "  %r = arith.subf %score, %f : f32\n  fa.yield %r : f32\n}\n",
+       {"__fsub_rn(score, v_0)"}},
       {"arith.addf off the score",
        std::string(kScoreHead) + "  %y = fa.scalar \"y\" : f32\n  %z = arith.mulf %score, %y : f32\n"
                                  "  %r = arith.addf %z, %y : f32\n  fa.yield %r : f32\n}\n",

@@ -131,13 +131,15 @@ class ModEmitter {
     return v.getType().isSignlessInteger(1) ? fmt::format("({} ? -1 : 0)", name(v)) : name(v);
   }
 
-  // Whether an operand of `op` is the `score` argument of its fa.score_mod / fa.score_grad.
+  // Whether `op` is the one use of the `score` argument of its fa.score_mod / fa.score_grad
+  // (`score + score` is two): then no other op sees the score, so nothing can tell a rounded
+  // q·k · scale from the unrounded one the compiler may fuse into `op`.
   static bool reads_score(Operation& op) {
     for (Value v : op.getOperands()) {
       auto arg = llvm::dyn_cast<mlir::BlockArgument>(v);
       if (arg && arg.getArgNumber() == 0 &&
           llvm::isa<mlir::fa::ScoreModOp, mlir::fa::ScoreGradOp>(arg.getOwner()->getParentOp()))
-        return true;
+        return arg.hasOneUse();
     }
     return false;
   }
@@ -219,8 +221,10 @@ class ModEmitter {
         }
         return "false";
       }
-      // On the score itself, + and - are plain: the kernel passes the score as q·k · scale, and
-      // the compiler fuses that product into the first add (ALiBi's, a bias's) as one FFMA.
+      // The score's one + or - is plain: the kernel passes the score as q·k · scale, and the
+      // compiler may fuse that product into it (ALiBi's, a bias's add: one FFMA) where the
+      // kernel has no other use for the product (the forward; the backward keeps q·k · scale
+      // for score_grad, so its product is rounded: the two scores may differ by an ulp).
       case B::AddF: return bin(op, reads_score(op) ? "({} + {})" : "__fadd_rn({}, {})");
       case B::SubF: return bin(op, reads_score(op) ? "({} - {})" : "__fsub_rn({}, {})");
       case B::MulF: return bin(op, "__fmul_rn({}, {})");

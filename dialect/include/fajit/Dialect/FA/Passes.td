@@ -79,9 +79,11 @@ def FASplitIndexCasts : Pass<"fa-split-index-casts", "::mlir::ModuleOp"> {
 
     The result is the same float: both operands are integers below 2^24, exact in f32, so
     their f32 sum or difference is the exact integer result rounded once, as the
-    conversion of the integer result is. (Indices at or above 2^24 are rounded when
-    converted, so there the two forms can differ by the rounding of one index; below it,
-    which every attention length up to 16 Mi tokens keeps to, they cannot.)
+    conversion of the integer result is, and the i32 sum cannot wrap. Every attention
+    length up to 16 Mi tokens keeps its indices there. Past it the operands are rounded
+    when converted, so the two forms can differ by the roundings of both (kv = 2^25 + 3,
+    q = 2^25 + 1: 4 instead of 2), and a sum of two indices past 2^30, which wraps in
+    i32, does not wrap in f32.
 
     ```
     fajit-opt --fa-split-index-casts in.mlir
