@@ -422,7 +422,8 @@ __device__ __forceinline__ float softmax_log2_scale(bool has_score_mod, float sc
 // m·sl2 - R(m) (exact, from an FMA) lets the rescale and the LSE use either form.
 struct SoftmaxRows {
   float m[2], l[2];
-  float r[2];  // R(m) = m·sl2 rounded (0 while m = -inf): the reference of the last step's p
+  float r[2];    // R(m) = m·sl2 rounded (0 while m = -inf): the reference of the last step's p
+  float lim[2];  // the largest row max R stays for (-inf: no reference yet, or R near 2^24)
 
   static constexpr float kExactFrom = 16777216.f;  // 2^24: |m·sl2| from which p is formed exactly
   static constexpr float kRescaleFrom = 8.f;       // log2 of the largest p before R moves
@@ -433,7 +434,7 @@ struct SoftmaxRows {
 
   __device__ __forceinline__ void init() {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f, r[hh] = 0.f;
+    for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f, r[hh] = 0.f, lim[hh] = -INFINITY;
   }
 
   // The largest of this thread's scores in row hh, as a tree: log2 of the row's length in
@@ -461,6 +462,11 @@ struct SoftmaxRows {
   // exactly as they would R's. m stays the max R was formed from (m and R agree, as lse()
   // and a split-KV part's (m, log2_sum) need), not the running max.
   //
+  // The test is one compare a row, mx <= lim, lim = m + kRescaleFrom/sl2 set when R moved
+  // (there the product rounds: p up to about 2^8.5); with |R| at 2^23 or more, or no reference
+  // yet, lim is -inf and every tile with a finite max moves R (a row still all -inf keeps its
+  // R = 0: its p are 0 either way).
+  //
   // Both rows' maxima first (their shuffles overlap), then a warp vote: while every row of
   // the warp is below 2^24 now and before — always, but for scores ~1e7/scale — alpha is
   // exp2(R_old - R_new) from the stored references (min 0: an empty row's R = 0 may exceed the
@@ -475,20 +481,18 @@ struct SoftmaxRows {
     for (int hh = 0; hh < 2; ++hh) mx[hh] = fmaxf(m[hh], row_max(s, hh));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) mx[hh] = quad_max(mx[hh]);
-    bool small = true, keep = true;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      rn[hh] = mx[hh] == -INFINITY ? 0.f : __fmul_rn(mx[hh], sl2);
-      small = small && fabsf(rn[hh]) < kExactFrom && fabsf(r[hh]) < kExactFrom;
-      keep = keep && m[hh] != -INFINITY && rn[hh] - r[hh] <= kRescaleFrom;
-    }
-    const bool rescale = !__all_sync(0xffffffffu, small && keep);
+    const bool rescale = !__all_sync(0xffffffffu, mx[0] <= lim[0] && mx[1] <= lim[1]);
     if (!rescale) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) sub[hh] = r[hh];
     } else {
+      bool small = true;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) sub[hh] = rn[hh];
+      for (int hh = 0; hh < 2; ++hh) {
+        rn[hh] = mx[hh] == -INFINITY ? 0.f : __fmul_rn(mx[hh], sl2);
+        small = small && fabsf(rn[hh]) < kExactFrom && fabsf(r[hh]) < kExactFrom;
+        sub[hh] = rn[hh];
+      }
       if (__all_sync(0xffffffffu, small)) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) alpha[hh] = ex2(fminf(r[hh] - rn[hh], 0.f));
@@ -500,6 +504,9 @@ struct SoftmaxRows {
         m[hh] = mx[hh];
         r[hh] = rn[hh];
         l[hh] *= alpha[hh];
+        lim[hh] = mx[hh] > -INFINITY && fabsf(rn[hh]) < 0.5f * kExactFrom
+                      ? mx[hh] + __fdividef(kRescaleFrom, sl2)
+                      : -INFINITY;
       }
     }
 #pragma unroll

@@ -598,11 +598,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
             first = true;
           }
           ring.advance();
+          prev = ring;  // first again: the next tile seen runs its zero-P step on its own V
           cur.next(walk, len_kv);
           continue;
         }
         const bool is_full = kind == kFaBlockFull;
-        if (first) prev = ring;
         float s[Cfg::kNT][4], alpha[2];
         // S_j is issued first, and P_{j-1}·V_{j-1} waits for its V behind it (on the first tile,
         // V_0 for the zero-P step). Without EARLY_K the producer copies V_{j-1} before K_j and
