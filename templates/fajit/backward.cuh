@@ -239,11 +239,11 @@ struct KeyRows {
 
 // Sᵀ (q·k, unscaled) -> Pᵀ = exp(mod(s)·sn - LSE) in place (prob); sc keeps the scores
 // score_mod saw when the backward needs them (score_grad): q·k · scale rounded, where the
-// forward may have fused the product into the score's first add (codegen's plain `score + x`). lse(j, col): the LSE of columns
-// col, col + 1 (n-tile j), +inf for a query with no key or past len_q (P = 0 there). mask_mod
-// runs on every tile, straight-line (a full block's is_full keeps every score): a choice per element was
-// if-converted into predicated code that issued the mask on every tile anyway, with the
-// captures loaded per element (896 instructions a tile at d64 for a document mask), and a
+// forward may have fused the product into the score's first add (codegen's plain `score + x`).
+// lse(j, col): the LSE of columns col, col + 1 (n-tile j), +inf for a query with no key or past
+// len_q (P = 0 there). mask_mod runs on every tile, straight-line (a full block's is_full keeps
+// every score): a choice per element was if-converted into predicated code that issued the mask
+// on every tile anyway, with the captures loaded per element (896 instructions a tile at d64 for a document mask), and a
 // branch per tile spilled (bench/RESULTS.md, sixteenth session). Key rows past len_kv (only
 // when key_tail: the CTA's keys cross the end) get P = 0 in a pass of their own.
 template <typename Mods, int kQT, int kSC, typename Lse>
