@@ -505,7 +505,10 @@ BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
 const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
   const State& s = state();
   if (q_block == s.q_block && kv_block == s.kv_block) return *this;
-  if (!regroupable())
+  // Splitting blocks (each new one inside one source block) keeps every tile's kind whatever the
+  // tables say: a full block's parts are full, an empty one's empty, a partial one's partial.
+  const bool splits = q_block > 0 && kv_block > 0 && s.q_block % q_block == 0 && s.kv_block % kv_block == 0;
+  if (!splits && !regroupable())
     throw Error(fmt::format(
         "block mask: its {}x{} blocks can be regrouped into {}x{} only when the tables agree with mask_mod "
         "(a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; given tables, "

@@ -110,46 +110,79 @@ struct TileCursor {
   }
 };
 
-// The kinds of a walk's tiles for one 64-row sub-block of its row block (the Hopper forward's
-// consumer warpgroups own 64 rows each): from FaBlockTables::kv_sub_kinds where the tables have
-// them (a mask regrouped into taller blocks), else each tile's own kind. A sparse block's byte
-// (2 bits a sub-block) is loaded a block ahead of the cursor, as TileCursor loads indices.
-struct SubBlockKinds {
+// The walk of a row whose sparse blocks are one tile each (kv_block == kTile: the Hopper
+// forward, whose host splits wider blocks, BlockMask::regrouped), a block a step, with each
+// block's kinds for the 64-row sub-blocks of its row block (the Hopper forward's consumer
+// warpgroups own 64 rows each): from FaBlockTables::kv_sub_kinds where the tables have them (a
+// mask regrouped into taller blocks), else the block's own kind for every sub-block. The next
+// block's index and kinds byte (2 bits a sub-block) are loaded together, a block ahead, so a step
+// is one compare and one pair of loads (TileCursor's sub-tile bookkeeping and a second cursor
+// following it cost the d64 consumer ~80 instructions a tile, NOTES-sm90).
+template <int kTile>
+struct BlockCursor {
   static constexpr unsigned kAllPartial = 0x55u, kAllFull = 0xAAu;
-  const unsigned char* partial;  // the walk's row of kv_sub_kinds, or null
-  int sb;                        // the sparse block `kinds` belongs to
-  unsigned kinds, next;          // the bytes of sparse blocks sb and sb + 1
+  int sb;          // sparse block of the walk (= its tile)
+  int start;       // its first column (valid while !done())
+  unsigned kinds;  // its kinds byte
+  int ahead;       // block sb + 1's index and kinds byte (0 past the walk)
+  unsigned ahead_kinds;
 
-  template <int kTile>
-  __device__ __forceinline__ static const unsigned char* row_of(const FaBlockTables& bt, int b, int h,
-                                                                int row0) {
+  // The walk's row of kv_sub_kinds, or null.
+  __device__ __forceinline__ static const unsigned char* kinds_row(const FaBlockTables& bt, int b, int h,
+                                                                   int row0) {
     return bt.kv_sub_kinds ? bt.kv_sub_kinds + BlockWalk<kTile>::row_of(bt, b, h, row0) * bt.num_kv_blocks
                            : nullptr;
   }
-  // Sparse block sb's byte (0 past the walk).
-  template <int kTile>
-  __device__ __forceinline__ static unsigned byte_of(const BlockWalk<kTile>& w, const unsigned char* partial,
-                                                     int sb) {
-    if (sb >= w.n_blocks) return 0u;
-    if (sb >= w.n_partial) return kAllFull;
-    return partial ? partial[sb] : kAllPartial;
+  // Sparse block i's kinds byte (0 past the walk).
+  __device__ __forceinline__ static unsigned kinds_of(const BlockWalk<kTile>& w, const unsigned char* row,
+                                                      int i) {
+    if (i >= w.n_blocks) return 0u;
+    if (i >= w.n_partial) return kAllFull;
+    return row ? row[i] : kAllPartial;
   }
-  // At the walk's first block, the bytes of blocks 0 and 1 given (read already) or loaded.
-  __device__ __forceinline__ SubBlockKinds(const unsigned char* row, unsigned kinds0, unsigned kinds1)
-      : partial(row), sb(0), kinds(kinds0), next(kinds1) {}
-  template <int kTile>
-  __device__ __forceinline__ SubBlockKinds(const unsigned char* row, const BlockWalk<kTile>& w)
-      : SubBlockKinds(row, byte_of(w, row, 0), byte_of(w, row, 1)) {}
-  // Follows the cursor to its sparse block `cursor_sb` (the next one's byte is ready).
-  template <int kTile>
-  __device__ __forceinline__ void follow(const BlockWalk<kTile>& w, int cursor_sb) {
-    if (cursor_sb == sb) return;
-    kinds = cursor_sb == sb + 1 ? next : byte_of(w, partial, cursor_sb);
-    sb = cursor_sb;
-    next = byte_of(w, partial, sb + 1);
+  // Sparse block i's index (0 past the walk): one load from one address, formed by selects.
+  __device__ __forceinline__ static int index_of(const BlockWalk<kTile>& w, int i) {
+    if (i >= w.n_blocks) return 0;
+    const bool partial = i < w.n_partial;
+    return (partial ? w.partial_idx : w.full_idx)[partial ? i : i - w.n_partial];
   }
-  // Sub-block c's kind in the current block (kFaBlockEmpty / Partial / Full).
-  __device__ __forceinline__ int of(int c) const { return static_cast<int>(kinds >> (2 * c)) & 3; }
+
+  // At the walk's first block, the indices and kinds bytes of blocks 0 and 1 given (read
+  // already: the persistent forward's producer publishes them); no load unless block 0 starts
+  // at or past len.
+  __device__ __forceinline__ BlockCursor(const BlockWalk<kTile>& w, const unsigned char* row, int len,
+                                         int index0, int index1, unsigned kinds0, unsigned kinds1)
+      : sb(0), start(index0 * kTile), kinds(kinds0), ahead(index1), ahead_kinds(kinds1) {
+    if (w.n_blocks == 0 || start < len) return;
+    sb = 1;
+    seek(w, row, len);
+  }
+  // The same, loading them.
+  __device__ __forceinline__ BlockCursor(const BlockWalk<kTile>& w, const unsigned char* row, int len)
+      : BlockCursor(w, row, len, index_of(w, 0), index_of(w, 1), kinds_of(w, row, 0), kinds_of(w, row, 1)) {}
+
+  __device__ __forceinline__ bool done(const BlockWalk<kTile>& w) const { return sb >= w.n_blocks; }
+  // The kind (kFaBlockEmpty / Partial / Full) of the block for the sub-block whose 2 bits start at
+  // `shift`, masked by `live` (3, or 0 for a sub-block with no rows: empty).
+  __device__ __forceinline__ int kind(int shift, unsigned live) const {
+    return static_cast<int>((kinds >> shift) & live);
+  }
+  __device__ __forceinline__ void next(const BlockWalk<kTile>& w, const unsigned char* row, int len) {
+    ++sb;
+    seek(w, row, len);
+  }
+
+ private:
+  // From block sb, its index and kinds in `ahead`, to the first block that starts inside len.
+  __device__ __forceinline__ void seek(const BlockWalk<kTile>& w, const unsigned char* row, int len) {
+    for (; sb < w.n_blocks; ++sb) {
+      start = ahead * kTile;
+      kinds = ahead_kinds;
+      ahead = index_of(w, sb + 1);
+      ahead_kinds = kinds_of(w, row, sb + 1);
+      if (start < len) return;
+    }
+  }
 };
 
 }  // namespace fa

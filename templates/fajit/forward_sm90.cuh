@@ -67,9 +67,10 @@
 //   Host-validated preconditions (as forward.cuh): scale > 0; heads_q % heads_kv == 0;
 //   len_q, len_kv >= 1; head dim contiguous; Q/K/V/O base pointers and row strides 16-byte
 //   aligned (row strides multiples of 8 elements); mask.q_block % BLOCK_M == 0 and
-//   mask.kv_block % BLOCK_N == 0 (the host regroups a mask built from mask_mod into the tile's
-//   blocks, 192x128 or 192x112: BlockMask::regrouped); table indices < ceil(len_kv /
-//   kv_block). A compute capability 9.0 device (sm_90a code loads on nothing else).
+//   mask.kv_block == BLOCK_N, one tile a sparse block (the host regroups a mask built from
+//   mask_mod into the tile's blocks, 192x128 or 192x112, and splits any mask's wider kv blocks:
+//   BlockMask::regrouped); table indices < ceil(len_kv / kv_block). A compute capability 9.0 device (sm_90a
+//   code loads on nothing else).
 //
 // ---- Semantics (flex_attention; identical to forward.cuh) --------------------------------
 //   score = q·k · scale, then FaMods::score_mod(score, b, h, q, kv); for partial blocks also
@@ -312,10 +313,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           publish(kSlotH, c.h);
           publish(kSlotPartial, walk.n_partial);
           publish(kSlotFull, walk.n_blocks - walk.n_partial);
-          publish(kSlotIndex0, walk.n_blocks > 0 ? walk.block_index(0) : 0);
-          publish(kSlotIndex1, walk.n_blocks > 1 ? walk.block_index(1) : 0);
-          const SubBlockKinds kinds(SubBlockKinds::row_of<kBN>(p.mask, c.b, c.h, c.q0), walk);
-          publish(kSlotKinds, static_cast<int>(kinds.kinds | kinds.next << 8));
+          using Cursor = BlockCursor<kBN>;
+          publish(kSlotIndex0, Cursor::index_of(walk, 0));
+          publish(kSlotIndex1, Cursor::index_of(walk, 1));
+          const unsigned char* kinds_row = Cursor::kinds_row(p.mask, c.b, c.h, c.q0);
+          publish(kSlotKinds, static_cast<int>(Cursor::kinds_of(walk, kinds_row, 0) |
+                                               Cursor::kinds_of(walk, kinds_row, 1) << 8));
           // The Q barrier's arrival (with the tile's bytes) releases the slot to the consumers.
           tma_load_tile<kBM, typename Cfg::RowQK>(sq_of(r), &qmaps.a, c.q0, c.h, c.b, bar_q_full(r));
           const int next =
@@ -512,27 +515,17 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     };
     if (Cfg::kPersistent && published(kSlotBlock) >= n_blocks) break;
     const BlockWalk<kBN> walk = walk_of();
-    auto first_tile = [&] {
-      if constexpr (Cfg::kPersistent)
-        return TileCursor<kBN>(walk, len_kv, index0, index1);
-      else
-        return TileCursor<kBN>(walk, len_kv);
-    };
     // This warpgroup's rows along the walk: a tile none of them sees is skipped (an empty
     // sub-block of a regrouped mask's partial tile, or rows all past len_q), a full sub-block
-    // needs no mask_mod.
-    const bool rows_live = q0 + cw * kRows < len_q;
-    SubBlockKinds kinds = [&] {
-      const unsigned char* row = SubBlockKinds::row_of<kBN>(p.mask, b, h, q0);
+    // needs no mask_mod. `live` masks the kinds to empty for rows all past len_q.
+    const unsigned char* kinds_row = BlockCursor<kBN>::kinds_row(p.mask, b, h, q0);
+    const unsigned live = q0 + cw * kRows < len_q ? 3u : 0u;
+    auto first_tile = [&] {
       if constexpr (Cfg::kPersistent)
-        return SubBlockKinds(row, static_cast<unsigned>(kinds01) & 0xffu,
-                             static_cast<unsigned>(kinds01) >> 8);
+        return BlockCursor<kBN>(walk, kinds_row, len_kv, index0, index1,
+                                static_cast<unsigned>(kinds01) & 0xffu, static_cast<unsigned>(kinds01) >> 8);
       else
-        return SubBlockKinds(row, walk);
-    }();
-    auto tile_kind = [&](const TileCursor<kBN>& cur) {
-      kinds.follow(walk, cur.sb);
-      return rows_live ? kinds.of(cw) : static_cast<int>(kFaBlockEmpty);
+        return BlockCursor<kBN>(walk, kinds_row, len_kv);
     };
     const u32 sq = sq_of(r);
 #pragma unroll
@@ -547,20 +540,20 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     if constexpr (!Cfg::kPersistent) fence_proxy_async();  // Q came by cp.async (PERSISTENT: TMA)
     if constexpr (!Cfg::kOverlap) {
       // S, softmax, P·V strictly in turn.
-      for (TileCursor<kBN> cur = first_tile(); !cur.done(walk);) {
-        const int start = cur.start, kind = tile_kind(cur);
+      for (BlockCursor<kBN> cur = first_tile(); !cur.done(walk);) {
+        const int start = cur.start, kind = cur.kind(2 * cw, live);
         if (kind == kFaBlockEmpty) {
           skip_stage(ring.stage, ring.phase);
           pass_turn();  // S's turn and P·V's
           pass_turn();
           ring.advance();
-          cur.next(walk, len_kv);
+          cur.next(walk, kinds_row, len_kv);
           continue;
         }
         const bool is_full = kind == kFaBlockFull;
         float s[Cfg::kNT][4], alpha[2];
         gemm_s(s, ring.stage, ring.phase);
-        cur.next(walk, len_kv);
+        cur.next(walk, kinds_row, len_kv);
         mods(s, start, is_full);
         if (rows.step(s, alpha, sl2)) scale_rows(o, alpha);
         pack_a<E>(pa, s);
@@ -582,8 +575,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       zero_p();
       StageRing<kStages> prev = ring;  // the previous tile's stage
       bool first = true, any = false;
-      for (TileCursor<kBN> cur = first_tile(); !cur.done(walk);) {
-        const int start = cur.start, kind = tile_kind(cur);
+      for (BlockCursor<kBN> cur = first_tile(); !cur.done(walk);) {
+        const int start = cur.start, kind = cur.kind(2 * cw, live);
         any = true;
         if (kind == kFaBlockEmpty) {
           // Its turn issues the pending P_{j-1}·V_{j-1} (no stage stays held across skipped
@@ -599,7 +592,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           }
           ring.advance();
           prev = ring;  // first again: the next tile seen runs its zero-P step on its own V
-          cur.next(walk, len_kv);
+          cur.next(walk, kinds_row, len_kv);
           continue;
         }
         const bool is_full = kind == kFaBlockFull;
@@ -613,8 +606,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           wait_loaded(bar_full_v(prev.stage), prev.phase);
           issue_pv(prev.stage);  // O += P_{j-1}·V_{j-1}, overlapping the softmax below
         });
-        cur.next(walk, len_kv);  // the next tile's block index loads while S_j runs
-        wgmma_wait<1>();         // S_j done
+        cur.next(walk, kinds_row, len_kv);  // the next tile's block index loads while S_j runs
+        wgmma_wait<1>();                    // S_j done
         pin(s);
         s_done(ring.stage);
         mods(s, start, is_full);

@@ -243,6 +243,17 @@ const std::vector<FwdCase>& cases() {
              c.tile = fa::TileConfig{128, 128, 12, 3}, c.family = fa::KernelFamily::kWgmma,
              c.persistent_ctas = 3;
            }),
+      // Masks of 256-key blocks: the wgmma forward splits them into its BLOCK_N (one tile a block)
+      // on the three-consumer tile (with the query blocks regrouped to 192) and on 128x128, the
+      // persistent form with its CTAs capped, a tail block, and the cp.async twin.
+      with({"sliding", f16, 64, 64, 2, 4, 2, 1000, 1000, 300}, "kvb256_ctas3",
+           [](FwdCase& c) { c.kv_block = 256, c.persistent_ctas = 3; }),
+      with({"document2d_causal", bf16, 128, 128, 2, 4, 2, 1000, 4097}, "kvb256",
+           [](FwdCase& c) { c.kv_block = 256; }),
+      with({"causal_alibi", bf16, 64, 64, 1, 4, 4, 1000, 777}, "kvb256",
+           [](FwdCase& c) { c.kv_block = 256; }),
+      with({"prefix_lm", f16, 128, 128, 1, 4, 2, 1000, 1000, 300}, "kvb256_cpasync",
+           [](FwdCase& c) { c.kv_block = 256, c.cp_async_kv = true; }),
       // The Hopper forward's cp.async K/V path (FAJIT_TMA=0), which it takes where the driver
       // refuses a tensor map: whole and padded rows, a tail tile, non-contiguous operands.
       with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "cpasync",
@@ -653,50 +664,60 @@ TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
 // flex_attention's meaning, where a full or empty tile overrides mask_mod, so they run on the
 // 128x128 kernel instead: here block-causal tables (the diagonal tiles full) with a kernel
 // whose mask_mod keeps everything must give block-causal attention, which a regrouping (a
-// partial tile evaluating mask_mod) would not.
+// partial tile evaluating mask_mod) would not. Kv blocks of 256 are split into the wgmma
+// kernel's BLOCK_N (one tile a block), which is exact for any tables.
 TEST(ForwardTiles, GivenTablesKeepTheirMeaningOnTheWideTileKernel) {
   if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
-  for (const auto& [d, tile] :
-       {std::pair{64, fa::TileConfig{192, 128, 16, 3}}, {96, fa::TileConfig{192, 112, 16, 3}}}) {
-    const FwdCase c{"none", bf16, d, d, 1, 2, 2, 1000, 1000};
-    std::shared_ptr<Prepared> p = start(c).get();
-    const int nq = (c.Lq + 127) / 128;
-    std::vector<int32_t> num(nq, 0), idx(size_t(nq) * nq, 0), full_num(nq), full_idx(size_t(nq) * nq, 0);
-    for (int i = 0; i < nq; ++i) {
-      full_num[size_t(i)] = i + 1;
-      for (int j = 0; j <= i; ++j) full_idx[size_t(i) * nq + j] = j;
-    }
-    const fa::BlockMask given =
-        fa::BlockMask::from_kv_blocks(1, 1, c.Lq, c.Lkv, num, idx, full_num, full_idx);
-    EXPECT_FALSE(given.regroupable());
-    EXPECT_TRUE(p->mask.matches_mask_mod());  // Kernel::block_mask's
-    if (fa::rt::current_device_info().cc_major == 9) {
-      EXPECT_EQ(p->kernel->spec().tile, tile) << p->kernel->spec().to_string();
-    }
+  for (const auto& [d, tile] : {std::pair{64, fa::TileConfig{192, 128, 16, 3}},
+                                {96, fa::TileConfig{192, 112, 16, 3}},
+                                {128, fa::TileConfig{128, 128, 12, 2}}})
+    for (const int kvb : {128, 256}) {
+      SCOPED_TRACE("d" + std::to_string(d) + " kv_block " + std::to_string(kvb));
+      const FwdCase c{"none", bf16, d, d, 1, 2, 2, 1000, 1000};
+      std::shared_ptr<Prepared> p = start(c).get();
+      // Query block i (128 rows) sees the kv blocks j <= i * 128 / kvb, each full.
+      const int nq = (c.Lq + 127) / 128, nkv = (c.Lkv + kvb - 1) / kvb;
+      std::vector<int32_t> num(nq, 0), idx(size_t(nq) * nkv, 0), full_num(nq), full_idx(size_t(nq) * nkv, 0);
+      for (int i = 0; i < nq; ++i) {
+        full_num[size_t(i)] = i * 128 / kvb + 1;
+        for (int j = 0; j <= i * 128 / kvb; ++j) full_idx[size_t(i) * nkv + j] = j;
+      }
+      const fa::BlockMask given =
+          fa::BlockMask::from_kv_blocks(1, 1, c.Lq, c.Lkv, num, idx, full_num, full_idx, 128, kvb);
+      EXPECT_FALSE(given.regroupable());
+      EXPECT_TRUE(p->mask.matches_mask_mod());  // Kernel::block_mask's
+      if (fa::rt::current_device_info().cc_major == 9) {
+        EXPECT_EQ(p->kernel->spec().tile.block_m, tile.block_m) << p->kernel->spec().to_string();
+        EXPECT_EQ(p->kernel->spec().tile.block_n, tile.block_n) << p->kernel->spec().to_string();
+      }
 
-    const fa::Program block_causal =
-        fa::trace(fa::identity_score(), {"block_causal", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
-                                           return kv / fa::Index(128) <= q / fa::Index(128);
-                                         }});
-    ModPrograms progs = mod_programs(block_causal);
-    fa::ReferenceOptions ro;
-    ro.mask_mod = &progs.mask;
-    ro.q_strides = p->q.stride, ro.k_strides = p->k.stride, ro.v_strides = p->v.stride;
-    const fa::ReferenceResult ref = fa::reference_attention(
-        fa::ReferenceShape{c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, p->in_vals.data() + p->q.offset,
-        p->in_vals.data() + p->k.offset, p->in_vals.data() + p->v.offset, ro);
-    const Stats s = launch_and_check(c, *p->kernel, *p, given, p->captures, ref);
-    std::printf("[ stats    ] d%d, given block-causal tables: rel %.2e row %.2e lse %.2e\n", d, s.rel,
-                s.row_rel, s.lse_err);
-    expect_good(c, s);
-    // Regrouping such tables is refused with what to do instead.
-    const std::string to = std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n);
-    EXPECT_EQ(error_of([&, t = tile] { given.regrouped(t.block_m, t.block_n); }),
-              "block mask: its 128x128 blocks can be regrouped into " + to +
-                  " only when the tables agree with mask_mod (a mask built by Kernel::block_mask or "
-                  "create_block_mask) or hold one kind of tile; given tables, build them with blocks " +
-                  to);
-  }
+      const fa::Program block_causal = fa::trace(
+          fa::identity_score(), {"block_causal", [kvb](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                                   return kv / fa::Index(kvb) <= q / fa::Index(kvb);
+                                 }});
+      ModPrograms progs = mod_programs(block_causal);
+      fa::ReferenceOptions ro;
+      ro.mask_mod = &progs.mask;
+      ro.q_strides = p->q.stride, ro.k_strides = p->k.stride, ro.v_strides = p->v.stride;
+      const fa::ReferenceResult ref = fa::reference_attention(
+          fa::ReferenceShape{c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, p->in_vals.data() + p->q.offset,
+          p->in_vals.data() + p->k.offset, p->in_vals.data() + p->v.offset, ro);
+      const Stats s = launch_and_check(c, *p->kernel, *p, given, p->captures, ref);
+      std::printf(
+          "[ stats    ] d%d, given block-causal tables, kv blocks of %d: rel %.2e row %.2e lse %.2e\n", d,
+          kvb, s.rel, s.row_rel, s.lse_err);
+      expect_good(c, s);
+      // Merging such tables into taller blocks is refused with what to do instead.
+      if (tile.block_m != 128) {
+        const std::string from = "128x" + std::to_string(kvb),
+                          to = std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n);
+        EXPECT_EQ(error_of([&, t = tile] { given.regrouped(t.block_m, t.block_n); }),
+                  "block mask: its " + from + " blocks can be regrouped into " + to +
+                      " only when the tables agree with mask_mod (a mask built by Kernel::block_mask or "
+                      "create_block_mask) or hold one kind of tile; given tables, build them with blocks " +
+                      to);
+      }
+    }
 }
 
 // ---- autotuning (Options::autotune) ---------------------------------------------------------

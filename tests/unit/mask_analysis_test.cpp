@@ -396,12 +396,27 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
   EXPECT_EQ(full.regrouped(192, 112).kinds(), std::vector<uint8_t>(6 * 9, uint8_t(fa::BlockKind::kFull)));
   std::vector<uint8_t> kinds(8 * 8, uint8_t(fa::BlockKind::kFull));
   kinds[1] = uint8_t(fa::BlockKind::kEmpty);
+  kinds[10] = uint8_t(fa::BlockKind::kPartial);
   const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds);
   EXPECT_FALSE(given.regroupable());
   EXPECT_EQ(&given.regrouped(128, 128), &given);
   EXPECT_TRUE(given.sub_kinds().empty());                     // not regrouped
   EXPECT_TRUE(full.regrouped(128, 112).sub_kinds().empty());  // q blocks as they were
   EXPECT_EQ(full.regrouped(192, 128).sub_kinds().size(), size_t(6 * 8));
+  // Splitting blocks is exact whatever the tables (each part keeps its block's kind): the wgmma
+  // forward splits wider kv blocks into its BLOCK_N this way.
+  for (const auto& [qb, kvb] : {std::pair{128, 64}, {64, 128}, {64, 32}}) {
+    const fa::BlockMask& split = given.regrouped(qb, kvb);
+    const int nq = split.num_q_blocks(), nkv = split.num_kv_blocks();
+    ASSERT_EQ(nq, (1000 + qb - 1) / qb);
+    ASSERT_EQ(nkv, (1000 + kvb - 1) / kvb);
+    EXPECT_FALSE(split.matches_mask_mod());
+    EXPECT_TRUE(split.sub_kinds().empty());
+    for (int i = 0; i < nq; ++i)
+      for (int j = 0; j < nkv; ++j)
+        EXPECT_EQ(split.kind(0, 0, i, j), given.kind(0, 0, i * qb / 128, j * kvb / 128))
+            << qb << "x" << kvb << " tile " << i << "," << j;
+  }
   EXPECT_EQ(fa::test::error_of([&] { given.regrouped(192, 112); }),
             "block mask: its 128x128 blocks can be regrouped into 192x112 only when the tables agree with "
             "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "

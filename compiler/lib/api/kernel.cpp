@@ -354,11 +354,16 @@ bool forward_takes(const TileConfig& t, const BlockMask& mask) {
 }
 
 // The mask a dense forward of tile `t` reads (forward_takes said it can): the mask, or its
-// blocks regrouped along each axis the tile does not divide into the tile's size.
-const BlockMask& mask_for_tile(const TileConfig& t, const BlockMask& mask) {
-  if (tile_divides(t, mask)) return mask;
-  return mask.regrouped(mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
-                        mask.kv_block() % t.block_n == 0 ? mask.kv_block() : t.block_n);
+// blocks regrouped along each axis the tile does not divide into the tile's size. The wgmma
+// forward walks one tile a kv block (BlockCursor, block_walk.cuh): its mask's kv blocks are
+// always the tile's, wider ones split (exact for any tables).
+const BlockMask& mask_for_tile(const KernelSpec& s, const BlockMask& mask) {
+  const TileConfig& t = s.tile;
+  const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
+  if (tile_divides(t, mask) && !(one_tile_per_kv_block && mask.kv_block() != t.block_n)) return mask;
+  return mask.regrouped(
+      mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
+      mask.kv_block() % t.block_n == 0 && !one_tile_per_kv_block ? mask.kv_block() : t.block_n);
 }
 
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
@@ -747,7 +752,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                     static_cast<unsigned>(s.smem_bytes()),
                     maps,
                     qmaps,
-                    with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask_for_tile(t, mask))),
+                    with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask_for_tile(s, mask))),
                     cap.data(),
                     st,
                     persistent};

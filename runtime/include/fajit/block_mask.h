@@ -133,10 +133,12 @@ class FA_API BlockMask {
   // This mask regrouped into blocks of q_block x kv_block (multiples of 16): a tile is full
   // where every tile it overlaps is full, empty where every one is empty, else partial, so the
   // mask_mod decides its elements. Built once per size and kept with this mask (thread-safe).
-  // Returns *this for the mask's own block sizes; otherwise needs regroupable(). The Hopper
-  // forward runs 128x128 masks this way on its 192x128 tile (head dims up to 64) and its 192x112
-  // tile (up to 96); its consumer warpgroups (64 rows each) skip the partial tiles whose
-  // sub-block (sub_kinds()) is empty, and apply no mask_mod where it is full.
+  // Returns *this for the mask's own block sizes; splits blocks (block sizes that divide the
+  // mask's) whatever the tables, since each part keeps its block's kind; merges them only where
+  // regroupable(). The Hopper forward runs 128x128 masks this way on its 192x128 tile (head dims
+  // up to 64) and its 192x112 tile (up to 96); its consumer warpgroups (64 rows each) skip the
+  // partial tiles whose sub-block (sub_kinds()) is empty, and apply no mask_mod where it is full.
+  // It also splits wider kv blocks to its BLOCK_N (one tile a block).
   const BlockMask& regrouped(int q_block, int kv_block) const;
   // Whether regrouped() may regroup the mask: matches_mask_mod(), or every tile has the same
   // kind (an all-full mask regroups exactly whatever the mask_mod).
