@@ -55,7 +55,8 @@ typedef struct FaBlockTables {
   int num_q_blocks;
   int num_kv_blocks;
   int q_block;   // sparse block size along q (a multiple of the kernel's BLOCK_M)
-  int kv_block;  // sparse block size along kv (a multiple of the kernel's BLOCK_N)
+  int kv_block;  // sparse block size along kv (a multiple of the kernel's BLOCK_N; the wgmma forward's
+                 // BLOCK_N)
   const unsigned char* kv_sub_kinds;
 } FaBlockTables;
 
