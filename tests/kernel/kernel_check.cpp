@@ -2,8 +2,9 @@
 // the CUDA Driver API with block-sparse tables built on the host by brute force from the
 // same mask (a C++ twin of each FaMods), and compares O and LSE with a float64 reference.
 // Outputs are poisoned (NaN) before every run; padding between rows must stay poisoned.
-// A config string "sm90" or "sm90:<BLOCK_N,STAGES,OVERLAP>" selects the Hopper kernel
-// (forward_sm90.cuh); anything else is a fa::FwdConfig argument list of forward.cuh.
+// A config string "sm90" or "sm90:<BLOCK_N,STAGES,OVERLAP[,PINGPONG,EARLY_K,CONSUMERS]>" selects
+// the Hopper kernel (forward_sm90.cuh, K/V by cp.async: sm90_config_args); anything else is a
+// fa::FwdConfig argument list of forward.cuh.
 //   usage: kernel_check [--quick] [--no-bench] [--bench-only] [--compile-only]
 //                       [--sm80-only | --sm90-only]
 // The device headers are the embedded templates (fa::jit::Nvrtc), so a change to templates/
@@ -125,6 +126,20 @@ struct Kernel {
   double compile_s = 0;
 };
 
+// The Template arguments of a Hopper variant after the head dims: the config's (or the host's
+// default tile), completed up to CP_ASYNC_KV = true. kernel_check builds no tensor maps, so its
+// Hopper variants take K/V by cp.async (the kernel's path for operands the driver cannot map) and
+// are launched with zeroed FaTmaPairs; the TMA path is covered by fajit_gpu_tests.
+std::string sm90_config_args(const std::string& cfg, int dqk, int dv) {
+  std::string a =
+      cfg.size() > 5 ? cfg.substr(5) : fa_test::default_tile_args(dqk, dv, fa::KernelFamily::kWgmma);
+  // BLOCK_N, STAGES, OVERLAP, PINGPONG, EARLY_K, CONSUMERS: the template's defaults past the given
+  const char* defaults[] = {"128", "2", "true", "false", "false", "2"};
+  const int given = 1 + static_cast<int>(std::count(a.begin(), a.end(), ','));
+  for (int i = given; i < 6; ++i) a += std::string(", ") + defaults[i];
+  return a + ", true";
+}
+
 struct Env {
   std::string arch;
   int num_sms = 0;
@@ -135,7 +150,7 @@ struct Env {
     const char* elem = bf16 ? "bf16_t" : "f16_t";
     const std::string src =
         cfg.rfind("sm90", 0) == 0
-            ? fa_test::variant_source_sm90(mod_source(m), elem, dqk, dv, cfg.size() > 5 ? cfg.substr(5) : "")
+            ? fa_test::variant_source_sm90(mod_source(m), elem, dqk, dv, sm90_config_args(cfg, dqk, dv))
             : fa_test::variant_source(mod_source(m), elem, dqk, dv, cfg);
     auto it = cache.find(src);
     if (it != cache.end()) return *it->second;
@@ -312,7 +327,9 @@ Result run_case(Env& env, const Case& given, std::mt19937& rng) {
   if (c.mod == Mod::Sliding) cap.scalars[0].i = caps.window;
   if (c.mod == Mod::SoftcapCausal) cap.scalars[0].f = caps.softcap;
 
-  void* args[] = {&p, &cap};
+  FaTmaPair maps, qmaps;  // zeroed: the Hopper variants read none (cp.async K/V, non-persistent)
+  std::memset(&maps, 0, sizeof maps), std::memset(&qmaps, 0, sizeof qmaps);
+  void* args[] = {&p, &cap, &maps, &qmaps};  // forward.cuh's kernel takes the first two
   const unsigned gx = (c.Lq + k.block_m - 1) / k.block_m, gy = c.B * c.Hq;
   CU(cuLaunchKernel(k.fn, gx, gy, 1, k.threads, 1, 1, k.smem, nullptr, args, nullptr));
   CU(cuCtxSynchronize());
@@ -480,7 +497,9 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
   cap.buffers[0].ptr = (const void*)dslopes.p;
   cap.buffers[0].stride[0] = 1;
   cap.scalars[0].f = caps.softcap;
-  void* args[] = {&p, &cap};
+  FaTmaPair maps, qmaps;  // zeroed: the Hopper variants read none (cp.async K/V, non-persistent)
+  std::memset(&maps, 0, sizeof maps), std::memset(&qmaps, 0, sizeof qmaps);
+  void* args[] = {&p, &cap, &maps, &qmaps};  // forward.cuh's kernel takes the first two
   const unsigned gx = (L + k.block_m - 1) / k.block_m, gy = B * H;
   CUevent e0, e1;
   CU(cuEventCreate(&e0, CU_EVENT_DEFAULT));
