@@ -72,15 +72,6 @@ struct TileCursor {
     ahead = sb < w.n_blocks ? w.block_index(sb) : 0;
     seek(w, len);
   }
-  // At the walk's first tile, with the indices of its first two sparse blocks read already
-  // (0 where there is none): no load unless that tile starts at or past len.
-  __device__ __forceinline__ TileCursor(const BlockWalk<kTile>& w, int len, int index0, int index1)
-      : sb(0), sub(0), start(index0 * w.col_block), it(0), ahead(w.n_blocks > 1 ? index1 : 0) {
-    if (w.n_blocks == 0 || start < len) return;
-    ahead = index1;
-    sb = 1, it = w.tiles_per_block;
-    seek(w, len);
-  }
   __device__ __forceinline__ bool done(const BlockWalk<kTile>& w) const { return sb >= w.n_blocks; }
   __device__ __forceinline__ bool done(const BlockWalk<kTile>& w, int end) const {
     return sb >= w.n_blocks || it >= end;

@@ -248,10 +248,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     setmaxnreg_dec<Cfg::kProducerRegs>();
     // `load(is_k, stage, start)` copies one K or V tile and arrives on its full barrier. The
     // rings run on from one query block's walk into the next's, as the consumers' ring does.
+    // The walk is the consumers' (BlockCursor, its kinds unused), so both see the same tiles.
     StageRing<kStages> rv, rk;
     auto produce = [&](const BlockWalk<kBN>& walk, auto&& load) {
       if constexpr (!Cfg::kEarlyK) {
-        for (TileCursor<kBN> cur(walk, len_kv); !cur.done(walk); cur.next(walk, len_kv)) {
+        for (BlockCursor<kBN> cur(walk, nullptr, len_kv); !cur.done(walk); cur.next(walk, nullptr, len_kv)) {
           mbar_wait(bar_empty_v(rv.stage), rv.phase ^ 1u);
           load(true, rv.stage, cur.start);
           load(false, rv.stage, cur.start);
@@ -265,11 +266,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         load(true, rk.stage, start);
         rk.advance();
       };
-      TileCursor<kBN> cur(walk, len_kv);
+      BlockCursor<kBN> cur(walk, nullptr, len_kv);
       if (!cur.done(walk)) load_k(cur.start);
       while (!cur.done(walk)) {
         const int start = cur.start;
-        cur.next(walk, len_kv);
+        cur.next(walk, nullptr, len_kv);
         if (!cur.done(walk)) load_k(cur.start);
         mbar_wait(bar_empty_v(rv.stage), rv.phase ^ 1u);
         load(false, rv.stage, start);

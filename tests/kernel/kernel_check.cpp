@@ -199,10 +199,14 @@ struct Tables {
 };
 
 // The Hopper kernel walks one tile a kv block (BlockCursor): its tables are built with kv blocks
-// of its BLOCK_N, as the host splits wider ones (BlockMask::regrouped).
-Case blocks_for(const Case& c, int block_n) {
+// of its BLOCK_N, as the host splits wider ones (BlockMask::regrouped), and with query blocks
+// of its BLOCK_M where the case's do not hold whole tiles (192 rows at d64: the host regroups).
+// The tables are built by brute force from the mask, so any block sizes are exact.
+Case blocks_for(const Case& c, int block_m, int block_n) {
   Case r = c;
-  if (c.cfg.rfind("sm90", 0) == 0) r.kv_block = block_n;
+  if (c.cfg.rfind("sm90", 0) != 0) return r;
+  r.kv_block = block_n;
+  if (c.q_block % block_m != 0) r.q_block = block_m;
   return r;
 }
 
@@ -266,7 +270,7 @@ struct Result {
 
 Result run_case(Env& env, const Case& given, std::mt19937& rng) {
   Kernel& k = env.get(given.mod, given.bf16, given.Dqk, given.Dv, given.cfg);
-  const Case c = blocks_for(given, k.block_n);
+  const Case c = blocks_for(given, k.block_m, k.block_n);
   HostCaps caps;
   for (int h = 0; h < c.Hq; ++h) caps.slopes.push_back(std::ldexp(1.f, -(8 * (h + 1)) / c.Hq));
   const Layout lq = make_layout(c.B, c.Hq, c.Lq, c.Dqk, c.noncontig);
@@ -462,7 +466,7 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
   }
   DevBuf dq(n * 2), dk(n * 2), dvv(n * 2), dout(n * 2), dlse((long long)B * H * L * 4);
   dq.upload(host), dk.upload(host), dvv.upload(host);
-  Case c = blocks_for(Case{mod, true, B, H, H, L, L, D, D, true, false, true, cfg}, k.block_n);
+  Case c = blocks_for(Case{mod, true, B, H, H, L, L, D, D, true, false, true, cfg}, k.block_m, k.block_n);
   HostCaps caps;
   for (int h = 0; h < H; ++h) caps.slopes.push_back(std::ldexp(1.f, -(8 * (h + 1)) / H));
   DevBuf dslopes(H * 4);

@@ -404,19 +404,33 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
   EXPECT_TRUE(full.regrouped(128, 112).sub_kinds().empty());  // q blocks as they were
   EXPECT_EQ(full.regrouped(192, 128).sub_kinds().size(), size_t(6 * 8));
   // Splitting blocks is exact whatever the tables (each part keeps its block's kind): the wgmma
-  // forward splits wider kv blocks into its BLOCK_N this way.
-  for (const auto& [qb, kvb] : {std::pair{128, 64}, {64, 128}, {64, 32}}) {
-    const fa::BlockMask& split = given.regrouped(qb, kvb);
-    const int nq = split.num_q_blocks(), nkv = split.num_kv_blocks();
-    ASSERT_EQ(nq, (1000 + qb - 1) / qb);
-    ASSERT_EQ(nkv, (1000 + kvb - 1) / kvb);
-    EXPECT_FALSE(split.matches_mask_mod());
-    EXPECT_TRUE(split.sub_kinds().empty());
-    for (int i = 0; i < nq; ++i)
-      for (int j = 0; j < nkv; ++j)
-        EXPECT_EQ(split.kind(0, 0, i, j), given.kind(0, 0, i * qb / 128, j * kvb / 128))
-            << qb << "x" << kvb << " tile " << i << "," << j;
-  }
+  // forward splits wider kv blocks into its BLOCK_N this way (256 -> 128, 128 -> 64).
+  std::vector<uint8_t> kinds256(8 * 4, uint8_t(fa::BlockKind::kFull));
+  kinds256[2] = uint8_t(fa::BlockKind::kEmpty), kinds256[5] = uint8_t(fa::BlockKind::kPartial);
+  kinds256[31] = uint8_t(fa::BlockKind::kPartial);  // the tail block (keys 768-999)
+  const fa::BlockMask given256 = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds256, 128, 256);
+  fa::BlockMask matching = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds256, 128, 256);
+  matching.set_matches_mask_mod();
+  for (const fa::BlockMask* source :
+       std::initializer_list<const fa::BlockMask*>{&given, &given256, &matching})
+    for (const auto& [qb, kvb] : {std::pair{128, 128}, {128, 64}, {64, 128}, {64, 32}}) {
+      const int sq = source->q_block(), skv = source->kv_block();
+      if (sq % qb != 0 || skv % kvb != 0 || (qb == sq && kvb == skv)) continue;
+      const std::string what = std::to_string(sq) + "x" + std::to_string(skv) + " -> " + std::to_string(qb) +
+                               "x" + std::to_string(kvb);
+      const fa::BlockMask& split = source->regrouped(qb, kvb);
+      EXPECT_EQ(&source->regrouped(qb, kvb), &split) << what;  // built once
+      const int nq = split.num_q_blocks(), nkv = split.num_kv_blocks();
+      ASSERT_EQ(nq, (1000 + qb - 1) / qb) << what;
+      ASSERT_EQ(nkv, (1000 + kvb - 1) / kvb) << what;
+      EXPECT_EQ(split.matches_mask_mod(), source->matches_mask_mod()) << what;
+      EXPECT_TRUE(split.sub_kinds().empty()) << what;
+      for (int i = 0; i < nq; ++i)
+        for (int j = 0; j < nkv; ++j)
+          EXPECT_EQ(split.kind(0, 0, i, j), source->kind(0, 0, i * qb / sq, j * kvb / skv))
+              << what << " tile " << i << "," << j;
+    }
+  EXPECT_TRUE(matching.regrouped(128, 128).matches_mask_mod());
   EXPECT_EQ(fa::test::error_of([&] { given.regrouped(192, 112); }),
             "block mask: its 128x128 blocks can be regrouped into 192x112 only when the tables agree with "
             "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "

@@ -360,10 +360,17 @@ bool forward_takes(const TileConfig& t, const BlockMask& mask) {
 const BlockMask& mask_for_tile(const KernelSpec& s, const BlockMask& mask) {
   const TileConfig& t = s.tile;
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
-  if (tile_divides(t, mask) && !(one_tile_per_kv_block && mask.kv_block() != t.block_n)) return mask;
-  return mask.regrouped(
-      mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
-      mask.kv_block() % t.block_n == 0 && !one_tile_per_kv_block ? mask.kv_block() : t.block_n);
+  const BlockMask& m =
+      tile_divides(t, mask) && !(one_tile_per_kv_block && mask.kv_block() != t.block_n)
+          ? mask
+          : mask.regrouped(
+                mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
+                mask.kv_block() % t.block_n == 0 && !one_tile_per_kv_block ? mask.kv_block() : t.block_n);
+  // The kernel's producer and consumers would walk other tiles than the tables list.
+  if (one_tile_per_kv_block && m.kv_block() != t.block_n)
+    throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
+                            t.block_n, m.kv_block()));
+  return m;
 }
 
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,

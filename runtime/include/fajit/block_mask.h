@@ -138,10 +138,12 @@ class FA_API BlockMask {
   // regroupable(). The Hopper forward runs 128x128 masks this way on its 192x128 tile (head dims
   // up to 64) and its 192x112 tile (up to 96); its consumer warpgroups (64 rows each) skip the
   // partial tiles whose sub-block (sub_kinds()) is empty, and apply no mask_mod where it is full.
-  // It also splits wider kv blocks to its BLOCK_N (one tile a block).
+  // It also splits wider kv blocks to its BLOCK_N (one tile a block): a mask of 128-key blocks
+  // on a 64-key tile (V head dims above 128) holds a second set of tables (8 bytes a tile, built
+  // and uploaded on the first call with that tile).
   const BlockMask& regrouped(int q_block, int kv_block) const;
-  // Whether regrouped() may regroup the mask: matches_mask_mod(), or every tile has the same
-  // kind (an all-full mask regroups exactly whatever the mask_mod).
+  // Whether regrouped() may merge the mask's blocks: matches_mask_mod(), or every tile has the
+  // same kind (an all-full mask regroups exactly whatever the mask_mod). Splitting needs neither.
   bool regroupable() const;
 
   // Throws fa::Error unless the mask was built for these lengths and Bm/Hm are 1 or B/H:
