@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../../compiler/lib/api/forward_mask.h"
 #include "fa_test_util.h"
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/Dialect/FA/Passes.h"
@@ -439,4 +440,38 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
               fa::BlockMask::all_full(1, 1, 1000, 1000).set_matches_mask_mod().regrouped(100, 128);
             }),
             "block mask: block sizes must be positive multiples of 16, got 100x128");
+}
+
+// The mask each forward family reads (detail::forward_mask): the wgmma forward always gets kv
+// blocks of its BLOCK_N (split whatever the tables, merged only where regroupable), query
+// blocks it divides or regrouped ones; the mma.sync forward takes any blocks its tile divides.
+TEST(MaskAnalysis, ForwardMaskGivesTheWgmmaForwardOneTileAKvBlock) {
+  auto spec = [](fa::KernelFamily family, fa::TileConfig tile) {
+    fa::KernelSpec s;
+    s.family = family, s.tile = tile;
+    return s;
+  };
+  const fa::KernelSpec wide = spec(fa::KernelFamily::kWgmma, {192, 128, 16, 3}),
+                       n64 = spec(fa::KernelFamily::kWgmma, {128, 64, 12, 3}),
+                       n128 = spec(fa::KernelFamily::kWgmma, {128, 128, 12, 2}),
+                       mma = spec(fa::KernelFamily::kMmaSync, {128, 64, 4, 2});
+  std::vector<uint8_t> kinds(8 * 4, uint8_t(fa::BlockKind::kFull));
+  kinds[1] = uint8_t(fa::BlockKind::kEmpty), kinds[6] = uint8_t(fa::BlockKind::kPartial);
+  const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds, 128, 256);
+  fa::BlockMask matching = fa::BlockMask::from_kinds(1, 1, 1000, 1000, kinds, 128, 256);
+  matching.set_matches_mask_mod();
+  auto blocks = [](const fa::BlockMask& m) { return std::pair{m.q_block(), m.kv_block()}; };
+
+  EXPECT_EQ(blocks(fa::detail::forward_mask(n128, given)), std::pair(128, 128));  // split
+  EXPECT_EQ(blocks(fa::detail::forward_mask(n64, given)), std::pair(128, 64));
+  EXPECT_EQ(blocks(fa::detail::forward_mask(wide, matching)), std::pair(192, 128));  // merged q, split kv
+  EXPECT_FALSE(fa::detail::forward_mask(wide, matching).sub_kinds().empty());
+  EXPECT_EQ(&fa::detail::forward_mask(mma, given), &given);  // mma.sync walks 4 tiles a block
+  const fa::BlockMask own = fa::BlockMask::from_kinds(1, 1, 1000, 1000, std::vector<uint8_t>(8 * 8, 2));
+  EXPECT_EQ(&fa::detail::forward_mask(n128, own), &own);
+  // Merging given tables into 192-row blocks is refused (Kernel::forward runs a 128x128 twin).
+  EXPECT_EQ(fa::test::error_of([&] { fa::detail::forward_mask(wide, given); }),
+            "block mask: its 128x256 blocks can be regrouped into 192x128 only when the tables agree with "
+            "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; "
+            "given tables, build them with blocks 192x128");
 }

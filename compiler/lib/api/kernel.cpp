@@ -3,6 +3,7 @@
 
 #include "autotune.h"
 #include "compiled.h"
+#include "forward_mask.h"
 
 #include <algorithm>
 #include <atomic>
@@ -63,6 +64,23 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   c.options = req.options;
   c.gen = std::move(gen);
   return c;
+}
+
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask) {
+  const TileConfig& t = s.tile;
+  const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
+  const BlockMask& m =
+      tile_divides(t, mask.q_block(), mask.kv_block()) &&
+              !(one_tile_per_kv_block && mask.kv_block() != t.block_n)
+          ? mask
+          : mask.regrouped(
+                mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
+                mask.kv_block() % t.block_n == 0 && !one_tile_per_kv_block ? mask.kv_block() : t.block_n);
+  // The kernel's producer and consumers would walk other tiles than the tables list.
+  if (one_tile_per_kv_block && m.kv_block() != t.block_n)
+    throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
+                            t.block_n, m.kv_block()));
+  return m;
 }
 
 }  // namespace detail
@@ -351,26 +369,6 @@ bool tile_divides(const TileConfig& t, const BlockMask& mask) {
 }
 bool forward_takes(const TileConfig& t, const BlockMask& mask) {
   return tile_divides(t, mask) || mask.regroupable();
-}
-
-// The mask a dense forward of tile `t` reads (forward_takes said it can): the mask, or its
-// blocks regrouped along each axis the tile does not divide into the tile's size. The wgmma
-// forward walks one tile a kv block (BlockCursor, block_walk.cuh): its mask's kv blocks are
-// always the tile's, wider ones split (exact for any tables).
-const BlockMask& mask_for_tile(const KernelSpec& s, const BlockMask& mask) {
-  const TileConfig& t = s.tile;
-  const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
-  const BlockMask& m =
-      tile_divides(t, mask) && !(one_tile_per_kv_block && mask.kv_block() != t.block_n)
-          ? mask
-          : mask.regrouped(
-                mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
-                mask.kv_block() % t.block_n == 0 && !one_tile_per_kv_block ? mask.kv_block() : t.block_n);
-  // The kernel's producer and consumers would walk other tiles than the tables list.
-  if (one_tile_per_kv_block && m.kv_block() != t.block_n)
-    throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
-                            t.block_n, m.kv_block()));
-  return m;
 }
 
 // The checks forward and backward share: the tensors' dtype and head dims are the kernel's,
@@ -752,17 +750,18 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     if (const char* cap_env = persistent ? std::getenv("FAJIT_PERSISTENT_CTAS") : nullptr;
         cap_env && *cap_env)
       sms = std::clamp<int64_t>(std::atoll(cap_env), 1, sms);
-    PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
-                    persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
-                               : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
-                    rt::Dim3(static_cast<unsigned>(s.threads())),
-                    static_cast<unsigned>(s.smem_bytes()),
-                    maps,
-                    qmaps,
-                    with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask_for_tile(s, mask))),
-                    cap.data(),
-                    st,
-                    persistent};
+    PrefillLaunch l{
+        rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
+        persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
+                   : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
+        rt::Dim3(static_cast<unsigned>(s.threads())),
+        static_cast<unsigned>(s.smem_bytes()),
+        maps,
+        qmaps,
+        with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, detail::forward_mask(s, mask))),
+        cap.data(),
+        st,
+        persistent};
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's

@@ -1,0 +1,16 @@
+// The block mask a dense forward kernel reads. Private to compiler/lib/api (and its unit test).
+#pragma once
+
+#include "fajit/block_mask.h"
+#include "fajit/detail/codegen.h"
+
+namespace fa::detail {
+
+// The mask the dense forward of spec `s` reads (it holds whole tiles, or regroupable() lets its
+// blocks merge): the mask, or its blocks regrouped along each axis the tile does not divide into
+// the tile's size. The wgmma forward walks one tile a kv block (BlockCursor, block_walk.cuh): its
+// mask's kv blocks are always the tile's, wider ones split (exact for any tables). Throws what
+// BlockMask::regrouped throws.
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask);
+
+}  // namespace fa::detail
