@@ -69,8 +69,8 @@
 //   aligned (row strides multiples of 8 elements); mask.q_block % BLOCK_M == 0 and
 //   mask.kv_block == BLOCK_N, one tile a sparse block (the host regroups a mask built from
 //   mask_mod into the tile's blocks, 192x128 or 192x112, and splits any mask's wider kv blocks:
-//   BlockMask::regrouped); table indices < ceil(len_kv / kv_block). A compute capability 9.0 device (sm_90a
-//   code loads on nothing else).
+//   BlockMask::regrouped); table indices < ceil(len_kv / kv_block). A compute capability 9.0
+//   device (sm_90a code loads on nothing else).
 //
 // ---- Semantics (flex_attention; identical to forward.cuh) --------------------------------
 //   score = q·k · scale, then FaMods::score_mod(score, b, h, q, kv); for partial blocks also
