@@ -69,13 +69,10 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
 const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask) {
   const TileConfig& t = s.tile;
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
+  // regrouped() returns the mask itself where both sizes stay.
   const BlockMask& m =
-      tile_divides(t, mask.q_block(), mask.kv_block()) &&
-              !(one_tile_per_kv_block && mask.kv_block() != t.block_n)
-          ? mask
-          : mask.regrouped(
-                mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
-                mask.kv_block() % t.block_n == 0 && !one_tile_per_kv_block ? mask.kv_block() : t.block_n);
+      mask.regrouped(mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
+                     one_tile_per_kv_block || mask.kv_block() % t.block_n != 0 ? t.block_n : mask.kv_block());
   // The kernel's producer and consumers would walk other tiles than the tables list.
   if (one_tile_per_kv_block && m.kv_block() != t.block_n)
     throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
