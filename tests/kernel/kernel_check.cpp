@@ -140,6 +140,16 @@ std::string sm90_config_args(const std::string& cfg, int dqk, int dv) {
   return a + ", true";
 }
 
+// A forward launch's kernel arguments: forward.cuh's kernel takes (p, cap), the Hopper variants
+// also (maps, qmaps), zeroed: they read none (cp.async K/V, not persistent).
+struct LaunchArgs {
+  FaTmaPair maps{}, qmaps{};
+  void* ptrs[4];
+  LaunchArgs(FaFwdParams& p, FaCaptures& cap) : ptrs{&p, &cap, &maps, &qmaps} {}
+  LaunchArgs(const LaunchArgs&) = delete;  // ptrs point into this object
+  LaunchArgs& operator=(const LaunchArgs&) = delete;
+};
+
 struct Env {
   std::string arch;
   int num_sms = 0;
@@ -331,11 +341,9 @@ Result run_case(Env& env, const Case& given, std::mt19937& rng) {
   if (c.mod == Mod::Sliding) cap.scalars[0].i = caps.window;
   if (c.mod == Mod::SoftcapCausal) cap.scalars[0].f = caps.softcap;
 
-  FaTmaPair maps, qmaps;  // zeroed: the Hopper variants read none (cp.async K/V, non-persistent)
-  std::memset(&maps, 0, sizeof maps), std::memset(&qmaps, 0, sizeof qmaps);
-  void* args[] = {&p, &cap, &maps, &qmaps};  // forward.cuh's kernel takes the first two
+  LaunchArgs args(p, cap);
   const unsigned gx = (c.Lq + k.block_m - 1) / k.block_m, gy = c.B * c.Hq;
-  CU(cuLaunchKernel(k.fn, gx, gy, 1, k.threads, 1, 1, k.smem, nullptr, args, nullptr));
+  CU(cuLaunchKernel(k.fn, gx, gy, 1, k.threads, 1, 1, k.smem, nullptr, args.ptrs, nullptr));
   CU(cuCtxSynchronize());
   std::vector<uint16_t> ob(lo.elems);
   std::vector<float> lse(lse_elems);
@@ -501,9 +509,7 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
   cap.buffers[0].ptr = (const void*)dslopes.p;
   cap.buffers[0].stride[0] = 1;
   cap.scalars[0].f = caps.softcap;
-  FaTmaPair maps, qmaps;  // zeroed: the Hopper variants read none (cp.async K/V, non-persistent)
-  std::memset(&maps, 0, sizeof maps), std::memset(&qmaps, 0, sizeof qmaps);
-  void* args[] = {&p, &cap, &maps, &qmaps};  // forward.cuh's kernel takes the first two
+  LaunchArgs args(p, cap);
   const unsigned gx = (L + k.block_m - 1) / k.block_m, gy = B * H;
   CUevent e0, e1;
   CU(cuEventCreate(&e0, CU_EVENT_DEFAULT));
@@ -511,7 +517,7 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
   std::vector<float> ms;
   for (int i = 0; i < 28; ++i) {
     CU(cuEventRecord(e0, nullptr));
-    CU(cuLaunchKernel(k.fn, gx, gy, 1, k.threads, 1, 1, k.smem, nullptr, args, nullptr));
+    CU(cuLaunchKernel(k.fn, gx, gy, 1, k.threads, 1, 1, k.smem, nullptr, args.ptrs, nullptr));
     CU(cuEventRecord(e1, nullptr));
     CU(cuEventSynchronize(e1));
     float t_ms;
