@@ -243,9 +243,10 @@ struct KeyRows {
 // lse(j, col): the LSE of columns col, col + 1 (n-tile j), +inf for a query with no key or past
 // len_q (P = 0 there). mask_mod runs on every tile, straight-line (a full block's is_full keeps
 // every score): a choice per element was if-converted into predicated code that issued the mask
-// on every tile anyway, with the captures loaded per element (896 instructions a tile at d64 for a document mask), and a
-// branch per tile spilled (bench/RESULTS.md, sixteenth session). Key rows past len_kv (only
-// when key_tail: the CTA's keys cross the end) get P = 0 in a pass of their own.
+// on every tile anyway, with the captures loaded per element (896 instructions a tile at d64 for
+// a document mask), and a branch per tile spilled (bench/RESULTS.md, sixteenth session). Key
+// rows past len_kv (only when key_tail: the CTA's keys cross the end) get P = 0 in a pass of
+// their own.
 template <typename Mods, int kQT, int kSC, typename Lse>
 __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4], const KeyRows& kr, int q0,
                                         int t, int len_q, int len_kv, bool key_tail, bool is_full,
