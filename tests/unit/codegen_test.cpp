@@ -875,7 +875,7 @@ std::vector<OpCase> op_cases() {
       // elsewhere every float op rounds once.
       float_bin("arith.addf", "(score + v_0)"),
       float_bin("arith.subf", "(score - v_0)"),
-      {"arith.addf on a score used twice",
+      {"arith.subf on a score used twice",
        std::string(kScoreHead) + "  %f = math.floor %score : f32\n"
                                  "  %r = arith.subf %score, %f : f32\n  fa.yield %r : f32\n}\n",
        {"__fsub_rn(score, v_0)"}},
