@@ -12,6 +12,8 @@
 //
 // Every primitive does one job, destination first:
 //   score_tile      score_mod / mask_mod / kv bounds on an S fragment      (the mods hook)
+//   ModRows         the mods' values of a thread's two rows, gathered once per query block
+//   ModCols         the mods' loads by key of a thread's columns, gathered ahead of S
 //   SoftmaxRows     online softmax of a thread's two rows: S -> P, running max/sum, 1/l, LSE
 //   scale_rows      multiply each row of a fragment (O rescale)
 //   pack_a          16-bit A operand of the next GEMM (P·V) from an fp32 fragment
@@ -319,6 +321,103 @@ __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_ful
   return x;
 }
 
+// The same with the mods split by codegen (FaMods::*_row, *_col): the row and column values
+// come gathered (ModRows, ModCols), the element's part is all that runs here.
+template <typename Mods, bool kMaskMod>
+__device__ __forceinline__ float mod_score(float x, int q, int kv_c, float scale, int b, int h,
+                                           const typename Mods::ScoreRow& score_row,
+                                           const typename Mods::ScoreCol& score_col,
+                                           const typename Mods::MaskRow& mask_row,
+                                           const typename Mods::MaskCol& mask_col, const FaCaptures& cap) {
+  if constexpr (Mods::kHasScoreMod) x = Mods::score_mod(x * scale, b, h, q, kv_c, score_row, score_col, cap);
+  if constexpr (kMaskMod && Mods::kHasMaskMod) {
+    if (!Mods::mask_mod(b, h, q, kv_c, mask_row, mask_col, cap)) x = -INFINITY;
+  }
+  return x;
+}
+
+// The split form of a mods struct: codegen's FaMods has it (score_row / score_col, the
+// element's score_mod on them, and the mask's alike); a hand-written struct with the plain
+// score_mod / mask_mod alone gets empty rows and columns and its own functions per element.
+template <typename...>
+struct MakeVoid {
+  using type = void;
+};
+template <typename Mods, typename = void>
+struct SplitMods : Mods {
+  struct Empty {
+    __device__ __forceinline__ Empty from_lane(int) const { return {}; }
+  };
+  using ScoreRow = Empty;
+  using ScoreCol = Empty;
+  using MaskRow = Empty;
+  using MaskCol = Empty;
+  static __device__ __forceinline__ Empty score_row(int, int, int, const FaCaptures&) { return {}; }
+  static __device__ __forceinline__ Empty score_col(int, int, const FaCaptures&) { return {}; }
+  static __device__ __forceinline__ Empty mask_row(int, int, int, const FaCaptures&) { return {}; }
+  static __device__ __forceinline__ Empty mask_col(int, int, const FaCaptures&) { return {}; }
+  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv, Empty, Empty,
+                                                    const FaCaptures& cap) {
+    return Mods::score_mod(score, b, h, q, kv, cap);
+  }
+  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv, Empty, Empty,
+                                                  const FaCaptures& cap) {
+    return Mods::mask_mod(b, h, q, kv, cap);
+  }
+};
+template <typename Mods>
+struct SplitMods<Mods, typename MakeVoid<typename Mods::ScoreRow>::type> : Mods {};
+
+// The mods' row values (codegen's FaMods::score_row / mask_row: what reads b, h, q and the
+// captures only, an ALiBi slope, a document id by q) for a thread's two fragment rows, q_idx
+// already clamped into range: gathered once per query block instead of once per tile.
+template <typename Mods>
+struct ModRows {
+  typename Mods::ScoreRow score[2];
+  typename Mods::MaskRow mask[2];
+  __device__ __forceinline__ void gather(const int (&q_idx)[2], int b, int h, const FaCaptures& cap) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if constexpr (Mods::kHasScoreMod) score[hh] = Mods::score_row(b, h, q_idx[hh], cap);
+      if constexpr (Mods::kHasMaskMod) mask[hh] = Mods::mask_row(b, h, q_idx[hh], cap);
+    }
+  }
+};
+
+// The mods' column values (codegen's FaMods::score_col / mask_col: loads of captured buffers
+// by kv alone, a document id by kv) of a tile of 8·kNT keys from `start`, gathered while S is
+// still on the tensor cores so the loads' latency hides behind the GEMM, and spread over the
+// warp: lane L holds columns start + L + 32k (kSlots values, one coalesced load each, where a
+// thread's own columns would take kNT·2 registers and loads). A fragment's column
+// kv0 + 8j + c (kv0 = start + 2t) is then lane 8(j % 4) + 2t + c's slot j / 4: at(j, c) shuffles
+// it over, the whole warp at once. Columns past len_kv read the last one, like the scores;
+// mask_mod's only on a partial tile (`partial`, warp-uniform).
+template <typename Mods, int kNT>
+struct ModCols {
+  static constexpr int kSlots = (kNT + 3) / 4;
+  typename Mods::ScoreCol score[kSlots];
+  typename Mods::MaskCol mask[kSlots];
+  __device__ __forceinline__ void gather(int start, int len_kv, bool partial, int b, const FaCaptures& cap) {
+    const int lane = threadIdx.x & 31;
+    if constexpr (Mods::kHasScoreMod) {
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k)
+        score[k] = Mods::score_col(b, min(start + lane + 32 * k, len_kv - 1), cap);
+    }
+    if (Mods::kHasMaskMod && partial) {
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k)
+        mask[k] = Mods::mask_col(b, min(start + lane + 32 * k, len_kv - 1), cap);
+    }
+  }
+  __device__ __forceinline__ typename Mods::ScoreCol score_at(int j, int c, int lane_t) const {
+    return score[j / 4].from_lane(8 * (j % 4) + 2 * lane_t + c);
+  }
+  __device__ __forceinline__ typename Mods::MaskCol mask_at(int j, int c, int lane_t) const {
+    return mask[j / 4].from_lane(8 * (j % 4) + 2 * lane_t + c);
+  }
+};
+
 // The query head of a fragment's rows: one head for the whole tile (an int), or one per row
 // half (int[2]: the decoding kernel packs the heads of a GQA group into one tile); and the
 // heads of m-tile mi of a kMT-tile fragment set.
@@ -349,6 +448,34 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
         s[j][i] =
             mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, false, scale, b, head_of(h, i >> 1), cap);
       }
+  }
+}
+
+// apply_mods on gathered row and column values (one head for the fragment).
+template <typename Mods, bool kMaskMod, int kNT>
+__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
+                                           float scale, int b, int h, const ModRows<Mods>& rows,
+                                           const ModCols<Mods, kNT>& cols, int lane_t,
+                                           const FaCaptures& cap) {
+  if constexpr (Mods::kHasScoreMod || kMaskMod) {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    {
+      typename Mods::ScoreCol score_col[2];  // columns kv0 + 8j, kv0 + 8j + 1, from their lanes
+      typename Mods::MaskCol mask_col[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        if constexpr (Mods::kHasScoreMod) score_col[c] = cols.score_at(j, c, lane_t);
+        if constexpr (kMaskMod && Mods::kHasMaskMod) mask_col[c] = cols.mask_at(j, c, lane_t);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kv = min(kv0 + j * 8 + (i & 1), len_kv - 1);
+        s[j][i] = mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, scale, b, h, rows.score[i >> 1],
+                                            score_col[i & 1], rows.mask[i >> 1], mask_col[i & 1], cap);
+      }
+    }
   }
 }
 
@@ -396,6 +523,20 @@ __device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx
     apply_mods<Mods, true>(s, q_idx, kv0, len_kv, scale, b, h, cap);
   else
     apply_mods<Mods, false>(s, q_idx, kv0, len_kv, scale, b, h, cap);
+  if (start + kBlockN > len_kv) mask_tail(s, kv0, len_kv);
+}
+
+// One fragment, its mods' row and column values gathered (ModRows, ModCols for this tile).
+template <typename Mods, int kBlockN, int kNT>
+__device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx)[2], int start, int lane_t,
+                                           int len_kv, bool is_full, float scale, int b, int h,
+                                           const ModRows<Mods>& rows, const ModCols<Mods, kNT>& cols,
+                                           const FaCaptures& cap) {
+  const int kv0 = start + 2 * lane_t;
+  if (Mods::kHasMaskMod && !is_full)
+    apply_mods<Mods, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+  else
+    apply_mods<Mods, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
   if (start + kBlockN > len_kv) mask_tail(s, kv0, len_kv);
 }
 

@@ -488,8 +488,15 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     pv_done(stage);
   };
   int q_idx[2], b = 0, h = 0;  // the current query block's rows, batch and head
-  auto mods = [&](float(&s)[Cfg::kNT][4], int start, bool is_full) {
-    score_tile<Mods, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, cap);
+  using Split = SplitMods<Mods>;
+  ModRows<Split> mod_rows;  // the mods' values of those rows
+  using Cols = ModCols<Split, Cfg::kNT>;
+  // The mods' loads by key for the tile from `start`, issued while its S runs.
+  auto gather_cols = [&](Cols& cols, int start, bool is_full) {
+    cols.gather(start, len_kv, !is_full, b, cap);
+  };
+  auto mods = [&](float(&s)[Cfg::kNT][4], int start, bool is_full, const Cols& cols) {
+    score_tile<Split, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, mod_rows, cols, cap);
   };
 
   StageRing<kStages> ring;  // the current tile's stage, running on across query blocks
@@ -534,6 +541,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       const int q = q0 + row_base + 8 * hh;
       q_idx[hh] = q < len_q ? q : len_q - 1;  // mods never see q >= len_q
     }
+    if (live) mod_rows.gather(q_idx, b, h, cap);  // (no tile is computed for rows all past len_q)
     zero_frags(o);
     SoftmaxRows rows;
     rows.init();
@@ -553,9 +561,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         }
         const bool is_full = kind == kFaBlockFull;
         float s[Cfg::kNT][4], alpha[2];
+        Cols cols;
+        gather_cols(cols, start, is_full);
         gemm_s(s, ring.stage, ring.phase);
         cur.next(walk, kinds_row, len_kv);
-        mods(s, start, is_full);
+        mods(s, start, is_full, cols);
         if (rows.step(s, alpha, sl2)) scale_rows(o, alpha);
         pack_a<E>(pa, s);
         gemm_pv(ring.stage, ring.phase);
@@ -608,10 +618,12 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
           issue_pv(prev.stage);  // O += P_{j-1}·V_{j-1}, overlapping the softmax below
         });
         cur.next(walk, kinds_row, len_kv);  // the next tile's block index loads while S_j runs
+        Cols cols;
+        gather_cols(cols, start, is_full);  // and the mods' loads by key
         wgmma_wait<1>();                    // S_j done
         pin(s);
         s_done(ring.stage);
-        mods(s, start, is_full);
+        mods(s, start, is_full, cols);
         const bool rescale = rows.step(s, alpha, sl2);
         pv_done(prev.stage, first);  // P_{j-1}·V_{j-1} done
         if (rescale) scale_rows(o, alpha);

@@ -232,6 +232,16 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { tile192x112(c), c.tile.stages = 2, c.persistent_ctas = 3; }),
       with({"none", f16, 64, 64, 2, 4, 2, 1000, 1000}, "noncontig_ctas3",
            [](FwdCase& c) { c.noncontig = true, c.persistent_ctas = 3; }),
+      // Column values gathered across the warp (key_pad_bias: a float for score_mod, a bool for
+      // mask_mod): the three-consumer tile (4 slots of 32 columns), 192x112 (the last slot
+      // half used), 128x128 at d128, tails (Lkv 777, 17), GQA, persistent and not.
+      {"key_pad_bias", bf16, 64, 64, 2, 4, 2, 1000, 777},
+      {"key_pad_bias", f16, 128, 128, 1, 4, 1, 17, 4097},
+      with({"key_pad_bias", bf16, 80, 80, 2, 4, 4, 1000, 777}, "tile192x112", tile192x112),
+      with({"key_pad_bias", f16, 64, 64, 2, 4, 2, 1000, 1000}, "ctas3",
+           [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"key_pad_bias", bf16, 128, 128, 1, 8, 2, 1000, 4097}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       // two consumer warpgroups: the d128 and d96 default for a mask_mod alone (128x128 s2), and
       // 128x128 s3 at d64
       with({"document2d_causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "ctas3",

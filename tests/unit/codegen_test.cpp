@@ -85,8 +85,61 @@ TEST(Codegen, CausalIsOneCompare) {
   EXPECT_HAS(m, "static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,");
   EXPECT_HAS(m,
              "static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,");
-  EXPECT_HAS(m, "(void)b; (void)h; (void)q; (void)kv; (void)cap;");
-  EXPECT_HAS(m, "(void)score; (void)b; (void)h; (void)q; (void)kv; (void)cap;");
+  EXPECT_HAS(m, "(void)b; (void)h; (void)q; (void)kv; (void)row; (void)col; (void)cap;");
+  EXPECT_HAS(m, "(void)score; (void)b; (void)h; (void)q; (void)kv; (void)row; (void)col; (void)cap;");
+  // No load, so nothing to gather: the row and column parts are empty.
+  EXPECT_HAS(m, "  struct MaskRow {};\n");
+  EXPECT_HAS(
+      m, "  struct MaskCol {\n    __device__ __forceinline__ MaskCol from_lane(int) const { return {}; }\n");
+}
+
+// Each mod also comes split (the wgmma forward's form): its loads by q (and b, h) as row values,
+// its loads by kv (and b) as column values with a warp shuffle, the rest per element; the plain
+// signature calls the three. Only what follows from a load moves; what a row or column function
+// reads (a captured scalar, `kv + offset`) it computes itself.
+TEST(Codegen, ModsSplitTheirLoadsIntoRowsAndColumns) {
+  const std::string doc = fa::emit_mods(fa::trace(fa::identity_score(), fa::mods::document()));
+  EXPECT_HAS(doc, "  struct MaskRow { int v_1; };\n");
+  EXPECT_HAS(doc, "    const int v_1 = fa::mod::load_i32(cap.buffers[0], q);");
+  EXPECT_HAS(doc, "  struct MaskCol { int v_0;\n");
+  EXPECT_HAS(doc, "      return {__shfl_sync(0xffffffffu, v_0, lane)};\n");
+  EXPECT_HAS(doc, "    const int v_0 = fa::mod::load_i32(cap.buffers[0], kv);");
+  EXPECT_HAS(doc,
+             "    const int v_1 = row.v_1;\n    const int v_0 = col.v_0;\n"
+             "    const bool v_2 = (v_1 == v_0);");
+  EXPECT_HAS(doc, "    return mask_mod(b, h, q, kv, mask_row(b, h, q, cap), mask_col(b, kv, cap), cap);\n");
+
+  // ALiBi has no load: its slope stays in the element function (hoisting it measured slower).
+  const std::string alibi = fa::emit_mods(fa::trace(fa::mods::alibi(), fa::noop_mask()));
+  EXPECT_HAS(alibi, "  struct ScoreRow {};\n");
+  EXPECT_HAS(alibi, "exp2f(");
+  EXPECT_LACKS(alibi, "row.v_");
+
+  fa::ScoreMod key_bias{"key_bias", [](Score s, Index b, Index h, Index q, Index kv) {
+                          auto kb = fa::buffer<float>("kb", 2);
+                          auto w = fa::buffer<float>("w", 2);
+                          return s * w(h, q) + kb(b, kv + fa::scalar<int32_t>("off"));
+                        }};
+  fa::MaskMod keep{"keep", [](Index, Index, Index q, Index kv) {
+                     return q >= kv && fa::buffer<int32_t>("keep", 1)[kv] > 0;
+                   }};
+  const std::string m = fa::emit_mods(fa::trace(key_bias, keep));
+  // w(h, q): a float row value; kb(b, kv + off): a float column value, the column function
+  // reading the scalar itself; keep[kv] > 0: a bool column value, shuffled as an int.
+  EXPECT_HAS(m, "  struct ScoreRow { float v_");
+  EXPECT_HAS(m, "  struct ScoreCol { float v_");
+  EXPECT_HAS(m, "  struct MaskCol { bool v_");
+  EXPECT_HAS(m, "(bool)__shfl_sync(0xffffffffu, (int)v_");
+  const size_t col_fn = m.find("ScoreCol score_col(int b, int kv");
+  ASSERT_NE(col_fn, std::string::npos) << m;
+  const std::string col_body = m.substr(col_fn, m.find("\n  }\n", col_fn) - col_fn);
+  EXPECT_HAS(col_body, "cap.scalars[0].i");
+  EXPECT_HAS(col_body, "fa::mod::load_f32(cap.buffers[");
+  EXPECT_LACKS(col_body, "q");  // (the column function's signature has no q)
+  const size_t mask_el = m.find("bool mask_mod(int b, int h, int q, int kv,\n");
+  ASSERT_NE(mask_el, std::string::npos) << m;
+  EXPECT_HAS(m.substr(mask_el), "= col.v_");
+  EXPECT_HAS(m.substr(mask_el), "(q >= kv)");
 }
 
 TEST(Codegen, BufferAndScalarSlots) {
@@ -562,6 +615,32 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
   std::vector<std::string> errors = run_parallel(jobs);
   ASSERT_EQ(cases.size(), 30u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
+}
+
+// The split mods on the kernels that gather them (the wgmma forward: rows once per query block,
+// columns spread over a warp and shuffled, tiles of 128 and 112 keys) and on those that call the
+// plain form: float and bool column values, a column function reading a scalar.
+TEST(CodegenNvrtc, GatheredModsCompile) {
+  fa::ScoreMod key_bias{"key_bias", [](Score s, Index b, Index h, Index q, Index kv) {
+                          return s * fa::buffer<float>("w", 2)(h, q) +
+                                 fa::buffer<float>("kb", 2)(b, kv + fa::scalar<int32_t>("off"));
+                        }};
+  fa::MaskMod keep{"keep", [](Index, Index, Index q, Index kv) {
+                     return q >= kv && fa::buffer<int32_t>("keep", 1)[kv] > 0;
+                   }};
+  fa::Program p = fa::trace(key_bias, fa::and_masks({keep, fa::mods::document()}));
+  std::vector<fa::KernelSpec> specs;
+  for (auto [dqk, dv] : {std::pair{64, 64}, {80, 80}, {128, 128}}) {
+    fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a");
+    s.family = fa::KernelFamily::kWgmma;
+    specs.push_back(s);
+  }
+  specs.push_back(spec(fa::DType::f16, 64, 64, "sm_80"));
+  std::vector<std::function<std::string()>> jobs;
+  for (const fa::KernelSpec& s : specs)
+    jobs.push_back([&p, s] { return compile_generated(fa::generate(p, s)); });
+  std::vector<std::string> errors = run_parallel(jobs);
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(errors[i], "") << specs[i].to_string();
 }
 
 // Captured buffers take the wide twin of a kernel (64-bit offsets through every stride) only

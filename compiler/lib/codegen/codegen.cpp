@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -39,8 +40,168 @@ class ModEmitter {
  public:
   ModEmitter(mlir::AsmState& state, const std::vector<CaptureSlot>& slots) : state_(state), slots_(slots) {}
 
-  // Emits `static __device__ ... name(args) { ... }` for a score_mod, mask_mod or score_grad op.
+  // Emits `static __device__ ... name(args) { ... }` for a score_grad op, and for a score_mod or
+  // mask_mod its split form (split_mod) with the plain signature on top of it.
   std::string emit(Operation* mod) {
+    if (!llvm::isa<mlir::fa::ScoreGradOp>(mod)) return split_mod(mod);
+    bind_arguments(mod);
+    std::ostringstream os;
+    os << "  static __device__ __forceinline__ float score_grad(float score, int b, int h, int q, int kv, "
+          "float dt,\n"
+          "                                                   const FaCaptures& cap, const FaGradBuffers& "
+          "grads) {\n"
+          "    (void)score; (void)b; (void)h; (void)q; (void)kv; (void)dt; (void)cap; (void)grads;\n";
+    // (Unused fixed arguments would warn; the signature stays fixed and they are silenced.)
+    for (Operation& op : mod->getRegion(0).front()) emit_op(os, op);
+    os << "  }\n";
+    return os.str();
+  }
+
+ private:
+  // Where a mod's value is computed in the split form: once per row (a load, or what follows
+  // from one, that reads b, h, q, captures and constants only: a document id by q), once per
+  // column (likewise by b and kv alone: a document id by kv), or per element (the rest, the
+  // constants wherever they are used). Only loads move: measured on the wgmma forward (H200,
+  // 2026-11-28), hoisting ALiBi's slope and converted q out of the tile loop too made d64 ALiBi
+  // causal 6% slower (the same instructions, fewer of them, scheduled worse), while the loads
+  // gathered ahead of the scores made document 1.17-1.18x faster at d64 and d128.
+  enum class Place { kArgument, kConst, kRow, kCol, kElement };
+  enum : unsigned { kDepScore = 1, kDepQ = 2, kDepKv = 4, kDepH = 8 };
+
+  // A score_mod or mask_mod as three functions and the plain one over them:
+  //   struct ScoreRow { ... };  score_row(b, h, q, cap)    -> the row values the elements read
+  //   struct ScoreCol { ... };  score_col(b, kv, cap)      -> the column values (loads by kv)
+  //   score_mod(score, b, h, q, kv, row, col, cap)         -> the element's value
+  //   score_mod(score, b, h, q, kv, cap)                   =  the above on score_row / score_col
+  // (Mask*, mask_row, mask_col and mask_mod alike.) A kernel that holds the row values over
+  // its tiles and loads the column values before it waits for the scores calls the split form;
+  // the others call the plain one, which inlines to the same code as a single body.
+  std::string split_mod(Operation* mod) {
+    const bool is_score = llvm::isa<mlir::fa::ScoreModOp>(mod);
+    const std::string Cap = is_score ? "Score" : "Mask", low = is_score ? "score" : "mask";
+    mlir::Block& entry = mod->getRegion(0).front();
+    bind_arguments(mod);
+    // Dependencies of every value on the fixed arguments (b is one per work unit in every
+    // kernel, like a capture), and whether a load is among its inputs.
+    llvm::DenseMap<Value, unsigned> deps;
+    llvm::DenseMap<Value, bool> loads;
+    const unsigned arg_deps[] = {kDepScore, 0, kDepH, kDepQ, kDepKv};
+    const unsigned first = is_score ? 0 : 1, fixed = is_score ? 5 : 4;
+    for (unsigned i = 0; i < fixed; ++i) deps[entry.getArgument(i)] = arg_deps[first + i];
+    std::map<Operation*, Place> place;
+    for (Operation& op : entry) {
+      if (llvm::isa<mlir::fa::YieldOp>(op)) continue;
+      unsigned d = 0;
+      bool l = llvm::isa<mlir::fa::LoadOp>(op);
+      for (Value v : op.getOperands()) d |= deps.lookup(v), l |= loads.lookup(v);
+      deps[op.getResult(0)] = d;
+      loads[op.getResult(0)] = l;
+      place[&op] = llvm::isa<arith::ConstantOp>(op)                          ? Place::kConst
+                   : !(d & (kDepScore | kDepKv)) && l                        ? Place::kRow
+                   : !(d & (kDepScore | kDepQ | kDepH)) && (d & kDepKv) && l ? Place::kCol
+                                                                             : Place::kElement;
+    }
+    auto place_of = [&](Value v) {
+      Operation* def = v.getDefiningOp();
+      return def ? place[def] : Place::kArgument;
+    };
+    // What each function computes: the row and column functions their own ops and everything
+    // those read (it depends on no more than they do: `q + offset` under `ids[q + offset]`);
+    // the element function its own ops and the constants they read, taking the row and column
+    // values from the structs.
+    auto ops_of = [&](Place which) {
+      std::set<Operation*> need;
+      std::vector<Operation*> work;
+      for (Operation& op : entry)
+        if (place.count(&op) ? place[&op] == which : which == Place::kElement) work.push_back(&op);
+      while (!work.empty()) {
+        Operation* op = work.back();
+        work.pop_back();
+        if (!need.insert(op).second) continue;
+        for (Value v : op->getOperands())
+          if (Operation* def = v.getDefiningOp();
+              def && (which != Place::kElement || place[def] == Place::kConst))
+            work.push_back(def);
+      }
+      std::vector<Operation*> ordered;
+      for (Operation& op : entry)
+        if (need.count(&op)) ordered.push_back(&op);
+      return ordered;
+    };
+    const std::vector<Operation*> element_ops = ops_of(Place::kElement);
+    // What crosses from the row and column functions into the element function.
+    std::vector<Value> crossing[2];
+    for (Operation* op : element_ops)
+      for (Value v : op->getOperands()) {
+        const Place p = place_of(v);
+        if (p != Place::kRow && p != Place::kCol) continue;
+        std::vector<Value>& c = crossing[p == Place::kRow ? 0 : 1];
+        if (std::find(c.begin(), c.end(), v) == c.end()) c.push_back(v);
+      }
+    std::ostringstream os;
+    auto part = [&](Place which, const char* kind, const char* fn, const char* args, const char* silence) {
+      const std::vector<Value>& c = crossing[which == Place::kRow ? 0 : 1];
+      // A column's values also come from another lane (from_lane: the kernels spread a tile's
+      // columns over a warp's lanes and shuffle them to the lanes that need them).
+      const bool col = which == Place::kCol;
+      if (c.empty()) {  // nothing to gather
+        os << "  struct " << Cap << kind << " {"
+           << (col ? "\n    __device__ __forceinline__ " + Cap + kind +
+                         " from_lane(int) const { return {}; }\n  "
+                   : "")
+           << "};\n  static __device__ __forceinline__ " << Cap << kind << " " << low << fn << "(" << args
+           << ", const FaCaptures& cap) {\n    " << silence << "\n    return {};\n  }\n";
+        return;
+      }
+      os << "  struct " << Cap << kind << " {";
+      for (Value v : c) os << " " << c_type(v.getType()) << " " << fresh_name(v) << ";";
+      if (col) {
+        os << "\n    __device__ __forceinline__ " << Cap << kind
+           << " from_lane(int lane) const {\n      return {";
+        for (size_t i = 0; i < c.size(); ++i) {
+          const std::string n = name(c[i]);
+          const bool is_bool = c[i].getType().isSignlessInteger(1);
+          os << (i ? ", " : "")
+             << (is_bool ? fmt::format("(bool)__shfl_sync(0xffffffffu, (int){}, lane)", n)
+                         : fmt::format("__shfl_sync(0xffffffffu, {}, lane)", n));
+        }
+        os << "};\n    }\n  ";
+      }
+      os << (col ? "};\n" : " };\n");
+      os << "  static __device__ __forceinline__ " << Cap << kind << " " << low << fn << "(" << args
+         << ", const FaCaptures& cap) {\n    " << silence << "\n";
+      for (Operation* op : ops_of(which)) emit_op(os, *op);
+      os << "    return {";
+      for (size_t i = 0; i < c.size(); ++i) os << (i ? ", " : "") << name(c[i]);
+      os << "};\n  }\n";
+    };
+    part(Place::kRow, "Row", "_row", "int b, int h, int q", "(void)b; (void)h; (void)q; (void)cap;");
+    part(Place::kCol, "Col", "_col", "int b, int kv", "(void)b; (void)kv; (void)cap;");
+    const char* ret = is_score ? "float" : "bool";
+    const std::string sig =
+        is_score ? "float score, int b, int h, int q, int kv" : "int b, int h, int q, int kv";
+    const std::string call = is_score ? "score, b, h, q, kv" : "b, h, q, kv";
+    const std::string head = fmt::format("  static __device__ __forceinline__ {} {}_mod(", ret, low);
+    const std::string indent(head.size(), ' ');
+    os << head << sig << ",\n"
+       << indent << "const " << Cap << "Row& row, const " << Cap << "Col& col, const FaCaptures& cap) {\n"
+       << "    " << (is_score ? "(void)score; " : "") << "(void)b; (void)h; (void)q; (void)kv; (void)row; "
+       << "(void)col; (void)cap;\n";
+    for (int k = 0; k < 2; ++k)
+      for (Value v : crossing[k])
+        os << "    const " << c_type(v.getType()) << " " << name(v) << " = " << (k ? "col." : "row.")
+           << name(v) << ";\n";
+    for (Operation* op : element_ops) emit_op(os, *op);
+    os << "  }\n";
+    os << head << sig << ",\n"
+       << indent << "const FaCaptures& cap) {\n"
+       << "    return " << low << "_mod(" << call << ", " << low << "_row(b, h, q, cap), " << low
+       << "_col(b, kv, cap), cap);\n  }\n";
+    return os.str();
+  }
+
+  // Names the mod's fixed arguments and its captures.
+  void bind_arguments(Operation* mod) {
     const bool is_grad = llvm::isa<mlir::fa::ScoreGradOp>(mod);
     const bool is_score = llvm::isa<mlir::fa::ScoreModOp>(mod);
     mlir::Block& entry = mod->getRegion(0).front();
@@ -54,49 +215,33 @@ class ModEmitter {
     for (unsigned i = fixed; i < entry.getNumArguments(); ++i)
       captures_[entry.getArgument(i).getAsOpaquePointer()] =
           llvm::cast<mlir::StringAttr>(capture_names[i - fixed]).getValue().str();
-    std::ostringstream os;
-    if (is_grad)
-      os << "  static __device__ __forceinline__ float score_grad(float score, int b, int h, int q, int kv, "
-            "float dt,\n"
-            "                                                   const FaCaptures& cap, const FaGradBuffers& "
-            "grads) {\n"
-            "    (void)score; (void)b; (void)h; (void)q; (void)kv; (void)dt; (void)cap; (void)grads;\n";
-    else if (is_score)
-      os << "  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,\n"
-            "                                                  const FaCaptures& cap) {\n"
-            "    (void)score; (void)b; (void)h; (void)q; (void)kv; (void)cap;\n";
-    else
-      os << "  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv,\n"
-            "                                                const FaCaptures& cap) {\n"
-            "    (void)b; (void)h; (void)q; (void)kv; (void)cap;\n";
-    // (Unused fixed arguments would warn; the signature stays fixed and they are silenced.)
-    for (Operation& op : entry) {
-      std::string origin;
-      llvm::raw_string_ostream ros(origin);
-      op.print(ros, state_);
-      for (char& c : origin)
-        if (c == '\n') c = ' ';
-      if (auto y = llvm::dyn_cast<mlir::fa::YieldOp>(op)) {
-        os << "    return " << name(y.getValue()) << ";  // fa: " << origin << "\n";
-        continue;
-      }
-      if (auto g = llvm::dyn_cast<mlir::fa::GradAddOp>(op)) {
-        const CaptureSlot& s = slot_of(g.getBuffer());
-        os << "    fa::mod::grad_add_f32(grads.buffers[" << s.slot << "], " << name(g.getValue());
-        for (Value i : g.getIndices()) os << ", " << name(i);
-        os << ");  // fa: " << origin << "\n";
-        continue;
-      }
-      Value r = op.getResult(0);
-      std::string n = fresh_name(r);
-      os << "    const " << c_type(r.getType()) << " " << n << " = " << expr(op) << ";  // fa: " << origin
-         << "\n";
-    }
-    os << "  }\n";
-    return os.str();
   }
 
- private:
+  // One op as a line of C++ (a yield as the return, fa.grad_add as its reduction), tagged with
+  // the op it comes from.
+  void emit_op(std::ostringstream& os, Operation& op) {
+    std::string origin;
+    llvm::raw_string_ostream ros(origin);
+    op.print(ros, state_);
+    for (char& c : origin)
+      if (c == '\n') c = ' ';
+    if (auto y = llvm::dyn_cast<mlir::fa::YieldOp>(op)) {
+      os << "    return " << name(y.getValue()) << ";  // fa: " << origin << "\n";
+      return;
+    }
+    if (auto g = llvm::dyn_cast<mlir::fa::GradAddOp>(op)) {
+      const CaptureSlot& s = slot_of(g.getBuffer());
+      os << "    fa::mod::grad_add_f32(grads.buffers[" << s.slot << "], " << name(g.getValue());
+      for (Value i : g.getIndices()) os << ", " << name(i);
+      os << ");  // fa: " << origin << "\n";
+      return;
+    }
+    Value r = op.getResult(0);
+    std::string n = names_.count(r.getAsOpaquePointer()) ? name(r) : fresh_name(r);
+    os << "    const " << c_type(r.getType()) << " " << n << " = " << expr(op) << ";  // fa: " << origin
+       << "\n";
+  }
+
   std::string name(Value v) {
     auto it = names_.find(v.getAsOpaquePointer());
     if (it == names_.end()) throw Error("codegen: value used before its definition");
