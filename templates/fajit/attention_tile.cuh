@@ -324,14 +324,14 @@ __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_ful
 // The same with the mods split by codegen (FaMods::*_row, *_col): the row and column values
 // come gathered (ModRows, ModCols), the element's part is all that runs here.
 template <typename Mods, bool kMaskMod>
-__device__ __forceinline__ float mod_score(float x, int q, int kv_c, float scale, int b, int h,
+__device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_full, float scale, int b, int h,
                                            const typename Mods::ScoreRow& score_row,
                                            const typename Mods::ScoreCol& score_col,
                                            const typename Mods::MaskRow& mask_row,
                                            const typename Mods::MaskCol& mask_col, const FaCaptures& cap) {
   if constexpr (Mods::kHasScoreMod) x = Mods::score_mod(x * scale, b, h, q, kv_c, score_row, score_col, cap);
   if constexpr (kMaskMod && Mods::kHasMaskMod) {
-    if (!Mods::mask_mod(b, h, q, kv_c, mask_row, mask_col, cap)) x = -INFINITY;
+    if (!(is_full | Mods::mask_mod(b, h, q, kv_c, mask_row, mask_col, cap))) x = -INFINITY;
   }
   return x;
 }
@@ -384,37 +384,43 @@ struct ModRows {
   }
 };
 
+// Per-column values of a tile of 8·kNT columns from `start` spread over a warp: lane L holds
+// columns start + L + 32k (kSlots values, one coalesced load each where a thread's own columns
+// would take kNT·2 registers and loads). A fragment's column 8j + 2t + c (t = lane % 4) is
+// then lane 8(j % 4) + 2t + c's slot j / 4: at(j, c) shuffles it over, the whole warp at once
+// (T::from_lane). Columns past `len` take the last one's value.
+template <typename T, int kNT>
+struct LaneSpread {
+  static constexpr int kSlots = (kNT + 3) / 4;
+  T v[kSlots];
+  template <typename F>
+  __device__ __forceinline__ void gather(int start, int len, F&& value_at) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) v[k] = value_at(min(start + lane + 32 * k, len - 1));
+  }
+  __device__ __forceinline__ T at(int j, int c, int lane_t) const {
+    return v[j / 4].from_lane(8 * (j % 4) + 2 * lane_t + c);
+  }
+};
+
 // The mods' column values (codegen's FaMods::score_col / mask_col: loads of captured buffers
-// by kv alone, a document id by kv) of a tile of 8·kNT keys from `start`, gathered while S is
-// still on the tensor cores so the loads' latency hides behind the GEMM, and spread over the
-// warp: lane L holds columns start + L + 32k (kSlots values, one coalesced load each, where a
-// thread's own columns would take kNT·2 registers and loads). A fragment's column
-// kv0 + 8j + c (kv0 = start + 2t) is then lane 8(j % 4) + 2t + c's slot j / 4: at(j, c) shuffles
-// it over, the whole warp at once. Columns past len_kv read the last one, like the scores;
+// by kv alone, a document id by kv) of a tile of 8·kNT keys, gathered while S is still on the
+// tensor cores so the loads' latency hides behind the GEMM, spread over the warp (LaneSpread);
 // mask_mod's only on a partial tile (`partial`, warp-uniform).
 template <typename Mods, int kNT>
 struct ModCols {
-  static constexpr int kSlots = (kNT + 3) / 4;
-  typename Mods::ScoreCol score[kSlots];
-  typename Mods::MaskCol mask[kSlots];
+  LaneSpread<typename Mods::ScoreCol, kNT> score;
+  LaneSpread<typename Mods::MaskCol, kNT> mask;
   __device__ __forceinline__ void gather(int start, int len_kv, bool partial, int b, const FaCaptures& cap) {
-    const int lane = threadIdx.x & 31;
-    if constexpr (Mods::kHasScoreMod) {
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k)
-        score[k] = Mods::score_col(b, min(start + lane + 32 * k, len_kv - 1), cap);
-    }
-    if (Mods::kHasMaskMod && partial) {
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k)
-        mask[k] = Mods::mask_col(b, min(start + lane + 32 * k, len_kv - 1), cap);
-    }
+    if constexpr (Mods::kHasScoreMod) score.gather(start, len_kv, [&](int kv) { return Mods::score_col(b, kv, cap); });
+    if (Mods::kHasMaskMod && partial) mask.gather(start, len_kv, [&](int kv) { return Mods::mask_col(b, kv, cap); });
   }
   __device__ __forceinline__ typename Mods::ScoreCol score_at(int j, int c, int lane_t) const {
-    return score[j / 4].from_lane(8 * (j % 4) + 2 * lane_t + c);
+    return score.at(j, c, lane_t);
   }
   __device__ __forceinline__ typename Mods::MaskCol mask_at(int j, int c, int lane_t) const {
-    return mask[j / 4].from_lane(8 * (j % 4) + 2 * lane_t + c);
+    return mask.at(j, c, lane_t);
   }
 };
 
@@ -472,7 +478,7 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int kv = min(kv0 + j * 8 + (i & 1), len_kv - 1);
-        s[j][i] = mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, scale, b, h, rows.score[i >> 1],
+        s[j][i] = mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, false, scale, b, h, rows.score[i >> 1],
                                             score_col[i & 1], rows.mask[i >> 1], mask_col[i & 1], cap);
       }
     }

@@ -237,6 +237,42 @@ struct KeyRows {
   }
 };
 
+// The mods' split parts on a transposed tile (the Hopper dK/dV kernel; SplitMods): the column
+// values (by kv: codegen's *_col, a document id by kv) of a thread's two key rows, once per
+// CTA, and the row values (by q: *_row, a document id by q) of a tile's 8·kQT query columns,
+// spread over the warp (LaneSpread) and gathered while Sᵀ runs.
+template <typename Mods>
+struct ModKeys {
+  typename Mods::ScoreCol score[2];
+  typename Mods::MaskCol mask[2];
+  __device__ __forceinline__ ModKeys(const KeyRows& kr, int b, const FaCaptures& cap) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if constexpr (Mods::kHasScoreMod) score[hh] = Mods::score_col(b, kr.kv_c[hh], cap);
+      if constexpr (Mods::kHasMaskMod) mask[hh] = Mods::mask_col(b, kr.kv_c[hh], cap);
+    }
+  }
+};
+template <typename Mods, int kQT>
+struct ModQueries {
+  LaneSpread<typename Mods::ScoreRow, kQT> score;
+  LaneSpread<typename Mods::MaskRow, kQT> mask;
+  struct At {
+    typename Mods::ScoreRow score;
+    typename Mods::MaskRow mask;
+  };
+  __device__ __forceinline__ void gather(int q0, int len_q, int b, int hq, const FaCaptures& cap) {
+    if constexpr (Mods::kHasScoreMod) score.gather(q0, len_q, [&](int q) { return Mods::score_row(b, hq, q, cap); });
+    if constexpr (Mods::kHasMaskMod) mask.gather(q0, len_q, [&](int q) { return Mods::mask_row(b, hq, q, cap); });
+  }
+  __device__ __forceinline__ At at(int j, int c, int lane_t) const {
+    At a;
+    if constexpr (Mods::kHasScoreMod) a.score = score.at(j, c, lane_t);
+    if constexpr (Mods::kHasMaskMod) a.mask = mask.at(j, c, lane_t);
+    return a;
+  }
+};
+
 // Sᵀ (q·k, unscaled) -> Pᵀ = exp(mod(s)·sn - LSE) in place (prob); sc keeps the scores
 // score_mod saw when the backward needs them (score_grad): q·k · scale rounded, where the
 // forward may have fused the product into the score's first add (codegen's plain `score + x`).
@@ -247,23 +283,26 @@ struct KeyRows {
 // a document mask), and a branch per tile spilled (bench/RESULTS.md, sixteenth session). Key
 // rows past len_kv (only when key_tail: the CTA's keys cross the end) get P = 0 in a pass of
 // their own.
-template <typename Mods, int kQT, int kSC, typename Lse>
+// The mods per element: mod(x, q, hh, at) with at = cols_at(j, c), what the kernel gathered of
+// the element's query column (n-tile j, column c of the pair), if anything.
+template <typename Mods, int kQT, int kSC, typename Lse, typename ColsAt, typename Mod>
 __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4], const KeyRows& kr, int q0,
-                                        int t, int len_q, int len_kv, bool key_tail, bool is_full,
-                                        float scale, float sn, int b, int hq, const FaCaptures& cap,
-                                        Lse&& lse) {
+                                        int t, int len_q, int len_kv, bool key_tail, float scale, float sn,
+                                        Lse&& lse, ColsAt&& cols_at, Mod&& mod) {
 #pragma unroll
   for (int j = 0; j < kQT; ++j) {
     const int col0 = 8 * j + 2 * t;
     const f32x2 l2 = lse(j, col0);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int col = col0 + (i & 1);
-      const int q = q0 + col < len_q ? q0 + col : len_q - 1;
-      const int hh = i >> 1;
-      if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * scale;
-      const float x = mod_score<Mods, true>(s[j][i], q, kr.kv_c[hh], is_full, scale, b, hq, cap);
-      s[j][i] = prob<Mods::kHasScoreMod>(x, sn, (i & 1) ? l2.y : l2.x);
+    for (int c = 0; c < 2; ++c) {
+      const int q = q0 + col0 + c < len_q ? q0 + col0 + c : len_q - 1;
+      const auto at = cols_at(j, c);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = 2 * hh + c;
+        if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * scale;
+        s[j][i] = prob<Mods::kHasScoreMod>(mod(s[j][i], q, hh, at), sn, c ? l2.y : l2.x);
+      }
     }
   }
   if (key_tail) {
@@ -619,8 +658,12 @@ __device__ __forceinline__ void backward_dkdv_part(const FaBwdParams& p, const F
 
       // ---- mods, then Pᵀ (scores as score_mod saw them kept for score_grad)
       float sc[Mods::kScoreGrad ? kQT : 1][4];
-      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, key_tail, is_full, p.scale, sn, b, hq, cap,
-                         [&](int, int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); });
+      bwd::probs_t<Mods>(
+          s, sc, kr, q0, t, len_q, len_kv, key_tail, p.scale, sn,
+          [&](int, int col) { return ld_shared_v2_f32(sLse(stage) + col * 4); }, [](int, int) { return 0; },
+          [&](float x, int q, int hh, int) {
+            return mod_score<Mods, true>(x, q, kr.kv_c[hh], is_full, p.scale, b, hq, cap);
+          });
 
       // ---- dV += Pᵀ·dO (P packed to 16 bits as A fragments)
       if constexpr (kDoDv) {

@@ -568,6 +568,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const int wtid = tid - kWG * warpgroup;
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bwd::KeyRows kr(kv0 + cw * kKeys + warp * 16 + g, len_kv);
+  using Split = SplitMods<Mods>;
+  const bwd::ModKeys<Split> mod_keys(kr, b, cap);  // the mods' values of this thread's keys
   const bool key_tail = kv0 + kBN > len_kv;
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
 
@@ -699,6 +701,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       wgmma_fence();
       issue_s_dp(s, dp, stage);
       cur.next(walk, len_q);  // the next tile's block index loads while Sᵀ and dPᵀ run
+      bwd::ModQueries<Split, kQT> mod_queries;  // and the mods' loads by query
+      mod_queries.gather(q0, len_q, b, hq, cap);
 
       // ---- Pᵀ from Sᵀ while dPᵀ is still on the tensor cores. At BLOCK_M 64, dV += Pᵀ·dO is
       // queued behind dPᵀ and dSᵀ formed while it runs; at BLOCK_M 128 the registers do not hold
@@ -729,8 +733,13 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       wgmma_wait<1>();
       pin(s);
       float sc[Mods::kScoreGrad ? kQT : 1][4];
-      bwd::probs_t<Mods>(s, sc, kr, q0, t, len_q, len_kv, key_tail, is_full, p.scale, sn, b, hq, cap,
-                         stat(sLse(stage)));
+      bwd::probs_t<Mods>(
+          s, sc, kr, q0, t, len_q, len_kv, key_tail, p.scale, sn, stat(sLse(stage)),
+          [&](int j, int c) { return mod_queries.at(j, c, t); },
+          [&](float x, int q, int hh, const auto& at) {
+            return mod_score<Split, true>(x, q, kr.kv_c[hh], is_full, p.scale, b, hq, at.score, mod_keys.score[hh],
+                                          at.mask, mod_keys.mask[hh], cap);
+          });
       u32 pa[Cfg::kMK][4];
       if constexpr (kDvEarly) {
         pack_a<E>(pa, s);

@@ -102,6 +102,12 @@ const std::vector<BwdCase>& cases() {
       {"alibi_slopes", bf16, 64, 64, 2, 8, 2, 1, 4097},
       {"document_softcap", bf16, 64, 128, 1, 4, 1, 4097, 4097},
       {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
+      // The mods' values by query gathered across a warp ahead of Sᵀ and shuffled (a float for
+      // score_mod, a bool for mask_mod; by key once per CTA) on the Hopper dK/dV kernel: both
+      // BLOCK_Ms, tails both ways, GQA, and the buffer gradient of the per-key bias.
+      {"key_pad_bias", bf16, 64, 64, 2, 4, 2, 1000, 777},
+      {"key_pad_bias", f16, 128, 128, 1, 8, 2, 17, 4097},
+      {"key_pad_bias", bf16, 64, 64, 1, 4, 4, 4097, 1000},
       // Key blocks no query sees (CTAs of the Hopper dK/dV kernel with no tile to walk: the
       // consumers' stagger and tile-end barriers must not wait for one), at D 128 and in the
       // split-by-keys dQ configuration (D 64 with a score_mod that keeps a value per score).

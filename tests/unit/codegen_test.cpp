@@ -88,18 +88,18 @@ TEST(Codegen, CausalIsOneCompare) {
   EXPECT_HAS(m, "(void)b; (void)h; (void)q; (void)kv; (void)row; (void)col; (void)cap;");
   EXPECT_HAS(m, "(void)score; (void)b; (void)h; (void)q; (void)kv; (void)row; (void)col; (void)cap;");
   // No load, so nothing to gather: the row and column parts are empty.
-  EXPECT_HAS(m, "  struct MaskRow {};\n");
+  EXPECT_HAS(m, "  struct MaskRow {\n    __device__ __forceinline__ MaskRow from_lane(int) const { return {}; }\n");
   EXPECT_HAS(
       m, "  struct MaskCol {\n    __device__ __forceinline__ MaskCol from_lane(int) const { return {}; }\n");
 }
 
-// Each mod also comes split (the wgmma forward's form): its loads by q (and b, h) as row values,
-// its loads by kv (and b) as column values with a warp shuffle, the rest per element; the plain
+// Each mod also comes split (the Hopper kernels' form): its loads by q (and b, h) as row values,
+// its loads by kv (and b) as column values, both with a warp shuffle, the rest per element; the plain
 // signature calls the three. Only what follows from a load moves; what a row or column function
 // reads (a captured scalar, `kv + offset`) it computes itself.
 TEST(Codegen, ModsSplitTheirLoadsIntoRowsAndColumns) {
   const std::string doc = fa::emit_mods(fa::trace(fa::identity_score(), fa::mods::document()));
-  EXPECT_HAS(doc, "  struct MaskRow { int v_1; };\n");
+  EXPECT_HAS(doc, "  struct MaskRow { int v_1;\n");
   EXPECT_HAS(doc, "    const int v_1 = fa::mod::load_i32(cap.buffers[0], q);");
   EXPECT_HAS(doc, "  struct MaskCol { int v_0;\n");
   EXPECT_HAS(doc, "      return {__shfl_sync(0xffffffffu, v_0, lane)};\n");
@@ -111,7 +111,7 @@ TEST(Codegen, ModsSplitTheirLoadsIntoRowsAndColumns) {
 
   // ALiBi has no load: its slope stays in the element function (hoisting it measured slower).
   const std::string alibi = fa::emit_mods(fa::trace(fa::mods::alibi(), fa::noop_mask()));
-  EXPECT_HAS(alibi, "  struct ScoreRow {};\n");
+  EXPECT_HAS(alibi, "  struct ScoreRow {\n    __device__ __forceinline__ ScoreRow from_lane(int) const");
   EXPECT_HAS(alibi, "exp2f(");
   EXPECT_LACKS(alibi, "row.v_");
 

@@ -141,33 +141,28 @@ class ModEmitter {
     std::ostringstream os;
     auto part = [&](Place which, const char* kind, const char* fn, const char* args, const char* silence) {
       const std::vector<Value>& c = crossing[which == Place::kRow ? 0 : 1];
-      // A column's values also come from another lane (from_lane: the kernels spread a tile's
-      // columns over a warp's lanes and shuffle them to the lanes that need them).
-      const bool col = which == Place::kCol;
+      // Row and column values also come from another lane (from_lane: a kernel spreads a tile's
+      // columns over a warp's lanes, the forward's keys or the backward's queries, and shuffles
+      // them to the lanes that need them).
+      const std::string from_lane = "    __device__ __forceinline__ " + Cap + kind + " from_lane(int";
       if (c.empty()) {  // nothing to gather
-        os << "  struct " << Cap << kind << " {"
-           << (col ? "\n    __device__ __forceinline__ " + Cap + kind +
-                         " from_lane(int) const { return {}; }\n  "
-                   : "")
-           << "};\n  static __device__ __forceinline__ " << Cap << kind << " " << low << fn << "(" << args
-           << ", const FaCaptures& cap) {\n    " << silence << "\n    return {};\n  }\n";
+        os << "  struct " << Cap << kind << " {\n"
+           << from_lane << ") const { return {}; }\n  };\n  static __device__ __forceinline__ " << Cap << kind
+           << " " << low << fn << "(" << args << ", const FaCaptures& cap) {\n    " << silence
+           << "\n    return {};\n  }\n";
         return;
       }
       os << "  struct " << Cap << kind << " {";
       for (Value v : c) os << " " << c_type(v.getType()) << " " << fresh_name(v) << ";";
-      if (col) {
-        os << "\n    __device__ __forceinline__ " << Cap << kind
-           << " from_lane(int lane) const {\n      return {";
-        for (size_t i = 0; i < c.size(); ++i) {
-          const std::string n = name(c[i]);
-          const bool is_bool = c[i].getType().isSignlessInteger(1);
-          os << (i ? ", " : "")
-             << (is_bool ? fmt::format("(bool)__shfl_sync(0xffffffffu, (int){}, lane)", n)
-                         : fmt::format("__shfl_sync(0xffffffffu, {}, lane)", n));
-        }
-        os << "};\n    }\n  ";
+      os << "\n" << from_lane << " lane) const {\n      return {";
+      for (size_t i = 0; i < c.size(); ++i) {
+        const std::string n = name(c[i]);
+        const bool is_bool = c[i].getType().isSignlessInteger(1);
+        os << (i ? ", " : "")
+           << (is_bool ? fmt::format("(bool)__shfl_sync(0xffffffffu, (int){}, lane)", n)
+                       : fmt::format("__shfl_sync(0xffffffffu, {}, lane)", n));
       }
-      os << (col ? "};\n" : " };\n");
+      os << "};\n    }\n  };\n";
       os << "  static __device__ __forceinline__ " << Cap << kind << " " << low << fn << "(" << args
          << ", const FaCaptures& cap) {\n    " << silence << "\n";
       for (Operation* op : ops_of(which)) emit_op(os, *op);
