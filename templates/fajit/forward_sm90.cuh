@@ -91,7 +91,9 @@
 //   m64n{DV}k16, V MN-major from shared memory); each warp arrives on empty_v[s] once its P·V has completed
 //   (with EARLY_K, on empty_k[s] once its S has). A consumer whose 64 rows see none of a tile (all past
 //   len_q, or an empty sub-block in mask.kv_sub_kinds) computes nothing there: it waits for the tile's
-//   stage, releases it and passes its turns on; a full sub-block skips mask_mod.
+//   stage, releases it and passes its turns on; a full sub-block skips mask_mod. The mods come
+//   split (codegen; SplitMods): their loads by q once per query block (ModRows), their loads by
+//   kv for a tile issued while its S runs, spread over the warp and shuffled (ModCols).
 //   Epilogue: O / l staged through the warpgroup's own rows of the Q region, 16-byte stores.
 #ifndef FAJIT_FORWARD_SM90_CUH
 #define FAJIT_FORWARD_SM90_CUH
