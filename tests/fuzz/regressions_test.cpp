@@ -75,6 +75,27 @@ TEST(FuzzRegression, AnUntakenBranchContributesNothingWhateverItsDerivative) {
               std::pow(2.0, 0.25) * std::log(2.0) + 1.0, 1e-5);
 }
 
+// fajit fuzz --seed 4110 --case 20604: sin(max(score, kv) · score) at score 50, kv 2513. The
+// derivative (2513 cos(125650) = 1049.93) was right; the check's two difference quotients
+// (steps 0.05 and 0.0125, i.e. 40π and 10π of the sine's argument) agreed on a wrong -0.11 and
+// failed it. The check now needs a third step to agree: such a point is skipped.
+TEST(FuzzRegression, FastOscillationIsNotADerivativeFailure) {
+  fa::Program p = fa::Program::parse(R"(
+    fa.score_mod @f(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {
+      %0 = arith.sitofp %kv : i32 to f32
+      %1 = arith.maximumf %score, %0 : f32
+      %2 = arith.mulf %1, %score : f32
+      %3 = math.sin %2 : f32
+      fa.yield %3 : f32
+    })");
+  EXPECT_NEAR(
+      fa::ModProgram::grad_of(p).eval_score_grad(50.0f, 1, 0, 2017, 2513, 1.0f, fa::Bindings{}, nullptr),
+      2513.0 * std::cos(2513.0 * 50.0), 0.5);
+  fa_fuzz::Case c = fa_fuzz::generate_case(4110, 20604);
+  fa_fuzz::Stats st;
+  EXPECT_EQ(fa_fuzz::check_cpu(c, /*nvrtc=*/false, &st), "");
+}
+
 // The generator is a pure function of (seed, case): a replay sees the same case.
 TEST(FuzzRegression, CasesAreReproducible) {
   for (int k = 0; k < 20; ++k) {
