@@ -12,8 +12,10 @@
 //
 // Every primitive does one job, destination first:
 //   score_tile      score_mod / mask_mod / kv bounds on an S fragment      (the mods hook)
-//   ModRows         the mods' values of a thread's two rows, gathered once per query block
-//   ModCols         the mods' loads by key of a thread's columns, gathered ahead of S
+//   SplitMods       a mods struct's split form (codegen's, or empty parts for a plain one)
+//   ModRows         the mods' loads by query of a thread's two rows, once per query block
+//   LaneSpread      a tile's per-column values spread over a warp, shuffled where needed
+//   ModCols         the mods' loads by key of a tile's columns (LaneSpread), gathered ahead of S
 //   SoftmaxRows     online softmax of a thread's two rows: S -> P, running max/sum, 1/l, LSE
 //   scale_rows      multiply each row of a fragment (O rescale)
 //   pack_a          16-bit A operand of the next GEMM (P·V) from an fp32 fragment
@@ -309,8 +311,8 @@ struct LaneCoords {
 // `scale`, flex semantics); with kMaskMod also mask_mod unless the block is full; a masked
 // score becomes -inf. kv_c is kv clamped into range: mods never see an index past the end (the
 // caller clamps q likewise, and masks keys past the end in a pass of its own: mask_tail,
-// probs_t's key_tail). Every kernel applies mods through this, whatever the orientation of its
-// tile.
+// probs_t's key_tail). Every kernel applies mods through this or, on split mods, the overload
+// below, whatever the orientation of its tile.
 template <typename Mods, bool kMaskMod>
 __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_full, float scale, int b, int h,
                                            const FaCaptures& cap) {
@@ -322,7 +324,8 @@ __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_ful
 }
 
 // The same with the mods split by codegen (FaMods::*_row, *_col): the row and column values
-// come gathered (ModRows, ModCols), the element's part is all that runs here.
+// come gathered (the forward's ModRows / ModCols, the dK/dV kernel's ModQueries / ModKeys),
+// the element's part is all that runs here.
 template <typename Mods, bool kMaskMod>
 __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_full, float scale, int b, int h,
                                            const typename Mods::ScoreRow& score_row,
@@ -367,10 +370,25 @@ struct SplitMods : Mods {
 };
 template <typename Mods>
 struct SplitMods<Mods, typename MakeVoid<typename Mods::ScoreRow>::type> : Mods {};
+// A mods struct seen as plain (its split form hidden): SplitMods<NoSplit<Mods>> runs the plain
+// functions per element with empty rows and columns, where a kernel gathers nothing.
+template <typename Mods>
+struct NoSplit {
+  static constexpr bool kHasScoreMod = Mods::kHasScoreMod;
+  static constexpr bool kHasMaskMod = Mods::kHasMaskMod;
+  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,
+                                                    const FaCaptures& cap) {
+    return Mods::score_mod(score, b, h, q, kv, cap);
+  }
+  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv, const FaCaptures& cap) {
+    return Mods::mask_mod(b, h, q, kv, cap);
+  }
+};
 
-// The mods' row values (codegen's FaMods::score_row / mask_row: what reads b, h, q and the
-// captures only, an ALiBi slope, a document id by q) for a thread's two fragment rows, q_idx
-// already clamped into range: gathered once per query block instead of once per tile.
+// The mods' row values (codegen's FaMods::score_row / mask_row: loads by b, h, q alone and what
+// follows from them, a document id by q; arithmetic without a load, an ALiBi slope, stays per
+// element) for a thread's two fragment rows, q_idx already clamped into range: gathered once
+// per query block instead of once per tile.
 template <typename Mods>
 struct ModRows {
   typename Mods::ScoreRow score[2];
@@ -388,7 +406,9 @@ struct ModRows {
 // columns start + L + 32k (kSlots values, one coalesced load each where a thread's own columns
 // would take kNT·2 registers and loads). A fragment's column 8j + 2t + c (t = lane % 4) is
 // then lane 8(j % 4) + 2t + c's slot j / 4: at(j, c) shuffles it over, the whole warp at once
-// (T::from_lane). Columns past `len` take the last one's value.
+// (T::from_lane). Columns past `len` take the last one's value. kSlots covers 32·kSlots
+// columns: where kNT is not a multiple of 4 (112 keys) the last slot's upper lanes read
+// columns past the tile (clamped into range, never used).
 template <typename T, int kNT>
 struct LaneSpread {
   static constexpr int kSlots = (kNT + 3) / 4;
@@ -413,8 +433,10 @@ struct ModCols {
   LaneSpread<typename Mods::ScoreCol, kNT> score;
   LaneSpread<typename Mods::MaskCol, kNT> mask;
   __device__ __forceinline__ void gather(int start, int len_kv, bool partial, int b, const FaCaptures& cap) {
-    if constexpr (Mods::kHasScoreMod) score.gather(start, len_kv, [&](int kv) { return Mods::score_col(b, kv, cap); });
-    if (Mods::kHasMaskMod && partial) mask.gather(start, len_kv, [&](int kv) { return Mods::mask_col(b, kv, cap); });
+    if constexpr (Mods::kHasScoreMod)
+      score.gather(start, len_kv, [&](int kv) { return Mods::score_col(b, kv, cap); });
+    if (Mods::kHasMaskMod && partial)
+      mask.gather(start, len_kv, [&](int kv) { return Mods::mask_col(b, kv, cap); });
   }
   __device__ __forceinline__ typename Mods::ScoreCol score_at(int j, int c, int lane_t) const {
     return score.at(j, c, lane_t);
@@ -465,9 +487,7 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
                                            const FaCaptures& cap) {
   if constexpr (Mods::kHasScoreMod || kMaskMod) {
 #pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-    {
+    for (int j = 0; j < kNT; ++j) {
       typename Mods::ScoreCol score_col[2];  // columns kv0 + 8j, kv0 + 8j + 1, from their lanes
       typename Mods::MaskCol mask_col[2];
 #pragma unroll
@@ -478,8 +498,9 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int kv = min(kv0 + j * 8 + (i & 1), len_kv - 1);
-        s[j][i] = mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, false, scale, b, h, rows.score[i >> 1],
-                                            score_col[i & 1], rows.mask[i >> 1], mask_col[i & 1], cap);
+        s[j][i] =
+            mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, false, scale, b, h, rows.score[i >> 1],
+                                      score_col[i & 1], rows.mask[i >> 1], mask_col[i & 1], cap);
       }
     }
   }

@@ -262,8 +262,10 @@ struct ModQueries {
     typename Mods::MaskRow mask;
   };
   __device__ __forceinline__ void gather(int q0, int len_q, int b, int hq, const FaCaptures& cap) {
-    if constexpr (Mods::kHasScoreMod) score.gather(q0, len_q, [&](int q) { return Mods::score_row(b, hq, q, cap); });
-    if constexpr (Mods::kHasMaskMod) mask.gather(q0, len_q, [&](int q) { return Mods::mask_row(b, hq, q, cap); });
+    if constexpr (Mods::kHasScoreMod)
+      score.gather(q0, len_q, [&](int q) { return Mods::score_row(b, hq, q, cap); });
+    if constexpr (Mods::kHasMaskMod)
+      mask.gather(q0, len_q, [&](int q) { return Mods::mask_row(b, hq, q, cap); });
   }
   __device__ __forceinline__ At at(int j, int c, int lane_t) const {
     At a;
@@ -277,14 +279,14 @@ struct ModQueries {
 // score_mod saw when the backward needs them (score_grad): q·k · scale rounded, where the
 // forward may have fused the product into the score's first add (codegen's plain `score + x`).
 // lse(j, col): the LSE of columns col, col + 1 (n-tile j), +inf for a query with no key or past
-// len_q (P = 0 there). mask_mod runs on every tile, straight-line (a full block's is_full keeps
-// every score): a choice per element was if-converted into predicated code that issued the mask
-// on every tile anyway, with the captures loaded per element (896 instructions a tile at d64 for
-// a document mask), and a branch per tile spilled (bench/RESULTS.md, sixteenth session). Key
-// rows past len_kv (only when key_tail: the CTA's keys cross the end) get P = 0 in a pass of
-// their own.
-// The mods per element: mod(x, q, hh, at) with at = cols_at(j, c), what the kernel gathered of
-// the element's query column (n-tile j, column c of the pair), if anything.
+// len_q (P = 0 there). The mods per element are the caller's: mod(x, q, hh, at) -> the modded
+// score of key row hh and query q, with at = cols_at(j, c), what the caller gathered of the
+// element's query column (n-tile j, column c of the pair), if anything. Callers run mask_mod on
+// every tile, straight-line (a full block's is_full keeps every score, inside `mod`): a choice
+// per element was if-converted into predicated code that issued the mask on every tile anyway,
+// with the captures loaded per element (896 instructions a tile at d64 for a document mask), and
+// a branch per tile spilled (bench/RESULTS.md, sixteenth session). Key rows past len_kv (only
+// when key_tail: the CTA's keys cross the end) get P = 0 in a pass of their own.
 template <typename Mods, int kQT, int kSC, typename Lse, typename ColsAt, typename Mod>
 __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4], const KeyRows& kr, int q0,
                                         int t, int len_q, int len_kv, bool key_tail, float scale, float sn,

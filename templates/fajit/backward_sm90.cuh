@@ -568,7 +568,11 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   const int wtid = tid - kWG * warpgroup;
   const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bwd::KeyRows kr(kv0 + cw * kKeys + warp * 16 + g, len_kv);
-  using Split = SplitMods<Mods>;
+  // The mods' loads by key once per CTA and by query ahead of Sᵀ (split mods), except beside
+  // score_grad's kept scores at head dims from 128, where the gathered values cost spills (d128
+  // document + softcap: 316 -> 376 B, not measured on a GPU): there the plain mods per element.
+  constexpr bool kGatherMods = !(Mods::kScoreGrad && Cfg::kHeadDimQK >= 128);
+  using Split = typename PickType<kGatherMods, SplitMods<Mods>, SplitMods<NoSplit<Mods>>>::Type;
   const bwd::ModKeys<Split> mod_keys(kr, b, cap);  // the mods' values of this thread's keys
   const bool key_tail = kv0 + kBN > len_kv;
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);
@@ -700,7 +704,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       float s[kQT][4], dp[kQT][4];
       wgmma_fence();
       issue_s_dp(s, dp, stage);
-      cur.next(walk, len_q);  // the next tile's block index loads while Sᵀ and dPᵀ run
+      cur.next(walk, len_q);                    // the next tile's block index loads while Sᵀ and dPᵀ run
       bwd::ModQueries<Split, kQT> mod_queries;  // and the mods' loads by query
       mod_queries.gather(q0, len_q, b, hq, cap);
 
@@ -737,8 +741,8 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
           s, sc, kr, q0, t, len_q, len_kv, key_tail, p.scale, sn, stat(sLse(stage)),
           [&](int j, int c) { return mod_queries.at(j, c, t); },
           [&](float x, int q, int hh, const auto& at) {
-            return mod_score<Split, true>(x, q, kr.kv_c[hh], is_full, p.scale, b, hq, at.score, mod_keys.score[hh],
-                                          at.mask, mod_keys.mask[hh], cap);
+            return mod_score<Split, true>(x, q, kr.kv_c[hh], is_full, p.scale, b, hq, at.score,
+                                          mod_keys.score[hh], at.mask, mod_keys.mask[hh], cap);
           });
       u32 pa[Cfg::kMK][4];
       if constexpr (kDvEarly) {

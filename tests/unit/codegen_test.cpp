@@ -88,7 +88,8 @@ TEST(Codegen, CausalIsOneCompare) {
   EXPECT_HAS(m, "(void)b; (void)h; (void)q; (void)kv; (void)row; (void)col; (void)cap;");
   EXPECT_HAS(m, "(void)score; (void)b; (void)h; (void)q; (void)kv; (void)row; (void)col; (void)cap;");
   // No load, so nothing to gather: the row and column parts are empty.
-  EXPECT_HAS(m, "  struct MaskRow {\n    __device__ __forceinline__ MaskRow from_lane(int) const { return {}; }\n");
+  EXPECT_HAS(
+      m, "  struct MaskRow {\n    __device__ __forceinline__ MaskRow from_lane(int) const { return {}; }\n");
   EXPECT_HAS(
       m, "  struct MaskCol {\n    __device__ __forceinline__ MaskCol from_lane(int) const { return {}; }\n");
 }
@@ -574,6 +575,7 @@ std::string compile_generated(const fa::GeneratedKernel& g) {
   opt.arch = g.spec.arch;
   fa::jit::CompileResult r = fa::jit::Nvrtc::get().compile(g.source, g.kernel_name + ".cu", opt);
   if (!is_elf(r.cubin)) return "not an ELF cubin (" + std::to_string(r.cubin.size()) + " bytes)";
+  if (r.log.find("warning") != std::string::npos) return "NVRTC warns:\n" + r.log;
   return "";
 }
 
@@ -628,19 +630,36 @@ TEST(CodegenNvrtc, GatheredModsCompile) {
   fa::MaskMod keep{"keep", [](Index, Index, Index q, Index kv) {
                      return q >= kv && fa::buffer<int32_t>("keep", 1)[kv] > 0;
                    }};
-  fa::Program p = fa::trace(key_bias, fa::and_masks({keep, fa::mods::document()}));
-  std::vector<fa::KernelSpec> specs;
-  for (auto [dqk, dv] : {std::pair{64, 64}, {80, 80}, {128, 128}}) {
-    fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a");
-    s.family = fa::KernelFamily::kWgmma;
-    specs.push_back(s);
+  // Loads by computed indices (`ids[q / 2]`, `ub[off]`): the element function must not keep
+  // what only the row or column function reads (NVRTC would warn of an unused variable).
+  fa::ScoreMod uniform_bias{"uniform_bias", [](Score s, Index, Index, Index, Index) {
+                              return s + fa::buffer<float>("ub", 1)[fa::scalar<int32_t>("off")];
+                            }};
+  fa::MaskMod halves{"halves", [](Index, Index, Index q, Index kv) {
+                       auto ids = fa::buffer<int32_t>("ids", 1);
+                       return ids[q / 2] == ids[kv / 2];
+                     }};
+  const fa::Program programs[] = {fa::trace(key_bias, fa::and_masks({keep, fa::mods::document()})),
+                                  fa::trace(uniform_bias, halves)};
+  std::vector<std::pair<const fa::Program*, fa::KernelSpec>> cases;
+  for (const fa::Program& p : programs) {
+    for (auto [dqk, dv] : {std::pair{64, 64}, {80, 80}, {128, 128}}) {
+      fa::KernelSpec s = spec(fa::DType::bf16, dqk, dv, "sm_90a");
+      s.family = fa::KernelFamily::kWgmma;
+      cases.push_back({&p, s});
+    }
+    cases.push_back({&p, spec(fa::DType::f16, 64, 64, "sm_80")});
+    for (fa::KernelFamily family : {fa::KernelFamily::kWgmma, fa::KernelFamily::kMmaSync}) {
+      fa::KernelSpec s = spec(fa::DType::bf16, 64, 64, "sm_90a", fa::KernelKind::kBackward);
+      s.family = family;
+      cases.push_back({&p, s});
+    }
   }
-  specs.push_back(spec(fa::DType::f16, 64, 64, "sm_80"));
   std::vector<std::function<std::string()>> jobs;
-  for (const fa::KernelSpec& s : specs)
-    jobs.push_back([&p, s] { return compile_generated(fa::generate(p, s)); });
+  for (const auto& c : cases)
+    jobs.push_back([c] { return compile_generated(fa::generate(*c.first, c.second)); });
   std::vector<std::string> errors = run_parallel(jobs);
-  for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(errors[i], "") << specs[i].to_string();
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].second.to_string();
 }
 
 // Captured buffers take the wide twin of a kernel (64-bit offsets through every stride) only

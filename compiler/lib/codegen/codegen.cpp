@@ -58,13 +58,14 @@ class ModEmitter {
   }
 
  private:
-  // Where a mod's value is computed in the split form: once per row (a load, or what follows
-  // from one, that reads b, h, q, captures and constants only: a document id by q), once per
-  // column (likewise by b and kv alone: a document id by kv), or per element (the rest, the
-  // constants wherever they are used). Only loads move: measured on the wgmma forward (H200,
-  // 2026-11-28), hoisting ALiBi's slope and converted q out of the tile loop too made d64 ALiBi
-  // causal 6% slower (the same instructions, fewer of them, scheduled worse), while the loads
-  // gathered ahead of the scores made document 1.17-1.18x faster at d64 and d128.
+  // Where a mod's value is computed in the split form: once per row (a load that reads b, h,
+  // q, captures and constants only, and what follows from it by b, h, q alone: a document id
+  // by q), once per column (likewise by b and kv alone: a document id by kv), or per element
+  // (the rest, the constants wherever they are used). Arithmetic with no load behind it stays
+  // per element: measured on the wgmma forward (H200, 2026-11-28), hoisting ALiBi's slope and
+  // converted q out of the tile loop too made d64 ALiBi causal 6% slower (the same
+  // instructions, fewer of them, scheduled worse), while the loads gathered ahead of the
+  // scores made document 1.17-1.18x faster at d64 and d128.
   enum class Place { kArgument, kConst, kRow, kCol, kElement };
   enum : unsigned { kDepScore = 1, kDepQ = 2, kDepKv = 4, kDepH = 8 };
 
@@ -105,30 +106,44 @@ class ModEmitter {
       Operation* def = v.getDefiningOp();
       return def ? place[def] : Place::kArgument;
     };
-    // What each function computes: the row and column functions their own ops and everything
-    // those read (it depends on no more than they do: `q + offset` under `ids[q + offset]`);
-    // the element function its own ops and the constants they read, taking the row and column
-    // values from the structs.
+    // What the row and column functions compute: their own ops and everything those read (it
+    // depends on no more than they do: `q + offset` under `ids[q + offset]`).
     auto ops_of = [&](Place which) {
       std::set<Operation*> need;
       std::vector<Operation*> work;
       for (Operation& op : entry)
-        if (place.count(&op) ? place[&op] == which : which == Place::kElement) work.push_back(&op);
+        if (place.count(&op) && place[&op] == which) work.push_back(&op);
       while (!work.empty()) {
         Operation* op = work.back();
         work.pop_back();
         if (!need.insert(op).second) continue;
         for (Value v : op->getOperands())
-          if (Operation* def = v.getDefiningOp();
-              def && (which != Place::kElement || place[def] == Place::kConst))
-            work.push_back(def);
+          if (Operation* def = v.getDefiningOp()) work.push_back(def);
       }
       std::vector<Operation*> ordered;
       for (Operation& op : entry)
         if (need.count(&op)) ordered.push_back(&op);
       return ordered;
     };
-    const std::vector<Operation*> element_ops = ops_of(Place::kElement);
+    // The element function: what the yield needs, back to the row and column values (an
+    // element-placed op that only a row or column function reads is not emitted here: NVRTC
+    // would warn of an unused variable).
+    std::vector<Operation*> element_ops;
+    {
+      std::set<Operation*> need;
+      std::vector<Operation*> work{entry.getTerminator()};
+      while (!work.empty()) {
+        Operation* op = work.back();
+        work.pop_back();
+        if (!need.insert(op).second) continue;
+        for (Value v : op->getOperands())
+          if (Operation* def = v.getDefiningOp();
+              def && (place[def] == Place::kElement || place[def] == Place::kConst))
+            work.push_back(def);
+      }
+      for (Operation& op : entry)
+        if (need.count(&op)) element_ops.push_back(&op);
+    }
     // What crosses from the row and column functions into the element function.
     std::vector<Value> crossing[2];
     for (Operation* op : element_ops)
