@@ -11,6 +11,8 @@
 using namespace mlir;
 using namespace mlir::fa;
 
+#include "fajit/Dialect/FA/FAInterfaces.cpp.inc"
+
 #define GET_OP_CLASSES
 #include "fajit/Dialect/FA/FAOps.cpp.inc"
 
@@ -188,9 +190,12 @@ bool mlir::fa::isSupportedBodyOp(Operation *op) {
 // ScoreModOp / MaskModOp
 //===----------------------------------------------------------------------===//
 
-unsigned ScoreModOp::getNumFixedArgs() { return 5; }
-unsigned MaskModOp::getNumFixedArgs() { return 4; }
-unsigned ScoreGradOp::getNumFixedArgs() { return 6; }
+unsigned ScoreModOp::getNumFixedArgs() { return std::size(kScoreArgNames); }
+unsigned MaskModOp::getNumFixedArgs() { return std::size(kMaskArgNames); }
+unsigned ScoreGradOp::getNumFixedArgs() { return std::size(kGradArgNames); }
+llvm::StringRef ScoreModOp::getFixedArgName(unsigned i) { return kScoreArgNames[i]; }
+llvm::StringRef MaskModOp::getFixedArgName(unsigned i) { return kMaskArgNames[i]; }
+llvm::StringRef ScoreGradOp::getFixedArgName(unsigned i) { return kGradArgNames[i]; }
 
 ParseResult ScoreModOp::parse(OpAsmParser &parser, OperationState &result) {
   return parseModOp<ScoreModOp>(parser, result);

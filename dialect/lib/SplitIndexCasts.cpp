@@ -25,17 +25,8 @@ constexpr int64_t kExactBelow = int64_t{1} << 24;  // every integer of smaller m
 bool isIndexArgument(Value v) {
   auto arg = dyn_cast<BlockArgument>(v);
   if (!arg || !arg.getType().isInteger(32)) return false;
-  Operation *mod = arg.getOwner()->getParentOp();
-  unsigned fixed = 0;
-  if (isa<ScoreModOp>(mod))
-    fixed = ScoreModOp::getNumFixedArgs();
-  else if (isa<MaskModOp>(mod))
-    fixed = MaskModOp::getNumFixedArgs();
-  else if (isa<ScoreGradOp>(mod))
-    fixed = ScoreGradOp::getNumFixedArgs();
-  else
-    return false;
-  return arg.getArgNumber() < fixed;
+  auto mod = dyn_cast<ModBody>(arg.getOwner()->getParentOp());
+  return mod && arg.getArgNumber() < mod.getNumFixedArgs();
 }
 
 bool isSmallConstant(Value v) {

@@ -170,3 +170,37 @@ TEST(BodyOps, EveryEvaluatorHandlesEveryTableOp) {
 }
 
 }  // namespace
+
+namespace {
+
+// The three mods bodies answer through one interface (ModBody) what passes, the interpreter and
+// codegen read of them: their fixed arguments' count and names, their captures' names, the mod's
+// name and kind.
+TEST(ModBody, NamesFixedArgumentsAndCaptures) {
+  const fa::Program p = fa::Program::parse(R"(
+    fa.score_mod @bias(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) captures(%w: !fa.buffer<f32, 1>) -> f32 {
+      %x = fa.load %w[%h] : !fa.buffer<f32, 1>
+      %r = arith.addf %score, %x : f32
+      fa.yield %r : f32
+    }
+    fa.mask_mod @causal(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {
+      %c = arith.cmpi sge, %q, %kv : i32
+      fa.yield %c : i1
+    })",
+                                           "bodies");
+  const fa::Program::Impl& impl = p.impl();
+  auto names = [](mlir::fa::ModBody body) {
+    std::string s;
+    for (unsigned i = 0; i < body.getNumFixedArgs(); ++i) s += body.getFixedArgName(i).str() + " ";
+    for (unsigned i = body.getNumFixedArgs(); i < body.getEntryBlock().getNumArguments(); ++i)
+      s += "[" + body.getCaptureName(i - body.getNumFixedArgs()).str() + "] ";
+    return body.getKindName().str() + " @" + body.getModName().str() + ": " + s;
+  };
+  EXPECT_EQ(names(llvm::cast<mlir::fa::ModBody>(impl.score.getOperation())),
+            "fa.score_mod @bias: score b h q kv [w] ");
+  EXPECT_EQ(names(llvm::cast<mlir::fa::ModBody>(impl.mask.getOperation())), "fa.mask_mod @causal: b h q kv ");
+  EXPECT_EQ(names(llvm::cast<mlir::fa::ModBody>(fa::detail::score_grad_of(p).getOperation())),
+            "fa.score_grad @bias: score b h q kv dt [w] ");
+}
+
+}  // namespace

@@ -86,9 +86,15 @@ class ModEmitter {
     // kernel, like a capture), and whether a load is among its inputs.
     llvm::DenseMap<Value, unsigned> deps;
     llvm::DenseMap<Value, bool> loads;
-    const unsigned arg_deps[] = {kDepScore, 0, kDepH, kDepQ, kDepKv};
-    const unsigned first = is_score ? 0 : 1, fixed = is_score ? 5 : 4;
-    for (unsigned i = 0; i < fixed; ++i) deps[entry.getArgument(i)] = arg_deps[first + i];
+    auto body = llvm::cast<mlir::fa::ModBody>(mod);
+    for (unsigned i = 0; i < body.getNumFixedArgs(); ++i) {
+      const llvm::StringRef n = body.getFixedArgName(i);
+      deps[entry.getArgument(i)] = n == "score" ? kDepScore
+                                   : n == "h"   ? kDepH
+                                   : n == "q"   ? kDepQ
+                                   : n == "kv"  ? kDepKv
+                                                : 0;
+    }
     std::map<Operation*, Place> place;
     for (Operation& op : entry) {
       if (llvm::isa<mlir::fa::YieldOp>(op)) continue;
@@ -212,19 +218,14 @@ class ModEmitter {
 
   // Names the mod's fixed arguments and its captures.
   void bind_arguments(Operation* mod) {
-    const bool is_grad = llvm::isa<mlir::fa::ScoreGradOp>(mod);
-    const bool is_score = llvm::isa<mlir::fa::ScoreModOp>(mod);
-    mlir::Block& entry = mod->getRegion(0).front();
-    static const char* kScoreArgs[] = {"score", "b", "h", "q", "kv", "dt"};
-    static const char* kMaskArgs[] = {"b", "h", "q", "kv"};
-    unsigned fixed = is_grad ? 6 : is_score ? 5 : 4;
+    auto body = llvm::cast<mlir::fa::ModBody>(mod);
+    mlir::Block& entry = body.getEntryBlock();
+    const unsigned fixed = body.getNumFixedArgs();
     names_.clear();
     for (unsigned i = 0; i < fixed; ++i)
-      names_[entry.getArgument(i).getAsOpaquePointer()] = is_grad || is_score ? kScoreArgs[i] : kMaskArgs[i];
-    auto capture_names = mod->getAttrOfType<mlir::ArrayAttr>("capture_names");
+      names_[entry.getArgument(i).getAsOpaquePointer()] = body.getFixedArgName(i).str();
     for (unsigned i = fixed; i < entry.getNumArguments(); ++i)
-      captures_[entry.getArgument(i).getAsOpaquePointer()] =
-          llvm::cast<mlir::StringAttr>(capture_names[i - fixed]).getValue().str();
+      captures_[entry.getArgument(i).getAsOpaquePointer()] = body.getCaptureName(i - fixed).str();
   }
 
   // One op as a line of C++ (a yield as the return, fa.grad_add as its reduction), tagged with

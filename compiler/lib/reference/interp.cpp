@@ -237,7 +237,7 @@ class Compiler {
   void compile_op(mlir::Operation* op);
 
   detail::ModFields& f_;
-  const char* kind_name_ = "";
+  std::string kind_name_;
   llvm::DenseMap<mlir::Value, uint32_t> regs_;
   llvm::DenseMap<mlir::Value, unsigned> capture_slot_;
   llvm::StringMap<uint32_t> scalar_reg_;
@@ -245,35 +245,21 @@ class Compiler {
 
 void Compiler::run(mlir::Operation* mod) {
   if (!mod) throw Error("ModProgram::compile: null operation");
-  mlir::Block* entry = nullptr;
-  unsigned fixed = 0;
-  llvm::SmallVector<llvm::StringRef> capture_names;
-  if (auto s = llvm::dyn_cast<mlir::fa::ScoreModOp>(mod)) {
-    f_.kind = ModKind::kScore;
-    kind_name_ = "fa.score_mod";
-    f_.name = s.getSymName().str();
-    entry = &s.getEntryBlock();
-    fixed = mlir::fa::ScoreModOp::getNumFixedArgs();
-    for (unsigned i = 0; i < s.getCaptures().size(); ++i) capture_names.push_back(s.getCaptureName(i));
-  } else if (auto m = llvm::dyn_cast<mlir::fa::MaskModOp>(mod)) {
-    f_.kind = ModKind::kMask;
-    kind_name_ = "fa.mask_mod";
-    f_.name = m.getSymName().str();
-    entry = &m.getEntryBlock();
-    fixed = mlir::fa::MaskModOp::getNumFixedArgs();
-    for (unsigned i = 0; i < m.getCaptures().size(); ++i) capture_names.push_back(m.getCaptureName(i));
-  } else if (auto g = llvm::dyn_cast<mlir::fa::ScoreGradOp>(mod)) {
-    f_.kind = ModKind::kScoreGrad;
-    kind_name_ = "fa.score_grad";
-    f_.name = g.getSymName().str();
-    entry = &g.getEntryBlock();
-    fixed = mlir::fa::ScoreGradOp::getNumFixedArgs();
-    for (unsigned i = 0; i < g.getCaptures().size(); ++i) capture_names.push_back(g.getCaptureName(i));
-  } else {
+  auto body = llvm::dyn_cast<mlir::fa::ModBody>(mod);
+  if (!body)
     throw Error(
         fmt::format("ModProgram::compile: expected an fa.score_mod, fa.mask_mod or fa.score_grad, got {}",
                     op_label(mod)));
-  }
+  f_.kind = llvm::isa<mlir::fa::ScoreModOp>(mod)  ? ModKind::kScore
+            : llvm::isa<mlir::fa::MaskModOp>(mod) ? ModKind::kMask
+                                                  : ModKind::kScoreGrad;
+  kind_name_ = body.getKindName().str();
+  f_.name = body.getModName().str();
+  mlir::Block* entry = &body.getEntryBlock();
+  const unsigned fixed = body.getNumFixedArgs();
+  llvm::SmallVector<llvm::StringRef> capture_names;
+  for (unsigned i = fixed; i < entry->getNumArguments(); ++i)
+    capture_names.push_back(body.getCaptureName(i - fixed));
   // Fixed arguments live in registers 0..fixed-1: [score,] b, h, q, kv[, dt].
   for (unsigned i = 0; i < fixed; ++i) regs_[entry->getArgument(i)] = new_reg();
   for (unsigned i = fixed; i < entry->getNumArguments(); ++i) {

@@ -11,6 +11,8 @@
 #include "fajit/Dialect/FA/FADialect.h"
 #include "fajit/Dialect/FA/FATypes.h"
 
+#include "fajit/Dialect/FA/FAInterfaces.h.inc"
+
 #define GET_OP_CLASSES
 #include "fajit/Dialect/FA/FAOps.h.inc"
 

@@ -3,13 +3,14 @@
 
 include "fajit/Dialect/FA/FADialect.td"
 include "fajit/Dialect/FA/FATypes.td"
+include "fajit/Dialect/FA/FAInterfaces.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/OpAsmInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/ControlFlowInterfaces.td"
 
 class FA_ModOp<string mnemonic, string signature> : FA_Op<mnemonic,
-    [Symbol, IsolatedFromAbove,
+    [Symbol, IsolatedFromAbove, FA_ModBodyInterface,
      DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmBlockArgumentNames"]>]> {
   // capture_names: the names users bind buffers by, one per capture argument; the printer
   // uses them as the SSA names of the capture arguments and the parser takes them from there.
@@ -21,6 +22,8 @@ class FA_ModOp<string mnemonic, string signature> : FA_Op<mnemonic,
   let extraClassDeclaration = [{
     /// Number of fixed leading block arguments (}] # signature # [{).
     static unsigned getNumFixedArgs();
+    /// The name of fixed argument `i`.
+    static ::llvm::StringRef getFixedArgName(unsigned i);
     /// The captured buffers, after the fixed arguments.
     ::mlir::Block::BlockArgListType getCaptures() {
       return getBody().front().getArguments().drop_front(getNumFixedArgs());
@@ -67,7 +70,7 @@ def FA_MaskModOp : FA_ModOp<"mask_mod", "b, h, q, kv"> {
   }];
 }
 
-def FA_ScoreGradOp : FA_Op<"score_grad", [IsolatedFromAbove,
+def FA_ScoreGradOp : FA_Op<"score_grad", [IsolatedFromAbove, FA_ModBodyInterface,
     DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmBlockArgumentNames"]>]> {
   let summary = "the derivative of a score_mod: (score, b, h, q, kv, f32 dt) -> f32 dS";
   let description = [{
@@ -94,6 +97,8 @@ def FA_ScoreGradOp : FA_Op<"score_grad", [IsolatedFromAbove,
   let extraClassDeclaration = [{
     /// Number of fixed leading block arguments (score, b, h, q, kv, dt).
     static unsigned getNumFixedArgs();
+    /// The name of fixed argument `i`.
+    static ::llvm::StringRef getFixedArgName(unsigned i);
     ::mlir::Block::BlockArgListType getCaptures() {
       return getBody().front().getArguments().drop_front(getNumFixedArgs());
     }
