@@ -63,9 +63,9 @@ class ModEmitter {
   // by q), once per column (likewise by b and kv alone: a document id by kv), or per element
   // (the rest, the constants wherever they are used). Arithmetic with no load behind it stays
   // per element: measured on the wgmma forward (H200, 2026-11-28), hoisting ALiBi's slope and
-  // converted q out of the tile loop too made d64 ALiBi causal 6% slower (the same
-  // instructions, fewer of them, scheduled worse), while the loads gathered ahead of the
-  // scores made document 1.17-1.18x faster at d64 and d128.
+  // converted q out of the tile loop too made d64 ALiBi causal 6% slower (fewer instructions,
+  // the same registers, scheduled worse), while the loads gathered ahead of the scores made
+  // document 1.17-1.18x faster at d64 and d128.
   enum class Place { kArgument, kConst, kRow, kCol, kElement };
   enum : unsigned { kDepScore = 1, kDepQ = 2, kDepKv = 4, kDepH = 8 };
 
@@ -80,13 +80,13 @@ class ModEmitter {
   std::string split_mod(Operation* mod) {
     const bool is_score = llvm::isa<mlir::fa::ScoreModOp>(mod);
     const std::string Cap = is_score ? "Score" : "Mask", low = is_score ? "score" : "mask";
-    mlir::Block& entry = mod->getRegion(0).front();
+    auto body = llvm::cast<mlir::fa::ModBody>(mod);
+    mlir::Block& entry = body.getEntryBlock();
     bind_arguments(mod);
     // Dependencies of every value on the fixed arguments (b is one per work unit in every
     // kernel, like a capture), and whether a load is among its inputs.
     llvm::DenseMap<Value, unsigned> deps;
     llvm::DenseMap<Value, bool> loads;
-    auto body = llvm::cast<mlir::fa::ModBody>(mod);
     for (unsigned i = 0; i < body.getNumFixedArgs(); ++i) {
       const llvm::StringRef n = body.getFixedArgName(i);
       deps[entry.getArgument(i)] = n == "score" ? kDepScore
