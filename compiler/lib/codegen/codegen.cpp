@@ -67,7 +67,7 @@ class ModEmitter {
   // the same registers, scheduled worse), while the loads gathered ahead of the scores made
   // document 1.17-1.18x faster at d64 and d128.
   enum class Place { kArgument, kConst, kRow, kCol, kElement };
-  enum : unsigned { kDepScore = 1, kDepQ = 2, kDepKv = 4, kDepH = 8 };
+  static constexpr unsigned kDepScore = 1, kDepQ = 2, kDepKv = 4, kDepH = 8;
 
   // A score_mod or mask_mod as three functions and the plain one over them:
   //   struct ScoreRow { ... };  score_row(b, h, q, cap)    -> the row values the elements read
