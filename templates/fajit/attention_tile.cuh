@@ -12,7 +12,7 @@
 //
 // Every primitive does one job, destination first:
 //   score_tile      score_mod / mask_mod / kv bounds on an S fragment      (the mods hook)
-//   SplitMods       a mods struct's split form (codegen's, or empty parts for a plain one)
+//   SplitMods       a mods struct's split form (codegen's, or PlainMods: empty parts)
 //   ModRows         the mods' loads by query of a thread's two rows, once per query block
 //   LaneSpread      a tile's per-column values spread over a warp, shuffled where needed
 //   ModCols         the mods' loads by key of a tile's columns (LaneSpread), gathered ahead of S
@@ -340,14 +340,11 @@ __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_ful
 }
 
 // The split form of a mods struct: codegen's FaMods has it (score_row / score_col, the
-// element's score_mod on them, and the mask's alike); a hand-written struct with the plain
-// score_mod / mask_mod alone gets empty rows and columns and its own functions per element.
-template <typename...>
-struct MakeVoid {
-  using type = void;
-};
-template <typename Mods, typename = void>
-struct SplitMods : Mods {
+// element's score_mod on them, and the mask's alike). PlainMods<Mods> is any mods struct seen
+// without it: empty rows and columns, its plain score_mod / mask_mod per element. SplitMods
+// gives a struct's own split form where it has one, else PlainMods (hand-written structs).
+template <typename Mods>
+struct PlainMods : Mods {
   struct Empty {
     __device__ __forceinline__ Empty from_lane(int) const { return {}; }
   };
@@ -368,22 +365,14 @@ struct SplitMods : Mods {
     return Mods::mask_mod(b, h, q, kv, cap);
   }
 };
+template <typename...>
+struct MakeVoid {
+  using type = void;
+};
+template <typename Mods, typename = void>
+struct SplitMods : PlainMods<Mods> {};
 template <typename Mods>
 struct SplitMods<Mods, typename MakeVoid<typename Mods::ScoreRow>::type> : Mods {};
-// A mods struct seen as plain (its split form hidden): SplitMods<NoSplit<Mods>> runs the plain
-// functions per element with empty rows and columns, where a kernel gathers nothing.
-template <typename Mods>
-struct NoSplit {
-  static constexpr bool kHasScoreMod = Mods::kHasScoreMod;
-  static constexpr bool kHasMaskMod = Mods::kHasMaskMod;
-  static __device__ __forceinline__ float score_mod(float score, int b, int h, int q, int kv,
-                                                    const FaCaptures& cap) {
-    return Mods::score_mod(score, b, h, q, kv, cap);
-  }
-  static __device__ __forceinline__ bool mask_mod(int b, int h, int q, int kv, const FaCaptures& cap) {
-    return Mods::mask_mod(b, h, q, kv, cap);
-  }
-};
 
 // The mods' row values (codegen's FaMods::score_row / mask_row: loads by b, h, q alone and what
 // follows from them, a document id by q; arithmetic without a load, an ALiBi slope, stays per
@@ -438,12 +427,6 @@ struct ModCols {
     if (Mods::kHasMaskMod && partial)
       mask.gather(start, len_kv, [&](int kv) { return Mods::mask_col(b, kv, cap); });
   }
-  __device__ __forceinline__ typename Mods::ScoreCol score_at(int j, int c, int lane_t) const {
-    return score.at(j, c, lane_t);
-  }
-  __device__ __forceinline__ typename Mods::MaskCol mask_at(int j, int c, int lane_t) const {
-    return mask.at(j, c, lane_t);
-  }
 };
 
 // The query head of a fragment's rows: one head for the whole tile (an int), or one per row
@@ -492,8 +475,8 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
       typename Mods::MaskCol mask_col[2];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        if constexpr (Mods::kHasScoreMod) score_col[c] = cols.score_at(j, c, lane_t);
-        if constexpr (kMaskMod && Mods::kHasMaskMod) mask_col[c] = cols.mask_at(j, c, lane_t);
+        if constexpr (Mods::kHasScoreMod) score_col[c] = cols.score.at(j, c, lane_t);
+        if constexpr (kMaskMod && Mods::kHasMaskMod) mask_col[c] = cols.mask.at(j, c, lane_t);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

@@ -572,7 +572,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   // score_grad's kept scores at head dims from 128, where the gathered values cost spills (d128
   // document + softcap: 316 -> 376 B, not measured on a GPU): there the plain mods per element.
   constexpr bool kGatherMods = !(Mods::kScoreGrad && Cfg::kHeadDimQK >= 128);
-  using Split = typename PickType<kGatherMods, SplitMods<Mods>, SplitMods<NoSplit<Mods>>>::Type;
+  using Split = typename PickType<kGatherMods, SplitMods<Mods>, PlainMods<Mods>>::Type;
   const bwd::ModKeys<Split> mod_keys(kr, b, cap);  // the mods' values of this thread's keys
   const bool key_tail = kv0 + kBN > len_kv;
   const float sn = natural_scale(Mods::kHasScoreMod, p.scale);

@@ -112,44 +112,35 @@ class ModEmitter {
       Operation* def = v.getDefiningOp();
       return def ? place[def] : Place::kArgument;
     };
-    // What the row and column functions compute: their own ops and everything those read (it
-    // depends on no more than they do: `q + offset` under `ids[q + offset]`).
-    auto ops_of = [&](Place which) {
+    // The ops `roots` read, back through the operands `follow` accepts, in block order.
+    auto closure = [&](std::vector<Operation*> work, auto&& follow) {
       std::set<Operation*> need;
-      std::vector<Operation*> work;
-      for (Operation& op : entry)
-        if (place.count(&op) && place[&op] == which) work.push_back(&op);
       while (!work.empty()) {
         Operation* op = work.back();
         work.pop_back();
         if (!need.insert(op).second) continue;
         for (Value v : op->getOperands())
-          if (Operation* def = v.getDefiningOp()) work.push_back(def);
+          if (Operation* def = v.getDefiningOp(); def && follow(def)) work.push_back(def);
       }
       std::vector<Operation*> ordered;
       for (Operation& op : entry)
         if (need.count(&op)) ordered.push_back(&op);
       return ordered;
     };
+    // What the row and column functions compute: their own ops and everything those read (it
+    // depends on no more than they do: `q + offset` under `ids[q + offset]`).
+    auto ops_of = [&](Place which) {
+      std::vector<Operation*> own;
+      for (Operation& op : entry)
+        if (place.count(&op) && place[&op] == which) own.push_back(&op);
+      return closure(own, [](Operation*) { return true; });
+    };
     // The element function: what the yield needs, back to the row and column values (an
     // element-placed op that only a row or column function reads is not emitted here: NVRTC
     // would warn of an unused variable).
-    std::vector<Operation*> element_ops;
-    {
-      std::set<Operation*> need;
-      std::vector<Operation*> work{entry.getTerminator()};
-      while (!work.empty()) {
-        Operation* op = work.back();
-        work.pop_back();
-        if (!need.insert(op).second) continue;
-        for (Value v : op->getOperands())
-          if (Operation* def = v.getDefiningOp();
-              def && (place[def] == Place::kElement || place[def] == Place::kConst))
-            work.push_back(def);
-      }
-      for (Operation& op : entry)
-        if (need.count(&op)) element_ops.push_back(&op);
-    }
+    const std::vector<Operation*> element_ops = closure({entry.getTerminator()}, [&](Operation* def) {
+      return place[def] == Place::kElement || place[def] == Place::kConst;
+    });
     // What crosses from the row and column functions into the element function.
     std::vector<Value> crossing[2];
     for (Operation* op : element_ops)
