@@ -16,6 +16,7 @@
 //   ModRows         the mods' loads by query of a thread's two rows, once per query block
 //   LaneSpread      a tile's per-column values spread over a warp, shuffled where needed
 //   ModCols         the mods' loads by key of a tile's columns (LaneSpread), gathered ahead of S
+//   ColumnPair      one column pair's gathered values, shuffled in once for a warp's m-tiles
 //   SoftmaxRows     online softmax of a thread's two rows: S -> P, running max/sum, 1/l, LSE
 //   scale_rows      multiply each row of a fragment (O rescale)
 //   pack_a          16-bit A operand of the next GEMM (P·V) from an fp32 fragment
@@ -374,19 +375,34 @@ struct SplitMods : PlainMods<Mods> {};
 template <typename Mods>
 struct SplitMods<Mods, typename MakeVoid<typename Mods::ScoreRow>::type> : Mods {};
 
+// The query head of a fragment's rows: one head for the whole tile (an int), or one per row
+// half (int[2]: the decoding kernel packs the heads of a GQA group into one tile); and the
+// heads of m-tile mi of a kMT-tile fragment set.
+__device__ __forceinline__ int head_of(int h, int) { return h; }
+__device__ __forceinline__ int head_of(const int (&h)[2], int hh) { return h[hh]; }
+template <typename H>
+__device__ __forceinline__ const H& heads_of(const H& h, int) {
+  return h;
+}
+template <int kMT>
+__device__ __forceinline__ const int (&heads_of(const int (&h)[kMT][2], int mi))[2] {
+  return h[mi];
+}
+
 // The mods' row values (codegen's FaMods::score_row / mask_row: loads by b, h, q alone and what
 // follows from them, a document id by q; arithmetic without a load, an ALiBi slope, stays per
 // element) for a thread's two fragment rows, q_idx already clamped into range: gathered once
-// per query block instead of once per tile.
+// per query block instead of once per tile. h: one head, or one per row (head_of).
 template <typename Mods>
 struct ModRows {
   typename Mods::ScoreRow score[2];
   typename Mods::MaskRow mask[2];
-  __device__ __forceinline__ void gather(const int (&q_idx)[2], int b, int h, const FaCaptures& cap) {
+  template <typename H>
+  __device__ __forceinline__ void gather(const int (&q_idx)[2], int b, const H& h, const FaCaptures& cap) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if constexpr (Mods::kHasScoreMod) score[hh] = Mods::score_row(b, h, q_idx[hh], cap);
-      if constexpr (Mods::kHasMaskMod) mask[hh] = Mods::mask_row(b, h, q_idx[hh], cap);
+      if constexpr (Mods::kHasScoreMod) score[hh] = Mods::score_row(b, head_of(h, hh), q_idx[hh], cap);
+      if constexpr (Mods::kHasMaskMod) mask[hh] = Mods::mask_row(b, head_of(h, hh), q_idx[hh], cap);
     }
   }
 };
@@ -429,20 +445,6 @@ struct ModCols {
   }
 };
 
-// The query head of a fragment's rows: one head for the whole tile (an int), or one per row
-// half (int[2]: the decoding kernel packs the heads of a GQA group into one tile); and the
-// heads of m-tile mi of a kMT-tile fragment set.
-__device__ __forceinline__ int head_of(int h, int) { return h; }
-__device__ __forceinline__ int head_of(const int (&h)[2], int hh) { return h[hh]; }
-template <typename H>
-__device__ __forceinline__ const H& heads_of(const H& h, int) {
-  return h;
-}
-template <int kMT>
-__device__ __forceinline__ const int (&heads_of(const int (&h)[kMT][2], int mi))[2] {
-  return h[mi];
-}
-
 // The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2] of head
 // head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t. score_mod on every element;
 // with kMaskMod (a partial block) mask_mod too. Keys past len_kv reach the mods clamped to the
@@ -462,6 +464,39 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
   }
 }
 
+// Column pair j of a tile (columns kv0 + 8j and kv0 + 8j + 1 of a fragment) from the gathered
+// ModCols: shuffled over from their lanes once, for every fragment (m-tile) that needs them.
+template <typename Mods, bool kMaskMod>
+struct ColumnPair {
+  typename Mods::ScoreCol score[2];
+  typename Mods::MaskCol mask[2];
+  template <int kNT>
+  __device__ __forceinline__ ColumnPair(const ModCols<Mods, kNT>& cols, int j, int lane_t) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      if constexpr (Mods::kHasScoreMod) score[c] = cols.score.at(j, c, lane_t);
+      if constexpr (kMaskMod && Mods::kHasMaskMod) mask[c] = cols.mask.at(j, c, lane_t);
+    }
+  }
+};
+
+// The split hook on the four elements [i] of a fragment's column pair (rows q_idx[i/2] of head
+// head_of(h, i/2), columns kv + i%2), its row values gathered (ModRows) and its columns'
+// shuffled in.
+template <typename Mods, bool kMaskMod, typename H>
+__device__ __forceinline__ void mod_column_pair(float (&s)[4], const int (&q_idx)[2], int kv, int len_kv,
+                                                float scale, int b, const H& h, const ModRows<Mods>& rows,
+                                                const ColumnPair<Mods, kMaskMod>& col,
+                                                const FaCaptures& cap) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int kv_c = min(kv + (i & 1), len_kv - 1);
+    s[i] = mod_score<Mods, kMaskMod>(s[i], q_idx[i >> 1], kv_c, false, scale, b, head_of(h, i >> 1),
+                                     rows.score[i >> 1], col.score[i & 1], rows.mask[i >> 1], col.mask[i & 1],
+                                     cap);
+  }
+}
+
 // apply_mods on gathered row and column values (one head for the fragment).
 template <typename Mods, bool kMaskMod, int kNT>
 __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
@@ -471,20 +506,26 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
   if constexpr (Mods::kHasScoreMod || kMaskMod) {
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      typename Mods::ScoreCol score_col[2];  // columns kv0 + 8j, kv0 + 8j + 1, from their lanes
-      typename Mods::MaskCol mask_col[2];
+      const ColumnPair<Mods, kMaskMod> col(cols, j, lane_t);
+      mod_column_pair<Mods, kMaskMod>(s[j], q_idx, kv0 + j * 8, len_kv, scale, b, h, rows, col, cap);
+    }
+  }
+}
+
+// The same on kMT fragments (m-tiles): a column pair is shuffled once for all of them.
+template <typename Mods, bool kMaskMod, int kMT, int kNT, typename H>
+__device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int kv0,
+                                           int len_kv, float scale, int b, const H& h,
+                                           const ModRows<Mods> (&rows)[kMT], const ModCols<Mods, kNT>& cols,
+                                           int lane_t, const FaCaptures& cap) {
+  if constexpr (Mods::kHasScoreMod || kMaskMod) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        if constexpr (Mods::kHasScoreMod) score_col[c] = cols.score.at(j, c, lane_t);
-        if constexpr (kMaskMod && Mods::kHasMaskMod) mask_col[c] = cols.mask.at(j, c, lane_t);
-      }
+    for (int j = 0; j < kNT; ++j) {
+      const ColumnPair<Mods, kMaskMod> col(cols, j, lane_t);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int kv = min(kv0 + j * 8 + (i & 1), len_kv - 1);
-        s[j][i] =
-            mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, false, scale, b, h, rows.score[i >> 1],
-                                      score_col[i & 1], rows.mask[i >> 1], mask_col[i & 1], cap);
-      }
+      for (int mi = 0; mi < kMT; ++mi)
+        mod_column_pair<Mods, kMaskMod>(s[mi][j], q_idx[mi], kv0 + j * 8, len_kv, scale, b, heads_of(h, mi),
+                                        rows[mi], col, cap);
     }
   }
 }
@@ -503,21 +544,18 @@ __device__ __forceinline__ void mask_tail(float (&s)[kNT][4], int kv0, int len_k
 // mask_mod only on a partial block (with the score_mod: the two paths are chosen once per
 // tile), the kv bound only on the tile that crosses len_kv, as a separate pass — a partial
 // tile inside the sequence (a document mask's, most of its tiles) pays for mask_mod alone.
-// lane_t = lane % 4; h: one head, or int[kMT][2] per row (heads_of).
+// lane_t = lane % 4; h: one head, or int[kMT][2] per row (heads_of). The mods' row and column
+// values come gathered (ModRows per m-tile, ModCols for this tile).
 template <typename Mods, int kBlockN, int kMT, int kNT, typename H>
 __device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int start,
                                            int lane_t, int len_kv, bool is_full, float scale, int b,
-                                           const H& h, const FaCaptures& cap) {
+                                           const H& h, const ModRows<Mods> (&rows)[kMT],
+                                           const ModCols<Mods, kNT>& cols, const FaCaptures& cap) {
   const int kv0 = start + 2 * lane_t;
-  if (Mods::kHasMaskMod && !is_full) {
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
-      apply_mods<Mods, true>(s[mi], q_idx[mi], kv0, len_kv, scale, b, heads_of(h, mi), cap);
-  } else {
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
-      apply_mods<Mods, false>(s[mi], q_idx[mi], kv0, len_kv, scale, b, heads_of(h, mi), cap);
-  }
+  if (Mods::kHasMaskMod && !is_full)
+    apply_mods<Mods, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+  else
+    apply_mods<Mods, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
   if (start + kBlockN > len_kv) {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) mask_tail(s[mi], kv0, len_kv);

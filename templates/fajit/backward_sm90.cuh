@@ -352,14 +352,6 @@ struct PublishedWalk {
     __device__ __forceinline__ void next(const PublishedWalk&, int) {}
   };
 };
-template <bool kFirst, typename A, typename B>
-struct PickType {
-  using Type = A;
-};
-template <typename A, typename B>
-struct PickType<false, A, B> {
-  using Type = B;
-};
 
 // Producer warps 0, 1 (tid < kLoadThreads): cp.async K and V once (bar_kv), then for each query
 // head of the GQA group and each query tile the transposed tables list, Q and dO by TMA from

@@ -309,6 +309,16 @@ __device__ __forceinline__ void load_tile_async(u32 dst, const Element* src, lon
   });
 }
 
+// A when kFirst, else B (NVRTC's device code has no <type_traits>).
+template <bool kFirst, typename A, typename B>
+struct PickType {
+  using Type = A;
+};
+template <typename A, typename B>
+struct PickType<false, A, B> {
+  using Type = B;
+};
+
 }  // namespace fa
 
 #endif  // FAJIT_PRELUDE_CUH

@@ -242,6 +242,20 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.persistent_ctas = 3; }),
       with({"key_pad_bias", bf16, 128, 128, 1, 8, 2, 1000, 4097}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      // the decoding kernel up to head dim 64 (a GQA group's heads packed into one tile: rows
+      // of several heads), one query and 16, several splits
+      {"key_pad_bias", bf16, 64, 64, 2, 8, 2, 16, 3000},
+      {"key_pad_bias", f16, 48, 64, 1, 8, 8, 1, 4097},
+      // the mma.sync forward gathers them too: two m-tiles a warp sharing the shuffled columns
+      // (d64, 4 warps; a document mask at d96), 32-key tiles (one slot), tails
+      with({"key_pad_bias", bf16, 64, 64, 2, 4, 2, 1000, 777}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"document2d_causal", f16, 96, 96, 2, 4, 4, 1000, 4097}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"key_pad_bias", f16, 64, 64, 1, 4, 1, 17, 1000}, "mma_tile64x32w4s2",
+           [](FwdCase& c) {
+             c.family = fa::KernelFamily::kMmaSync, c.tile = fa::TileConfig{64, 32, 4, 2};
+           }),
       // two consumer warpgroups: the d128 and d96 default for a mask_mod alone (128x128 s2), and
       // 128x128 s3 at d64
       with({"document2d_causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "ctas3",
