@@ -648,7 +648,12 @@ TEST(CodegenNvrtc, GatheredModsCompile) {
       s.family = fa::KernelFamily::kWgmma;
       cases.push_back({&p, s});
     }
+    // the mma.sync forward: two m-tiles a warp (d64), one (d128 with a score_mod: 8 warps);
+    // the decoder gathers at d64 and calls the plain mods above
     cases.push_back({&p, spec(fa::DType::f16, 64, 64, "sm_80")});
+    cases.push_back({&p, spec(fa::DType::bf16, 128, 128, "sm_80")});
+    for (int d : {64, 128})
+      cases.push_back({&p, spec(fa::DType::bf16, d, d, "sm_90a", fa::KernelKind::kDecode)});
     for (fa::KernelFamily family : {fa::KernelFamily::kWgmma, fa::KernelFamily::kMmaSync}) {
       fa::KernelSpec s = spec(fa::DType::bf16, 64, 64, "sm_90a", fa::KernelKind::kBackward);
       s.family = family;
