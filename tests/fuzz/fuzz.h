@@ -176,14 +176,18 @@ fa::Bindings bindings_of(const Case& c);  // refers to c's buffers
 // or in double for finite differences. `branches`, when given, collects one entry per
 // non-smooth node evaluated (which side of a where/min/max/abs/compare/floor... was taken, and
 // the sign of each divisor and log/sqrt/rsqrt/pow argument); `magnitude` gets the largest
-// finite |float value| computed.
+// finite |float value| computed. `f32_invariants` (T = double): every float subtree that reads
+// neither the score nor a buffer `perturb` moves is evaluated in float, as the kernel and the
+// interpreter compute it, so a difference quotient in the score (or a buffer element) meets the
+// same constants as the f32 derivative it checks (cos(w·kv) at w·kv = 7158: f32's rounding of
+// the product moves the cosine near its zero by 15 %; the replay seed 4242 case 12785).
 struct Point {
   int b = 0, h = 0, q = 0, kv = 0;
 };
 template <typename T>
 T eval_score(const Case& c, const NodeP& n, T score, const Point& p, std::vector<int64_t>* branches = nullptr,
              const std::map<std::pair<std::string, int64_t>, double>* perturb = nullptr,
-             double* magnitude = nullptr);
+             double* magnitude = nullptr, bool f32_invariants = false);
 bool eval_mask(const Case& c, const Point& p);
 
 // ---- running -----------------------------------------------------------------------------

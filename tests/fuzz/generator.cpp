@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -706,7 +707,8 @@ struct Evaluator {
   Point p;
   std::vector<int64_t>* br;
   const std::map<std::pair<std::string, int64_t>, double>* perturb;
-  double magnitude = 0;  // the largest finite |float value| computed
+  bool f32_invariants = false;  // float subtrees free of the score and perturbed buffers: in f32
+  double magnitude = 0;         // the largest finite |float value| computed
 
   void note(int64_t v) {
     if (br) br->push_back(v);
@@ -743,8 +745,26 @@ struct Evaluator {
     return v;
   }
 
+  // Whether n reads the score or a buffer `perturb` moves (the variable of a difference).
+  bool varies(const NodeP& n) const {
+    if (n->op == Op::kScoreArg) return true;
+    if (n->op == Op::kLoadF && perturb)
+      for (const auto& [key, t] : *perturb)
+        if (key.first == n->name) return true;
+    for (const NodeP& k : n->kids)
+      if (varies(k)) return true;
+    return false;
+  }
+
   Val<T> run(const NodeP& n) {
     Val<T> v;
+    if constexpr (!std::is_same_v<T, float>) {
+      if (f32_invariants && n->ty == Ty::kScore && !varies(n)) {
+        Evaluator<float> e{c, 0.0f, p, br, nullptr};
+        v.f = static_cast<T>(e.run(n).f);
+        return v;
+      }
+    }
     auto F = [&](size_t i) { return run(n->kids[i]).f; };
     auto I = [&](size_t i) { return run(n->kids[i]).i; };
     auto B = [&](size_t i) { return run(n->kids[i]).b; };
@@ -965,16 +985,17 @@ struct Evaluator {
 
 template <typename T>
 T eval_score(const Case& c, const NodeP& n, T score, const Point& p, std::vector<int64_t>* branches,
-             const std::map<std::pair<std::string, int64_t>, double>* perturb, double* magnitude) {
-  Evaluator<T> e{c, score, p, branches, perturb};
+             const std::map<std::pair<std::string, int64_t>, double>* perturb, double* magnitude,
+             bool f32_invariants) {
+  Evaluator<T> e{c, score, p, branches, perturb, f32_invariants};
   T r = e.run(n).f;
   if (magnitude) *magnitude = e.magnitude;
   return r;
 }
 template float eval_score<float>(const Case&, const NodeP&, float, const Point&, std::vector<int64_t>*,
-                                 const std::map<std::pair<std::string, int64_t>, double>*, double*);
+                                 const std::map<std::pair<std::string, int64_t>, double>*, double*, bool);
 template double eval_score<double>(const Case&, const NodeP&, double, const Point&, std::vector<int64_t>*,
-                                   const std::map<std::pair<std::string, int64_t>, double>*, double*);
+                                   const std::map<std::pair<std::string, int64_t>, double>*, double*, bool);
 
 bool eval_mask(const Case& c, const Point& p) {
   Evaluator<float> e{c, 0.0f, p, nullptr, nullptr};
