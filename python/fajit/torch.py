@@ -35,7 +35,7 @@ import hashlib
 import math
 import threading
 import weakref
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -43,8 +43,21 @@ from torch import Tensor
 from . import Program, _capi
 from ._trace import Buffer, Scalar, _name_hints, check_mod, trace
 
-__all__ = ["flex_attention", "flex_attention_varlen", "create_block_mask", "BlockMask", "noop_mask", "and_masks",
-           "or_masks"]
+__all__ = ["flex_attention", "flex_attention_varlen", "create_block_mask", "BlockMask", "AuxRequest", "AuxOutput",
+           "noop_mask", "and_masks", "or_masks"]
+
+try:  # torch's own (2.9 and later), so an AuxRequest made from either module is accepted
+    from torch.nn.attention.flex_attention import AuxOutput, AuxRequest
+except ImportError:
+    class AuxRequest(NamedTuple):
+        """Which auxiliary outputs flex_attention returns (torch.nn.attention.flex_attention's)."""
+        lse: bool = False
+        max_scores: bool = False
+
+    class AuxOutput(NamedTuple):
+        """flex_attention's auxiliary outputs; None where not requested."""
+        lse: Optional[Tensor] = None
+        max_scores: Optional[Tensor] = None
 
 _DTYPES = {torch.float16: ("f16", _capi.F16), torch.bfloat16: ("bf16", _capi.BF16)}
 _lock = threading.RLock()
@@ -683,12 +696,15 @@ def _rows(t):
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
-                   return_lse=False, kernel_options=None):
+                   return_lse=False, kernel_options=None, *, return_aux=None):
     """torch.nn.attention.flex_attention.flex_attention, computed by fajit's kernels.
 
     query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (fp16 or bf16, CUDA, E and Ev
     multiples of 8 from 32 to 256); block_mask from fajit.torch.create_block_mask or torch's. Returns out
-    [B, Hq, L, Ev] (and the natural-log LSE [B, Hq, L], fp32, with return_lse=True)."""
+    [B, Hq, L, Ev]; with return_aux=AuxRequest(lse=True) also AuxOutput(lse=...), the natural-log LSE
+    [B, Hq, L], fp32 (so does the older return_lse=True, as a plain tensor). AuxRequest(max_scores=True)
+    is refused: fajit's kernels do not write the rows' maxima yet."""
+    _check_aux(return_lse, return_aux)
     _check_inputs(query, key, value, enable_gqa)
     B, Hq, L, E = query.shape
     S = key.shape[2]
@@ -703,9 +719,24 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         out, lse = _FlexFunction.apply(*args[:5], info, len(tables), len(buffers), *tables, *buffers, *scalars)
     else:
         out, lse = _flex_fwd_impl(*args)
+    if return_aux is not None:
+        return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=None)
     if return_lse:
         return out, lse
     return out
+
+
+def _check_aux(return_lse, return_aux):
+    if return_aux is None:
+        return
+    if return_lse:
+        raise ValueError("flex_attention: pass return_lse or return_aux, not both (return_lse is torch's older "
+                         "form of return_aux=AuxRequest(lse=True))")
+    if not all(hasattr(return_aux, f) for f in ("lse", "max_scores")):
+        raise TypeError(f"return_aux must be an AuxRequest(lse=..., max_scores=...), got {type(return_aux).__name__}")
+    if return_aux.max_scores:
+        raise NotImplementedError("flex_attention: return_aux=AuxRequest(max_scores=True) is not supported: fajit's "
+                                  "kernels do not write the rows' maximum scores yet (lse=True is)")
 
 
 # ragged / paged batches: defined beside, on the helpers above

@@ -107,6 +107,14 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(TypeError, match=r"mask_mod must take 4 arguments \(b, h, q_idx, kv_idx\); f takes 2"):
         ft.create_block_mask(f, 1, 1, 128, 128)
 
+    # return_aux (torch's AuxRequest, or fajit.torch's where torch has none) is checked first
+    with pytest.raises(ValueError, match="pass return_lse or return_aux, not both"):
+        ft.flex_attention(q, q, q, return_lse=True, return_aux=ft.AuxRequest(lse=True))
+    with pytest.raises(NotImplementedError, match=r"AuxRequest\(max_scores=True\) is not supported"):
+        ft.flex_attention(q, q, q, return_aux=ft.AuxRequest(lse=True, max_scores=True))
+    with pytest.raises(TypeError, match="return_aux must be an AuxRequest"):
+        ft.flex_attention(q, q, q, return_aux=True)
+
 
 # ---- GPU: against torch's flex_attention ------------------------------------------------------
 
@@ -227,6 +235,32 @@ def test_lse_in_the_loss_and_unused_outputs(compiled, loss):
     for name, a, t in (("dq", q.grad, qd), ("dk", k.grad, kd), ("dv", v.grad, vd)):
         b = t.grad if t.grad is not None else torch.zeros_like(t)  # the LSE does not read v
         _close(a, b, f"{loss} {name}", 3 * TOL[torch.float16])
+
+
+@needs_gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_return_aux_gives_the_lse_return_lse_gives(compiled):
+    """return_aux=AuxRequest(lse=True): out and AuxOutput(lse, max_scores=None), the same bits as
+    return_lse=True; a loss of aux.lse reaches dq and dk as return_lse's does; lse=False gives
+    AuxOutput(None, None)."""
+    import fajit.torch as ft
+
+    B, H, L, D = 1, 2, 200, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=5)
+    mask = ft.create_block_mask(causal, None, None, L, L)
+    attn = torch.compile(ft.flex_attention, fullgraph=True) if compiled else ft.flex_attention
+    out, aux = attn(q, k, v, block_mask=mask, return_aux=ft.AuxRequest(lse=True))
+    assert isinstance(aux, ft.AuxOutput) and aux.max_scores is None
+    out_l, lse = ft.flex_attention(q, k, v, block_mask=mask, return_lse=True)
+    assert torch.equal(out, out_l) and torch.equal(aux.lse, lse)
+    _, none = attn(q, k, v, block_mask=mask, return_aux=ft.AuxRequest())
+    assert none.lse is None and none.max_scores is None
+    aux.lse.sum().backward()
+    dq, dk = q.grad.clone(), k.grad.clone()
+    q.grad = k.grad = None
+    lse.sum().backward()
+    _close(dq, q.grad, "dq through aux.lse", TOL[torch.bfloat16])  # (dq by atomics: not bitwise)
+    _close(dk, k.grad, "dk through aux.lse", TOL[torch.bfloat16])
 
 
 @needs_gpu
