@@ -375,6 +375,15 @@ struct SplitMods : PlainMods<Mods> {};
 template <typename Mods>
 struct SplitMods<Mods, typename MakeVoid<typename Mods::ScoreRow>::type> : Mods {};
 
+// The mods as the mma.sync forward and the decoder take them: split (their loads gathered) up to
+// head dim 64, plain (per element) above. Up to 64 neither kernel spills for them; above, the
+// gathered row and column values cost registers these kernels do not have: the mma.sync forward
+// at d128 (4 warps of 32 rows) spills 48 -> 72 B for a document mask on sm_80, 96 -> 192 B paged,
+// and the decoder at d128 ran a token 1-4 % slower (H200; bench/RESULTS.md, forty-second session).
+template <typename Mods, int kHeadDimQK, int kHeadDimV>
+using MmaMods =
+    typename PickType<(kHeadDimQK <= 64 && kHeadDimV <= 64), SplitMods<Mods>, PlainMods<Mods>>::Type;
+
 // The query head of a fragment's rows: one head for the whole tile (an int), or one per row
 // half (int[2]: the decoding kernel packs the heads of a GQA group into one tile); and the
 // heads of m-tile mi of a kMT-tile fragment set.
@@ -445,25 +454,6 @@ struct ModCols {
   }
 };
 
-// The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2] of head
-// head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t. score_mod on every element;
-// with kMaskMod (a partial block) mask_mod too. Keys past len_kv reach the mods clamped to the
-// last one; mask_tail() masks them afterwards.
-template <typename Mods, bool kMaskMod, int kNT, typename H>
-__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
-                                           float scale, int b, const H& h, const FaCaptures& cap) {
-  if constexpr (Mods::kHasScoreMod || kMaskMod) {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int kv = min(kv0 + j * 8 + (i & 1), len_kv - 1);
-        s[j][i] =
-            mod_score<Mods, kMaskMod>(s[j][i], q_idx[i >> 1], kv, false, scale, b, head_of(h, i >> 1), cap);
-      }
-  }
-}
-
 // Column pair j of a tile (columns kv0 + 8j and kv0 + 8j + 1 of a fragment) from the gathered
 // ModCols: shuffled over from their lanes once, for every fragment (m-tile) that needs them.
 template <typename Mods, bool kMaskMod>
@@ -497,10 +487,14 @@ __device__ __forceinline__ void mod_column_pair(float (&s)[4], const int (&q_idx
   }
 }
 
-// apply_mods on gathered row and column values (one head for the fragment).
-template <typename Mods, bool kMaskMod, int kNT>
+// The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2] of head
+// head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t. score_mod on every element;
+// with kMaskMod (a partial block) mask_mod too, their row and column values gathered (ModRows,
+// ModCols; empty for PlainMods, whose calls take the plain mods). Keys past len_kv reach the
+// mods clamped to the last one; mask_tail() masks them afterwards.
+template <typename Mods, bool kMaskMod, int kNT, typename H>
 __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
-                                           float scale, int b, int h, const ModRows<Mods>& rows,
+                                           float scale, int b, const H& h, const ModRows<Mods>& rows,
                                            const ModCols<Mods, kNT>& cols, int lane_t,
                                            const FaCaptures& cap) {
   if constexpr (Mods::kHasScoreMod || kMaskMod) {
@@ -512,13 +506,18 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
   }
 }
 
-// The same on kMT fragments (m-tiles): a column pair is shuffled once for all of them.
+// The same on kMT fragments (m-tiles). With column values a column pair is shuffled in once for
+// all of them; without (no loads by key, or PlainMods) m-tile by m-tile, as the plain calls go.
 template <typename Mods, bool kMaskMod, int kMT, int kNT, typename H>
 __device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int kv0,
                                            int len_kv, float scale, int b, const H& h,
                                            const ModRows<Mods> (&rows)[kMT], const ModCols<Mods, kNT>& cols,
                                            int lane_t, const FaCaptures& cap) {
-  if constexpr (Mods::kHasScoreMod || kMaskMod) {
+  constexpr bool kColumns =
+      !__is_empty(typename Mods::ScoreCol) || (kMaskMod && !__is_empty(typename Mods::MaskCol));
+  if constexpr (!Mods::kHasScoreMod && !kMaskMod) {
+    return;
+  } else if constexpr (kColumns) {
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
       const ColumnPair<Mods, kMaskMod> col(cols, j, lane_t);
@@ -527,6 +526,11 @@ __device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&
         mod_column_pair<Mods, kMaskMod>(s[mi][j], q_idx[mi], kv0 + j * 8, len_kv, scale, b, heads_of(h, mi),
                                         rows[mi], col, cap);
     }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+      apply_mods<Mods, kMaskMod>(s[mi], q_idx[mi], kv0, len_kv, scale, b, heads_of(h, mi), rows[mi], cols,
+                                 lane_t, cap);
   }
 }
 
@@ -562,19 +566,6 @@ __device__ __forceinline__ void score_tile(float (&s)[kMT][kNT][4], const int (&
   }
 }
 // One fragment (a warp's share of a wgmma accumulator).
-template <typename Mods, int kBlockN, int kNT>
-__device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx)[2], int start, int lane_t,
-                                           int len_kv, bool is_full, float scale, int b, int h,
-                                           const FaCaptures& cap) {
-  const int kv0 = start + 2 * lane_t;
-  if (Mods::kHasMaskMod && !is_full)
-    apply_mods<Mods, true>(s, q_idx, kv0, len_kv, scale, b, h, cap);
-  else
-    apply_mods<Mods, false>(s, q_idx, kv0, len_kv, scale, b, h, cap);
-  if (start + kBlockN > len_kv) mask_tail(s, kv0, len_kv);
-}
-
-// One fragment, its mods' row and column values gathered (ModRows, ModCols for this tile).
 template <typename Mods, int kBlockN, int kNT>
 __device__ __forceinline__ void score_tile(float (&s)[kNT][4], const int (&q_idx)[2], int start, int lane_t,
                                            int len_kv, bool is_full, float scale, int b, int h,

@@ -174,12 +174,11 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
     q_idx[0][hh] = pr.q;
     h_idx[0][hh] = pr.h;
   }
-  // The mods split (SplitMods: loads by q and head once, by kv a tile ahead of S, spread over
-  // the warp) up to head dim 64; above, the plain calls per element. H200, B4 Hq32 Hkv8, 32k
-  // keys, a mask by key (keep[kv]) with and without a bias by key: d64 0.99x / 1.45x at Lq 1,
-  // 1.02x / 1.27x at Lq 16; d128 0.987x / 0.962x at Lq 1, 1.03x / 1.05x at Lq 16 (2026-11-28).
-  constexpr bool kGatherMods = Cfg::kHeadDimQK <= 64 && Cfg::kHeadDimV <= 64;
-  using Split = typename PickType<kGatherMods, SplitMods<Mods>, PlainMods<Mods>>::Type;
+  // The mods split (MmaMods: loads by q and head once, by kv a tile ahead of S, spread over the
+  // warp) up to head dim 64; above, the plain calls per element. H200, B4 Hq32 Hkv8, 32k keys, a
+  // mask by key (keep[kv]) with and without a bias by key: d64 0.99x / 1.45x at Lq 1, 1.02x /
+  // 1.27x at Lq 16; d128 0.987x / 0.962x at Lq 1, 1.03x / 1.05x at Lq 16 (2026-11-28).
+  using Split = MmaMods<Mods, Cfg::kHeadDimQK, Cfg::kHeadDimV>;
   ModRows<Split> mod_rows[1];  // the mods' values of those rows (their loads by q and head)
   if (active) mod_rows[0].gather(q_idx[0], b, h_idx[0], cap);
 

@@ -52,9 +52,9 @@
 //   bounds-masked, whatever its class. Query rows past len_q are computed with a clamped q
 //   index (mods never see q >= len_q or kv >= len_kv) and never stored. GQA: q head h reads
 //   kv head h / (heads_q / heads_kv). A row with no unmasked score gets O = 0, LSE = -inf.
-//   Codegen's mods come split (SplitMods): their loads by q once per CTA (ModRows), by kv a
-//   tile ahead of its S MMAs, spread over the warp (ModCols): H200, a document mask at d64
-//   1.036x and d128 1.046x against the plain per-element calls (2026-11-28).
+//   Up to head dim 64 codegen's mods come split (MmaMods): their loads by q once per CTA
+//   (ModRows), by kv a tile ahead of its S MMAs, spread over the warp (ModCols); H200, a
+//   document mask at d64 1.036x against the plain per-element calls (2026-11-28).
 #ifndef FAJIT_FORWARD_CUH
 #define FAJIT_FORWARD_CUH
 
@@ -181,7 +181,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       q_idx[mi][hh] = q < len_q ? q : len_q - 1;
     }
   // The mods' values of those rows (their loads by q, and what follows from them)
-  using Split = SplitMods<Mods>;
+  using Split = MmaMods<Mods, Cfg::kHeadDimQK, Cfg::kHeadDimV>;
   ModRows<Split> mod_rows[kMT];
 #pragma unroll
   for (int mi = 0; mi < kMT; ++mi) mod_rows[mi].gather(q_idx[mi], b, h, cap);

@@ -244,10 +244,12 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       // the decoding kernel up to head dim 64 (a GQA group's heads packed into one tile: rows
       // of several heads), one query and 16, several splits
-      {"key_pad_bias", bf16, 64, 64, 2, 8, 2, 16, 3000},
-      {"key_pad_bias", f16, 48, 64, 1, 8, 8, 1, 4097},
-      // the mma.sync forward gathers them too: two m-tiles a warp sharing the shuffled columns
-      // (d64, 4 warps; a document mask at d96), 32-key tiles (one slot), tails
+      {"key_keep_bias", bf16, 64, 64, 2, 8, 2, 16, 3000},
+      {"key_keep_bias", f16, 48, 64, 1, 8, 8, 1, 4097},
+      {"key_keep_bias", bf16, 128, 128, 1, 8, 2, 1, 5000},  // above 64: the plain calls
+      // the mma.sync forward gathers them too up to d64: two m-tiles a warp sharing the shuffled
+      // columns (4 warps), 32-key tiles (one slot), tails; and a document mask at d96 (the
+      // plain calls: no m-tile shares a shuffle there)
       with({"key_pad_bias", bf16, 64, 64, 2, 4, 2, 1000, 777}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       with({"document2d_causal", f16, 96, 96, 2, 4, 4, 1000, 4097}, "mma",

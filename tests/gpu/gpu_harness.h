@@ -281,30 +281,38 @@ inline const Variant& variant(const std::string& name) {
                    c.scalar_f32("ramp", p >= 0 ? float(p) * 1e-3f : 0.03f);
                  }});
     // Per-key values only (a key-padding mask and a per-key bias, both by (b, kv)): codegen's
-    // column values, which the wgmma forward gathers across a warp ahead of the scores and
-    // shuffles to the lanes that need them (a float for score_mod, a bool for mask_mod). The
-    // buffers are exactly [B, Lkv]: an out-of-range kv reads out of bounds.
-    v.push_back({"key_pad_bias",
-                 [] {
-                   return ScoreMod{"key_bias", [](Score s, Index b, Index, Index, Index kv) {
-                                     return s + buffer<float>("kbias", 2)(b, kv);
-                                   }};
-                 },
+    // column values, which the kernels gather across a warp ahead of the scores and shuffle to
+    // the lanes that need them (a float for score_mod, a bool for mask_mod). The buffers are
+    // exactly [B, Lkv]: an out-of-range kv reads out of bounds. key_pad_bias is causal as well;
+    // key_keep_bias is not (decoding: every key a query sees is in a partial block).
+    auto key_bias = [] {
+      return ScoreMod{"key_bias", [](Score s, Index b, Index, Index, Index kv) {
+                        return s + buffer<float>("kbias", 2)(b, kv);
+                      }};
+    };
+    auto key_values = [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
+      std::uniform_real_distribution<float> u(-2.f, 2.f);
+      std::bernoulli_distribution kept(0.8);
+      std::vector<float> bias(size_t(d.B) * size_t(d.Lkv));
+      std::vector<int32_t> keep(bias.size());
+      for (size_t i = 0; i < bias.size(); ++i) bias[i] = u(rng), keep[i] = kept(rng) ? 1 : 0;
+      c.buffer_f32("kbias", {d.B, d.Lkv}, bias);
+      c.buffer_i32("keep", {d.B, d.Lkv}, keep);
+    };
+    v.push_back({"key_pad_bias", key_bias,
                  [] {
                    return MaskMod{"key_pad_causal", [](Index b, Index, Index q, Index kv) {
                                     return q >= kv && buffer<int32_t>("keep", 2)(b, kv) > 0;
                                   }};
                  },
-                 [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
-                   std::uniform_real_distribution<float> u(-2.f, 2.f);
-                   std::bernoulli_distribution kept(0.8);
-                   std::vector<float> bias(size_t(d.B) * size_t(d.Lkv));
-                   std::vector<int32_t> keep(bias.size());
-                   for (size_t i = 0; i < bias.size(); ++i) bias[i] = u(rng), keep[i] = kept(rng) ? 1 : 0;
-                   c.buffer_f32("kbias", {d.B, d.Lkv}, bias);
-                   c.buffer_i32("keep", {d.B, d.Lkv}, keep);
+                 key_values, 1, 0});
+    v.push_back({"key_keep_bias", key_bias,
+                 [] {
+                   return MaskMod{"key_keep", [](Index b, Index, Index, Index kv) {
+                                    return buffer<int32_t>("keep", 2)(b, kv) > 0;
+                                  }};
                  },
-                 1, 0});
+                 key_values, 1, 0});
     v.push_back({"relative_bias", [] { return mods::relative_bias(); }, noop_mask,
                  [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
                    // Exactly Lq + Lkv - 1 entries: an out-of-range q or kv reads out of bounds.

@@ -62,12 +62,20 @@ std::vector<SeqCase> cases() {
       // where the page size is a multiple of it, 8 rows at d128 decoding, 4 at d64 prefill)
       {"none", bf16, 128, 128, 8, 4, {1, 16, 2}, {3001, 500, 77}, 12},
       {"none", f16, 64, 64, 4, 2, {300, 129}, {1000, 700}, 6},
+      // values by key gathered across the warp (key_keep_bias: [B, max_kv] buffers read at each
+      // sequence's own positions) by the decoder up to d64: empty, one-token and 16-token
+      // queries, GQA 2; and by the mma.sync prefill (below)
+      {"key_keep_bias", f16, 64, 64, 4, 2, {1, 16, 0, 5}, {3000, 700, 12, 64}, 16},
+      {"key_keep_bias", bf16, 64, 64, 4, 4, {300, 0, 129}, {300, 5, 200}, 16},
   };
   // the first two prefill cases on mma.sync too (the Hopper default is wgmma), and the wgmma
   // kernel asked for where the host picks mma.sync (Hopper only: rows of D 80 and 192 copied
   // one page lookup per row, sm90_forward_gathers_rows)
+  // (and the mods' values gathered on mma.sync: document2d by (b, q) and (b, kv), key_keep_bias)
   for (auto [i, family] : {std::pair{0, fa::KernelFamily::kMmaSync},
                            {1, fa::KernelFamily::kMmaSync},
+                           {2, fa::KernelFamily::kMmaSync},
+                           {16, fa::KernelFamily::kMmaSync},
                            {3, fa::KernelFamily::kWgmma},
                            {5, fa::KernelFamily::kWgmma}}) {
     SeqCase c = all[size_t(i)];

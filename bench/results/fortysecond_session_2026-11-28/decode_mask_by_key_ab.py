@@ -1,5 +1,5 @@
 # Session 42 scratch: decode with a column-only mask (keep[kv]) and a per-key bias, timed with do_bench,
-# checked against fp32 math. One process per library (FAJIT_LIBRARY).
+# checked against fp32 math. One process per library (FAJIT_LIBRARY), run from the repository root.
 import os, sys, torch, triton
 sys.path.insert(0, "python")
 from fajit.torch import flex_attention, create_block_mask
@@ -10,8 +10,9 @@ bias = torch.randn(Lkv, device="cuda", generator=g) * 0.5
 def mask(b, h, q, kv): return keep[kv] != 0
 def sm(score, b, h, q, kv): return score + bias[kv]
 lib = os.path.basename(os.environ["FAJIT_LIBRARY"]).split("_")[0]
-for D in (64, 128):
-    for lq in (1, 16):
+# DIMS / LQS (comma-separated) narrow the cases: call 5 ran DIMS=64 LQS=1.
+for D in [int(x) for x in os.environ.get("DIMS", "64,128").split(",")]:
+    for lq in [int(x) for x in os.environ.get("LQS", "1,16").split(",")]:
         q = torch.randn(B, Hq, lq, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn(B, Hkv, Lkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
