@@ -15,7 +15,8 @@
 //   SplitMods       a mods struct's split form (codegen's, or PlainMods: empty parts)
 //   ModRows         the mods' loads by query of a thread's two rows, once per query block
 //   LaneSpread      a tile's per-column values spread over a warp, shuffled where needed
-//   ModCols         the mods' loads by key of a tile's columns (LaneSpread), gathered ahead of S
+//   ModSpread       the mods' values (ModValues: score's and mask's) of a tile's positions
+//   ModCols         the mods' loads by key of a tile's columns (ModSpread), gathered ahead of S
 //   ColumnPair      one column pair's gathered values, shuffled in once for a warp's m-tiles
 //   SoftmaxRows     online softmax of a thread's two rows: S -> P, running max/sum, 1/l, LSE
 //   scale_rows      multiply each row of a fragment (O rescale)
@@ -438,19 +439,40 @@ struct LaneSpread {
   }
 };
 
+// One position's mod values: score_mod's part and mask_mod's (a row's, or a column's).
+template <typename S, typename M>
+struct ModValues {
+  S score;
+  M mask;
+};
+
+// The mods' values of a tile's 8·kNT positions (its columns, or a transposed tile's queries),
+// spread over the warp (LaneSpread); at() shuffles position 8j + 2·lane_t + c's in (mask_mod's
+// only with kMask).
+template <typename Mods, typename S, typename M, int kNT>
+struct ModSpread {
+  LaneSpread<S, kNT> score;
+  LaneSpread<M, kNT> mask;
+  template <bool kMask = true>
+  __device__ __forceinline__ ModValues<S, M> at(int j, int c, int lane_t) const {
+    ModValues<S, M> v{};  // (a part the mods lack stays empty)
+    if constexpr (Mods::kHasScoreMod) v.score = score.at(j, c, lane_t);
+    if constexpr (kMask && Mods::kHasMaskMod) v.mask = mask.at(j, c, lane_t);
+    return v;
+  }
+};
+
 // The mods' column values (codegen's FaMods::score_col / mask_col: loads of captured buffers
 // by kv alone, a document id by kv) of a tile of 8·kNT keys, gathered while S is still on the
-// tensor cores so the loads' latency hides behind the GEMM, spread over the warp (LaneSpread);
-// mask_mod's only on a partial tile (`partial`, warp-uniform).
+// tensor cores so the loads' latency hides behind the GEMM; mask_mod's only on a partial tile
+// (`partial`, warp-uniform).
 template <typename Mods, int kNT>
-struct ModCols {
-  LaneSpread<typename Mods::ScoreCol, kNT> score;
-  LaneSpread<typename Mods::MaskCol, kNT> mask;
+struct ModCols : ModSpread<Mods, typename Mods::ScoreCol, typename Mods::MaskCol, kNT> {
   __device__ __forceinline__ void gather(int start, int len_kv, bool partial, int b, const FaCaptures& cap) {
     if constexpr (Mods::kHasScoreMod)
-      score.gather(start, len_kv, [&](int kv) { return Mods::score_col(b, kv, cap); });
+      this->score.gather(start, len_kv, [&](int kv) { return Mods::score_col(b, kv, cap); });
     if (Mods::kHasMaskMod && partial)
-      mask.gather(start, len_kv, [&](int kv) { return Mods::mask_col(b, kv, cap); });
+      this->mask.gather(start, len_kv, [&](int kv) { return Mods::mask_col(b, kv, cap); });
   }
 };
 
@@ -458,15 +480,11 @@ struct ModCols {
 // ModCols: shuffled over from their lanes once, for every fragment (m-tile) that needs them.
 template <typename Mods, bool kMaskMod>
 struct ColumnPair {
-  typename Mods::ScoreCol score[2];
-  typename Mods::MaskCol mask[2];
+  ModValues<typename Mods::ScoreCol, typename Mods::MaskCol> col[2];
   template <int kNT>
   __device__ __forceinline__ ColumnPair(const ModCols<Mods, kNT>& cols, int j, int lane_t) {
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      if constexpr (Mods::kHasScoreMod) score[c] = cols.score.at(j, c, lane_t);
-      if constexpr (kMaskMod && Mods::kHasMaskMod) mask[c] = cols.mask.at(j, c, lane_t);
-    }
+    for (int c = 0; c < 2; ++c) col[c] = cols.template at<kMaskMod>(j, c, lane_t);
   }
 };
 
@@ -482,8 +500,8 @@ __device__ __forceinline__ void mod_column_pair(float (&s)[4], const int (&q_idx
   for (int i = 0; i < 4; ++i) {
     const int kv_c = min(kv + (i & 1), len_kv - 1);
     s[i] = mod_score<Mods, kMaskMod>(s[i], q_idx[i >> 1], kv_c, false, scale, b, head_of(h, i >> 1),
-                                     rows.score[i >> 1], col.score[i & 1], rows.mask[i >> 1], col.mask[i & 1],
-                                     cap);
+                                     rows.score[i >> 1], col.col[i & 1].score, rows.mask[i >> 1],
+                                     col.col[i & 1].mask, cap);
   }
 }
 

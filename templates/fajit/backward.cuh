@@ -240,7 +240,7 @@ struct KeyRows {
 // The mods' split parts on a transposed tile (the Hopper dK/dV kernel; SplitMods): the column
 // values (by kv: codegen's *_col, a document id by kv) of a thread's two key rows, once per
 // CTA, and the row values (by q: *_row, a document id by q) of a tile's 8·kQT query columns,
-// spread over the warp (LaneSpread) and gathered while Sᵀ runs.
+// spread over the warp (ModSpread) and gathered while Sᵀ runs.
 template <typename Mods>
 struct ModKeys {
   typename Mods::ScoreCol score[2];
@@ -254,24 +254,12 @@ struct ModKeys {
   }
 };
 template <typename Mods, int kQT>
-struct ModQueries {
-  LaneSpread<typename Mods::ScoreRow, kQT> score;
-  LaneSpread<typename Mods::MaskRow, kQT> mask;
-  struct At {
-    typename Mods::ScoreRow score;
-    typename Mods::MaskRow mask;
-  };
+struct ModQueries : ModSpread<Mods, typename Mods::ScoreRow, typename Mods::MaskRow, kQT> {
   __device__ __forceinline__ void gather(int q0, int len_q, int b, int hq, const FaCaptures& cap) {
     if constexpr (Mods::kHasScoreMod)
-      score.gather(q0, len_q, [&](int q) { return Mods::score_row(b, hq, q, cap); });
+      this->score.gather(q0, len_q, [&](int q) { return Mods::score_row(b, hq, q, cap); });
     if constexpr (Mods::kHasMaskMod)
-      mask.gather(q0, len_q, [&](int q) { return Mods::mask_row(b, hq, q, cap); });
-  }
-  __device__ __forceinline__ At at(int j, int c, int lane_t) const {
-    At a;
-    if constexpr (Mods::kHasScoreMod) a.score = score.at(j, c, lane_t);
-    if constexpr (Mods::kHasMaskMod) a.mask = mask.at(j, c, lane_t);
-    return a;
+      this->mask.gather(q0, len_q, [&](int q) { return Mods::mask_row(b, hq, q, cap); });
   }
 };
 
