@@ -491,12 +491,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   };
   int q_idx[2], b = 0, h = 0;  // the current query block's rows, batch and head
   using Split = SplitMods<Mods>;
-  ModRows<Split> mod_rows;  // the mods' values of those rows
-  using Cols = ModCols<Split, Cfg::kNT>;
-  // The mods' loads by key for the tile from `start`, issued while its S runs.
-  auto gather_cols = [&](Cols& cols, int start, bool is_full) {
-    cols.gather(start, len_kv, !is_full, b, cap);
-  };
+  ModRows<Split> mod_rows;                // the mods' values of those rows
+  using Cols = ModCols<Split, Cfg::kNT>;  // the mods' loads by key of a tile, issued while its S runs
   auto mods = [&](float(&s)[Cfg::kNT][4], int start, bool is_full, const Cols& cols) {
     score_tile<Split, kBN>(s, q_idx, start, t, len_kv, is_full, p.scale, b, h, mod_rows, cols, cap);
   };
@@ -564,7 +560,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         const bool is_full = kind == kFaBlockFull;
         float s[Cfg::kNT][4], alpha[2];
         Cols cols;
-        gather_cols(cols, start, is_full);
+        cols.gather(start, len_kv, !is_full, b, cap);
         gemm_s(s, ring.stage, ring.phase);
         cur.next(walk, kinds_row, len_kv);
         mods(s, start, is_full, cols);
@@ -621,8 +617,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         });
         cur.next(walk, kinds_row, len_kv);  // the next tile's block index loads while S_j runs
         Cols cols;
-        gather_cols(cols, start, is_full);  // and the mods' loads by key
-        wgmma_wait<1>();                    // S_j done
+        cols.gather(start, len_kv, !is_full, b, cap);  // and the mods' loads by key
+        wgmma_wait<1>();                               // S_j done
         pin(s);
         s_done(ring.stage);
         mods(s, start, is_full, cols);
