@@ -146,6 +146,11 @@ RaggedGradViews ragged_grad_views(const TensorView& q, const TensorView& k, cons
   return r;
 }
 
+TensorView ragged_rows_view(const TensorView& t, const char* name, const TensorView& q, const Sequences& s) {
+  if (!s.cu_seqlens_q) return t;
+  return packed_lse_view(t, name, q, s.cu_seqlens_q->shape[0] - 1, s.max_seqlen_q);
+}
+
 RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                          const TensorView* lse, const Sequences& s, void* stream) {
   // Each table given: its own checks, and the B it implies agrees with the others'.

@@ -204,6 +204,18 @@ AttentionShape validate_attention(const TensorView& q, const TensorView& k, cons
   return s;
 }
 
+void validate_row_output(const char* name, const TensorView& t, const TensorView& q) {
+  static const char* const kQ[] = {"B", "Hq", "Lq", "Dqk"};
+  static const char* const kRows[] = {"B", "Hq", "Lq"};
+  const Named nt{name, t, kRows, 3}, nq{"q", q, kQ, 4};
+  check_basic(nt);
+  if (t.dtype != DType::f32)
+    throw Error(fmt::format("{}: dtype must be f32, got {}", name, dtype_name(t.dtype)));
+  for (int d = 0; d < 3; ++d) check_same(nt, d, nq, d);
+  if (reinterpret_cast<uintptr_t>(t.data) % 4 != 0)
+    throw Error(fmt::format("{}: data pointer must be 4-byte aligned", name));
+}
+
 AttentionShape validate_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                            const TensorView& o, const TensorView& lse, const TensorView& dout,
                                            const TensorView& dq, const TensorView& dk, const TensorView& dv,

@@ -24,7 +24,7 @@
 //   stage_rows      O / l into a shared staging tile (any layout with offset(row, chunk))
 //   stage_packed    packed A fragments into a shared staging tile
 //   store_rows      staged rows to global memory with 16-byte stores
-//   store_lse       the natural-log LSE of a thread's two rows
+//   store_row_stats the natural-log LSE (and with kRowMax the largest score) of a thread's two rows
 //   KvPipeline      the K/V cp.async ring's prologue and per-tile advance
 #ifndef FAJIT_ATTENTION_TILE_CUH
 #define FAJIT_ATTENTION_TILE_CUH
@@ -33,6 +33,15 @@
 #include "fajit/prelude.cuh"
 
 namespace fa {
+
+// Whether the forward kernels also write each row's largest score (FaFwdParams::max_scores):
+// codegen defines FAJIT_ROW_MAX for KernelSpec::row_max. Without it SoftmaxRows' running max
+// (top) is never read and the compiler drops it: the default kernels carry none of it.
+#ifdef FAJIT_ROW_MAX
+constexpr bool kRowMax = true;
+#else
+constexpr bool kRowMax = false;
+#endif
 
 // ---- tile shape ------------------------------------------------------------------------------
 // Fragment and chunk counts of an attention tile of kBlockN keys with head dims kHeadDimQK
@@ -74,6 +83,7 @@ __device__ __forceinline__ void rebase_sequence(FaFwdParams& p, int b) {
     p.q = static_cast<const E*>(p.q) + (long long)first * p.q_stride_m;
     p.o = static_cast<E*>(p.o) + (long long)first * p.o_stride_m;
     if (p.lse != nullptr) p.lse += first;
+    if (p.max_scores != nullptr) p.max_scores += first;
   }
   if (p.cu_seqlens_k != nullptr) {
     const int first = p.cu_seqlens_k[b];
@@ -622,6 +632,7 @@ struct SoftmaxRows {
   float m[2], l[2];
   float r[2];    // R(m) = m·sl2 rounded (0 while m = -inf): the reference of the last step's p
   float lim[2];  // the largest row max R stays for (-inf: no reference yet, or R near 2^24)
+  float top[2];  // the running max of every score seen (m may lag it): read only with kRowMax
 
   static constexpr float kExactFrom = 16777216.f;  // 2^24: |m·sl2| from which p is formed exactly
   static constexpr float kRescaleFrom = 8.f;       // log2 of the largest p before R moves
@@ -632,7 +643,8 @@ struct SoftmaxRows {
 
   __device__ __forceinline__ void init() {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) m[hh] = -INFINITY, l[hh] = 0.f, r[hh] = 0.f, lim[hh] = -INFINITY;
+    for (int hh = 0; hh < 2; ++hh)
+      m[hh] = -INFINITY, l[hh] = 0.f, r[hh] = 0.f, lim[hh] = -INFINITY, top[hh] = -INFINITY;
   }
 
   // The largest of this thread's scores in row hh, as a tree: log2 of the row's length in
@@ -679,6 +691,8 @@ struct SoftmaxRows {
     for (int hh = 0; hh < 2; ++hh) mx[hh] = fmaxf(m[hh], row_max(s, hh));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) mx[hh] = quad_max(mx[hh]);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) top[hh] = fmaxf(top[hh], mx[hh]);
     const bool rescale = !__all_sync(0xffffffffu, mx[0] <= lim[0] && mx[1] <= lim[1]);
     if (!rescale) {
 #pragma unroll
@@ -765,6 +779,13 @@ struct SoftmaxRows {
   // (-inf for a row with no unmasked score, NaN for a row with a NaN score).
   __device__ __forceinline__ float lse(int hh, float sl2) const {
     return l[hh] <= 0.f ? -INFINITY : natural_lse(m[hh], log2_sum(hh, sl2), sl2);
+  }
+  // After finish(): the row's largest score in natural units (top·nat, nat = natural_scale:
+  // exact, as the product by a positive scale keeps the order and rounds monotonically), -inf
+  // for a row with no unmasked score; NaN for a row with a NaN score (its l is NaN, as the
+  // max skips it) unless a score is +inf (l is NaN then too: the max is +inf).
+  __device__ __forceinline__ float max_score(int hh, float nat) const {
+    return l[hh] == l[hh] || top[hh] == INFINITY ? top[hh] * nat : __int_as_float(0x7fc00000);
   }
   // (m·sl2 + ls)·ln 2, the natural LSE of a row max m and a log2 sum ls relative to m·sl2; a
   // huge row's is formed in natural units, m·(sl2·ln 2) + ls·ln 2, as m·sl2 may pass f32's range.
@@ -884,15 +905,28 @@ __device__ __forceinline__ void store_rows_read_first(E* dst, long long stride, 
   }
 }
 
-// The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), written by
-// lane t == 0 of each quad when the caller asked for it (p.lse != nullptr) and the row exists.
-__device__ __forceinline__ void store_lse(const FaFwdParams& p, int b, int h, int q0, int row0, int lane_t,
-                                          const SoftmaxRows& rows, float sl2) {
-  if (p.lse == nullptr || lane_t != 0) return;
+// The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), and with kRowMax
+// their largest scores, written by lane t == 0 of each quad when the caller asked for them
+// (p.lse, p.max_scores not null) and the row exists.
+template <typename Mods>
+__device__ __forceinline__ void store_row_stats(const FaFwdParams& p, int b, int h, int q0, int row0,
+                                                int lane_t, const SoftmaxRows& rows, float sl2) {
+  if (lane_t != 0) return;
+  if (p.lse != nullptr) {
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int q = q0 + row0 + 8 * hh;
-    if (q < p.len_q) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = rows.lse(hh, sl2);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = q0 + row0 + 8 * hh;
+      if (q < p.len_q) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = rows.lse(hh, sl2);
+    }
+  }
+  if constexpr (kRowMax) {
+    if (p.max_scores == nullptr) return;
+    const float nat = natural_scale(Mods::kHasScoreMod, p.scale);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = q0 + row0 + 8 * hh;
+      if (q < p.len_q) p.max_scores[b * p.max_stride_b + h * p.max_stride_h + q] = rows.max_score(hh, nat);
+    }
   }
 }
 

@@ -264,6 +264,8 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
       if (Cfg::RowV::kUsed == Cfg::RowV::kChunks || dj * 8 < kDV)  // not the zero tail chunk
         st_global_v2_f32(dst + dj * 8, o[dj][2 * hh] * inv[hh], o[dj][2 * hh + 1] * inv[hh]);
     if (t == 0) dp.m_part[part] = srow.m[hh], dp.l_part[part] = srow.log2_sum(hh, sl2);
+    if constexpr (kRowMax)
+      if (t == 0 && dp.x_part != nullptr) dp.x_part[part] = srow.top[hh];
   }
 }
 
@@ -271,7 +273,8 @@ __device__ __forceinline__ void decode_kernel(const FaDecodeParams& dp, const Fa
 // Output row R = (b, h, q): with M the largest part max, part s weighs w_s = exp2((m_s - M)·sl2
 // + l_s) (its row sum relative to M's reference), O = sum_s w_s O_s / sum_s w_s and LSE =
 // (M·sl2 + log2 sum_s w_s)·ln 2, in the element type (O = 0, LSE = -inf where no part saw an
-// unmasked score; NaN where a part saw a NaN score). One warp per row, lanes over column pairs.
+// unmasked score; NaN where a part saw a NaN score); with kRowMax the largest of the parts'
+// largest scores (as SoftmaxRows::max_score). One warp per row, lanes over column pairs.
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) {
   using E = typename Cfg::Element;
@@ -296,11 +299,13 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
 
   // The lanes take the parts s = lane, lane + 32, ... (their loads in parallel, not one
   // dependent load per part): M, and whether any part saw a NaN score.
-  float m = -INFINITY;
+  float m = -INFINITY, top = -INFINITY;
   bool nan_part = false;  // a part with a NaN score: the row is NaN (out and LSE), as softmax gives
   for (int s = lane; s < dp.splits; s += 32) {
     const float ls = dp.l_part[part(s)];
     m = fmaxf(m, dp.m_part[part(s)]);
+    if constexpr (kRowMax)
+      if (dp.x_part != nullptr) top = fmaxf(top, dp.x_part[part(s)]);
     nan_part |= ls != ls;
   }
   m = warp_max(m);
@@ -351,6 +356,13 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
   if (p.lse != nullptr && lane == 0)
     p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] =
         !(sum <= 0.f) ? SoftmaxRows::natural_lse(m, lg2(sum), sl2) : -INFINITY;
+  if constexpr (kRowMax) {
+    top = warp_max(top);
+    if (p.max_scores != nullptr && lane == 0)
+      p.max_scores[b * p.max_stride_b + h * p.max_stride_h + q] =
+          !nan_part || top == INFINITY ? top * natural_scale(Mods::kHasScoreMod, pm.scale)
+                                       : __int_as_float(0x7fc00000);
+  }
 }
 
 // The kernel for a layout: dense as is; ragged / paged on the CTA's sequence.

@@ -289,7 +289,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     rows[mi].finish(inv);
     const int row0 = warp_row0 + mi * 16 + g;
     stage_rows<E, Staging>(sQ, o[mi], inv, row0, t);
-    store_lse(p, b, h, q0, row0, t, rows[mi], sl2);
+    store_row_stats<Mods>(p, b, h, q0, row0, t, rows[mi], sl2);
   }
   __syncwarp();
   E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;

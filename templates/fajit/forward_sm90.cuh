@@ -643,7 +643,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
       rows.finish(inv);
       stage_rows<E, QTile>(sq, o, inv, row_base, t);
       // PERSISTENT: after the fence below (it would wait for this store)
-      if constexpr (!Cfg::kPersistent) store_lse(p, b, h, q0, row_base, t, rows, sl2);
+      if constexpr (!Cfg::kPersistent) store_row_stats<Mods>(p, b, h, q0, row_base, t, rows, sl2);
     }
     named_barrier(kBarEpilogue + cw, kWG);
     E* og = static_cast<E*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
@@ -659,7 +659,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
                                                                      fence_proxy_async();
                                                                      mbar_arrive(bar_q_empty(r));
                                                                    });
-      store_lse(p, b, h, q0, row_base, t, rows, sl2);
+      store_row_stats<Mods>(p, b, h, q0, row_base, t, rows, sl2);
     }
   }  // query blocks
 

@@ -5,7 +5,7 @@
 #ifndef FAJIT_PARAMS_H
 #define FAJIT_PARAMS_H
 
-#define FAJIT_ABI_VERSION 6
+#define FAJIT_ABI_VERSION 7
 
 #define FA_MAX_BUFFERS 16
 #define FA_MAX_BUFFER_RANK 4
@@ -63,6 +63,9 @@ typedef struct FaBlockTables {
 // Forward attention. Element strides; the last (head) dimension is contiguous.
 //   Q [B, Hq, Lq, Dqk]  K [B, Hkv, Lkv, Dqk]  V [B, Hkv, Lkv, Dv]  O [B, Hq, Lq, Dv]
 //   LSE [B, Hq, Lq] fp32, natural log, null when not wanted.
+//   MAX [B, Hq, Lq] fp32: each row's largest modded score (natural units, what the softmax
+//       takes; -inf for a row with nothing unmasked), null when not wanted; written only by
+//       the kernels compiled with FAJIT_ROW_MAX (KernelSpec::row_max).
 // Scores handed to score_mod are already multiplied by `scale` (as in flex_attention).
 typedef struct FaFwdParams {
   const void* q;
@@ -75,14 +78,16 @@ typedef struct FaFwdParams {
   long long v_stride_b, v_stride_h, v_stride_n;
   long long o_stride_b, o_stride_h, o_stride_m;
   long long lse_stride_b, lse_stride_h;
+  float* max_scores;
+  long long max_stride_b, max_stride_h;
   int batch, heads_q, heads_kv, len_q, len_kv;
   float scale;
   FaBlockTables mask;
   // Ragged and paged layouts, read only by kernels compiled for them (fa::SequenceLayout; null
   // and 0 otherwise). The tables are device int32. For sequence b:
   //   cu_seqlens_q [B+1]: its queries are rows cu_seqlens_q[b] .. [b+1]-1 along q_stride_m of
-  //                       q and o (q_stride_b = o_stride_b = 0), its LSE entries from
-  //                       cu_seqlens_q[b] on (lse_stride_b = 0); len_q is the longest
+  //                       q and o (q_stride_b = o_stride_b = 0), its LSE and MAX entries
+  //                       from cu_seqlens_q[b] on (their batch strides 0); len_q is the longest
   //   cu_seqlens_k [B+1]: its keys are rows cu_seqlens_k[b] .. [b+1]-1 of k and v
   //   seqlens_k    [B]:   its key count (keys at or past it are never read)
   //   page_table   [B, page_table_stride]: key kv is row kv % page_size of page
@@ -133,12 +138,16 @@ typedef struct __attribute__((aligned(64))) FaTmaMap {
 //                                    LSE·log2 e is m·sl2 + l_part (SoftmaxRows::log2_sum)
 // One f32 LSE per part would not do: at |LSE| past ~2^17 its rounding alone moves a part's
 // weight by more than the tolerance (and at 3e9 the log of a part's row count is lost).
+//   x_part   [splits, B, Hq, Lq]     fp32: each part's largest score (score units), for fwd.max_scores;
+//                                    null unless the kernel is compiled with FAJIT_ROW_MAX
+// (m_part is not that: the conditional rescale keeps a reference up to 8 log2 units below it.)
 // The combine kernel weighs the parts by exp2((m_part - M)·sl2 + l_part) into fwd.o, fwd.lse.
 typedef struct FaDecodeParams {
   FaFwdParams fwd;
   float* o_part;
   float* m_part;
   float* l_part;
+  float* x_part;
   int heads_per_cta;
   int splits;
 } FaDecodeParams;

@@ -715,6 +715,56 @@ TEST(CodegenNvrtc, WideCapturesCompile) {
   for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(errors[i], "") << specs[i].to_string();
 }
 
+// The row-max twins (ForwardOptions::max_scores): their own text and cache key, the define
+// that makes the kernels write the maxima, refused by the kernels that have none; and every
+// forward family, the persistent Hopper forward, the decoder and its combine, in each sequence
+// layout, compile warning-free with it.
+TEST(Codegen, RowMaxTwin) {
+  fa::KernelSpec s = spec(fa::DType::bf16, 128, 128, "sm_90a");
+  s.family = fa::KernelFamily::kWgmma;
+  s.row_max = true;
+  const fa::GeneratedKernel g = fa::generate(fa::trace(fa::mods::alibi(), fa::mods::causal()), s);
+  EXPECT_EQ(g.spec.to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a row-max");
+  EXPECT_HAS(g.source, "#define FAJIT_ROW_MAX 1");
+  s.row_max = false;
+  EXPECT_LACKS(fa::generate(fa::trace(fa::mods::alibi(), fa::mods::causal()), s).source, "FAJIT_ROW_MAX");
+  for (fa::KernelKind kind : {fa::KernelKind::kBackward, fa::KernelKind::kBlockMask}) {
+    fa::KernelSpec bad = spec(fa::DType::bf16, 128, 128, "sm_90a", kind);
+    bad.row_max = true;
+    EXPECT_EQ(error_of([&] { (void)bad.resolved(); }),
+              "row_max applies to the forward and decoding kernels only");
+  }
+}
+
+TEST(CodegenNvrtc, RowMaxTwinsCompile) {
+  const fa::Program doc = fa::trace(fa::mods::softcap(), fa::mods::document()),
+                    causal = fa::trace(fa::identity_score(), fa::mods::causal());
+  std::vector<std::pair<const fa::Program*, fa::KernelSpec>> cases;
+  auto add = [&](const fa::Program& p, int d, fa::SequenceLayout layout) {
+    fa::KernelSpec w = spec(fa::DType::bf16, d, d, "sm_90a");
+    w.family = fa::KernelFamily::kWgmma;
+    fa::KernelSpec m = spec(fa::DType::f16, d, d, "sm_80");
+    fa::KernelSpec dec = spec(fa::DType::bf16, d, d, "sm_90a", fa::KernelKind::kDecode);
+    for (fa::KernelSpec* k : {&w, &m, &dec}) {
+      k->layout = layout;
+      k->row_max = true;
+      cases.push_back({&p, *k});
+    }
+  };
+  for (fa::SequenceLayout layout :
+       {fa::SequenceLayout::kDense, fa::SequenceLayout::kRagged, fa::SequenceLayout::kPaged})
+    add(doc, 64, layout);
+  add(doc, 128, fa::SequenceLayout::kDense);
+  add(causal, 128, fa::SequenceLayout::kDense);  // the persistent Hopper forward
+  EXPECT_TRUE(fa::sm90_forward_persistent(fa::generate(causal, cases[cases.size() - 3].second).spec))
+      << "the wgmma case is meant to be the persistent form";
+  std::vector<std::function<std::string()>> jobs;
+  for (const auto& c : cases)
+    jobs.push_back([c] { return compile_generated(fa::generate(*c.first, c.second)); });
+  std::vector<std::string> errors = run_parallel(jobs);
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].second.to_string();
+}
+
 // Head dims beyond 64 / 128 (odd chunk counts, padded shared rows, 16 rows per warp above 128,
 // QK != V), forward and backward (deterministic too), on the archs whose shared memory differs.
 TEST(CodegenNvrtc, EveryHeadDimClassCompiles) {

@@ -91,6 +91,7 @@ fa::ReferenceResult naive(const Problem& p, double scale, const ScoreFn& score_m
   fa::ReferenceResult r;
   r.out.assign(size_t(p.B) * p.Hq * p.Lq * p.Dv, 0.0);
   r.lse.assign(size_t(p.B) * p.Hq * p.Lq, 0.0);
+  r.max_score.assign(r.lse.size(), 0.0);
   for (int b = 0; b < p.B; ++b)
     for (int h = 0; h < p.Hq; ++h) {
       int hk = h / (p.Hq / p.Hkv);
@@ -110,6 +111,7 @@ fa::ReferenceResult naive(const Problem& p, double scale, const ScoreFn& score_m
         for (int j = 0; j < p.Lkv; ++j)
           if (keep[j]) mx = std::max(mx, s[j]);
         size_t row = (size_t(b) * p.Hq + h) * p.Lq + i;
+        r.max_score[row] = mx;
         if (mx == -INFINITY) {
           r.lse[row] = -INFINITY;
           continue;
@@ -137,6 +139,14 @@ void expect_close(const fa::ReferenceResult& got, const fa::ReferenceResult& wan
   for (size_t i = 0; i < want.out.size(); ++i) {
     ASSERT_FALSE(std::isnan(got.out[i])) << i;
     EXPECT_NEAR(got.out[i], want.out[i], 1e-12) << "out[" << i << "]";
+  }
+  ASSERT_EQ(got.max_score.size(), want.max_score.size());
+  for (size_t i = 0; i < want.max_score.size(); ++i) {
+    if (std::isinf(want.max_score[i])) {
+      EXPECT_EQ(got.max_score[i], want.max_score[i]) << "max_score[" << i << "]";
+    } else {
+      EXPECT_NEAR(got.max_score[i], want.max_score[i], 1e-12) << "max_score[" << i << "]";
+    }
   }
   for (size_t i = 0; i < want.lse.size(); ++i) {
     if (std::isinf(want.lse[i])) {
@@ -243,6 +253,7 @@ TEST(Reference, FullyMaskedRowsGiveZeroAndMinusInf) {
           EXPECT_TRUE(std::isfinite(got.lse[row]));
         } else {
           EXPECT_EQ(got.lse[row], -std::numeric_limits<double>::infinity());
+          EXPECT_EQ(got.max_score[row], -std::numeric_limits<double>::infinity());
           for (int d = 0; d < p.Dv; ++d) EXPECT_EQ(got.out[row * p.Dv + d], 0.0);
         }
       }
@@ -261,6 +272,7 @@ TEST(Reference, FullyMaskedRowsGiveZeroAndMinusInf) {
   auto all = fa::reference_attention(p.shape(), p.q.data(), p.k.data(), p.v.data(), o2);
   for (double x : all.out) EXPECT_EQ(x, 0.0);
   for (double l : all.lse) EXPECT_EQ(l, -std::numeric_limits<double>::infinity());
+  for (double m : all.max_score) EXPECT_EQ(m, -std::numeric_limits<double>::infinity());
 }
 
 // A row whose every unmasked score is NaN is NaN (softmax of NaN), not a fully masked row; one
@@ -282,8 +294,26 @@ TEST(Reference, NanScoresPropagateNotMask) {
   auto got = fa::reference_attention(p.shape(), p.q.data(), p.k.data(), p.v.data(), opt);
   for (size_t row = 0; row < got.lse.size(); ++row) {
     EXPECT_TRUE(std::isnan(got.lse[row])) << "lse[" << row << "]";
+    EXPECT_TRUE(std::isnan(got.max_score[row])) << "max_score[" << row << "]";
     for (int d = 0; d < p.Dv; ++d) EXPECT_TRUE(std::isnan(got.out[row * p.Dv + d])) << "out row " << row;
   }
+}
+
+// A +inf score makes the row's max +inf (a NaN score beside it too: the kernels cannot tell).
+TEST(Reference, InfiniteScoreIsTheMax) {
+  Problem p;
+  fa::ModProgram inf_at_0 = compile_mod(
+      "fa.score_mod @inf0(%score: f32, %b: i32, %h: i32, %q: i32, %kv: i32) -> f32 {\n"
+      "  %z = arith.constant 0 : i32\n"
+      "  %c = arith.cmpi eq, %kv, %z : i32\n"
+      "  %n = arith.constant 0x7F800000 : f32\n"
+      "  %r = arith.select %c, %n, %score : f32\n"
+      "  fa.yield %r : f32\n"
+      "}\n");
+  fa::ReferenceOptions opt;
+  opt.score_mod = &inf_at_0;
+  auto got = fa::reference_attention(p.shape(), p.q.data(), p.k.data(), p.v.data(), opt);
+  for (double m : got.max_score) EXPECT_EQ(m, std::numeric_limits<double>::infinity());
 }
 
 // The problem cut to its first key: a row's softmax is that key alone (P = 1, O = v).

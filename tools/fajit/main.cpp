@@ -42,6 +42,7 @@ struct DumpOptions {
   bool backward = false;  // the backward kernels (KernelKind::kBackward)
   std::string family = "auto";
   std::string layout = "dense";  // dense, ragged or paged (fa::SequenceLayout)
+  bool row_max = false;          // the twin that writes each row's largest score (KernelSpec::row_max)
 };
 
 std::string read_file(const std::string& path) {
@@ -105,6 +106,7 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
   s.layout = o.layout == "ragged"  ? fa::SequenceLayout::kRagged
              : o.layout == "paged" ? fa::SequenceLayout::kPaged
                                    : fa::SequenceLayout::kDense;
+  s.row_max = o.row_max;
   return s;  // generate() resolves it (the default tile depends on the mods)
 }
 
@@ -337,6 +339,9 @@ int main(int argc, char** argv) {
           "sequence layout of the forward / decoding kernel: dense (default), ragged (cu_seqlens) or "
           "paged (K/V through a page table)")
       ->check(CLI::IsMember({"dense", "ragged", "paged"}));
+  dump_cmd->add_flag("--row-max", dump.row_max,
+                     "the forward / decoding kernel's twin that also writes each row's largest score "
+                     "(ForwardOptions::max_scores)");
   dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 
   fajit_cli::RunOptions run;

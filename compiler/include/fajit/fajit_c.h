@@ -247,6 +247,11 @@ typedef struct fajit_forward_options {
   int max_seqlen_q;
   int max_seqlen_k;
   int check_tables;
+  /* Appended later (a caller built against the struct without it passes the smaller
+   * struct_size and asks for none): fp32 [B, Hq, Lq] ([Hq, total_q] with cu_seqlens_q), may be
+   * NULL: each row's largest score after score_mod and mask_mod, in natural units (-inf for a
+   * row with nothing unmasked; fa::ForwardOptions::max_scores). */
+  const fajit_tensor* max_scores;
 } fajit_forward_options;
 FA_API void fajit_forward_options_init(fajit_forward_options* options);
 

@@ -93,10 +93,16 @@ FA_API bool takes_decoding_kernel(ForwardPath path, int len_q, int heads_q, int 
 struct ForwardOptions {
   float scale = 0.0f;               // 0 = 1 / sqrt(head_dim_qk)
   const TensorView* lse = nullptr;  // optional fp32 [B, Hq, Lq] log-sum-exp output
+  // Optional fp32 [B, Hq, Lq] output: each row's largest score after score_mod and mask_mod,
+  // in natural units (what the softmax takes; flex_attention's AuxRequest(max_scores=True)):
+  // -inf for a row with nothing unmasked, NaN for a row with a NaN score (+inf if one is +inf).
+  // The kernels that write it are the row-max twins (KernelSpec::row_max) of the forward and
+  // decoding kernels, compiled on the first call that asks; the default kernels track no max.
+  const TensorView* max_scores = nullptr;
   ForwardPath path = ForwardPath::kAuto;
   int decode_splits = 0;  // decoding: parts of the KV walk; 0 = one wave of CTAs (spec's CTAs per SM)
   // Ragged (packed, variable-length) batches and paged KV caches (fajit/sequences.h). Any table
-  // given switches q/k/v/o/lse to the layouts described there; the kernels for it (the
+  // given switches q/k/v/o/lse/max_scores to the layouts described there; the kernels for it (the
   // forward's family in that layout, decoding) are compiled on first use, once: lengths and
   // pages are run-time data.
   Sequences sequences;

@@ -63,6 +63,11 @@ struct FA_API KernelSpec {
   // default kernel saves 7-9 % of its NVRTC time. resolved() sets it for the ragged and paged
   // layouts of the wgmma forward (their K/V rows come by cp.async).
   bool cp_async_kv = false;
+  // The forward and decoding kernels also write each row's largest modded score
+  // (ForwardOptions::max_scores, flex_attention's AuxRequest(max_scores=True)). false (what
+  // fa::compile builds): the kernels track no such max; true: the twin the runtime compiles on
+  // the first call that asks for the maxima.
+  bool row_max = false;
 
   // Launch shape of a resolved forward spec (mirrors the template's constants; codegen emits
   // static_asserts so the two cannot drift apart).
@@ -88,7 +93,7 @@ struct FA_API KernelSpec {
     return kind == o.kind && dtype == o.dtype && family == o.family && head_dim_qk == o.head_dim_qk &&
            head_dim_v == o.head_dim_v && tile == o.tile && arch == o.arch &&
            deterministic == o.deterministic && layout == o.layout && wide_captures == o.wide_captures &&
-           cp_async_kv == o.cp_async_kv;
+           cp_async_kv == o.cp_async_kv && row_max == o.row_max;
   }
 };
 

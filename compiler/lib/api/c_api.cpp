@@ -607,19 +607,20 @@ fajit_status fajit_kernel_forward_ex(const fajit_kernel* k, const fajit_tensor* 
     fajit_forward_options opt;
     fajit_forward_options_init(&opt);
     if (options) {
-      // the one layout this library knows (a later, larger one will be accepted field by field,
-      // never cut inside a field)
-      if (options->struct_size != sizeof opt)
+      // the layouts this library knows: the whole struct, or the one before max_scores was
+      // appended (a later, larger one will be accepted field by field, never cut inside a field)
+      constexpr size_t kBeforeMaxScores = offsetof(fajit_forward_options, max_scores);
+      if (options->struct_size != sizeof opt && options->struct_size != kBeforeMaxScores)
         throw fa::Error(
             fmt::format("options: struct_size {} is not a fajit_forward_options size (this library's "
-                        "is {}); call fajit_forward_options_init",
-                        options->struct_size, sizeof opt));
+                        "is {}, or {} without max_scores); call fajit_forward_options_init",
+                        options->struct_size, sizeof opt, kBeforeMaxScores));
       std::memcpy(&opt, options, options->struct_size);
     }
     if (opt.path < FAJIT_PATH_AUTO || opt.path > FAJIT_PATH_DECODE)
       throw fa::Error(fmt::format("options: path must be FAJIT_PATH_AUTO, _PREFILL or _DECODE, got {}",
                                   static_cast<int>(opt.path)));
-    fa::TensorView lse_view, cq, ck, nk, pt;
+    fa::TensorView lse_view, max_view, cq, ck, nk, pt;
     fa::ForwardOptions fo;
     fo.scale = opt.scale;
     fo.path = static_cast<fa::ForwardPath>(opt.path);
@@ -628,6 +629,7 @@ fajit_status fajit_kernel_forward_ex(const fajit_kernel* k, const fajit_tensor* 
       lse_view = to_view(lse, "lse");
       fo.lse = &lse_view;
     }
+    if (opt.max_scores) max_view = to_view(opt.max_scores, "max_scores"), fo.max_scores = &max_view;
     fa::Sequences& s = fo.sequences;
     if (opt.cu_seqlens_q) cq = to_view(opt.cu_seqlens_q, "cu_seqlens_q"), s.cu_seqlens_q = &cq;
     if (opt.cu_seqlens_k) ck = to_view(opt.cu_seqlens_k, "cu_seqlens_k"), s.cu_seqlens_k = &ck;

@@ -481,6 +481,7 @@ struct Kernel::Impl {
   std::map<std::string, std::unique_ptr<Compiled>> wide_twins;     // by the narrow kernel's cache key
   std::map<std::string, std::unique_ptr<Compiled>> kv_copy_twins;  // by the TMA kernel's cache key
   std::map<std::string, std::unique_ptr<Compiled>> tile128_twins;  // forward_for_mask's, likewise
+  std::map<std::string, std::unique_ptr<Compiled>> row_max_twins;  // by the kernel's cache key
 
   // A kernel of this variant other than fwd, compiled from `spec` (callers hold bwd_mutex and
   // keep it in their slot); `what` names it in errors: "<what> of score_mod @S mask_mod @M".
@@ -555,6 +556,11 @@ struct Kernel::Impl {
   const Compiled& kv_copy_twin(const Compiled& c) {
     return twin_of(kv_copy_twins, c, [](KernelSpec& s) { s.cp_async_kv = true; });
   }
+  // `c`, or, for a call that asks for the rows' largest scores (ForwardOptions::max_scores), its
+  // twin that writes them (KernelSpec::row_max).
+  const Compiled& row_max_twin(const Compiled& c, bool row_max) {
+    return row_max ? twin_of(row_max_twins, c, [](KernelSpec& s) { s.row_max = true; }) : c;
+  }
 
   // The backward kernels of a layout (dense or ragged); `deterministic` false still gives the
   // deterministic ones where they are the faster (bwd_prefers_separate_dq, decided once per
@@ -612,6 +618,11 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   const TensorView &q = dense ? q_in : rv.q, &k = dense ? k_in : rv.k, &v = dense ? v_in : rv.v,
                    &o = dense ? o_in : rv.o;
   const TensorView* lse = dense ? options.lse : rv.has_lse ? &rv.lse : nullptr;
+  // max_scores as the kernels see it (like lse: [Hq, total_q] of packed queries).
+  std::optional<TensorView> max_view;
+  if (options.max_scores)
+    max_view = dense ? *options.max_scores : ragged_rows_view(*options.max_scores, "max_scores", q_in, seq);
+  const bool row_max = max_view.has_value();
   // The tables of a ragged / paged call (FaFwdParams' sequence fields).
   auto with_sequences = [&](FaFwdParams p) {
     if (dense) return p;
@@ -625,9 +636,17 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     }
     return p;
   };
+  auto with_max = [&](FaFwdParams p) {
+    if (!row_max) return p;
+    p.max_scores = static_cast<float*>(max_view->data);
+    p.max_stride_b = max_view->stride[0];
+    p.max_stride_h = max_view->stride[1];
+    return p;
+  };
 
   check_sequences_given(seq);
   AttentionShape shape = validate_attention(q, k, v, o, lse);
+  if (row_max) validate_row_output("max_scores", *max_view, q);
   // A ragged / paged call's mask is checked against the tile of the kernel that runs it, below.
   // The dense forward this mask runs on (fwd, unless its tile cannot take the mask's blocks).
   const Compiled& dense_fwd = dense ? impl_->forward_for_mask(impl_->fwd, mask) : impl_->fwd;
@@ -651,7 +670,8 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   if (takes_decoding_kernel(options.path, shape.len_q, shape.heads_q, shape.heads_kv, mask)) {
     // Split-KV decoding (templates/fajit/decode.cuh): the heads of a GQA group share a tile
     // when the tables do not depend on the head; the KV walk is cut so every SM streams.
-    const Compiled& d = impl_->captures_twin(impl_->decode_kernel(layout), wide);
+    const Compiled& d =
+        impl_->row_max_twin(impl_->captures_twin(impl_->decode_kernel(layout), wide), row_max);
     const KernelSpec& ds = d.gen.spec;
     if (mask.q_block() % ds.tile.block_m != 0 || mask.kv_block() % ds.tile.block_n != 0)
       throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the decode tile {}x{}",
@@ -659,7 +679,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     rt::ContextGuard guard;
     const CUstream st = reinterpret_cast<CUstream>(stream);
     FaDecodeParams dp{};
-    dp.fwd = with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask));
+    dp.fwd = with_max(with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, mask)));
     const int group = shape.heads_q / shape.heads_kv;
     dp.heads_per_cta = dp.fwd.mask.row_stride_h == 0 ? group : 1;
     const int rows = dp.heads_per_cta * shape.len_q;
@@ -678,11 +698,13 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(tiles, 1));
     dp.splits = static_cast<int>(splits);
     const size_t part_rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
-    StreamScratch scratch(size_t(splits) * part_rows * (shape.dim_v + 2) * sizeof(float), st,
+    const size_t per_row = size_t(shape.dim_v) + (row_max ? 3 : 2);  // O, m, l (and the part's max)
+    StreamScratch scratch(size_t(splits) * part_rows * per_row * sizeof(float), st,
                           fmt::format("the decoding kernel's {} fp32 partial results", splits));
     dp.o_part = scratch.f32();
     dp.m_part = dp.o_part + size_t(splits) * part_rows * shape.dim_v;
     dp.l_part = dp.m_part + size_t(splits) * part_rows;
+    dp.x_part = row_max ? dp.l_part + size_t(splits) * part_rows : nullptr;
     CUfunction combine = rt::load_function(d.key, d.entry->cubin, d.gen.kernel_name + "_combine");
     void* args[] = {&dp, cap.data()};
     rt::launch(fn,
@@ -755,7 +777,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
         static_cast<unsigned>(s.smem_bytes()),
         maps,
         qmaps,
-        with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, detail::forward_mask(s, mask))),
+        with_max(with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, detail::forward_mask(s, mask)))),
         cap.data(),
         st,
         persistent};
@@ -764,7 +786,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's
   // query blocks or regroup them (a mask that cannot be regrouped runs forward_for_mask's fallback).
   if (!dense || wide || &dense_fwd != &impl_->fwd) {
-    resolve(impl_->captures_twin(prefill, wide))();
+    resolve(impl_->row_max_twin(impl_->captures_twin(prefill, wide), row_max))();
     return;
   }
   // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
@@ -782,11 +804,14 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
       return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);
     };
     const KernelSpec& fs = impl_->fwd.gen.spec;
-    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !rt::stream_is_capturing(st) &&
-           (fs.family != KernelFamily::kWgmma || tma_maps(fs).enabled);
+    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !(row_max && touches_inputs(*max_view)) &&
+           !rt::stream_is_capturing(st) && (fs.family != KernelFamily::kWgmma || tma_maps(fs).enabled);
   };
   auto prepare = [&](const Compiled& f) -> detail::ForwardTuner::Launcher { return resolve(f); };
-  resolve(impl_->tuner->choose(ts, st, std::ref(may_time), std::ref(prepare)))();
+  // A call that asks for max_scores runs the chosen kernel's row-max twin (the candidates are
+  // timed without).
+  resolve(
+      impl_->row_max_twin(impl_->tuner->choose(ts, st, std::ref(may_time), std::ref(prepare)), row_max))();
 }
 
 WarmReport Kernel::warm(const WarmOptions& options) const {

@@ -547,6 +547,7 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   std::ostringstream os;
   os << "// fajit generated: " << g.spec.to_string() << "\n";
   if (g.spec.wide_captures) os << "#define FAJIT_WIDE_CAPTURES 1  // 64-bit capture offsets, any strides\n";
+  if (g.spec.row_max) os << "#define FAJIT_ROW_MAX 1  // the kernels also write each row's largest score\n";
   os << "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n\n";
   os << emit_mods(program, g.spec.kind == KernelKind::kBackward) << "\n";
   if (g.spec.kind == KernelKind::kForward) {

@@ -173,6 +173,8 @@ KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
     throw Error("deterministic applies to the backward kernels only");
   if (cp_async_kv && kind != KernelKind::kForward)  // the family: below, once resolved
     throw Error("cp_async_kv applies to the wgmma forward kernel only");
+  if (row_max && kind != KernelKind::kForward && kind != KernelKind::kDecode)
+    throw Error("row_max applies to the forward and decoding kernels only");
   if (layout == SequenceLayout::kRagged && kind == KernelKind::kBlockMask)
     throw Error("the ragged layout applies to the forward, decoding and backward kernels only");
   if (layout == SequenceLayout::kPaged && kind != KernelKind::kForward && kind != KernelKind::kDecode)
@@ -315,10 +317,8 @@ std::string KernelSpec::to_string() const {
                   : kind == KernelKind::kBackward ? "backward"
                   : kind == KernelKind::kDecode   ? "decode"
                                                   : "block_mask";
-  const char* wide = wide_captures && cp_async_kv ? " wide-captures cp-async-kv"
-                     : wide_captures              ? " wide-captures"
-                     : cp_async_kv                ? " cp-async-kv"
-                                                  : "";
+  const std::string wide = fmt::format("{}{}{}", wide_captures ? " wide-captures" : "",
+                                       cp_async_kv ? " cp-async-kv" : "", row_max ? " row-max" : "");
   if (kind == KernelKind::kBlockMask) return fmt::format("{} {}{}", k, arch, wide);
   const char* fam = family == KernelFamily::kWgmma     ? "wgmma"
                     : family == KernelFamily::kMmaSync ? "mma"

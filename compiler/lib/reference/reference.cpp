@@ -89,6 +89,7 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
   ReferenceResult r;
   r.out.assign(static_cast<size_t>(s.batch) * s.heads_q * s.len_q * s.dim_v, 0.0);
   r.lse.assign(static_cast<size_t>(s.batch) * s.heads_q * s.len_q, neg_inf);
+  r.max_score.assign(r.lse.size(), neg_inf);
   std::vector<double> row(static_cast<size_t>(s.len_kv));
   if (s.batch > 0 && s.len_q > 0 && (!q || (s.len_kv > 0 && (!k || !v))))
     throw Error("reference_attention: null q, k or v");
@@ -114,6 +115,9 @@ ReferenceResult reference_attention(const ReferenceShape& s, const float* q, con
           nan_score |= std::isnan(sc);
         }
         const size_t ri = (static_cast<size_t>(b) * s.heads_q + h) * s.len_q + i;
+        r.max_score[ri] = nan_score && m != std::numeric_limits<double>::infinity()
+                              ? std::numeric_limits<double>::quiet_NaN()
+                              : m;
         if (m == neg_inf && nan_score) {  // only NaN scores (and masked ones): NaN, as softmax gives
           const double nan = std::numeric_limits<double>::quiet_NaN();
           std::fill_n(&r.out[ri * s.dim_v], s.dim_v, nan);

@@ -60,6 +60,12 @@ FA_API RaggedViews ragged_views(const TensorView& q, const TensorView& k, const 
                                 const TensorView& o, const TensorView* lse, const Sequences& s,
                                 void* stream = nullptr);
 
+// Another per-row fp32 output of the same call (ForwardOptions::max_scores) as the kernels see
+// it, beside ragged_views' lse: [Hq, total_q] with packed queries (errors name it: "max_scores:
+// expected [Hq, total_q] = [8, 300], got [8, 299]"), else t as given. Call after ragged_views.
+FA_API TensorView ragged_rows_view(const TensorView& t, const char* name, const TensorView& q,
+                                   const Sequences& s);
+
 // The backward's gradient tensors of a ragged call (Kernel::backward with
 // BackwardOptions::sequences), as [B, H, Lmax, D]-shaped views beside ragged_views': dout like o
 // and dq like q ([total_q, Hq, D] with cu_seqlens_q), dk like k and dv like v ([total_kv, Hkv, D]

@@ -58,6 +58,10 @@ struct AttentionShape {
 FA_API AttentionShape validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                          const TensorView& o, const TensorView* lse = nullptr);
 
+// A per-row fp32 output beside validate_attention's LSE (`name`: "max_scores"): [B, Hq, Lq]
+// as q's first three dimensions, f32, 4-byte aligned, contiguous Lq. Errors name it.
+FA_API void validate_row_output(const char* name, const TensorView& t, const TensorView& q);
+
 // The backward's tensors: validate_attention(q, k, v, o, &lse) with the LSE required, then
 // each gradient like its primal (dout like o, dq like q, dk like k, dv like v: same sizes and
 // dtype, 16-byte rows, any strides) and the optional dlse like lse. Errors name the argument

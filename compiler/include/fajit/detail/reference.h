@@ -73,6 +73,9 @@ struct ReferenceOptions {
 struct ReferenceResult {
   std::vector<double> out;  // [B, Hq, Lq, Dv]
   std::vector<double> lse;  // [B, Hq, Lq]
+  // [B, Hq, Lq]: the row's largest score after the mods (-inf: fully masked; NaN: a NaN score
+  // and none +inf), what ForwardOptions::max_scores holds
+  std::vector<double> max_score;
 };
 
 // q, k, v hold values already rounded to the run's dtype. Throws fa::Error for bad shapes
