@@ -176,7 +176,8 @@ const std::vector<BwdCase>& cases() {
       // Head dims beyond 64 / 128: odd chunk counts (40, 72, 80, 136), padded shared rows, QK !=
       // V; above 256 columns (192/128, 256/256, 200/72) the mma.sync dK/dV grid splits in a dV
       // part and a dK + dQ part (buffer gradients in the dK part only, once). On sm_90a every
-      // one takes the Hopper kernel, above 128 its wide-head config; up to 128 dQ split by rows (32, 40 without a score_mod),
+      // one takes the Hopper kernel, above 128 its wide-head config; up to 128 dQ split by rows (32, 40
+      // without a score_mod),
       // by keys (40, 48 with one: n 48), by 64-column blocks (72 .. 112: the second block's
       // columns past D dropped), each through the tensor map and row by row.
       {"causal", bf16, 32, 32, 2, 4, 2, 1000, 1000},

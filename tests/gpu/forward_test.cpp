@@ -12,6 +12,7 @@
 //                                           3e9 + log n is stored as f32)
 // A global environment compiles the kernels and computes the references of the selected cases
 // in parallel before the first test (the host reference is single-threaded and dominates).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,6 +54,7 @@ struct FwdCase {
   float salt = 0.0f;              // != 0: score_mod + salt, a variant of its own (a cache key no run saw)
   bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
   int persistent_ctas = 0;        // > 0: FAJIT_PERSISTENT_CTAS, the persistent forward's CTAs capped
+  bool max_scores = false;        // ForwardOptions::max_scores too (the row-max twins), checked
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -319,6 +321,25 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.autotune = true; }),
       with({"sliding", bf16, 256, 256, 1, 2, 2, 1000, 777, 100}, "autotune",
            [](FwdCase& c) { c.autotune = true; }),
+      // Each row's largest score (ForwardOptions::max_scores, the row-max twins) on every forward
+      // kernel: the persistent Hopper forward, 192-row tiles with a score_mod, mma.sync with
+      // fully masked rows, raw q·k times a scale, the decoder and its combine (huge per-head
+      // offsets, a key mask with no causality), autotuned; LSE and O checked as always.
+      with({"causal", bf16, 128, 128, 2, 8, 2, 1000, 1000}, "max", [](FwdCase& c) { c.max_scores = true; }),
+      with({"document_softcap", f16, 64, 64, 2, 4, 2, 1000, 1000}, "max",
+           [](FwdCase& c) { c.max_scores = true; }),
+      with({"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "mma_max",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync, c.max_scores = true; }),
+      with({"none", f16, 64, 64, 1, 2, 2, 1000, 1000}, "scale_max",
+           [](FwdCase& c) { c.scale = 0.3f, c.max_scores = true; }),
+      with({"kv_ramp", f16, 80, 80, 1, 4, 2, 16, 9000, 20}, "max", [](FwdCase& c) { c.max_scores = true; }),
+      with({"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097}, "max", [](FwdCase& c) { c.max_scores = true; }),
+      with({"key_keep_bias", bf16, 64, 64, 2, 8, 2, 16, 3000}, "max_splits7",
+           [](FwdCase& c) { c.max_scores = true, c.splits = 7; }),
+      with({"head_offset", bf16, 128, 128, 1, 6, 2, 1000, 1000}, "max",
+           [](FwdCase& c) { c.max_scores = true; }),
+      with({"document_softcap", f16, 64, 64, 1, 4, 1, 4097, 4097}, "autotune_max",
+           [](FwdCase& c) { c.autotune = true, c.max_scores = true; }),
   };
   return all;
 }
@@ -425,6 +446,7 @@ struct Summary {
   std::string name;
   double rel, row_rel, lse_err, max_abs, compile_s, ref_s, gpu_ms;
   long masked_rows;
+  double max_err;  // max |max_scores - ref| (-1: not asked)
 };
 std::vector<Summary> g_summary;
 
@@ -467,12 +489,14 @@ class PrepareEnvironment : public ::testing::Environment {
     }
     if (g_summary.empty()) return;
     std::printf(
-        "\nforward summary (rel = ||O-ref||/||ref||, row = worst row of the same, lse = max |LSE-ref|)\n");
-    std::printf("%-52s %9s %9s %9s %9s %6s %8s %7s %8s\n", "case", "rel", "row", "lse", "max_abs", "masked",
-                "compile", "ref", "gpu_ms");
+        "\nforward summary (rel = ||O-ref||/||ref||, row = worst row of the same, lse = max |LSE-ref|, "
+        "rowmax = max |max_scores-ref|)\n");
+    std::printf("%-52s %9s %9s %9s %9s %9s %6s %8s %7s %8s\n", "case", "rel", "row", "lse", "rowmax",
+                "max_abs", "masked", "compile", "ref", "gpu_ms");
     for (const Summary& s : g_summary)
-      std::printf("%-52s %9.2e %9.2e %9.2e %9.2e %6ld %7.1fs %6.1fs %8.3f\n", s.name.c_str(), s.rel,
-                  s.row_rel, s.lse_err, s.max_abs, s.masked_rows, s.compile_s, s.ref_s, s.gpu_ms);
+      std::printf("%-52s %9.2e %9.2e %9.2e %9s %9.2e %6ld %7.1fs %6.1fs %8.3f\n", s.name.c_str(), s.rel,
+                  s.row_rel, s.lse_err, s.max_err < 0 ? "-" : fmt::format("{:.2e}", s.max_err).c_str(),
+                  s.max_abs, s.masked_rows, s.compile_s, s.ref_s, s.gpu_ms);
   }
 };
 const auto* const g_env = ::testing::AddGlobalTestEnvironment(new PrepareEnvironment);
@@ -480,6 +504,8 @@ const auto* const g_env = ::testing::AddGlobalTestEnvironment(new PrepareEnviron
 struct Stats {
   double rel = 0, row_rel = 0, lse_err = 0, max_abs = 0;
   long nan_o = 0, nan_lse = 0, masked_rows = 0, bad_masked = 0, bad_lse = 0, gap_written = 0;
+  double max_err = -1;  // max_scores: the largest |max_scores - ref| (-1: not asked)
+  long bad_max = 0;     // max_scores entries off (or not -inf / NaN where the reference is)
   std::string first_bad;
 };
 
@@ -503,14 +529,17 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
       c.noncontig ? std::array<int64_t, 4>{c.Lq * oh * c.dv, c.dv, oh * c.dv, 1}
                   : std::array<int64_t, 4>{c.Hq * int64_t(c.Lq) * c.dv, int64_t(c.Lq) * c.dv, c.dv, 1};
   const size_t o_elems = size_t(c.B) * c.Lq * oh * c.dv, rows = size_t(c.B) * c.Hq * c.Lq;
-  fa::rt::DeviceBuffer d_o(o_elems * 2), d_lse(rows * 4);
+  fa::rt::DeviceBuffer d_o(o_elems * 2), d_lse(rows * 4), d_max(rows * 4);
   d_o.memset8(0xFF);  // kPoison16
   d_lse.memset32(kPoison32);
+  d_max.memset32(kPoison32);
+  const fa::TensorView max_scores(d_max.as<void>(), fa::DType::f32, {c.B, c.Hq, c.Lq});
   const fa::TensorView o(d_o.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv}, {os[0], os[1], os[2], 1});
   const fa::TensorView lse(d_lse.as<void>(), fa::DType::f32, {c.B, c.Hq, c.Lq});
   fa::ForwardOptions fo;
   fo.scale = c.scale;
   fo.lse = c.no_lse ? nullptr : &lse;
+  fo.max_scores = c.max_scores ? &max_scores : nullptr;
   fo.path = c.path;
   fo.decode_splits = c.splits;
   fa::rt::synchronize(nullptr);  // the poison memsets are asynchronous
@@ -527,9 +556,10 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
   if (stream) FA_CU(cuStreamDestroy, stream);
 
   std::vector<uint16_t> h_o(o_elems);
-  std::vector<float> h_lse(rows);
+  std::vector<float> h_lse(rows), h_max(rows);
   d_o.download(h_o.data(), o_elems * 2);
   d_lse.download(h_lse.data(), rows * 4);
+  d_max.download(h_max.data(), rows * 4);
 
   Stats s;
   double err2 = 0, ref2 = 0;
@@ -553,6 +583,16 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
           if (bits != kPoison32) ++s.bad_lse, note("LSE buffer written without an LSE output at " + where);
         } else if (std::isnan(gl)) {
           ++s.nan_lse, note("LSE NaN at " + where);
+        }
+        if (c.max_scores) {  // -inf / NaN exactly where the reference has them, else close
+          const double rm = ref.max_score[ri], gm = h_max[ri];
+          const bool ok = std::isnan(rm)   ? std::isnan(gm)
+                          : std::isinf(rm) ? gm == rm
+                                           : std::abs(gm - rm) < 2e-2 + std::abs(rm) * 0x1p-21;
+          if (std::isfinite(rm) && std::isfinite(gm)) s.max_err = std::max(s.max_err, std::abs(gm - rm));
+          if (!ok)
+            ++s.bad_max,
+                note("max_scores " + std::to_string(gm) + " vs " + std::to_string(rm) + " at " + where);
         }
         if (std::isinf(rl)) {  // fully masked row: O exactly 0, LSE -inf
           ++s.masked_rows;
@@ -604,6 +644,8 @@ void expect_good(const FwdCase& c, const Stats& s) {
   EXPECT_EQ(s.bad_masked, 0) << "fully masked rows wrong; first: " << s.first_bad;
   EXPECT_EQ(s.bad_lse, 0) << "LSE off by >= 2e-2 + |ref|·2^-21; first: " << s.first_bad;
   EXPECT_EQ(s.gap_written, 0) << "O elements outside the view were written";
+  EXPECT_EQ(s.bad_max, 0) << "max_scores off by >= 2e-2 + |ref|·2^-21 (or not -inf / NaN); first: "
+                          << s.first_bad;
   EXPECT_LT(s.rel, tol) << s.first_bad;
   EXPECT_LT(s.row_rel, row_tol) << s.first_bad;
 }
@@ -624,8 +666,8 @@ TEST_P(ForwardTest, MatchesReference) {
       "s,%s)\n",
       s.rel, s.row_rel, s.lse_err, s.max_abs, s.masked_rows, p->compile_s, p->ref_s,
       p->caps.describe().c_str());
-  g_summary.push_back(
-      {c.name(), s.rel, s.row_rel, s.lse_err, s.max_abs, p->compile_s, p->ref_s, ms, s.masked_rows});
+  g_summary.push_back({c.name(), s.rel, s.row_rel, s.lse_err, s.max_abs, p->compile_s, p->ref_s, ms,
+                       s.masked_rows, s.max_err});
   expect_good(c, s);
   if (c.variant == "padding" && c.param >= c.Lq) {
     EXPECT_EQ(s.masked_rows, long(c.B) * c.Hq * c.Lq);

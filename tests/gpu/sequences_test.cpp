@@ -25,6 +25,7 @@ struct SeqCase {
   bool dense_q = false;  // q, o [B, Hq, Lq, D] (all lens_q equal) instead of packed
   int param = -1;        // the variant's knob (window, ...)
   fa::KernelFamily family = fa::KernelFamily::kAuto;  // the prefill's: wgmma on sm_90a
+  bool max_scores = false;  // ForwardOptions::max_scores too ([Hq, total_q] like the LSE), checked
   std::string name() const {
     std::string n = fmt::format("{}_{}_d{}x{}_h{}g{}_p{}", variant, fa::dtype_name(dtype), dqk, dv, Hq,
                                 Hq / Hkv, page_size);
@@ -32,7 +33,8 @@ struct SeqCase {
     return n + (dense_q ? "_denseq" : "") +
            (family == fa::KernelFamily::kMmaSync ? "_mma"
             : family == fa::KernelFamily::kWgmma ? "_wgmma"
-                                                 : "");
+                                                 : "") +
+           (max_scores ? "_max" : "");
   }
 };
 
@@ -67,6 +69,60 @@ std::vector<SeqCase> cases() {
       // queries, GQA 2; and by the mma.sync prefill (below)
       {"key_keep_bias", f16, 64, 64, 4, 2, {1, 16, 0, 5}, {3000, 700, 12, 64}, 16},
       {"key_keep_bias", bf16, 64, 64, 4, 4, {300, 0, 129}, {300, 5, 200}, 16},
+      // each row's largest score (the row-max twins), packed and paged, prefill and decoding,
+      // empty sequences and sequences without keys (-inf)
+      {"causal",
+       bf16,
+       128,
+       128,
+       8,
+       2,
+       {0, 1, 300, 17, 1000},
+       {0, 1, 300, 17, 1000},
+       16,
+       false,
+       -1,
+       fa::KernelFamily::kAuto,
+       true},
+      {"document_softcap",
+       bf16,
+       96,
+       96,
+       4,
+       1,
+       {500, 193},
+       {520, 193},
+       3,
+       false,
+       60,
+       fa::KernelFamily::kMmaSync,
+       true},
+      {"none",
+       bf16,
+       128,
+       128,
+       32,
+       4,
+       {1, 1, 1, 1},
+       {1, 8191, 0, 33000},
+       16,
+       true,
+       -1,
+       fa::KernelFamily::kAuto,
+       true},
+      {"key_keep_bias",
+       f16,
+       64,
+       64,
+       4,
+       2,
+       {1, 16, 0, 5},
+       {3000, 700, 12, 64},
+       16,
+       false,
+       -1,
+       fa::KernelFamily::kAuto,
+       true},
   };
   // the first two prefill cases on mma.sync too (the Hopper default is wgmma), and the wgmma
   // kernel asked for where the host picks mma.sync (Hopper only: rows of D 80 and 192 copied
@@ -181,7 +237,7 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
   const size_t o_elems = size_t(std::max<int64_t>(total_q, 1)) * c.Hq * c.dv,
                lse_elems = size_t(c.Hq) * std::max<int64_t>(total_q, 1);
   fa::rt::DeviceBuffer o_packed(o_elems * 2), o_paged(o_elems * 2), lse_packed(lse_elems * 4),
-      lse_paged(lse_elems * 4);
+      lse_paged(lse_elems * 4), max_packed(lse_elems * 4), max_paged(lse_elems * 4);
 
   const int64_t tq = std::max<int64_t>(total_q, 1), tk = std::max<int64_t>(total_kv, 1);
   fa::TensorView cuq_v(dcu_q.as<void>(), fa::DType::i32, {B + 1}),
@@ -201,12 +257,14 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
   };
 
   // packed K/V (cu_seqlens_k); dense q takes packed keys too when lengths differ
-  auto run = [&](bool paged, fa::rt::DeviceBuffer& o, fa::rt::DeviceBuffer& lse) {
+  auto run = [&](bool paged, fa::rt::DeviceBuffer& o, fa::rt::DeviceBuffer& lse, fa::rt::DeviceBuffer& mx) {
     o.memset8(0xFF);
     lse.memset8(0xFF);
-    fa::TensorView lv = lse_view(lse);
+    mx.memset8(0xFF);
+    fa::TensorView lv = lse_view(lse), mv = lse_view(mx);
     fa::ForwardOptions fo;
     fo.lse = &lv;
+    if (c.max_scores) fo.max_scores = &mv;
     fo.sequences.check_tables = true;
     if (!c.dense_q) fo.sequences.cu_seqlens_q = &cuq_v, fo.sequences.max_seqlen_q = max_q;
     fo.sequences.max_seqlen_k = max_kv;
@@ -222,11 +280,16 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
     }
     fa::rt::synchronize(nullptr);
   };
-  run(false, o_packed, lse_packed);
-  run(true, o_paged, lse_paged);
+  run(false, o_packed, lse_packed, max_packed);
+  run(true, o_paged, lse_paged, max_paged);
 
   std::vector<uint16_t> out(o_elems), out_paged(o_elems);
-  std::vector<float> lse(lse_elems), lse_p(lse_elems);
+  std::vector<float> lse(lse_elems), lse_p(lse_elems), mx(lse_elems), mx_p(lse_elems);
+  max_packed.download(mx.data(), lse_elems * 4);
+  max_paged.download(mx_p.data(), lse_elems * 4);
+  if (c.max_scores) {
+    EXPECT_EQ(std::memcmp(mx.data(), mx_p.data(), lse_elems * 4), 0) << "paged max_scores differ from packed";
+  }
   o_packed.download(out.data(), o_elems * 2);
   o_paged.download(out_paged.data(), o_elems * 2);
   lse_packed.download(lse.data(), lse_elems * 4);
@@ -239,7 +302,7 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
   // it: the reference runs b + 1 batches over the same rows and keeps the last).
   ModPrograms progs = mod_programs(kernel.program());
   fa::Bindings env = caps.bindings();
-  double num = 0, den = 0, lse_err = 0;
+  double num = 0, den = 0, lse_err = 0, max_err = 0;
   size_t bad = 0, rows = 0;
   for (int b = 0; b < B; ++b) {
     const int lq = c.lens_q[b], lkv = c.lens_kv[b];
@@ -254,6 +317,7 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
           for (int d = 0; d < c.dv; ++d)
             bad += from_bits(c.dtype, out[size_t(q_at(b, h, i, c.dv) + d)]) != 0.0;
           bad += !(std::isinf(lse[lse_at(h, i)]) && lse[lse_at(h, i)] < 0);
+          if (c.max_scores) bad += !(std::isinf(mx[lse_at(h, i)]) && mx[lse_at(h, i)] < 0);
         }
       continue;
     }
@@ -284,15 +348,23 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
           bad += !(std::isinf(l) && l < 0);
         else
           lse_err = std::max(lse_err, std::abs(double(l) - ref.lse[r]));
+        if (!c.max_scores) continue;
+        const float m = mx[lse_at(h, i)];
+        if (std::isinf(ref.max_score[r]))
+          bad += m != ref.max_score[r];
+        else
+          max_err = std::max(max_err, std::isnan(m) ? INFINITY : std::abs(double(m) - ref.max_score[r]));
       }
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   const double tol = c.dtype == fa::DType::bf16 ? 1e-2 : 5e-3;
-  std::printf("[ stats    ] rel %.2e  max |lse err| %.2e  bad %zu  rows %zu  (seed %u)\n", rel, lse_err, bad,
-              rows, seed);
+  std::printf(
+      "[ stats    ] rel %.2e  max |lse err| %.2e  max |max_scores err| %.2e  bad %zu  rows %zu  (seed %u)\n",
+      rel, lse_err, max_err, bad, rows, seed);
   EXPECT_EQ(bad, 0u);
   EXPECT_LT(rel, tol);
   EXPECT_LT(lse_err, 2e-2);
+  EXPECT_LT(max_err, 2e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, SequencesTest, ::testing::ValuesIn(cases()),

@@ -131,6 +131,21 @@ TEST_F(ForwardValidation, EmptyBlockMask) {
                   "block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
 }
 
+// ForwardOptions::max_scores: fp32 [B, Hq, Lq] like the LSE, named in the errors.
+TEST_F(ForwardValidation, MaxScoresOfWrongDtypeOrShape) {
+  const Args a = args();
+  fa::TensorView bf(buffer(kB * kH * kL * 2), fa::DType::bf16, {kB, kH, kL}),
+      short_rows(buffer(kB * kH * kL * 4), fa::DType::f32, {kB, kH, kL - 1}),
+      flat(buffer(kB * kH * kL * 4), fa::DType::f32, {kB * kH * kL});
+  fa::ForwardOptions fo;
+  fo.max_scores = &bf;
+  expect_rejected(a, mask(), good(), "max_scores: dtype must be f32, got bf16", fo);
+  fo.max_scores = &short_rows;
+  expect_rejected(a, mask(), good(), "max_scores: Lq must match q (256), got 255", fo);
+  fo.max_scores = &flat;
+  expect_rejected(a, mask(), good(), "max_scores: expected 3 dimensions [B, Hq, Lq], got 1", fo);
+}
+
 TEST_F(ForwardValidation, MissingCapture) {
   fa::Captures c;
   c.scalar("window", 16);
@@ -284,6 +299,16 @@ TEST_F(SequencesValidation, PackedLseShape) {
   fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
   fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
   expect(packed(500), packed(500), fo, "lse: expected [Hq, total_q] = [2, 300], got [300, 2]");
+}
+
+TEST_F(SequencesValidation, PackedMaxScoresShape) {
+  fa::TensorView cq = table({3}), ck = table({3});
+  fa::TensorView mx(buffer(300 * kH * 4), fa::DType::f32, {300, kH});  // transposed
+  fa::ForwardOptions fo;
+  fo.max_scores = &mx;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo, "max_scores: expected [Hq, total_q] = [2, 300], got [300, 2]");
 }
 
 TEST_F(SequencesValidation, PackedLseMustBeContiguousAlongTotal) {
