@@ -83,7 +83,7 @@ class ForwardOptions(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("scale", C.c_float), ("path", C.c_int), ("decode_splits", C.c_int),
                 ("cu_seqlens_q", C.POINTER(Tensor)), ("cu_seqlens_k", C.POINTER(Tensor)),
                 ("seqlens_k", C.POINTER(Tensor)), ("page_table", C.POINTER(Tensor)), ("max_seqlen_q", C.c_int),
-                ("max_seqlen_k", C.c_int), ("check_tables", C.c_int)]
+                ("max_seqlen_k", C.c_int), ("check_tables", C.c_int), ("max_scores", C.POINTER(Tensor))]
 
 
 class BackwardOptions(C.Structure):

@@ -429,11 +429,15 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
 # ---- the custom ops -------------------------------------------------------------------------
 
 def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, tables: List[Tensor],
-                   mask_info: List[int], buffers: List[Tensor], scalars: List[Tensor]) -> Tuple[Tensor, Tensor]:
+                   mask_info: List[int], buffers: List[Tensor], scalars: List[Tensor],
+                   want_max: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """out, the LSE, and with want_max each row's largest score [B, Hq, Lq] (else an empty
+    tensor): fajit's row-max kernels, compiled on the first call that asks."""
     B, Hq, Lq, D = q.shape
     Dv = v.shape[3]
     out = torch.empty((B, Hq, Lq, Dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
+    mx = torch.empty((B, Hq, Lq) if want_max else (0,), dtype=torch.float32, device=q.device)
     var = _VARIANTS[variant]
     keep = []
     with _on_device(q.device):
@@ -441,10 +445,19 @@ def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, 
         mask = _mask_for(tables, mask_info, B, Hq, q.device)
         caps = _ccaptures(var, buffers, scalars, keep)
         ts = [_ctensor(t) for t in (q, k, v, out, lse)]
-        _capi.check(_capi.lib().fajit_kernel_forward(
-            kern.handle, *[C.byref(t) for t in ts], scale, mask.h, C.byref(caps), _stream(q.device)),
-            "flex_attention")
-    return out, lse
+        if not want_max:
+            _capi.check(_capi.lib().fajit_kernel_forward(
+                kern.handle, *[C.byref(t) for t in ts], scale, mask.h, C.byref(caps), _stream(q.device)),
+                "flex_attention")
+        else:
+            opts = _capi.forward_options()
+            opts.scale = scale
+            cmx = _ctensor(mx)
+            opts.max_scores = C.pointer(cmx)
+            _capi.check(_capi.lib().fajit_kernel_forward_ex(
+                kern.handle, *[C.byref(t) for t in ts], C.byref(opts), mask.h, C.byref(caps), _stream(q.device)),
+                "flex_attention")
+    return out, lse, mx
 
 
 # The op for torch.compile; eager calls run _flex_fwd_impl directly, or through _FlexFunction
@@ -461,9 +474,10 @@ def _records_grad(tensors, variant, buffers):
 
 
 @_flex_fwd.register_fake
-def _(q, k, v, variant, scale, tables, mask_info, buffers, scalars):
+def _(q, k, v, variant, scale, tables, mask_info, buffers, scalars, want_max):
     B, Hq, Lq, _ = q.shape
-    return (q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=torch.float32))
+    return (q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=torch.float32),
+            q.new_empty((B, Hq, Lq) if want_max else (0,), dtype=torch.float32))
 
 
 def _wanted_grads(variant, buffers):
@@ -530,15 +544,16 @@ def _(dout, dlse, q, k, v, out, lse, variant, scale, tables, mask_info, buffers,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, variant, scale, tables, mask_info, buffers, scalars = inputs
-    out, lse = output
+    q, k, v, variant, scale, tables, mask_info, buffers, scalars, _ = inputs
+    out, lse, mx = output
+    ctx.mark_non_differentiable(mx)  # as torch's: the row maxima carry no gradient
     ctx.variant, ctx.scale, ctx.mask_info = variant, scale, mask_info
     ctx.n_tables, ctx.n_buffers = len(tables), len(buffers)
     ctx.buffer_grads = _wanted_grads(variant, buffers)
     ctx.save_for_backward(q, k, v, out, lse, *tables, *buffers, *scalars)
 
 
-def _backward(ctx, dout, dlse, bwd=None):
+def _backward(ctx, dout, dlse, dmax=None, bwd=None):
     """The custom op's autograd (bwd: the fajit::flex_bwd op, which torch.compile traces with
     fake tensors) and _FlexFunction's (bwd=_flex_bwd_impl)."""
     q, k, v, out, lse, *rest = ctx.saved_tensors
@@ -551,7 +566,7 @@ def _backward(ctx, dout, dlse, bwd=None):
                                   ctx.mask_info, list(buffers), list(scalars), ctx.buffer_grads)
     gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
     # one entry per input, tensor lists as long as the input lists (torch checks the structure)
-    return dq, dk, dv, None, None, [None] * len(tables), None, gb, [None] * len(scalars)
+    return dq, dk, dv, None, None, [None] * len(tables), None, gb, [None] * len(scalars), None
 
 
 _flex_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -565,21 +580,21 @@ class _FlexFunction(torch.autograd.Function):
     are flattened so autograd sees the captured buffers as inputs."""
 
     @staticmethod
-    def forward(ctx, q, k, v, variant, scale, info, n_tables, n_buffers, *rest):
+    def forward(ctx, q, k, v, variant, scale, info, want_max, n_tables, n_buffers, *rest):
         tables = list(rest[:n_tables])
         buffers = list(rest[n_tables:n_tables + n_buffers])
         scalars = list(rest[n_tables + n_buffers:])
         ctx.set_materialize_grads(False)  # an unused out or LSE gets no zero gradient
         with _on_device(q.device):  # compiled with its backward beside it, if new
             _kernel(_VARIANTS[variant], q.dtype, q.shape[3], v.shape[3], q.device, backward=True)
-        out, lse = _flex_fwd_impl(q, k, v, variant, scale, tables, info, buffers, scalars)
-        _setup_context(ctx, (q, k, v, variant, scale, tables, info, buffers, scalars), (out, lse))
-        return out, lse
+        out, lse, mx = _flex_fwd_impl(q, k, v, variant, scale, tables, info, buffers, scalars, want_max)
+        _setup_context(ctx, (q, k, v, variant, scale, tables, info, buffers, scalars, want_max), (out, lse, mx))
+        return out, lse, mx
 
     @staticmethod
-    def backward(ctx, dout, dlse):
-        dq, dk, dv, _, _, tables, _, gb, scalars = _backward(ctx, dout, dlse, _flex_bwd_impl)
-        return (dq, dk, dv, None, None, None, None, None, *tables, *gb, *scalars)
+    def backward(ctx, dout, dlse, dmax):
+        dq, dk, dv, _, _, tables, _, gb, scalars, _ = _backward(ctx, dout, dlse, dmax, _flex_bwd_impl)
+        return (dq, dk, dv, None, None, None, None, None, None, *tables, *gb, *scalars)
 
 
 # ---- flex_attention -------------------------------------------------------------------------
@@ -702,8 +717,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] (fp16 or bf16, CUDA, E and Ev
     multiples of 8 from 32 to 256); block_mask from fajit.torch.create_block_mask or torch's. Returns out
     [B, Hq, L, Ev]; with return_aux=AuxRequest(lse=True) also AuxOutput(lse=...), the natural-log LSE
-    [B, Hq, L], fp32 (so does the older return_lse=True, as a plain tensor). AuxRequest(max_scores=True)
-    is refused: fajit's kernels do not write the rows' maxima yet."""
+    [B, Hq, L], fp32 (so does the older return_lse=True, as a plain tensor); with
+    AuxRequest(max_scores=True) AuxOutput(max_scores=...), each row's largest score after score_mod
+    and the mask, fp32 [B, Hq, L] (-inf for a row with nothing unmasked; no gradient), as torch's."""
     _check_aux(return_lse, return_aux)
     _check_inputs(query, key, value, enable_gqa)
     B, Hq, L, E = query.shape
@@ -712,15 +728,17 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     mask_mod, tables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _FLEX_NOTES)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
-    args = (_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers, scalars)
+    want_max = bool(return_aux is not None and return_aux.max_scores)
+    args = (_rows(query), _rows(key), _rows(value), vkey, scale, tables, info, buffers, scalars, want_max)
     if torch.compiler.is_compiling():
-        out, lse = torch.ops.fajit.flex_fwd(*args)
+        out, lse, mx = torch.ops.fajit.flex_fwd(*args)
     elif _records_grad((query, key, value), vkey, buffers):
-        out, lse = _FlexFunction.apply(*args[:5], info, len(tables), len(buffers), *tables, *buffers, *scalars)
+        out, lse, mx = _FlexFunction.apply(*args[:5], info, want_max, len(tables), len(buffers), *tables, *buffers,
+                                           *scalars)
     else:
-        out, lse = _flex_fwd_impl(*args)
+        out, lse, mx = _flex_fwd_impl(*args)
     if return_aux is not None:
-        return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=None)
+        return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=mx if want_max else None)
     if return_lse:
         return out, lse
     return out
@@ -734,9 +752,6 @@ def _check_aux(return_lse, return_aux):
                          "form of return_aux=AuxRequest(lse=True))")
     if not all(hasattr(return_aux, f) for f in ("lse", "max_scores")):
         raise TypeError(f"return_aux must be an AuxRequest(lse=..., max_scores=...), got {type(return_aux).__name__}")
-    if return_aux.max_scores:
-        raise NotImplementedError("flex_attention: return_aux=AuxRequest(max_scores=True) is not supported: fajit's "
-                                  "kernels do not write the rows' maximum scores yet (lse=True is)")
 
 
 # ragged / paged batches: defined beside, on the helpers above

@@ -110,8 +110,6 @@ def test_bad_inputs_name_the_argument():
     # return_aux (torch's AuxRequest, or fajit.torch's where torch has none) is checked first
     with pytest.raises(ValueError, match="pass return_lse or return_aux, not both"):
         ft.flex_attention(q, q, q, return_lse=True, return_aux=ft.AuxRequest(lse=True))
-    with pytest.raises(NotImplementedError, match=r"AuxRequest\(max_scores=True\) is not supported"):
-        ft.flex_attention(q, q, q, return_aux=ft.AuxRequest(lse=True, max_scores=True))
     with pytest.raises(TypeError, match="return_aux must be an AuxRequest"):
         ft.flex_attention(q, q, q, return_aux=True)
 
@@ -468,3 +466,48 @@ def test_a_module_method_as_score_mod_names_its_parameters():
 
     ir = fajit.mlir(RelBias().score_mod)
     assert "captures(%table: !fa.buffer<f32, 2>)" in ir, ir
+
+
+@needs_gpu
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("L", [300, 1])  # the prefill kernel, and the decoder with its combine
+def test_return_aux_max_scores_are_the_rows_largest_modded_scores(compiled, L):
+    """AuxRequest(max_scores=True): each row's largest score after score_mod and the mask, in
+    natural units, against float64 dense math (-inf for fully masked rows); out and the LSE the
+    same bits as without it; no gradient (as torch's), while out's still flows."""
+    import fajit.torch as ft
+
+    B, Hq, Hkv, S, D = 2, 8, 2, 517, 64
+    q, k, v = _inputs(B, Hq, Hkv, L, S, D, torch.float16, seed=11)
+    cap = torch.tensor(20.0, device="cuda")
+    bias = torch.randn(S, device="cuda")
+
+    def soft_bias(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap) + bias[kv_idx]
+
+    def mask_mod(b, h, q_idx, kv_idx):  # rows q_idx % 7 == 0 of batch 1 see nothing
+        return ((kv_idx <= q_idx + S - L) | (kv_idx % 5 == 0)) & ~((b == 1) & (q_idx % 7 == 0))
+
+    mask = ft.create_block_mask(mask_mod, B, None, L, S)
+    attn = torch.compile(ft.flex_attention, fullgraph=True) if compiled else ft.flex_attention
+    out, aux = attn(q, k, v, score_mod=soft_bias, block_mask=mask, enable_gqa=True,
+                    return_aux=ft.AuxRequest(lse=True, max_scores=True))
+    assert aux.max_scores.shape == (B, Hq, L) and aux.max_scores.dtype == torch.float32
+    assert not aux.max_scores.requires_grad
+    out_p, lse_p = ft.flex_attention(q, k, v, score_mod=soft_bias, block_mask=mask, enable_gqa=True,
+                                     return_lse=True)
+    assert torch.equal(out, out_p) and torch.equal(aux.lse, lse_p)
+
+    qd, kd = q.detach().double(), k.detach().double().repeat_interleave(Hq // Hkv, dim=1)
+    sc = (qd @ kd.transpose(-1, -2)) / math.sqrt(D)
+    sc = 20.0 * torch.tanh(sc / 20.0) + bias.double()
+    bi, qi, ki = (torch.arange(n, device="cuda") for n in (B, L, S))
+    keep = mask_mod(bi[:, None, None, None], None, qi[None, None, :, None], ki[None, None, None, :])
+    want = sc.masked_fill(~keep, float("-inf")).amax(dim=-1)
+    got = aux.max_scores.double()
+    masked = torch.isinf(want)
+    assert masked.any() and torch.equal(torch.isinf(got), masked) and (got[masked] < 0).all()
+    err = (got[~masked] - want[~masked]).abs().max().item()
+    assert err < 2e-2, f"max_scores off by {err:.3g}"
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
