@@ -99,6 +99,16 @@ int main(int argc, char** argv) {
               fajit_last_error());
       return 1;
     }
+    /* A caller built before max_scores was appended passes the smaller size: accepted, and the
+     * field past it never read (a wild pointer there is harmless). */
+    fo.struct_size = offsetof(fajit_forward_options, max_scores);
+    fo.max_scores = (const fajit_tensor*)0x1;
+    if (fajit_kernel_forward_ex(k, &q, &pool, &pool, &q, NULL, &fo, m, NULL, NULL) !=
+            FAJIT_ERROR_INVALID_ARGUMENT ||
+        strcmp(fajit_last_error(), "page_table needs seqlens_k (each sequence's key count)") != 0) {
+      fprintf(stderr, "expected the older struct_size to be taken, got: %s\n", fajit_last_error());
+      return 1;
+    }
     fo.struct_size = 8;
     if (fajit_kernel_forward_ex(k, &q, &pool, &pool, &q, NULL, &fo, m, NULL, NULL) !=
             FAJIT_ERROR_INVALID_ARGUMENT ||
