@@ -57,17 +57,20 @@ def _set_tensors(opts, named, keep):
 def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                      seqlens_k: Optional[Tensor], page_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                      variant: str, scale: float, tables: List[Tensor], mask_info: List[int], buffers: List[Tensor],
-                     scalars: List[Tensor], path: int, decode_splits: int,
-                     check_tables: bool) -> Tuple[Tensor, Tensor]:
+                     scalars: List[Tensor], path: int, decode_splits: int, check_tables: bool,
+                     want_max: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """out, the LSE, and with want_max each row's largest score laid out as the LSE (else an
+    empty tensor)."""
     oshape, lshape = _out_shapes(q, v, cu_seqlens_q is not None)
     out = torch.empty(oshape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lshape, dtype=torch.float32, device=q.device)
+    mx = torch.empty(lshape if want_max else (0,), dtype=torch.float32, device=q.device)
     # What the library takes no tensors for (it wants data): no query at all, or no key at all
     # (every row then attends to nothing: 0 and -inf, as the kernels write for an empty sequence).
     if max_seqlen_q == 0 or q.numel() == 0:
-        return out, lse
+        return out, lse, mx
     if max_seqlen_k == 0 or k.numel() == 0 or v.numel() == 0:
-        return out.zero_(), lse.fill_(-math.inf)
+        return out.zero_(), lse.fill_(-math.inf), mx.fill_(-math.inf)
     var = _VARIANTS[variant]
     keep = []
     with _on_device(q.device):
@@ -78,13 +81,14 @@ def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Ten
         opts = _capi.forward_options()
         opts.scale, opts.path, opts.decode_splits, opts.check_tables = scale, path, decode_splits, int(check_tables)
         _set_tensors(opts, zip(_TABLES, (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)), keep)
+        _set_tensors(opts, (("max_scores", mx if want_max else None),), keep)
         # the library takes max_seqlen_* only with the tables they bound (dense: the tensor's length)
         opts.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
         opts.max_seqlen_k = max_seqlen_k if cu_seqlens_k is not None or page_table is not None else 0
         _capi.check(_capi.lib().fajit_kernel_forward_ex(
             kern.handle, *[C.byref(t) for t in ts], C.byref(opts), mask.h, C.byref(caps), _stream(q.device)),
             "flex_attention_varlen")
-    return out, lse
+    return out, lse, mx
 
 
 # The op for torch.compile; eager calls run _varlen_fwd_impl directly, or through _VarlenFunction
@@ -94,9 +98,10 @@ _varlen_fwd = torch.library.custom_op("fajit::flex_varlen_fwd", mutates_args=())
 
 @_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table, max_seqlen_q, max_seqlen_k, variant, scale, tables,
-      mask_info, buffers, scalars, path, decode_splits, check_tables):
+      mask_info, buffers, scalars, path, decode_splits, check_tables, want_max):
     oshape, lshape = _out_shapes(q, v, cu_seqlens_q is not None)
-    return q.new_empty(oshape), q.new_empty(lshape, dtype=torch.float32)
+    return (q.new_empty(oshape), q.new_empty(lshape, dtype=torch.float32),
+            q.new_empty(lshape if want_max else (0,), dtype=torch.float32))
 
 
 def _grads_like(q, k, v, zero_q, zero_kv):
@@ -152,14 +157,16 @@ def _varlen_setup_context(ctx, inputs, output):
     """fajit::flex_varlen_fwd's autograd context (its packed or dense layouts only: the call
     refuses grad for paged and padded keys before the op)."""
     (q, k, v, cu_q, cu_k, _, _, max_q, max_k, variant, scale, tables, mask_info, buffers, scalars, _, _,
-     check_tables) = inputs
+     check_tables, _) = inputs
+    out, lse, mx = output
+    ctx.mark_non_differentiable(mx)  # the row maxima carry no gradient (as flex_attention's)
     ctx.lens, ctx.variant, ctx.scale, ctx.mask_info = (max_q, max_k), variant, scale, mask_info
     ctx.check_tables, ctx.n_tables, ctx.n_buffers = check_tables, len(tables), len(buffers)
     ctx.buffer_grads = _wanted_grads(variant, buffers)
-    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, *tables, *buffers, *scalars)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, *tables, *buffers, *scalars)
 
 
-def _varlen_backward(ctx, dout, dlse, bwd=None):
+def _varlen_backward(ctx, dout, dlse, dmax=None, bwd=None):
     """The custom op's autograd (bwd: the fajit::flex_varlen_bwd op, which torch.compile traces
     with fake tensors) and _VarlenFunction's (bwd=_varlen_bwd_impl)."""
     q, k, v, out, lse, cu_q, cu_k, *rest = ctx.saved_tensors
@@ -172,7 +179,7 @@ def _varlen_backward(ctx, dout, dlse, bwd=None):
                                              ctx.check_tables)
     gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
     # one entry per input of the op, tensor lists as long as the input lists (torch checks the structure)
-    return (dq, dk, dv) + (None,) * 8 + ([None] * n, None, gb, [None] * len(scalars), None, None, None)
+    return (dq, dk, dv) + (None,) * 8 + ([None] * n, None, gb, [None] * len(scalars), None, None, None, None)
 
 
 _varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -184,21 +191,21 @@ class _VarlenFunction(torch.autograd.Function):
     Tensor lists are flattened so autograd sees the captured buffers as inputs."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, variant, scale, info, path, splits, check, n_tables, n_buffers,
-                *rest):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, variant, scale, info, path, splits, check, want_max, n_tables,
+                n_buffers, *rest):
         n, m = n_tables, n_tables + n_buffers
         inputs = (q, k, v, cu_q, cu_k, None, None, max_q, max_k, variant, scale, list(rest[:n]), info,
-                  list(rest[n:m]), list(rest[m:]), path, splits, check)
+                  list(rest[n:m]), list(rest[m:]), path, splits, check, want_max)
         ctx.set_materialize_grads(False)  # an unused out or LSE gets no zero gradient
-        out, lse = _varlen_fwd_impl(*inputs)
-        _varlen_setup_context(ctx, inputs, (out, lse))
-        return out, lse
+        out, lse, mx = _varlen_fwd_impl(*inputs)
+        _varlen_setup_context(ctx, inputs, (out, lse, mx))
+        return out, lse, mx
 
     @staticmethod
-    def backward(ctx, dout, dlse):
-        g = _varlen_backward(ctx, dout, dlse, _varlen_bwd_impl)
-        # forward's inputs: q, k, v, 12 non-tensors (and tables), then tables, buffers, scalars
-        return (*g[:3], *[None] * 12, *g[11], *g[13], *g[14])
+    def backward(ctx, dout, dlse, dmax):
+        g = _varlen_backward(ctx, dout, dlse, dmax, _varlen_bwd_impl)
+        # forward's inputs: q, k, v, 13 non-tensors (and tables), then tables, buffers, scalars
+        return (*g[:3], *[None] * 13, *g[11], *g[13], *g[14])
 
 
 def _length(name, value):
@@ -229,7 +236,7 @@ def _max_length(name, value, table, dense_len):
 def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                           max_seqlen_k=None, *, seqlens_k=None, page_table=None, score_mod=None, block_mask=None,
                           scale=None, enable_gqa=False, return_lse=False, path="auto", decode_splits=0,
-                          check_tables=False):
+                          check_tables=False, return_aux=None):
     """flex_attention over ragged (packed, variable-length) batches and paged KV caches, with
     autograd for packed (and dense) layouts. Positional arguments follow flash-attn's
     flash_attn_varlen_func.
@@ -263,6 +270,10 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
     prefill), shift it with a captured tensor: q_idx + (seqlens_k[b] - seqlens_q[b]) >= kv_idx.
     A query row left without any key (none, or all masked) gives 0 and an LSE of -inf.
 
+    return_aux=AuxRequest(lse=..., max_scores=...) (flex_attention's) returns (out, AuxOutput):
+    the LSE and each row's largest score after score_mod and the mask, both laid out as the LSE
+    above (max_scores: -inf for a row without any key; no gradient); not with return_lse.
+
     scale: as flex_attention's (None: 1/sqrt(E)). path: "auto" (the split-KV decoding kernel for
     short queries: max_seqlen_q <= 64, else the prefill kernel), "prefill", or "decode"
     (max_seqlen_q <= 64); decode_splits: the decoding kernel's KV splits (0: enough to fill the
@@ -283,6 +294,7 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
     Runs as the custom ops fajit::flex_varlen_fwd / fajit::flex_varlen_bwd on the current CUDA
     stream (torch.compile keeps them in its graph; max_seqlen_* are constants there)."""
     # 1. What every argument is, without touching a device (these run without a GPU).
+    _check_aux(return_lse, return_aux)
     _check_types((("query", query), ("key", key), ("value", value)))
     given = {n: t for n, t in zip(_TABLES, (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)) if t is not None}
     _check_types(given.items())
@@ -354,15 +366,18 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
         buffers = [b.detach() for b in buffers]
     q, k, v = _rows(query), _rows(key), _rows(value)
     tabs = [_rows(t) if t is not None else None for t in (cu_seqlens_q, cu_seqlens_k, seqlens_k, page_table)]
-    run = (_capi.PATHS[path], decode_splits, bool(check_tables))
+    want_max = bool(return_aux is not None and return_aux.max_scores)
+    run = (_capi.PATHS[path], decode_splits, bool(check_tables), want_max)
     args = (q, k, v, *tabs, L, S, vkey, scale, mtables, info, buffers, scalars, *run)
     if torch.compiler.is_compiling():
-        out, lse = torch.ops.fajit.flex_varlen_fwd(*args)
+        out, lse, mx = torch.ops.fajit.flex_varlen_fwd(*args)
     elif _records_grad((query, key, value), vkey, buffers):
-        out, lse = _VarlenFunction.apply(q, k, v, *tabs[:2], L, S, vkey, scale, info, *run, len(mtables), len(buffers),
-                                         *mtables, *buffers, *scalars)
+        out, lse, mx = _VarlenFunction.apply(q, k, v, *tabs[:2], L, S, vkey, scale, info, *run, len(mtables),
+                                             len(buffers), *mtables, *buffers, *scalars)
     else:
-        out, lse = _varlen_fwd_impl(*args)
+        out, lse, mx = _varlen_fwd_impl(*args)
+    if return_aux is not None:
+        return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=mx if want_max else None)
     if return_lse:
         return out, lse
     return out
@@ -377,7 +392,8 @@ def _no_backward(what, table):
 
 
 # fajit.torch's helpers, read when called (this module is imported at the end of fajit.torch)
-from .torch import (_VARIANTS, _bind, _block_mask_args, _cbuffer_grads, _ccaptures, _check_cuda,  # noqa: E402
+from .torch import (_VARIANTS, AuxOutput, _bind, _block_mask_args, _cbuffer_grads, _ccaptures,  # noqa: E402
+                    _check_aux, _check_cuda,
                     _check_dtype, _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale,
                     _check_types, _ctensor, _grad_buffers, _kernel, _mask_for, _on_device, _records_grad, _rows,
                     _stream, _variant_key, _wanted_grads)

@@ -380,6 +380,67 @@ def test_packed_and_paged_match_the_reference(case, dtype):
         del out_p, lse_p
 
 
+def _reference_max(q, k, b, scale, score_mod=None, mask_mod=None):
+    """Sequence b's rows' largest modded scores [Hq, Lq] in float64 (-inf: no key left)."""
+    Lq, Hq, Lk, Hkv = q.shape[0], q.shape[1], k.shape[0], k.shape[1]
+    if Lk == 0:
+        return torch.full((Hq, Lq), -math.inf, dtype=torch.float64, device=q.device)
+    s = q.double().transpose(0, 1) @ k.double().transpose(0, 1).repeat_interleave(Hq // Hkv, 0).transpose(1, 2)
+    s = s * scale
+    dev = q.device
+    bi, h = torch.tensor(b, device=dev), torch.arange(Hq, device=dev).view(-1, 1, 1)
+    qi, ki = torch.arange(Lq, device=dev).view(1, -1, 1), torch.arange(Lk, device=dev).view(1, 1, -1)
+    if score_mod is not None:
+        s = score_mod(s, bi, h, qi, ki).double()
+    if mask_mod is not None:
+        s = s.masked_fill(~torch.broadcast_to(mask_mod(bi, h, qi, ki), s.shape), -math.inf)
+    return s.amax(dim=-1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", ["prefill", "decode"])
+def test_return_aux_max_scores_packed_and_paged(case):
+    """return_aux=AuxRequest(lse=True, max_scores=True): each row's largest modded score [Hq,
+    total_q] against float64 per sequence (-inf for sequences without keys), the LSE and out the
+    same bits as return_lse's, paged = packed bit for bit; through autograd (no gradient for the
+    maxima, out's flows)."""
+    dtype, Hq, Hkv, E = torch.bfloat16, 8, 2, 64
+    rng, g = random.Random(7), torch.Generator(device="cuda").manual_seed(7)
+    lens_q, lens_k = ([5, 300, 0, 1, 77], [9, 300, 12, 0, 400]) if case == "prefill" else ([1, 3, 1, 2], [700, 64, 0,
+                                                                                                           1500])
+    B, max_q, max_k = len(lens_q), max(lens_q), max(lens_k)
+    q = _randn((sum(lens_q), Hq, E), dtype, g).requires_grad_()
+    k, v = _randn((sum(lens_k), Hkv, E), dtype, g), _randn((sum(lens_k), Hkv, E), dtype, g)
+    cu_q, cu_k = _offsets(lens_q), _offsets(lens_k)
+    score_mod, mask_mod = _mods("bottom_right_slopes", lens_q, lens_k, g)
+    kw = dict(score_mod=score_mod, block_mask=_block_mask(mask_mod, B, max_q, max_k), enable_gqa=True)
+    out, aux = ft.flex_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k,
+                                        return_aux=ft.AuxRequest(lse=True, max_scores=True), **kw)
+    mx = aux.max_scores
+    assert mx.shape == (Hq, sum(lens_q)) and mx.dtype == torch.float32 and not mx.requires_grad
+    with torch.no_grad():
+        out_l, lse_l = ft.flex_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True, **kw)
+    assert torch.equal(out, out_l) and torch.equal(aux.lse, lse_l)
+    oq, ok = cu_q.tolist(), cu_k.tolist()
+    sm = 1.0 / math.sqrt(E)
+    for b in range(B):
+        rows, keys = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
+        want, got = _reference_max(q[rows].detach(), k[keys], b, sm, score_mod, mask_mod), mx[:, rows].double()
+        inf = torch.isinf(want)
+        assert torch.equal(torch.isinf(got), inf) and bool((got[inf] == want[inf]).all()), f"seq {b}: -inf rows"
+        if (~inf).any():
+            err = (got[~inf] - want[~inf]).abs().max().item()
+            assert err < 2e-2, f"seq {b}: max_scores off by {err:.3g}"
+    seqlens_k = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    kp, vp, table = _paged(k, v, lens_k, 16, rng)
+    with torch.no_grad():
+        _, aux_p = ft.flex_attention_varlen(q, kp, vp, cu_q, None, max_q, max_k, seqlens_k=seqlens_k,
+                                            page_table=table, return_aux=ft.AuxRequest(max_scores=True), **kw)
+    assert aux_p.lse is None and torch.equal(aux_p.max_scores, mx), "paged max_scores differ from packed"
+    out.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("path,splits", [("auto", 0), ("decode", 3), ("prefill", 0)])
