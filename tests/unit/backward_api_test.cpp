@@ -136,6 +136,9 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
 
   const fa::Kernel noop = fa::compile(fa::identity_score(), fa::noop_mask(), opts(64, 64));
   EXPECT_EQ(noop.warm().kernels, 1);  // the forward only: nothing to build for a no-op mask
+  fa::WarmOptions rm;
+  rm.row_max = true;
+  EXPECT_EQ(noop.warm(rm).kernels, 2);  // and its row-max twin (ForwardOptions::max_scores)
 
   const fa::ScoreMod stepped{
       "stepped", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s + fa::floor(s); }};

@@ -204,9 +204,10 @@ void warm_line(WarmLine& w) {
   add_variant_options(&app, o);
   app.add_option("--kernel", o.family, "forward kernel: auto, mma or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
-  app.add_option("--with", with, "also: backward, deterministic, decode, ragged, paged (comma-separated)")
+  app.add_option("--with", with,
+                 "also: backward, deterministic, decode, ragged, paged, row_max (comma-separated)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"backward", "deterministic", "decode", "ragged", "paged"}));
+      ->check(CLI::IsMember({"backward", "deterministic", "decode", "ragged", "paged", "row_max"}));
   try {
     app.parse(w.text, false);
   } catch (const CLI::ParseError& e) {
@@ -227,7 +228,7 @@ void warm_line(WarmLine& w) {
     fa::WarmOptions wo;
     auto has = [&](const char* x) { return std::find(with.begin(), with.end(), x) != with.end(); };
     wo.backward = has("backward"), wo.deterministic = has("deterministic"), wo.decode = has("decode");
-    wo.ragged = has("ragged"), wo.paged = has("paged");
+    wo.ragged = has("ragged"), wo.paged = has("paged"), wo.row_max = has("row_max");
     w.report = k.warm(wo);
     w.summary = fmt::format("score_mod @{} mask_mod @{} {}", p.score_mod_name(), p.mask_mod_name(),
                             k.spec().to_string());

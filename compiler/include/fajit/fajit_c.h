@@ -102,7 +102,8 @@ typedef enum fajit_warm_flag {
   FAJIT_WARM_DETERMINISTIC = 4, /* the backward kernels of deterministic mode */
   FAJIT_WARM_DECODE = 8,        /* the split-KV decoding kernel */
   FAJIT_WARM_RAGGED = 16,       /* the packed (cu_seqlens) prefill and decoding kernels */
-  FAJIT_WARM_PAGED = 32         /* the paged-KV prefill and decoding kernels */
+  FAJIT_WARM_PAGED = 32,        /* the paged-KV prefill and decoding kernels */
+  FAJIT_WARM_ROW_MAX = 64       /* also the row-max twins (max_scores) of the forward-side kernels named */
 } fajit_warm_flag;
 /* Compiles now, through the memory and disk caches, the kernels `flags` names (fa::Kernel::warm).
  * *kernels (optional) gets how many kernels the variant has compiled or found, the forward

@@ -140,6 +140,8 @@ struct WarmOptions {
   bool ragged = false;         // the packed (cu_seqlens) prefill and decoding kernels, and with
                                // backward / deterministic the packed backward too
   bool paged = false;          // the paged-KV prefill and decoding kernels
+  bool row_max = false;        // also the row-max twins (ForwardOptions::max_scores) of the forward
+                               // and of the decoding, ragged and paged kernels named above
 };
 
 // What Kernel::warm compiled, by where each kernel came from (the forward included).

@@ -823,15 +823,20 @@ WarmReport Kernel::warm(const WarmOptions& options) const {
      : c->origin == CacheOrigin::kDisk   ? r.from_disk
                                          : r.from_memory)++;
   };
-  count(&impl_->fwd);
+  // A forward-side kernel, and with row_max its row-max twin.
+  auto forward_side = [&](const Compiled& c) {
+    count(&c);
+    if (options.row_max) count(&impl_->row_max_twin(c, true));
+  };
+  forward_side(impl_->fwd);
   if (options.block_mask) count(impl_->mask.warm());
   if (options.backward) count(&impl_->backward_kernel(false));
   if (options.deterministic) count(&impl_->backward_kernel(true));
-  if (options.decode) count(&impl_->decode_kernel(SequenceLayout::kDense));
+  if (options.decode) forward_side(impl_->decode_kernel(SequenceLayout::kDense));
   for (SequenceLayout l : {SequenceLayout::kRagged, SequenceLayout::kPaged}) {
     if (!(l == SequenceLayout::kRagged ? options.ragged : options.paged)) continue;
-    count(&impl_->prefill_kernel(l));
-    count(&impl_->decode_kernel(l));
+    forward_side(impl_->prefill_kernel(l));
+    forward_side(impl_->decode_kernel(l));
   }
   if (options.ragged && options.backward) count(&impl_->backward_kernel(false, SequenceLayout::kRagged));
   if (options.ragged && options.deterministic) count(&impl_->backward_kernel(true, SequenceLayout::kRagged));
