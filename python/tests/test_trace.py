@@ -390,6 +390,7 @@ def test_warm_compiles_the_lazy_kernels_without_a_gpu():
     assert k.warm() == 2  # the forward and the block-mask builder
     assert k.warm(backward=True, decode=True) == 4
     assert k.warm(backward=True, decode=True) == 4  # once: the same kernels again
+    assert k.warm(decode=True, row_max=True) == 5  # forward, builder, decoder and their two row-max twins
 
     def stepped(score, b, h, q_idx, kv_idx):
         return score + score.floor()
