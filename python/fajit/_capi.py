@@ -133,7 +133,7 @@ _SIGNATURES = {
     "fajit_block_mask_density": (C.c_int, [_P, C.POINTER(C.c_double), C.POINTER(C.c_int64),
                                            C.POINTER(C.c_int64), C.POINTER(C.c_int64)]),
     "fajit_kernel_forward": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, C.c_float, _P, _PC, _P]),
-    "fajit_forward_options_init": (None, [C.POINTER(ForwardOptions)]),
+    "fajit_forward_options_init_sized": (None, [C.POINTER(ForwardOptions), C.c_size_t]),
     "fajit_kernel_forward_ex": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, C.POINTER(ForwardOptions), _P, _PC, _P]),
     "fajit_kernel_backward": (C.c_int, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, C.c_float, _P,
                                         _PC, _PC, C.c_int, _P]),
@@ -211,11 +211,12 @@ def text(p):
     return (p or b"").decode("utf-8", "replace")
 
 
-def _options(struct, init, name):
-    """A `struct` set to the defaults by the library's `init`, checked to be the layout this
-    module mirrors (a library of another version would read the fields at other offsets)."""
+def _options(struct, init, name, sized=False):
+    """A `struct` set to the defaults by the library's `init` (`sized`: told this module's
+    sizeof), checked to be the layout this module mirrors (a library of another version would
+    read the fields at other offsets)."""
     o = struct()
-    getattr(lib(), init)(C.byref(o))
+    getattr(lib(), init)(C.byref(o), *((C.sizeof(struct),) if sized else ()))
     if o.struct_size != C.sizeof(struct):
         raise FajitError(INTERNAL, f"{_path}: {name} is {o.struct_size} bytes there and {C.sizeof(struct)} in this "
                          f"fajit package; they are from different versions")
@@ -223,8 +224,8 @@ def _options(struct, init, name):
 
 
 def forward_options():
-    """A fajit_forward_options with the library's defaults (fajit_forward_options_init)."""
-    return _options(ForwardOptions, "fajit_forward_options_init", "fajit_forward_options")
+    """A fajit_forward_options with the library's defaults (fajit_forward_options_init_sized)."""
+    return _options(ForwardOptions, "fajit_forward_options_init_sized", "fajit_forward_options", sized=True)
 
 
 def backward_options():

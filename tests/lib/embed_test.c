@@ -2,6 +2,7 @@
  * be valid C, the library must not clash with the host's LLVM, and NVRTC must be found at run
  * time (no GPU needed: compiling works without one). */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
     }
     fajit_kernel_destroy(kb);
     kb = NULL;
-    if (fajit_compile_program_background(p, &o, FAJIT_WARM_DECODE, &kb) != FAJIT_ERROR_INVALID_ARGUMENT || kb ||
+    if (fajit_compile_program_background(p, &o, FAJIT_WARM_DECODE, &kb) != FAJIT_ERROR_INVALID_ARGUMENT ||
+        kb ||
         strcmp(fajit_last_error(),
                "background: flags 0x8 name kernels that do not compile in the background (only "
                "FAJIT_WARM_BACKWARD does)") != 0) {
@@ -99,14 +101,41 @@ int main(int argc, char** argv) {
               fajit_last_error());
       return 1;
     }
-    /* A caller built before max_scores was appended passes the smaller size: accepted, and the
-     * field past it never read (a wild pointer there is harmless). */
-    fo.struct_size = offsetof(fajit_forward_options, max_scores);
-    fo.max_scores = (const fajit_tensor*)0x1;
-    if (fajit_kernel_forward_ex(k, &q, &pool, &pool, &q, NULL, &fo, m, NULL, NULL) !=
-            FAJIT_ERROR_INVALID_ARGUMENT ||
-        strcmp(fajit_last_error(), "page_table needs seqlens_k (each sequence's key count)") != 0) {
-      fprintf(stderr, "expected the older struct_size to be taken, got: %s\n", fajit_last_error());
+    /* A binary built against the header before max_scores was appended holds only the bytes
+     * before it and calls the exported fajit_forward_options_init (parenthesized here: not this
+     * header's macro): the library must write none past them, and take that size. */
+    {
+      union {
+        fajit_forward_options o;
+        unsigned char bytes[sizeof(fajit_forward_options)];
+      } old;
+      const size_t v1 = offsetof(fajit_forward_options, max_scores);
+      memset(&old, 0xAB, sizeof old);
+      (fajit_forward_options_init)(&old.o);
+      for (size_t i = v1; i < sizeof old; ++i)
+        if (old.bytes[i] != 0xAB) {
+          fprintf(stderr, "fajit_forward_options_init wrote byte %zu past the old layout's %zu\n", i, v1);
+          return 1;
+        }
+      if (old.o.struct_size != v1 || old.o.path != FAJIT_PATH_AUTO || old.o.cu_seqlens_k != NULL) {
+        fprintf(stderr, "fajit_forward_options_init: struct_size %zu (want %zu) or defaults wrong\n",
+                old.o.struct_size, v1);
+        return 1;
+      }
+      old.o.cu_seqlens_q = &cu_q;
+      old.o.max_seqlen_q = 128;
+      old.o.page_table = &table;
+      old.o.max_seqlen_k = 256;
+      if (fajit_kernel_forward_ex(k, &q, &pool, &pool, &q, NULL, &old.o, m, NULL, NULL) !=
+              FAJIT_ERROR_INVALID_ARGUMENT ||
+          strcmp(fajit_last_error(), "page_table needs seqlens_k (each sequence's key count)") != 0) {
+        fprintf(stderr, "expected the older struct_size to be taken, got: %s\n", fajit_last_error());
+        return 1;
+      }
+    }
+    if (fo.struct_size != sizeof fo) {
+      fprintf(stderr, "fajit_forward_options_init (the header's) set struct_size %zu, not %zu\n",
+              fo.struct_size, sizeof fo);
       return 1;
     }
     fo.struct_size = 8;

@@ -222,9 +222,10 @@ FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit
                                          const fajit_tensor* lse, float scale, const fajit_block_mask* mask,
                                          const fajit_captures* captures, void* cu_stream);
 
-/* The forward's options beyond fajit_kernel_forward's: the kernel path, decoding splits, and
- * ragged / paged layouts (fajit/sequences.h describes the shapes). Start from
- * fajit_forward_options_init (it sets struct_size, which lets this struct grow compatibly). */
+/* The forward's options beyond fajit_kernel_forward's: the kernel path, decoding splits,
+ * ragged / paged layouts (fajit/sequences.h describes the shapes) and the rows' maxima. Start
+ * from fajit_forward_options_init (below: it records the caller's sizeof in struct_size, which
+ * lets this struct grow compatibly). */
 typedef enum fajit_forward_path {
   FAJIT_PATH_AUTO = 0,    /* decoding for len_q <= 64 within one block row and <= 128 packed rows per
                             KV head (len_q x the GQA group), else prefill (fa::ForwardPath::kAuto) */
@@ -254,7 +255,15 @@ typedef struct fajit_forward_options {
    * row with nothing unmasked; fa::ForwardOptions::max_scores). */
   const fajit_tensor* max_scores;
 } fajit_forward_options;
+/* Sets the defaults in the first `size` bytes of *options (the caller's sizeof; a size this
+ * library does not know leaves the struct untouched but for struct_size, which the forward then
+ * refuses) and struct_size = size. */
+FA_API void fajit_forward_options_init_sized(fajit_forward_options* options, size_t size);
+/* The exported symbol sets the struct as it was laid out before max_scores was appended (what
+ * binaries built against that header hold); code compiled with this header calls the sized form
+ * through the macro, with its own sizeof. */
 FA_API void fajit_forward_options_init(fajit_forward_options* options);
+#define fajit_forward_options_init(options) fajit_forward_options_init_sized((options), sizeof *(options))
 
 /* fajit_kernel_forward with options (NULL = the defaults). */
 FA_API fajit_status fajit_kernel_forward_ex(const fajit_kernel* kernel, const fajit_tensor* q,

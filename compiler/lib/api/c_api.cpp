@@ -592,10 +592,19 @@ fajit_status fajit_kernel_forward(const fajit_kernel* k, const fajit_tensor* q, 
   });
 }
 
-void fajit_forward_options_init(fajit_forward_options* o) {
-  if (o == nullptr) return;
-  std::memset(o, 0, sizeof *o);
-  o->struct_size = sizeof *o;
+// The layouts of fajit_forward_options this library knows: the whole struct, and the one before
+// max_scores was appended.
+constexpr size_t kForwardOptionsV1 = offsetof(fajit_forward_options, max_scores);
+
+void fajit_forward_options_init_sized(fajit_forward_options* o, size_t size) {
+  if (o == nullptr || size < sizeof o->struct_size) return;
+  if (size == sizeof *o || size == kForwardOptionsV1) std::memset(o, 0, size);
+  o->struct_size = size;
+}
+
+// Parenthesized: the header's macro of the same name is not expanded here.
+void(fajit_forward_options_init)(fajit_forward_options* o) {
+  fajit_forward_options_init_sized(o, kForwardOptionsV1);
 }
 
 fajit_status fajit_kernel_forward_ex(const fajit_kernel* k, const fajit_tensor* q, const fajit_tensor* kk,
@@ -608,14 +617,13 @@ fajit_status fajit_kernel_forward_ex(const fajit_kernel* k, const fajit_tensor* 
     fajit_forward_options opt;
     fajit_forward_options_init(&opt);
     if (options) {
-      // the layouts this library knows: the whole struct, or the one before max_scores was
-      // appended (a later, larger one will be accepted field by field, never cut inside a field)
-      constexpr size_t kBeforeMaxScores = offsetof(fajit_forward_options, max_scores);
-      if (options->struct_size != sizeof opt && options->struct_size != kBeforeMaxScores)
+      // the layouts this library knows (a later, larger one will be accepted field by field,
+      // never cut inside a field)
+      if (options->struct_size != sizeof opt && options->struct_size != kForwardOptionsV1)
         throw fa::Error(
             fmt::format("options: struct_size {} is not a fajit_forward_options size (this library's "
                         "is {}, or {} without max_scores); call fajit_forward_options_init",
-                        options->struct_size, sizeof opt, kBeforeMaxScores));
+                        options->struct_size, sizeof opt, kForwardOptionsV1));
       std::memcpy(&opt, options, options->struct_size);
     }
     if (opt.path < FAJIT_PATH_AUTO || opt.path > FAJIT_PATH_DECODE)
