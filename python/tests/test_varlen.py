@@ -437,6 +437,11 @@ def test_return_aux_max_scores_packed_and_paged(case):
         _, aux_p = ft.flex_attention_varlen(q, kp, vp, cu_q, None, max_q, max_k, seqlens_k=seqlens_k,
                                             page_table=table, return_aux=ft.AuxRequest(max_scores=True), **kw)
     assert aux_p.lse is None and torch.equal(aux_p.max_scores, mx), "paged max_scores differ from packed"
+    # inside torch.compile (the op's fake implementation gives the third output its shape)
+    compiled = torch.compile(ft.flex_attention_varlen, fullgraph=True)
+    with torch.no_grad():
+        out_c, aux_c = compiled(q, k, v, cu_q, cu_k, max_q, max_k, return_aux=ft.AuxRequest(max_scores=True), **kw)
+    assert torch.equal(out_c, out) and torch.equal(aux_c.max_scores, mx), "compiled max_scores differ from eager"
     out.float().sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
 

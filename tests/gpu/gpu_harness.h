@@ -267,6 +267,17 @@ inline const Variant& variant(const std::string& name) {
            return ScoreMod{"self_ratio", [](Score s, Index, Index, Index, Index) { return s + s / s; }};
          },
          mods::causal, none});
+    // Causal with a +inf score at key 5 in head 1 and a NaN one at key 9 in head 2's even rows:
+    // those rows' O and LSE are NaN (softmax's), their max_scores +inf and NaN; the other rows
+    // and heads are plain causal.
+    v.push_back({"inf_nan_keys",
+                 [] {
+                   return ScoreMod{"inf_nan_keys", [](Score s, Index, Index h, Index q, Index kv) {
+                                     return where(h == 1 && kv == 5, Score(INFINITY),
+                                                  where(h == 2 && kv == 9 && q % 2 == 0, Score(NAN), s));
+                                   }};
+                 },
+                 mods::causal, none});
     // score + ramp·kv (ramp = param / 1000, default 0.03): each 128-key tile's max lies a few
     // log2 units above the last one's, so the online softmax keeps its reference for a tile or
     // two (p up to 2^8 in the P·V) and then moves it, with O rescaled by far more than usual.

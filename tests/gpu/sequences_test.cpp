@@ -349,11 +349,16 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
         else
           lse_err = std::max(lse_err, std::abs(double(l) - ref.lse[r]));
         if (!c.max_scores) continue;
-        const float m = mx[lse_at(h, i)];
-        if (std::isinf(ref.max_score[r]))
-          bad += m != ref.max_score[r];
-        else
-          max_err = std::max(max_err, std::isnan(m) ? INFINITY : std::abs(double(m) - ref.max_score[r]));
+        const double m = mx[lse_at(h, i)], want = ref.max_score[r];
+        if (std::isnan(want)) {
+          bad += !std::isnan(m);
+        } else if (std::isinf(want)) {
+          bad += m != want;
+        } else {  // as tests/gpu/forward_test.cpp bounds it
+          const double e = std::isnan(m) ? INFINITY : std::abs(m - want);
+          max_err = std::max(max_err, e);
+          bad += !(e < 5e-4 + std::abs(want) * 0x1p-18);
+        }
       }
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
@@ -364,7 +369,6 @@ TEST_P(SequencesTest, MatchesReferenceAndPagesAreExact) {
   EXPECT_EQ(bad, 0u);
   EXPECT_LT(rel, tol);
   EXPECT_LT(lse_err, 2e-2);
-  EXPECT_LT(max_err, 2e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, SequencesTest, ::testing::ValuesIn(cases()),
