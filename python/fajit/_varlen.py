@@ -226,7 +226,11 @@ def _max_length(name, value, table, dense_len):
             raise ValueError(f"{name} is required with {table}: the most {'queries' if name.endswith('q') else 'keys'}"
                              f" of any sequence, a Python int (fajit does not read the table back: that would "
                              f"synchronize with the GPU)")
-        return _length(name, value)
+        # int(): under torch.compile, dynamo makes an int argument symbolic once a second value
+        # recompiles the caller, and inductor then fails to bind a symbol that only reaches the
+        # op (NameError in its generated code); int() specializes it to the value instead, one
+        # graph per value, as the kernels take it (a constant of the call).
+        return int(_length(name, value))
     if value is not None and _length(name, value) != dense_len:
         raise ValueError(f"{name}: dense {'queries' if name.endswith('q') else 'keys'} hold {dense_len} per sequence "
                          f"(dimension 2), got {name}={value}; leave it None")

@@ -882,3 +882,24 @@ def test_training_step_inside_torch_compile():
             _close(a, b, f"{what} {name}", 1e-2)
         if what == "new lengths":
             assert counter.frame_count == 1, "new lengths recompiled the graph"
+
+
+@needs_gpu
+def test_compiled_call_with_new_max_lengths():
+    """One torch.compile'd caller taking max_seqlen_q / max_seqlen_k as arguments, called with a
+    second pair of values: dynamo recompiles it with those ints made symbolic, which inductor
+    could not bind once they reached only the op (NameError in its generated code); they are
+    specialized instead, and both calls match eager."""
+    Hq, Hkv, E, dtype = 4, 2, 64, torch.float16
+    g = torch.Generator(device="cuda").manual_seed(21)
+
+    def attend(q, k, v, cu_q, cu_k, max_q, max_k):
+        return ft.flex_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, enable_gqa=True)
+
+    compiled = torch.compile(attend, fullgraph=True)
+    for lens_q, lens_k in (([3, 100, 7], [50, 100, 9]), ([1, 2], [700, 30]), ([40, 5, 0, 9], [40, 6, 3, 200])):
+        q = _randn((sum(lens_q), Hq, E), dtype, g)
+        k, v = _randn((sum(lens_k), Hkv, E), dtype, g), _randn((sum(lens_k), Hkv, E), dtype, g)
+        args = (q, k, v, _offsets(lens_q), _offsets(lens_k), max(lens_q), max(lens_k))
+        with torch.no_grad():
+            assert torch.equal(compiled(*args), attend(*args)), f"lengths {lens_q} x {lens_k}"
