@@ -341,12 +341,19 @@ std::string check_cpu(const Case& c, bool nvrtc, Stats* stats) {
         if (std::string(err.what()).find("bytes of shared memory") == std::string::npos) throw;
       }
     }
+    // The forward's row-max twin (ForwardOptions::max_scores), compiled on the compiled cases
+    // that skip the backward.
+    fa::KernelSpec twin = spec_of(c, fa::KernelKind::kForward);
+    twin.row_max = true;
+    gen.push_back(fa::generate(p, twin));
     st.sources += static_cast<int64_t>(gen.size());
     if (nvrtc) {
       stage = "nvrtc";
-      // The forward always; the backward (three kernels, slower) on every other compiled case.
+      // The forward always; the backward (three kernels, slower) on every other compiled case,
+      // the row-max twin on the others.
+      const size_t twin_at = gen.size() - 1;
       for (size_t i = 0; i < gen.size(); ++i) {
-        if (i == 1 || (i == 2 && c.index % 2)) continue;
+        if (i == 1 || (i == 2 && i != twin_at && c.index % 2) || (i == twin_at && c.index % 2 == 0)) continue;
         fa::jit::CompileOptions o;
         o.arch = gen[i].spec.arch;
         fa::jit::Nvrtc::get().compile(gen[i].source, gen[i].kernel_name + ".cu", o);
