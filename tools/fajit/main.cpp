@@ -354,6 +354,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--dtype", run_dtype, "bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
   run_cmd->add_flag("--backward", run.backward,
                     "also run the backward on random dO, check dQ, dK, dV against float64 and time it");
+  run_cmd->add_flag("--max-scores", run.max_scores,
+                    "also write each row's largest score (ForwardOptions::max_scores: the row-max kernels), "
+                    "check it against float64, and time the forward with it");
   run_cmd->add_option("--batch", run.batch, "B (default 2)")->check(CLI::Range(1, 64));
   run_cmd->add_option("--heads", run.heads, "H (default 8)")->check(CLI::Range(1, 128));
   run_cmd->add_option("--len", run.len, "Lq = Lkv (default 1024)")->check(CLI::Range(1, 8192));

@@ -116,6 +116,26 @@ struct CaptureData {
 // `fajit run` with per-sequence lengths, GQA, a forced kernel path, a ragged batch or a paged
 // KV cache: every sequence checked against the float64 reference of that sequence alone, then
 // timed; with --backward (not paged) the gradients likewise.
+
+// max_scores against the float64 reference's: -inf / +inf / NaN exactly where it has them, else
+// within 5e-4 + |ref|·2^-18 (tests/gpu/forward_test.cpp's bound).
+struct MaxCheck {
+  size_t bad = 0;
+  double err = 0;
+  void add(float got, double want) {
+    if (std::isnan(want)) {
+      bad += !std::isnan(got);
+    } else if (std::isinf(want)) {
+      bad += double(got) != want;
+    } else {
+      const double e = std::isnan(got) ? INFINITY : std::fabs(double(got) - want);
+      err = std::max(err, e);
+      bad += !(e < 5e-4 + std::fabs(want) * 0x1p-18);
+    }
+  }
+  std::string line() const { return fmt::format(", max |max_scores err| {:.2e} ({} bad)", err, bad); }
+};
+
 int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& program,
                   const fa::mods::Preset<fa::MaskMod>& mask_p,
                   const fa::mods::Preset<fa::ScoreMod>& score_p) {
@@ -186,15 +206,16 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
                                : upload(v.bits.data(), v.bits.size() * 2),
                        dcq = upload(cu_q.data(), cu_q.size() * 4), dck = upload(cu_k.data(), cu_k.size() * 4),
                        dlk = upload(lk.data(), lk.size() * 4), dpt = upload(table.data(), table.size() * 4);
-  fa::rt::DeviceBuffer dout(size_t(tq) * Hq * DV * 2), dlse(size_t(tq) * Hq * 4);
+  fa::rt::DeviceBuffer dout(size_t(tq) * Hq * DV * 2), dlse(size_t(tq) * Hq * 4), dmax(size_t(tq) * Hq * 4);
   dout.memset8(0xff);  // poison: NaN in both fp16 and bf16
   dlse.memset8(0xff);
+  dmax.memset8(0xff);
 
   const fa::DType t = o.dtype;
   fa::TensorView cqv(dcq.as<void>(), fa::DType::i32, {B + 1}), ckv(dck.as<void>(), fa::DType::i32, {B + 1}),
       lkv(dlk.as<void>(), fa::DType::i32, {B}),
       ptv(dpt.as<void>(), fa::DType::i32, {B, std::max(max_pages, 1)});
-  fa::TensorView tq4, tk4, tv4, to4, tl;
+  fa::TensorView tq4, tk4, tv4, to4, tl, tm;
   fa::ForwardOptions fo;
   fo.path = o.path == "prefill"  ? fa::ForwardPath::kPrefill
             : o.path == "decode" ? fa::ForwardPath::kDecode
@@ -205,6 +226,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
     tq4 = fa::TensorView(dq.as<void>(), t, {tq, Hq, DQK});
     to4 = fa::TensorView(dout.as<void>(), t, {tq, Hq, DV});
     tl = fa::TensorView(dlse.as<void>(), fa::DType::f32, {Hq, tq});
+    tm = fa::TensorView(dmax.as<void>(), fa::DType::f32, {Hq, tq});
     seq.cu_seqlens_q = &cqv, seq.max_seqlen_q = max_q;
   } else {
     tq4 = fa::TensorView(dq.as<void>(), t, {B, Hq, max_q, DQK},
@@ -212,6 +234,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
     to4 = fa::TensorView(dout.as<void>(), t, {B, Hq, max_q, DV},
                          {int64_t(max_q) * Hq * DV, DV, int64_t(Hq) * DV, 1});
     tl = fa::TensorView(dlse.as<void>(), fa::DType::f32, {B, Hq, max_q});
+    tm = fa::TensorView(dmax.as<void>(), fa::DType::f32, {B, Hq, max_q});
   }
   if (ps) {
     tk4 = fa::TensorView(dk.as<void>(), t, {num_pages, ps, Hkv, DQK});
@@ -231,6 +254,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   // here; the timed launches reuse the same tables.
   seq.check_tables = seq.any();
   fo.lse = &tl;
+  if (o.max_scores) fo.max_scores = &tm;
 
   auto t0 = std::chrono::steady_clock::now();
   fa::BlockMask mask = k.block_mask(B, Hq, max_q, max_kv, captures.cap);
@@ -243,9 +267,11 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   for (const fa::TuneRecord& r : k.tune_records()) std::cout << "autotune: " << fa::to_string(r) << "\n";
   std::vector<uint16_t> out(size_t(tq) * Hq * DV);
-  std::vector<float> lse(size_t(tq) * Hq);
+  std::vector<float> lse(size_t(tq) * Hq), mx(lse.size());
   dout.download(out.data(), out.size() * 2);
   dlse.download(lse.data(), lse.size() * 4);
+  dmax.download(mx.data(), mx.size() * 4);
+  MaxCheck max_check;
 
   // Each sequence against the float64 reference of that sequence (b = 0 for its mods unless
   // the mask reads b: then b + 1 batches over the same rows, the last kept).
@@ -264,6 +290,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
         for (int i = 0; i < lq[b]; ++i) {
           for (int d = 0; d < DV; ++d) bad += fa::from_bits(out[o_at(h, i) + d], t) != 0.0;
           bad += !(std::isinf(lse[l_at(h, i)]) && lse[l_at(h, i)] < 0);
+          if (o.max_scores) max_check.add(mx[l_at(h, i)], -INFINITY);
         }
       continue;
     }
@@ -289,11 +316,12 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
           bad += !(std::isinf(l) && l < 0);
         else
           lse_err = std::max(lse_err, std::fabs(l - ref.lse[r]));
+        if (o.max_scores) max_check.add(mx[l_at(h, i)], ref.max_score[r]);
       }
   }
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   const double tol = t == fa::DType::bf16 ? 1e-2 : 5e-3;
-  const bool ok = o.no_check || (bad == 0 && rel < tol && lse_err < 2e-2);
+  const bool ok = o.no_check || (bad == 0 && max_check.bad == 0 && rel < tol && lse_err < 2e-2);
   const bool decode = fa::takes_decoding_kernel(fo.path, max_q, Hq, Hkv, mask);
   std::cout << fmt::format(
       "B={} Hq={} Hkv={} Lq={} Lkv={} D={}/{}{}{}  kernel: {}  block mask in {:.2f} ms\n", B, Hq, Hkv, max_q,
@@ -305,10 +333,9 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
     std::cout << "not checked (--no-check)\n";
   else
     std::cout << fmt::format(
-        "vs float64 reference (each sequence): rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad "
-        "values: "
-        "{}\n",
-        rel, tol, lse_err, bad, ok ? "OK" : "MISMATCH");
+        "vs float64 reference (each sequence): rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}{}, {} bad "
+        "values: {}\n",
+        rel, tol, lse_err, o.max_scores ? max_check.line() : "", bad, ok ? "OK" : "MISMATCH");
   seq.check_tables = false;
   const double ms = median_ms(o.iters, [&] { k.forward(tq4, tk4, tv4, to4, mask, captures.cap, fo); });
   double kv_bytes = 0;
@@ -319,13 +346,14 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
 
   // ---- backward: random dO in o's layout, gradients (in q's, k's, v's) poisoned first.
   const fa::RoundedTensor g_out = fa::random_rounded(size_t(tq) * Hq * DV, t, rng);
-  fa::rt::DeviceBuffer d_do = upload(g_out.bits.data(), g_out.bits.size() * 2),
-                       d_dq(q.bits.size() * 2), d_dk(kk.bits.size() * 2), d_dv(v.bits.size() * 2);
+  fa::rt::DeviceBuffer d_do = upload(g_out.bits.data(), g_out.bits.size() * 2), d_dq(q.bits.size() * 2),
+                       d_dk(kk.bits.size() * 2), d_dv(v.bits.size() * 2);
   auto like = [](fa::TensorView x, fa::rt::DeviceBuffer& buf) {  // x's shape and strides over buf
     x.data = buf.as<void>();
     return x;
   };
-  const fa::TensorView tdo = like(to4, d_do), tdq = like(tq4, d_dq), tdk = like(tk4, d_dk), tdv = like(tv4, d_dv);
+  const fa::TensorView tdo = like(to4, d_do), tdq = like(tq4, d_dq), tdk = like(tk4, d_dk),
+                       tdv = like(tv4, d_dv);
   fa::BackwardOptions bo;
   bo.sequences = seq;
   bo.sequences.check_tables = seq.any();
@@ -409,8 +437,11 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
     for (int i = 0; i < 3; ++i) {
       const double rel = err[i].r2 > 0 ? std::sqrt(err[i].e2 / err[i].r2) : std::sqrt(err[i].e2);
       gok = gok && err[i].nan == 0 && rel < gtol;
-      line += fmt::format("{} {:.2e}{} ", i == 0 ? "dq" : i == 1 ? "dk" : "dv", rel,
-                          err[i].nan ? fmt::format(" ({} NaN)", err[i].nan) : "");
+      line += fmt::format("{} {:.2e}{} ",
+                          i == 0   ? "dq"
+                          : i == 1 ? "dk"
+                                   : "dv",
+                          rel, err[i].nan ? fmt::format(" ({} NaN)", err[i].nan) : "");
     }
     std::cout << fmt::format("gradients vs float64 reference (each sequence): rel err {}(bound {:.0e}): {}\n",
                              line, gtol, gok ? "OK" : "MISMATCH");
@@ -470,7 +501,8 @@ int run_variant(const RunOptions& o) {
 
   if (o.layouts()) {
     if (o.backward && o.page_size) {
-      std::cerr << "fajit run: --backward takes dense or packed (--varlen) keys, not a paged cache (--paged)\n";
+      std::cerr
+          << "fajit run: --backward takes dense or packed (--varlen) keys, not a paged cache (--paged)\n";
       return 2;
     }
     return run_sequences(o, k, program, mask_p, score_p);
@@ -486,12 +518,14 @@ int run_variant(const RunOptions& o) {
   const fa::Bindings& env = captures.env;
 
   const size_t bytes_qk = n_qk * 2, bytes_v = n_v * 2;
-  fa::rt::DeviceBuffer dq(bytes_qk), dk(bytes_qk), dv(bytes_v), dout(bytes_v), dlse(rows * 4);
+  fa::rt::DeviceBuffer dq(bytes_qk), dk(bytes_qk), dv(bytes_v), dout(bytes_v), dlse(rows * 4), dmax(rows * 4);
   dq.upload(q.bits.data(), bytes_qk);
   dk.upload(kk.bits.data(), bytes_qk);
   dv.upload(v.bits.data(), bytes_v);
   dout.memset8(0xff);  // poison: NaN in both fp16 and bf16
   dlse.memset8(0xff);
+  dmax.memset8(0xff);
+  const fa::TensorView tm(dmax.as<void>(), fa::DType::f32, {B, H, L});
   fa::TensorView tq(dq.as<void>(), o.dtype, {B, H, L, DQK}), tk(dk.as<void>(), o.dtype, {B, H, L, DQK}),
       tv(dv.as<void>(), o.dtype, {B, H, L, DV}), to(dout.as<void>(), o.dtype, {B, H, L, DV}),
       tl(dlse.as<void>(), fa::DType::f32, {B, H, L});
@@ -501,13 +535,15 @@ int run_variant(const RunOptions& o) {
   double mask_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   fa::ForwardOptions fo;
   fo.lse = &tl;
+  if (o.max_scores) fo.max_scores = &tm;
   k.forward(tq, tk, tv, to, mask, cap, fo);
   fa::rt::synchronize(nullptr);
   for (const fa::TuneRecord& r : k.tune_records()) std::cout << "autotune: " << fa::to_string(r) << "\n";
   std::vector<uint16_t> out(n_v);
-  std::vector<float> lse(rows);
+  std::vector<float> lse(rows), mx(rows);
   dout.download(out.data(), bytes_v);
   dlse.download(lse.data(), lse.size() * 4);
+  dmax.download(mx.data(), mx.size() * 4);
 
   fa::ModProgram sp = fa::ModProgram::score_of(program);
   fa::ModProgram mp = fa::ModProgram::mask_of(program);
@@ -540,12 +576,15 @@ int run_variant(const RunOptions& o) {
         lse_err = std::max(lse_err, std::fabs(lse[i] - ref.lse[i]));
       }
     }
+    MaxCheck max_check;
+    if (o.max_scores)
+      for (size_t i = 0; i < mx.size(); ++i) max_check.add(mx[i], ref.max_score[i]);
     double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
     double tol = o.dtype == fa::DType::bf16 ? 1e-2 : 5e-3;
-    ok = bad == 0 && rel < tol && lse_err < 2e-2;
+    ok = bad == 0 && max_check.bad == 0 && rel < tol && lse_err < 2e-2;
     std::cout << fmt::format(
-        "vs float64 reference: rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}, {} bad values: {}\n", rel,
-        tol, lse_err, bad, ok ? "OK" : "MISMATCH");
+        "vs float64 reference: rel err {:.2e} (bound {:.0e}), max |lse err| {:.2e}{}, {} bad values: {}\n",
+        rel, tol, lse_err, o.max_scores ? max_check.line() : "", bad, ok ? "OK" : "MISMATCH");
   }
 
   // Timing: warm-up, then the median of repeated launches.
