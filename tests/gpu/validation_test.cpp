@@ -144,6 +144,9 @@ TEST_F(ForwardValidation, MaxScoresOfWrongDtypeOrShape) {
   expect_rejected(a, mask(), good(), "max_scores: Lq must match q (256), got 255", fo);
   fo.max_scores = &flat;
   expect_rejected(a, mask(), good(), "max_scores: expected 3 dimensions [B, Hq, Lq], got 1", fo);
+  const fa::TensorView in_o(a.o_ptr, fa::DType::f32, {kB, kH, kL});  // inside O's bytes
+  fo.max_scores = &in_o;
+  expect_rejected(a, mask(), good(), "max_scores: its memory overlaps o's; give it a buffer of its own", fo);
 }
 
 TEST_F(ForwardValidation, MissingCapture) {

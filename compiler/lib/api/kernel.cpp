@@ -646,7 +646,16 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
 
   check_sequences_given(seq);
   AttentionShape shape = validate_attention(q, k, v, o, lse);
-  if (row_max) validate_row_output("max_scores", *max_view, q);
+  if (row_max) {
+    validate_row_output("max_scores", *max_view, q);
+    // A new output: refused where it shares memory with another (the kernels would read or
+    // overwrite it mid-run).
+    const std::pair<const char*, const TensorView*> others[] = {
+        {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}};
+    for (auto [name, t] : others)
+      if (t && overlaps(*max_view, *t))
+        throw Error(fmt::format("max_scores: its memory overlaps {}'s; give it a buffer of its own", name));
+  }
   // A ragged / paged call's mask is checked against the tile of the kernel that runs it, below.
   // The dense forward this mask runs on (fwd, unless its tile cannot take the mask's blocks).
   const Compiled& dense_fwd = dense ? impl_->forward_for_mask(impl_->fwd, mask) : impl_->fwd;
