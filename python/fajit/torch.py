@@ -327,6 +327,20 @@ class BlockMask:
     def to_string(self, b=0, h=0):
         return _capi.text(_capi.lib().fajit_block_mask_to_string(self._handle.h, b, h))
 
+    def to_dense(self):
+        """[B, H, num_q_blocks, num_kv_blocks] int32, 1 where a block is computed (partial or full),
+        as torch's BlockMask.to_dense."""
+        return self.to_torch().to_dense()
+
+    def numel(self):
+        """B * H * Q_LEN * KV_LEN (torch's BlockMask.numel)."""
+        return math.prod(self.shape)
+
+    def as_tuple(self, flatten=True):
+        """torch's BlockMask.as_tuple: the tables, BLOCK_SIZE and mask_mod (seq_lengths first where
+        torch's has them)."""
+        return self.to_torch().as_tuple(flatten)
+
     def __repr__(self):
         return self.to_string().splitlines()[0]
 

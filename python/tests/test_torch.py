@@ -341,6 +341,9 @@ def test_document_mask_with_captured_ids_and_alibi():
     # to and from torch's BlockMask
     back = ft.BlockMask.from_torch(mask.to_torch())
     assert torch.equal(back.kv_num_blocks, mask.kv_num_blocks)
+    # torch's inspection methods
+    assert torch.equal(mask.to_dense().bool(), _kept(mask)) and mask.numel() == L * L
+    assert len(mask.as_tuple()) == len(mask.to_torch().as_tuple())
     out2 = ft.flex_attention(q, k, v, score_mod=alibi, block_mask=tmask)
     _close(out2, out, "out with torch's BlockMask", 1e-3)
 
