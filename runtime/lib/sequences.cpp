@@ -191,13 +191,12 @@ RaggedViews ragged_views(const TensorView& q, const TensorView& k, const TensorV
     r.o = packed_view(o, "o", B, s.max_seqlen_q);
     if (o.shape[0] != q.shape[0])
       throw Error(fmt::format("o: total_q must match q ({}), got {}", q.shape[0], o.shape[0]));
-    if (lse) r.lse = packed_lse_view(*lse, "lse", q, B, s.max_seqlen_q);
   } else {
     if (q.rank == 4 && q.shape[0] != B)
       throw Error(fmt::format("q: B must match the tables' {} (from {}), got {}", B, batch.from, q.shape[0]));
     r.q = q, r.o = o;
-    if (lse) r.lse = *lse;
   }
+  if (lse) r.lse = ragged_rows_view(*lse, "lse", q, s);
   r.has_lse = lse != nullptr;
 
   // Keys: packed, paged, or dense (with seqlens_k: a padded cache).

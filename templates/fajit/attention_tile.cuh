@@ -785,7 +785,12 @@ struct SoftmaxRows {
   // for a row with no unmasked score; NaN for a row with a NaN score (its l is NaN, as the
   // max skips it) unless a score is +inf (l is NaN then too: the max is +inf).
   __device__ __forceinline__ float max_score(int hh, float nat) const {
-    return l[hh] == l[hh] || top[hh] == INFINITY ? top[hh] * nat : __int_as_float(0x7fc00000);
+    return natural_max(top[hh], l[hh] != l[hh], nat);
+  }
+  // top·nat, the natural largest score of a row whose scores peak at top (score units), or NaN
+  // where the row saw a NaN score (nan_row) and none +inf: what a split-KV combine writes too.
+  static __device__ __forceinline__ float natural_max(float top, bool nan_row, float nat) {
+    return !nan_row || top == INFINITY ? top * nat : __int_as_float(0x7fc00000);
   }
   // (m·sl2 + ls)·ln 2, the natural LSE of a row max m and a log2 sum ls relative to m·sl2; a
   // huge row's is formed in natural units, m·(sl2·ln 2) + ls·ln 2, as m·sl2 may pass f32's range.

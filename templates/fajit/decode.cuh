@@ -360,8 +360,7 @@ __device__ __forceinline__ void decode_combine_kernel(const FaDecodeParams& dp) 
     top = warp_max(top);
     if (p.max_scores != nullptr && lane == 0)
       p.max_scores[b * p.max_stride_b + h * p.max_stride_h + q] =
-          !nan_part || top == INFINITY ? top * natural_scale(Mods::kHasScoreMod, pm.scale)
-                                       : __int_as_float(0x7fc00000);
+          SoftmaxRows::natural_max(top, nan_part, natural_scale(Mods::kHasScoreMod, pm.scale));
   }
 }
 

@@ -38,6 +38,13 @@ struct SeqCase {
   }
 };
 
+// c with max_scores asked for too (and the prefill's family, where given)
+SeqCase with_max(SeqCase c, fa::KernelFamily family = fa::KernelFamily::kAuto) {
+  c.max_scores = true;
+  c.family = family;
+  return c;
+}
+
 std::vector<SeqCase> cases() {
   const fa::DType bf16 = fa::DType::bf16, f16 = fa::DType::f16;
   std::vector<SeqCase> all = {
@@ -71,58 +78,11 @@ std::vector<SeqCase> cases() {
       {"key_keep_bias", bf16, 64, 64, 4, 4, {300, 0, 129}, {300, 5, 200}, 16},
       // each row's largest score (the row-max twins), packed and paged, prefill and decoding,
       // empty sequences and sequences without keys (-inf)
-      {"causal",
-       bf16,
-       128,
-       128,
-       8,
-       2,
-       {0, 1, 300, 17, 1000},
-       {0, 1, 300, 17, 1000},
-       16,
-       false,
-       -1,
-       fa::KernelFamily::kAuto,
-       true},
-      {"document_softcap",
-       bf16,
-       96,
-       96,
-       4,
-       1,
-       {500, 193},
-       {520, 193},
-       3,
-       false,
-       60,
-       fa::KernelFamily::kMmaSync,
-       true},
-      {"none",
-       bf16,
-       128,
-       128,
-       32,
-       4,
-       {1, 1, 1, 1},
-       {1, 8191, 0, 33000},
-       16,
-       true,
-       -1,
-       fa::KernelFamily::kAuto,
-       true},
-      {"key_keep_bias",
-       f16,
-       64,
-       64,
-       4,
-       2,
-       {1, 16, 0, 5},
-       {3000, 700, 12, 64},
-       16,
-       false,
-       -1,
-       fa::KernelFamily::kAuto,
-       true},
+      with_max({"causal", bf16, 128, 128, 8, 2, {0, 1, 300, 17, 1000}, {0, 1, 300, 17, 1000}, 16}),
+      with_max({"document_softcap", bf16, 96, 96, 4, 1, {500, 193}, {520, 193}, 3, false, 60},
+               fa::KernelFamily::kMmaSync),
+      with_max({"none", bf16, 128, 128, 32, 4, {1, 1, 1, 1}, {1, 8191, 0, 33000}, 16, true}),
+      with_max({"key_keep_bias", f16, 64, 64, 4, 2, {1, 16, 0, 5}, {3000, 700, 12, 64}, 16}),
   };
   // the first two prefill cases on mma.sync too (the Hopper default is wgmma), and the wgmma
   // kernel asked for where the host picks mma.sync (Hopper only: rows of D 80 and 192 copied

@@ -294,24 +294,19 @@ TEST_F(SequencesValidation, PackedQueriesNeedThreeDimensions) {
             "q: a packed tensor has 3 dimensions [total, H, D], got 4");
 }
 
-TEST_F(SequencesValidation, PackedLseShape) {
-  fa::TensorView cq = table({3}), ck = table({3});
-  fa::TensorView lse(buffer(300 * kH * 4), fa::DType::f32, {300, kH});  // transposed
-  fa::ForwardOptions fo;
-  fo.lse = &lse;
-  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
-  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
-  expect(packed(500), packed(500), fo, "lse: expected [Hq, total_q] = [2, 300], got [300, 2]");
-}
-
-TEST_F(SequencesValidation, PackedMaxScoresShape) {
-  fa::TensorView cq = table({3}), ck = table({3});
-  fa::TensorView mx(buffer(300 * kH * 4), fa::DType::f32, {300, kH});  // transposed
-  fa::ForwardOptions fo;
-  fo.max_scores = &mx;
-  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
-  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
-  expect(packed(500), packed(500), fo, "max_scores: expected [Hq, total_q] = [2, 300], got [300, 2]");
+// The per-row outputs (lse, max_scores) of packed queries are [Hq, total_q].
+TEST_F(SequencesValidation, PackedRowOutputsShape) {
+  for (auto [name, field] :
+       {std::pair{"lse", &fa::ForwardOptions::lse}, {"max_scores", &fa::ForwardOptions::max_scores}}) {
+    fa::TensorView cq = table({3}), ck = table({3});
+    fa::TensorView rows(buffer(300 * kH * 4), fa::DType::f32, {300, kH});  // transposed
+    fa::ForwardOptions fo;
+    fo.*field = &rows;
+    fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+    fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+    expect(packed(500), packed(500), fo,
+           std::string(name) + ": expected [Hq, total_q] = [2, 300], got [300, 2]");
+  }
 }
 
 TEST_F(SequencesValidation, PackedLseMustBeContiguousAlongTotal) {

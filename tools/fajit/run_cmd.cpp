@@ -113,10 +113,6 @@ struct CaptureData {
   }
 };
 
-// `fajit run` with per-sequence lengths, GQA, a forced kernel path, a ragged batch or a paged
-// KV cache: every sequence checked against the float64 reference of that sequence alone, then
-// timed; with --backward (not paged) the gradients likewise.
-
 // max_scores against the float64 reference's: -inf / +inf / NaN exactly where it has them, else
 // within 5e-4 + |ref|·2^-18 (tests/gpu/forward_test.cpp's bound).
 struct MaxCheck {
@@ -136,6 +132,9 @@ struct MaxCheck {
   std::string line() const { return fmt::format(", max |max_scores err| {:.2e} ({} bad)", err, bad); }
 };
 
+// `fajit run` with per-sequence lengths, GQA, a forced kernel path, a ragged batch or a paged
+// KV cache: every sequence checked against the float64 reference of that sequence alone, then
+// timed; with --backward (not paged) the gradients likewise.
 int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& program,
                   const fa::mods::Preset<fa::MaskMod>& mask_p,
                   const fa::mods::Preset<fa::ScoreMod>& score_p) {

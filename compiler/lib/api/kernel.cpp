@@ -813,8 +813,8 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
       return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);
     };
     const KernelSpec& fs = impl_->fwd.gen.spec;
-    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !(row_max && touches_inputs(*max_view)) &&
-           !rt::stream_is_capturing(st) && (fs.family != KernelFamily::kWgmma || tma_maps(fs).enabled);
+    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !rt::stream_is_capturing(st) &&
+           (fs.family != KernelFamily::kWgmma || tma_maps(fs).enabled);
   };
   auto prepare = [&](const Compiled& f) -> detail::ForwardTuner::Launcher { return resolve(f); };
   // A call that asks for max_scores runs the chosen kernel's row-max twin (the candidates are
