@@ -275,4 +275,17 @@ bool overlaps(const TensorView& a, const TensorView& b) {
   return a0 <= b1 && b0 <= a1;
 }
 
+void check_outputs_apart(const std::vector<NamedView>& outputs, const std::vector<NamedView>& inputs) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    if (!out->view) continue;
+    auto check = [&](const NamedView& other) {
+      if (other.view && overlaps(*out->view, *other.view))
+        throw Error(fmt::format("{}: its memory overlaps that of {}; give it a buffer of its own", out->name,
+                                other.name));
+    };
+    for (const NamedView& in : inputs) check(in);
+    for (auto earlier = outputs.begin(); earlier != out; ++earlier) check(*earlier);
+  }
+}
+
 }  // namespace fa

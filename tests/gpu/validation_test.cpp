@@ -36,9 +36,10 @@ class ForwardValidation : public ::testing::Test {
 
   // A device address: real memory with a GPU, a fake 256-byte aligned one without.
   void* buffer(size_t bytes) {
-    if (!gpu_) {
+    if (!gpu_) {  // [fake_, fake_ + bytes), then a gap: fake buffers never overlap
+      void* p = reinterpret_cast<void*>(fake_);
       fake_ += (bytes + 255) / 256 * 256 + 256;
-      return reinterpret_cast<void*>(fake_);
+      return p;
     }
     bufs_.emplace_back(bytes);
     bufs_.back().memset8(0xFF);
@@ -146,7 +147,30 @@ TEST_F(ForwardValidation, MaxScoresOfWrongDtypeOrShape) {
   expect_rejected(a, mask(), good(), "max_scores: expected 3 dimensions [B, Hq, Lq], got 1", fo);
   const fa::TensorView in_o(a.o_ptr, fa::DType::f32, {kB, kH, kL});  // inside O's bytes
   fo.max_scores = &in_o;
-  expect_rejected(a, mask(), good(), "max_scores: its memory overlaps o's; give it a buffer of its own", fo);
+  expect_rejected(a, mask(), good(), "max_scores: its memory overlaps that of o; give it a buffer of its own",
+                  fo);
+}
+
+// Outputs that share memory with what the call reads, or with each other, are refused: the
+// kernels would read values already overwritten (by themselves or another CTA).
+TEST_F(ForwardValidation, OutputsSharingMemory) {
+  const Args a = args();
+  Args o_on_k = a;
+  o_on_k.o = a.k;
+  expect_rejected(o_on_k, mask(), good(), "o: its memory overlaps that of k; give it a buffer of its own");
+  fa::Captures in_o = good();
+  in_o.buffer("slopes", fa::TensorView(a.o_ptr, fa::DType::f32, {kH}));
+  expect_rejected(a, mask(), in_o,
+                  "o: its memory overlaps that of capture 'slopes'; give it a buffer of its own");
+  const fa::TensorView lse_in_q(a.q.data, fa::DType::f32, {kB, kH, kL});
+  fa::ForwardOptions fo;
+  fo.lse = &lse_in_q;
+  expect_rejected(a, mask(), good(), "lse: its memory overlaps that of q; give it a buffer of its own", fo);
+  const fa::TensorView lse(buffer(kB * kH * kL * 4), fa::DType::f32, {kB, kH, kL});
+  fo.lse = &lse;
+  fo.max_scores = &lse;
+  expect_rejected(a, mask(), good(),
+                  "max_scores: its memory overlaps that of lse; give it a buffer of its own", fo);
 }
 
 TEST_F(ForwardValidation, MissingCapture) {
@@ -307,6 +331,17 @@ TEST_F(SequencesValidation, PackedRowOutputsShape) {
     expect(packed(500), packed(500), fo,
            std::string(name) + ": expected [Hq, total_q] = [2, 300], got [300, 2]");
   }
+}
+
+TEST_F(SequencesValidation, LseSharingMemoryWithATable) {
+  fa::TensorView lse(buffer(300 * kH * 4), fa::DType::f32, {kH, 300});
+  fa::TensorView cq(lse.data, fa::DType::i32, {3}), ck = table({3});  // cq: lse's first bytes
+  fa::ForwardOptions fo;
+  fo.lse = &lse;
+  fo.sequences.cu_seqlens_q = &cq, fo.sequences.max_seqlen_q = 128;
+  fo.sequences.cu_seqlens_k = &ck, fo.sequences.max_seqlen_k = 256;
+  expect(packed(500), packed(500), fo,
+         "lse: its memory overlaps that of cu_seqlens_q; give it a buffer of its own");
 }
 
 TEST_F(SequencesValidation, PackedLseMustBeContiguousAlongTotal) {

@@ -216,6 +216,36 @@ TEST(BackwardApi, BadTensorsNameTheArgument) {
             "block mask block sizes 32x32 must be multiples of the backward tile 128x128");
 }
 
+// Gradients may share memory with nothing the call reads, nor with each other.
+TEST(BackwardApi, GradientsSharingMemoryAreRefused) {
+  const fa::Kernel k =
+      fa::compile(fa::mods::alibi(fa::buffer<float>("slopes", 1)), fa::mods::causal(), opts(64, 64));
+  const fa::BlockMask mask = fa::BlockMask::all_full(1, 1, 256, 256);
+  FakeTensors f;
+  const auto bf = fa::DType::bf16, f32 = fa::DType::f32;
+  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), kk = f.t(bf, {1, 2, 256, 64}),
+                       v = f.t(bf, {1, 2, 256, 64}), o = f.t(bf, {1, 2, 256, 64}),
+                       lse = f.t(f32, {1, 2, 256}), dout = f.t(bf, {1, 2, 256, 64}),
+                       dq = f.t(bf, {1, 2, 256, 64}), dk = f.t(bf, {1, 2, 256, 64}),
+                       dv = f.t(bf, {1, 2, 256, 64}), slopes = f.t(f32, {2});
+  const fa::TensorView dk_on_lse(lse.data, bf, {1, 2, 256, 64});
+  fa::Captures cap;
+  cap.buffer("slopes", slopes);
+  auto error_with = [&](const fa::TensorView& dq_, const fa::TensorView& dk_, const fa::TensorView& dv_,
+                        const fa::BackwardOptions& bo = {}) {
+    return error_of([&] { k.backward(q, kk, v, o, lse, dout, dq_, dk_, dv_, mask, cap, bo); });
+  };
+  EXPECT_EQ(error_with(q, dk, dv), "dq: its memory overlaps that of q; give it a buffer of its own");
+  EXPECT_EQ(error_with(dq, dk_on_lse, dv),
+            "dk: its memory overlaps that of lse; give it a buffer of its own");
+  EXPECT_EQ(error_with(dq, dk, dq), "dv: its memory overlaps that of dq; give it a buffer of its own");
+  fa::BackwardOptions bo;
+  bo.buffer_grads.emplace("slopes", slopes);
+  EXPECT_EQ(
+      error_with(dq, dk, dv, bo),
+      "buffer_grads['slopes']: its memory overlaps that of capture 'slopes'; give it a buffer of its own");
+}
+
 // The d64 Hopper forward (192 query rows) regroups masks that agree with mask_mod; given tables
 // whose blocks it can neither regroup nor hand to its 128-row twin are refused naming its tile.
 TEST(ForwardApi, GivenTablesTheWideTileCannotTakeAreRefusedNamingTheTile) {

@@ -216,7 +216,9 @@ FA_API fajit_status fajit_block_mask_density(const fajit_block_mask* mask, doubl
                                              int64_t* partial, int64_t* empty);
 
 /* O = attention(Q, K, V); lse may be NULL; scale 0 = 1/sqrt(head_dim_qk). Asynchronous on
- * cu_stream (a CUstream; NULL = the default stream). */
+ * cu_stream (a CUstream; NULL = the default stream). Outputs (o, lse, max_scores) must not
+ * share memory with an input, a captured buffer, a sequence table or each other
+ * (FAJIT_ERROR_INVALID_ARGUMENT naming both); the backward's gradients likewise. */
 FA_API fajit_status fajit_kernel_forward(const fajit_kernel* kernel, const fajit_tensor* q,
                                          const fajit_tensor* k, const fajit_tensor* v, const fajit_tensor* o,
                                          const fajit_tensor* lse, float scale, const fajit_block_mask* mask,

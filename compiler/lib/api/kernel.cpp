@@ -402,6 +402,18 @@ void check_sequences_given(const Sequences& seq) {
         "cu_seqlens_k, seqlens_k or page_table)");
 }
 
+// What a call reads beside its attention inputs (`named`): the captured buffers and the
+// sequence tables, for check_outputs_apart.
+std::vector<NamedView> call_inputs(std::vector<NamedView> named, const Captures& captures,
+                                   const Sequences& seq) {
+  for (const auto& [name, view] : captures.buffers()) named.push_back({"capture '" + name + "'", &view});
+  named.push_back({"cu_seqlens_q", seq.cu_seqlens_q});
+  named.push_back({"cu_seqlens_k", seq.cu_seqlens_k});
+  named.push_back({"seqlens_k", seq.seqlens_k});
+  named.push_back({"page_table", seq.page_table});
+  return named;
+}
+
 // Whether the decoding kernel can take a query of len_q rows per sequence: at most
 // kDecodeMaxLenQ, within one row of block tables.
 bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
@@ -646,16 +658,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
 
   check_sequences_given(seq);
   AttentionShape shape = validate_attention(q, k, v, o, lse);
-  if (row_max) {
-    validate_row_output("max_scores", *max_view, q);
-    // A new output: refused where it shares memory with another (the kernels would read or
-    // overwrite it mid-run).
-    const std::pair<const char*, const TensorView*> others[] = {
-        {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", lse}};
-    for (auto [name, t] : others)
-      if (t && overlaps(*max_view, *t))
-        throw Error(fmt::format("max_scores: its memory overlaps {}'s; give it a buffer of its own", name));
-  }
+  if (row_max) validate_row_output("max_scores", *max_view, q);
   // A ragged / paged call's mask is checked against the tile of the kernel that runs it, below.
   // The dense forward this mask runs on (fwd, unless its tile cannot take the mask's blocks).
   const Compiled& dense_fwd = dense ? impl_->forward_for_mask(impl_->fwd, mask) : impl_->fwd;
@@ -668,6 +671,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                     shape.batch, shape.heads_q, int64_t(shape.batch) * shape.heads_q));
   std::vector<unsigned char> cap = pack_captures(captures);
   const bool wide = wide_captures_needed(capture_slots(), captures);
+  // Outputs as given (packed or paged, not the kernels' views), apart from everything read.
+  check_outputs_apart({{"o", &o_in}, {"lse", options.lse}, {"max_scores", options.max_scores}},
+                      call_inputs({{"q", &q_in}, {"k", &k_in}, {"v", &v_in}}, captures, seq));
 
   if (options.path == ForwardPath::kDecode && !decoding_kernel_fits(shape.len_q, mask))
     throw Error(
@@ -798,8 +804,8 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     resolve(impl_->row_max_twin(impl_->captures_twin(prefill, wide), row_max))();
     return;
   }
-  // Autotuning (Options::autotune) times candidates on these tensors: only when O (and LSE)
-  // overlap none of the inputs, never into a CUDA graph being captured, and on the TMA kernels
+  // Autotuning (Options::autotune) times candidates on these tensors (outputs never overlap
+  // inputs: checked above), never into a CUDA graph being captured, and on the TMA kernels
   // only (K/V the driver cannot map run the default's cp.async twin, untuned). Asked only when
   // a shape class is about to be timed, not on every call.
   const detail::TuneShape ts{int64_t(shape.batch) * shape.heads_q,
@@ -809,12 +815,8 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                              mask.kv_block(),
                              mask.regroupable()};
   auto may_time = [&] {
-    auto touches_inputs = [&](const TensorView& out) {
-      return overlaps(out, q) || overlaps(out, k) || overlaps(out, v);
-    };
     const KernelSpec& fs = impl_->fwd.gen.spec;
-    return !touches_inputs(o) && !(lse && touches_inputs(*lse)) && !rt::stream_is_capturing(st) &&
-           (fs.family != KernelFamily::kWgmma || tma_maps(fs).enabled);
+    return !rt::stream_is_capturing(st) && (fs.family != KernelFamily::kWgmma || tma_maps(fs).enabled);
   };
   auto prepare = [&](const Compiled& f) -> detail::ForwardTuner::Launcher { return resolve(f); };
   // A call that asks for max_scores runs the chosen kernel's row-max twin (the candidates are
@@ -894,6 +896,19 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
   const KernelSpec& s = b.gen.spec;
   const bool det = s.deterministic;  // asked for, or the faster at these head dims
   const float scale = check_call(s, "backward", shape, mask, options.scale);
+  {
+    std::vector<NamedView> outputs = {{"dq", &dq_in}, {"dk", &dk_in}, {"dv", &dv_in}};
+    for (const auto& [name, view] : options.buffer_grads)
+      outputs.push_back({"buffer_grads['" + name + "']", &view});
+    check_outputs_apart(outputs, call_inputs({{"q", &q_in},
+                                              {"k", &k_in},
+                                              {"v", &v_in},
+                                              {"o", &o_in},
+                                              {"lse", &lse_in},
+                                              {"dout", &dout_in},
+                                              {"dlse", options.dlse}},
+                                             captures, seq));
+  }
 
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);

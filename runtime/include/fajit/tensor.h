@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "fajit/export.h"
 #include "fajit/types.h"
@@ -43,6 +44,20 @@ struct FA_API TensorView {
 // Whether the bytes two views address can overlap (their [first, last] byte spans meet; an
 // empty view overlaps nothing).
 FA_API bool overlaps(const TensorView& a, const TensorView& b);
+
+// A tensor of a call by the name its errors use ("o", "capture 'slopes'"); view may be null
+// (an optional argument not given).
+struct NamedView {
+  std::string name;
+  const TensorView* view = nullptr;
+};
+
+// Refuses outputs that share memory (overlaps) with an input or with an earlier output: the
+// kernels would read a value they or another CTA had already overwritten, or write one output
+// over another. Throws fa::Error "<output>: its memory overlaps that of <other>; give it a buffer of
+// its own", for the first output in order, checked against the inputs in order, then the
+// outputs before it.
+FA_API void check_outputs_apart(const std::vector<NamedView>& outputs, const std::vector<NamedView>& inputs);
 
 // Sizes of one attention call, after validation.
 struct AttentionShape {
