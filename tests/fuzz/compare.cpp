@@ -126,7 +126,7 @@ std::string describe_row(const RowContext& x, const RowId& r) {
 // first moved by `dir`·ε·Σ|q_d·k_d| with ε = Dqk·2^-24 — the bound of the kernels' f32
 // accumulation of Dqk exact products — dir = +1, -1, or random signs per key when `dir` is 0.
 void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64& rng, double* out,
-                   double* lse) {
+                   double* lse, double* max_score) {
   const Shape& s = x.c.shape;
   const int hk = r.h / (s.heads_q / s.heads_kv);
   std::vector<double> row(size_t(r.len_kv), -INFINITY);  // -inf where masked
@@ -138,6 +138,7 @@ void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64
     if (v[0] > m) m = v[0];
     nan_score |= std::isnan(v[0]);
   });
+  if (max_score) *max_score = nan_score && m != INFINITY ? NAN : m;  // fa::reference_attention's rule
   std::fill_n(out, s.dim_v, 0.0);
   *lse = -INFINITY;
   if (m == -INFINITY && nan_score) {
@@ -229,6 +230,10 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
 // formed as (R + log2 l)·ln 2: a few of its ulps).
 double lse_bound(double ref) { return 2e-2 + std::fabs(ref) * 0x1p-21; }
 
+// The max_scores bound: what unstable_row lets a score move (1e-3, relative from 1 on), plus a
+// few of f32's ulps (the kernels keep the max in log2 units and convert it back).
+double max_bound(double ref) { return 1e-3 * std::max(1.0, std::fabs(ref)) + std::fabs(ref) * 0x1p-21; }
+
 bool same_nonfinite(double got, double ref) {
   return (std::isnan(ref) && std::isnan(got)) || (std::isinf(ref) && got == ref);
 }
@@ -237,12 +242,14 @@ bool same_nonfinite(double got, double ref) {
 // the bound of the span of the reference and its three perturbed re-evaluations, NaN or ±inf
 // only where one of them is?
 bool inside_envelope(const RowContext& x, const RowId& r, const double* got, double got_lse,
-                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng) {
+                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng,
+                     const RowMax* max_score) {
   const int DV = x.c.shape.dim_v;
   std::vector<std::vector<double>> outs(4, std::vector<double>(ref, ref + DV));
-  std::vector<double> lses(4, ref_lse);
+  std::vector<double> lses(4, ref_lse), maxes(4, max_score ? max_score->ref : 0.0);
   for (int dir = -1; dir <= 1; ++dir)
-    reference_row(x, r, dir, rng, outs[size_t(dir + 2)].data(), &lses[size_t(dir + 2)]);
+    reference_row(x, r, dir, rng, outs[size_t(dir + 2)].data(), &lses[size_t(dir + 2)],
+                  &maxes[size_t(dir + 2)]);
   auto inside = [&](double g, auto value_of, double slack) {
     double lo = INFINITY, hi = -INFINITY;
     bool nonfinite_ok = false;
@@ -263,6 +270,9 @@ bool inside_envelope(const RowContext& x, const RowId& r, const double* got, dou
     if (!inside(
             got[d], [&](size_t v) { return outs[v][size_t(d)]; }, tol * std::max(mag, 1e-3)))
       return false;
+  if (max_score && !inside(
+                       max_score->got, [&](size_t v) { return maxes[v]; }, max_bound(max_score->ref)))
+    return false;
   return inside(
       got_lse, [&](size_t v) { return lses[v]; }, lse_bound(ref_lse));
 }
@@ -275,10 +285,18 @@ bool inside_envelope(const RowContext& x, const RowId& r, const double* got, dou
 std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
                             const std::vector<double>& got, const std::vector<double>& ref,
                             const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
-                            double tol, std::mt19937_64& rng, Stats* st) {
+                            double tol, std::mt19937_64& rng, Stats* st, const std::vector<double>* got_max,
+                            const std::vector<double>* ref_max) {
   const size_t DV = size_t(x.c.shape.dim_v), n = rows.size();
   std::vector<double> num(n, 0), den(n, 0);
-  std::vector<char> bad(n, 0);  // a non-finite mismatch or an LSE over its bound
+  std::vector<char> bad(n, 0);  // a non-finite mismatch, an LSE or a max over its bound
+  auto row_max = [&](size_t r) { return got_max ? RowMax{(*got_max)[r], (*ref_max)[r]} : RowMax{}; };
+  auto max_off = [&](size_t r) {
+    if (!got_max) return false;
+    const RowMax m = row_max(r);
+    return std::isfinite(m.got) && std::isfinite(m.ref) ? std::fabs(m.got - m.ref) > max_bound(m.ref)
+                                                        : !same_nonfinite(m.got, m.ref);
+  };
   for (size_t r = 0; r < n; ++r) {
     for (size_t d = 0; d < DV; ++d) {
       const double g = got[r * DV + d], w = ref[r * DV + d];
@@ -291,6 +309,7 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
     const double gl = got_lse[r], wl = ref_lse[r];
     bad[r] |=
         std::isfinite(gl) && std::isfinite(wl) ? std::fabs(gl - wl) > lse_bound(wl) : !same_nonfinite(gl, wl);
+    bad[r] |= max_off(r);
   }
   std::vector<char> left_out(n, 0);
   auto verdict = [&](size_t* worst_row) {
@@ -323,7 +342,9 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
   for (size_t k = 0; k < suspects.size() && pairs < 20000000; ++k) {
     const size_t r = suspects[k];
     pairs += rows[r].len_kv;
-    if (inside_envelope(x, rows[r], &got[r * DV], got_lse[r], &ref[r * DV], ref_lse[r], tol, rng) ||
+    const RowMax m = row_max(r);
+    if (inside_envelope(x, rows[r], &got[r * DV], got_lse[r], &ref[r * DV], ref_lse[r], tol, rng,
+                        got_max ? &m : nullptr) ||
         unstable_row(x, rows[r]))
       left_out[r] = 1, ++ill;
   }
@@ -342,12 +363,16 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
   const RowId& wr = rows[worst_row];
   size_t n_bad = 0;
   for (size_t r = 0; r < n; ++r) n_bad += bad[r] && !left_out[r];
+  const std::string max_text = got_max ? fmt::format("; max_scores got {:.8g}, want {:.8g}",
+                                                     row_max(worst_row).got, row_max(worst_row).ref)
+                                       : "";
   return fmt::format(
-      "out rel err {:.3e} (bound {:.0e}), {} rows with a non-finite mismatch or lse over its bound; {} of {} "
+      "out rel err {:.3e} (bound {:.0e}), {} rows with a non-finite mismatch or lse{} over its bound; {} of "
+      "{} "
       "rows over the bound inside the reference's f32 envelope (ill-conditioned, left out)\n"
-      "  worst row: out got {:.6g}, want {:.6g} at d {}; lse got {:.8g}, want {:.8g}\n  {}",
-      rel, tol, n_bad, ill, suspects.size(), got[worst_row * DV + wd], ref[worst_row * DV + wd], wd,
-      got_lse[worst_row], ref_lse[worst_row], describe_row(x, wr));
+      "  worst row: out got {:.6g}, want {:.6g} at d {}; lse got {:.8g}, want {:.8g}{}\n  {}",
+      rel, tol, n_bad, got_max ? " or max_scores" : "", ill, suspects.size(), got[worst_row * DV + wd],
+      ref[worst_row * DV + wd], wd, got_lse[worst_row], ref_lse[worst_row], max_text, describe_row(x, wr));
 }
 
 }  // namespace fa_fuzz

@@ -47,9 +47,9 @@ struct RowContext {
 // of the finite ones.
 std::string describe_row(const RowContext& x, const RowId& r);
 // One row of the float64 reference, each q·k first moved by dir·Dqk·2^-24·Σ|q_d·k_d| (dir +1,
-// -1, or random signs per key when 0): out [Dv] and lse.
+// -1, or random signs per key when 0): out [Dv], lse and (if asked) the row's largest score.
 void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64& rng, double* out,
-                   double* lse);
+                   double* lse, double* max_score = nullptr);
 // Whether the row holds a key whose score those moves change by more than 1e-3 (relative from
 // 1) or tip into or out of NaN/±inf — at their ends or at a score of exactly 0 between them,
 // where an f32 sum may land (h / s · s) — while it matters (within 20 of the row max).
@@ -72,18 +72,29 @@ UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& gr
                                      const std::vector<double>& lse);
 // The LSE bound: 2e-2 absolute plus a few of f32's ulps of |ref|.
 double lse_bound(double ref);
+// The max_scores bound: 1e-3 (relative from 1 on) plus a few f32 ulps of |ref|.
+double max_bound(double ref);
 bool same_nonfinite(double got, double ref);
-// Whether row r of the kernel (got [Dv], got_lse) lies inside the span of the reference and its
-// three moved re-evaluations (plus the bound), non-finite only where one of them is.
+// A row's largest score (ForwardOptions::max_scores): the kernel's and the reference's.
+struct RowMax {
+  double got = 0, ref = 0;
+};
+// Whether row r of the kernel (got [Dv], got_lse, and max_score if given) lies inside the span
+// of the reference and its three moved re-evaluations (plus the bound), non-finite only where
+// one of them is.
 bool inside_envelope(const RowContext& x, const RowId& r, const double* got, double got_lse,
-                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng);
-// The forward's verdict over rows (out [rows][Dv], lse [rows]): "" or the failure text. Rows
-// over the bound are re-evaluated (worst first, up to 2e7 query-key pairs) and those inside the
-// envelope or unstable are left out, counted in st->ill_rows / ill_cases.
+                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng,
+                     const RowMax* max_score = nullptr);
+// The forward's verdict over rows (out [rows][Dv], lse [rows], and max_scores [rows] when the
+// call asked for them): "" or the failure text. Rows over the bound are re-evaluated (worst
+// first, up to 2e7 query-key pairs) and those inside the envelope or unstable are left out,
+// counted in st->ill_rows / ill_cases.
 std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
                             const std::vector<double>& got, const std::vector<double>& ref,
                             const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
-                            double tol, std::mt19937_64& rng, Stats* st);
+                            double tol, std::mt19937_64& rng, Stats* st,
+                            const std::vector<double>* got_max = nullptr,
+                            const std::vector<double>* ref_max = nullptr);
 
 }  // namespace fa_fuzz
 

@@ -56,10 +56,12 @@ struct Problem {
     return fa::reference_attention(rs, q.values.data(), k.values.data(), v.values.data(), o);
   }
   std::string verdict(const std::vector<double>& got, const std::vector<double>& got_lse,
-                      const fa::ReferenceResult& ref, fa_fuzz::Stats* st) {
+                      const fa::ReferenceResult& ref, fa_fuzz::Stats* st,
+                      const std::vector<double>* got_max = nullptr) {
     const RowContext x{c, score, mask, q, k, v};
     std::mt19937_64 rng(1);
-    return fa_fuzz::compare_forward(x, rows, got, ref.out, got_lse, ref.lse, 1e-2, rng, st);
+    return fa_fuzz::compare_forward(x, rows, got, ref.out, got_lse, ref.lse, 1e-2, rng, st, got_max,
+                                    got_max ? &ref.max_score : nullptr);
   }
 };
 
@@ -210,6 +212,35 @@ TEST(FuzzCompare, UnstableGradientsIncludeScoresASteepModMovesInAbsoluteTerms) {
     EXPECT_GE(u.pairs, 16u);
     for (size_t r = 0; r < 16; ++r) EXPECT_EQ(u.dq_rows[r], 1) << r;
   }
+}
+
+// max_scores, when asked for, are part of the verdict: the reference's pass (also rounded to
+// f32), a wrong one fails naming them, and an ill-conditioned mod's moved maxima stay inside
+// the envelope.
+TEST(FuzzCompare, MaxScoresAreCompared) {
+  Problem s(fa::identity_score());
+  const fa::ReferenceResult ref = s.reference();
+  std::vector<double> got_max(ref.max_score.size());
+  for (size_t i = 0; i < got_max.size(); ++i) got_max[i] = static_cast<float>(ref.max_score[i]);
+  fa_fuzz::Stats st;
+  EXPECT_EQ(s.verdict(ref.out, ref.lse, ref, &st, &got_max), "");
+  std::vector<double> off = got_max;
+  off[6] -= 0.01;  // m lagging the row max, as a kernel that wrote SoftmaxRows::m would
+  const std::string e = s.verdict(ref.out, ref.lse, ref, &st, &off);
+  EXPECT_NE(e.find("1 rows with a non-finite mismatch or lse or max_scores over its bound"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("max_scores got"), std::string::npos) << e;
+  std::vector<double> nan_max = got_max;
+  nan_max[3] = NAN;
+  EXPECT_NE(s.verdict(ref.out, ref.lse, ref, &st, &nan_max), "");
+
+  Problem a(fa::ScoreMod{"amplify",
+                         [](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return x * 1e5f; }});
+  const fa::ReferenceResult aref = a.reference(), kernel = a.reference(0.5 * 16 * 0x1p-24);
+  fa_fuzz::Stats ast;
+  EXPECT_EQ(a.verdict(kernel.out, kernel.lse, aref, &ast, &kernel.max_score), "");
+  EXPECT_GT(ast.ill_rows, 0);
 }
 
 }  // namespace

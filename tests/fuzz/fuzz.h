@@ -225,8 +225,8 @@ struct Stats {
   // that had any.
   int64_t ill_backward = 0, unstable_grad_elems = 0, unstable_grad_cases = 0;
   // GPU mode's variety: cases with strided operands, backwards with a dLSE, deterministic
-  // backwards, buffer gradients compared.
-  int64_t strided = 0, with_dlse = 0, deterministic = 0, buffer_grads = 0;
+  // backwards, buffer gradients compared, forwards with max_scores.
+  int64_t strided = 0, with_dlse = 0, deterministic = 0, buffer_grads = 0, with_max_scores = 0;
   double t_cpu = 0, t_compile = 0, t_reference = 0, t_gpu_other = 0;
 };
 
