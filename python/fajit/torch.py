@@ -33,6 +33,7 @@ import collections
 import ctypes as C
 import hashlib
 import math
+import operator
 import threading
 import weakref
 from typing import List, NamedTuple, Optional, Tuple
@@ -43,8 +44,12 @@ from torch import Tensor
 from . import Program, _capi
 from ._trace import Buffer, Scalar, _name_hints, check_mod, trace
 
-__all__ = ["flex_attention", "flex_attention_varlen", "create_block_mask", "BlockMask", "AuxRequest", "AuxOutput",
-           "noop_mask", "and_masks", "or_masks"]
+__all__ = ["flex_attention", "flex_attention_varlen", "create_block_mask", "create_mask", "BlockMask", "AuxRequest",
+           "AuxOutput", "noop_mask", "and_masks", "or_masks"]
+
+# The dense [B, H, Q_LEN, KV_LEN] mask of a mod, for inspection: torch's own (eager, vmapped),
+# which fajit has no reason to redo.
+from torch.nn.attention.flex_attention import create_mask  # noqa: E402
 
 try:  # torch's own (2.9 and later), so an AuxRequest made from either module is accepted
     from torch.nn.attention.flex_attention import AuxOutput, AuxRequest
@@ -236,20 +241,22 @@ class _MaskHandle:
             self.h = None
 
 
-# data_ptr of kv_num_blocks -> (weakref to it, its _version, _MaskHandle): the handle behind a
-# set of tables, found again when the tables come back through the custom ops.
+# (data_ptr of kv_num_blocks, mask info (len_q, len_kv, q_block, kv_block)) -> (weakref to it,
+# its _version, _MaskHandle): the handle behind a set of tables at those lengths, found again when
+# the tables come back through the custom ops. A BlockMask whose seq_lengths a caller changed
+# (torch's decoding recipe: block_mask[:, :, i], then seq_lengths = (1, KV_LEN)) gets its own.
 _MASKS = {}
 
 
-def _register_mask(kv_num_blocks, handle):
-    ptr = kv_num_blocks.data_ptr()
+def _register_mask(kv_num_blocks, info, handle):
+    key = (kv_num_blocks.data_ptr(), tuple(info))
 
     def forget(ref):
-        entry = _MASKS.get(ptr)
+        entry = _MASKS.get(key)
         if entry is not None and entry[0] is ref:
-            del _MASKS[ptr]
+            del _MASKS[key]
 
-    _MASKS[ptr] = (weakref.ref(kv_num_blocks, forget), kv_num_blocks._version, handle)
+    _MASKS[key] = (weakref.ref(kv_num_blocks, forget), kv_num_blocks._version, handle)
 
 
 def _mask_for(tables, info, batch, heads, device):
@@ -265,7 +272,10 @@ def _mask_for(tables, info, batch, heads, device):
             hit = _MASKS[key] = (None, 0, _MaskHandle(h))
         return hit[2]
     num = tables[0]
-    hit = _MASKS.get(num.data_ptr())
+    if num.dim() != 3:
+        raise ValueError(f"block_mask: kv_num_blocks must be [B, H, num_q_blocks], got shape {tuple(num.shape)} "
+                         "(index a BlockMask with slices, e.g. block_mask[0:1], to keep its dimensions)")
+    hit = _MASKS.get((num.data_ptr(), tuple(info)))
     if hit is not None:
         ref, version, handle = hit
         t = ref()
@@ -278,7 +288,7 @@ def _mask_for(tables, info, batch, heads, device):
     _capi.check(_capi.lib().fajit_block_mask_from_kv_blocks(bm, hm, len_q, len_kv, qb, kvb, *ptrs, C.byref(h)),
                 "block_mask")
     handle = _MaskHandle(h)
-    _register_mask(num, handle)
+    _register_mask(num, info, handle)
     return handle
 
 
@@ -299,19 +309,116 @@ def _mask_tables(handle, device):
     return info, out
 
 
+def _sliced_mask_mod_error(b, h, q_idx, kv_idx):
+    """The mask_mod of an indexed BlockMask until its caller sets one (torch's rule)."""
+    raise RuntimeError("block_mask: this BlockMask was indexed (block_mask[...]), which keeps its tables but not "
+                       "its mask_mod (a slice's query positions start at 0); set block_mask.mask_mod (offset by the "
+                       "slice's position) before calling flex_attention with it")
+
+
+def _torch_block_mask(num, idx, full_num, full_idx, block_size, mask_mod, seq_lengths):
+    """torch's BlockMask.from_kv_blocks (seq_lengths where this torch takes them)."""
+    from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+
+    kw = dict(full_kv_num_blocks=full_num, full_kv_indices=full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod)
+    try:
+        return TorchBlockMask.from_kv_blocks(num, idx, seq_lengths=tuple(seq_lengths), **kw)
+    except TypeError:  # torch without seq_lengths
+        return TorchBlockMask.from_kv_blocks(num, idx, **kw)
+
+
 class BlockMask:
     """flex_attention's block-sparse tables (the same int32 tables as torch's BlockMask:
     kv_num_blocks [B, H, nq], kv_indices [B, H, nq, nkv], full_kv_*, and the q_* transposes),
     the mask_mod they come from, and fajit's own handle. to_torch() / from_torch() convert."""
 
     def __init__(self, handle, tables, seq_lengths, block_size, mask_mod):
-        self._handle = handle
         for name in _capi.TABLES:
-            setattr(self, name, tables[name])
-        self.seq_lengths = tuple(seq_lengths)
-        self.BLOCK_SIZE = tuple(block_size)
+            setattr(self, name, tables.get(name))
+        self.seq_lengths = tuple(int(n) for n in seq_lengths)
+        self.BLOCK_SIZE = tuple(int(n) for n in block_size)
         self.mask_mod = mask_mod
-        _register_mask(self.kv_num_blocks, handle)
+        if handle is not None:
+            _register_mask(self.kv_num_blocks, self._info(), handle)
+
+    def _info(self):
+        return (self.seq_lengths[0], self.seq_lengths[1], self.BLOCK_SIZE[0], self.BLOCK_SIZE[1])
+
+    def _kv_tables(self):
+        tables = [self.kv_num_blocks, self.kv_indices]
+        if self.full_kv_num_blocks is not None:
+            tables += [self.full_kv_num_blocks, self.full_kv_indices]
+        return tables
+
+    @property
+    def _handle(self):
+        """fajit's mask of these tables at the current seq_lengths (built from a host copy of the
+        tables the first time they meet these lengths)."""
+        return _mask_for(self._kv_tables(), self._info(), 0, 0, self.kv_num_blocks.device)
+
+    @classmethod
+    def _of_torch(cls, mask, seq_lengths):
+        """A BlockMask over torch BlockMask `mask`'s tables (no fajit handle until one is needed)."""
+        tables = {name: getattr(mask, name, None) for name in _capi.TABLES}
+        return cls(None, tables, seq_lengths, mask.BLOCK_SIZE, mask.mask_mod)
+
+    def __getitem__(self, index):
+        """torch's BlockMask indexing over (batch, head, query block): the mask of the rows picked,
+        with seq_lengths kept and, as torch's, a mask_mod that raises until the caller sets one. An
+        int keeps its dimension (block_mask[0] is [1, H, ...]); torch's decoding recipe sets
+        seq_lengths = (1, KV_LEN) and a mask_mod offset by the position afterwards."""
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) > 3 or any(i is Ellipsis for i in index):
+            raise IndexError("block_mask indices: at most 3 (batch, head, query block), no Ellipsis; "
+                             f"got {len(index)}")
+        sizes = self.kv_num_blocks.shape
+
+        def keep(i, n, what):
+            if torch.is_tensor(i) and i.dim() == 0:
+                return i.reshape(1)
+            if isinstance(i, bool) or torch.is_tensor(i) or i is None or isinstance(i, slice):
+                return i
+            j = operator.index(i)
+            if not -n <= j < n:
+                raise IndexError(f"block_mask index {j} is out of range for {what} of size {n}")
+            j = j + n if j < 0 else j
+            return slice(j, j + 1)
+
+        index = tuple(keep(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads",
+                                                                             "the query blocks")))
+        full = self.full_kv_num_blocks is not None
+        picked = _torch_block_mask(self.kv_num_blocks[index], self.kv_indices[index],
+                                   self.full_kv_num_blocks[index] if full else None,
+                                   self.full_kv_indices[index] if full else None, self.BLOCK_SIZE,
+                                   _sliced_mask_mod_error, self.seq_lengths)
+        return BlockMask._of_torch(picked, self.seq_lengths)
+
+    def _adjust(self, new_q_len, new_kv_len):
+        """torch's BlockMask._adjust: this mask cropped to its upper-left [new_q_len, new_kv_len]
+        (blocks past them dropped), for a call with those lengths; mask_mod kept."""
+        rows = -(-int(new_q_len) // self.BLOCK_SIZE[0])
+        cols = -(-int(new_kv_len) // self.BLOCK_SIZE[1])
+
+        def crop(num, idx):
+            idx = idx[:, :, :rows]
+            pos = torch.arange(idx.shape[-1], device=idx.device)
+            kept = (pos < num[:, :, :rows, None]) & (idx < cols)
+            order = torch.argsort((~kept).to(torch.int8), dim=-1, stable=True)
+            return (kept.sum(-1).to(torch.int32).contiguous(),
+                    torch.gather(idx, -1, order)[..., :cols].to(torch.int32).contiguous())
+
+        num, idx = crop(self.kv_num_blocks, self.kv_indices)
+        fnum = fidx = None
+        if self.full_kv_num_blocks is not None:
+            fnum, fidx = crop(self.full_kv_num_blocks, self.full_kv_indices)
+        cropped = _torch_block_mask(num, idx, fnum, fidx, self.BLOCK_SIZE, self.mask_mod, (new_q_len, new_kv_len))
+        return BlockMask._of_torch(cropped, (new_q_len, new_kv_len))
+
+    def to(self, device):
+        """This mask with its tables on `device` (torch's BlockMask.to)."""
+        moved = {name: None if getattr(self, name) is None else getattr(self, name).to(device)
+                 for name in _capi.TABLES}
+        return BlockMask(None, moved, self.seq_lengths, self.BLOCK_SIZE, self.mask_mod)
 
     @property
     def shape(self):
@@ -346,15 +453,8 @@ class BlockMask:
 
     def to_torch(self):
         """torch.nn.attention.flex_attention.BlockMask with the same tables."""
-        from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
-
-        kw = dict(full_kv_num_blocks=self.full_kv_num_blocks, full_kv_indices=self.full_kv_indices,
-                  BLOCK_SIZE=self.BLOCK_SIZE, mask_mod=self.mask_mod)
-        try:
-            return TorchBlockMask.from_kv_blocks(self.kv_num_blocks, self.kv_indices, seq_lengths=self.seq_lengths,
-                                                 **kw)
-        except TypeError:  # torch without seq_lengths
-            return TorchBlockMask.from_kv_blocks(self.kv_num_blocks, self.kv_indices, **kw)
+        return _torch_block_mask(self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks, self.full_kv_indices,
+                                 self.BLOCK_SIZE, self.mask_mod, self.seq_lengths)
 
     @classmethod
     def from_torch(cls, mask, seq_lengths=None):
@@ -437,6 +537,9 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
             C.byref(h)), "create_block_mask")
         handle = _MaskHandle(h)
         _, tables = _mask_tables(handle, device)
+    # [B, H] as asked (torch's shape), as views where the mask ignores b or h (fajit keeps 1)
+    bh = (B or 1, H or 1)
+    tables = {n: t if tuple(t.shape[:2]) == bh else t.expand(*bh, *t.shape[2:]) for n, t in tables.items()}
     return BlockMask(handle, tables, (Q_LEN, KV_LEN), bs, mask_mod)
 
 
@@ -700,6 +803,9 @@ def _block_mask_args(block_mask, B, H, L, S, device, notes):
                          + notes["lens"].format(L=L, S=S))
     bs = block_mask.BLOCK_SIZE if isinstance(block_mask.BLOCK_SIZE, tuple) else (block_mask.BLOCK_SIZE,) * 2
     nb = block_mask.kv_num_blocks.shape
+    if len(nb) != 3:
+        raise ValueError(f"block_mask: kv_num_blocks must be [B, H, num_q_blocks], got shape {tuple(nb)} "
+                         "(index a BlockMask with slices, e.g. block_mask[0:1], to keep its dimensions)")
     if nb[0] not in (1, B) or nb[1] not in (1, H):
         raise ValueError(f"block_mask was created for B={nb[0]}, H={nb[1]}; " + notes["sizes"].format(B=B, H=H))
     if nb[2] != (L + bs[0] - 1) // bs[0]:

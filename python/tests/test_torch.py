@@ -349,6 +349,68 @@ def test_document_mask_with_captured_ids_and_alibi():
 
 
 @needs_gpu
+def test_block_mask_indexing_and_the_decoding_recipe():
+    import fajit.torch as ft
+
+    B, H, S, D = 2, 4, 1000, 64
+    q, k, v = [t.detach() for t in _inputs(B, H, H, S, S, D, torch.bfloat16, seed=11)]
+    mask = ft.create_block_mask(causal, B, H, S, S)
+    nq = mask.kv_num_blocks.shape[2]
+    # torch's indexing, an int keeping its dimension; seq_lengths kept, no mask_mod
+    assert mask[1].kv_num_blocks.shape == (1, H, nq)
+    assert mask[0, -1].kv_num_blocks.shape == (1, 1, nq)
+    sub = mask[1:2, 1:3]
+    assert torch.equal(sub.kv_num_blocks, mask.kv_num_blocks[1:2, 1:3])
+    assert torch.equal(sub.full_kv_indices, mask.full_kv_indices[1:2, 1:3])
+    assert sub.seq_lengths == (S, S) and mask.shape == (B, H, S, S)
+    theirs = mask.to_torch()[1:2, 1:3]
+    assert torch.equal(sub.q_num_blocks, theirs.q_num_blocks) and torch.equal(sub.q_indices, theirs.q_indices)
+    with pytest.raises(IndexError, match="block_mask index 4 is out of range for the heads of size 4"):
+        mask[0, 4]
+    # a slice of the batch and heads: its mask_mod must be set again (torch's rule)
+    with pytest.raises(RuntimeError, match=r"this BlockMask was indexed \(block_mask\[...\]\)"):
+        ft.flex_attention(q[1:2, 1:3], k[1:2, 1:3], v[1:2, 1:3], block_mask=sub)
+    sub.mask_mod = causal
+    out = ft.flex_attention(q[1:2, 1:3], k[1:2, 1:3], v[1:2, 1:3], block_mask=sub)
+    whole = ft.flex_attention(q, k, v, block_mask=mask)
+    _close(out, whole[1:2, 1:3], "out of a sliced mask", 1e-3)
+    # torch's decoding recipe (gpt-fast): the query block of the position, a mask_mod offset by
+    # a captured position, seq_lengths set to (1, KV_LEN)
+    ref, _, _ = _reference(q, k, v, None, causal)
+    offset = torch.tensor([0], device="cuda", dtype=torch.int32)
+
+    def causal_at_offset(b, h, q_idx, kv_idx):
+        return causal(b, h, q_idx + offset[0], kv_idx)
+
+    for pos in (0, 130, 999):
+        offset.fill_(pos)
+        step = mask[:, :, pos // mask.BLOCK_SIZE[0]]
+        step.mask_mod = causal_at_offset
+        step.seq_lengths = (1, S)
+        out = ft.flex_attention(q[:, :, pos:pos + 1], k, v, block_mask=step)
+        _close(out, ref[:, :, pos:pos + 1], f"decoding at {pos}", TOL[torch.bfloat16])
+    # seq_lengths changed on a mask already used: its tables are taken at the new lengths
+    with pytest.raises(ValueError, match="block_mask was created for Q_LEN=1, KV_LEN=1000"):
+        ft.flex_attention(q, k, v, block_mask=step)
+    # cropped to the upper left (torch's _adjust), and moved
+    small = mask._adjust(500, 700)
+    assert small.seq_lengths == (500, 700) and small.kv_num_blocks.shape == (B, H, 4)
+    out = ft.flex_attention(q[:, :, :500], k[:, :, :700], v[:, :, :700], block_mask=small)
+    # (given tables may run another tile than a mask of fajit's own: rounding differs)
+    ref, _, _ = _reference(q[:, :, :500], k[:, :, :700], v[:, :, :700], None, causal)
+    _close(out, ref, "out of an adjusted mask", TOL[torch.bfloat16])
+    assert torch.equal(mask.to("cpu").kv_indices, mask.kv_indices.cpu())
+    assert torch.equal(ft.create_mask(causal, 1, 1, 4, 4, device="cuda")[0, 0],
+                       torch.ones(4, 4, dtype=torch.bool, device="cuda").tril())
+    # flex_attention needs [B, H, num_q_blocks] tables (torch's older indexing dropped dimensions)
+    from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+
+    flat = TorchBlockMask.from_kv_blocks(mask.kv_num_blocks[0], mask.kv_indices[0], seq_lengths=(S, S))
+    with pytest.raises(ValueError, match=r"kv_num_blocks must be \[B, H, num_q_blocks\], got shape \(4, 8\)"):
+        ft.flex_attention(q, k, v, block_mask=flat)
+
+
+@needs_gpu
 def test_runtime_scalar_changes_without_recompiling():
     import fajit.torch as ft
 
