@@ -187,15 +187,24 @@ struct FakeTensors {
   }
 };
 
+// A backward's tensors for B 1, H 2, L 256, D 64, each at its own fake address.
+struct BackwardArgs {
+  fa::TensorView q, k, v, o, lse, dout, dq, dk, dv;
+  explicit BackwardArgs(FakeTensors& f) {
+    for (fa::TensorView* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
+      *t = f.t(fa::DType::bf16, {1, 2, 256, 64});
+    lse = f.t(fa::DType::f32, {1, 2, 256});
+  }
+};
+
 TEST(BackwardApi, BadTensorsNameTheArgument) {
   const fa::Kernel k = fa::compile(fa::identity_score(), fa::mods::causal(), opts(64, 64));
   const fa::BlockMask mask = fa::BlockMask::all_full(1, 1, 256, 256);
   FakeTensors f;
   const auto bf = fa::DType::bf16, f32 = fa::DType::f32;
-  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), kk = f.t(bf, {1, 2, 256, 64}),
-                       v = f.t(bf, {1, 2, 256, 64}), o = f.t(bf, {1, 2, 256, 64}),
-                       lse = f.t(f32, {1, 2, 256}), dout = f.t(bf, {1, 2, 256, 64}),
-                       dq = f.t(bf, {1, 2, 256, 64}), dv = f.t(bf, {1, 2, 256, 64});
+  const BackwardArgs a(f);
+  const fa::TensorView &q = a.q, &kk = a.k, &v = a.v, &o = a.o, &lse = a.lse, &dout = a.dout, &dq = a.dq,
+                       &dv = a.dv;
   const fa::TensorView dk_short = f.t(bf, {1, 2, 255, 64}), dq_f16 = f.t(fa::DType::f16, {1, 2, 256, 64}),
                        lse_bf16 = f.t(bf, {1, 2, 256}), dlse_bad = f.t(f32, {1, 1, 256});
   EXPECT_EQ(error_of([&] { k.backward(q, kk, v, o, lse, dout, dq, dk_short, dv, mask); }),
@@ -222,27 +231,23 @@ TEST(BackwardApi, GradientsSharingMemoryAreRefused) {
       fa::compile(fa::mods::alibi(fa::buffer<float>("slopes", 1)), fa::mods::causal(), opts(64, 64));
   const fa::BlockMask mask = fa::BlockMask::all_full(1, 1, 256, 256);
   FakeTensors f;
-  const auto bf = fa::DType::bf16, f32 = fa::DType::f32;
-  const fa::TensorView q = f.t(bf, {1, 2, 256, 64}), kk = f.t(bf, {1, 2, 256, 64}),
-                       v = f.t(bf, {1, 2, 256, 64}), o = f.t(bf, {1, 2, 256, 64}),
-                       lse = f.t(f32, {1, 2, 256}), dout = f.t(bf, {1, 2, 256, 64}),
-                       dq = f.t(bf, {1, 2, 256, 64}), dk = f.t(bf, {1, 2, 256, 64}),
-                       dv = f.t(bf, {1, 2, 256, 64}), slopes = f.t(f32, {2});
-  const fa::TensorView dk_on_lse(lse.data, bf, {1, 2, 256, 64});
+  const BackwardArgs a(f);
+  const fa::TensorView slopes = f.t(fa::DType::f32, {2}),
+                       dk_on_lse(a.lse.data, fa::DType::bf16, {1, 2, 256, 64});
   fa::Captures cap;
   cap.buffer("slopes", slopes);
-  auto error_with = [&](const fa::TensorView& dq_, const fa::TensorView& dk_, const fa::TensorView& dv_,
+  auto error_with = [&](const fa::TensorView& dq, const fa::TensorView& dk, const fa::TensorView& dv,
                         const fa::BackwardOptions& bo = {}) {
-    return error_of([&] { k.backward(q, kk, v, o, lse, dout, dq_, dk_, dv_, mask, cap, bo); });
+    return error_of([&] { k.backward(a.q, a.k, a.v, a.o, a.lse, a.dout, dq, dk, dv, mask, cap, bo); });
   };
-  EXPECT_EQ(error_with(q, dk, dv), "dq: its memory overlaps that of q; give it a buffer of its own");
-  EXPECT_EQ(error_with(dq, dk_on_lse, dv),
+  EXPECT_EQ(error_with(a.q, a.dk, a.dv), "dq: its memory overlaps that of q; give it a buffer of its own");
+  EXPECT_EQ(error_with(a.dq, dk_on_lse, a.dv),
             "dk: its memory overlaps that of lse; give it a buffer of its own");
-  EXPECT_EQ(error_with(dq, dk, dq), "dv: its memory overlaps that of dq; give it a buffer of its own");
+  EXPECT_EQ(error_with(a.dq, a.dk, a.dq), "dv: its memory overlaps that of dq; give it a buffer of its own");
   fa::BackwardOptions bo;
   bo.buffer_grads.emplace("slopes", slopes);
   EXPECT_EQ(
-      error_with(dq, dk, dv, bo),
+      error_with(a.dq, a.dk, a.dv, bo),
       "buffer_grads['slopes']: its memory overlaps that of capture 'slopes'; give it a buffer of its own");
 }
 
