@@ -1,7 +1,10 @@
 #include "fajit/tensor.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -269,10 +272,87 @@ bool byte_span(const TensorView& t, uintptr_t& first, uintptr_t& last) {
 }
 }  // namespace
 
+namespace {
+// A view's addresses as a base plus terms: its element at base + Σ i_d·stride_d (bytes), i_d in
+// [lo_d, hi_d], each `size` bytes. A dense view (its elements tile its span: a permutation of a
+// contiguous block) is one element the size of its span, with no terms.
+struct Term {
+  int64_t stride, lo, hi;
+};
+struct Addresses {
+  int64_t base = 0, size = 0;
+  std::vector<Term> terms;
+};
+Addresses addresses_of(const TensorView& t, uintptr_t first, uintptr_t last) {
+  Addresses a;
+  const int64_t esize = static_cast<int64_t>(dtype_size(t.dtype));
+  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride| (elements), extent
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1 && t.stride[d] != 0)
+      dims.push_back({t.stride[d] < 0 ? -t.stride[d] : t.stride[d], t.shape[d]});
+  std::sort(dims.begin(), dims.end());
+  bool dense = true;
+  int64_t next = 1;
+  for (auto [stride, extent] : dims) dense = dense && stride == next, next = stride * extent;
+  if (dense) {
+    a.base = static_cast<int64_t>(first), a.size = static_cast<int64_t>(last - first + 1);
+    return a;
+  }
+  a.base = reinterpret_cast<int64_t>(t.data), a.size = esize;
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1 && t.stride[d] != 0) a.terms.push_back({t.stride[d] * esize, 0, t.shape[d] - 1});
+  return a;
+}
+
+// Whether Σ k_i·stride_i over terms (strides > 0, descending; k_i in [lo_i, hi_i]) can lie in
+// the open interval (lo, hi): 1 yes, 0 no, -1 when the search outgrows `budget` nodes.
+int reachable(const Term* t, size_t n, __int128 lo, __int128 hi, int& budget) {
+  if (--budget < 0) return -1;
+  if (n == 0) return lo < 0 && 0 < hi ? 1 : 0;
+  __int128 rmin = 0, rmax = 0;  // what the terms after the first can add
+  for (size_t i = 1; i < n; ++i)
+    rmin += __int128(t[i].lo) * t[i].stride, rmax += __int128(t[i].hi) * t[i].stride;
+  // k·s in (lo - rmax, hi - rmin)
+  const __int128 s = t[0].stride, a = lo - rmax, b = hi - rmin;
+  // From the least k with k·s > a (or one below it) to the greatest with k·s < b: the leaves
+  // test the interval exactly, so a candidate too many only costs a node.
+  __int128 kmin = a >= 0 ? a / s + 1 : -((-a) / s);
+  __int128 kmax = b > 0 ? (b - 1) / s : -((-b) / s) - 1;
+  if (kmin < t[0].lo) kmin = t[0].lo;
+  if (kmax > t[0].hi) kmax = t[0].hi;
+  int result = 0;
+  for (__int128 k = kmin; k <= kmax; ++k) {
+    const int r = reachable(t + 1, n - 1, lo - k * s, hi - k * s, budget);
+    if (r == 1) return 1;
+    if (r < 0) result = -1;
+    if (budget < 0) return -1;
+  }
+  return result;
+}
+}  // namespace
+
 bool overlaps(const TensorView& a, const TensorView& b) {
   uintptr_t a0, a1, b0, b1;
   if (!byte_span(a, a0, a1) || !byte_span(b, b0, b1)) return false;
-  return a0 <= b1 && b0 <= a1;
+  if (a0 > b1 || b0 > a1) return false;
+  // a's element at A + X (ea bytes) and b's at B + Y (eb bytes) share a byte iff
+  // X - Y lies in (B - A - ea, B - A + eb); X - Y is a sum of terms k·s, equal strides merged.
+  const Addresses x = addresses_of(a, a0, a1), y = addresses_of(b, b0, b1);
+  std::vector<Term> terms = x.terms;
+  for (Term t : y.terms) {
+    t = {t.stride, -t.hi, -t.lo};
+    auto same = std::find_if(terms.begin(), terms.end(), [&](const Term& u) { return u.stride == t.stride; });
+    if (same != terms.end())
+      same->lo += t.lo, same->hi += t.hi;
+    else
+      terms.push_back(t);
+  }
+  for (Term& t : terms)
+    if (t.stride < 0) t = {-t.stride, -t.hi, -t.lo};
+  std::sort(terms.begin(), terms.end(), [](const Term& u, const Term& v) { return u.stride > v.stride; });
+  const __int128 d = __int128(y.base) - x.base;
+  int budget = 4096;
+  return reachable(terms.data(), terms.size(), d - x.size, d + y.size, budget) == 1;
 }
 
 void check_outputs_apart(const std::vector<NamedView>& outputs, const std::vector<NamedView>& inputs) {

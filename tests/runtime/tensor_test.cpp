@@ -367,3 +367,43 @@ TEST(RaggedViews, BackwardGradientsMatchTheirPrimals) {
             "seqlens_k: the backward takes packed (cu_seqlens_k) or dense keys, not a padded cache (every key "
             "of a dense k, v is a key of its sequence)");
 }
+
+// overlaps: a byte both views address, exactly (check_outputs_apart refuses outputs by it).
+TEST(Overlaps, SpansAndDenseViews) {
+  alignas(16) static char pool[4096];
+  fa::TensorView a(pool, fa::DType::bf16, {4, 64}), b(pool + 512, fa::DType::bf16, {4, 64});
+  EXPECT_FALSE(fa::overlaps(a, b));  // a: bytes 0..511, b: 512..1023
+  fa::TensorView c(pool + 510, fa::DType::bf16, {1, 8});
+  EXPECT_TRUE(fa::overlaps(a, c));
+  EXPECT_TRUE(fa::overlaps(c, b));
+  EXPECT_TRUE(fa::overlaps(a, a));
+  EXPECT_FALSE(fa::overlaps(a, fa::TensorView()));
+  // An f32 view inside a bf16 one, and one just past its end.
+  EXPECT_TRUE(fa::overlaps(a, fa::TensorView(pool + 508, fa::DType::f32, {1})));
+  EXPECT_FALSE(fa::overlaps(a, fa::TensorView(pool + 512, fa::DType::f32, {1})));
+}
+
+TEST(Overlaps, InterleavedViewsShareNoElement) {
+  alignas(16) static char pool[1 << 16];
+  // Rows 0 and 2 of a 4 x 64 block; row 1 lies between, not in; row 2 is in.
+  fa::TensorView rows02(pool, fa::DType::bf16, {2, 64}, {128, 1});
+  EXPECT_FALSE(fa::overlaps(rows02, fa::TensorView(pool + 128, fa::DType::bf16, {1, 64})));
+  EXPECT_TRUE(fa::overlaps(rows02, fa::TensorView(pool + 256 + 126, fa::DType::bf16, {1, 2})));
+  // q, k, v as heads of one packed [B 2, L 8, Hq 4 + 2 Hkv 2, D 16] buffer, as [B, H, L, D] views.
+  constexpr int64_t B = 2, L = 8, Hq = 4, Hkv = 2, Ht = Hq + 2 * Hkv, D = 16;
+  auto heads = [&](int64_t first, int64_t n) {
+    return fa::TensorView(pool + first * D * 2, fa::DType::bf16, {B, n, L, D}, {L * Ht * D, D, Ht * D, 1});
+  };
+  const fa::TensorView q = heads(0, Hq), k = heads(Hq, Hkv), v = heads(Hq + Hkv, Hkv);
+  EXPECT_FALSE(fa::overlaps(q, k));
+  EXPECT_FALSE(fa::overlaps(k, v));
+  EXPECT_FALSE(fa::overlaps(q, v));
+  EXPECT_TRUE(fa::overlaps(q, heads(Hq - 1, Hkv)));  // one head too early
+  EXPECT_TRUE(fa::overlaps(k, heads(0, Ht)));        // the whole buffer
+  // k as a [B, L, H, D] view of the same heads, and f32 values inside the buffer.
+  const fa::TensorView k_blhd(pool + Hq * D * 2, fa::DType::bf16, {B, L, Hkv, D}, {L * Ht * D, Ht * D, D, 1});
+  EXPECT_FALSE(fa::overlaps(q, k_blhd));
+  EXPECT_TRUE(fa::overlaps(k, k_blhd));
+  EXPECT_TRUE(fa::overlaps(v, fa::TensorView(pool + (L * Ht * D + (Hq + Hkv) * D) * 2, fa::DType::f32, {4})));
+  EXPECT_FALSE(fa::overlaps(v, fa::TensorView(pool + (L * Ht * D + Hq * D) * 2, fa::DType::f32, {4})));
+}

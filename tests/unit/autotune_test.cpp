@@ -1,6 +1,5 @@
 // Autotuning's host side: the candidate lists per arch and head dims, shape classes, the
-// stored record's text, the switch (Options::autotune, $FAJIT_AUTOTUNE), and overlapping views
-// (a forward whose O overlaps its inputs is not timed). The timing itself is a GPU test
+// stored record's text, the switch (Options::autotune, $FAJIT_AUTOTUNE). The timing itself is a GPU test
 // (tests/gpu/forward_test.cpp, Autotune*).
 #include <gtest/gtest.h>
 
@@ -220,21 +219,6 @@ TEST(Autotune, KernelReportsWhetherItTunes) {
   EXPECT_TRUE(k.tune_records().empty());  // nothing run yet
   o.autotune = false;
   EXPECT_FALSE(fa::compile(fa::identity_score(), fa::mods::causal(), o).autotunes());
-}
-
-TEST(Autotune, OverlappingViews) {
-  alignas(16) static char pool[4096];
-  fa::TensorView a(pool, fa::DType::bf16, {4, 64}), b(pool + 512, fa::DType::bf16, {4, 64});
-  EXPECT_FALSE(fa::overlaps(a, b));  // a: bytes 0..511, b: 512..1023
-  fa::TensorView c(pool + 510, fa::DType::bf16, {1, 8});
-  EXPECT_TRUE(fa::overlaps(a, c));
-  EXPECT_TRUE(fa::overlaps(c, b));
-  // Strided: rows 0 and 2 of a 4 x 64 block; a view of row 1 lies between, not in.
-  fa::TensorView rows02(pool, fa::DType::bf16, {2, 64}, {128, 1});
-  fa::TensorView row1(pool + 128, fa::DType::bf16, {1, 64});
-  EXPECT_TRUE(fa::overlaps(rows02, row1));  // spans meet: a conservative yes
-  EXPECT_TRUE(fa::overlaps(a, a));
-  EXPECT_FALSE(fa::overlaps(a, fa::TensorView()));
 }
 
 }  // namespace

@@ -41,8 +41,10 @@ struct FA_API TensorView {
   std::string to_string() const;  // "bf16[2, 8, 1024, 64] strides [524288, 65536, 64, 1]"
 };
 
-// Whether the bytes two views address can overlap (their [first, last] byte spans meet; an
-// empty view overlaps nothing).
+// Whether some byte is addressed by both views, exactly: views that interleave without sharing
+// an element (q, k and v as heads of one packed buffer, rows 0 and 2 against row 1) do not
+// overlap; an empty view overlaps nothing. Layouts too irregular to decide within a few
+// thousand steps count as not overlapping (as torch's own checks give up).
 FA_API bool overlaps(const TensorView& a, const TensorView& b);
 
 // A tensor of a call by the name its errors use ("o", "capture 'slopes'"); view may be null
@@ -52,11 +54,11 @@ struct NamedView {
   const TensorView* view = nullptr;
 };
 
-// Refuses outputs that share memory (overlaps) with an input or with an earlier output: the
-// kernels would read a value they or another CTA had already overwritten, or write one output
-// over another. Throws fa::Error "<output>: its memory overlaps that of <other>; give it a buffer of
-// its own", for the first output in order, checked against the inputs in order, then the
-// outputs before it.
+// Refuses outputs that share memory (overlaps: a byte both address) with an input or with an
+// earlier output: the kernels would read a value they or another CTA had already overwritten,
+// or write one output over another. Throws fa::Error "<output>: its memory overlaps that of
+// <other>; give it a buffer of its own", for the first output in order, checked against the
+// inputs in order, then the outputs before it.
 FA_API void check_outputs_apart(const std::vector<NamedView>& outputs, const std::vector<NamedView>& inputs);
 
 // Sizes of one attention call, after validation.
