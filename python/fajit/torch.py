@@ -241,22 +241,51 @@ class _MaskHandle:
             self.h = None
 
 
-# (data_ptr of kv_num_blocks, mask info (len_q, len_kv, q_block, kv_block)) -> (weakref to it,
-# its _version, _MaskHandle): the handle behind a set of tables at those lengths, found again when
-# the tables come back through the custom ops. A BlockMask whose seq_lengths a caller changed
-# (torch's decoding recipe: block_mask[:, :, i], then seq_lengths = (1, KV_LEN)) gets its own.
+# _tables_key(tables, info) -> (weakrefs to what the tables view, their _versions, _MaskHandle):
+# the handle behind a set of tables at a call's lengths, found again when the tables come back
+# through the custom ops. A slice or an expanded view of a mask's tables starts where they do,
+# so shapes and strides are part of the key; so are the lengths (torch's decoding recipe sets
+# seq_lengths = (1, KV_LEN) on a mask[:, :, i]). An entry lives as long as the tensors its tables
+# view, so a view made again (every decoding step) finds it.
 _MASKS = {}
 
 
-def _register_mask(kv_num_blocks, info, handle):
-    key = (kv_num_blocks.data_ptr(), tuple(info))
+def _tables_key(tables, info):
+    return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride())) for t in tables) + (tuple(info),)
+
+
+def _owner(t):
+    return t._base if t._base is not None else t
+
+
+def _register_mask(tables, info, handle):
+    key = _tables_key(tables, info)
 
     def forget(ref):
         entry = _MASKS.get(key)
-        if entry is not None and entry[0] is ref:
+        if entry is not None and any(r is ref for r in entry[0]):
             del _MASKS[key]
 
-    _MASKS[key] = (weakref.ref(kv_num_blocks, forget), kv_num_blocks._version, handle)
+    refs = [weakref.ref(_owner(t), forget) for t in tables]
+    _MASKS[key] = (refs, tuple(t._version for t in tables), handle)
+
+
+def _check_tables(tables, info):
+    """flex kv tables as fajit_block_mask_from_kv_blocks reads them: [B, H, nq] counts and
+    [B, H, nq, nkv] indices for the call's lengths and block sizes."""
+    len_q, len_kv, qb, kvb = info
+    nq, nkv = -(-len_q // qb), -(-len_kv // kvb)
+    num = tables[0]
+    if num.dim() != 3:
+        raise ValueError(f"block_mask: kv_num_blocks must be [B, H, num_q_blocks], got shape {tuple(num.shape)} "
+                         "(index a BlockMask with slices, e.g. block_mask[0:1], to keep its dimensions)")
+    bm, hm = num.shape[:2]
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    for name, t in zip(names, tables):
+        want = (bm, hm, nq) if name.endswith("num_blocks") else (bm, hm, nq, nkv)
+        if tuple(t.shape) != want:
+            raise ValueError(f"block_mask: {name} has shape {tuple(t.shape)}; Q_LEN={len_q}, KV_LEN={len_kv} in "
+                             f"blocks of {qb}x{kvb} need {list(want)}")
 
 
 def _mask_for(tables, info, batch, heads, device):
@@ -271,24 +300,26 @@ def _mask_for(tables, info, batch, heads, device):
             _capi.check(_capi.lib().fajit_block_mask_all_full(1, 1, len_q, len_kv, qb, kvb, C.byref(h)), "block_mask")
             hit = _MASKS[key] = (None, 0, _MaskHandle(h))
         return hit[2]
-    num = tables[0]
-    if num.dim() != 3:
-        raise ValueError(f"block_mask: kv_num_blocks must be [B, H, num_q_blocks], got shape {tuple(num.shape)} "
-                         "(index a BlockMask with slices, e.g. block_mask[0:1], to keep its dimensions)")
-    hit = _MASKS.get((num.data_ptr(), tuple(info)))
+    _check_tables(tables, info)
+    hit = _MASKS.get(_tables_key(tables, info))
     if hit is not None:
-        ref, version, handle = hit
-        t = ref()
-        if t is not None and t.data_ptr() == num.data_ptr() and t._version == version:
+        refs, versions, handle = hit
+        if all(r() is not None for r in refs) and versions == tuple(t._version for t in tables):
             return handle
-    host = [t.detach().to("cpu", torch.int32).contiguous() for t in tables]
+    # Batch or head dimensions broadcast by stride 0 (fajit's own masks, expanded to torch's
+    # shape) stay broadcast: the mask keeps one row for them.
+    host = list(tables)
+    for d in (0, 1):
+        if host[0].shape[d] > 1 and all(t.stride(d) == 0 for t in host):
+            host = [t.narrow(d, 0, 1) for t in host]
+    host = [t.detach().to("cpu", torch.int32).contiguous() for t in host]
     bm, hm = host[0].shape[0], host[0].shape[1]
     ptrs = [C.c_void_p(t.data_ptr()) for t in host] + [None] * (4 - len(host))
     h = C.c_void_p()
     _capi.check(_capi.lib().fajit_block_mask_from_kv_blocks(bm, hm, len_q, len_kv, qb, kvb, *ptrs, C.byref(h)),
                 "block_mask")
     handle = _MaskHandle(h)
-    _register_mask(num, info, handle)
+    _register_mask(tables, info, handle)
     return handle
 
 
@@ -339,7 +370,7 @@ class BlockMask:
         self.BLOCK_SIZE = tuple(int(n) for n in block_size)
         self.mask_mod = mask_mod
         if handle is not None:
-            _register_mask(self.kv_num_blocks, self._info(), handle)
+            _register_mask(self._kv_tables(), self._info(), handle)
 
     def _info(self):
         return (self.seq_lengths[0], self.seq_lengths[1], self.BLOCK_SIZE[0], self.BLOCK_SIZE[1])
@@ -396,6 +427,9 @@ class BlockMask:
     def _adjust(self, new_q_len, new_kv_len):
         """torch's BlockMask._adjust: this mask cropped to its upper-left [new_q_len, new_kv_len]
         (blocks past them dropped), for a call with those lengths; mask_mod kept."""
+        if new_q_len > self.seq_lengths[0] or new_kv_len > self.seq_lengths[1]:
+            raise ValueError(f"BlockMask._adjust crops a mask to its upper left; it cannot grow Q_LEN={self.seq_lengths[0]}, "
+                             f"KV_LEN={self.seq_lengths[1]} to {new_q_len}, {new_kv_len}: create a new block mask")
         rows = -(-int(new_q_len) // self.BLOCK_SIZE[0])
         cols = -(-int(new_kv_len) // self.BLOCK_SIZE[1])
 

@@ -392,9 +392,36 @@ def test_block_mask_indexing_and_the_decoding_recipe():
     # seq_lengths changed on a mask already used: its tables are taken at the new lengths
     with pytest.raises(ValueError, match="block_mask was created for Q_LEN=1, KV_LEN=1000"):
         ft.flex_attention(q, k, v, block_mask=step)
+    step.seq_lengths = (1, S // 2)  # tables for 1000 keys are not tables for 500
+    with pytest.raises(ValueError, match=r"kv_indices has shape \(2, 4, 1, 8\); Q_LEN=1, KV_LEN=500 in blocks "
+                                         r"of 128x128 need \[2, 4, 1, 4\]"):
+        ft.flex_attention(q[:, :, :1], k[:, :, :S // 2], v[:, :, :S // 2], block_mask=step)
+    # a mask that ignores b and h stays broadcast in fajit's handle of its slices
+    sliced = mask[:, :, 1]
+    sliced.seq_lengths = (1, S)
+    info = ft._capi.BlockMaskInfo()
+    ft._capi.check(ft._capi.lib().fajit_block_mask_get_info(sliced._handle.h, ft.C.byref(info)))
+    assert (info.batch, info.heads) == (1, 1)
+    # slices start where their parent does: each gets its own handle (b- and h-dependent masks)
+    def by_head(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) | (h == 1) | (b == 1)
+
+    hm = ft.create_block_mask(by_head, B, H, S, S)
+    first = hm[0:1, 0:2]
+    first.mask_mod = by_head
+    out = ft.flex_attention(q[:1, :2], k[:1, :2], v[:1, :2], block_mask=first)
+    ref2, _, _ = _reference(q[:1, :2], k[:1, :2], v[:1, :2], None, by_head)
+    _close(out, ref2, "b- and h-dependent mask sliced", TOL[torch.bfloat16])
+    head0 = hm[0:1, 0:1]  # head 0's (causal) tables for every head
+    head0.mask_mod = by_head
+    out = ft.flex_attention(q[:1, :2], k[:1, :2], v[:1, :2], block_mask=head0)
+    _close(out[:, 0], ref2[:, 0], "head 0 with its own tables", TOL[torch.bfloat16])
+    assert torch.equal(head0.kv_num_blocks[0, 0], hm.kv_num_blocks[0, 0])
     # cropped to the upper left (torch's _adjust), and moved
     small = mask._adjust(500, 700)
     assert small.seq_lengths == (500, 700) and small.kv_num_blocks.shape == (B, H, 4)
+    with pytest.raises(ValueError, match="cannot grow Q_LEN=1000, KV_LEN=1000 to 2000, 1000"):
+        mask._adjust(2000, 1000)
     out = ft.flex_attention(q[:, :, :500], k[:, :, :700], v[:, :, :700], block_mask=small)
     # (given tables may run another tile than a mask of fajit's own: rounding differs)
     ref, _, _ = _reference(q[:, :, :500], k[:, :, :700], v[:, :, :700], None, causal)
