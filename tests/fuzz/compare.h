@@ -75,26 +75,24 @@ double lse_bound(double ref);
 // The max_scores bound: 1e-3 (relative from 1 on) plus a few f32 ulps of |ref|.
 double max_bound(double ref);
 bool same_nonfinite(double got, double ref);
-// A row's largest score (ForwardOptions::max_scores): the kernel's and the reference's.
-struct RowMax {
-  double got = 0, ref = 0;
-};
-// Whether row r of the kernel (got [Dv], got_lse, and max_score if given) lies inside the span
-// of the reference and its three moved re-evaluations (plus the bound), non-finite only where
-// one of them is.
+// Whether row r of the kernel (got [Dv], got_lse) lies inside the span of the reference and its
+// three moved re-evaluations (plus the bound), non-finite only where one of them is.
 bool inside_envelope(const RowContext& x, const RowId& r, const double* got, double got_lse,
-                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng,
-                     const RowMax* max_score = nullptr);
-// The forward's verdict over rows (out [rows][Dv], lse [rows], and max_scores [rows] when the
-// call asked for them): "" or the failure text. Rows over the bound are re-evaluated (worst
-// first, up to 2e7 query-key pairs) and those inside the envelope or unstable are left out,
-// counted in st->ill_rows / ill_cases.
+                     const double* ref, double ref_lse, double tol, std::mt19937_64& rng);
+// The forward's verdict over rows (out [rows][Dv], lse [rows]): "" or the failure text. Rows
+// over the bound are re-evaluated (worst first, up to 2e7 query-key pairs) and those inside the
+// envelope or unstable are left out, counted in st->ill_rows / ill_cases.
 std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
                             const std::vector<double>& got, const std::vector<double>& ref,
                             const std::vector<double>& got_lse, const std::vector<double>& ref_lse,
-                            double tol, std::mt19937_64& rng, Stats* st,
-                            const std::vector<double>* got_max = nullptr,
-                            const std::vector<double>* ref_max = nullptr);
+                            double tol, std::mt19937_64& rng, Stats* st);
+
+// Each row's largest score (ForwardOptions::max_scores, [rows]) against the reference's: "" or
+// the failure text. Rows over max_bound inside the moved references' span or unstable are left
+// out, counted in st->ill_rows / ill_cases. `rng` is a copy: the case's own stream is untouched.
+std::string compare_max_scores(const RowContext& x, const std::vector<RowId>& rows,
+                               const std::vector<double>& got, const std::vector<double>& ref,
+                               std::mt19937_64 rng, Stats* st);
 
 }  // namespace fa_fuzz
 
