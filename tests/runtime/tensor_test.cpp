@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
+#include <set>
 #include <string>
 
 #include "fajit/error.h"
@@ -363,9 +365,10 @@ TEST(RaggedViews, BackwardGradientsMatchTheirPrimals) {
             "page_table: the backward takes packed (cu_seqlens_k) or dense keys, not a paged cache");
   fa::Sequences padded = s;
   padded.cu_seqlens_k = nullptr, padded.seqlens_k = &n;
-  EXPECT_EQ(error(dout, dq, dk, dv, nullptr, padded),
-            "seqlens_k: the backward takes packed (cu_seqlens_k) or dense keys, not a padded cache (every key "
-            "of a dense k, v is a key of its sequence)");
+  EXPECT_EQ(
+      error(dout, dq, dk, dv, nullptr, padded),
+      "seqlens_k: the backward takes packed (cu_seqlens_k) or dense keys, not a padded cache (every key "
+      "of a dense k, v is a key of its sequence)");
 }
 
 // overlaps: a byte both views address, exactly (check_outputs_apart refuses outputs by it).
@@ -406,4 +409,52 @@ TEST(Overlaps, InterleavedViewsShareNoElement) {
   EXPECT_TRUE(fa::overlaps(k, k_blhd));
   EXPECT_TRUE(fa::overlaps(v, fa::TensorView(pool + (L * Ht * D + (Hq + Hkv) * D) * 2, fa::DType::f32, {4})));
   EXPECT_FALSE(fa::overlaps(v, fa::TensorView(pool + (L * Ht * D + Hq * D) * 2, fa::DType::f32, {4})));
+}
+
+// overlaps against brute force on random small views of one pool: shapes 1-4 per dimension,
+// strides -9..9 elements (0 included), offsets, bf16 or f32; every element's bytes enumerated.
+TEST(Overlaps, AgreesWithBruteForce) {
+  alignas(16) static char pool[1 << 14];
+  std::mt19937 rng(11);
+  auto random_view = [&]() {
+    const int rank = 1 + int(rng() % 4);
+    const fa::DType dt = rng() % 2 ? fa::DType::bf16 : fa::DType::f32;
+    fa::TensorView v;
+    v.dtype = dt;
+    v.rank = rank;
+    int64_t lo = 0;
+    for (int d = 0; d < rank; ++d) {
+      v.shape[d] = 1 + int64_t(rng() % 4);
+      v.stride[d] = int64_t(rng() % 19) - 9;
+      if (v.stride[d] < 0) lo += (v.shape[d] - 1) * v.stride[d];
+    }
+    const int64_t esize = int64_t(fa::dtype_size(dt));
+    v.data = pool + 4096 + (-lo + int64_t(rng() % 64)) * esize;
+    return v;
+  };
+  auto bytes = [](const fa::TensorView& v) {
+    std::set<intptr_t> out;
+    const int64_t esize = int64_t(fa::dtype_size(v.dtype));
+    int64_t idx[4] = {0, 0, 0, 0};
+    for (int64_t n = 0; n < v.numel(); ++n) {
+      int64_t off = 0, rest = n;
+      for (int d = v.rank - 1; d >= 0; --d)
+        idx[d] = rest % v.shape[d], rest /= v.shape[d], off += idx[d] * v.stride[d];
+      for (int64_t b = 0; b < esize; ++b) out.insert(reinterpret_cast<intptr_t>(v.data) + off * esize + b);
+    }
+    return out;
+  };
+  int shared = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const fa::TensorView a = random_view(), b = random_view();
+    const std::set<intptr_t> x = bytes(a), y = bytes(b);
+    bool meet = false;
+    for (intptr_t p : x) meet = meet || y.count(p);
+    shared += meet;
+    ASSERT_EQ(fa::overlaps(a, b), meet)
+        << "case " << i << ": " << a.to_string() << " at " << (static_cast<char*>(a.data) - pool) << " vs "
+        << b.to_string() << " at " << (static_cast<char*>(b.data) - pool);
+  }
+  EXPECT_GT(shared, 300);  // both answers well represented
+  EXPECT_LT(shared, 2700);
 }
