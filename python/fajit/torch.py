@@ -288,6 +288,15 @@ def _check_tables(tables, info):
                              f"blocks of {qb}x{kvb} need {list(want)}")
 
 
+def _unbroadcast(tables):
+    """The tables without the batch or head dimensions they broadcast by stride 0 (fajit's own
+    masks, expanded to torch's shape): one row there, so fajit's mask stays broadcast."""
+    for d in (0, 1):
+        if tables[0].shape[d] > 1 and all(t.stride(d) == 0 for t in tables):
+            tables = [t.narrow(d, 0, 1) for t in tables]
+    return list(tables)
+
+
 def _mask_for(tables, info, batch, heads, device):
     """The fajit mask of flex kv tables [kv_num_blocks, kv_indices, full_kv_num_blocks,
     full_kv_indices] (full ones may be missing), built from a host copy the first time."""
@@ -306,13 +315,7 @@ def _mask_for(tables, info, batch, heads, device):
         refs, versions, handle = hit
         if all(r() is not None for r in refs) and versions == tuple(t._version for t in tables):
             return handle
-    # Batch or head dimensions broadcast by stride 0 (fajit's own masks, expanded to torch's
-    # shape) stay broadcast: the mask keeps one row for them.
-    host = list(tables)
-    for d in (0, 1):
-        if host[0].shape[d] > 1 and all(t.stride(d) == 0 for t in host):
-            host = [t.narrow(d, 0, 1) for t in host]
-    host = [t.detach().to("cpu", torch.int32).contiguous() for t in host]
+    host = [t.detach().to("cpu", torch.int32).contiguous() for t in _unbroadcast(tables)]
     bm, hm = host[0].shape[0], host[0].shape[1]
     ptrs = [C.c_void_p(t.data_ptr()) for t in host] + [None] * (4 - len(host))
     h = C.c_void_p()
@@ -441,10 +444,12 @@ class BlockMask:
             return (kept.sum(-1).to(torch.int32).contiguous(),
                     torch.gather(idx, -1, order)[..., :cols].to(torch.int32).contiguous())
 
-        num, idx = crop(self.kv_num_blocks, self.kv_indices)
+        bh = tuple(self.kv_num_blocks.shape[:2])
+        tables = _unbroadcast(self._kv_tables())  # cropped once, broadcast again
+        num, idx = (t.expand(*bh, *t.shape[2:]) for t in crop(*tables[:2]))
         fnum = fidx = None
-        if self.full_kv_num_blocks is not None:
-            fnum, fidx = crop(self.full_kv_num_blocks, self.full_kv_indices)
+        if len(tables) == 4:
+            fnum, fidx = (t.expand(*bh, *t.shape[2:]) for t in crop(*tables[2:]))
         cropped = _torch_block_mask(num, idx, fnum, fidx, self.BLOCK_SIZE, self.mask_mod, (new_q_len, new_kv_len))
         return BlockMask._of_torch(cropped, (new_q_len, new_kv_len))
 

@@ -348,6 +348,55 @@ def test_document_mask_with_captured_ids_and_alibi():
     _close(out2, out, "out with torch's BlockMask", 1e-3)
 
 
+def test_block_mask_tables_without_a_gpu():
+    """BlockMask indexing, handles and checks on CPU tables (torch's create_block_mask on CPU):
+    what the GPU test's flex_attention calls rest on, runnable wherever torch is."""
+    import ctypes as C
+
+    import fajit.torch as ft
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+
+    B, H, S = 2, 4, 1000
+
+    def handle_shape(bm):
+        info = ft._capi.BlockMaskInfo()
+        ft._capi.check(ft._capi.lib().fajit_block_mask_get_info(bm._handle.h, C.byref(info)))
+        return info.batch, info.heads
+
+    def by_head(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) | (h == 1) | (b == 1)
+
+    hm = ft.BlockMask.from_torch(torch_create_block_mask(by_head, B, H, S, S, device="cpu"))
+    assert handle_shape(hm) == (2, 4)
+    # slices starting where their parent does get handles of their own
+    assert handle_shape(hm[0:1, 0:2]) == (1, 2) and handle_shape(hm[0:1, 0:1]) == (1, 1)
+    assert torch.equal(hm[0:1, 0:1].kv_indices[0, 0], hm.kv_indices[0, 0])
+    with pytest.raises(RuntimeError, match=r"this BlockMask was indexed"):
+        hm[0:1].mask_mod(0, 0, 0, 0)
+    # fajit's own broadcast masks come expanded to torch's shape and stay broadcast in fajit
+    base = ft.BlockMask.from_torch(torch_create_block_mask(causal, 1, 1, S, S, device="cpu"))
+    tables = {n: getattr(base, n).expand(B, H, *getattr(base, n).shape[2:]) for n in ft._capi.TABLES}
+    wide = ft.BlockMask(base._handle, tables, (S, S), (128, 128), causal)
+    assert wide.shape == (B, H, S, S) and handle_shape(wide) == (1, 1)
+    step = wide[:, :, 1]
+    step.seq_lengths = (1, S)
+    assert tuple(step.kv_indices.shape) == (B, H, 1, 8) and handle_shape(step) == (1, 1)
+    again = wide[:, :, 1]
+    again.seq_lengths = (1, S)
+    assert again._handle is step._handle  # the view made again finds its handle
+    step.seq_lengths = (1, S // 2)
+    with pytest.raises(ValueError, match=r"kv_indices has shape \(2, 4, 1, 8\); Q_LEN=1, KV_LEN=500 in blocks "
+                                         r"of 128x128 need \[2, 4, 1, 4\]"):
+        step._handle
+    # _adjust crops (keeping the broadcast) to what a mask for the smaller lengths holds, never grows
+    assert handle_shape(wide._adjust(500, 700)) == (1, 1)
+    small = hm._adjust(500, 700)
+    fresh = ft.BlockMask.from_torch(torch_create_block_mask(by_head, B, H, 500, 700, device="cpu"))
+    assert small.seq_lengths == (500, 700) and torch.equal(small.to_dense(), fresh.to_dense())
+    with pytest.raises(ValueError, match="cannot grow Q_LEN=1000, KV_LEN=1000 to 2000, 1000"):
+        hm._adjust(2000, 1000)
+
+
 @needs_gpu
 def test_block_mask_indexing_and_the_decoding_recipe():
     import fajit.torch as ft
