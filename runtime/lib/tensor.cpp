@@ -270,9 +270,7 @@ bool byte_span(const TensorView& t, uintptr_t& first, uintptr_t& last) {
   last = reinterpret_cast<uintptr_t>(t.data) + hi * size + size - 1;
   return true;
 }
-}  // namespace
 
-namespace {
 // A view's addresses as a base plus terms: its element at base + Σ i_d·stride_d (bytes), i_d in
 // [lo_d, hi_d], each `size` bytes. A dense view (its elements tile its span: a permutation of a
 // contiguous block) is one element the size of its span, with no terms.
@@ -356,12 +354,15 @@ bool overlaps(const TensorView& a, const TensorView& b) {
 }
 
 void check_outputs_apart(const std::vector<NamedView>& outputs, const std::vector<NamedView>& inputs) {
+  auto text = [](const NamedView& n) {
+    return n.key ? fmt::format(fmt::runtime(n.name), *n.key) : std::string(n.name);
+  };
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
     if (!out->view) continue;
     auto check = [&](const NamedView& other) {
       if (other.view && overlaps(*out->view, *other.view))
-        throw Error(fmt::format("{}: its memory overlaps that of {}; give it a buffer of its own", out->name,
-                                other.name));
+        throw Error(fmt::format("{}: its memory overlaps that of {}; give it a buffer of its own", text(*out),
+                                text(other)));
     };
     for (const NamedView& in : inputs) check(in);
     for (auto earlier = outputs.begin(); earlier != out; ++earlier) check(*earlier);

@@ -42,8 +42,9 @@ struct Options {
   // all, and runs the fastest from then on (the default unless another is >= 2 % faster). The
   // choice is kept in the cache directory beside the cubins, keyed by variant, device name and
   // shape class, so later processes skip the timing. That first call synchronizes its stream;
-  // a stream being captured into a CUDA graph is not tuned (the default runs). Unset: on unless $FAJIT_AUTOTUNE is 0, off, false or no (read by
-  // fa::compile); true with an explicit family or tile is an fa::Error.
+  // a stream being captured into a CUDA graph is not tuned (the default runs). Unset: on unless
+  // $FAJIT_AUTOTUNE is 0, off, false or no (read by fa::compile); true with an explicit family
+  // or tile is an fa::Error.
   std::optional<bool> autotune;
   // Compile the backward kernels (dense layout, the default dQ path) on a background thread
   // while the forward compiles, into the process's kernel cache, so that training's first
@@ -183,8 +184,8 @@ class FA_API Kernel {
   // Gradients have their primal's shape and dtype (any strides with 16-byte rows); GQA sums
   // dK, dV over the query heads of each KV head. Every argument is validated before launch and
   // errors name it; dq, dk, dv and the buffer gradients must not share memory with what the
-  // call reads or with each other. The backward kernels are compiled on the first call. fp32 scratch (Lq x
-  // (Dqk + 1) per query head) is allocated and freed in stream order.
+  // call reads or with each other. The backward kernels are compiled on the first call. fp32
+  // scratch (Lq x (Dqk + 1) per query head) is allocated and freed in stream order.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const BlockMask& mask, const Captures& captures = {},

@@ -406,7 +406,8 @@ void check_sequences_given(const Sequences& seq) {
 // sequence tables, for check_outputs_apart.
 std::vector<NamedView> call_inputs(std::vector<NamedView> named, const Captures& captures,
                                    const Sequences& seq) {
-  for (const auto& [name, view] : captures.buffers()) named.push_back({"capture '" + name + "'", &view});
+  named.reserve(named.size() + captures.buffers().size() + 4);
+  for (const auto& [name, view] : captures.buffers()) named.push_back({"capture '{}'", &view, &name});
   named.push_back({"cu_seqlens_q", seq.cu_seqlens_q});
   named.push_back({"cu_seqlens_k", seq.cu_seqlens_k});
   named.push_back({"seqlens_k", seq.seqlens_k});
@@ -899,7 +900,7 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
   {
     std::vector<NamedView> outputs = {{"dq", &dq_in}, {"dk", &dk_in}, {"dv", &dv_in}};
     for (const auto& [name, view] : options.buffer_grads)
-      outputs.push_back({"buffer_grads['" + name + "']", &view});
+      outputs.push_back({"buffer_grads['{}']", &view, &name});
     check_outputs_apart(outputs, call_inputs({{"q", &q_in},
                                               {"k", &k_in},
                                               {"v", &v_in},

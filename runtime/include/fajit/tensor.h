@@ -47,11 +47,13 @@ struct FA_API TensorView {
 // thousand steps count as not overlapping (as torch's own checks give up).
 FA_API bool overlaps(const TensorView& a, const TensorView& b);
 
-// A tensor of a call by the name its errors use ("o", "capture 'slopes'"); view may be null
-// (an optional argument not given).
+// A tensor of a call by the name its errors use; view may be null (an optional argument not
+// given). With `key` (a capture's name), `name` is a pattern its "{}" takes the key into:
+// {"capture '{}'", &view, &key}. Nothing is formatted unless an error names it.
 struct NamedView {
-  std::string name;
+  const char* name;
   const TensorView* view = nullptr;
+  const std::string* key = nullptr;
 };
 
 // Refuses outputs that share memory (overlaps: a byte both address) with an input or with an
