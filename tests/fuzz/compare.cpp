@@ -238,6 +238,23 @@ bool same_nonfinite(double got, double ref) {
   return (std::isnan(ref) && std::isnan(got)) || (std::isinf(ref) && got == ref);
 }
 
+namespace {
+// Whether the kernel's g lies within `slack` of the span of the finite ones of the reference and
+// its three moved re-evaluations, NaN or ±inf only where one of them is.
+bool inside_span(double g, const std::array<double, 4>& values, double slack) {
+  double lo = INFINITY, hi = -INFINITY;
+  bool nonfinite_ok = false;
+  for (double w : values) {
+    if (std::isfinite(w))
+      lo = std::min(lo, w), hi = std::max(hi, w);
+    else
+      nonfinite_ok |= same_nonfinite(g, w);
+  }
+  if (!std::isfinite(g)) return nonfinite_ok;
+  return lo <= hi && g >= lo - slack && g <= hi + slack;
+}
+}  // namespace
+
 // Is row r of the kernel inside the reference's envelope: each element (and the LSE) within
 // the bound of the span of the reference and its three perturbed re-evaluations, NaN or ±inf
 // only where one of them is?
@@ -248,28 +265,13 @@ bool inside_envelope(const RowContext& x, const RowId& r, const double* got, dou
   std::vector<double> lses(4, ref_lse);
   for (int dir = -1; dir <= 1; ++dir)
     reference_row(x, r, dir, rng, outs[size_t(dir + 2)].data(), &lses[size_t(dir + 2)]);
-  auto inside = [&](double g, auto value_of, double slack) {
-    double lo = INFINITY, hi = -INFINITY;
-    bool nonfinite_ok = false;
-    for (size_t v = 0; v < 4; ++v) {
-      const double w = value_of(v);
-      if (std::isfinite(w))
-        lo = std::min(lo, w), hi = std::max(hi, w);
-      else
-        nonfinite_ok |= same_nonfinite(g, w);
-    }
-    if (!std::isfinite(g)) return nonfinite_ok;
-    return lo <= hi && g >= lo - slack && g <= hi + slack;
-  };
   double mag = 0;
   for (int d = 0; d < DV; ++d)
     if (std::isfinite(ref[d])) mag = std::max(mag, std::fabs(ref[d]));
-  for (int d = 0; d < DV; ++d)
-    if (!inside(
-            got[d], [&](size_t v) { return outs[v][size_t(d)]; }, tol * std::max(mag, 1e-3)))
+  for (size_t d = 0; d < size_t(DV); ++d)
+    if (!inside_span(got[d], {outs[0][d], outs[1][d], outs[2][d], outs[3][d]}, tol * std::max(mag, 1e-3)))
       return false;
-  return inside(
-      got_lse, [&](size_t v) { return lses[v]; }, lse_bound(ref_lse));
+  return inside_span(got_lse, {lses[0], lses[1], lses[2], lses[3]}, lse_bound(ref_lse));
 }
 
 // The forward's check over rows (out [rows][Dv], lse [rows]): out relative error (2-norm over
@@ -379,20 +381,12 @@ std::string compare_max_scores(const RowContext& x, const std::vector<RowId>& ro
     bool left_out = false;
     if (pairs < 20000000) {
       pairs += rows[r].len_kv;
-      double lo = std::isfinite(ref[r]) ? ref[r] : INFINITY, hi = std::isfinite(ref[r]) ? ref[r] : -INFINITY;
-      bool nonfinite_ok = same_nonfinite(got[r], ref[r]);
+      std::array<double, 4> maxes{ref[r]};  // the reference and its three moved re-evaluations
       for (int dir = -1; dir <= 1; ++dir) {
-        double lse = 0, m = 0;
-        reference_row(x, rows[r], dir, rng, out.data(), &lse, &m);
-        if (std::isfinite(m))
-          lo = std::min(lo, m), hi = std::max(hi, m);
-        else
-          nonfinite_ok |= same_nonfinite(got[r], m);
+        double lse = 0;
+        reference_row(x, rows[r], dir, rng, out.data(), &lse, &maxes[size_t(dir + 2)]);
       }
-      const double slack = max_bound(ref[r]);
-      left_out =
-          std::isfinite(got[r]) ? lo <= hi && got[r] >= lo - slack && got[r] <= hi + slack : nonfinite_ok;
-      left_out = left_out || unstable_row(x, rows[r]);
+      left_out = inside_span(got[r], maxes, max_bound(ref[r])) || unstable_row(x, rows[r]);
     }
     if (left_out)
       ++ill;
