@@ -270,15 +270,33 @@ def _register_mask(tables, info, handle):
     _MASKS[key] = (refs, tuple(t._version for t in tables), handle)
 
 
+def _kv_tables(mask):
+    """A BlockMask's (fajit's or torch's) kv tables as fajit reads them: the counts and indices,
+    then the full ones where it has them."""
+    tables = [mask.kv_num_blocks, mask.kv_indices]
+    if mask.full_kv_num_blocks is not None:
+        tables += [mask.full_kv_num_blocks, mask.full_kv_indices]
+    return tables
+
+
+def _check_rank(num):
+    if num.dim() != 3:
+        raise ValueError(f"block_mask: kv_num_blocks must be [B, H, num_q_blocks], got shape {tuple(num.shape)} "
+                         "(index a BlockMask with slices, e.g. block_mask[0:1], to keep its dimensions)")
+
+
+def _expand_bh(t, bh):
+    """Table t broadcast (stride 0) to batch and heads bh = (B, H): _unbroadcast's inverse."""
+    return t if tuple(t.shape[:2]) == tuple(bh) else t.expand(*bh, *t.shape[2:])
+
+
 def _check_tables(tables, info):
     """flex kv tables as fajit_block_mask_from_kv_blocks reads them: [B, H, nq] counts and
     [B, H, nq, nkv] indices for the call's lengths and block sizes."""
     len_q, len_kv, qb, kvb = info
     nq, nkv = -(-len_q // qb), -(-len_kv // kvb)
     num = tables[0]
-    if num.dim() != 3:
-        raise ValueError(f"block_mask: kv_num_blocks must be [B, H, num_q_blocks], got shape {tuple(num.shape)} "
-                         "(index a BlockMask with slices, e.g. block_mask[0:1], to keep its dimensions)")
+    _check_rank(num)
     bm, hm = num.shape[:2]
     names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
     for name, t in zip(names, tables):
@@ -373,22 +391,16 @@ class BlockMask:
         self.BLOCK_SIZE = tuple(int(n) for n in block_size)
         self.mask_mod = mask_mod
         if handle is not None:
-            _register_mask(self._kv_tables(), self._info(), handle)
+            _register_mask(_kv_tables(self), self._info(), handle)
 
     def _info(self):
         return (self.seq_lengths[0], self.seq_lengths[1], self.BLOCK_SIZE[0], self.BLOCK_SIZE[1])
-
-    def _kv_tables(self):
-        tables = [self.kv_num_blocks, self.kv_indices]
-        if self.full_kv_num_blocks is not None:
-            tables += [self.full_kv_num_blocks, self.full_kv_indices]
-        return tables
 
     @property
     def _handle(self):
         """fajit's mask of these tables at the current seq_lengths (built from a host copy of the
         tables the first time they meet these lengths)."""
-        return _mask_for(self._kv_tables(), self._info(), 0, 0, self.kv_num_blocks.device)
+        return _mask_for(_kv_tables(self), self._info(), 0, 0, self.kv_num_blocks.device)
 
     @classmethod
     def _of_torch(cls, mask, seq_lengths):
@@ -420,11 +432,8 @@ class BlockMask:
 
         index = tuple(keep(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads",
                                                                              "the query blocks")))
-        full = self.full_kv_num_blocks is not None
-        picked = _torch_block_mask(self.kv_num_blocks[index], self.kv_indices[index],
-                                   self.full_kv_num_blocks[index] if full else None,
-                                   self.full_kv_indices[index] if full else None, self.BLOCK_SIZE,
-                                   _sliced_mask_mod_error, self.seq_lengths)
+        num, idx, fnum, fidx = ([t[index] for t in _kv_tables(self)] + [None, None])[:4]  # full ones may be missing
+        picked = _torch_block_mask(num, idx, fnum, fidx, self.BLOCK_SIZE, _sliced_mask_mod_error, self.seq_lengths)
         return BlockMask._of_torch(picked, self.seq_lengths)
 
     def _adjust(self, new_q_len, new_kv_len):
@@ -445,11 +454,11 @@ class BlockMask:
                     torch.gather(idx, -1, order)[..., :cols].to(torch.int32).contiguous())
 
         bh = tuple(self.kv_num_blocks.shape[:2])
-        tables = _unbroadcast(self._kv_tables())  # cropped once, broadcast again
-        num, idx = (t.expand(*bh, *t.shape[2:]) for t in crop(*tables[:2]))
+        tables = _unbroadcast(_kv_tables(self))  # cropped once, broadcast again
+        num, idx = (_expand_bh(t, bh) for t in crop(*tables[:2]))
         fnum = fidx = None
         if len(tables) == 4:
-            fnum, fidx = (t.expand(*bh, *t.shape[2:]) for t in crop(*tables[2:]))
+            fnum, fidx = (_expand_bh(t, bh) for t in crop(*tables[2:]))
         cropped = _torch_block_mask(num, idx, fnum, fidx, self.BLOCK_SIZE, self.mask_mod, (new_q_len, new_kv_len))
         return BlockMask._of_torch(cropped, (new_q_len, new_kv_len))
 
@@ -502,11 +511,8 @@ class BlockMask:
         if lens is None:
             raise ValueError("block_mask: this torch BlockMask has no seq_lengths; pass seq_lengths=(Q_LEN, KV_LEN)")
         bs = mask.BLOCK_SIZE if isinstance(mask.BLOCK_SIZE, tuple) else (mask.BLOCK_SIZE, mask.BLOCK_SIZE)
-        tables = [mask.kv_num_blocks, mask.kv_indices]
-        if mask.full_kv_num_blocks is not None:
-            tables += [mask.full_kv_num_blocks, mask.full_kv_indices]
         device = mask.kv_num_blocks.device
-        handle = _mask_for(tables, (int(lens[0]), int(lens[1]), int(bs[0]), int(bs[1])), 0, 0, device)
+        handle = _mask_for(_kv_tables(mask), (int(lens[0]), int(lens[1]), int(bs[0]), int(bs[1])), 0, 0, device)
         _, t = _mask_tables(handle, device)
         return cls(handle, t, lens, bs, mask.mask_mod)
 
@@ -578,7 +584,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
         _, tables = _mask_tables(handle, device)
     # [B, H] as asked (torch's shape), as views where the mask ignores b or h (fajit keeps 1)
     bh = (B or 1, H or 1)
-    tables = {n: t if tuple(t.shape[:2]) == bh else t.expand(*bh, *t.shape[2:]) for n, t in tables.items()}
+    tables = {n: _expand_bh(t, bh) for n, t in tables.items()}
     return BlockMask(handle, tables, (Q_LEN, KV_LEN), bs, mask_mod)
 
 
@@ -841,10 +847,8 @@ def _block_mask_args(block_mask, B, H, L, S, device, notes):
         raise ValueError(f"block_mask was created for Q_LEN={lens[0]}, KV_LEN={lens[1]}; "
                          + notes["lens"].format(L=L, S=S))
     bs = block_mask.BLOCK_SIZE if isinstance(block_mask.BLOCK_SIZE, tuple) else (block_mask.BLOCK_SIZE,) * 2
+    _check_rank(block_mask.kv_num_blocks)
     nb = block_mask.kv_num_blocks.shape
-    if len(nb) != 3:
-        raise ValueError(f"block_mask: kv_num_blocks must be [B, H, num_q_blocks], got shape {tuple(nb)} "
-                         "(index a BlockMask with slices, e.g. block_mask[0:1], to keep its dimensions)")
     if nb[0] not in (1, B) or nb[1] not in (1, H):
         raise ValueError(f"block_mask was created for B={nb[0]}, H={nb[1]}; " + notes["sizes"].format(B=B, H=H))
     if nb[2] != (L + bs[0] - 1) // bs[0]:
@@ -855,10 +859,7 @@ def _block_mask_args(block_mask, B, H, L, S, device, notes):
     mask_mod = block_mask.mask_mod
     if mask_mod is not None and getattr(mask_mod, "__name__", "") == "noop_mask":
         mask_mod = None
-    tables = [block_mask.kv_num_blocks, block_mask.kv_indices]
-    if block_mask.full_kv_num_blocks is not None:
-        tables += [block_mask.full_kv_num_blocks, block_mask.full_kv_indices]
-    return mask_mod, tables, [L, S, int(bs[0]), int(bs[1])]
+    return mask_mod, _kv_tables(block_mask), [L, S, int(bs[0]), int(bs[1])]
 
 
 _FLEX_NOTES = {"lens": "query has L={L} and key S={S}", "sizes": "query has B={B}, H={H}",
