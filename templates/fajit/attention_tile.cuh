@@ -337,14 +337,16 @@ __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_ful
 
 // The same with the mods split by codegen (FaMods::*_row, *_col): the row and column values
 // come gathered (the forward's ModRows / ModCols, the dK/dV kernel's ModQueries / ModKeys),
-// the element's part is all that runs here.
-template <typename Mods, bool kMaskMod>
+// the element's part is all that runs here. Without kScore the score_mod is left out (the caller
+// applied it already: a kv-linear one, KvLinear below).
+template <typename Mods, bool kMaskMod, bool kScore = true>
 __device__ __forceinline__ float mod_score(float x, int q, int kv_c, bool is_full, float scale, int b, int h,
                                            const typename Mods::ScoreRow& score_row,
                                            const typename Mods::ScoreCol& score_col,
                                            const typename Mods::MaskRow& mask_row,
                                            const typename Mods::MaskCol& mask_col, const FaCaptures& cap) {
-  if constexpr (Mods::kHasScoreMod) x = Mods::score_mod(x * scale, b, h, q, kv_c, score_row, score_col, cap);
+  if constexpr (kScore && Mods::kHasScoreMod)
+    x = Mods::score_mod(x * scale, b, h, q, kv_c, score_row, score_col, cap);
   if constexpr (kMaskMod && Mods::kHasMaskMod) {
     if (!(is_full | Mods::mask_mod(b, h, q, kv_c, mask_row, mask_col, cap))) x = -INFINITY;
   }
@@ -376,6 +378,10 @@ struct PlainMods : Mods {
                                                   const FaCaptures& cap) {
     return Mods::mask_mod(b, h, q, kv, cap);
   }
+  // (Instantiated only where Mods is kv-linear: KvLinear.)
+  static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, Empty, const FaCaptures& cap) {
+    return Mods::score_kv_rate(b, h, q, cap);
+  }
 };
 template <typename...>
 struct MakeVoid {
@@ -385,6 +391,19 @@ template <typename Mods, typename = void>
 struct SplitMods : PlainMods<Mods> {};
 template <typename Mods>
 struct SplitMods<Mods, typename MakeVoid<typename Mods::ScoreRow>::type> : Mods {};
+
+// Whether a mods struct's score_mod is `score + rate(b, h, q) · (kv − q)` (codegen's
+// kScoreKvLinear, with score_kv_rate: ALiBi, a relative slope by head). A kernel walking a row's
+// keys then adds the bias as fmaf(rate, 8j, base) from a per-tile base (kv_linear_terms) instead
+// of converting each key and subtracting: one FMA an element.
+template <typename Mods, typename = void>
+struct KvLinear {
+  static constexpr bool value = false;
+};
+template <typename Mods>
+struct KvLinear<Mods, typename MakeVoid<decltype(Mods::kScoreKvLinear)>::type> {
+  static constexpr bool value = Mods::kHasScoreMod && Mods::kScoreKvLinear;
+};
 
 // The mods as the mma.sync forward and the decoder take them: split (their loads gathered) up to
 // head dim 64, plain (per element) above. Up to 64 neither kernel spills for them; above, the
@@ -410,19 +429,22 @@ __device__ __forceinline__ const int (&heads_of(const int (&h)[kMT][2], int mi))
 }
 
 // The mods' row values (codegen's FaMods::score_row / mask_row: loads by b, h, q alone and what
-// follows from them, a document id by q; arithmetic without a load, an ALiBi slope, stays per
-// element) for a thread's two fragment rows, q_idx already clamped into range: gathered once
-// per query block instead of once per tile. h: one head, or one per row (head_of).
+// follows from them, a document id by q; arithmetic without a load stays per element, but for a
+// kv-linear score_mod's rate, ALiBi's slope: kv_rate) for a thread's two fragment rows, q_idx already clamped
+// into range: gathered once per query block instead of once per tile. h: one head, or one per row (head_of).
 template <typename Mods>
 struct ModRows {
   typename Mods::ScoreRow score[2];
   typename Mods::MaskRow mask[2];
+  float kv_rate[2];  // a kv-linear score_mod's rate (KvLinear)
   template <typename H>
   __device__ __forceinline__ void gather(const int (&q_idx)[2], int b, const H& h, const FaCaptures& cap) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       if constexpr (Mods::kHasScoreMod) score[hh] = Mods::score_row(b, head_of(h, hh), q_idx[hh], cap);
       if constexpr (Mods::kHasMaskMod) mask[hh] = Mods::mask_row(b, head_of(h, hh), q_idx[hh], cap);
+      if constexpr (KvLinear<Mods>::value)
+        kv_rate[hh] = Mods::score_kv_rate(b, head_of(h, hh), q_idx[hh], score[hh], cap);
     }
   }
 };
@@ -501,7 +523,7 @@ struct ColumnPair {
 // The split hook on the four elements [i] of a fragment's column pair (rows q_idx[i/2] of head
 // head_of(h, i/2), columns kv + i%2), its row values gathered (ModRows) and its columns'
 // shuffled in.
-template <typename Mods, bool kMaskMod, typename H>
+template <typename Mods, bool kMaskMod, bool kScore, typename H>
 __device__ __forceinline__ void mod_column_pair(float (&s)[4], const int (&q_idx)[2], int kv, int len_kv,
                                                 float scale, int b, const H& h, const ModRows<Mods>& rows,
                                                 const ColumnPair<Mods, kMaskMod>& col,
@@ -509,41 +531,41 @@ __device__ __forceinline__ void mod_column_pair(float (&s)[4], const int (&q_idx
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int kv_c = min(kv + (i & 1), len_kv - 1);
-    s[i] = mod_score<Mods, kMaskMod>(s[i], q_idx[i >> 1], kv_c, false, scale, b, head_of(h, i >> 1),
-                                     rows.score[i >> 1], col.col[i & 1].score, rows.mask[i >> 1],
-                                     col.col[i & 1].mask, cap);
+    s[i] = mod_score<Mods, kMaskMod, kScore>(s[i], q_idx[i >> 1], kv_c, false, scale, b, head_of(h, i >> 1),
+                                             rows.score[i >> 1], col.col[i & 1].score, rows.mask[i >> 1],
+                                             col.col[i & 1].mask, cap);
   }
 }
 
 // The hook on one S fragment (rows = queries): element [j][i] is (row q_idx[i/2] of head
-// head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t. score_mod on every element;
-// with kMaskMod (a partial block) mask_mod too, their row and column values gathered (ModRows,
-// ModCols; empty for PlainMods, whose calls take the plain mods). Keys past len_kv reach the
-// mods clamped to the last one; mask_tail() masks them afterwards.
-template <typename Mods, bool kMaskMod, int kNT, typename H>
-__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
-                                           float scale, int b, const H& h, const ModRows<Mods>& rows,
-                                           const ModCols<Mods, kNT>& cols, int lane_t,
-                                           const FaCaptures& cap) {
-  if constexpr (Mods::kHasScoreMod || kMaskMod) {
+// head_of(h, i/2), column kv0 + 8j + i%2), kv0 = tile start + 2t. score_mod on every element
+// (unless kScore is false: applied already); with kMaskMod (a partial block) mask_mod too, their
+// row and column values gathered (ModRows, ModCols; empty for PlainMods, whose calls take the
+// plain mods). Keys past len_kv reach the mods clamped to the last one; mask_tail() masks them
+// afterwards.
+template <typename Mods, bool kMaskMod, bool kScore, int kNT, typename H>
+__device__ __forceinline__ void mods_each(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
+                                          float scale, int b, const H& h, const ModRows<Mods>& rows,
+                                          const ModCols<Mods, kNT>& cols, int lane_t, const FaCaptures& cap) {
+  if constexpr ((kScore && Mods::kHasScoreMod) || kMaskMod) {
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
       const ColumnPair<Mods, kMaskMod> col(cols, j, lane_t);
-      mod_column_pair<Mods, kMaskMod>(s[j], q_idx, kv0 + j * 8, len_kv, scale, b, h, rows, col, cap);
+      mod_column_pair<Mods, kMaskMod, kScore>(s[j], q_idx, kv0 + j * 8, len_kv, scale, b, h, rows, col, cap);
     }
   }
 }
 
 // The same on kMT fragments (m-tiles). With column values a column pair is shuffled in once for
 // all of them; without (no loads by key, or PlainMods) m-tile by m-tile, as the plain calls go.
-template <typename Mods, bool kMaskMod, int kMT, int kNT, typename H>
-__device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int kv0,
-                                           int len_kv, float scale, int b, const H& h,
-                                           const ModRows<Mods> (&rows)[kMT], const ModCols<Mods, kNT>& cols,
-                                           int lane_t, const FaCaptures& cap) {
+template <typename Mods, bool kMaskMod, bool kScore, int kMT, int kNT, typename H>
+__device__ __forceinline__ void mods_each(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int kv0,
+                                          int len_kv, float scale, int b, const H& h,
+                                          const ModRows<Mods> (&rows)[kMT], const ModCols<Mods, kNT>& cols,
+                                          int lane_t, const FaCaptures& cap) {
   constexpr bool kColumns =
-      !__is_empty(typename Mods::ScoreCol) || (kMaskMod && !__is_empty(typename Mods::MaskCol));
-  if constexpr (!Mods::kHasScoreMod && !kMaskMod) {
+      (kScore && !__is_empty(typename Mods::ScoreCol)) || (kMaskMod && !__is_empty(typename Mods::MaskCol));
+  if constexpr (!(kScore && Mods::kHasScoreMod) && !kMaskMod) {
     return;
   } else if constexpr (kColumns) {
 #pragma unroll
@@ -551,15 +573,84 @@ __device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&
       const ColumnPair<Mods, kMaskMod> col(cols, j, lane_t);
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi)
-        mod_column_pair<Mods, kMaskMod>(s[mi][j], q_idx[mi], kv0 + j * 8, len_kv, scale, b, heads_of(h, mi),
-                                        rows[mi], col, cap);
+        mod_column_pair<Mods, kMaskMod, kScore>(s[mi][j], q_idx[mi], kv0 + j * 8, len_kv, scale, b,
+                                                heads_of(h, mi), rows[mi], col, cap);
     }
   } else {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
-      apply_mods<Mods, kMaskMod>(s[mi], q_idx[mi], kv0, len_kv, scale, b, heads_of(h, mi), rows[mi], cols,
-                                 lane_t, cap);
+      mods_each<Mods, kMaskMod, kScore>(s[mi], q_idx[mi], kv0, len_kv, scale, b, heads_of(h, mi), rows[mi],
+                                        cols, lane_t, cap);
   }
+}
+
+// A kv-linear score_mod (KvLinear) on a fragment's two rows: rate a[hh] (gathered with the rows)
+// and, for the tile's
+// columns kv0 + c (c = 0, 1; kv0 = start + 2t), base r[hh][c] = a·(kv0 + c − q). Column
+// kv0 + 8j + c's bias a·(kv − q) is then fmaf(a, 8j, r): rounded twice where the plain form
+// rounds once, off by at most an ulp of a·(|kv − q| + 8·kNT), so a within 2^64 (finite, no
+// overflow) is all it asks; false for a row outside that (the plain form then runs: ±inf and NaN
+// as the reference gives them).
+template <typename Mods>
+__device__ __forceinline__ bool kv_linear_terms(float (&a)[2], float (&r)[2][2], const int (&q_idx)[2],
+                                                int kv0, const ModRows<Mods>& rows) {
+  bool ok = true;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    a[hh] = rows.kv_rate[hh];
+    ok &= fabsf(a[hh]) <= 0x1p64f;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) r[hh][c] = a[hh] * static_cast<float>(kv0 + c - q_idx[hh]);
+  }
+  return ok;
+}
+
+// score_mod as score + a·(kv − q) on a fragment from its kv_linear_terms: two FMAs an element.
+template <int kNT>
+__device__ __forceinline__ void kv_linear_scores(float (&s)[kNT][4], const float (&a)[2],
+                                                 const float (&r)[2][2], float scale) {
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      s[j][i] = fmaf(s[j][i], scale, fmaf(a[i >> 1], static_cast<float>(8 * j), r[i >> 1][i & 1]));
+}
+
+// The hook on one S fragment, or on kMT of them (mods_each), a kv-linear score_mod by its FMAs
+// where every row of the warp's active threads allows (one vote a tile).
+template <typename Mods, bool kMaskMod, int kNT, typename H>
+__device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
+                                           float scale, int b, const H& h, const ModRows<Mods>& rows,
+                                           const ModCols<Mods, kNT>& cols, int lane_t,
+                                           const FaCaptures& cap) {
+  if constexpr (KvLinear<Mods>::value) {
+    float a[2], r[2][2];
+    if (__all_sync(__activemask(), kv_linear_terms(a, r, q_idx, kv0, rows))) {
+      kv_linear_scores(s, a, r, scale);
+      mods_each<Mods, kMaskMod, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+      return;
+    }
+  }
+  mods_each<Mods, kMaskMod, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+}
+template <typename Mods, bool kMaskMod, int kMT, int kNT, typename H>
+__device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int kv0,
+                                           int len_kv, float scale, int b, const H& h,
+                                           const ModRows<Mods> (&rows)[kMT], const ModCols<Mods, kNT>& cols,
+                                           int lane_t, const FaCaptures& cap) {
+  if constexpr (KvLinear<Mods>::value) {
+    float a[kMT][2], r[kMT][2][2];
+    bool ok = true;
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) ok &= kv_linear_terms(a[mi], r[mi], q_idx[mi], kv0, rows[mi]);
+    if (__all_sync(__activemask(), ok)) {
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) kv_linear_scores(s[mi], a[mi], r[mi], scale);
+      mods_each<Mods, kMaskMod, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+      return;
+    }
+  }
+  mods_each<Mods, kMaskMod, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
 }
 
 // The columns of one S fragment at or past len_kv become -inf (a tile that crosses the end).

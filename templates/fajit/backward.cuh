@@ -353,8 +353,10 @@ __device__ __forceinline__ void probs_rows(float (&s)[kNT][4], float (&sc)[kSC][
       for (int i = 0; i < 4; ++i) sc[j][i] = s[j][i] * scale;
   }
   using Plain = PlainMods<Mods>;  // (nothing gathered: the plain calls per element)
-  score_tile<Plain, kTileN>(s, q_idx, start, t, len_kv, is_full, scale, b, h, ModRows<Plain>{},
-                            ModCols<Plain, kNT>{}, cap);
+  ModRows<Plain> rows;
+  rows.gather(q_idx, b, h, cap);
+  score_tile<Plain, kTileN>(s, q_idx, start, t, len_kv, is_full, scale, b, h, rows, ModCols<Plain, kNT>{},
+                            cap);
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll

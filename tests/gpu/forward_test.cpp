@@ -299,6 +299,13 @@ const std::vector<FwdCase>& cases() {
       with({"kv_ramp", f16, 128, 128, 1, 4, 2, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       {"head_offset", bf16, 128, 128, 1, 6, 2, 1000, 1000},
+      // Slopes the kv-linear form leaves to the plain one (inf, NaN, 2^80, FLT_MAX) beside
+      // ordinary ones: the Hopper forward (192-row tiles at d64), the decoder, mma.sync.
+      {"slope_extremes", bf16, 64, 64, 2, 8, 4, 1000, 1000},
+      {"slope_extremes", bf16, 128, 128, 1, 8, 2, 1000, 4097},
+      {"slope_extremes", f16, 64, 64, 1, 8, 8, 16, 3000},
+      with({"slope_extremes", f16, 128, 64, 1, 8, 1, 1000, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       {"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097},  // the decoding kernel and its combine
       with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),

@@ -177,6 +177,23 @@ inline const Variant& variant(const std::string& name) {
                    for (float& x : s) x = u(rng);
                    c.buffer_f32("slopes", {d.H}, s);
                  }});
+    // A relative slope by head, score - slopes[h] * (q - kv) (codegen finds it kv-linear: the
+    // kernels add the bias as one FMA from a per-tile base), with slopes where that form cannot
+    // follow the reference (+-inf, NaN, 2^80 and FLT_MAX: the plain form runs for those rows) beside
+    // ordinary ones, positive and negative.
+    v.push_back({"slope_extremes",
+                 [] {
+                   return ScoreMod{"slope_extremes", [](Score s, Index, Index h, Index q, Index kv) {
+                                     return s - buffer<float>("slopes", 1)(h) * (q - kv);
+                                   }};
+                 },
+                 mods::causal,
+                 [](CaptureSet& c, const Dims& d, int, std::mt19937&) {
+                   const float cycle[] = {0.0625f, INFINITY, -0.01f, 0x1p80f, NAN, 3.0e38f, -INFINITY, 0.3f};
+                   std::vector<float> s(size_t(d.H));
+                   for (int h = 0; h < d.H; ++h) s[size_t(h)] = cycle[h % 8];
+                   c.buffer_f32("slopes", {d.H}, s);
+                 }});
     v.push_back({"document_softcap", [] { return mods::softcap(); }, [] { return mods::document(); },
                  [](CaptureSet& c, const Dims& d, int p, std::mt19937& rng) {
                    // doc_ids[q] and doc_ids[kv] index one buffer: exactly max(Lq, Lkv) long, so

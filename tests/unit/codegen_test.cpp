@@ -180,6 +180,66 @@ TEST(Codegen, BufferAndScalarSlots) {
   EXPECT_EQ(g.slots[2].slot, 0);
 }
 
+// score ± rate · (kv − q) with a rate free of score and kv: the mods say so (kScoreKvLinear) and
+// give the rate by row (score_kv_rate), so kernels add the bias as one FMA an element
+// (attention_tile.cuh, KvLinear). The sign follows the form; other forms get neither.
+TEST(Codegen, KvLinearScoreModsGiveTheirRate) {
+  auto rate_of = [](fa::ScoreMod s) {
+    const std::string m = fa::emit_mods(fa::trace(s, fa::mods::causal()));
+    const size_t at = m.find("float score_kv_rate(int b, int h, int q, const ScoreRow& row,");
+    if (at == std::string::npos) {
+      EXPECT_LACKS(m, "kScoreKvLinear");
+      return std::string("none");
+    }
+    EXPECT_HAS(m, "  static constexpr bool kScoreKvLinear = true;\n");
+    EXPECT_HAS(m, "    return score_kv_rate(b, h, q, score_row(b, h, q, cap), cap);\n");
+    // The returned value, its SSA number dropped; a slope by head is the row's gathered value.
+    const size_t ret = m.find("    return ", at);
+    std::string r = m.substr(ret + 11, m.find(';', ret) - ret - 11);
+    EXPECT_HAS(m.substr(at, ret - at), "const float " + r.substr(r[0] == '-') + " = row.");
+    r.erase(std::remove_if(r.begin(), r.end(), [](char c) { return std::isdigit(c); }), r.end());
+    return r;
+  };
+  auto slopes = [] { return fa::buffer<float>("slopes", 1); };
+  auto mod = [](const char* n, std::function<Score(Score, Index, Index, Index, Index)> f) {
+    return fa::ScoreMod{n, f};
+  };
+  // ALiBi by formula: the slope's arithmetic is the rate's body, read from no row value.
+  const std::string alibi = fa::emit_mods(fa::trace(fa::mods::alibi(), fa::mods::causal()));
+  const size_t at = alibi.find("float score_kv_rate(int b, int h, int q, const ScoreRow& row,");
+  ASSERT_NE(at, std::string::npos) << alibi;
+  EXPECT_HAS(alibi.substr(at), "exp2f(");
+  EXPECT_LACKS(alibi.substr(at, alibi.find("  }\n", at) - at), "%kv");
+  // A slope read by head: the row's gathered value.
+  EXPECT_EQ(rate_of(fa::mods::alibi(slopes())), "v_");
+  EXPECT_EQ(rate_of(mod(
+                "a", [&](Score s, Index, Index h, Index q, Index kv) { return s + slopes()(h) * (kv - q); })),
+            "v_");
+  EXPECT_EQ(rate_of(mod(
+                "b", [&](Score s, Index, Index h, Index q, Index kv) { return s - slopes()(h) * (q - kv); })),
+            "v_");
+  EXPECT_EQ(rate_of(mod(
+                "c", [&](Score s, Index, Index h, Index q, Index kv) { return s - slopes()(h) * (kv - q); })),
+            "-v_");
+  EXPECT_EQ(rate_of(mod(
+                "d", [&](Score s, Index, Index h, Index q, Index kv) { return (q - kv) * slopes()(h) + s; })),
+            "-v_");
+  // Not of the form: the score scaled, the rate reading kv, a product of three, kv alone.
+  EXPECT_EQ(rate_of(mod("e", [&](Score s, Index, Index h, Index q,
+                                 Index kv) { return s * 2.f + slopes()(h) * (kv - q); })),
+            "none");
+  EXPECT_EQ(rate_of(mod(
+                "f", [&](Score s, Index, Index, Index q, Index kv) { return s + slopes()(kv) * (kv - q); })),
+            "none");
+  EXPECT_EQ(rate_of(mod("g", [&](Score s, Index, Index h, Index q,
+                                 Index kv) { return s + slopes()(h) * (kv - q) * 2.f; })),
+            "none");
+  EXPECT_EQ(rate_of(mod("h", [&](Score s, Index, Index h, Index, Index kv) { return s + slopes()(h) * kv; })),
+            "none");
+  EXPECT_EQ(rate_of(mod("i", [&](Score s, Index, Index, Index q, Index kv) { return s + s * (kv - q); })),
+            "none");
+}
+
 TEST(Codegen, ScalarSlotsFollowCaptureOrder) {
   // softcap (f32) and dilated window (two i32): scalars sorted by name take slots 0, 1, 2.
   fa::Program p = fa::trace(fa::mods::softcap(), fa::mods::dilated_sliding_window());

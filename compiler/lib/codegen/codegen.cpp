@@ -65,7 +65,8 @@ class ModEmitter {
   // per element: measured on the wgmma forward (H200, 2026-11-28), hoisting ALiBi's slope and
   // converted q out of the tile loop too made d64 ALiBi causal 6% slower (fewer instructions,
   // the same registers, scheduled worse), while the loads gathered ahead of the scores made
-  // document 1.17-1.18x faster at d64 and d128.
+  // document 1.17-1.18x faster at d64 and d128. (A kv-linear score_mod's rate is the exception,
+  // emit_kv_rate: the kernels gather it with the rows, for a bias of one FMA an element.)
   enum class Place { kArgument, kConst, kRow, kCol, kElement };
   static constexpr unsigned kDepScore = 1, kDepQ = 2, kDepKv = 4, kDepH = 8;
 
@@ -204,7 +205,96 @@ class ModEmitter {
        << indent << "const FaCaptures& cap) {\n"
        << "    return " << low << "_mod(" << call << ", " << low << "_row(b, h, q, cap), " << low
        << "_col(b, kv, cap), cap);\n  }\n";
+    if (is_score)
+      emit_kv_rate(os, body, place_of, closure, [&](Value v) {
+        auto it = deps.find(v);
+        return it == deps.end() || (it->second & (kDepScore | kDepKv)) != 0;
+      });
     return os.str();
+  }
+
+  // A score_mod `score ± rate · (kv − q)` (either operand order, q − kv too) whose rate reads
+  // neither the score nor kv: ALiBi's, a relative slope's. The value of the rate and whether it
+  // enters negated, if the mod has that form. reads(v): whether v depends on the score or kv.
+  template <typename Reads>
+  static std::optional<std::pair<Value, bool>> kv_linear_rate(mlir::fa::ModBody body, Reads&& reads) {
+    mlir::Block& entry = body.getEntryBlock();
+    auto arg = [&](llvm::StringRef n) -> Value {
+      for (unsigned i = 0; i < body.getNumFixedArgs(); ++i)
+        if (body.getFixedArgName(i) == n) return entry.getArgument(i);
+      return {};
+    };
+    const Value score = arg("score"), q = arg("q"), kv = arg("kv");
+    auto y = llvm::cast<mlir::fa::YieldOp>(entry.getTerminator());
+    Operation* top = y.getValue().getDefiningOp();
+    if (!top || !llvm::isa<arith::AddFOp, arith::SubFOp>(top)) return std::nullopt;
+    const bool add = llvm::isa<arith::AddFOp>(top);
+    Value term;
+    if (top->getOperand(0) == score)
+      term = top->getOperand(1);
+    else if (add && top->getOperand(1) == score)
+      term = top->getOperand(0);
+    else
+      return std::nullopt;
+    auto mul = term.getDefiningOp<arith::MulFOp>();
+    if (!mul) return std::nullopt;
+    // d = sitofp(a) − sitofp(c): +1 for kv − q, −1 for q − kv, 0 otherwise.
+    auto direction = [&](Value d) {
+      auto sub = d.getDefiningOp<arith::SubFOp>();
+      if (!sub) return 0;
+      auto l = sub.getLhs().getDefiningOp<arith::SIToFPOp>(),
+           r = sub.getRhs().getDefiningOp<arith::SIToFPOp>();
+      if (!l || !r) return 0;
+      if (l.getIn() == kv && r.getIn() == q) return 1;
+      if (l.getIn() == q && r.getIn() == kv) return -1;
+      return 0;
+    };
+    for (int k = 0; k < 2; ++k) {
+      const int dir = direction(mul->getOperand(1 - k));
+      const Value rate = mul->getOperand(k);
+      if (dir == 0 || reads(rate) || !rate.getDefiningOp()) continue;
+      return std::make_pair(rate, (dir < 0) == add);
+    }
+    return std::nullopt;
+  }
+
+  // For a kv-linear score_mod (above), its rate as a function of the row (kernels that walk a
+  // row's keys then add rate·(kv − q) as one FMA from a per-tile base instead of converting kv
+  // and subtracting per element: attention_tile.cuh, KvLinear):
+  //   kScoreKvLinear = true;
+  //   score_kv_rate(b, h, q, row, cap)   the rate, from the row values score_row gathered
+  //   score_kv_rate(b, h, q, cap)        the same from score_row's own
+  template <typename PlaceOf, typename Closure, typename Reads>
+  void emit_kv_rate(std::ostringstream& os, mlir::fa::ModBody body, PlaceOf&& place_of, Closure&& closure,
+                    Reads&& reads) {
+    const std::optional<std::pair<Value, bool>> linear = kv_linear_rate(body, reads);
+    if (!linear) return;
+    const auto [rate, negate] = *linear;
+    std::vector<Operation*> ops;
+    if (place_of(rate) != Place::kRow)
+      ops = closure({rate.getDefiningOp()},
+                    [&](Operation* def) { return place_of(def->getResult(0)) != Place::kRow; });
+    std::vector<Value> from_row;
+    auto note_row = [&](Value v) {
+      if (place_of(v) == Place::kRow && std::find(from_row.begin(), from_row.end(), v) == from_row.end())
+        from_row.push_back(v);
+    };
+    note_row(rate);
+    for (Operation* op : ops)
+      for (Value v : op->getOperands()) note_row(v);
+    os << "  // score_mod(score, b, h, q, kv) = score + score_kv_rate(b, h, q) * (kv - q)\n"
+          "  static constexpr bool kScoreKvLinear = true;\n"
+          "  static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, const ScoreRow& "
+          "row,\n"
+          "                                                        const FaCaptures& cap) {\n"
+          "    (void)b; (void)h; (void)q; (void)row; (void)cap;\n";
+    for (Value v : from_row)
+      os << "    const " << c_type(v.getType()) << " " << name(v) << " = row." << name(v) << ";\n";
+    for (Operation* op : ops) emit_op(os, *op);
+    os << "    return " << (negate ? "-" : "") << name(rate) << ";\n  }\n"
+       << "  static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, const FaCaptures& "
+          "cap) {\n"
+          "    return score_kv_rate(b, h, q, score_row(b, h, q, cap), cap);\n  }\n";
   }
 
   // Names the mod's fixed arguments and its captures.
