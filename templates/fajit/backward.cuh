@@ -241,6 +241,39 @@ struct KeyRows {
 // values (by kv: codegen's *_col, a document id by kv) of a thread's two key rows, once per
 // CTA, and the row values (by q: *_row, a document id by q) of a tile's 8·kQT query columns,
 // spread over the warp (ModSpread) and gathered while Sᵀ runs.
+// A kv-linear score_mod whose rate does not read q (KvLinear, !kScoreKvRateByQ: ALiBi's slope by
+// head) on a transposed tile: query column q0 + 8j + 2t + c of key row kv gets the bias
+// a·(kv − q) as fmaf(−a, 8j, r[hh][c]), r = a·(kv − q0 − 2t − c), as the forward's
+// kv_linear_terms. `make` is false where the plain form must run: a rate beyond 2^64, inf or NaN
+// (the reference's ±inf and NaN), or a tile whose queries cross len_q (the mods see the last
+// query there, clamped). Warp-uniform: one vote.
+struct KeyLinear {
+  float na;
+  float r[2][2];
+  template <typename Mods, int kQT>
+  __device__ __forceinline__ bool make(const KeyRows& kr, int q0, int t, int len_q, int b, int h,
+                                       const FaCaptures& cap) {
+    const float a = Mods::score_kv_rate(b, h, min(q0, len_q - 1), cap);
+    na = -a;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) r[hh][c] = a * static_cast<float>(kr.kv_c[hh] - (q0 + 2 * t + c));
+    return __all_sync(__activemask(), fabsf(a) <= 0x1p64f && q0 + 8 * kQT <= len_q);
+  }
+  __device__ __forceinline__ float score(float x, float scale, int j, int c, int hh) const {
+    return fmaf(x, scale, fmaf(na, static_cast<float>(8 * j), r[hh][c]));
+  }
+};
+template <typename Mods, bool = KvLinear<Mods>::value>
+struct KeyLinearOf {
+  static constexpr bool value = false;
+};
+template <typename Mods>
+struct KeyLinearOf<Mods, true> {
+  static constexpr bool value = !Mods::kScoreKvRateByQ;
+};
+
 template <typename Mods>
 struct ModKeys {
   typename Mods::ScoreCol score[2];
@@ -275,10 +308,13 @@ struct ModQueries : ModSpread<Mods, typename Mods::ScoreRow, typename Mods::Mask
 // with the captures loaded per element (896 instructions a tile at d64 for a document mask), and
 // a branch per tile spilled (bench/RESULTS.md, sixteenth session). Key rows past len_kv (only
 // when key_tail: the CTA's keys cross the end) get P = 0 in a pass of their own.
-template <typename Mods, int kQT, int kSC, typename Lse, typename ColsAt, typename Mod>
+// With kLinear the score_mod is kv-linear with a rate that does not read q (KeyLinear below): x
+// reaches `mod` as score + rate·(kv − q) already, by its FMAs, and `mod` runs mask_mod alone.
+template <typename Mods, bool kLinear = false, int kQT, int kSC, typename Lse, typename ColsAt, typename Mod>
 __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4], const KeyRows& kr, int q0,
                                         int t, int len_q, int len_kv, bool key_tail, float scale, float sn,
-                                        Lse&& lse, ColsAt&& cols_at, Mod&& mod) {
+                                        Lse&& lse, ColsAt&& cols_at, Mod&& mod,
+                                        const KeyLinear* linear = nullptr) {
 #pragma unroll
   for (int j = 0; j < kQT; ++j) {
     const int col0 = 8 * j + 2 * t;
@@ -291,7 +327,9 @@ __device__ __forceinline__ void probs_t(float (&s)[kQT][4], float (&sc)[kSC][4],
       for (int hh = 0; hh < 2; ++hh) {
         const int i = 2 * hh + c;
         if constexpr (Mods::kScoreGrad) sc[j][i] = s[j][i] * scale;
-        s[j][i] = prob<Mods::kHasScoreMod>(mod(s[j][i], q, hh, at), sn, c ? l2.y : l2.x);
+        float x = s[j][i];
+        if constexpr (kLinear) x = linear->score(x, scale, j, c, hh);
+        s[j][i] = prob<Mods::kHasScoreMod>(mod(x, q, hh, at), sn, c ? l2.y : l2.x);
       }
     }
   }

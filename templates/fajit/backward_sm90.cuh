@@ -729,13 +729,26 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       wgmma_wait<1>();
       pin(s);
       float sc[Mods::kScoreGrad ? kQT : 1][4];
-      bwd::probs_t<Mods>(
-          s, sc, kr, q0, t, len_q, len_kv, key_tail, p.scale, sn, stat(sLse(stage)),
-          [&](int j, int c) { return mod_queries.at(j, c, t); },
-          [&](float x, int q, int hh, const auto& at) {
-            return mod_score<Split, true>(x, q, kr.kv_c[hh], is_full, p.scale, b, hq, at.score,
-                                          mod_keys.score[hh], at.mask, mod_keys.mask[hh], cap);
-          });
+      auto probs = [&](auto linear_tag, const bwd::KeyLinear* linear) {
+        constexpr bool kLinear = decltype(linear_tag)::value;
+        bwd::probs_t<Mods, kLinear>(
+            s, sc, kr, q0, t, len_q, len_kv, key_tail, p.scale, sn, stat(sLse(stage)),
+            [&](int j, int c) { return mod_queries.at(j, c, t); },
+            [&](float x, int q, int hh, const auto& at) {
+              return mod_score<Split, true, !kLinear>(x, q, kr.kv_c[hh], is_full, p.scale, b, hq, at.score,
+                                                      mod_keys.score[hh], at.mask, mod_keys.mask[hh], cap);
+            },
+            linear);
+      };
+      if constexpr (bwd::KeyLinearOf<Mods>::value) {
+        bwd::KeyLinear linear;
+        if (linear.make<Mods, kQT>(kr, q0, t, len_q, b, hq, cap))
+          probs(BoolTag<true>{}, &linear);
+        else
+          probs(BoolTag<false>{}, nullptr);
+      } else {
+        probs(BoolTag<false>{}, nullptr);
+      }
       u32 pa[Cfg::kMK][4];
       if constexpr (kDvEarly) {
         pack_a<E>(pa, s);

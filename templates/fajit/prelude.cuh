@@ -319,6 +319,12 @@ struct PickType<false, A, B> {
   using Type = B;
 };
 
+// A compile-time bool as a value (a generic lambda's `auto` argument picks an instantiation).
+template <bool kValue>
+struct BoolTag {
+  static constexpr bool value = kValue;
+};
+
 }  // namespace fa
 
 #endif  // FAJIT_PRELUDE_CUH

@@ -100,6 +100,10 @@ const std::vector<BwdCase>& cases() {
       {"causal_alibi", f16, 64, 128, 2, 4, 4, 17, 1000},
       {"alibi_slopes", f16, 128, 128, 1, 4, 1, 1000, 17},
       {"alibi_slopes", bf16, 64, 64, 2, 8, 2, 1, 4097},
+      // kv-linear with slopes of 2^80 and FLT_MAX beside ordinary ones: the dK/dV kernel's FMA
+      // form and its plain fallback in one CTA row, whole and tail query tiles.
+      {"slope_extremes", bf16, 128, 128, 1, 8, 2, 1000, 1000, 1},
+      {"slope_extremes", f16, 64, 64, 2, 4, 4, 256, 4097, 1},
       {"document_softcap", bf16, 64, 128, 1, 4, 1, 4097, 4097},
       {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},
       // The mods' values by query gathered across a warp ahead of Sᵀ and shuffled (a float for

@@ -180,7 +180,8 @@ inline const Variant& variant(const std::string& name) {
     // A relative slope by head, score - slopes[h] * (q - kv) (codegen finds it kv-linear: the
     // kernels add the bias as one FMA from a per-tile base), with slopes where that form cannot
     // follow the reference (+-inf, NaN, 2^80 and FLT_MAX: the plain form runs for those rows) beside
-    // ordinary ones, positive and negative.
+    // ordinary ones, positive and negative. param 1: the finite ones only (rows stay finite: the
+    // backward's cases).
     v.push_back({"slope_extremes",
                  [] {
                    return ScoreMod{"slope_extremes", [](Score s, Index, Index h, Index q, Index kv) {
@@ -188,10 +189,11 @@ inline const Variant& variant(const std::string& name) {
                                    }};
                  },
                  mods::causal,
-                 [](CaptureSet& c, const Dims& d, int, std::mt19937&) {
-                   const float cycle[] = {0.0625f, INFINITY, -0.01f, 0x1p80f, NAN, 3.0e38f, -INFINITY, 0.3f};
+                 [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
+                   const float all[] = {0.0625f, INFINITY, -0.01f, 0x1p80f, NAN, 3.0e38f, -INFINITY, 0.3f};
+                   const float finite[] = {0.0625f, 0x1p80f, -0.01f, 3.0e38f};
                    std::vector<float> s(size_t(d.H));
-                   for (int h = 0; h < d.H; ++h) s[size_t(h)] = cycle[h % 8];
+                   for (int h = 0; h < d.H; ++h) s[size_t(h)] = p == 1 ? finite[h % 4] : all[h % 8];
                    c.buffer_f32("slopes", {d.H}, s);
                  }});
     v.push_back({"document_softcap", [] { return mods::softcap(); }, [] { return mods::document(); },

@@ -224,6 +224,12 @@ TEST(Codegen, KvLinearScoreModsGiveTheirRate) {
   EXPECT_EQ(rate_of(mod(
                 "d", [&](Score s, Index, Index h, Index q, Index kv) { return (q - kv) * slopes()(h) + s; })),
             "-v_");
+  // Whether the rate reads q (the dK/dV kernel's transposed tile takes the FMA form only if not).
+  EXPECT_HAS(alibi, "  static constexpr bool kScoreKvRateByQ = false;\n");
+  const std::string by_q = fa::emit_mods(fa::trace(
+      mod("q", [&](Score s, Index, Index, Index q, Index kv) { return s + slopes()(q) * (kv - q); }),
+      fa::mods::causal()));
+  EXPECT_HAS(by_q, "  static constexpr bool kScoreKvRateByQ = true;\n");
   // Not of the form: the score scaled, the rate reading kv, a product of three, kv alone.
   EXPECT_EQ(rate_of(mod("e", [&](Score s, Index, Index h, Index q,
                                  Index kv) { return s * 2.f + slopes()(h) * (kv - q); })),

@@ -206,10 +206,13 @@ class ModEmitter {
        << "    return " << low << "_mod(" << call << ", " << low << "_row(b, h, q, cap), " << low
        << "_col(b, kv, cap), cap);\n  }\n";
     if (is_score)
-      emit_kv_rate(os, body, place_of, closure, [&](Value v) {
-        auto it = deps.find(v);
-        return it == deps.end() || (it->second & (kDepScore | kDepKv)) != 0;
-      });
+      emit_kv_rate(
+          os, body, place_of, closure,
+          [&](Value v) {
+            auto it = deps.find(v);
+            return it == deps.end() || (it->second & (kDepScore | kDepKv)) != 0;
+          },
+          [&](Value v) { return (deps.lookup(v) & kDepQ) != 0; });
     return os.str();
   }
 
@@ -262,11 +265,13 @@ class ModEmitter {
   // row's keys then add rate·(kv − q) as one FMA from a per-tile base instead of converting kv
   // and subtracting per element: attention_tile.cuh, KvLinear):
   //   kScoreKvLinear = true;
+  //   kScoreKvRateByQ                    whether the rate reads q (if not, a transposed tile,
+  //                                      the dK/dV kernel's, adds the bias by FMA too)
   //   score_kv_rate(b, h, q, row, cap)   the rate, from the row values score_row gathered
   //   score_kv_rate(b, h, q, cap)        the same from score_row's own
-  template <typename PlaceOf, typename Closure, typename Reads>
+  template <typename PlaceOf, typename Closure, typename Reads, typename ReadsQ>
   void emit_kv_rate(std::ostringstream& os, mlir::fa::ModBody body, PlaceOf&& place_of, Closure&& closure,
-                    Reads&& reads) {
+                    Reads&& reads, ReadsQ&& reads_q) {
     const std::optional<std::pair<Value, bool>> linear = kv_linear_rate(body, reads);
     if (!linear) return;
     const auto [rate, negate] = *linear;
@@ -284,6 +289,8 @@ class ModEmitter {
       for (Value v : op->getOperands()) note_row(v);
     os << "  // score_mod(score, b, h, q, kv) = score + score_kv_rate(b, h, q) * (kv - q)\n"
           "  static constexpr bool kScoreKvLinear = true;\n"
+       << "  static constexpr bool kScoreKvRateByQ = " << (reads_q(rate) ? "true" : "false")
+       << ";\n"
           "  static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, const ScoreRow& "
           "row,\n"
           "                                                        const FaCaptures& cap) {\n"
