@@ -306,6 +306,10 @@ const std::vector<FwdCase>& cases() {
       {"slope_extremes", f16, 64, 64, 1, 8, 8, 16, 3000},
       with({"slope_extremes", f16, 128, 64, 1, 8, 1, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      {"query_slope", bf16, 64, 64, 2, 4, 2, 1000, 1000},
+      {"query_slope", f16, 128, 128, 2, 4, 4, 16, 4097},
+      with({"query_slope", bf16, 64, 64, 2, 4, 1, 1000, 777}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       {"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097},  // the decoding kernel and its combine
       with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),

@@ -196,6 +196,22 @@ inline const Variant& variant(const std::string& name) {
                    for (int h = 0; h < d.H; ++h) s[size_t(h)] = p == 1 ? finite[h % 4] : all[h % 8];
                    c.buffer_f32("slopes", {d.H}, s);
                  }});
+    // A kv-linear score_mod whose rate reads q and b: the forward kernels and the dQ side gather
+    // it per row; the dK/dV kernel keeps the plain form (kScoreKvRateByQ).
+    v.push_back({"query_slope",
+                 [] {
+                   return ScoreMod{"query_slope", [](Score s, Index b, Index h, Index q, Index kv) {
+                                     return s + (buffer<float>("slopes", 1)(h) + q * 1e-4f + b * 0.01f) *
+                                                    (kv - q);
+                                   }};
+                 },
+                 mods::causal,
+                 [](CaptureSet& c, const Dims& d, int, std::mt19937& rng) {
+                   std::uniform_real_distribution<float> u(-0.05f, 0.2f);
+                   std::vector<float> s(size_t(d.H));
+                   for (float& x : s) x = u(rng);
+                   c.buffer_f32("slopes", {d.H}, s);
+                 }});
     v.push_back({"document_softcap", [] { return mods::softcap(); }, [] { return mods::document(); },
                  [](CaptureSet& c, const Dims& d, int p, std::mt19937& rng) {
                    // doc_ids[q] and doc_ids[kv] index one buffer: exactly max(Lq, Lkv) long, so
