@@ -5,14 +5,14 @@
 # for S = FIRST_SEED .. FIRST_SEED+PROCS-1, each to $OUT/fuzz-S.log (OUT defaults to
 # .device-build/out), then prints every failure's first lines and the summed counts and times. A
 # process still running GRACE (default 150) seconds past SECONDS is killed: its log ends with the
-# "case K ..." it was in.
+# "case K ..." it was in. FUZZ_FLAGS adds flags to every process (e.g. --kv-linear).
 set -uo pipefail
 first=${1:?first seed}; procs=${2:?processes}; cases=${3:?cases per process}; secs=${4:?seconds}
 bin=${5:-.device-build/bin/fajit}
 OUT=${OUT:-.device-build/out}; mkdir -p "$OUT"
 export FAJIT_CACHE_DIR=${FAJIT_CACHE_DIR:-/tmp/fajit-fuzz-cache}
 for ((s = first; s < first + procs; ++s)); do
-  timeout -k 10 $((secs + ${GRACE:-150})) "$bin" fuzz --gpu --seed "$s" --cases "$cases" --seconds "$secs" --nvrtc-every 0 >"$OUT/fuzz-$s.log" 2>&1 &
+  timeout -k 10 $((secs + ${GRACE:-150})) "$bin" fuzz --gpu --seed "$s" --cases "$cases" --seconds "$secs" --nvrtc-every 0 ${FUZZ_FLAGS:-} >"$OUT/fuzz-$s.log" 2>&1 &
 done
 wait
 cat "$OUT"/fuzz-[0-9]*.log >"$OUT/fuzz-all.log" && rm -f "$OUT"/fuzz-[0-9]*.log

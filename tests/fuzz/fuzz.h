@@ -157,9 +157,14 @@ struct Case {
   // Built as fa-dialect MLIR text and parsed (Program::parse), which allows the ops the frontend
   // cannot emit; else traced through the frontend.
   bool text = false;
+  bool kv_linear = false;  // the score_mod rewritten as score ± rate·(kv − q) (generate_case)
 };
 
-Case generate_case(uint64_t seed, int index);
+// Case `index` of a seed. With kv_linear (fajit fuzz --kv-linear), half the cases get their
+// score_mod replaced by `score ± rate·(kv − q)` with a random rate free of kv (the form the
+// kernels add by FMA: codegen's kScoreKvLinear), drawn from a stream of its own, so every other
+// part of the case is the one the plain run draws (and the recorded regressions replay).
+Case generate_case(uint64_t seed, int index, bool kv_linear = false);
 std::string to_string(const NodeP& n);  // C++-like text of the graph
 std::string describe(const Case& c);    // mods as expressions, captures, shapes
 
@@ -199,6 +204,7 @@ struct Config {
   int nvrtc_every = 10;        // NVRTC-compile the sources of every n-th case (0: never)
   bool gpu = false;            // also run the kernels on the GPU against the float64 reference
   bool verbose = false;        // print every case
+  bool kv_linear = false;      // generate_case's kv-linear rewrite
   std::string self = "fajit";  // the replay command's program name
 };
 
@@ -213,6 +219,8 @@ struct Stats {
   int64_t no_derivative = 0;               // score_mods the differentiation pass refused (as expected)
   int64_t sources = 0, nvrtc = 0;          // generated sources, NVRTC compiles
   int64_t text_cases = 0, identity_scores = 0, gqa = 0, long_seqs = 0;  // the case mix
+  int64_t kv_linear = 0;        // cases with generate_case's kv-linear rewrite
+  int64_t kv_linear_found = 0;  // cases whose forward source codegen made kv-linear (any mod)
   // GPU mode: cases whose forward / ragged-paged layouts / backward were compared, and where the
   // time went (seconds: CPU checks, fa::compile incl. NVRTC, float64 references, the rest).
   int64_t gpu_forward = 0, gpu_layouts = 0, gpu_backward = 0;

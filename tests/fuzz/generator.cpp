@@ -313,6 +313,29 @@ class Gen {
     return mk(chance(0.5) ? Op::kAnd : Op::kOr, Ty::kBool, {core, boolean(depth, false)});
   }
 
+  // score ± rate·(kv − q) or (q − kv), in either operand order, the rate a random score-free
+  // graph that does not read kv (else a constant or a float scalar): what codegen finds kv-linear.
+  NodeP kv_linear_score_mod(int depth) {
+    NodeP rate = score(depth, false);
+    if (reads(rate, Op::kKv))
+      rate = chance(0.5) ? cst_f(static_cast<float>(real(-0.5, 0.5)))
+                         : named(Op::kScalarF, Ty::kScore, kFloatScalars[uniform(0, 1)]);
+    NodeP q = mk(Op::kQ, Ty::kIndex), kv = mk(Op::kKv, Ty::kIndex);
+    NodeP d = mk(Op::kIToF, Ty::kScore,
+                 {chance(0.5) ? mk(Op::kSubI, Ty::kIndex, {kv, q}) : mk(Op::kSubI, Ty::kIndex, {q, kv})});
+    NodeP t = chance(0.5) ? mk(Op::kMulF, Ty::kScore, {rate, d}) : mk(Op::kMulF, Ty::kScore, {d, rate});
+    NodeP s = mk(Op::kScoreArg, Ty::kScore);
+    if (chance(0.3)) return mk(Op::kSubF, Ty::kScore, {s, t});
+    return chance(0.5) ? mk(Op::kAddF, Ty::kScore, {s, t}) : mk(Op::kAddF, Ty::kScore, {t, s});
+  }
+  static bool reads(const NodeP& n, Op op) {
+    if (n->op == op) return true;
+    for (const NodeP& k : n->kids)
+      if (reads(k, op)) return true;
+    return false;
+  }
+  void use_buffers(std::vector<BufferSpec>* b) { buffers_ = b; }
+
   NodeP score_mod(int depth) {
     NodeP s = mk(Op::kScoreArg, Ty::kScore);
     switch (uniform(0, 3)) {
@@ -345,7 +368,7 @@ int length(Gen& g) {
 
 }  // namespace
 
-Case generate_case(uint64_t seed, int index) {
+Case generate_case(uint64_t seed, int index, bool kv_linear) {
   Gen g(seed, index);
   Case c;
   c.seed = seed;
@@ -355,6 +378,12 @@ Case generate_case(uint64_t seed, int index) {
   g.text = c.text;
   c.score = g.score_mod(g.uniform(1, 5));
   c.mask = g.mask(g.uniform(1, 4));
+  if (kv_linear) {  // from a stream of its own: the rest of the case is drawn as without it
+    Gen k(seed ^ 0x6b766c696e656172ull, index);
+    k.text = c.text;
+    k.use_buffers(&c.buffers);
+    if (k.chance(0.5)) c.score = k.kv_linear_score_mod(k.uniform(0, 3)), c.kv_linear = true;
+  }
   // Keep only the captures the graphs read.
   std::set<std::string> used;
   collect_names(c.score, used);
@@ -525,6 +554,7 @@ std::string describe(const Case& c) {
     return fmt::format("B={} Hq={} Hkv={} Lq={} Lkv={} Dqk={} Dv={} {}", x.batch, x.heads_q, x.heads_kv,
                        x.len_q, x.len_kv, x.dim_qk, x.dim_v, x.dtype == fa::DType::bf16 ? "bf16" : "f16");
   };
+  if (c.kv_linear) s += "score_mod: the kv-linear rewrite (fajit fuzz --kv-linear)\n";
   s += fmt::format("shape: {}\nsmall shape (brute force): {}\narch: {}\nbuilt from: {}\n", sh(c.shape),
                    sh(c.small), c.arch, c.text ? "MLIR text (Program::parse)" : "the tracing frontend");
   return s;

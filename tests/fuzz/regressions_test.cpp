@@ -117,6 +117,31 @@ TEST(FuzzRegression, CasesAreReproducible) {
   }
 }
 
+// --kv-linear rewrites about half the score_mods as score ± rate·(kv − q), from a stream of its
+// own: the rest of each case (mask, captures, shapes) is the plain run's, codegen finds every
+// rewritten mod kv-linear, and the cases pass the CPU checks.
+TEST(FuzzRegression, KvLinearRewriteKeepsTheRestOfTheCase) {
+  int rewritten = 0;
+  for (int k = 0; k < 24; ++k) {
+    fa_fuzz::Case plain = fa_fuzz::generate_case(42, k), lin = fa_fuzz::generate_case(42, k, true);
+    EXPECT_EQ(fa_fuzz::to_string(plain.mask), fa_fuzz::to_string(lin.mask));
+    EXPECT_EQ(plain.text, lin.text);
+    EXPECT_EQ(plain.shape.len_q, lin.shape.len_q);
+    EXPECT_EQ(plain.shape.len_kv, lin.shape.len_kv);
+    EXPECT_EQ(plain.arch, lin.arch);
+    if (!lin.kv_linear) {
+      EXPECT_EQ(fa_fuzz::describe(plain), fa_fuzz::describe(lin));
+      continue;
+    }
+    ++rewritten;
+    fa_fuzz::Stats st;
+    EXPECT_EQ(fa_fuzz::check_cpu(lin, /*nvrtc=*/false, &st), "") << fa_fuzz::describe(lin);
+    EXPECT_EQ(st.kv_linear_found, 1) << fa_fuzz::describe(lin);
+  }
+  EXPECT_GE(rewritten, 6);
+  EXPECT_LE(rewritten, 18);
+}
+
 // Hand-built graphs through every CPU check: the derivative check sees checked points.
 TEST(FuzzRegression, HandBuiltGraphsPassEveryCheck) {
   using fa_fuzz::Node;

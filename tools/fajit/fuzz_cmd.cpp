@@ -28,6 +28,10 @@ CLI::App* add_fuzz_command(CLI::App& app) {
       ->check(CLI::Range(0, 100000000));
   cmd->add_flag("--gpu", g_fuzz.gpu,
                 "also run the kernels on the GPU and check them against the float64 reference");
+  cmd->add_flag(
+      "--kv-linear", g_fuzz.kv_linear,
+      "rewrite half the cases' score_mods as score ± rate·(kv − q), a random rate free of kv (the form "
+      "the kernels add by FMA); the rest of each case is drawn as without it");
   cmd->add_flag("-v,--verbose", g_fuzz.verbose, "print every case");
   return cmd;
 }
