@@ -584,21 +584,28 @@ __device__ __forceinline__ void mods_each(float (&s)[kMT][kNT][4], const int (&q
   }
 }
 
+// Whether the FMA form may carry rate a over a tile of 8·kCols columns (kv_linear_terms,
+// bwd::KeyLinear). Its base a·(kv0 + c − q) is rounded before the FMA adds a·8j, so every bias is
+// off by up to ulp(a·8·kCols)/2 beside the plain form's own rounding, also on the diagonal, where
+// the plain bias is an exact 0: |a|·8·kCols ≤ 2^11 keeps that under 2^-13 of a logit (rates up to
+// 16 at 128 columns; ALiBi's are at most 1). Larger rates, inf and NaN take the plain form.
+template <int kCols>
+__device__ __forceinline__ bool kv_linear_rate_ok(float a) {
+  return fabsf(a) * static_cast<float>(8 * kCols) <= 2048.f;
+}
+
 // A kv-linear score_mod (KvLinear) on a fragment's two rows: rate a[hh] (gathered with the rows)
-// and, for the tile's
-// columns kv0 + c (c = 0, 1; kv0 = start + 2t), base r[hh][c] = a·(kv0 + c − q). Column
-// kv0 + 8j + c's bias a·(kv − q) is then fmaf(a, 8j, r): rounded twice where the plain form
-// rounds once, off by at most an ulp of a·(|kv − q| + 8·kNT), so a within 2^64 (finite, no
-// overflow) is all it asks; false for a row outside that (the plain form then runs: ±inf and NaN
-// as the reference gives them).
-template <typename Mods>
+// and, for the tile's columns kv0 + c (c = 0, 1; kv0 = start + 2t), base r[hh][c] = a·(kv0 + c − q).
+// Column kv0 + 8j + c's bias a·(kv − q) is then fmaf(a, 8j, r). False where a row's rate is not
+// kv_linear_rate_ok (the plain form then runs: ±inf and NaN as the reference gives them).
+template <int kNT, typename Mods>
 __device__ __forceinline__ bool kv_linear_terms(float (&a)[2], float (&r)[2][2], const int (&q_idx)[2],
                                                 int kv0, const ModRows<Mods>& rows) {
   bool ok = true;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     a[hh] = rows.kv_rate[hh];
-    ok &= fabsf(a[hh]) <= 0x1p64f;
+    ok &= kv_linear_rate_ok<kNT>(a[hh]);
 #pragma unroll
     for (int c = 0; c < 2; ++c) r[hh][c] = a[hh] * static_cast<float>(kv0 + c - q_idx[hh]);
   }
@@ -625,7 +632,7 @@ __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx
                                            const FaCaptures& cap) {
   if constexpr (KvLinear<Mods>::value) {
     float a[2], r[2][2];
-    if (__all_sync(__activemask(), kv_linear_terms(a, r, q_idx, kv0, rows))) {
+    if (__all_sync(0xffffffffu, kv_linear_terms<kNT>(a, r, q_idx, kv0, rows))) {
       kv_linear_scores(s, a, r, scale);
       mods_each<Mods, kMaskMod, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
       return;
@@ -642,8 +649,8 @@ __device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&
     float a[kMT][2], r[kMT][2][2];
     bool ok = true;
 #pragma unroll
-    for (int mi = 0; mi < kMT; ++mi) ok &= kv_linear_terms(a[mi], r[mi], q_idx[mi], kv0, rows[mi]);
-    if (__all_sync(__activemask(), ok)) {
+    for (int mi = 0; mi < kMT; ++mi) ok &= kv_linear_terms<kNT>(a[mi], r[mi], q_idx[mi], kv0, rows[mi]);
+    if (__all_sync(0xffffffffu, ok)) {
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi) kv_linear_scores(s[mi], a[mi], r[mi], scale);
       mods_each<Mods, kMaskMod, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);

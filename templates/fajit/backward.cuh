@@ -237,16 +237,12 @@ struct KeyRows {
   }
 };
 
-// The mods' split parts on a transposed tile (the Hopper dK/dV kernel; SplitMods): the column
-// values (by kv: codegen's *_col, a document id by kv) of a thread's two key rows, once per
-// CTA, and the row values (by q: *_row, a document id by q) of a tile's 8·kQT query columns,
-// spread over the warp (ModSpread) and gathered while Sᵀ runs.
 // A kv-linear score_mod whose rate does not read q (KvLinear, !kScoreKvRateByQ: ALiBi's slope by
 // head) on a transposed tile: query column q0 + 8j + 2t + c of key row kv gets the bias
 // a·(kv − q) as fmaf(−a, 8j, r[hh][c]), r = a·(kv − q0 − 2t − c), as the forward's
-// kv_linear_terms. `make` is false where the plain form must run: a rate beyond 2^64, inf or NaN
-// (the reference's ±inf and NaN), or a tile whose queries cross len_q (the mods see the last
-// query there, clamped). Warp-uniform: one vote.
+// kv_linear_terms. `make` is false where the plain form must run: a rate not kv_linear_rate_ok
+// over the tile's 8·kQT queries (large, inf or NaN: the reference's ±inf and NaN), or a tile whose
+// queries cross len_q (the mods see the last query there, clamped). Warp-uniform: one vote.
 struct KeyLinear {
   float na;
   float r[2][2];
@@ -259,7 +255,7 @@ struct KeyLinear {
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
       for (int c = 0; c < 2; ++c) r[hh][c] = a * static_cast<float>(kr.kv_c[hh] - (q0 + 2 * t + c));
-    return __all_sync(__activemask(), fabsf(a) <= 0x1p64f && q0 + 8 * kQT <= len_q);
+    return __all_sync(0xffffffffu, kv_linear_rate_ok<kQT>(a) && q0 + 8 * kQT <= len_q);
   }
   __device__ __forceinline__ float score(float x, float scale, int j, int c, int hh) const {
     return fmaf(x, scale, fmaf(na, static_cast<float>(8 * j), r[hh][c]));
@@ -273,6 +269,11 @@ template <typename Mods>
 struct KeyLinearOf<Mods, true> {
   static constexpr bool value = !Mods::kScoreKvRateByQ;
 };
+
+// The mods' split parts on a transposed tile (the Hopper dK/dV kernel; SplitMods): the column
+// values (by kv: codegen's *_col, a document id by kv) of a thread's two key rows, once per
+// CTA, and the row values (by q: *_row, a document id by q) of a tile's 8·kQT query columns,
+// spread over the warp (ModSpread) and gathered while Sᵀ runs.
 
 template <typename Mods>
 struct ModKeys {

@@ -178,10 +178,11 @@ inline const Variant& variant(const std::string& name) {
                    c.buffer_f32("slopes", {d.H}, s);
                  }});
     // A relative slope by head, score - slopes[h] * (q - kv) (codegen finds it kv-linear: the
-    // kernels add the bias as one FMA from a per-tile base), with slopes where that form cannot
-    // follow the reference (+-inf, NaN, 2^80 and FLT_MAX: the plain form runs for those rows) beside
-    // ordinary ones, positive and negative. param 1: the finite ones only (rows stay finite: the
-    // backward's cases).
+    // kernels add the bias as one FMA from a per-tile base), with slopes that form must leave to
+    // the plain one (+-inf, NaN, FLT_MAX, 1e12, and 1000.3 and 1e5: its base's rounding would move
+    // the diagonal's bias, an exact 0, by up to 4e-3 and 0.5, the row's whole weight being there)
+    // beside ordinary ones and -15.7, just inside the bound (kv_linear_rate_ok). param 1: the
+    // finite ones only (rows stay finite: the backward's cases).
     v.push_back({"slope_extremes",
                  [] {
                    return ScoreMod{"slope_extremes", [](Score s, Index, Index h, Index q, Index kv) {
@@ -190,10 +191,11 @@ inline const Variant& variant(const std::string& name) {
                  },
                  mods::causal,
                  [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
-                   const float all[] = {0.0625f, INFINITY, -0.01f, 0x1p80f, NAN, 3.0e38f, -INFINITY, 0.3f};
-                   const float finite[] = {0.0625f, 0x1p80f, -0.01f, 3.0e38f};
+                   const float all[] = {0.0625f, INFINITY, -15.7f,    1.00003e5f,
+                                        NAN,     3.0e38f,  -INFINITY, 1000.3f};
+                   const float finite[] = {0.0625f, 1000.3f, -15.7f, 1e12f, -0.01f, 3.0e38f};
                    std::vector<float> s(size_t(d.H));
-                   for (int h = 0; h < d.H; ++h) s[size_t(h)] = p == 1 ? finite[h % 4] : all[h % 8];
+                   for (int h = 0; h < d.H; ++h) s[size_t(h)] = p == 1 ? finite[h % 6] : all[h % 8];
                    c.buffer_f32("slopes", {d.H}, s);
                  }});
     // A kv-linear score_mod whose rate reads q and b: the forward kernels and the dQ side gather
