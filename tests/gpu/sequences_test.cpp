@@ -63,6 +63,10 @@ std::vector<SeqCase> cases() {
       {"sliding", f16, 128, 128, 8, 1, {16, 3, 0, 9}, {5000, 17, 12, 131072}, 128, false, 256},
       {"document_softcap", bf16, 96, 96, 8, 8, {2, 64, 1}, {4097, 64, 1000}, 48},
       {"causal", bf16, 192, 128, 4, 2, {64, 7}, {3000, 7}, 16},
+      // a kv-linear score_mod whose rate reads q and b: paged prefill and decoding with GQA 4
+      // (the decoder's rows span the group's heads)
+      {"query_slope", bf16, 64, 64, 8, 2, {200, 1, 33}, {700, 5000, 33}, 16},
+      {"query_slope", f16, 128, 128, 8, 2, {4, 1, 16}, {3000, 9000, 17}, 32},
       // decoding at d64 and d32, where the paged kernel needs more registers than the packed
       // one: both must still split alike (fuzz 848/41 found them 2 vs 3 CTAs per SM apart)
       {"none", bf16, 64, 64, 4, 4, {38, 39}, {402, 2438}, 128},
@@ -368,6 +372,7 @@ std::vector<RaggedBwdCase> ragged_bwd_cases() {
       {"sliding", f16, 64, 64, 4, 4, {129, 5, 0, 700}, {129, 900, 3, 700}, 64},
       {"document2d_causal", bf16, 64, 64, 2, 1, {200, 77, 333}, {250, 77, 333}},  // the mask reads b
       {"alibi_slopes", f16, 80, 80, 4, 2, {70, 1, 260}, {90, 2, 260}},            // slopes' gradient
+      {"slope_extremes", bf16, 64, 64, 4, 2, {300, 1, 129}, {300, 64, 700}, 1},   // kv-linear, all rates
       {"relative_bias", bf16, 192, 128, 4, 2, {257, 64}, {300, 66}},  // the wide-head kernel, bias gradient
       {"document_softcap", bf16, 64, 64, 4, 1, {500, 193}, {520, 193}, 60, autof, true},
       // a sequence with queries and no key (dQ = 0), dLSE, the mma.sync kernels
