@@ -274,7 +274,6 @@ struct KeyLinearOf<Mods, true> {
 // values (by kv: codegen's *_col, a document id by kv) of a thread's two key rows, once per
 // CTA, and the row values (by q: *_row, a document id by q) of a tile's 8·kQT query columns,
 // spread over the warp (ModSpread) and gathered while Sᵀ runs.
-
 template <typename Mods>
 struct ModKeys {
   typename Mods::ScoreCol score[2];
