@@ -430,8 +430,9 @@ __device__ __forceinline__ const int (&heads_of(const int (&h)[kMT][2], int mi))
 
 // The mods' row values (codegen's FaMods::score_row / mask_row: loads by b, h, q alone and what
 // follows from them, a document id by q; arithmetic without a load stays per element, but for a
-// kv-linear score_mod's rate, ALiBi's slope: kv_rate) for a thread's two fragment rows, q_idx already clamped
-// into range: gathered once per query block instead of once per tile. h: one head, or one per row (head_of).
+// kv-linear score_mod's rate, ALiBi's slope: kv_rate) for a thread's two fragment rows, q_idx
+// already clamped into range: gathered once per query block instead of once per tile. h: one
+// head, or one per row (head_of).
 template <typename Mods>
 struct ModRows {
   typename Mods::ScoreRow score[2];

@@ -205,22 +205,21 @@ class ModEmitter {
        << indent << "const FaCaptures& cap) {\n"
        << "    return " << low << "_mod(" << call << ", " << low << "_row(b, h, q, cap), " << low
        << "_col(b, kv, cap), cap);\n  }\n";
-    if (is_score)
-      emit_kv_rate(
-          os, body, place_of, closure,
-          [&](Value v) {
-            auto it = deps.find(v);
-            return it == deps.end() || (it->second & (kDepScore | kDepKv)) != 0;
-          },
-          [&](Value v) { return (deps.lookup(v) & kDepQ) != 0; });
+    if (is_score) emit_kv_rate(os, body, deps, place_of, closure);
     return os.str();
+  }
+
+  // Whether v depends on any of `what` (kDep* bits); a value without an entry counts as it does.
+  static bool reads(const llvm::DenseMap<Value, unsigned>& deps, Value v, unsigned what) {
+    auto it = deps.find(v);
+    return it == deps.end() || (it->second & what) != 0;
   }
 
   // A score_mod `score ± rate · (kv − q)` (either operand order, q − kv too) whose rate reads
   // neither the score nor kv: ALiBi's, a relative slope's. The value of the rate and whether it
-  // enters negated, if the mod has that form. reads(v): whether v depends on the score or kv.
-  template <typename Reads>
-  static std::optional<std::pair<Value, bool>> kv_linear_rate(mlir::fa::ModBody body, Reads&& reads) {
+  // enters negated, if the mod has that form. deps: split_mod's dependencies of each value.
+  static std::optional<std::pair<Value, bool>> kv_linear_rate(mlir::fa::ModBody body,
+                                                              const llvm::DenseMap<Value, unsigned>& deps) {
     mlir::Block& entry = body.getEntryBlock();
     auto arg = [&](llvm::StringRef n) -> Value {
       for (unsigned i = 0; i < body.getNumFixedArgs(); ++i)
@@ -255,7 +254,7 @@ class ModEmitter {
     for (int k = 0; k < 2; ++k) {
       const int dir = direction(mul->getOperand(1 - k));
       const Value rate = mul->getOperand(k);
-      if (dir == 0 || reads(rate) || !rate.getDefiningOp()) continue;
+      if (dir == 0 || reads(deps, rate, kDepScore | kDepKv) || !rate.getDefiningOp()) continue;
       return std::make_pair(rate, (dir < 0) == add);
     }
     return std::nullopt;
@@ -269,10 +268,10 @@ class ModEmitter {
   //                                      the dK/dV kernel's, adds the bias by FMA too)
   //   score_kv_rate(b, h, q, row, cap)   the rate, from the row values score_row gathered
   //   score_kv_rate(b, h, q, cap)        the same from score_row's own
-  template <typename PlaceOf, typename Closure, typename Reads, typename ReadsQ>
-  void emit_kv_rate(std::ostringstream& os, mlir::fa::ModBody body, PlaceOf&& place_of, Closure&& closure,
-                    Reads&& reads, ReadsQ&& reads_q) {
-    const std::optional<std::pair<Value, bool>> linear = kv_linear_rate(body, reads);
+  template <typename PlaceOf, typename Closure>
+  void emit_kv_rate(std::ostringstream& os, mlir::fa::ModBody body,
+                    const llvm::DenseMap<Value, unsigned>& deps, PlaceOf&& place_of, Closure&& closure) {
+    const std::optional<std::pair<Value, bool>> linear = kv_linear_rate(body, deps);
     if (!linear) return;
     const auto [rate, negate] = *linear;
     std::vector<Operation*> ops;
@@ -289,7 +288,7 @@ class ModEmitter {
       for (Value v : op->getOperands()) note_row(v);
     os << "  // score_mod(score, b, h, q, kv) = score + score_kv_rate(b, h, q) * (kv - q)\n"
           "  static constexpr bool kScoreKvLinear = true;\n"
-       << "  static constexpr bool kScoreKvRateByQ = " << (reads_q(rate) ? "true" : "false")
+       << "  static constexpr bool kScoreKvRateByQ = " << (reads(deps, rate, kDepQ) ? "true" : "false")
        << ";\n"
           "  static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, const ScoreRow& "
           "row,\n"
