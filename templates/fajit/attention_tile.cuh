@@ -378,9 +378,13 @@ struct PlainMods : Mods {
                                                   const FaCaptures& cap) {
     return Mods::mask_mod(b, h, q, kv, cap);
   }
-  // (Instantiated only where Mods is kv-linear: KvLinear.)
+  // (Instantiated only where Mods is kv-linear: KvLinear; or its mask an interval of keys: KvRange.)
   static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, Empty, const FaCaptures& cap) {
     return Mods::score_kv_rate(b, h, q, cap);
+  }
+  static __device__ __forceinline__ void mask_kv_range(int b, int h, int q, Empty, const FaCaptures& cap,
+                                                       int& lo, int& hi) {
+    Mods::mask_kv_range(b, h, q, cap, lo, hi);
   }
 };
 template <typename...>
@@ -403,6 +407,19 @@ struct KvLinear {
 template <typename Mods>
 struct KvLinear<Mods, typename MakeVoid<decltype(Mods::kScoreKvLinear)>::type> {
   static constexpr bool value = Mods::kHasScoreMod && Mods::kScoreKvLinear;
+};
+
+// Whether a mods struct's mask_mod keeps one interval of keys per row, lo <= kv <= hi (codegen's
+// kMaskKvRange, with mask_kv_range: causal, sliding windows, prefix-LM, padding). A kernel walking
+// a row's keys then masks a partial tile by comparing each column's offset in the tile with the
+// row's two bounds (kv_range_mask) instead of running mask_mod per element.
+template <typename Mods, typename = void>
+struct KvRange {
+  static constexpr bool value = false;
+};
+template <typename Mods>
+struct KvRange<Mods, typename MakeVoid<decltype(Mods::kMaskKvRange)>::type> {
+  static constexpr bool value = Mods::kHasMaskMod && Mods::kMaskKvRange;
 };
 
 // The mods as the mma.sync forward and the decoder take them: split (their loads gathered) up to
@@ -437,7 +454,8 @@ template <typename Mods>
 struct ModRows {
   typename Mods::ScoreRow score[2];
   typename Mods::MaskRow mask[2];
-  float kv_rate[2];  // a kv-linear score_mod's rate (KvLinear)
+  float kv_rate[2];        // a kv-linear score_mod's rate (KvLinear)
+  int kv_lo[2], kv_hi[2];  // an interval mask's keys, lo <= kv <= hi (KvRange)
   template <typename H>
   __device__ __forceinline__ void gather(const int (&q_idx)[2], int b, const H& h, const FaCaptures& cap) {
 #pragma unroll
@@ -446,6 +464,8 @@ struct ModRows {
       if constexpr (Mods::kHasMaskMod) mask[hh] = Mods::mask_row(b, head_of(h, hh), q_idx[hh], cap);
       if constexpr (KvLinear<Mods>::value)
         kv_rate[hh] = Mods::score_kv_rate(b, head_of(h, hh), q_idx[hh], score[hh], cap);
+      if constexpr (KvRange<Mods>::value)
+        Mods::mask_kv_range(b, head_of(h, hh), q_idx[hh], mask[hh], cap, kv_lo[hh], kv_hi[hh]);
     }
   }
 };
@@ -624,28 +644,98 @@ __device__ __forceinline__ void kv_linear_scores(float (&s)[kNT][4], const float
       s[j][i] = fmaf(s[j][i], scale, fmaf(a[i >> 1], static_cast<float>(8 * j), r[i >> 1][i & 1]));
 }
 
-// The hook on one S fragment, or on kMT of them (mods_each), a kv-linear score_mod by its FMAs
-// where every row of the warp's active threads allows (one vote a tile).
+// A mask_mod that keeps keys lo <= kv <= hi per row (KvRange) on a partial tile: for a fragment's
+// row hh and column parity c the bounds as offsets 8j in the tile, lo - (kv0 + c) and
+// hi - (kv0 + c) (no wrap: both in [-1, 2^31 - 1]); column kv0 + 8j + c is masked where 8j falls
+// below the one or above the other. Each side's pass (one compare and one select an element,
+// where mask_mod costs four or five) runs only where its bound falls inside the tile for some row
+// of the warp (one vote each): a sliding window's partial tiles and a causal diagonal need one
+// side each. The bounds come gathered with the rows (ModRows::kv_lo, kv_hi).
+struct KvRangeBounds {
+  int lo[2][2], hi[2][2];
+  template <int kNT, typename Mods>
+  __device__ __forceinline__ void make(int kv0, const ModRows<Mods>& rows, bool& need_lo, bool& need_hi) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        lo[hh][c] = rows.kv_lo[hh] - (kv0 + c);
+        hi[hh][c] = rows.kv_hi[hh] - (kv0 + c);
+        need_lo |= lo[hh][c] > 0;
+        need_hi |= hi[hh][c] < 8 * (kNT - 1);
+      }
+    }
+  }
+  template <int kNT>
+  __device__ __forceinline__ void mask_below(float (&s)[kNT][4]) const {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (8 * j < lo[i >> 1][i & 1]) s[j][i] = -INFINITY;
+  }
+  template <int kNT>
+  __device__ __forceinline__ void mask_above(float (&s)[kNT][4]) const {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (8 * j > hi[i >> 1][i & 1]) s[j][i] = -INFINITY;
+  }
+};
+template <typename Mods, int kMT, int kNT>
+__device__ __forceinline__ void kv_range_mask(float (&s)[kMT][kNT][4], int kv0,
+                                              const ModRows<Mods> (&rows)[kMT]) {
+  KvRangeBounds bounds[kMT];
+  bool need_lo = false, need_hi = false;
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) bounds[mi].template make<kNT>(kv0, rows[mi], need_lo, need_hi);
+  if (__any_sync(0xffffffffu, need_lo)) {
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) bounds[mi].mask_below(s[mi]);
+  }
+  if (__any_sync(0xffffffffu, need_hi)) {
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) bounds[mi].mask_above(s[mi]);
+  }
+}
+template <typename Mods, int kNT>
+__device__ __forceinline__ void kv_range_mask(float (&s)[kNT][4], int kv0, const ModRows<Mods>& rows) {
+  KvRangeBounds bounds;
+  bool need_lo = false, need_hi = false;
+  bounds.make<kNT>(kv0, rows, need_lo, need_hi);
+  if (__any_sync(0xffffffffu, need_lo)) bounds.mask_below(s);
+  if (__any_sync(0xffffffffu, need_hi)) bounds.mask_above(s);
+}
+
+// The hook on one S fragment, or on kMT of them: a kv-linear score_mod by its FMAs where every
+// row of the warp allows (one vote a tile), an interval mask by its bounds (kv_range_mask), the
+// rest per element (mods_each).
 template <typename Mods, bool kMaskMod, int kNT, typename H>
 __device__ __forceinline__ void apply_mods(float (&s)[kNT][4], const int (&q_idx)[2], int kv0, int len_kv,
                                            float scale, int b, const H& h, const ModRows<Mods>& rows,
                                            const ModCols<Mods, kNT>& cols, int lane_t,
                                            const FaCaptures& cap) {
+  constexpr bool kRange = kMaskMod && KvRange<Mods>::value, kMaskEach = kMaskMod && !kRange;
+  bool scored = false;
   if constexpr (KvLinear<Mods>::value) {
     float a[2], r[2][2];
     if (__all_sync(0xffffffffu, kv_linear_terms<kNT>(a, r, q_idx, kv0, rows))) {
       kv_linear_scores(s, a, r, scale);
-      mods_each<Mods, kMaskMod, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
-      return;
+      mods_each<Mods, kMaskEach, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+      scored = true;
     }
   }
-  mods_each<Mods, kMaskMod, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+  if (!scored) mods_each<Mods, kMaskEach, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+  if constexpr (kRange) kv_range_mask(s, kv0, rows);
 }
 template <typename Mods, bool kMaskMod, int kMT, int kNT, typename H>
 __device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&q_idx)[kMT][2], int kv0,
                                            int len_kv, float scale, int b, const H& h,
                                            const ModRows<Mods> (&rows)[kMT], const ModCols<Mods, kNT>& cols,
                                            int lane_t, const FaCaptures& cap) {
+  constexpr bool kRange = kMaskMod && KvRange<Mods>::value, kMaskEach = kMaskMod && !kRange;
+  bool scored = false;
   if constexpr (KvLinear<Mods>::value) {
     float a[kMT][2], r[kMT][2][2];
     bool ok = true;
@@ -654,11 +744,12 @@ __device__ __forceinline__ void apply_mods(float (&s)[kMT][kNT][4], const int (&
     if (__all_sync(0xffffffffu, ok)) {
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi) kv_linear_scores(s[mi], a[mi], r[mi], scale);
-      mods_each<Mods, kMaskMod, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
-      return;
+      mods_each<Mods, kMaskEach, false>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+      scored = true;
     }
   }
-  mods_each<Mods, kMaskMod, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+  if (!scored) mods_each<Mods, kMaskEach, true>(s, q_idx, kv0, len_kv, scale, b, h, rows, cols, lane_t, cap);
+  if constexpr (kRange) kv_range_mask(s, kv0, rows);
 }
 
 // The columns of one S fragment at or past len_kv become -inf (a tile that crosses the end).

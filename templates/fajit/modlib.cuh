@@ -40,6 +40,16 @@ __device__ __forceinline__ int shl(int a, int b) { return (int)((unsigned)a << (
 __device__ __forceinline__ int shrs(int a, int b) { return a >> (b & 31); }
 __device__ __forceinline__ int shru(int a, int b) { return (int)((unsigned)a >> (b & 31)); }
 
+// A mask_mod that keeps an interval of keys per row (codegen's mask_kv_range) works its bounds
+// out in 64 bits, where kv ± a 32-bit row value cannot wrap: kKvOpen* stand for a side without
+// a bound, kv_bound() clamps a bound into [-1, 2^31 - 1] (keys are in [0, 2^31 - 1)).
+constexpr long long kKvOpenLo = -(1ll << 40), kKvOpenHi = 1ll << 40;
+__device__ __forceinline__ long long max64(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long min64(long long a, long long b) { return a < b ? a : b; }
+__device__ __forceinline__ int kv_bound(long long x) {
+  return (int)(x < -1 ? -1ll : x > 2147483647ll ? 2147483647ll : x);
+}
+
 // arith.maximumf / minimumf: NaN wins; -0 < +0.
 __device__ __forceinline__ float maximumf(float a, float b) {
   if (a != a || b != b) return __int_as_float(0x7fc00000);

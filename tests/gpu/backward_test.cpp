@@ -104,6 +104,10 @@ const std::vector<BwdCase>& cases() {
       // form and its plain fallback in one CTA row, whole and tail query tiles.
       {"slope_extremes", bf16, 128, 128, 1, 8, 2, 1000, 1000, 1},
       {"slope_extremes", f16, 64, 64, 2, 4, 4, 256, 4097, 1},
+      // Interval masks (kMaskKvRange: the dQ side masks partial tiles by their bounds), bounds at
+      // int32's ends, empty rows, tails both ways.
+      {"kv_range_extremes", bf16, 128, 128, 1, 12, 2, 1000, 1000},
+      {"kv_range_extremes", f16, 64, 64, 2, 12, 4, 17, 1000},
       {"query_slope", bf16, 128, 128, 2, 4, 2, 1000, 1000},
       {"document_softcap", bf16, 64, 128, 1, 4, 1, 4097, 4097},
       {"document_softcap", f16, 128, 128, 1, 2, 2, 17, 1000},

@@ -306,6 +306,16 @@ const std::vector<FwdCase>& cases() {
       {"slope_extremes", f16, 64, 64, 1, 8, 8, 16, 3000},
       with({"slope_extremes", f16, 128, 64, 1, 8, 1, 1000, 1000}, "mma",
            [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      // Interval masks (kMaskKvRange) with bounds at int32's ends, wrapped and empty (12 heads:
+      // each of the variant's six kinds, every fourth head's first rows empty): the Hopper
+      // forward (192-row tiles at d64), a 4097-key tail, the decoder, mma.sync split and plain.
+      {"kv_range_extremes", bf16, 64, 64, 2, 12, 4, 1000, 1000},
+      {"kv_range_extremes", f16, 128, 128, 1, 12, 2, 1000, 4097},
+      {"kv_range_extremes", bf16, 64, 64, 1, 12, 4, 16, 3000},
+      with({"kv_range_extremes", f16, 128, 64, 1, 12, 1, 1000, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"kv_range_extremes", bf16, 64, 64, 1, 12, 3, 777, 1000}, "mma",
+           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
       {"query_slope", bf16, 64, 64, 2, 4, 2, 1000, 1000},
       {"query_slope", f16, 128, 128, 2, 4, 4, 16, 4097},
       with({"query_slope", bf16, 64, 64, 2, 4, 1, 1000, 777}, "mma",

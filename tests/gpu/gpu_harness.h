@@ -265,6 +265,35 @@ inline const Variant& variant(const std::string& name) {
                  [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
                    c.scalar_i32("offset", p >= 0 ? p : std::max(0, d.Lkv - d.Lq));
                  }});
+    // A mask that keeps one interval of keys a row (codegen's kMaskKvRange: the kernels mask a
+    // partial tile by the row's two bounds), in every form it takes (kv - q, kv against a row
+    // value, q - kv, a boolean of the row), with bounds per head at the ends of int32: a 40-key
+    // window; q + INT_MAX, which wraps below 0 for every row but the first (the bound must be the
+    // wrapped value, as mask_mod computes it); an empty interval (lo > hi: fully masked rows);
+    // a window ahead of the diagonal [q + 200, q + 300]; q + INT_MIN (nothing); rows under 5 of
+    // every fourth head empty. Fully masked rows, wrap-around and far-off bounds together.
+    v.push_back({"kv_range_extremes", identity_score,
+                 [] {
+                   return MaskMod{"kv_range_extremes", [](Index, Index h, Index q, Index kv) {
+                                    auto lo = buffer<int32_t>("lo", 1), hi = buffer<int32_t>("hi", 1),
+                                         w = buffer<int32_t>("w", 1);
+                                    return kv - q >= lo(h) && kv <= q + hi(h) && q - kv <= w(h) &&
+                                           (h % 4 != 3 || q >= 5);
+                                  }};
+                 },
+                 [](CaptureSet& c, const Dims& d, int, std::mt19937&) {
+                   const int32_t imax = 2147483647, imin = -imax - 1;
+                   const int32_t lo[] = {-40, imin, 3, -2000000000, -300, 1 - imax};
+                   const int32_t hi[] = {0, imax, -3, 7, 300, imin};
+                   const int32_t w[] = {1000000, imax, imax, 100, -200, imax};
+                   std::vector<int32_t> l(size_t(d.H)), u(size_t(d.H)), x(size_t(d.H));
+                   for (int h = 0; h < d.H; ++h)
+                     l[size_t(h)] = lo[h % 6], u[size_t(h)] = hi[h % 6], x[size_t(h)] = w[h % 6];
+                   c.buffer_i32("lo", {d.H}, l);
+                   c.buffer_i32("hi", {d.H}, u);
+                   c.buffer_i32("w", {d.H}, x);
+                 },
+                 0, 1});
     v.push_back({"prefix_lm", identity_score, [] { return mods::prefix_lm(); },
                  [](CaptureSet& c, const Dims& d, int p, std::mt19937&) {
                    c.scalar_i32("prefix", p >= 0 ? p : std::max(1, d.Lkv / 3));

@@ -65,6 +65,9 @@ std::vector<SeqCase> cases() {
       {"causal", bf16, 192, 128, 4, 2, {64, 7}, {3000, 7}, 16},
       // a kv-linear score_mod whose rate reads q and b: paged prefill and decoding with GQA 4
       // (the decoder's rows span the group's heads)
+      // an interval mask at int32's ends: paged prefill, decoding with GQA 4
+      {"kv_range_extremes", bf16, 64, 64, 12, 3, {200, 1, 33}, {700, 5000, 33}, 16},
+      {"kv_range_extremes", f16, 128, 128, 12, 3, {4, 1, 16}, {3000, 9000, 17}, 32},
       {"query_slope", bf16, 64, 64, 8, 2, {200, 1, 33}, {700, 5000, 33}, 16},
       {"query_slope", f16, 128, 128, 8, 2, {4, 1, 16}, {3000, 9000, 17}, 32},
       // decoding at d64 and d32, where the paged kernel needs more registers than the packed
@@ -373,6 +376,7 @@ std::vector<RaggedBwdCase> ragged_bwd_cases() {
       {"document2d_causal", bf16, 64, 64, 2, 1, {200, 77, 333}, {250, 77, 333}},  // the mask reads b
       {"alibi_slopes", f16, 80, 80, 4, 2, {70, 1, 260}, {90, 2, 260}},            // slopes' gradient
       {"slope_extremes", bf16, 64, 64, 4, 2, {300, 1, 129}, {300, 64, 700}, 1},   // kv-linear, all rates
+      {"kv_range_extremes", f16, 64, 64, 12, 4, {300, 1, 129}, {300, 64, 700}},   // interval mask
       {"relative_bias", bf16, 192, 128, 4, 2, {257, 64}, {300, 66}},  // the wide-head kernel, bias gradient
       {"document_softcap", bf16, 64, 64, 4, 1, {500, 193}, {520, 193}, 60, autof, true},
       // a sequence with queries and no key (dQ = 0), dLSE, the mma.sync kernels

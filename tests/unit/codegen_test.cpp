@@ -246,6 +246,71 @@ TEST(Codegen, KvLinearScoreModsGiveTheirRate) {
             "none");
 }
 
+// A mask_mod that keeps one interval of keys a row (an and/or tree of compares of kv, kv - q or
+// q - kv with values free of kv): the mods say so (kMaskKvRange) and give the bounds by row
+// (mask_kv_range), so kernels mask a partial tile by two compares a row (attention_tile.cuh,
+// KvRange). Masks of any other shape get neither.
+TEST(Codegen, IntervalMasksGiveTheirBounds) {
+  // The bounds' body (lo, hi and what they read), or "none".
+  auto bounds_of = [](fa::MaskMod m) {
+    const std::string s = fa::emit_mods(fa::trace(fa::identity_score(), m));
+    const size_t at = s.find("void mask_kv_range(int b, int h, int q, const MaskRow& row,");
+    if (at == std::string::npos) {
+      EXPECT_LACKS(s, "kMaskKvRange");
+      return std::string("none");
+    }
+    EXPECT_HAS(s, "  static constexpr bool kMaskKvRange = true;\n");
+    EXPECT_HAS(s, "    mask_kv_range(b, h, q, mask_row(b, h, q, cap), cap, lo, hi);\n");
+    const size_t body = s.find("(void)row; (void)cap;\n", at) + 22;
+    return s.substr(body, s.find("  }\n", body) - body);
+  };
+  auto mask = [](const char* n, fa::MaskModFn f) { return fa::MaskMod{n, f}; };
+  // causal: kv <= q, nothing below.
+  EXPECT_EQ(bounds_of(fa::mods::causal()),
+            "    const long long k_0 = (long long)q;\n"
+            "    lo = fa::mod::kv_bound(fa::mod::kKvOpenLo);\n"
+            "    hi = fa::mod::kv_bound(k_0);\n");
+  // sliding: q - kv <= window gives kv >= q - window.
+  const std::string sliding = bounds_of(fa::mods::sliding_window());
+  EXPECT_HAS(sliding, "= (long long)q - v_");
+  EXPECT_HAS(sliding, "lo = fa::mod::kv_bound(k_1);\n");
+  EXPECT_HAS(sliding, "hi = fa::mod::kv_bound(k_0);\n");
+  // prefix-LM: kv < prefix || kv <= q, a union of two half-lines open below.
+  const std::string prefix = bounds_of(fa::mods::prefix_lm());
+  EXPECT_HAS(prefix, "= (long long)v_0 - 1;\n");
+  EXPECT_HAS(prefix, "fa::mod::max64(k_0, k_1)");
+  EXPECT_HAS(prefix, "lo = fa::mod::kv_bound(fa::mod::kKvOpenLo);\n");
+  // padding: a boolean of the row (q >= n_pad) with kv >= n_pad.
+  const std::string padding = bounds_of(fa::mods::padding());
+  EXPECT_HAS(padding, "? fa::mod::kKvOpenLo : fa::mod::kKvOpenHi;\n");
+  EXPECT_HAS(padding, "fa::mod::max64(");
+  // The other forms: kv - q against a row value, kv > x, kv == x, a bound read by head (the
+  // row's gathered value), a wrapped q + offset (emitted as mask_mod computes it).
+  EXPECT_HAS(bounds_of(mask("a", [](Index, Index, Index q, Index kv) { return kv - q >= -7; })),
+             "= (long long)v_c_7_i32 + q;\n");
+  EXPECT_HAS(bounds_of(mask("b", [](Index, Index, Index q, Index kv) { return kv > q * 2; })),
+             "lo = fa::mod::kv_bound(k_0);\n");
+  EXPECT_HAS(bounds_of(mask("c", [](Index, Index, Index q, Index kv) { return q == kv; })),
+             "lo = fa::mod::kv_bound(k_0);\n    hi = fa::mod::kv_bound(k_0);\n");
+  EXPECT_HAS(bounds_of(mask("d", [](Index, Index h, Index q,
+                                    Index kv) { return q - kv <= fa::buffer<int32_t>("w", 1)(h); })),
+             " = row.v_");
+  EXPECT_HAS(bounds_of(mask(
+                 "e", [](Index, Index, Index q, Index kv) { return kv <= q + fa::scalar<int32_t>("off"); })),
+             "fa::mod::add(q, v_");
+  // Not an interval: a two-sided union, kv != q, kv scaled, a key's value, unsigned, document.
+  EXPECT_EQ(bounds_of(mask(
+                "f", [](Index, Index, Index q, Index kv) { return (kv >= q && kv <= q + 5) || kv < 3; })),
+            "none");
+  EXPECT_EQ(bounds_of(mask("g", [](Index, Index, Index q, Index kv) { return kv != q; })), "none");
+  EXPECT_EQ(bounds_of(mask("h", [](Index, Index, Index q, Index kv) { return kv * 2 <= q; })), "none");
+  EXPECT_EQ(bounds_of(mask(
+                "i", [](Index, Index, Index q, Index kv) { return fa::buffer<int32_t>("ids", 1)(kv) <= q; })),
+            "none");
+  EXPECT_EQ(bounds_of(fa::mods::document()), "none");
+  EXPECT_EQ(bounds_of(fa::mods::dilated_sliding_window()), "none");
+}
+
 TEST(Codegen, ScalarSlotsFollowCaptureOrder) {
   // softcap (f32) and dilated window (two i32): scalars sorted by name take slots 0, 1, 2.
   fa::Program p = fa::trace(fa::mods::softcap(), fa::mods::dilated_sliding_window());

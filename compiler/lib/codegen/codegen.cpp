@@ -2,6 +2,7 @@
 #include "fajit/detail/codegen.h"
 
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -205,7 +206,10 @@ class ModEmitter {
        << indent << "const FaCaptures& cap) {\n"
        << "    return " << low << "_mod(" << call << ", " << low << "_row(b, h, q, cap), " << low
        << "_col(b, kv, cap), cap);\n  }\n";
-    if (is_score) emit_kv_rate(os, body, deps, place_of, closure);
+    if (is_score)
+      emit_kv_rate(os, body, deps, place_of, closure);
+    else
+      emit_kv_range(os, body, deps, place_of, closure);
     return os.str();
   }
 
@@ -274,18 +278,6 @@ class ModEmitter {
     const std::optional<std::pair<Value, bool>> linear = kv_linear_rate(body, deps);
     if (!linear) return;
     const auto [rate, negate] = *linear;
-    std::vector<Operation*> ops;
-    if (place_of(rate) != Place::kRow)
-      ops = closure({rate.getDefiningOp()},
-                    [&](Operation* def) { return place_of(def->getResult(0)) != Place::kRow; });
-    std::vector<Value> from_row;
-    auto note_row = [&](Value v) {
-      if (place_of(v) == Place::kRow && std::find(from_row.begin(), from_row.end(), v) == from_row.end())
-        from_row.push_back(v);
-    };
-    note_row(rate);
-    for (Operation* op : ops)
-      for (Value v : op->getOperands()) note_row(v);
     os << "  // score_mod(score, b, h, q, kv) = score + score_kv_rate(b, h, q) * (kv - q)\n"
           "  static constexpr bool kScoreKvLinear = true;\n"
        << "  static constexpr bool kScoreKvRateByQ = " << (reads(deps, rate, kDepQ) ? "true" : "false")
@@ -294,13 +286,203 @@ class ModEmitter {
           "row,\n"
           "                                                        const FaCaptures& cap) {\n"
           "    (void)b; (void)h; (void)q; (void)row; (void)cap;\n";
-    for (Value v : from_row)
-      os << "    const " << c_type(v.getType()) << " " << name(v) << " = row." << name(v) << ";\n";
-    for (Operation* op : ops) emit_op(os, *op);
+    emit_from_row(os, {rate}, place_of, closure);
     os << "    return " << (negate ? "-" : "") << name(rate) << ";\n  }\n"
        << "  static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, const FaCaptures& "
           "cap) {\n"
           "    return score_kv_rate(b, h, q, score_row(b, h, q, cap), cap);\n  }\n";
+  }
+
+  // The body of a function of the row (score_kv_rate, mask_kv_range) up to `roots`, computed as
+  // the mod computes them: the row values they read (split_mod's gathered ScoreRow / MaskRow
+  // members, from `row`), then the ops between re-emitted (arithmetic on them, constants,
+  // captured scalars: what split_mod leaves per element).
+  template <typename PlaceOf, typename Closure>
+  void emit_from_row(std::ostringstream& os, const std::vector<Value>& roots, PlaceOf&& place_of,
+                     Closure&& closure) {
+    std::vector<Operation*> work;
+    for (Value r : roots)
+      if (place_of(r) != Place::kRow && r.getDefiningOp()) work.push_back(r.getDefiningOp());
+    std::vector<Operation*> ops;
+    if (!work.empty())
+      ops = closure(work, [&](Operation* def) { return place_of(def->getResult(0)) != Place::kRow; });
+    std::vector<Value> from_row;
+    auto note_row = [&](Value v) {
+      if (place_of(v) == Place::kRow && std::find(from_row.begin(), from_row.end(), v) == from_row.end())
+        from_row.push_back(v);
+    };
+    for (Value r : roots) note_row(r);
+    for (Operation* op : ops)
+      for (Value v : op->getOperands()) note_row(v);
+    for (Value v : from_row)
+      os << "    const " << c_type(v.getType()) << " " << name(v) << " = row." << name(v) << ";\n";
+    for (Operation* op : ops) emit_op(os, *op);
+  }
+
+  // A mask_mod that keeps, for each query row, one interval of keys: an and/or tree over
+  // compares of kv, kv − q or q − kv with values that do not read kv (causal, sliding windows,
+  // prefix-LM, padding, causal with an offset), and over booleans that do not read kv. Each node
+  // is an interval [lo, hi] of kv in 64 bits (where kv ± a row value cannot wrap: the compares
+  // themselves are exact in 32 bits, since kv − q of two indices cannot wrap either); `and`
+  // intersects, `or` unites two half-lines open on the same side (a union of anything else need
+  // not be one interval). Emits the C++ of each node into `os` as it goes.
+  struct KvInterval {
+    bool lo_open = true, hi_open = true;  // unbounded below / above, whatever the row
+    std::string lo = "fa::mod::kKvOpenLo", hi = "fa::mod::kKvOpenHi";
+  };
+  std::optional<KvInterval> kv_interval(std::ostringstream& os, Value v, Value q, Value kv,
+                                        const llvm::DenseMap<Value, unsigned>& deps, int& fresh) {
+    using P = arith::CmpIPredicate;
+    auto local = [&](const std::string& e) {
+      const std::string n = fmt::format("k_{}", fresh++);
+      os << "    const long long " << n << " = " << e << ";\n";
+      return n;
+    };
+    if (!reads(deps, v, kDepKv)) {  // a boolean of the row: every key, or none
+      KvInterval r;
+      r.lo_open = r.hi_open = false;
+      r.lo = local(fmt::format("{} ? fa::mod::kKvOpenLo : fa::mod::kKvOpenHi", name(v)));
+      r.hi = local(fmt::format("{} ? fa::mod::kKvOpenHi : fa::mod::kKvOpenLo", name(v)));
+      return r;
+    }
+    Operation* def = v.getDefiningOp();
+    if (!def) return std::nullopt;
+    if (llvm::isa<arith::AndIOp, arith::OrIOp>(def)) {
+      const bool is_and = llvm::isa<arith::AndIOp>(def);
+      std::optional<KvInterval> a = kv_interval(os, def->getOperand(0), q, kv, deps, fresh);
+      if (!a) return std::nullopt;
+      std::optional<KvInterval> b = kv_interval(os, def->getOperand(1), q, kv, deps, fresh);
+      if (!b) return std::nullopt;
+      KvInterval r;
+      if (is_and) {
+        r.lo_open = a->lo_open && b->lo_open;
+        r.hi_open = a->hi_open && b->hi_open;
+        r.lo = a->lo_open   ? b->lo
+               : b->lo_open ? a->lo
+                            : local(fmt::format("fa::mod::max64({}, {})", a->lo, b->lo));
+        r.hi = a->hi_open   ? b->hi
+               : b->hi_open ? a->hi
+                            : local(fmt::format("fa::mod::min64({}, {})", a->hi, b->hi));
+      } else if (a->lo_open && b->lo_open) {  // (−inf, a.hi] ∪ (−inf, b.hi]
+        r.hi_open = a->hi_open || b->hi_open;
+        if (!r.hi_open) r.hi = local(fmt::format("fa::mod::max64({}, {})", a->hi, b->hi));
+      } else if (a->hi_open && b->hi_open) {  // [a.lo, inf) ∪ [b.lo, inf)
+        r.lo_open = a->lo_open || b->lo_open;
+        if (!r.lo_open) r.lo = local(fmt::format("fa::mod::min64({}, {})", a->lo, b->lo));
+      } else {
+        return std::nullopt;
+      }
+      return r;
+    }
+    auto cmp = llvm::dyn_cast<arith::CmpIOp>(def);
+    if (!cmp || !cmp.getLhs().getType().isSignlessInteger(32)) return std::nullopt;
+    // Which side is kv, kv − q or q − kv; the other must not read kv.
+    enum Form { kNone, kKv, kKvMinusQ, kQMinusKv };
+    auto form = [&](Value x) {
+      if (x == kv) return kKv;
+      if (auto s = x.getDefiningOp<arith::SubIOp>()) {
+        if (s.getLhs() == kv && s.getRhs() == q) return kKvMinusQ;
+        if (s.getLhs() == q && s.getRhs() == kv) return kQMinusKv;
+      }
+      return kNone;
+    };
+    P pred = cmp.getPredicate();
+    Value side = cmp.getLhs(), other = cmp.getRhs();
+    Form f = form(side);
+    if (f == kNone || reads(deps, other, kDepKv)) {
+      std::swap(side, other);
+      f = form(side);
+      if (f == kNone || reads(deps, other, kDepKv)) return std::nullopt;
+      pred = swapped(pred);
+    }
+    // side P other, as kv P y.
+    std::string y;
+    switch (f) {
+      case kKv: y = fmt::format("(long long){}", name(other)); break;
+      case kKvMinusQ: y = fmt::format("(long long){} + {}", name(other), name(q)); break;
+      default:  // q − kv P x  <=>  kv P' q − x
+        y = fmt::format("(long long){} - {}", name(q), name(other));
+        pred = swapped(pred);
+    }
+    KvInterval r;
+    switch (pred) {
+      case P::slt: r.hi_open = false, r.hi = local(y + " - 1"); break;
+      case P::sle: r.hi_open = false, r.hi = local(y); break;
+      case P::sgt: r.lo_open = false, r.lo = local(y + " + 1"); break;
+      case P::sge: r.lo_open = false, r.lo = local(y); break;
+      case P::eq: r.lo_open = r.hi_open = false, r.lo = r.hi = local(y); break;
+      default: return std::nullopt;  // ne, unsigned compares
+    }
+    return r;
+  }
+  // The predicate of `b P a` for `a P b`.
+  static arith::CmpIPredicate swapped(arith::CmpIPredicate p) {
+    using P = arith::CmpIPredicate;
+    switch (p) {
+      case P::slt: return P::sgt;
+      case P::sle: return P::sge;
+      case P::sgt: return P::slt;
+      case P::sge: return P::sle;
+      case P::ult: return P::ugt;
+      case P::ule: return P::uge;
+      case P::ugt: return P::ult;
+      case P::uge: return P::ule;
+      default: return p;  // eq, ne
+    }
+  }
+
+  // For a mask_mod that keeps an interval of keys per row (kv_interval), the interval as a
+  // function of the row (kernels that walk a row's keys then mask a partial tile by comparing
+  // each column's offset in the tile with two per-row bounds, and only on the side the bound
+  // falls in the tile: attention_tile.cuh, KvRange):
+  //   kMaskKvRange = true;
+  //   mask_kv_range(b, h, q, row, cap, lo, hi)   mask_mod keeps exactly the keys lo <= kv <= hi
+  //                                              (kv in [0, 2^31 − 1); lo, hi in [−1, 2^31 − 1])
+  //   mask_kv_range(b, h, q, cap, lo, hi)        the same from mask_row's own values
+  template <typename PlaceOf, typename Closure>
+  void emit_kv_range(std::ostringstream& os, mlir::fa::ModBody body,
+                     const llvm::DenseMap<Value, unsigned>& deps, PlaceOf&& place_of, Closure&& closure) {
+    mlir::Block& entry = body.getEntryBlock();
+    Value q, kv;
+    for (unsigned i = 0; i < body.getNumFixedArgs(); ++i) {
+      if (body.getFixedArgName(i) == "q") q = entry.getArgument(i);
+      if (body.getFixedArgName(i) == "kv") kv = entry.getArgument(i);
+    }
+    const Value top = llvm::cast<mlir::fa::YieldOp>(entry.getTerminator()).getValue();
+    if (top.getDefiningOp<arith::ConstantOp>()) return;  // no mask
+    // The tree's leaves' values that do not read kv, computed as mask_mod computes them: the
+    // row's gathered values, the rest re-emitted.
+    std::ostringstream tree;
+    int fresh = 0;
+    const std::optional<KvInterval> range = kv_interval(tree, top, q, kv, deps, fresh);
+    if (!range) return;
+    std::vector<Value> roots;
+    std::function<void(Value)> leaves = [&](Value v) {
+      Operation* def = v.getDefiningOp();
+      if (!def) return;
+      if (!reads(deps, v, kDepKv)) {
+        roots.push_back(v);
+      } else if (llvm::isa<arith::AndIOp, arith::OrIOp>(def)) {
+        leaves(def->getOperand(0)), leaves(def->getOperand(1));
+      } else if (auto cmp = llvm::dyn_cast<arith::CmpIOp>(def)) {
+        for (Value x : {cmp.getLhs(), cmp.getRhs()})
+          if (!reads(deps, x, kDepKv)) roots.push_back(x);
+      }
+    };
+    leaves(top);
+    os << "  // mask_mod(b, h, q, kv) = lo <= kv && kv <= hi, mask_kv_range(b, h, q, lo, hi)\n"
+          "  static constexpr bool kMaskKvRange = true;\n"
+          "  static __device__ __forceinline__ void mask_kv_range(int b, int h, int q, const MaskRow& row,\n"
+          "                                                       const FaCaptures& cap, int& lo, int& hi) "
+          "{\n"
+          "    (void)b; (void)h; (void)q; (void)row; (void)cap;\n";
+    emit_from_row(os, roots, place_of, closure);
+    os << tree.str() << "    lo = fa::mod::kv_bound(" << range->lo << ");\n"
+       << "    hi = fa::mod::kv_bound(" << range->hi << ");\n  }\n"
+       << "  static __device__ __forceinline__ void mask_kv_range(int b, int h, int q, const FaCaptures& "
+          "cap,\n"
+          "                                                       int& lo, int& hi) {\n"
+          "    mask_kv_range(b, h, q, mask_row(b, h, q, cap), cap, lo, hi);\n  }\n";
   }
 
   // Names the mod's fixed arguments and its captures.
