@@ -158,13 +158,17 @@ struct Case {
   // cannot emit; else traced through the frontend.
   bool text = false;
   bool kv_linear = false;  // the score_mod rewritten as score ± rate·(kv − q) (generate_case)
+  bool kv_range = false;   // the mask_mod rewritten as an interval of keys a row (generate_case)
 };
 
 // Case `index` of a seed. With kv_linear (fajit fuzz --kv-linear), half the cases get their
 // score_mod replaced by `score ± rate·(kv − q)` with a random rate free of kv (the form the
 // kernels add by FMA: codegen's kScoreKvLinear), drawn from a stream of its own, so every other
-// part of the case is the one the plain run draws (and the recorded regressions replay).
-Case generate_case(uint64_t seed, int index, bool kv_linear = false);
+// part of the case is the one the plain run draws (and the recorded regressions replay). With
+// kv_range (--kv-range) likewise half the mask_mods become an interval of keys a row: compares of
+// kv, kv − q or q − kv with values free of kv, some at int32's ends (codegen's kMaskKvRange,
+// which the kernels apply by two bounds a row).
+Case generate_case(uint64_t seed, int index, bool kv_linear = false, bool kv_range = false);
 std::string to_string(const NodeP& n);  // C++-like text of the graph
 std::string describe(const Case& c);    // mods as expressions, captures, shapes
 
@@ -205,6 +209,7 @@ struct Config {
   bool gpu = false;            // also run the kernels on the GPU against the float64 reference
   bool verbose = false;        // print every case
   bool kv_linear = false;      // generate_case's kv-linear rewrite
+  bool kv_range = false;       // generate_case's interval-mask rewrite
   std::string self = "fajit";  // the replay command's program name
 };
 
@@ -221,6 +226,8 @@ struct Stats {
   int64_t text_cases = 0, identity_scores = 0, gqa = 0, long_seqs = 0;  // the case mix
   int64_t kv_linear = 0;        // cases with generate_case's kv-linear rewrite
   int64_t kv_linear_found = 0;  // cases whose forward source codegen made kv-linear (any mod)
+  int64_t kv_range = 0;         // cases with generate_case's interval-mask rewrite
+  int64_t kv_range_found = 0;   // cases whose forward source codegen made an interval mask (any mask)
   // GPU mode: cases whose forward / ragged-paged layouts / backward were compared, and where the
   // time went (seconds: CPU checks, fa::compile incl. NVRTC, float64 references, the rest).
   int64_t gpu_forward = 0, gpu_layouts = 0, gpu_backward = 0;

@@ -328,6 +328,43 @@ class Gen {
     if (chance(0.3)) return mk(Op::kSubF, Ty::kScore, {s, t});
     return chance(0.5) ? mk(Op::kAddF, Ty::kScore, {s, t}) : mk(Op::kAddF, Ty::kScore, {t, s});
   }
+  // A mask that keeps one interval of keys a row (what codegen finds kMaskKvRange): compares of
+  // kv, kv − q or q − kv (either operand order) with index graphs that do not read kv, else an int
+  // scalar or a bound at int32's ends (wrapped sums, empty and all-key rows), joined by `and`, by
+  // `or` of two half-lines open on the same side, and with booleans of the row.
+  NodeP kv_range_leaf(int depth, int side) {  // side: 0 bounds kv above, 1 below, -1 either or both
+    static const int32_t kEnds[] = {2147483647, -2147483647 - 1, -2147483647, -1, 0, 7, 1000, -40};
+    NodeP q = mk(Op::kQ, Ty::kIndex), kv = mk(Op::kKv, Ty::kIndex);
+    const int form = uniform(0, 2);  // kv, kv − q, q − kv
+    NodeP f = form == 0 ? kv : mk(Op::kSubI, Ty::kIndex, {form == 1 ? kv : q, form == 1 ? q : kv});
+    NodeP x = index(depth, false);
+    if (reads(x, Op::kKv))
+      x = chance(0.5) ? named(Op::kScalarI, Ty::kIndex, kIntScalars[uniform(0, 1)])
+                      : cst_i(kEnds[uniform(0, 7)]);
+    // slt 0, sle 1, sgt 2, sge 3, eq 4: f < x bounds kv above unless f is q − kv.
+    int pred = side < 0 ? uniform(0, 4) : (side == 0) == (form != 2) ? uniform(0, 1) : uniform(2, 3);
+    if (chance(0.5)) return cmp(Op::kCmpI, pred, f, x);
+    static const int kSwapped[] = {2, 3, 0, 1, 4};
+    return cmp(Op::kCmpI, kSwapped[pred], x, f);
+  }
+  NodeP kv_range_mask(int depth) {
+    switch (uniform(0, 3)) {
+      case 0: return kv_range_leaf(depth, -1);
+      case 1: return mk(Op::kAnd, Ty::kBool, {kv_range_leaf(depth, -1), kv_range_leaf(depth, -1)});
+      case 2: {
+        const int side = uniform(0, 1);
+        return mk(Op::kOr, Ty::kBool, {kv_range_leaf(depth, side), kv_range_leaf(depth, side)});
+      }
+      default: {
+        NodeP row = boolean(depth, false);
+        if (reads(row, Op::kKv))
+          row = cmp(Op::kCmpI, 3, mk(Op::kQ, Ty::kIndex),
+                    named(Op::kScalarI, Ty::kIndex, kIntScalars[uniform(0, 1)]));
+        NodeP r = depth > 0 ? kv_range_mask(depth - 1) : kv_range_leaf(0, -1);
+        return chance(0.5) ? mk(Op::kAnd, Ty::kBool, {r, row}) : mk(Op::kAnd, Ty::kBool, {row, r});
+      }
+    }
+  }
   static bool reads(const NodeP& n, Op op) {
     if (n->op == op) return true;
     for (const NodeP& k : n->kids)
@@ -368,7 +405,7 @@ int length(Gen& g) {
 
 }  // namespace
 
-Case generate_case(uint64_t seed, int index, bool kv_linear) {
+Case generate_case(uint64_t seed, int index, bool kv_linear, bool kv_range) {
   Gen g(seed, index);
   Case c;
   c.seed = seed;
@@ -383,6 +420,12 @@ Case generate_case(uint64_t seed, int index, bool kv_linear) {
     k.text = c.text;
     k.use_buffers(&c.buffers);
     if (k.chance(0.5)) c.score = k.kv_linear_score_mod(k.uniform(0, 3)), c.kv_linear = true;
+  }
+  if (kv_range) {  // likewise for the mask, from another stream
+    Gen k(seed ^ 0x6b7672616e676573ull, index);
+    k.text = c.text;
+    k.use_buffers(&c.buffers);
+    if (k.chance(0.5)) c.mask = k.kv_range_mask(k.uniform(0, 2)), c.kv_range = true;
   }
   // Keep only the captures the graphs read.
   std::set<std::string> used;
@@ -555,6 +598,7 @@ std::string describe(const Case& c) {
                        x.len_q, x.len_kv, x.dim_qk, x.dim_v, x.dtype == fa::DType::bf16 ? "bf16" : "f16");
   };
   if (c.kv_linear) s += "score_mod: the kv-linear rewrite (fajit fuzz --kv-linear)\n";
+  if (c.kv_range) s += "mask_mod: the interval rewrite (fajit fuzz --kv-range)\n";
   s += fmt::format("shape: {}\nsmall shape (brute force): {}\narch: {}\nbuilt from: {}\n", sh(c.shape),
                    sh(c.small), c.arch, c.text ? "MLIR text (Program::parse)" : "the tracing frontend");
   return s;

@@ -142,6 +142,30 @@ TEST(FuzzRegression, KvLinearRewriteKeepsTheRestOfTheCase) {
   EXPECT_LE(rewritten, 18);
 }
 
+// --kv-range rewrites about half the mask_mods as an interval of keys a row, from a stream of its
+// own: the rest of each case is the plain run's, codegen finds every rewritten mask an interval
+// (kMaskKvRange), and the cases pass the CPU checks (the block analysis against brute force).
+TEST(FuzzRegression, KvRangeRewriteKeepsTheRestOfTheCase) {
+  int rewritten = 0;
+  for (int k = 0; k < 40; ++k) {
+    fa_fuzz::Case plain = fa_fuzz::generate_case(42, k), ranged = fa_fuzz::generate_case(42, k, false, true);
+    EXPECT_EQ(fa_fuzz::to_string(plain.score), fa_fuzz::to_string(ranged.score));
+    EXPECT_EQ(plain.text, ranged.text);
+    EXPECT_EQ(plain.shape.len_q, ranged.shape.len_q);
+    EXPECT_EQ(plain.shape.len_kv, ranged.shape.len_kv);
+    if (!ranged.kv_range) {
+      EXPECT_EQ(fa_fuzz::describe(plain), fa_fuzz::describe(ranged));
+      continue;
+    }
+    ++rewritten;
+    fa_fuzz::Stats st;
+    EXPECT_EQ(fa_fuzz::check_cpu(ranged, /*nvrtc=*/false, &st), "") << fa_fuzz::describe(ranged);
+    EXPECT_EQ(st.kv_range_found, 1) << fa_fuzz::describe(ranged);
+  }
+  EXPECT_GE(rewritten, 10);
+  EXPECT_LE(rewritten, 30);
+}
+
 // Hand-built graphs through every CPU check: the derivative check sees checked points.
 TEST(FuzzRegression, HandBuiltGraphsPassEveryCheck) {
   using fa_fuzz::Node;

@@ -32,6 +32,11 @@ CLI::App* add_fuzz_command(CLI::App& app) {
       "--kv-linear", g_fuzz.kv_linear,
       "rewrite half the cases' score_mods as score ± rate·(kv − q), a random rate free of kv (the form "
       "the kernels add by FMA); the rest of each case is drawn as without it");
+  cmd->add_flag(
+      "--kv-range", g_fuzz.kv_range,
+      "rewrite half the cases' mask_mods as an interval of keys a row (compares of kv, kv − q or q − kv "
+      "with values free of kv, some at int32's ends: the form the kernels apply by two bounds a row); "
+      "the rest of each case is drawn as without it");
   cmd->add_flag("-v,--verbose", g_fuzz.verbose, "print every case");
   return cmd;
 }
