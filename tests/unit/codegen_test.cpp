@@ -298,6 +298,13 @@ TEST(Codegen, IntervalMasksGiveTheirBounds) {
   EXPECT_HAS(bounds_of(mask(
                  "e", [](Index, Index, Index q, Index kv) { return kv <= q + fa::scalar<int32_t>("off"); })),
              "fa::mod::add(q, v_");
+  // A bound by b alone under a mask of b and kv: split_mod puts the whole mask in the column
+  // function, so the row struct does not hold the load; the bounds load it themselves (a fuzz
+  // find: `row.v_N` of a member MaskRow lacks).
+  const std::string by_batch = bounds_of(
+      mask("j", [](Index b, Index, Index, Index kv) { return kv < fa::buffer<int32_t>("lens", 1)(b); }));
+  EXPECT_HAS(by_batch, "fa::mod::load_i32(cap.buffers[0], b);");
+  EXPECT_LACKS(by_batch, "row.");
   // Not an interval: a two-sided union, kv != q, kv scaled, a key's value, unsigned, document.
   EXPECT_EQ(bounds_of(mask(
                 "f", [](Index, Index, Index q, Index kv) { return (kv >= q && kv <= q + 5) || kv < 3; })),

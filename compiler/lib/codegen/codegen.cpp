@@ -206,10 +206,16 @@ class ModEmitter {
        << indent << "const FaCaptures& cap) {\n"
        << "    return " << low << "_mod(" << call << ", " << low << "_row(b, h, q, cap), " << low
        << "_col(b, kv, cap), cap);\n  }\n";
+    // A row value the element function reads is a member of the row struct (crossing[0]); one
+    // that only the column function reads (a load by b under a mask of b and kv alone) is not.
+    auto in_row = [&](Value v) {
+      return place_of(v) == Place::kRow &&
+             std::find(crossing[0].begin(), crossing[0].end(), v) != crossing[0].end();
+    };
     if (is_score)
-      emit_kv_rate(os, body, deps, place_of, closure);
+      emit_kv_rate(os, body, deps, in_row, closure);
     else
-      emit_kv_range(os, body, deps, place_of, closure);
+      emit_kv_range(os, body, deps, in_row, closure);
     return os.str();
   }
 
@@ -272,9 +278,9 @@ class ModEmitter {
   //                                      the dK/dV kernel's, adds the bias by FMA too)
   //   score_kv_rate(b, h, q, row, cap)   the rate, from the row values score_row gathered
   //   score_kv_rate(b, h, q, cap)        the same from score_row's own
-  template <typename PlaceOf, typename Closure>
+  template <typename InRow, typename Closure>
   void emit_kv_rate(std::ostringstream& os, mlir::fa::ModBody body,
-                    const llvm::DenseMap<Value, unsigned>& deps, PlaceOf&& place_of, Closure&& closure) {
+                    const llvm::DenseMap<Value, unsigned>& deps, InRow&& in_row, Closure&& closure) {
     const std::optional<std::pair<Value, bool>> linear = kv_linear_rate(body, deps);
     if (!linear) return;
     const auto [rate, negate] = *linear;
@@ -286,7 +292,7 @@ class ModEmitter {
           "row,\n"
           "                                                        const FaCaptures& cap) {\n"
           "    (void)b; (void)h; (void)q; (void)row; (void)cap;\n";
-    emit_from_row(os, {rate}, place_of, closure);
+    emit_from_row(os, {rate}, in_row, closure);
     os << "    return " << (negate ? "-" : "") << name(rate) << ";\n  }\n"
        << "  static __device__ __forceinline__ float score_kv_rate(int b, int h, int q, const FaCaptures& "
           "cap) {\n"
@@ -294,21 +300,21 @@ class ModEmitter {
   }
 
   // The body of a function of the row (score_kv_rate, mask_kv_range) up to `roots`, computed as
-  // the mod computes them: the row values they read (split_mod's gathered ScoreRow / MaskRow
-  // members, from `row`), then the ops between re-emitted (arithmetic on them, constants,
-  // captured scalars: what split_mod leaves per element).
-  template <typename PlaceOf, typename Closure>
-  void emit_from_row(std::ostringstream& os, const std::vector<Value>& roots, PlaceOf&& place_of,
+  // the mod computes them: the values the row struct holds (`in_row`: split_mod's gathered
+  // ScoreRow / MaskRow members) read from `row`, everything between them and the roots re-emitted
+  // (arithmetic, constants, captured scalars: what split_mod leaves per element; and a load by
+  // row that only the column function reads, which the row struct does not hold).
+  template <typename InRow, typename Closure>
+  void emit_from_row(std::ostringstream& os, const std::vector<Value>& roots, InRow&& in_row,
                      Closure&& closure) {
     std::vector<Operation*> work;
     for (Value r : roots)
-      if (place_of(r) != Place::kRow && r.getDefiningOp()) work.push_back(r.getDefiningOp());
+      if (!in_row(r) && r.getDefiningOp()) work.push_back(r.getDefiningOp());
     std::vector<Operation*> ops;
-    if (!work.empty())
-      ops = closure(work, [&](Operation* def) { return place_of(def->getResult(0)) != Place::kRow; });
+    if (!work.empty()) ops = closure(work, [&](Operation* def) { return !in_row(def->getResult(0)); });
     std::vector<Value> from_row;
     auto note_row = [&](Value v) {
-      if (place_of(v) == Place::kRow && std::find(from_row.begin(), from_row.end(), v) == from_row.end())
+      if (in_row(v) && std::find(from_row.begin(), from_row.end(), v) == from_row.end())
         from_row.push_back(v);
     };
     for (Value r : roots) note_row(r);
@@ -439,9 +445,9 @@ class ModEmitter {
   //   mask_kv_range(b, h, q, row, cap, lo, hi)   mask_mod keeps exactly the keys lo <= kv <= hi
   //                                              (kv in [0, 2^31 − 1); lo, hi in [−1, 2^31 − 1])
   //   mask_kv_range(b, h, q, cap, lo, hi)        the same from mask_row's own values
-  template <typename PlaceOf, typename Closure>
+  template <typename InRow, typename Closure>
   void emit_kv_range(std::ostringstream& os, mlir::fa::ModBody body,
-                     const llvm::DenseMap<Value, unsigned>& deps, PlaceOf&& place_of, Closure&& closure) {
+                     const llvm::DenseMap<Value, unsigned>& deps, InRow&& in_row, Closure&& closure) {
     mlir::Block& entry = body.getEntryBlock();
     Value q, kv;
     for (unsigned i = 0; i < body.getNumFixedArgs(); ++i) {
@@ -476,7 +482,7 @@ class ModEmitter {
           "                                                       const FaCaptures& cap, int& lo, int& hi) "
           "{\n"
           "    (void)b; (void)h; (void)q; (void)row; (void)cap;\n";
-    emit_from_row(os, roots, place_of, closure);
+    emit_from_row(os, roots, in_row, closure);
     os << tree.str() << "    lo = fa::mod::kv_bound(" << range->lo << ");\n"
        << "    hi = fa::mod::kv_bound(" << range->hi << ");\n  }\n"
        << "  static __device__ __forceinline__ void mask_kv_range(int b, int h, int q, const FaCaptures& "
