@@ -648,9 +648,10 @@ __device__ __forceinline__ void kv_linear_scores(float (&s)[kNT][4], const float
 // row hh and column parity c the bounds as offsets 8j in the tile, lo - (kv0 + c) and
 // hi - (kv0 + c) (no wrap: both in [-1, 2^31 - 1]); column kv0 + 8j + c is masked where 8j falls
 // below the one or above the other. Each side's pass (one compare and one select an element,
-// where mask_mod costs four or five) runs only where its bound falls inside the tile for some row
-// of the warp (one vote each): a sliding window's partial tiles and a causal diagonal need one
-// side each. The bounds come gathered with the rows (ModRows::kv_lo, kv_hi).
+// where mask_mod costs four or five) runs only where that side masks a column of the tile for
+// some row of the warp (its bound inside the tile, or past it: a row with nothing kept here; one
+// vote each): a sliding window's partial tiles and a causal diagonal need one side each. The
+// bounds come gathered with the rows (ModRows::kv_lo, kv_hi).
 struct KvRangeBounds {
   int lo[2][2], hi[2][2];
   template <int kNT, typename Mods>

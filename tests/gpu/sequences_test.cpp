@@ -63,11 +63,11 @@ std::vector<SeqCase> cases() {
       {"sliding", f16, 128, 128, 8, 1, {16, 3, 0, 9}, {5000, 17, 12, 131072}, 128, false, 256},
       {"document_softcap", bf16, 96, 96, 8, 8, {2, 64, 1}, {4097, 64, 1000}, 48},
       {"causal", bf16, 192, 128, 4, 2, {64, 7}, {3000, 7}, 16},
-      // a kv-linear score_mod whose rate reads q and b: paged prefill and decoding with GQA 4
-      // (the decoder's rows span the group's heads)
       // an interval mask at int32's ends: paged prefill, decoding with GQA 4
       {"kv_range_extremes", bf16, 64, 64, 12, 3, {200, 1, 33}, {700, 5000, 33}, 16},
       {"kv_range_extremes", f16, 128, 128, 12, 3, {4, 1, 16}, {3000, 9000, 17}, 32},
+      // a kv-linear score_mod whose rate reads q and b: paged prefill and decoding with GQA 4
+      // (the decoder's rows span the group's heads)
       {"query_slope", bf16, 64, 64, 8, 2, {200, 1, 33}, {700, 5000, 33}, 16},
       {"query_slope", f16, 128, 128, 8, 2, {4, 1, 16}, {3000, 9000, 17}, 32},
       // decoding at d64 and d32, where the paged kernel needs more registers than the packed
