@@ -331,13 +331,16 @@ class ModEmitter {
   // is an interval [lo, hi] of kv in 64 bits (where kv ± a row value cannot wrap: the compares
   // themselves are exact in 32 bits, since kv − q of two indices cannot wrap either); `and`
   // intersects, `or` unites two half-lines open on the same side (a union of anything else need
-  // not be one interval). Emits the C++ of each node into `os` as it goes.
+  // not be one interval); a negation (`!x`, traced as x ^ true) is pushed down to the compares
+  // (De Morgan, each predicate inverted: `!(kv != q)` is kv == q). Emits the C++ of each node
+  // into `os` as it goes.
   struct KvInterval {
     bool lo_open = true, hi_open = true;  // unbounded below / above, whatever the row
     std::string lo = "fa::mod::kKvOpenLo", hi = "fa::mod::kKvOpenHi";
   };
   std::optional<KvInterval> kv_interval(std::ostringstream& os, Value v, Value q, Value kv,
-                                        const llvm::DenseMap<Value, unsigned>& deps, int& fresh) {
+                                        const llvm::DenseMap<Value, unsigned>& deps, int& fresh,
+                                        bool negate = false) {
     using P = arith::CmpIPredicate;
     auto local = [&](const std::string& e) {
       const std::string n = fmt::format("k_{}", fresh++);
@@ -347,17 +350,20 @@ class ModEmitter {
     if (!reads(deps, v, kDepKv)) {  // a boolean of the row: every key, or none
       KvInterval r;
       r.lo_open = r.hi_open = false;
-      r.lo = local(fmt::format("{} ? fa::mod::kKvOpenLo : fa::mod::kKvOpenHi", name(v)));
-      r.hi = local(fmt::format("{} ? fa::mod::kKvOpenHi : fa::mod::kKvOpenLo", name(v)));
+      const std::string c = (negate ? "!" : "") + name(v);
+      r.lo = local(fmt::format("{} ? fa::mod::kKvOpenLo : fa::mod::kKvOpenHi", c));
+      r.hi = local(fmt::format("{} ? fa::mod::kKvOpenHi : fa::mod::kKvOpenLo", c));
       return r;
     }
     Operation* def = v.getDefiningOp();
     if (!def) return std::nullopt;
+    if (std::optional<Value> x = negated(def))  // !x: the negation pushed down to the compares
+      return kv_interval(os, *x, q, kv, deps, fresh, !negate);
     if (llvm::isa<arith::AndIOp, arith::OrIOp>(def)) {
-      const bool is_and = llvm::isa<arith::AndIOp>(def);
-      std::optional<KvInterval> a = kv_interval(os, def->getOperand(0), q, kv, deps, fresh);
+      const bool is_and = llvm::isa<arith::AndIOp>(def) != negate;  // De Morgan under a negation
+      std::optional<KvInterval> a = kv_interval(os, def->getOperand(0), q, kv, deps, fresh, negate);
       if (!a) return std::nullopt;
-      std::optional<KvInterval> b = kv_interval(os, def->getOperand(1), q, kv, deps, fresh);
+      std::optional<KvInterval> b = kv_interval(os, def->getOperand(1), q, kv, deps, fresh, negate);
       if (!b) return std::nullopt;
       KvInterval r;
       if (is_and) {
@@ -392,7 +398,7 @@ class ModEmitter {
       }
       return kNone;
     };
-    P pred = cmp.getPredicate();
+    P pred = negate ? arith::invertPredicate(cmp.getPredicate()) : cmp.getPredicate();
     Value side = cmp.getLhs(), other = cmp.getRhs();
     Form f = form(side);
     if (f == kNone || reads(deps, other, kDepKv)) {
@@ -420,6 +426,16 @@ class ModEmitter {
       default: return std::nullopt;  // ne, unsigned compares
     }
     return r;
+  }
+  // x for an i1 `x ^ true` (either order: `!x` as traced), else nothing.
+  static std::optional<Value> negated(Operation* def) {
+    auto x = llvm::dyn_cast<arith::XOrIOp>(def);
+    if (!x || !x.getType().isSignlessInteger(1)) return std::nullopt;
+    for (int k = 0; k < 2; ++k)
+      if (auto c = x->getOperand(k).getDefiningOp<arith::ConstantOp>())
+        if (auto a = llvm::dyn_cast<mlir::IntegerAttr>(c.getValue()); a && a.getValue().isAllOnes())
+          return x->getOperand(1 - k);
+    return std::nullopt;
   }
   // The predicate of `b P a` for `a P b`.
   static arith::CmpIPredicate swapped(arith::CmpIPredicate p) {
@@ -468,6 +484,8 @@ class ModEmitter {
       if (!def) return;
       if (!reads(deps, v, kDepKv)) {
         roots.push_back(v);
+      } else if (std::optional<Value> x = negated(def)) {
+        leaves(*x);
       } else if (llvm::isa<arith::AndIOp, arith::OrIOp>(def)) {
         leaves(def->getOperand(0)), leaves(def->getOperand(1));
       } else if (auto cmp = llvm::dyn_cast<arith::CmpIOp>(def)) {
