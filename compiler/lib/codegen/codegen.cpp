@@ -2,7 +2,6 @@
 #include "fajit/detail/codegen.h"
 
 #include <cstring>
-#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -333,13 +332,14 @@ class ModEmitter {
   // intersects, `or` unites two half-lines open on the same side (a union of anything else need
   // not be one interval); a negation (`!x`, traced as x ^ true) is pushed down to the compares
   // (De Morgan, each predicate inverted: `!(kv != q)` is kv == q). Emits the C++ of each node
-  // into `os` as it goes.
+  // into `os` as it goes, and notes in `roots` the values it reads that do not read kv (a compare's
+  // other side, a boolean of the row), for the caller to compute ahead of it.
   struct KvInterval {
     bool lo_open = true, hi_open = true;  // unbounded below / above, whatever the row
     std::string lo = "fa::mod::kKvOpenLo", hi = "fa::mod::kKvOpenHi";
   };
-  std::optional<KvInterval> kv_interval(std::ostringstream& os, Value v, Value q, Value kv,
-                                        const llvm::DenseMap<Value, unsigned>& deps, int& fresh,
+  std::optional<KvInterval> kv_interval(std::ostringstream& os, std::vector<Value>& roots, Value v, Value q,
+                                        Value kv, const llvm::DenseMap<Value, unsigned>& deps, int& fresh,
                                         bool negate = false) {
     using P = arith::CmpIPredicate;
     auto local = [&](const std::string& e) {
@@ -350,6 +350,7 @@ class ModEmitter {
     if (!reads(deps, v, kDepKv)) {  // a boolean of the row: every key, or none
       KvInterval r;
       r.lo_open = r.hi_open = false;
+      roots.push_back(v);
       const std::string c = (negate ? "!" : "") + name(v);
       r.lo = local(fmt::format("{} ? fa::mod::kKvOpenLo : fa::mod::kKvOpenHi", c));
       r.hi = local(fmt::format("{} ? fa::mod::kKvOpenHi : fa::mod::kKvOpenLo", c));
@@ -358,12 +359,12 @@ class ModEmitter {
     Operation* def = v.getDefiningOp();
     if (!def) return std::nullopt;
     if (std::optional<Value> x = negated(def))  // !x: the negation pushed down to the compares
-      return kv_interval(os, *x, q, kv, deps, fresh, !negate);
+      return kv_interval(os, roots, *x, q, kv, deps, fresh, !negate);
     if (llvm::isa<arith::AndIOp, arith::OrIOp>(def)) {
       const bool is_and = llvm::isa<arith::AndIOp>(def) != negate;  // De Morgan under a negation
-      std::optional<KvInterval> a = kv_interval(os, def->getOperand(0), q, kv, deps, fresh, negate);
+      std::optional<KvInterval> a = kv_interval(os, roots, def->getOperand(0), q, kv, deps, fresh, negate);
       if (!a) return std::nullopt;
-      std::optional<KvInterval> b = kv_interval(os, def->getOperand(1), q, kv, deps, fresh, negate);
+      std::optional<KvInterval> b = kv_interval(os, roots, def->getOperand(1), q, kv, deps, fresh, negate);
       if (!b) return std::nullopt;
       KvInterval r;
       if (is_and) {
@@ -408,6 +409,7 @@ class ModEmitter {
       pred = swapped(pred);
     }
     // side P other, as kv P y.
+    roots.push_back(other);
     std::string y;
     switch (f) {
       case kKv: y = fmt::format("(long long){}", name(other)); break;
@@ -472,28 +474,13 @@ class ModEmitter {
     }
     const Value top = llvm::cast<mlir::fa::YieldOp>(entry.getTerminator()).getValue();
     if (top.getDefiningOp<arith::ConstantOp>()) return;  // no mask
-    // The tree's leaves' values that do not read kv, computed as mask_mod computes them: the
-    // row's gathered values, the rest re-emitted.
+    // The tree; the values its leaves read that do not read kv are computed ahead of it as
+    // mask_mod computes them (emit_from_row: the row's gathered values, the rest re-emitted).
     std::ostringstream tree;
-    int fresh = 0;
-    const std::optional<KvInterval> range = kv_interval(tree, top, q, kv, deps, fresh);
-    if (!range) return;
     std::vector<Value> roots;
-    std::function<void(Value)> leaves = [&](Value v) {
-      Operation* def = v.getDefiningOp();
-      if (!def) return;
-      if (!reads(deps, v, kDepKv)) {
-        roots.push_back(v);
-      } else if (std::optional<Value> x = negated(def)) {
-        leaves(*x);
-      } else if (llvm::isa<arith::AndIOp, arith::OrIOp>(def)) {
-        leaves(def->getOperand(0)), leaves(def->getOperand(1));
-      } else if (auto cmp = llvm::dyn_cast<arith::CmpIOp>(def)) {
-        for (Value x : {cmp.getLhs(), cmp.getRhs()})
-          if (!reads(deps, x, kDepKv)) roots.push_back(x);
-      }
-    };
-    leaves(top);
+    int fresh = 0;
+    const std::optional<KvInterval> range = kv_interval(tree, roots, top, q, kv, deps, fresh);
+    if (!range) return;
     os << "  // mask_mod(b, h, q, kv) = lo <= kv && kv <= hi, mask_kv_range(b, h, q, lo, hi)\n"
           "  static constexpr bool kMaskKvRange = true;\n"
           "  static __device__ __forceinline__ void mask_kv_range(int b, int h, int q, const MaskRow& row,\n"
