@@ -415,16 +415,19 @@ Case generate_case(uint64_t seed, int index, bool kv_linear, bool kv_range) {
   g.text = c.text;
   c.score = g.score_mod(g.uniform(1, 5));
   c.mask = g.mask(g.uniform(1, 4));
-  if (kv_linear) {  // from a stream of its own: the rest of the case is drawn as without it
-    Gen k(seed ^ 0x6b766c696e656172ull, index);
+  // The rewrites draw from streams of their own: the rest of the case is drawn as without them.
+  auto rewrite_stream = [&](uint64_t salt) {
+    Gen k(seed ^ salt, index);
     k.text = c.text;
     k.use_buffers(&c.buffers);
+    return k;
+  };
+  if (kv_linear) {
+    Gen k = rewrite_stream(0x6b766c696e656172ull);
     if (k.chance(0.5)) c.score = k.kv_linear_score_mod(k.uniform(0, 3)), c.kv_linear = true;
   }
-  if (kv_range) {  // likewise for the mask, from another stream
-    Gen k(seed ^ 0x6b7672616e676573ull, index);
-    k.text = c.text;
-    k.use_buffers(&c.buffers);
+  if (kv_range) {
+    Gen k = rewrite_stream(0x6b7672616e676573ull);
     if (k.chance(0.5)) c.mask = k.kv_range_mask(k.uniform(0, 2)), c.kv_range = true;
   }
   // Keep only the captures the graphs read.
