@@ -82,6 +82,9 @@ FwdCase with(FwdCase c, const std::string& tag, std::function<void(FwdCase&)> f)
   return c;
 }
 
+// The mma.sync kernel on a device whose default is the wgmma one (Hopper).
+void mma_family(FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }
+
 // Three consumer warpgroups with 112 keys a tile (between head dims 64 and 96).
 void tile192x112(FwdCase& c) {
   c.tile = fa::TileConfig{192, 112, 16, 3}, c.family = fa::KernelFamily::kWgmma;
@@ -194,15 +197,12 @@ const std::vector<FwdCase>& cases() {
       {"causal_alibi", f16, 144, 144, 2, 4, 4, 1000, 1000},
       {"sliding", bf16, 256, 64, 1, 8, 8, 1000, 1000, 300},
       {"document_softcap", f16, 256, 256, 1, 8, 2, 4097, 4097},
-      with({"relative_bias", bf16, 256, 256, 1, 2, 2, 1000, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"relative_bias", bf16, 256, 256, 1, 2, 2, 1000, 1000}, "mma", mma_family),
       with({"causal", bf16, 256, 256, 1, 4, 2, 1000, 1000}, "cpasync",
            [](FwdCase& c) { c.cp_async_kv = true; }),
       {"none", bf16, 96, 96, 1, 4, 1, 17, 17},
-      with({"document_softcap", f16, 40, 40, 1, 4, 1, 1000, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"document_softcap", f16, 40, 40, 1, 4, 1, 1000, 1000}, "mma", mma_family),
+      with({"alibi_slopes", bf16, 80, 80, 1, 8, 2, 1000, 17}, "mma", mma_family),
       // Three consumer warpgroups between 64 and 96 (192x112, the default without mods; the
       // masks' blocks regrouped into 192x112): tails, causal, document + softcap (160
       // registers), sliding with GQA, V narrower than QK, cp.async K/V with strided operands.
@@ -242,8 +242,7 @@ const std::vector<FwdCase>& cases() {
       with({"key_pad_bias", bf16, 80, 80, 2, 4, 4, 1000, 777}, "tile192x112", tile192x112),
       with({"key_pad_bias", f16, 64, 64, 2, 4, 2, 1000, 1000}, "ctas3",
            [](FwdCase& c) { c.persistent_ctas = 3; }),
-      with({"key_pad_bias", bf16, 128, 128, 1, 8, 2, 1000, 4097}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"key_pad_bias", bf16, 128, 128, 1, 8, 2, 1000, 4097}, "mma", mma_family),
       // the decoding kernel up to head dim 64 (a GQA group's heads packed into one tile: rows
       // of several heads), one query and 16, several splits
       {"key_keep_bias", bf16, 64, 64, 2, 8, 2, 16, 3000},
@@ -252,10 +251,8 @@ const std::vector<FwdCase>& cases() {
       // the mma.sync forward gathers them too up to d64: two m-tiles a warp sharing the shuffled
       // columns (4 warps), 32-key tiles (one slot), tails; and a document mask at d96 (the
       // plain calls: no m-tile shares a shuffle there)
-      with({"key_pad_bias", bf16, 64, 64, 2, 4, 2, 1000, 777}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"document2d_causal", f16, 96, 96, 2, 4, 4, 1000, 4097}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"key_pad_bias", bf16, 64, 64, 2, 4, 2, 1000, 777}, "mma", mma_family),
+      with({"document2d_causal", f16, 96, 96, 2, 4, 4, 1000, 4097}, "mma", mma_family),
       with({"key_pad_bias", f16, 64, 64, 1, 4, 1, 17, 1000}, "mma_tile64x32w4s2",
            [](FwdCase& c) {
              c.family = fa::KernelFamily::kMmaSync, c.tile = fa::TileConfig{64, 32, 4, 2};
@@ -296,44 +293,33 @@ const std::vector<FwdCase>& cases() {
       {"kv_ramp", f16, 64, 64, 2, 4, 1, 1000, 1000, 40},
       {"kv_ramp", f16, 80, 80, 1, 4, 2, 16, 9000, 20},  // the decoding kernel
       with({"kv_ramp", bf16, 96, 96, 1, 4, 1, 1000, 1000, 60}, "tile192x112", tile192x112),
-      with({"kv_ramp", f16, 128, 128, 1, 4, 2, 1000, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"kv_ramp", f16, 128, 128, 1, 4, 2, 1000, 1000}, "mma", mma_family),
       {"head_offset", bf16, 128, 128, 1, 6, 2, 1000, 1000},
       // Slopes the kv-linear form leaves to the plain one (inf, NaN, 2^80, FLT_MAX) beside
       // ordinary ones: the Hopper forward (192-row tiles at d64), the decoder, mma.sync.
       {"slope_extremes", bf16, 64, 64, 2, 8, 4, 1000, 1000},
       {"slope_extremes", bf16, 128, 128, 1, 8, 2, 1000, 4097},
       {"slope_extremes", f16, 64, 64, 1, 8, 8, 16, 3000},
-      with({"slope_extremes", f16, 128, 64, 1, 8, 1, 1000, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"slope_extremes", f16, 128, 64, 1, 8, 1, 1000, 1000}, "mma", mma_family),
       // Interval masks (kMaskKvRange) with bounds at int32's ends, wrapped and empty (12 heads:
       // each of the variant's six kinds, every fourth head's first rows empty): the Hopper
       // forward (192-row tiles at d64), a 4097-key tail, the decoder, mma.sync split and plain.
       {"kv_range_extremes", bf16, 64, 64, 2, 12, 4, 1000, 1000},
       {"kv_range_extremes", f16, 128, 128, 1, 12, 2, 1000, 4097},
       {"kv_range_extremes", bf16, 64, 64, 1, 12, 4, 16, 3000},
-      with({"kv_range_extremes", f16, 128, 64, 1, 12, 1, 1000, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"kv_range_extremes", bf16, 64, 64, 1, 12, 3, 777, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"kv_range_extremes", f16, 128, 64, 1, 12, 1, 1000, 1000}, "mma", mma_family),
+      with({"kv_range_extremes", bf16, 64, 64, 1, 12, 3, 777, 1000}, "mma", mma_family),
       {"query_slope", bf16, 64, 64, 2, 4, 2, 1000, 1000},
       {"query_slope", f16, 128, 128, 2, 4, 4, 16, 4097},
-      with({"query_slope", bf16, 64, 64, 2, 4, 1, 1000, 777}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"query_slope", bf16, 64, 64, 2, 4, 1, 1000, 777}, "mma", mma_family),
       {"head_offset", f16, 64, 64, 2, 6, 3, 17, 4097},  // the decoding kernel and its combine
-      with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"head_offset", f16, 96, 64, 1, 6, 6, 1000, 1000}, "mma", mma_family),
       // The mma.sync kernel on the same device (the default above is wgmma on Hopper).
-      with({"causal_alibi", bf16, 128, 128, 1, 8, 1, 1000, 1000}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"document_softcap", f16, 64, 128, 1, 4, 1, 4097, 4097}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"sliding", f16, 128, 64, 2, 4, 2, 17, 4097, 100}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
-      with({"relative_bias", bf16, 128, 128, 1, 2, 1, 4097, 17}, "mma",
-           [](FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }),
+      with({"causal_alibi", bf16, 128, 128, 1, 8, 1, 1000, 1000}, "mma", mma_family),
+      with({"document_softcap", f16, 64, 128, 1, 4, 1, 4097, 4097}, "mma", mma_family),
+      with({"padding", bf16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "mma", mma_family),
+      with({"sliding", f16, 128, 64, 2, 4, 2, 17, 4097, 100}, "mma", mma_family),
+      with({"relative_bias", bf16, 128, 128, 1, 2, 1, 4097, 17}, "mma", mma_family),
       // Autotuned (Options::autotune): the first launch times the candidates on these tensors,
       // then the chosen one writes O (checked like every case).
       with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "autotune",
