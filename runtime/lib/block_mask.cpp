@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <utility>
 
 #include <sys/mman.h>
@@ -14,6 +17,7 @@
 #include "fajit/error.h"
 #include "fajit/params.h"
 #include "fajit/runtime/device.h"
+#include "fajit/runtime/driver.h"
 #include "fajit/runtime/memory.h"
 
 namespace fa {
@@ -55,6 +59,15 @@ struct BlockMask::State {
     BlockMaskDeviceTables tables;
     const unsigned char* kv_sub_kinds = nullptr;
   };
+  // A mask over the caller's device tables (from_device_kv_blocks): the kernels read them in
+  // place; `kinds` is filled from one host copy when first needed (ensure_kinds).
+  struct DeviceKv {
+    CUcontext context = nullptr;
+    const int32_t *num = nullptr, *idx = nullptr, *full_num = nullptr, *full_idx = nullptr;
+  };
+  std::optional<DeviceKv> device_kv;
+  std::once_flag kinds_once;
+
   std::mutex mutex;
   std::map<CUcontext, Device> devices;
   std::map<std::pair<int, int>, BlockMask> regrouped;  // by (q_block, kv_block) (under mutex)
@@ -89,6 +102,90 @@ std::shared_ptr<State> make_state(int batch, int heads, int64_t len_q, int64_t l
   const int64_t tiles = int64_t(batch) * heads * s->nq * s->nkv;
   if (tiles > (int64_t(1) << 31) - 1)
     throw Error(fmt::format("block mask: {} tiles exceed the int32 range", tiles));
+  return s;
+}
+
+// Marks the tiles rows list in s.kinds (sized rows x nkv, all empty): partial from kv_num_blocks /
+// kv_indices, full from the full_* pair (null: none). Throws on a count outside [0, nkv], an index
+// outside [0, nkv) and a tile listed twice, naming the table and the tile.
+void place_kv_tables(State& s, const int32_t* num, const int32_t* idx, const int32_t* full_num,
+                     const int32_t* full_idx) {
+  const int nq = s.nq, nkv = s.nkv, heads = s.heads;
+  const size_t rows = size_t(s.batch) * heads * nq;
+  auto place = [&](const char* num_name, const char* idx_name, const int32_t* n, const int32_t* ix,
+                   BlockKind kind) {
+    for (size_t row = 0; row < rows; ++row) {
+      const int b = int(row / (size_t(heads) * nq)), h = int(row / nq % heads), qb = int(row % nq);
+      if (n[row] < 0 || n[row] > nkv)
+        throw Error(fmt::format("{}: count {} at (b={}, h={}, q-block={}) is outside [0, {}]", num_name,
+                                n[row], b, h, qb, nkv));
+      for (int i = 0; i < n[row]; ++i) {
+        const int32_t kb = ix[row * nkv + i];
+        if (kb < 0 || kb >= nkv)
+          throw Error(fmt::format("{}: entry {} at (b={}, h={}, q-block={}) is {}, outside [0, {})", idx_name,
+                                  i, b, h, qb, kb, nkv));
+        uint8_t& k = s.kinds[row * nkv + kb];
+        if (k != uint8_t(BlockKind::kEmpty))
+          throw Error(fmt::format("{}: block (b={}, h={}, q-block={}, kv-block={}) is listed twice", idx_name,
+                                  b, h, qb, kb));
+        k = uint8_t(kind);
+      }
+    }
+  };
+  place("kv_num_blocks", "kv_indices", num, idx, BlockKind::kPartial);
+  if (full_num) place("full_kv_num_blocks", "full_kv_indices", full_num, full_idx, BlockKind::kFull);
+}
+
+// A copy of a device-table mask's tables, checked into fresh kinds (the current context must
+// be the tables'). cuCtxSynchronize first: the tables may still be being written on any stream.
+std::vector<uint8_t> kinds_of_device_tables(const State& s) {
+  const State::DeviceKv& d = *s.device_kv;
+  const size_t rows = size_t(s.batch) * s.heads * s.nq, cells = rows * size_t(s.nkv);
+  std::vector<int32_t> num(rows), idx(cells), full_num, full_idx;
+  FA_CU(cuCtxSynchronize);
+  auto down = [](std::vector<int32_t>& v, const int32_t* p) {
+    FA_CU(cuMemcpyDtoH, v.data(), reinterpret_cast<CUdeviceptr>(p), v.size() * sizeof(int32_t));
+  };
+  down(num, d.num);
+  down(idx, d.idx);
+  if (d.full_num) {
+    full_num.resize(rows);
+    full_idx.resize(cells);
+    down(full_num, d.full_num);
+    down(full_idx, d.full_idx);
+  }
+  State probe;
+  probe.batch = s.batch, probe.heads = s.heads, probe.nq = s.nq, probe.nkv = s.nkv;
+  probe.kinds.assign(cells, uint8_t(BlockKind::kEmpty));
+  place_kv_tables(probe, num.data(), idx.data(), d.full_num ? full_num.data() : nullptr,
+                  d.full_num ? full_idx.data() : nullptr);
+  return std::move(probe.kinds);
+}
+
+// FAJIT_CHECK_DEVICE_TABLES=1: fill() checks a device-table mask's entries on every call (a copy
+// and a sync each time).
+bool check_device_tables() {
+  const char* v = std::getenv("FAJIT_CHECK_DEVICE_TABLES");
+  return v && *v && std::string_view(v) != "0";
+}
+
+// Throws unless `ctx` is a device-table mask's own context.
+void check_device_kv_context(const State& s, CUcontext ctx) {
+  if (ctx != s.device_kv->context)
+    throw Error(
+        "block mask: its tables are device memory of another CUDA context (from_device_kv_blocks); "
+        "use the mask on that device");
+}
+
+// s.kinds, filled first for a device-table mask (one copy of its tables, checked).
+const State& ensure_kinds(const State& cs) {
+  if (!cs.device_kv) return cs;
+  State& s = const_cast<State&>(cs);
+  std::call_once(s.kinds_once, [&] {
+    rt::ContextGuard guard;
+    check_device_kv_context(s, guard.context());
+    s.kinds = kinds_of_device_tables(s);
+  });
   return s;
 }
 
@@ -152,7 +249,7 @@ inline void transpose8x8(uint64_t x[8]) {
 // blocks at a time into a small buffer, so no transposed copy of the whole mask is made.
 class RowSource {
  public:
-  RowSource(const State& s, bool q) : s_(s), q_(q) {
+  RowSource(const State& s, bool q) : s_(ensure_kinds(s)), q_(q) {
     if (q_) strip_.resize(size_t(std::min(kStrip, s.nkv)) * s.nq);
   }
   int64_t rows() const { return int64_t(s_.batch) * s_.heads * (q_ ? s_.nkv : s_.nq); }
@@ -335,8 +432,15 @@ BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q, const unsig
   rt::ContextGuard guard;
   std::lock_guard<std::mutex> lock(s.mutex);
   State::Device& dev = s.devices[guard.context()];
+  if (s.device_kv) {  // the caller's tables, in place
+    check_device_kv_context(s, guard.context());
+    dev.tables.kv_num_blocks = s.device_kv->num;
+    dev.tables.kv_indices = s.device_kv->idx;
+    dev.tables.full_kv_num_blocks = s.device_kv->full_num;
+    dev.tables.full_kv_indices = s.device_kv->full_idx;
+  }
   try {
-    if (!dev.kv_buffer) {
+    if (!s.device_kv && !dev.kv_buffer) {
       const int* p[4];
       const bool ready = s.kv_ready.load(std::memory_order_acquire);
       rt::DeviceBuffer buf;
@@ -435,31 +539,27 @@ BlockMask BlockMask::from_kv_blocks(int batch, int heads, int64_t len_q, int64_t
     check_size("full_kv_indices", full_kv_indices, rows * nkv);
   }
   s->kinds.assign(rows * nkv, uint8_t(BlockKind::kEmpty));
-  auto place = [&](const char* num_name, const char* idx_name, const std::vector<int32_t>& num,
-                   const std::vector<int32_t>& idx, BlockKind kind) {
-    for (size_t row = 0; row < rows; ++row) {
-      const int b = int(row / (size_t(heads) * nq)), h = int(row / nq % heads), qb = int(row % nq);
-      if (num[row] < 0 || num[row] > nkv)
-        throw Error(fmt::format("{}: count {} at (b={}, h={}, q-block={}) is outside [0, {}]", num_name,
-                                num[row], b, h, qb, nkv));
-      for (int i = 0; i < num[row]; ++i) {
-        const int32_t kb = idx[row * nkv + i];
-        if (kb < 0 || kb >= nkv)
-          throw Error(fmt::format("{}: entry {} at (b={}, h={}, q-block={}) is {}, outside [0, {})", idx_name,
-                                  i, b, h, qb, kb, nkv));
-        uint8_t& k = s->kinds[row * nkv + kb];
-        if (k != uint8_t(BlockKind::kEmpty))
-          throw Error(fmt::format("{}: block (b={}, h={}, q-block={}, kv-block={}) is listed twice", idx_name,
-                                  b, h, qb, kb));
-        k = uint8_t(kind);
-      }
-    }
-  };
-  place("kv_num_blocks", "kv_indices", kv_num_blocks, kv_indices, BlockKind::kPartial);
-  if (has_full)
-    place("full_kv_num_blocks", "full_kv_indices", full_kv_num_blocks, full_kv_indices, BlockKind::kFull);
+  place_kv_tables(*s, kv_num_blocks.data(), kv_indices.data(), has_full ? full_kv_num_blocks.data() : nullptr,
+                  has_full ? full_kv_indices.data() : nullptr);
   return BlockMask(std::move(s));
 }
+
+BlockMask BlockMask::from_device_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                           const int32_t* kv_num_blocks, const int32_t* kv_indices,
+                                           const int32_t* full_kv_num_blocks, const int32_t* full_kv_indices,
+                                           int q_block, int kv_block) {
+  auto s = make_state(batch, heads, len_q, len_kv, q_block, kv_block);
+  if (!kv_num_blocks || !kv_indices)
+    throw Error("block mask: kv_num_blocks and kv_indices are required (device tables)");
+  if (!full_kv_num_blocks != !full_kv_indices)
+    throw Error("block mask: full_kv_num_blocks and full_kv_indices go together (both or neither)");
+  rt::ContextGuard guard;
+  s->device_kv =
+      State::DeviceKv{guard.context(), kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices};
+  return BlockMask(std::move(s));
+}
+
+bool BlockMask::on_device() const { return state().device_kv.has_value(); }
 
 const BlockMask::State& BlockMask::state() const {
   if (!state_) throw Error("block mask: empty (default-constructed) mask");
@@ -474,7 +574,7 @@ int BlockMask::q_block() const { return state().q_block; }
 int BlockMask::kv_block() const { return state().kv_block; }
 int BlockMask::num_q_blocks() const { return state().nq; }
 int BlockMask::num_kv_blocks() const { return state().nkv; }
-const std::vector<uint8_t>& BlockMask::kinds() const { return state().kinds; }
+const std::vector<uint8_t>& BlockMask::kinds() const { return ensure_kinds(state()).kinds; }
 const std::vector<uint8_t>& BlockMask::sub_kinds() const { return state().sub_kinds; }
 const std::vector<int32_t>& BlockMask::kv_num_blocks() const { return kv_tables(state()).num; }
 const std::vector<int32_t>& BlockMask::kv_indices() const { return kv_tables(state()).idx; }
@@ -490,6 +590,7 @@ bool BlockMask::matches_mask_mod() const { return state().matches_mask_mod; }
 bool BlockMask::regroupable() const {
   const State& s = state();
   if (s.matches_mask_mod) return true;
+  if (s.device_kv) return false;  // its kinds would cost a copy and a sync: not asked for
   std::call_once(state_->uniform_once, [&] {
     state_->uniform = std::all_of(s.kinds.begin(), s.kinds.end(), [&](uint8_t k) { return k == s.kinds[0]; });
   });
@@ -514,6 +615,7 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
         "(a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; given tables, "
         "build them with blocks {}x{}",
         s.q_block, s.kv_block, q_block, kv_block, q_block, kv_block));
+  ensure_kinds(s);
   std::lock_guard<std::mutex> lock(state_->mutex);
   const std::pair<int, int> key{q_block, kv_block};
   if (auto it = state_->regrouped.find(key); it != state_->regrouped.end()) return it->second;
@@ -563,7 +665,7 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
 }
 
 BlockKind BlockMask::kind(int b, int h, int q_blk, int kv_blk) const {
-  const State& s = state();
+  const State& s = ensure_kinds(state());
   if (b < 0 || b >= s.batch || h < 0 || h >= s.heads || q_blk < 0 || q_blk >= s.nq || kv_blk < 0 ||
       kv_blk >= s.nkv)
     throw Error(
@@ -574,7 +676,7 @@ BlockKind BlockMask::kind(int b, int h, int q_blk, int kv_blk) const {
 }
 
 BlockMaskDensity BlockMask::density() const {
-  const State& s = state();
+  const State& s = ensure_kinds(state());
   BlockMaskDensity d;
   for (uint8_t k : s.kinds) {
     if (k == uint8_t(BlockKind::kFull))
@@ -590,7 +692,7 @@ BlockMaskDensity BlockMask::density() const {
 }
 
 std::string BlockMask::to_string(int b, int h) const {
-  const State& s = state();
+  const State& s = ensure_kinds(state());
   (void)kind(b, h, 0, 0);  // range check
   const BlockMaskDensity d = density();
   std::string out = fmt::format(
@@ -626,6 +728,11 @@ BlockMaskDeviceTables BlockMask::device_tables() const { return device_tables_of
 
 void BlockMask::fill(FaBlockTables& t) const {
   const State& s = state();
+  if (s.device_kv && check_device_tables()) {  // FAJIT_CHECK_DEVICE_TABLES=1: their entries, every call
+    rt::ContextGuard guard;
+    check_device_kv_context(s, guard.context());
+    (void)kinds_of_device_tables(s);
+  }
   const unsigned char* sub = nullptr;
   const BlockMaskDeviceTables d = device_tables_of(s, /*with_q=*/false, &sub);
   t.kv_num_blocks = d.kv_num_blocks;

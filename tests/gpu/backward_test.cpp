@@ -39,6 +39,8 @@ struct BwdCase {
   bool row_reductions = false;    // FAJIT_TMA=0: the Hopper dK/dV kernel reduces dQ row by row
   bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
   int kv_block = 0;               // the block mask's kv_block (0: the default, 128)
+  bool device_tables = false;     // the mask's kv tables on the device (device_tables_of): the
+                                  // forward reads them in place, the backward's q tables come from a copy
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -90,6 +92,8 @@ const std::vector<BwdCase>& cases() {
       with({"padding", bf16, 192, 128, 1, 4, 2, 17, 300, 17}, "allmasked_nandlse",
            [](BwdCase& c) { c.dlse = true; }),
       {"dilated", f16, 64, 128, 1, 4, 1, 4097, 1000, 200},
+      with({"document2d_causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "devtables",
+           [](BwdCase& c) { c.device_tables = true; }),
       with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "noncontig",
            [](BwdCase& c) { c.noncontig = true; }),
       with({"sliding", f16, 64, 64, 1, 8, 1, 17, 1000, 300}, "noncontig_dlse",
@@ -328,7 +332,9 @@ TEST_P(BackwardTest, MatchesReference) {
   const fa::Captures captures = caps.captures();
   fa::BlockMaskOptions mask_options;
   if (c.kv_block > 0) mask_options.kv_block = c.kv_block;
-  const fa::BlockMask mask = kernel.block_mask(c.B, c.Hq, c.Lq, c.Lkv, captures, mask_options);
+  const fa::BlockMask built = kernel.block_mask(c.B, c.Hq, c.Lq, c.Lkv, captures, mask_options);
+  const std::unique_ptr<DeviceTablesMask> dt = c.device_tables ? device_tables_of(built) : nullptr;
+  const fa::BlockMask& mask = dt ? dt->mask : built;
 
   // Host inputs: Q, K, V in one buffer; dO and dLSE contiguous.
   const Layout lay = layout_of(c);

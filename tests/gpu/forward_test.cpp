@@ -55,6 +55,7 @@ struct FwdCase {
   bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
   int persistent_ctas = 0;        // > 0: FAJIT_PERSISTENT_CTAS, the persistent forward's CTAs capped
   bool max_scores = false;        // ForwardOptions::max_scores too (the row-max twins), checked
+  bool device_tables = false;     // the mask's kv tables read in place on the device (device_tables_of)
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -151,6 +152,17 @@ const std::vector<FwdCase>& cases() {
       {"causal_offset", bf16, 256, 256, 1, 4, 1, 1, 3000},
       with({"none", f16, 64, 64, 1, 4, 1, 17, 4096}, "splits7", [](FwdCase& c) { c.splits = 7; }),
       with({"causal_offset", bf16, 128, 128, 1, 8, 8, 1, 1000}, "splits1", [](FwdCase& c) { c.splits = 1; }),
+      // The kv tables read in place on the device (BlockMask::from_device_kv_blocks): decoding
+      // (GQA groups sharing a tile, per-head tables), prefill on the mask's own tile, and on a
+      // 192-row tile (d64: the mask's 128-row blocks run the 128x128 twin, its kinds copied once).
+      with({"causal_offset", bf16, 128, 128, 1, 32, 4, 2, 131072}, "devtables",
+           [](FwdCase& c) { c.device_tables = true; }),
+      with({"head_sliding", f16, 128, 128, 2, 8, 2, 3, 5000}, "devtables",
+           [](FwdCase& c) { c.device_tables = true; }),
+      with({"document_softcap", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "devtables",
+           [](FwdCase& c) { c.device_tables = true; }),
+      with({"sliding", f16, 64, 64, 2, 4, 1, 1000, 1000, 100}, "devtables",
+           [](FwdCase& c) { c.device_tables = true; }),
       // captured buffers the 32-bit, contiguous-innermost offsets cannot address (innermost
       // stride 2, poison between): the wide-captures twins of the forward (wgmma and mma.sync),
       // decoding and block-mask builder kernels
@@ -689,7 +701,8 @@ TEST_P(ForwardTest, MatchesReference) {
   EXPECT_EQ(p->mask.batch(), var.mask_batch ? c.B : 1);
   EXPECT_EQ(p->mask.heads(), var.mask_heads ? c.Hq : 1);
   double ms = 0;
-  Stats s = launch_and_check(c, *p->kernel, *p, p->mask, p->captures, p->ref, &ms);
+  const std::unique_ptr<DeviceTablesMask> dt = c.device_tables ? device_tables_of(p->mask) : nullptr;
+  Stats s = launch_and_check(c, *p->kernel, *p, dt ? dt->mask : p->mask, p->captures, p->ref, &ms);
   std::printf(
       "[ stats    ] rel %.2e  row %.2e  lse %.2e  max_abs %.2e  masked rows %ld  (compile %.1f s, ref %.1f "
       "s,%s)\n",
@@ -815,6 +828,56 @@ TEST(ForwardTiles, GivenTablesKeepTheirMeaningOnTheWideTileKernel) {
                       to);
       }
     }
+}
+
+// ---- kv tables kept on the device (BlockMask::from_device_kv_blocks) -------------------------
+
+// The kernels read such tables in place (the "devtables" cases above); what needs them on the
+// host — kinds, the text form, the transposed tables — comes from one checked copy, equal to the
+// host mask's; bad entries are reported there, and before a launch with
+// FAJIT_CHECK_DEVICE_TABLES=1, naming the table and the tile.
+TEST(DeviceTables, HostViewsComeFromOneCheckedCopy) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const FwdCase c{"sliding", f16, 64, 64, 2, 4, 1, 1000, 1000, 100};
+  std::shared_ptr<Prepared> p = start(c).get();
+  const std::unique_ptr<DeviceTablesMask> dt = device_tables_of(p->mask);
+  EXPECT_TRUE(dt->mask.on_device());
+  EXPECT_FALSE(p->mask.on_device());
+  EXPECT_EQ(dt->mask.kinds(), p->mask.kinds());
+  EXPECT_FALSE(dt->mask.regroupable());  // not looked for (a sync); the host mask's comes from mask_mod
+  EXPECT_TRUE(p->mask.regroupable());
+  EXPECT_EQ(dt->mask.to_string(), p->mask.to_string());
+  EXPECT_EQ(dt->mask.q_indices(), p->mask.q_indices());
+  EXPECT_EQ(dt->mask.full_q_num_blocks(), p->mask.full_q_num_blocks());
+
+  // One bad entry among causal tables [1, 1, 8] / [1, 1, 8, 8].
+  const int n = 8;
+  std::vector<int32_t> tables(size_t(n) + size_t(n) * n, 0);
+  for (int i = 0; i < n; ++i) {
+    tables[size_t(i)] = i + 1;
+    for (int j = 0; j <= i; ++j) tables[size_t(n) + size_t(i) * n + j] = j;
+  }
+  tables[size_t(n) + 5 * n + 2] = 99;
+  fa::rt::DeviceBuffer buf(tables.size() * sizeof(int32_t));
+  buf.upload(tables.data(), tables.size() * sizeof(int32_t));
+  const fa::BlockMask bad = fa::BlockMask::from_device_kv_blocks(
+      1, 1, c.Lq, c.Lkv, buf.as<const int32_t>(), buf.as<const int32_t>() + n, nullptr, nullptr);
+  const std::string want = "kv_indices: entry 2 at (b=0, h=0, q-block=5) is 99, outside [0, 8)";
+  EXPECT_EQ(error_of([&] { (void)bad.density(); }), want);
+  // On a d128 kernel (its 128x128 tile takes the mask as it is: nothing else copies the tables).
+  const FwdCase c128{"none", bf16, 128, 128, 2, 2, 2, 1000, 1000};
+  std::shared_ptr<Prepared> p128 = start(c128).get();
+  const fa::BlockMask bad2 = fa::BlockMask::from_device_kv_blocks(
+      1, 1, c.Lq, c.Lkv, buf.as<const int32_t>(), buf.as<const int32_t>() + n, nullptr, nullptr);
+  setenv("FAJIT_CHECK_DEVICE_TABLES", "1", 1);
+  const std::string launched =
+      error_of([&] { launch_and_check(c128, *p128->kernel, *p128, bad2, p128->captures, p128->ref); });
+  unsetenv("FAJIT_CHECK_DEVICE_TABLES");
+  EXPECT_NE(launched.find(want), std::string::npos) << launched;
+  EXPECT_EQ(error_of([&] {
+              fa::BlockMask::from_device_kv_blocks(1, 1, 100, 100, nullptr, nullptr, nullptr, nullptr);
+            }),
+            "block mask: kv_num_blocks and kv_indices are required (device tables)");
 }
 
 // ---- autotuning (Options::autotune) ---------------------------------------------------------

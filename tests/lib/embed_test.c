@@ -216,6 +216,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "from_kv_blocks differs: %s\n", fajit_last_error());
     return 1;
   }
+  /* tables kept on the device: their pointers are required (entries are checked where the host
+   * needs them, on a GPU) */
+  fajit_block_mask* m3 = NULL;
+  if (fajit_block_mask_from_device_kv_blocks(1, 1, 300, 300, 128, 128, NULL, NULL, NULL, NULL, &m3) !=
+          FAJIT_ERROR_INVALID_ARGUMENT ||
+      strcmp(fajit_last_error(), "kv_num_blocks is NULL") != 0 || m3 != NULL) {
+    fprintf(stderr, "expected a NULL-table error, got: %s\n", fajit_last_error());
+    return 1;
+  }
   printf("causal block mask:\n%s\n", fajit_block_mask_to_string(m2, 0, 0));
   fajit_block_mask_destroy(m2);
   fajit_block_mask_destroy(m);

@@ -112,6 +112,20 @@ TEST(BlockMask, FromKvBlocksErrors) {
             "full_kv_indices: block (b=0, h=0, q-block=0, kv-block=1) is listed twice");
 }
 
+// What is checked before a device-table mask touches a GPU (its entries are checked where the
+// host first needs them: tests/gpu, DeviceTables).
+TEST(BlockMask, FromDeviceKvBlocksArgumentErrors) {
+  static const int32_t t[4] = {0, 0, 0, 0};
+  EXPECT_EQ(error_of([] { BlockMask::from_device_kv_blocks(1, 1, 256, 256, nullptr, t, nullptr, nullptr); }),
+            "block mask: kv_num_blocks and kv_indices are required (device tables)");
+  EXPECT_EQ(error_of([] { BlockMask::from_device_kv_blocks(1, 1, 256, 256, t, t, t, nullptr); }),
+            "block mask: full_kv_num_blocks and full_kv_indices go together (both or neither)");
+  EXPECT_EQ(error_of([] { BlockMask::from_device_kv_blocks(1, 1, 256, 0, t, t, nullptr, nullptr); }),
+            "block mask: lengths must be positive, got Lq=256, Lkv=0");
+  EXPECT_EQ(error_of([] { BlockMask::from_device_kv_blocks(1, 1, 256, 256, t, t, nullptr, nullptr, 100); }),
+            "block mask: block sizes must be positive multiples of 16, got 100x128");
+}
+
 TEST(BlockMask, FromKindsErrors) {
   EXPECT_EQ(error_of([] {
               BlockMask::from_kinds(1, 1, 256, 256, {0, 1, 2});

@@ -499,6 +499,25 @@ fajit_status fajit_block_mask_from_kv_blocks(int batch, int heads, int64_t len_q
   });
 }
 
+fajit_status fajit_block_mask_from_device_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                                    int q_block, int kv_block, const int32_t* kv_num_blocks,
+                                                    const int32_t* kv_indices,
+                                                    const int32_t* full_kv_num_blocks,
+                                                    const int32_t* full_kv_indices, fajit_block_mask** out) {
+  return guarded([&] {
+    require(kv_num_blocks, "kv_num_blocks");
+    require(kv_indices, "kv_indices");
+    require(out, "out");
+    fa::BlockMaskOptions bo = mask_options(q_block, kv_block);
+    if ((full_kv_num_blocks == nullptr) != (full_kv_indices == nullptr))
+      throw fa::Error("full_kv_num_blocks and full_kv_indices must both be given or both be NULL");
+    fa::BlockMask m =
+        fa::BlockMask::from_device_kv_blocks(batch, heads, len_q, len_kv, kv_num_blocks, kv_indices,
+                                             full_kv_num_blocks, full_kv_indices, bo.q_block, bo.kv_block);
+    *out = new fajit_block_mask{std::move(m), {}};
+  });
+}
+
 fajit_status fajit_block_mask_all_full(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block,
                                        int kv_block, fajit_block_mask** out) {
   return guarded([&] {

@@ -85,6 +85,23 @@ class FA_API BlockMask {
                                   const std::vector<int32_t>& full_kv_indices, int q_block = kDefaultBlock,
                                   int kv_block = kDefaultBlock);
 
+  // Over kv tables that stay on the device, in flex's layout as from_kv_blocks takes them (int32,
+  // contiguous, in the current context; full_* null for no full tiles). The forward and decoding
+  // kernels read them in place: building the mask copies nothing and waits for nothing, so a
+  // mask made per call (a decoding step's slice of a larger mask, by a position on the GPU)
+  // costs no sync, and a launch with it can be captured in a CUDA graph (replays read the
+  // tables' values at replay time). The caller keeps the tables alive while the mask lives and
+  // their entries valid: they are checked where something needs them on the host — kinds(),
+  // density(), to_string(), the host getters, the backward's transposed tables, regrouping into
+  // other blocks — from one copy made then (after cuCtxSynchronize), as from_kv_blocks checks,
+  // and on every fill() when FAJIT_CHECK_DEVICE_TABLES=1.
+  static BlockMask from_device_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                         const int32_t* kv_num_blocks, const int32_t* kv_indices,
+                                         const int32_t* full_kv_num_blocks, const int32_t* full_kv_indices,
+                                         int q_block = kDefaultBlock, int kv_block = kDefaultBlock);
+  // Whether the mask reads tables kept on the device (from_device_kv_blocks).
+  bool on_device() const;
+
   // Every tile full (no mask_mod).
   static BlockMask all_full(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block = kDefaultBlock,
                             int kv_block = kDefaultBlock);
@@ -143,7 +160,8 @@ class FA_API BlockMask {
   // and uploaded on the first call with that tile: ~20 ms a million tiles on the 2-core build box).
   const BlockMask& regrouped(int q_block, int kv_block) const;
   // Whether regrouped() may merge the mask's blocks: matches_mask_mod(), or every tile has the
-  // same kind (an all-full mask regroups exactly whatever the mask_mod). Splitting needs neither.
+  // same kind (an all-full mask regroups exactly whatever the mask_mod; not looked for in device
+  // tables, whose kinds would cost a sync: false there). Splitting needs neither.
   bool regroupable() const;
 
   // Throws fa::Error unless the mask was built for these lengths and Bm/Hm are 1 or B/H:
