@@ -124,6 +124,8 @@ _SIGNATURES = {
                                                 _PC, _P, C.POINTER(_P)]),
     "fajit_block_mask_from_kv_blocks": (C.c_int, [C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int,
                                                   _P, _P, _P, _P, C.POINTER(_P)]),
+    "fajit_block_mask_from_device_kv_blocks": (C.c_int, [C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int,
+                                                         _P, _P, _P, _P, C.POINTER(_P)]),
     "fajit_block_mask_all_full": (C.c_int, [C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int,
                                             C.POINTER(_P)]),
     "fajit_block_mask_destroy": (None, [_P]),

@@ -7,8 +7,9 @@ operation on them records a node, and the nodes reachable from the result are pr
 What a mod may use:
   * Python operators, comparisons, `&`, `|`, `^`, `~` on the arguments and on results;
   * Python numbers (constants: a new value is a new kernel);
-  * `fajit.scalar("name", dtype)` or, with torch, a captured 0-d tensor: a runtime scalar
-    (`fa.scalar`), bound at call time, so a new value never recompiles;
+  * `fajit.scalar("name", dtype)` or, with torch, a captured 0-d CPU tensor: a runtime scalar
+    (`fa.scalar`), bound at call time, so a new value never recompiles; a captured 0-d tensor
+    on a GPU is a one-element buffer read at 0 on the device (its value never leaves it);
   * `fajit.buffer("name", rank, dtype)` or, with torch, a captured tensor indexed by traced
     integers (`bias[h, q_idx - kv_idx]`): a captured buffer (`fa.load`), bound at call time;
   * torch functions (`torch.where`, `torch.tanh`, ...; see `_torch_table`).
@@ -331,9 +332,12 @@ def _coerce(x, what="operand"):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         if x.dim() == 0:
-            kind = I1 if x.dtype == torch.bool else (F32 if x.dtype.is_floating_point else I32)
-            if kind == I1:
-                kind = I32
+            kind = F32 if x.dtype.is_floating_point else I32
+            if x.device.type != "cpu":
+                # Read where it lives: a one-element buffer loaded at 0 (no host copy of the value
+                # per call, so no sync and CUDA-graph capture works; a float one gets a gradient).
+                hint = t.names.hints.get(id(x), f"buf{len(t.names.objects)}")
+                return _load(x, hint, 1, kind, (0,))
             name = t.names.name_of(x, f"scalar{len(t.names.objects)}")
             return _scalar_node(t, name, kind, obj=x)
         _fail(f"a captured tensor of shape {list(x.shape)} is used without indexing; index it with the "

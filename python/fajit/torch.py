@@ -11,7 +11,8 @@
 Same argument names, shapes, dtypes and results as torch's. The mods are traced once per
 (score_mod, mask_mod) into fa IR (fajit._trace) and compiled per variant, dtype and head dims
 (kept in memory here; libfajit also keeps cubins on disk). Captured tensors are bound at call
-time (a captured 0-d tensor is a runtime scalar: a new value never recompiles). The kernels run
+time (a captured 0-d tensor is a runtime value: a new value never recompiles; a CPU one is passed
+by value, a GPU one read on the device, with no host sync, and a float one gets a gradient). The kernels run
 as the custom ops fajit::flex_fwd / fajit::flex_bwd (torch.library.custom_op, with fake
 implementations and autograd), on the current CUDA stream of the query's device, so
 torch.compile keeps them in its graph. Eager calls skip the ops' dispatch (~120 us of host
@@ -229,11 +230,13 @@ def _on_device(device):
 # ---- block masks ----------------------------------------------------------------------------
 
 class _MaskHandle:
-    """A fajit_block_mask, destroyed with this object."""
+    """A fajit_block_mask, destroyed with this object; `tables`: the device tables it reads in
+    place (a mask of device tables), kept alive as long as it."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, tables=()):
         self.h = handle
         self.lib = _capi.lib()
+        self.tables = tables
 
     def __del__(self):
         if self.h:
@@ -248,6 +251,7 @@ class _MaskHandle:
 # seq_lengths = (1, KV_LEN) on a mask[:, :, i]). An entry lives as long as the tensors its tables
 # view, so a view made again (every decoding step) finds it.
 _MASKS = {}
+_DECODE_MAX_LEN_Q = 64  # the decoding kernel's query rows (fa::kDecodeMaxLenQ)
 
 
 def _tables_key(tables, info):
@@ -315,9 +319,12 @@ def _unbroadcast(tables):
     return list(tables)
 
 
-def _mask_for(tables, info, batch, heads, device):
+def _mask_for(tables, info, batch, heads, device, in_place=False):
     """The fajit mask of flex kv tables [kv_num_blocks, kv_indices, full_kv_num_blocks,
-    full_kv_indices] (full ones may be missing), built from a host copy the first time."""
+    full_kv_indices] (full ones may be missing), built the first time: from a host copy (checked,
+    with what fajit derives from the tiles' kinds for its kernels), or with in_place over the
+    tables on the device, read there by the kernels (no copy, no sync; CUDA-graph capture works),
+    as a short query's decoding needs: a decoding step's slice of a mask is new every step."""
     len_q, len_kv, qb, kvb = info
     if not tables:
         key = ("full", len_q, len_kv, qb, kvb)
@@ -333,6 +340,20 @@ def _mask_for(tables, info, batch, heads, device):
         refs, versions, handle = hit
         if all(r() is not None for r in refs) and versions == tuple(t._version for t in tables):
             return handle
+    if in_place:
+        dev = [t.detach().to(torch.int32).contiguous() for t in _unbroadcast(tables)]
+        bm, hm = dev[0].shape[0], dev[0].shape[1]
+        ptrs = [C.c_void_p(t.data_ptr()) for t in dev] + [None] * (4 - len(dev))
+        h = C.c_void_p()
+        _capi.check(_capi.lib().fajit_block_mask_from_device_kv_blocks(bm, hm, len_q, len_kv, qb, kvb, *ptrs,
+                                                                        C.byref(h)), "block_mask")
+        # The handle keeps the converted copies; the tables themselves it must not keep (the
+        # registry's entry, and with it the handle, goes when they go).
+        copies = tuple(d for d, t in zip(dev, tables)
+                       if d.untyped_storage().data_ptr() != t.untyped_storage().data_ptr())
+        handle = _MaskHandle(h, copies)
+        _register_mask(tables, info, handle)
+        return handle
     host = [t.detach().to("cpu", torch.int32).contiguous() for t in _unbroadcast(tables)]
     bm, hm = host[0].shape[0], host[0].shape[1]
     ptrs = [C.c_void_p(t.data_ptr()) for t in host] + [None] * (4 - len(host))
@@ -379,19 +400,35 @@ def _torch_block_mask(num, idx, full_num, full_idx, block_size, mask_mod, seq_le
         return TorchBlockMask.from_kv_blocks(num, idx, **kw)
 
 
+_Q_TABLES = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
 class BlockMask:
     """flex_attention's block-sparse tables (the same int32 tables as torch's BlockMask:
     kv_num_blocks [B, H, nq], kv_indices [B, H, nq, nkv], full_kv_*, and the q_* transposes),
     the mask_mod they come from, and fajit's own handle. to_torch() / from_torch() convert."""
 
-    def __init__(self, handle, tables, seq_lengths, block_size, mask_mod):
+    def __init__(self, handle, tables, seq_lengths, block_size, mask_mod, lazy_q=False):
+        """lazy_q: the q_* transposes are computed from the kv tables when first read (torch's
+        BlockMask.from_kv_blocks, about 2 ms of host time a call): a decoding step's slice
+        (__getitem__) never needs them, as fajit's kernels transpose for themselves."""
         for name in _capi.TABLES:
-            setattr(self, name, tables.get(name))
+            if not (lazy_q and name in _Q_TABLES):
+                setattr(self, name, tables.get(name))
         self.seq_lengths = tuple(int(n) for n in seq_lengths)
         self.BLOCK_SIZE = tuple(int(n) for n in block_size)
         self.mask_mod = mask_mod
         if handle is not None:
             _register_mask(_kv_tables(self), self._info(), handle)
+
+    def __getattr__(self, name):  # only for attributes not set: the lazy q_* tables
+        if name not in _Q_TABLES or "kv_num_blocks" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        theirs = _torch_block_mask(self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
+                                   self.full_kv_indices, self.BLOCK_SIZE, _sliced_mask_mod_error, self.seq_lengths)
+        for n in _Q_TABLES:
+            self.__dict__[n] = getattr(theirs, n, None)
+        return self.__dict__[name]
 
     def _info(self):
         return (self.seq_lengths[0], self.seq_lengths[1], self.BLOCK_SIZE[0], self.BLOCK_SIZE[1])
@@ -433,8 +470,8 @@ class BlockMask:
         index = tuple(keep(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads",
                                                                              "the query blocks")))
         num, idx, fnum, fidx = ([t[index] for t in _kv_tables(self)] + [None, None])[:4]  # full ones may be missing
-        picked = _torch_block_mask(num, idx, fnum, fidx, self.BLOCK_SIZE, _sliced_mask_mod_error, self.seq_lengths)
-        return BlockMask._of_torch(picked, self.seq_lengths)
+        tables = {"kv_num_blocks": num, "kv_indices": idx, "full_kv_num_blocks": fnum, "full_kv_indices": fidx}
+        return BlockMask(None, tables, self.seq_lengths, self.BLOCK_SIZE, _sliced_mask_mod_error, lazy_q=True)
 
     def _adjust(self, new_q_len, new_kv_len):
         """torch's BlockMask._adjust: this mask cropped to its upper-left [new_q_len, new_kv_len]
@@ -549,7 +586,16 @@ def _bind(key, device, what):
         if t.device != device:
             raise ValueError(f"{what} captures tensor '{name}' on {t.device}; it must be on {device}")
         t = t.to(torch.float32 if kind == "f32" else torch.int32)
+        if t.dim() == 0:
+            t = t.reshape(1)  # a captured 0-d GPU tensor: a one-element buffer (fajit._trace)
         out.append(t if t.is_contiguous() else t.contiguous())
+    wants = [name for name, t in zip(v.scalar_names, scalars) if t.requires_grad]
+    if wants and torch.is_grad_enabled():
+        by_score = {c["name"] for c in v.program.captures() if c["used_by_score"]}
+        for name in (n for n in wants if n in by_score):
+            raise ValueError(f"{what} captures the 0-d tensor '{name}' on the CPU and it requires grad: a CPU "
+                             f"scalar is passed by value and gets no gradient; put it on {device} (a 0-d GPU "
+                             "tensor is read on the device and gets one)")
     return out, list(scalars)
 
 
@@ -604,7 +650,9 @@ def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, 
     keep = []
     with _on_device(q.device):
         kern = _kernel(var, q.dtype, D, Dv, q.device)
-        mask = _mask_for(tables, mask_info, B, Hq, q.device)
+        # A short query (the decoding kernel's) or a CUDA-graph capture reads the tables in place.
+        mask = _mask_for(tables, mask_info, B, Hq, q.device,
+                         in_place=Lq <= _DECODE_MAX_LEN_Q or torch.cuda.is_current_stream_capturing())
         caps = _ccaptures(var, buffers, scalars, keep)
         ts = [_ctensor(t) for t in (q, k, v, out, lse)]
         if not want_max:

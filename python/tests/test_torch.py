@@ -507,6 +507,128 @@ def test_runtime_scalar_changes_without_recompiling():
     assert (out1 - out2).abs().max().item() > 1e-2
 
 
+def _dense_softcap_reference(q, k, v, cap, keep):
+    """float64 attention of cap * tanh(s / cap) over the kept entries [L, S]; differentiable in cap."""
+    D = q.shape[-1]
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
+    c = cap.double()
+    s = (c * torch.tanh(s / c)).masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v.double()
+
+
+@needs_gpu
+def test_a_captured_gpu_scalar_is_read_on_the_device_and_gets_its_gradient():
+    """A captured 0-d GPU tensor is a one-element buffer read by the kernels (no .item(), so no
+    sync per call); a float one that requires grad gets its gradient; a new value never
+    recompiles. A CPU one stays a runtime scalar (by value), and asking it for a gradient is an
+    error rather than a gradient silently left out."""
+    import fajit.torch as ft
+
+    B, H, L, D = 1, 4, 200, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=9)
+    cap = torch.tensor(8.0, device="cuda", requires_grad=True)
+    shift = torch.tensor(3, device="cuda", dtype=torch.int32)
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    def shifted_causal(b, h, q_idx, kv_idx):
+        return q_idx + shift >= kv_idx
+
+    ir = fajit.mlir(softcap, shifted_causal, canonicalize=False)
+    assert "fa.scalar" not in ir, ir
+    assert "fa.load %cap[" in ir and "!fa.buffer<f32, 1>" in ir and "fa.load %shift[" in ir, ir
+    mask = ft.create_block_mask(shifted_causal, None, None, L, L)
+    out = ft.flex_attention(q, k, v, score_mod=softcap, block_mask=mask)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    i = torch.arange(L, device="cuda")
+    keep = i[:, None] + 3 >= i[None, :]
+    qr, kr, vr = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    capr = cap.detach().double().requires_grad_()
+    ref = _dense_softcap_reference(qr, kr, vr, capr, keep)
+    ref.backward(dout.double())
+    _close(out, ref, "out", TOL[torch.bfloat16])
+    _close(q.grad, qr.grad, "dq", 5e-2)
+    _close(cap.grad, capr.grad, "dcap", 5e-2)
+    assert cap.grad.shape == cap.shape and cap.grad.dtype == torch.float32
+
+    n = len(ft._KERNELS)
+    with torch.no_grad():
+        cap.fill_(2.0)
+        shift.fill_(0)
+        mask0 = ft.create_block_mask(shifted_causal, None, None, L, L)
+        out2 = ft.flex_attention(q, k, v, score_mod=softcap, block_mask=mask0)
+    assert len(ft._KERNELS) == n, "a new value of a captured GPU scalar compiled a new kernel"
+    _close(out2, _dense_softcap_reference(q, k, v, cap, i[:, None] >= i[None, :]), "out after the values changed",
+           TOL[torch.bfloat16])
+
+    cpu_cap = torch.tensor(8.0, requires_grad=True)
+
+    def cpu_softcap(score, b, h, q_idx, kv_idx):
+        return cpu_cap * torch.tanh(score / cpu_cap)
+
+    with pytest.raises(ValueError, match="score_mod captures the 0-d tensor 'cpu_cap' on the CPU and it requires "
+                                         "grad: a CPU scalar is passed by value and gets no gradient; put it on cuda"):
+        ft.flex_attention(q, k, v, score_mod=cpu_softcap)
+    with torch.no_grad():  # no gradient asked: a runtime scalar as before
+        _close(ft.flex_attention(q, k, v, score_mod=cpu_softcap),
+               _dense_softcap_reference(q, k, v, cpu_cap.cuda(), torch.ones_like(keep)), "out, CPU scalar",
+               TOL[torch.bfloat16])
+
+
+@needs_gpu
+def test_decoding_steps_need_no_sync_and_replay_from_a_cuda_graph():
+    """gpt-fast's decoding step: the mask's query-block row picked by the position on the GPU
+    (block_mask[:, :, pos // 128]) and a mask_mod offset by that position. fajit reads the
+    sliced tables and the position on the device: no step synchronizes (torch's sync debug mode
+    raises on any), and the step captured once in a CUDA graph replays right at every position."""
+    import fajit.torch as ft
+
+    B, Hq, Hkv, S, D = 2, 8, 2, 1000, 64
+    q_all, k, v = [t.detach() for t in _inputs(B, Hq, Hkv, S, S, D, torch.bfloat16, seed=21)]
+    ref, _, _ = _reference(q_all, k, v, None, causal, enable_gqa=True)
+    mask = ft.create_block_mask(causal, None, None, S, S)
+    pos = torch.zeros((), dtype=torch.int32, device="cuda")
+    q_in = torch.empty_like(q_all[:, :, :1])
+
+    def at_pos(b, h, q_idx, kv_idx):
+        return q_idx + pos >= kv_idx
+
+    def step():
+        m = mask[:, :, pos // mask.BLOCK_SIZE[0]]
+        m.mask_mod = at_pos
+        m.seq_lengths = (1, S)
+        return ft.flex_attention(q_in, k, v, block_mask=m, enable_gqa=True)
+
+    def at(p):
+        pos.fill_(p)
+        q_in.copy_(q_all[:, :, p:p + 1])
+
+    at(0)
+    step()  # compiles the kernel (host work only) before the checks
+    torch.cuda.synchronize()
+    outs = {}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for p in (0, 130, 999):
+            at(p)
+            outs[p] = step().clone()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for p, out in outs.items():
+        _close(out, ref[:, :, p:p + 1], f"eager step at {p}", TOL[torch.bfloat16])
+
+    at(0)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_g = step()
+    for p in (0, 1, 127, 128, 500, 999):
+        at(p)
+        g.replay()
+        _close(out_g, ref[:, :, p:p + 1], f"graph replay at {p}", TOL[torch.bfloat16])
+
+
 @needs_gpu
 def test_autotuned_forward_matches_and_reports_its_choice(monkeypatch):
     import random
