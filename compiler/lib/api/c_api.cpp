@@ -267,6 +267,19 @@ fa::MaskMod replay_mask(const fa::Program& p) {
       }};
 }
 
+// The kv-table arguments of fajit_block_mask_from_(device_)kv_blocks, checked; their block sizes.
+fa::BlockMaskOptions kv_table_args(int q_block, int kv_block, const int32_t* kv_num_blocks,
+                                   const int32_t* kv_indices, const int32_t* full_kv_num_blocks,
+                                   const int32_t* full_kv_indices, fajit_block_mask** out) {
+  require(kv_num_blocks, "kv_num_blocks");
+  require(kv_indices, "kv_indices");
+  require(out, "out");
+  fa::BlockMaskOptions bo = mask_options(q_block, kv_block);
+  if ((full_kv_num_blocks == nullptr) != (full_kv_indices == nullptr))
+    throw fa::Error("full_kv_num_blocks and full_kv_indices must both be given or both be NULL");
+  return bo;
+}
+
 }  // namespace
 
 extern "C" {
@@ -475,15 +488,11 @@ fajit_status fajit_block_mask_from_kv_blocks(int batch, int heads, int64_t len_q
                                              const int32_t* kv_indices, const int32_t* full_kv_num_blocks,
                                              const int32_t* full_kv_indices, fajit_block_mask** out) {
   return guarded([&] {
-    require(kv_num_blocks, "kv_num_blocks");
-    require(kv_indices, "kv_indices");
-    require(out, "out");
-    fa::BlockMaskOptions bo = mask_options(q_block, kv_block);
+    const fa::BlockMaskOptions bo =
+        kv_table_args(q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, out);
     if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
       throw fa::Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads,
                                   len_q, len_kv));
-    if ((full_kv_num_blocks == nullptr) != (full_kv_indices == nullptr))
-      throw fa::Error("full_kv_num_blocks and full_kv_indices must both be given or both be NULL");
     const size_t nq = static_cast<size_t>((len_q + bo.q_block - 1) / bo.q_block);
     const size_t nkv = static_cast<size_t>((len_kv + bo.kv_block - 1) / bo.kv_block);
     const size_t rows = static_cast<size_t>(batch) * heads * nq;
@@ -505,12 +514,8 @@ fajit_status fajit_block_mask_from_device_kv_blocks(int batch, int heads, int64_
                                                     const int32_t* full_kv_num_blocks,
                                                     const int32_t* full_kv_indices, fajit_block_mask** out) {
   return guarded([&] {
-    require(kv_num_blocks, "kv_num_blocks");
-    require(kv_indices, "kv_indices");
-    require(out, "out");
-    fa::BlockMaskOptions bo = mask_options(q_block, kv_block);
-    if ((full_kv_num_blocks == nullptr) != (full_kv_indices == nullptr))
-      throw fa::Error("full_kv_num_blocks and full_kv_indices must both be given or both be NULL");
+    const fa::BlockMaskOptions bo =
+        kv_table_args(q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, out);
     fa::BlockMask m =
         fa::BlockMask::from_device_kv_blocks(batch, heads, len_q, len_kv, kv_num_blocks, kv_indices,
                                              full_kv_num_blocks, full_kv_indices, bo.q_block, bo.kv_block);
