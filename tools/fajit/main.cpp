@@ -29,14 +29,15 @@
 #include "fajit/jit/nvrtc.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
+#include "mod_args.h"
 #include "run_cmd.h"
 
 namespace {
 
 struct DumpOptions {
   bool mlir = false, cuda = false, ptx = false, sass = false;
-  std::string mask, score, mask_expr, score_expr, file, arch, dtype = "bf16";
-  std::vector<std::string> capture_types;
+  fajit_cli::ModArgs mods;
+  std::string arch, dtype = "bf16";
   int head_dim_qk = 128, head_dim_v = 0;  // 0: same as head_dim_qk
   bool block_mask = false;
   bool backward = false;  // the backward kernels (KernelKind::kBackward)
@@ -44,45 +45,6 @@ struct DumpOptions {
   std::string layout = "dense";  // dense, ragged or paged (fa::SequenceLayout)
   bool row_max = false;          // the twin that writes each row's largest score (KernelSpec::row_max)
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw fa::Error(fmt::format("cannot open '{}'", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-fa::ExprCaptureTypes capture_types(const std::vector<std::string>& decls) {
-  fa::ExprCaptureTypes t;
-  for (const std::string& d : decls) {
-    size_t colon = d.find(':');
-    std::string name = d.substr(0, colon), type = colon == std::string::npos ? "" : d.substr(colon + 1);
-    if (name.empty() || (type != "f32" && type != "i32"))
-      throw fa::Error(fmt::format("--capture '{}': expected NAME:f32 or NAME:i32", d));
-    t.types[name] = type == "f32";
-  }
-  return t;
-}
-
-fa::Program program_for(const DumpOptions& o) {
-  bool any_mod = !o.mask.empty() || !o.score.empty() || !o.mask_expr.empty() || !o.score_expr.empty();
-  if (!o.file.empty()) {
-    if (any_mod)
-      throw fa::Error("give either an .mlir file or --mask/--score/--mask-mod/--score-mod, not both");
-    return fa::Program::parse(read_file(o.file), o.file);
-  }
-  if (!o.mask.empty() && !o.mask_expr.empty()) throw fa::Error("give --mask or --mask-mod, not both");
-  if (!o.score.empty() && !o.score_expr.empty()) throw fa::Error("give --score or --score-mod, not both");
-  fa::ExprCaptureTypes types = capture_types(o.capture_types);
-  fa::MaskMod mask = !o.mask_expr.empty() ? fa::parse_mask_mod(o.mask_expr, types)
-                     : !o.mask.empty()    ? fa::mods::mask_preset(o.mask).mod
-                                          : fa::noop_mask();
-  fa::ScoreMod score = !o.score_expr.empty() ? fa::parse_score_mod(o.score_expr, types)
-                       : !o.score.empty()    ? fa::mods::score_preset(o.score).mod
-                                             : fa::identity_score();
-  return fa::trace(score, mask);
-}
 
 fa::KernelSpec spec_for(const DumpOptions& o) {
   fa::KernelSpec s;
@@ -134,7 +96,7 @@ std::string find_tool(std::initializer_list<const char*> names) {
 }
 
 int run_dump(const DumpOptions& o) {
-  fa::Program p = program_for(o);
+  fa::Program p = fajit_cli::program_of(o.mods);
   if (o.mlir) {
     std::cout << (o.backward ? p.score_grad_mlir() : p.to_mlir());  // --backward: the derivative
     return 0;
@@ -173,13 +135,7 @@ int run_dump(const DumpOptions& o) {
 // The options that name one variant (mods, dtype, head dims, arch), shared by `fajit dump` and
 // the lines of a `fajit cache warm` file.
 void add_variant_options(CLI::App* app, DumpOptions& o) {
-  app->add_option("--mask", o.mask, "mask preset: " + fa::mods::mask_preset_help());
-  app->add_option("--score", o.score, "score preset: " + fa::mods::score_preset_help());
-  app->add_option("--mask-mod", o.mask_expr,
-                  "mask_mod expression over b h q kv, e.g. 'q >= kv && q - kv < window'");
-  app->add_option("--score-mod", o.score_expr,
-                  "score_mod expression over score b h q kv, e.g. 'score + slopes[h] * (kv - q)'");
-  app->add_option("--capture", o.capture_types, "type of a capture in expressions: NAME:f32 or NAME:i32");
+  fajit_cli::add_mod_options(app, o.mods);
   app->add_option("--arch", o.arch, "target: sm_80, sm_86, sm_89, sm_90a, ... (default sm_90a)");
   app->add_option("--dtype", o.dtype, "element type: bf16 (default) or f16");
   app->add_option("--head-dim", o.head_dim_qk, "QK head dim: a multiple of 8 from 32 to 256 (default 128)");
@@ -216,7 +172,7 @@ void warm_line(WarmLine& w) {
   }
   auto t0 = std::chrono::steady_clock::now();
   try {
-    fa::Program p = program_for(o);
+    fa::Program p = fajit_cli::program_of(o.mods);
     const fa::KernelSpec spec = spec_for(o);  // checks dtype; the head dims, arch, family as dump does
     fa::Options opts;
     opts.dtype = spec.dtype;
@@ -245,7 +201,7 @@ void warm_line(WarmLine& w) {
 int run_warm(const std::string& file, int jobs) {
   if (file.empty())
     throw fa::Error("fajit cache warm needs a file of variants (one per line, as fajit dump's options)");
-  std::istringstream in(read_file(file));
+  std::istringstream in(fajit_cli::read_file(file));
   std::vector<WarmLine> lines;
   std::string text;
   for (int n = 1; std::getline(in, text); ++n) {
@@ -343,14 +299,19 @@ int main(int argc, char** argv) {
   dump_cmd->add_flag("--row-max", dump.row_max,
                      "the forward / decoding kernel's twin that also writes each row's largest score "
                      "(ForwardOptions::max_scores)");
-  dump_cmd->add_option("file", dump.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
+  dump_cmd->add_option("file", dump.mods.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 
   fajit_cli::RunOptions run;
   std::string run_dtype = "bf16";
   CLI::App* run_cmd = app.add_subcommand(
       "run", "run one variant on the GPU, check it against the float64 reference, time it");
-  run_cmd->add_option("--mask", run.mask, "mask preset: " + fa::mods::mask_preset_help());
-  run_cmd->add_option("--score", run.score, "score preset: " + fa::mods::score_preset_help());
+  fajit_cli::add_mod_options(run_cmd, run.mods);
+  run_cmd->add_option("file", run.mods.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
+  run_cmd->add_option("--scalar", run.scalars,
+                      "value of a runtime scalar: NAME=VALUE (a preset's knobs have defaults)");
+  run_cmd->add_option("--buffer", run.buffers,
+                      "shape and values of a captured buffer: NAME=D1[xD2...][:LO:HI], uniform in [LO, HI] "
+                      "(default -1..1 for f32, 0..7 for i32; the presets' buffers have defaults)");
   run_cmd->add_option("--dtype", run_dtype, "bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
   run_cmd->add_flag("--backward", run.backward,
                     "also run the backward on random dO, check dQ, dK, dV against float64 and time it");

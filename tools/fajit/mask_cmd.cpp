@@ -22,6 +22,7 @@
 #include "fajit/error.h"
 #include "fajit/frontend.h"
 #include "fajit/mods.h"
+#include "mod_args.h"
 
 namespace {
 
@@ -96,30 +97,9 @@ int run_mask_command() {
     mod = preset.mod;
     values = preset.scalar_values;
   } else {
-    fa::ExprCaptureTypes types;
-    for (const std::string& d : o.capture_types) {
-      size_t colon = d.find(':');
-      std::string name = d.substr(0, colon), type = colon == std::string::npos ? "" : d.substr(colon + 1);
-      if (name.empty() || (type != "f32" && type != "i32"))
-        throw fa::Error(fmt::format("--capture '{}': expected NAME:f32 or NAME:i32", d));
-      types.types[name] = type == "f32";
-    }
-    mod = fa::parse_mask_mod(o.mask_expr, types);
+    mod = fa::parse_mask_mod(o.mask_expr, fajit_cli::capture_types(o.capture_types));
   }
-  for (const std::string& s : o.scalars) {
-    size_t eq = s.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw fa::Error(fmt::format("--scalar '{}': expected NAME=VALUE", s));
-    try {
-      size_t used = 0;
-      std::string text = s.substr(eq + 1);
-      double v = std::stod(text, &used);
-      if (used != text.size()) throw std::invalid_argument("trailing");
-      values[s.substr(0, eq)] = v;
-    } catch (const std::exception&) {
-      throw fa::Error(fmt::format("--scalar '{}': '{}' is not a number", s, s.substr(eq + 1)));
-    }
-  }
+  fajit_cli::add_scalar_args(o.scalars, values);
   fa::Program program = fa::trace(fa::identity_score(), mod);
   fa::ScalarValues sv = fa::scalar_values_of(values, program);
   for (const fa::Program::Capture& c : program.captures())

@@ -63,51 +63,175 @@ double median_ms(int iters, F&& f) {
   return times[times.size() / 2];
 }
 
-// The captures a preset needs, with defaults for whatever it did not fix: doc ids over L
-// positions, per-head slopes, a relative bias over 2L - 1 offsets, the presets' scalars; on the
-// device for the kernel (cap) and on the host for the reference (env).
+// What the command line gives the mods' captures.
+struct ModData {
+  std::map<std::string, double> scalars;        // the presets' values, then --scalar's
+  std::map<std::string, double> given_scalars;  // --scalar's alone (checked against the mods)
+  std::map<std::string, BufferArg> buffers;     // --buffer's
+};
+
+ModData mod_data(const RunOptions& o) {
+  ModData d;
+  d.scalars = preset_scalar_values(o.mods);
+  add_scalar_args(o.scalars, d.given_scalars);
+  for (const auto& [name, v] : d.given_scalars) d.scalars[name] = v;
+  d.buffers = parse_buffer_args(o.buffers);
+  return d;
+}
+
+// Each runtime scalar's value: --scalar's, else the presets', else a default by name (the
+// presets' knobs).
+std::map<std::string, double> scalar_values(const ModData& mods, int H, int L) {
+  std::map<std::string, double> v = {{"num_heads", H}, {"softcap", 30.0}, {"rel_offset", L - 1},
+                                     {"window", 256},  {"prefix", L / 4}, {"n_pad", 3},
+                                     {"dilation", 2}};
+  for (auto& [name, value] : mods.scalars) v[name] = value;
+  return v;
+}
+
+// A buffer's shape: --buffer's, else a preset buffer's by name (doc ids over L positions,
+// per-head slopes, a relative bias over 2L - 1 offsets).
+std::vector<int64_t> buffer_shape(const fa::Program::Capture& c, const ModData& mods, int H, int L) {
+  if (auto it = mods.buffers.find(c.name); it != mods.buffers.end()) {
+    const size_t dims = it->second.shape.size();
+    if (int(dims) != c.rank)
+      throw fa::Error(
+          fmt::format("--buffer '{}': the mods index '{}' with {} ind{}; the shape has {} dimension{}",
+                      c.name, c.name, c.rank, c.rank == 1 ? "ex" : "ices", dims, dims == 1 ? "" : "s"));
+    return it->second.shape;
+  }
+  if (c.rank == 1 && c.name == "doc_ids" && !c.is_float) return {L};
+  if (c.rank == 1 && c.name == "slopes" && c.is_float) return {H};
+  if (c.rank == 1 && c.name == "rel_bias" && c.is_float) return {2 * int64_t(L) - 1};
+  throw fa::Error(
+      fmt::format("buffer '{}' has no shape; give --buffer {}=D1[xD2...][:LO:HI]", c.name, c.name));
+}
+
+// Before any GPU work: every capture of the mods has data, every --buffer / --scalar names one.
+void check_capture_args(const fa::Program& program, const ModData& mods, int H, int L) {
+  auto find = [&](const std::string& name, bool buffer) {
+    for (const fa::Program::Capture& c : program.captures())
+      if (c.name == name && c.is_buffer == buffer) return true;
+    return false;
+  };
+  for (const auto& entry : mods.buffers)
+    if (!find(entry.first, true))
+      throw fa::Error(
+          fmt::format("--buffer '{}': the mods capture no buffer '{}'", entry.first, entry.first));
+  for (const auto& entry : mods.given_scalars)
+    if (!find(entry.first, false))
+      throw fa::Error(
+          fmt::format("--scalar '{}': the mods capture no scalar '{}'", entry.first, entry.first));
+  const std::map<std::string, double> values = scalar_values(mods, H, L);
+  for (const fa::Program::Capture& c : program.captures()) {
+    if (c.is_buffer)
+      (void)buffer_shape(c, mods, H, L);
+    else if (!values.count(c.name))
+      throw fa::Error(fmt::format("scalar '{}' has no value; give --scalar {}=VALUE", c.name, c.name));
+  }
+}
+
+// A buffer's values: --buffer's uniform ones (default -1..1 for f32, 0..7 for i32), else a preset
+// buffer's (documents of ~97 positions, slopes 2^-1..2^-8, a bias ~ N(0, 0.5)); f32 or i32 bits.
+void fill_buffer(std::vector<uint32_t>& out, const fa::Program::Capture& c, const ModData& mods,
+                 std::mt19937& rng) {
+  auto put_f = [&](size_t i, float f) { std::memcpy(&out[i], &f, 4); };
+  auto put_i = [&](size_t i, int32_t v) { std::memcpy(&out[i], &v, 4); };
+  if (auto it = mods.buffers.find(c.name); it != mods.buffers.end()) {
+    const BufferArg& b = it->second;
+    if (c.is_float) {
+      std::uniform_real_distribution<double> u(b.has_range ? b.lo : -1.0, b.has_range ? b.hi : 1.0);
+      for (size_t i = 0; i < out.size(); ++i) put_f(i, static_cast<float>(u(rng)));
+    } else {
+      const double lo = b.has_range ? std::ceil(b.lo) : 0, hi = b.has_range ? std::floor(b.hi) : 7;
+      if (lo > hi || lo < -2147483648.0 || hi > 2147483647.0)
+        throw fa::Error(fmt::format("--buffer '{}': [{}, {}] holds no int32", c.name, b.lo, b.hi));
+      std::uniform_int_distribution<int64_t> u(static_cast<int64_t>(lo), static_cast<int64_t>(hi));
+      for (size_t i = 0; i < out.size(); ++i) put_i(i, static_cast<int32_t>(u(rng)));
+    }
+  } else if (c.name == "doc_ids") {
+    for (size_t i = 0, doc = 0; i < out.size(); ++i) {
+      if (i > 0 && rng() % 97 == 0) ++doc;
+      put_i(i, static_cast<int32_t>(doc));
+    }
+  } else if (c.name == "slopes") {
+    for (size_t i = 0; i < out.size(); ++i) put_f(i, std::ldexp(1.0f, -static_cast<int>(rng() % 8) - 1));
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) put_f(i, std::normal_distribution<float>(0.0f, 0.5f)(rng));
+  }
+}
+
+// Positions 0..n-1 for a check: all of them, or (past `most`) both ends and an even grid between.
+std::vector<int> positions(int n, int most) {
+  std::vector<int> p;
+  const int step = n <= most ? 1 : (n + most - 1) / most;
+  for (int i = 0; i < n; i += step) p.push_back(i);
+  if (p.back() != n - 1) p.push_back(n - 1);
+  return p;
+}
+
+// With --buffer shapes the user's, every index the mods form must fall inside them: checked on
+// the CPU before the GPU reads them (an index past a shape would read out of bounds there). Both
+// mods at every (q, kv) — score_mod masked or not, as the kernels evaluate it — for b in {0,
+// B-1} and h in {0, H-1}; past 2^22 (q, kv) pairs on a grid that keeps both ends. The
+// interpreter's error names the capture, the index and the dimension.
+void check_buffer_indices(const fa::Program& program, const fa::Bindings& env, const ModData& mods, int B,
+                          int H, int Lq, int Lkv) {
+  if (mods.buffers.empty()) return;
+  const fa::BoundMod score = fa::ModProgram::score_of(program).bind(env);
+  const fa::BoundMod mask = fa::ModProgram::mask_of(program).bind(env);
+  const std::vector<int> qs = positions(Lq, 2048), kvs = positions(Lkv, 2048);
+  for (int b : {0, B - 1})
+    for (int h : {0, H - 1})
+      for (int q : qs)
+        for (int kv : kvs) try {
+            (void)score.score(0.5f, b, h, q, kv);
+            (void)mask.mask(b, h, q, kv);
+          } catch (const fa::Error& e) {
+            throw fa::Error(
+                fmt::format("{} (at b={}, h={}, q={}, kv={}); give --buffer shapes that cover every "
+                            "index the mods form",
+                            e.what(), b, h, q, kv));
+          }
+}
+
+// The mods' captures (check_capture_args passed) on the device for the kernel (cap) and on the
+// host for the reference (env).
 struct CaptureData {
   fa::Captures cap;
   fa::Bindings env;
-  std::vector<int32_t> doc_ids;
-  std::vector<float> slopes, rel_bias;
+  std::vector<std::unique_ptr<std::vector<uint32_t>>> host;  // each buffer's values (f32 or i32 bits)
   std::vector<fa::rt::DeviceBuffer> keep;
 
-  CaptureData(const fa::Kernel& k, const fa::mods::Preset<fa::MaskMod>& mask_p,
-              const fa::mods::Preset<fa::ScoreMod>& score_p, int H, int L, std::mt19937& rng)
-      : doc_ids(L), slopes(H), rel_bias(2 * L - 1) {
-    for (int i = 0, doc = 0; i < L; ++i) {
-      if (i > 0 && rng() % 97 == 0) ++doc;
-      doc_ids[i] = doc;
-    }
-    for (float& s : slopes) s = std::ldexp(1.0f, -static_cast<int>(rng() % 8) - 1);
-    for (float& r : rel_bias) r = std::normal_distribution<float>(0.0f, 0.5f)(rng);
-    keep.reserve(k.capture_slots().size());
-    std::map<std::string, double> scalars = {{"num_heads", H}, {"softcap", 30.0}, {"rel_offset", L - 1},
-                                             {"window", 256},  {"prefix", L / 4}, {"n_pad", 3},
-                                             {"dilation", 2}};
-    for (auto& [name, value] : mask_p.scalar_values) scalars[name] = value;
-    for (auto& [name, value] : score_p.scalar_values) scalars[name] = value;
-    for (const fa::CaptureSlot& s : k.capture_slots()) {
-      if (s.is_buffer) {
-        const void* src = s.name == "doc_ids"  ? static_cast<const void*>(doc_ids.data())
-                          : s.name == "slopes" ? static_cast<const void*>(slopes.data())
-                                               : static_cast<const void*>(rel_bias.data());
-        int64_t len = s.name == "doc_ids" ? L : s.name == "slopes" ? H : 2 * L - 1;
-        keep.emplace_back(static_cast<size_t>(len) * 4);
-        keep.back().upload(src, static_cast<size_t>(len) * 4);
-        cap.buffer(s.name, fa::TensorView(keep.back().as<void>(),
-                                          s.is_float ? fa::DType::f32 : fa::DType::i32, {len}));
-        if (s.is_float)
-          env.buffer(s.name, fa::HostBuffer::f32(static_cast<const float*>(src), {len}));
+  CaptureData(const fa::Program& program, const ModData& mods, int H, int L, std::mt19937& rng) {
+    const std::map<std::string, double> scalars = scalar_values(mods, H, L);
+    keep.reserve(program.captures().size());
+    for (const fa::Program::Capture& c : program.captures()) {
+      if (c.is_buffer) {
+        const std::vector<int64_t> shape = buffer_shape(c, mods, H, L);
+        fa::TensorView view;  // contiguous
+        view.dtype = c.is_float ? fa::DType::f32 : fa::DType::i32;
+        view.rank = static_cast<int>(shape.size());
+        int64_t n = 1;
+        for (int d = view.rank - 1; d >= 0; n *= shape[size_t(d)], --d)
+          view.shape[d] = shape[size_t(d)], view.stride[d] = n;
+        auto values = std::make_unique<std::vector<uint32_t>>(static_cast<size_t>(n));
+        fill_buffer(*values, c, mods, rng);
+        keep.emplace_back(static_cast<size_t>(n) * 4);
+        keep.back().upload(values->data(), static_cast<size_t>(n) * 4);
+        view.data = keep.back().as<void>();
+        cap.buffer(c.name, view);
+        if (c.is_float)
+          env.buffer(c.name, fa::HostBuffer::f32(reinterpret_cast<const float*>(values->data()), shape));
         else
-          env.buffer(s.name, fa::HostBuffer::i32(static_cast<const int32_t*>(src), {len}));
-      } else if (s.is_float) {
-        cap.scalar(s.name, static_cast<float>(scalars.at(s.name)));
-        env.scalar_f32(s.name, static_cast<float>(scalars.at(s.name)));
+          env.buffer(c.name, fa::HostBuffer::i32(reinterpret_cast<const int32_t*>(values->data()), shape));
+        host.push_back(std::move(values));
+      } else if (const double v = scalars.at(c.name); c.is_float) {
+        cap.scalar(c.name, static_cast<float>(v));
+        env.scalar_f32(c.name, static_cast<float>(v));
       } else {
-        cap.scalar(s.name, static_cast<int32_t>(scalars.at(s.name)));
-        env.scalar_i32(s.name, static_cast<int32_t>(scalars.at(s.name)));
+        cap.scalar(c.name, static_cast<int32_t>(v));
+        env.scalar_i32(c.name, static_cast<int32_t>(v));
       }
     }
   }
@@ -135,9 +259,7 @@ struct MaxCheck {
 // `fajit run` with per-sequence lengths, GQA, a forced kernel path, a ragged batch or a paged
 // KV cache: every sequence checked against the float64 reference of that sequence alone, then
 // timed; with --backward (not paged) the gradients likewise.
-int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& program,
-                  const fa::mods::Preset<fa::MaskMod>& mask_p,
-                  const fa::mods::Preset<fa::ScoreMod>& score_p) {
+int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& program, const ModData& mods) {
   const int B = o.batch, Hq = o.heads, Hkv = o.heads_kv ? o.heads_kv : o.heads;
   const int max_q = o.len_q ? o.len_q : o.len, max_kv = o.len_kv ? o.len_kv : o.len;
   const int DQK = o.head_dim, DV = o.head_dim_v ? o.head_dim_v : o.head_dim;
@@ -165,7 +287,8 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   fa::RoundedTensor q = fa::random_rounded(size_t(tq) * Hq * DQK, o.dtype, rng),
                     kk = fa::random_rounded(size_t(tk) * Hkv * DQK, o.dtype, rng),
                     v = fa::random_rounded(size_t(tk) * Hkv * DV, o.dtype, rng);
-  CaptureData captures(k, mask_p, score_p, Hq, std::max(max_q, max_kv), rng);
+  CaptureData captures(program, mods, Hq, std::max(max_q, max_kv), rng);
+  check_buffer_indices(program, captures.env, mods, B, Hq, max_q, max_kv);
 
   // The paged pool: each sequence's keys in pages of --paged keys, shuffled over the pool.
   const int ps = o.page_size;
@@ -482,13 +605,15 @@ int run_variant(const RunOptions& o) {
     if (std::sscanf(o.tile.c_str(), "%dx%dw%ds%d%c", &t.block_m, &t.block_n, &t.warps, &t.stages, &end) != 4)
       throw fa::Error(fmt::format("--tile must read MxNwWsS (e.g. 128x64w12s3), got '{}'", o.tile));
   }
+  // The mods and their captures' data, checked before any GPU work (so also without a GPU).
+  fa::Program program = program_of(o.mods);
+  const ModData mods = mod_data(o);
+  check_capture_args(program, mods, o.heads,
+                     std::max(o.len_q ? o.len_q : o.len, o.len_kv ? o.len_kv : o.len));
   if (!fa::rt::cuda_available()) {
     std::cout << "no GPU here (" << fa::rt::cuda_unavailable_reason() << "): skipping the run\n";
     return 0;
   }
-  auto mask_p = fa::mods::mask_preset(o.mask.empty() ? "noop" : o.mask);
-  auto score_p = fa::mods::score_preset(o.score.empty() ? "identity" : o.score);
-  fa::Program program = fa::trace(score_p.mod, mask_p.mod);
 
   auto t0 = std::chrono::steady_clock::now();
   fa::Kernel k = fa::compile(program, copts);
@@ -504,7 +629,7 @@ int run_variant(const RunOptions& o) {
           << "fajit run: --backward takes dense or packed (--varlen) keys, not a paged cache (--paged)\n";
       return 2;
     }
-    return run_sequences(o, k, program, mask_p, score_p);
+    return run_sequences(o, k, program, mods);
   }
   const int B = o.batch, H = o.heads, L = o.len;
   std::mt19937 rng(o.seed >= 0 ? static_cast<unsigned>(o.seed) : std::random_device{}());
@@ -512,9 +637,10 @@ int run_variant(const RunOptions& o) {
   fa::RoundedTensor q = fa::random_rounded(n_qk, o.dtype, rng), kk = fa::random_rounded(n_qk, o.dtype, rng),
                     v = fa::random_rounded(n_v, o.dtype, rng);
 
-  CaptureData captures(k, mask_p, score_p, H, L, rng);
+  CaptureData captures(program, mods, H, L, rng);
   const fa::Captures& cap = captures.cap;
   const fa::Bindings& env = captures.env;
+  check_buffer_indices(program, env, mods, B, H, L, L);
 
   const size_t bytes_qk = n_qk * 2, bytes_v = n_v * 2;
   fa::rt::DeviceBuffer dq(bytes_qk), dk(bytes_qk), dv(bytes_v), dout(bytes_v), dlse(rows * 4), dmax(rows * 4);
@@ -588,13 +714,20 @@ int run_variant(const RunOptions& o) {
 
   // Timing: warm-up, then the median of repeated launches.
   const double ms = median_ms(o.iters, [&] { k.forward(tq, tk, tv, to, mask, cap, fo); });
-  double kept = 0;  // pairs kept by the mask for b = h = 0 (the presets do not depend on b, h)
-  for (int qi = 0; qi < L; ++qi)
-    for (int kv = 0; kv < L; ++kv) kept += mp.eval_mask(0, 0, qi, kv, env) ? 1 : 0;
-  double flops = 2.0 * B * H * kept * (DQK + DV);
+  // Pairs kept by the mask: of every (b, h) the mask's tables tell apart, or, past 2^28 pairs to
+  // evaluate, those of b = h = 0 times B·H (an estimate, said so).
+  const int mb = mask.batch(), mh = mask.heads();
+  const bool each = double(mb) * mh * L * L <= double(1 << 28);
+  double kept = 0;
+  for (int b = 0; b < (each ? mb : 1); ++b)
+    for (int h = 0; h < (each ? mh : 1); ++h)
+      for (int qi = 0; qi < L; ++qi)
+        for (int kv = 0; kv < L; ++kv) kept += mp.eval_mask(b, h, qi, kv, env) ? 1 : 0;
+  kept *= double(B) * H / (each ? double(mb) * mh : 1.0);
+  double flops = 2.0 * kept * (DQK + DV);
   std::cout << fmt::format(
-      "forward: {:.3f} ms (median of {}), {:.1f} TFLOP/s on the unmasked work (host-timed)\n", ms, o.iters,
-      flops / ms / 1e9);
+      "forward: {:.3f} ms (median of {}), {:.1f} TFLOP/s on the unmasked work{} (host-timed)\n", ms, o.iters,
+      flops / ms / 1e9, each || (mb == 1 && mh == 1) ? "" : " (estimated from b = h = 0)");
   if (!o.backward) return ok ? 0 : 1;
 
   // ---- backward: random dO, gradients into poisoned buffers, each checked against float64.

@@ -2,13 +2,18 @@
 
 #include <string>
 
+#include <vector>
+
 #include "fajit/kernel_spec.h"
 #include "fajit/tensor.h"
+#include "mod_args.h"
 
 namespace fajit_cli {
 
 struct RunOptions {
-  std::string mask, score;
+  ModArgs mods;                      // presets, expressions or an .mlir file
+  std::vector<std::string> scalars;  // --scalar NAME=VALUE
+  std::vector<std::string> buffers;  // --buffer NAME=D1[xD2...][:LO:HI]
   fa::DType dtype = fa::DType::bf16;
   int batch = 2, heads = 8, len = 1024, head_dim = 128, iters = 20;
   int head_dim_v = 0;       // 0: head_dim
