@@ -628,6 +628,19 @@ def test_decoding_steps_need_no_sync_and_replay_from_a_cuda_graph():
         g.replay()
         _close(out_g, ref[:, :, p:p + 1], f"graph replay at {p}", TOL[torch.bfloat16])
 
+    # the slice by a position tensor (index_select) picks torch's rows; its q tables when read
+    at(300)
+    step_mask = mask[:, :, pos // 128]
+    want = mask.to_torch()[:, :, 2:3]
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                 "q_indices"):
+        assert torch.equal(getattr(step_mask, name), getattr(want, name)), name
+    # the same step inside torch.compile(fullgraph=True)
+    compiled = torch.compile(step, fullgraph=True)
+    for p in (3, 700):
+        at(p)
+        _close(compiled(), ref[:, :, p:p + 1], f"compiled step at {p}", TOL[torch.bfloat16])
+
 
 @needs_gpu
 def test_autotuned_forward_matches_and_reports_its_choice(monkeypatch):
