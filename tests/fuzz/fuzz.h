@@ -242,6 +242,7 @@ struct Stats {
   // GPU mode's variety: cases with strided operands, backwards with a dLSE, deterministic
   // backwards, buffer gradients compared, forwards with max_scores.
   int64_t strided = 0, with_dlse = 0, deterministic = 0, buffer_grads = 0, with_max_scores = 0;
+  int64_t device_tables = 0;  // dense cases whose mask's kv tables the kernels read on the device
   double t_cpu = 0, t_compile = 0, t_reference = 0, t_gpu_other = 0;
 };
 

@@ -24,6 +24,7 @@
 #include <map>
 
 #include "compare.h"
+#include "device_tables.h"
 #include "fajit/captures.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/detail/reference.h"
@@ -330,7 +331,17 @@ std::string check_gpu(const Case& c, Stats* st) {
   dlse.memset8(0xff);
   const fa::TensorView tq = sq.view(t), tk = sk.view(t), tv = sv.view(t), to = so.view(t);
   fa::TensorView tl(dlse.as<void>(), fa::DType::f32, {B, Hq, Lq});
-  fa::BlockMask mask = k.block_mask(B, Hq, Lq, Lkv, cap);
+  const fa::BlockMask built = k.block_mask(B, Hq, Lq, Lkv, cap);
+  // A third of the cases (a stream of their own, so the inputs stay those of earlier runs) hand
+  // the kernels the mask's kv tables on the device, read in place (BlockMask::from_device_kv_blocks,
+  // as fajit.torch's decoding steps and CUDA-graph captures do); the backward then takes its
+  // transposed tables from a copy.
+  std::unique_ptr<fa::test::DeviceTablesMask> dt;
+  if (std::mt19937_64((c.seed * 131 + static_cast<uint64_t>(c.index)) ^ 0x6465767461626cull)() % 3 == 0) {
+    dt = fa::test::device_tables_of(built);
+    if (st) ++st->device_tables;
+  }
+  const fa::BlockMask& mask = dt ? dt->mask : built;
   fa::ForwardOptions fo;
   fo.lse = &tl;
   k.forward(tq, tk, tv, to, mask, cap, fo);
