@@ -83,6 +83,7 @@ class _Variant:
         self.objects = objects  # name -> captured object (kept alive while the variant is)
         self.program = None  # parsed on first compile
         self.gradient = None  # buffer name -> has a gradient (from the library)
+        self.score_scalars = frozenset()  # float runtime scalars the score_mod reads (from the library)
 
 
 # A variant is the traced IR plus the objects it captures: its key hashes both, so two mods
@@ -136,8 +137,11 @@ def _variant_key(score_mod, mask_mod):
         prog = _PROGRAMS.get(v.text_key)
         if prog is None:
             p = Program(v.text)  # verified now: errors surface at the call
-            prog = _PROGRAMS[v.text_key] = (p, {c["name"]: c["has_gradient"] for c in p.captures()})
-        v.program, v.gradient = prog
+            caps = p.captures()
+            prog = _PROGRAMS[v.text_key] = (p, {c["name"]: c["has_gradient"] for c in caps},
+                                            frozenset(c["name"] for c in caps if not c["is_buffer"] and c["is_float"]
+                                                      and c["used_by_score"]))
+        v.program, v.gradient, v.score_scalars = prog
         _VARIANTS[v.key] = v
         _VARIANTS.move_to_end(v.key)
         _CAPTURES[v.key] = (tuple(v.objects[n] for n in v.buffer_names), tuple(v.objects[n] for n in v.scalar_names))
@@ -230,13 +234,11 @@ def _on_device(device):
 # ---- block masks ----------------------------------------------------------------------------
 
 class _MaskHandle:
-    """A fajit_block_mask, destroyed with this object; `tables`: the device tables it reads in
-    place (a mask of device tables), kept alive as long as it."""
+    """A fajit_block_mask, destroyed with this object."""
 
-    def __init__(self, handle, tables=()):
+    def __init__(self, handle):
         self.h = handle
         self.lib = _capi.lib()
-        self.tables = tables
 
     def __del__(self):
         if self.h:
@@ -340,21 +342,21 @@ def _mask_for(tables, info, batch, heads, device, in_place=False):
         refs, versions, handle = hit
         if all(r() is not None for r in refs) and versions == tuple(t._version for t in tables):
             return handle
-    if in_place:
-        dev = [t.detach().to(torch.int32).contiguous() for t in _unbroadcast(tables)]
-        bm, hm = dev[0].shape[0], dev[0].shape[1]
-        ptrs = [C.c_void_p(t.data_ptr()) for t in dev] + [None] * (4 - len(dev))
+    unb = _unbroadcast(tables)
+    if in_place and all(t.dtype == torch.int32 and t.is_contiguous() for t in unb):
+        # Only tables the kernels can read as they are: a converted copy would be a snapshot
+        # (a CUDA graph replaying it would not see the tables change).
+        bm, hm = unb[0].shape[0], unb[0].shape[1]
+        ptrs = [C.c_void_p(t.data_ptr()) for t in unb] + [None] * (4 - len(unb))
         h = C.c_void_p()
         _capi.check(_capi.lib().fajit_block_mask_from_device_kv_blocks(bm, hm, len_q, len_kv, qb, kvb, *ptrs,
                                                                         C.byref(h)), "block_mask")
-        # The handle keeps the converted copies; the tables themselves it must not keep (the
-        # registry's entry, and with it the handle, goes when they go).
-        copies = tuple(d for d, t in zip(dev, tables)
-                       if d.untyped_storage().data_ptr() != t.untyped_storage().data_ptr())
-        handle = _MaskHandle(h, copies)
+        # The handle must not keep the tables (the registry's entry, and with it the handle, goes
+        # when they go).
+        handle = _MaskHandle(h)
         _register_mask(tables, info, handle)
         return handle
-    host = [t.detach().to("cpu", torch.int32).contiguous() for t in _unbroadcast(tables)]
+    host = [t.detach().to("cpu", torch.int32).contiguous() for t in unb]
     bm, hm = host[0].shape[0], host[0].shape[1]
     ptrs = [C.c_void_p(t.data_ptr()) for t in host] + [None] * (4 - len(host))
     h = C.c_void_p()
@@ -470,14 +472,16 @@ class BlockMask:
         index = tuple(keep(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads",
                                                                              "the query blocks")))
         tensors = [d for d, i in enumerate(index) if torch.is_tensor(i)]
-        one = (len(tensors) == 1 and index[tensors[0]].dim() == 1 and not index[tensors[0]].is_floating_point()
-               and index[tensors[0]].dtype != torch.bool and all(isinstance(i, slice) for i in index
-                                                                 if not torch.is_tensor(i)))
-
+        ix = index[tensors[0]] if len(tensors) == 1 else None
+        one = (ix is not None and ix.dim() == 1 and ix.dtype in (torch.int32, torch.int64)
+               and ix.device == self.kv_num_blocks.device
+               and all(isinstance(i, slice) for i in index if not torch.is_tensor(i)))
         if one:
             d = tensors[0]
             rest = tuple(i if k != d else slice(None) for k, i in enumerate(index))
             whole = all(i == slice(None) for i in rest)
+            ix = torch.where(ix < 0, ix + sizes[d], ix)  # Python's negative indices, as t[index] takes them
+            index = index[:d] + (ix,) + index[d + 1:]
 
         def pick(t):
             # One integer index tensor among slices (the decoding recipe's mask[:, :, pos // 128]):
@@ -608,8 +612,7 @@ def _bind(key, device, what):
         out.append(t if t.is_contiguous() else t.contiguous())
     wants = [name for name, t in zip(v.scalar_names, scalars) if t.requires_grad]
     if wants and torch.is_grad_enabled():
-        by_score = {c["name"] for c in v.program.captures() if c["used_by_score"]}
-        for name in (n for n in wants if n in by_score):
+        for name in (n for n in wants if n in v.score_scalars):
             raise ValueError(f"{what} captures the 0-d tensor '{name}' on the CPU and it requires grad: a CPU "
                              f"scalar is passed by value and gets no gradient; put it on {device} (a 0-d GPU "
                              "tensor is read on the device and gets one)")

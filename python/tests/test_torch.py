@@ -635,6 +635,13 @@ def test_decoding_steps_need_no_sync_and_replay_from_a_cuda_graph():
     for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
                  "q_indices"):
         assert torch.equal(getattr(step_mask, name), getattr(want, name)), name
+    # negative, CPU and multi-row index tensors pick what torch's indexing picks
+    for i in (torch.tensor([-1], device="cuda"), torch.tensor(2), torch.tensor([1, -3], device="cuda"),
+              torch.tensor([0, 5], device="cuda", dtype=torch.int64)):
+        got = mask[:, :, i]
+        want_idx = i.reshape(-1)
+        for name in ("kv_num_blocks", "kv_indices", "full_kv_indices"):
+            assert torch.equal(getattr(got, name), getattr(mask, name)[:, :, want_idx]), (name, i)
     # the same step inside torch.compile(fullgraph=True)
     compiled = torch.compile(step, fullgraph=True)
     for p in (3, 700):

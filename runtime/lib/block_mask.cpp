@@ -136,9 +136,33 @@ void place_kv_tables(State& s, const int32_t* num, const int32_t* idx, const int
   if (full_num) place("full_kv_num_blocks", "full_kv_indices", full_num, full_idx, BlockKind::kFull);
 }
 
-// A copy of a device-table mask's tables, checked into fresh kinds (the current context must
-// be the tables'). cuCtxSynchronize first: the tables may still be being written on any stream.
+// Makes a device-table mask's context current for its scope (pushed when another one is).
+class DeviceKvContext {
+ public:
+  explicit DeviceKvContext(const State& s) {
+    CUcontext cur = nullptr;
+    FA_CU(cuCtxGetCurrent, &cur);
+    if (cur != s.device_kv->context) {
+      FA_CU(cuCtxPushCurrent, s.device_kv->context);
+      pushed_ = true;
+    }
+  }
+  ~DeviceKvContext() {
+    CUcontext popped = nullptr;
+    if (pushed_) (void)rt::driver().cuCtxPopCurrent(&popped);
+  }
+  DeviceKvContext(const DeviceKvContext&) = delete;
+  DeviceKvContext& operator=(const DeviceKvContext&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+
+// A copy of a device-table mask's tables as they are now, checked into fresh kinds (in the
+// tables' own context). cuCtxSynchronize first: the tables may still be being written on any
+// stream (inside a CUDA-graph capture this fails: the kernels must not read a copy there).
 std::vector<uint8_t> kinds_of_device_tables(const State& s) {
+  DeviceKvContext in_context(s);
   const State::DeviceKv& d = *s.device_kv;
   const size_t rows = size_t(s.batch) * s.heads * s.nq, cells = rows * size_t(s.nkv);
   std::vector<int32_t> num(rows), idx(cells), full_num, full_idx;
@@ -177,15 +201,12 @@ void check_device_kv_context(const State& s, CUcontext ctx) {
         "use the mask on that device");
 }
 
-// s.kinds, filled first for a device-table mask (one copy of its tables, checked).
+// s.kinds, filled first for a device-table mask: a snapshot of its tables at the first call that
+// needs them on the host, checked (what the kernels read comes from host_copy() at each call).
 const State& ensure_kinds(const State& cs) {
   if (!cs.device_kv) return cs;
   State& s = const_cast<State&>(cs);
-  std::call_once(s.kinds_once, [&] {
-    rt::ContextGuard guard;
-    check_device_kv_context(s, guard.context());
-    s.kinds = kinds_of_device_tables(s);
-  });
+  std::call_once(s.kinds_once, [&] { s.kinds = kinds_of_device_tables(s); });
   return s;
 }
 
@@ -430,10 +451,10 @@ std::vector<uint8_t> partial_sub_kinds(const State& s) {
 BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q, const unsigned char** sub = nullptr) {
   State& s = const_cast<State&>(cs);
   rt::ContextGuard guard;
+  if (s.device_kv) check_device_kv_context(s, guard.context());
   std::lock_guard<std::mutex> lock(s.mutex);
   State::Device& dev = s.devices[guard.context()];
   if (s.device_kv) {  // the caller's tables, in place
-    check_device_kv_context(s, guard.context());
     dev.tables.kv_num_blocks = s.device_kv->num;
     dev.tables.kv_indices = s.device_kv->idx;
     dev.tables.full_kv_num_blocks = s.device_kv->full_num;
@@ -561,6 +582,15 @@ BlockMask BlockMask::from_device_kv_blocks(int batch, int heads, int64_t len_q, 
 
 bool BlockMask::on_device() const { return state().device_kv.has_value(); }
 
+BlockMask BlockMask::host_copy() const {
+  const State& s = state();
+  if (!s.device_kv) return *this;
+  BlockMask m =
+      from_kinds(s.batch, s.heads, s.len_q, s.len_kv, kinds_of_device_tables(s), s.q_block, s.kv_block);
+  m.state_->matches_mask_mod = s.matches_mask_mod;
+  return m;
+}
+
 const BlockMask::State& BlockMask::state() const {
   if (!state_) throw Error("block mask: empty (default-constructed) mask");
   return *state_;
@@ -606,6 +636,11 @@ BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
 const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
   const State& s = state();
   if (q_block == s.q_block && kv_block == s.kv_block) return *this;
+  if (s.device_kv)  // a kept regrouping would be a snapshot the kernels read after the tables changed
+    throw Error(fmt::format(
+        "block mask: its tables are on the device (from_device_kv_blocks), so its {}x{} blocks are not "
+        "regrouped into {}x{}; regroup a host_copy() (the tables as they are now)",
+        s.q_block, s.kv_block, q_block, kv_block));
   // Splitting blocks (each new one inside one source block) keeps every tile's kind whatever the
   // tables say: a full block's parts are full, an empty one's empty, a partial one's partial.
   const bool splits = q_block > 0 && kv_block > 0 && s.q_block % q_block == 0 && s.kv_block % kv_block == 0;
@@ -615,7 +650,6 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
         "(a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; given tables, "
         "build them with blocks {}x{}",
         s.q_block, s.kv_block, q_block, kv_block, q_block, kv_block));
-  ensure_kinds(s);
   std::lock_guard<std::mutex> lock(state_->mutex);
   const std::pair<int, int> key{q_block, kv_block};
   if (auto it = state_->regrouped.find(key); it != state_->regrouped.end()) return it->second;
@@ -728,11 +762,8 @@ BlockMaskDeviceTables BlockMask::device_tables() const { return device_tables_of
 
 void BlockMask::fill(FaBlockTables& t) const {
   const State& s = state();
-  if (s.device_kv && check_device_tables()) {  // FAJIT_CHECK_DEVICE_TABLES=1: their entries, every call
-    rt::ContextGuard guard;
-    check_device_kv_context(s, guard.context());
+  if (s.device_kv && check_device_tables())  // FAJIT_CHECK_DEVICE_TABLES=1: their entries, every call
     (void)kinds_of_device_tables(s);
-  }
   const unsigned char* sub = nullptr;
   const BlockMaskDeviceTables d = device_tables_of(s, /*with_q=*/false, &sub);
   t.kv_num_blocks = d.kv_num_blocks;

@@ -153,8 +153,8 @@ const std::vector<FwdCase>& cases() {
       with({"none", f16, 64, 64, 1, 4, 1, 17, 4096}, "splits7", [](FwdCase& c) { c.splits = 7; }),
       with({"causal_offset", bf16, 128, 128, 1, 8, 8, 1, 1000}, "splits1", [](FwdCase& c) { c.splits = 1; }),
       // The kv tables read in place on the device (BlockMask::from_device_kv_blocks): decoding
-      // (GQA groups sharing a tile, per-head tables), prefill on the mask's own tile, and on a
-      // 192-row tile (d64: the mask's 128-row blocks run the 128x128 twin, its kinds copied once).
+      // (GQA groups sharing a tile, per-head tables), prefill on the mask's own tile, and at d64
+      // (whose 192-row tile does not divide the blocks: the 128x128 twin reads them in place).
       with({"causal_offset", bf16, 128, 128, 1, 32, 4, 2, 131072}, "devtables",
            [](FwdCase& c) { c.device_tables = true; }),
       with({"head_sliding", f16, 128, 128, 2, 8, 2, 3, 5000}, "devtables",
@@ -845,6 +845,11 @@ TEST(DeviceTables, HostViewsComeFromOneCheckedCopy) {
   EXPECT_FALSE(p->mask.on_device());
   EXPECT_EQ(dt->mask.kinds(), p->mask.kinds());
   EXPECT_FALSE(dt->mask.regroupable());  // not looked for (a sync); the host mask's comes from mask_mod
+  EXPECT_EQ(error_of([&] { (void)dt->mask.regrouped(128, 64); }),
+            "block mask: its tables are on the device (from_device_kv_blocks), so its 128x128 blocks are not "
+            "regrouped into 128x64; regroup a host_copy() (the tables as they are now)");
+  EXPECT_EQ(dt->mask.host_copy().kinds(), p->mask.kinds());
+  EXPECT_FALSE(dt->mask.host_copy().on_device());
   EXPECT_TRUE(p->mask.regroupable());
   EXPECT_EQ(dt->mask.to_string(), p->mask.to_string());
   EXPECT_EQ(dt->mask.q_indices(), p->mask.q_indices());
@@ -878,6 +883,51 @@ TEST(DeviceTables, HostViewsComeFromOneCheckedCopy) {
               fa::BlockMask::from_device_kv_blocks(1, 1, 100, 100, nullptr, nullptr, nullptr, nullptr);
             }),
             "block mask: kv_num_blocks and kv_indices are required (device tables)");
+}
+
+// The kernels read device tables as they are at each call: rewritten between two launches (the
+// same addresses, as a CUDA graph's replays see them), the second launch follows. With the
+// mask's own tile (read in place) and with a tile that splits its kv blocks (V head dim 256:
+// BLOCK_N 64, regrouped from a copy taken at each call). The tables alone decide: block-causal
+// full tiles, then every tile full, under a kernel without mask_mod.
+TEST(DeviceTables, KernelsReadTheTablesAsTheyAreAtEachCall) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const fa::Program block_causal = fa::trace(
+      fa::identity_score(), {"block_causal", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                               return kv / fa::Index(128) <= q / fa::Index(128);
+                             }});
+  ModPrograms progs = mod_programs(block_causal);
+  for (const int dv : {128, 256}) {
+    SCOPED_TRACE("dv " + std::to_string(dv));
+    const FwdCase c{"none", bf16, 128, dv, 1, 2, 2, 1000, 1000};
+    std::shared_ptr<Prepared> p = start(c).get();
+    fa::ReferenceOptions ro;
+    ro.mask_mod = &progs.mask;
+    ro.q_strides = p->q.stride, ro.k_strides = p->k.stride, ro.v_strides = p->v.stride;
+    const fa::ReferenceResult ref_bc = fa::reference_attention(
+        fa::ReferenceShape{c.B, c.Hq, c.Hkv, c.Lq, c.Lkv, c.dqk, c.dv}, p->in_vals.data() + p->q.offset,
+        p->in_vals.data() + p->k.offset, p->in_vals.data() + p->v.offset, ro);
+    const int n = 8;  // 128-row and 128-key blocks of 1000
+    // [num | idx | full_num | full_idx]: no partial tiles; full ones block-causal, then all.
+    auto tables = [&](bool all) {
+      std::vector<int32_t> t(size_t(2 * n + 2 * n * n), 0);
+      for (int i = 0; i < n; ++i) {
+        t[size_t(n + n * n + i)] = all ? n : i + 1;
+        for (int j = 0; j < (all ? n : i + 1); ++j) t[size_t(2 * n + n * n + i * n + j)] = j;
+      }
+      return t;
+    };
+    fa::rt::DeviceBuffer buf(size_t(2 * n + 2 * n * n) * 4);
+    const int32_t* at = buf.as<const int32_t>();
+    const fa::BlockMask m =
+        fa::BlockMask::from_device_kv_blocks(1, 1, c.Lq, c.Lkv, at, at + n, at + n + n * n, at + 2 * n + n * n);
+    std::vector<int32_t> t = tables(false);
+    buf.upload(t.data(), t.size() * 4);
+    expect_good(c, launch_and_check(c, *p->kernel, *p, m, p->captures, ref_bc));
+    t = tables(true);
+    buf.upload(t.data(), t.size() * 4);
+    expect_good(c, launch_and_check(c, *p->kernel, *p, m, p->captures, p->ref));
+  }
 }
 
 // ---- autotuning (Options::autotune) ---------------------------------------------------------

@@ -1,6 +1,8 @@
 // The block mask a dense forward kernel reads. Private to compiler/lib/api (and its unit test).
 #pragma once
 
+#include <optional>
+
 #include "fajit/block_mask.h"
 #include "fajit/detail/codegen.h"
 
@@ -11,6 +13,9 @@ namespace fa::detail {
 // the tile's size. The wgmma forward walks one tile a kv block (BlockCursor, block_walk.cuh): its
 // mask's kv blocks are always the tile's, wider ones split (exact for any tables). Throws what
 // BlockMask::regrouped throws.
-const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask);
+// A mask over device tables (BlockMask::on_device) that needs regrouping is regrouped from
+// *copy, which is made from the tables at the first such need (`copy` null: an error).
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask,
+                              std::optional<BlockMask>* copy = nullptr);
 
 }  // namespace fa::detail

@@ -66,13 +66,20 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   return c;
 }
 
-const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask) {
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, std::optional<BlockMask>* copy) {
   const TileConfig& t = s.tile;
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
+  const int qb = mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m;
+  const int kb = one_tile_per_kv_block || mask.kv_block() % t.block_n != 0 ? t.block_n : mask.kv_block();
+  // Device tables are regrouped from a copy of them as they are at this call (BlockMask::host_copy).
+  const BlockMask* from = &mask;
+  if (mask.on_device() && (qb != mask.q_block() || kb != mask.kv_block())) {
+    if (!copy) throw Error("internal: device tables to regroup without a place for their copy");
+    if (!*copy) *copy = mask.host_copy();
+    from = &**copy;
+  }
   // regrouped() returns the mask itself where both sizes stay.
-  const BlockMask& m =
-      mask.regrouped(mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m,
-                     one_tile_per_kv_block || mask.kv_block() % t.block_n != 0 ? t.block_n : mask.kv_block());
+  const BlockMask& m = from->regrouped(qb, kb);
   // The kernel's producer and consumers would walk other tiles than the tables list.
   if (one_tile_per_kv_block && m.kv_block() != t.block_n)
     throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
@@ -421,6 +428,23 @@ bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
   return len_q <= kDecodeMaxLenQ && len_q <= mask.q_block();
 }
 
+// A device-table mask's copy for one call (BlockMask::host_copy: the tables as they are now), and
+// the stream its kernels run on: synchronized before the copy's device tables are freed.
+struct CallMaskCopy {
+  std::optional<BlockMask> copy;
+  CUstream stream = nullptr;
+  CallMaskCopy() = default;
+  CallMaskCopy(const CallMaskCopy&) = delete;
+  CallMaskCopy& operator=(const CallMaskCopy&) = delete;
+  ~CallMaskCopy() {
+    if (!copy) return;
+    try {
+      rt::synchronize(stream);
+    } catch (...) {  // a destructor reports nothing: the launch's own error reaches the caller
+    }
+  }
+};
+
 // Stream-ordered device scratch (rt::stream_alloc: fajit's pool): allocated on `stream`, freed on
 // it after the work queued so far.
 class StreamScratch {
@@ -740,6 +764,8 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   if (!dense) check_call(prefill.gen.spec, "forward", shape, mask, options.scale, true, true);
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
+  CallMaskCopy mask_copy;  // device tables a tile regroups: one copy for this call's launches
+  mask_copy.stream = st;
   // Kernel f's launch on this call, its function and arguments resolved up front (the
   // autotuner times these with no host work between launches).
   struct PrefillLaunch {
@@ -785,18 +811,18 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     if (const char* cap_env = persistent ? std::getenv("FAJIT_PERSISTENT_CTAS") : nullptr;
         cap_env && *cap_env)
       sms = std::clamp<int64_t>(std::atoll(cap_env), 1, sms);
-    PrefillLaunch l{
-        rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
-        persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
-                   : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
-        rt::Dim3(static_cast<unsigned>(s.threads())),
-        static_cast<unsigned>(s.smem_bytes()),
-        maps,
-        qmaps,
-        with_max(with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, detail::forward_mask(s, mask)))),
-        cap.data(),
-        st,
-        persistent};
+    PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
+                    persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
+                               : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
+                    rt::Dim3(static_cast<unsigned>(s.threads())),
+                    static_cast<unsigned>(s.smem_bytes()),
+                    maps,
+                    qmaps,
+                    with_max(with_sequences(rt::make_fwd_params(
+                        q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.copy)))),
+                    cap.data(),
+                    st,
+                    persistent};
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's
@@ -867,8 +893,14 @@ const KernelSpec& Kernel::backward_spec() const { return impl_->backward_kernel(
 void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
                       const TensorView& o_in, const TensorView& lse_in, const TensorView& dout_in,
                       const TensorView& dq_in, const TensorView& dk_in, const TensorView& dv_in,
-                      const BlockMask& mask, const Captures& captures, const BackwardOptions& options,
+                      const BlockMask& mask_in, const Captures& captures, const BackwardOptions& options,
                       Stream stream) const {
+  // Device tables (BlockMask::from_device_kv_blocks): the transposed tables the dK/dV walk reads
+  // come from a copy of them as they are now, and so do the kv tables, so both agree.
+  CallMaskCopy mask_copy;
+  mask_copy.stream = reinterpret_cast<CUstream>(stream);
+  if (mask_in.valid() && mask_in.on_device()) mask_copy.copy = mask_in.host_copy();
+  const BlockMask& mask = mask_copy.copy ? *mask_copy.copy : mask_in;
   // A ragged call runs on [B, H, Lmax, D]-shaped views of the packed tensors, as the forward.
   const Sequences& seq = options.sequences;
   check_sequences_given(seq);

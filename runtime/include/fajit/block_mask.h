@@ -91,16 +91,23 @@ class FA_API BlockMask {
   // mask made per call (a decoding step's slice of a larger mask, by a position on the GPU)
   // costs no sync, and a launch with it can be captured in a CUDA graph (replays read the
   // tables' values at replay time). The caller keeps the tables alive while the mask lives and
-  // their entries valid: they are checked where something needs them on the host — kinds(),
-  // density(), to_string(), the host getters, the backward's transposed tables, regrouping into
-  // other blocks — from one copy made then (after cuCtxSynchronize), as from_kv_blocks checks,
-  // and on every fill() when FAJIT_CHECK_DEVICE_TABLES=1.
+  // their entries valid. They are checked, from a copy (after cuCtxSynchronize), where the host
+  // needs them: kinds(), density(), to_string() and the host getters read one snapshot taken at
+  // the first such call; fa::Kernel takes a fresh host_copy() at each call that needs more than
+  // the kv tables (the backward's transposed tables, a tile that splits the blocks); regrouped()
+  // refuses; FAJIT_CHECK_DEVICE_TABLES=1 checks them at every fill().
   static BlockMask from_device_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv,
                                          const int32_t* kv_num_blocks, const int32_t* kv_indices,
                                          const int32_t* full_kv_num_blocks, const int32_t* full_kv_indices,
                                          int q_block = kDefaultBlock, int kv_block = kDefaultBlock);
   // Whether the mask reads tables kept on the device (from_device_kv_blocks).
   bool on_device() const;
+  // The mask's tables as they are now, as a host mask: for a device-table mask one copy (after
+  // cuCtxSynchronize, in its own context), checked as from_kv_blocks checks; a host mask itself.
+  // What the kernels would otherwise read as a snapshot (the backward's transposed tables, blocks
+  // split for a tile) comes from such a copy made at each call (fa::Kernel does so), so it never
+  // lags the tables; inside a CUDA-graph capture that copy fails with the driver's error.
+  BlockMask host_copy() const;
 
   // Every tile full (no mask_mod).
   static BlockMask all_full(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block = kDefaultBlock,
