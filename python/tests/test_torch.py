@@ -69,6 +69,24 @@ def test_arithmetic_on_a_captured_scalar_is_traced_not_computed():
     assert 'fa.scalar "cap" : f32' in ir and ir.count("arith.mulf") == 2, ir
 
 
+def test_a_captured_0d_tensor_off_the_cpu_is_a_buffer_read_at_0():
+    """A 0-d tensor on a device (here torch's meta device, no GPU needed) is read there as a
+    one-element buffer, never copied to the host; a CPU one stays a runtime scalar."""
+    cap = torch.tensor(8.0, device="meta")
+    shift = torch.tensor(3, device="meta", dtype=torch.int32)
+    host = torch.tensor(2.0)
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap) * host
+
+    def shifted(b, h, q_idx, kv_idx):
+        return q_idx + shift >= kv_idx
+
+    ir = fajit.mlir(softcap, shifted)
+    assert "fa.load %cap[" in ir and "!fa.buffer<f32, 1>" in ir and "fa.load %shift[" in ir, ir
+    assert 'fa.scalar "host" : f32' in ir and "fa.scalar \"cap\"" not in ir, ir
+
+
 def test_torchs_own_and_or_masks_trace():
     from torch.nn.attention.flex_attention import and_masks, or_masks
 
@@ -395,6 +413,14 @@ def test_block_mask_tables_without_a_gpu():
     assert small.seq_lengths == (500, 700) and torch.equal(small.to_dense(), fresh.to_dense())
     with pytest.raises(ValueError, match="cannot grow Q_LEN=1000, KV_LEN=1000 to 2000, 1000"):
         hm._adjust(2000, 1000)
+    # one index tensor among slices (index_select, negatives wrapped) picks what torch's indexing
+    # picks, and the slice's q tables, computed when first read, are torch's
+    theirs = hm.to_torch()
+    for i in (torch.tensor([1]), torch.tensor([-1, 2]), torch.tensor(3), torch.tensor([0, 7], dtype=torch.int32)):
+        for heads in (slice(None), slice(1, 3)):
+            got, want = hm[:, heads, i], theirs[:, heads, i.reshape(-1)]
+            for name in ft._capi.TABLES:
+                assert torch.equal(getattr(got, name), getattr(want, name)), (name, i, heads)
 
 
 @needs_gpu
