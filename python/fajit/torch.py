@@ -605,7 +605,9 @@ def _bind(key, device, what):
     out = []
     for name, kind, t in zip(v.buffer_names, v.buffer_kinds, bufs):
         if t.device != device:
-            raise ValueError(f"{what} captures tensor '{name}' on {t.device}; it must be on {device}")
+            if t.dim() != 0:
+                raise ValueError(f"{what} captures tensor '{name}' on {t.device}; it must be on {device}")
+            t = t.to(device)  # a 0-d one (one value): copied on the devices, differentiably, no host sync
         t = t.to(torch.float32 if kind == "f32" else torch.int32)
         if t.dim() == 0:
             t = t.reshape(1)  # a captured 0-d GPU tensor: a one-element buffer (fajit._trace)
