@@ -471,6 +471,20 @@ class BlockMask:
 
         index = tuple(keep(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads",
                                                                              "the query blocks")))
+        index = index + (slice(None),) * (3 - len(index))
+        # Batch / head dimensions every table broadcasts (stride 0: fajit's own masks in torch's
+        # shape) stay broadcast: picked from one row and expanded to the picked size, so fajit's
+        # mask of the slice keeps one row (a decoding kernel shares a GQA group's K/V read then).
+        src = _kv_tables(self)
+        shape_out = []
+        for d in (0, 1):
+            i, n = index[d], sizes[d]
+            if n > 1 and isinstance(i, slice) and all(t.stride(d) == 0 for t in src):
+                shape_out.append(len(range(*i.indices(n))))
+                src = [t.narrow(d, 0, 1) for t in src]
+                index = index[:d] + (slice(None),) + index[d + 1:]
+            else:
+                shape_out.append(None)
         tensors = [d for d, i in enumerate(index) if torch.is_tensor(i)]
         ix = index[tensors[0]] if len(tensors) == 1 else None
         one = (ix is not None and ix.dim() == 1 and ix.dtype in (torch.int32, torch.int64)
@@ -490,7 +504,11 @@ class BlockMask:
                 return (t if whole else t[rest]).index_select(d, index[d])
             return t[index]
 
-        num, idx, fnum, fidx = ([pick(t) for t in _kv_tables(self)] + [None, None])[:4]  # full ones may be missing
+        def widen(t):
+            sizes_out = [shape_out[d] if shape_out[d] is not None else t.shape[d] for d in (0, 1)]
+            return t if list(t.shape[:2]) == sizes_out else t.expand(*sizes_out, *t.shape[2:])
+
+        num, idx, fnum, fidx = ([widen(pick(t)) for t in src] + [None, None])[:4]  # full ones may be missing
         tables = {"kv_num_blocks": num, "kv_indices": idx, "full_kv_num_blocks": fnum, "full_kv_indices": fidx}
         return BlockMask(None, tables, self.seq_lengths, self.BLOCK_SIZE, _sliced_mask_mod_error, lazy_q=True)
 

@@ -399,6 +399,14 @@ def test_block_mask_tables_without_a_gpu():
     step = wide[:, :, 1]
     step.seq_lengths = (1, S)
     assert tuple(step.kv_indices.shape) == (B, H, 1, 8) and handle_shape(step) == (1, 1)
+    # a query block picked by a position tensor keeps the broadcast too (a decoding step's GQA
+    # group then shares one K/V read), and so do slices of the batch and heads
+    for sub in (wide[:, :, torch.tensor(1)], wide[0, 1:, 4], wide[1:, 0:3, torch.tensor([-1])]):
+        sub.seq_lengths = (1, S)
+        assert handle_shape(sub) == (1, 1), [t.stride() for t in (sub.kv_num_blocks, sub.kv_indices)]
+    two = wide[1:, 0:3, torch.tensor([2, -1])]
+    assert tuple(two.kv_indices.shape) == (1, 3, 2, 8) and two.kv_indices.stride(1) == 0
+    assert torch.equal(two.kv_indices, base.kv_indices.expand(B, H, -1, -1)[1:, 0:3][:, :, [2, -1]])
     again = wide[:, :, 1]
     again.seq_lengths = (1, S)
     assert again._handle is step._handle  # the view made again finds its handle
