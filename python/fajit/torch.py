@@ -342,26 +342,18 @@ def _mask_for(tables, info, batch, heads, device, in_place=False):
         refs, versions, handle = hit
         if all(r() is not None for r in refs) and versions == tuple(t._version for t in tables):
             return handle
-    unb = _unbroadcast(tables)
-    if in_place and all(t.dtype == torch.int32 and t.is_contiguous() for t in unb):
-        # Only tables the kernels can read as they are: a converted copy would be a snapshot
-        # (a CUDA graph replaying it would not see the tables change).
-        bm, hm = unb[0].shape[0], unb[0].shape[1]
-        ptrs = [C.c_void_p(t.data_ptr()) for t in unb] + [None] * (4 - len(unb))
-        h = C.c_void_p()
-        _capi.check(_capi.lib().fajit_block_mask_from_device_kv_blocks(bm, hm, len_q, len_kv, qb, kvb, *ptrs,
-                                                                        C.byref(h)), "block_mask")
-        # The handle must not keep the tables (the registry's entry, and with it the handle, goes
-        # when they go).
-        handle = _MaskHandle(h)
-        _register_mask(tables, info, handle)
-        return handle
-    host = [t.detach().to("cpu", torch.int32).contiguous() for t in unb]
-    bm, hm = host[0].shape[0], host[0].shape[1]
-    ptrs = [C.c_void_p(t.data_ptr()) for t in host] + [None] * (4 - len(host))
+    src = _unbroadcast(tables)
+    # In place only for tables the kernels can read as they are: a converted copy would be a
+    # snapshot (a CUDA graph replaying it would not see the tables change). The handle keeps no
+    # tables: the registry's entry, and with it the handle, goes when they go.
+    if in_place and all(t.dtype == torch.int32 and t.is_contiguous() for t in src):
+        make = _capi.lib().fajit_block_mask_from_device_kv_blocks
+    else:
+        make = _capi.lib().fajit_block_mask_from_kv_blocks
+        src = [t.detach().to("cpu", torch.int32).contiguous() for t in src]
+    ptrs = [C.c_void_p(t.data_ptr()) for t in src] + [None] * (4 - len(src))
     h = C.c_void_p()
-    _capi.check(_capi.lib().fajit_block_mask_from_kv_blocks(bm, hm, len_q, len_kv, qb, kvb, *ptrs, C.byref(h)),
-                "block_mask")
+    _capi.check(make(src[0].shape[0], src[0].shape[1], len_q, len_kv, qb, kvb, *ptrs, C.byref(h)), "block_mask")
     handle = _MaskHandle(h)
     _register_mask(tables, info, handle)
     return handle
@@ -630,9 +622,8 @@ def _bind(key, device, what):
         if t.dim() == 0:
             t = t.reshape(1)  # a captured 0-d GPU tensor: a one-element buffer (fajit._trace)
         out.append(t if t.is_contiguous() else t.contiguous())
-    wants = [name for name, t in zip(v.scalar_names, scalars) if t.requires_grad]
-    if wants and torch.is_grad_enabled():
-        for name in (n for n in wants if n in v.score_scalars):
+    for name, t in zip(v.scalar_names, scalars):
+        if t.requires_grad and name in v.score_scalars and torch.is_grad_enabled():
             raise ValueError(f"{what} captures the 0-d tensor '{name}' on the CPU and it requires grad: a CPU "
                              f"scalar is passed by value and gets no gradient; put it on {device} (a 0-d GPU "
                              "tensor is read on the device and gets one)")

@@ -105,13 +105,14 @@ std::shared_ptr<State> make_state(int batch, int heads, int64_t len_q, int64_t l
   return s;
 }
 
-// Marks the tiles rows list in s.kinds (sized rows x nkv, all empty): partial from kv_num_blocks /
-// kv_indices, full from the full_* pair (null: none). Throws on a count outside [0, nkv], an index
-// outside [0, nkv) and a tile listed twice, naming the table and the tile.
-void place_kv_tables(State& s, const int32_t* num, const int32_t* idx, const int32_t* full_num,
-                     const int32_t* full_idx) {
+// The kinds of the tiles the kv tables of a mask of s's sizes list: partial from kv_num_blocks /
+// kv_indices, full from the full_* pair (null: none), the rest empty. Throws on a count outside
+// [0, nkv], an index outside [0, nkv) and a tile listed twice, naming the table and the tile.
+std::vector<uint8_t> kinds_of_kv_tables(const State& s, const int32_t* num, const int32_t* idx,
+                                        const int32_t* full_num, const int32_t* full_idx) {
   const int nq = s.nq, nkv = s.nkv, heads = s.heads;
   const size_t rows = size_t(s.batch) * heads * nq;
+  std::vector<uint8_t> kinds(rows * nkv, uint8_t(BlockKind::kEmpty));
   auto place = [&](const char* num_name, const char* idx_name, const int32_t* n, const int32_t* ix,
                    BlockKind kind) {
     for (size_t row = 0; row < rows; ++row) {
@@ -124,7 +125,7 @@ void place_kv_tables(State& s, const int32_t* num, const int32_t* idx, const int
         if (kb < 0 || kb >= nkv)
           throw Error(fmt::format("{}: entry {} at (b={}, h={}, q-block={}) is {}, outside [0, {})", idx_name,
                                   i, b, h, qb, kb, nkv));
-        uint8_t& k = s.kinds[row * nkv + kb];
+        uint8_t& k = kinds[row * nkv + kb];
         if (k != uint8_t(BlockKind::kEmpty))
           throw Error(fmt::format("{}: block (b={}, h={}, q-block={}, kv-block={}) is listed twice", idx_name,
                                   b, h, qb, kb));
@@ -134,6 +135,7 @@ void place_kv_tables(State& s, const int32_t* num, const int32_t* idx, const int
   };
   place("kv_num_blocks", "kv_indices", num, idx, BlockKind::kPartial);
   if (full_num) place("full_kv_num_blocks", "full_kv_indices", full_num, full_idx, BlockKind::kFull);
+  return kinds;
 }
 
 // Makes a device-table mask's context current for its scope (pushed when another one is).
@@ -178,12 +180,8 @@ std::vector<uint8_t> kinds_of_device_tables(const State& s) {
     down(full_num, d.full_num);
     down(full_idx, d.full_idx);
   }
-  State probe;
-  probe.batch = s.batch, probe.heads = s.heads, probe.nq = s.nq, probe.nkv = s.nkv;
-  probe.kinds.assign(cells, uint8_t(BlockKind::kEmpty));
-  place_kv_tables(probe, num.data(), idx.data(), d.full_num ? full_num.data() : nullptr,
-                  d.full_num ? full_idx.data() : nullptr);
-  return std::move(probe.kinds);
+  return kinds_of_kv_tables(s, num.data(), idx.data(), d.full_num ? full_num.data() : nullptr,
+                            d.full_num ? full_idx.data() : nullptr);
 }
 
 // FAJIT_CHECK_DEVICE_TABLES=1: fill() checks a device-table mask's entries on every call (a copy
@@ -559,9 +557,9 @@ BlockMask BlockMask::from_kv_blocks(int batch, int heads, int64_t len_q, int64_t
     check_size("full_kv_num_blocks", full_kv_num_blocks, rows);
     check_size("full_kv_indices", full_kv_indices, rows * nkv);
   }
-  s->kinds.assign(rows * nkv, uint8_t(BlockKind::kEmpty));
-  place_kv_tables(*s, kv_num_blocks.data(), kv_indices.data(), has_full ? full_kv_num_blocks.data() : nullptr,
-                  has_full ? full_kv_indices.data() : nullptr);
+  s->kinds = kinds_of_kv_tables(*s, kv_num_blocks.data(), kv_indices.data(),
+                                has_full ? full_kv_num_blocks.data() : nullptr,
+                                has_full ? full_kv_indices.data() : nullptr);
   return BlockMask(std::move(s));
 }
 

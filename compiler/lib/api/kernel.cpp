@@ -432,8 +432,8 @@ bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
 // the stream its kernels run on: synchronized before the copy's device tables are freed.
 struct CallMaskCopy {
   std::optional<BlockMask> copy;
-  CUstream stream = nullptr;
-  CallMaskCopy() = default;
+  CUstream stream;
+  explicit CallMaskCopy(CUstream s) : stream(s) {}
   CallMaskCopy(const CallMaskCopy&) = delete;
   CallMaskCopy& operator=(const CallMaskCopy&) = delete;
   ~CallMaskCopy() {
@@ -764,8 +764,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   if (!dense) check_call(prefill.gen.spec, "forward", shape, mask, options.scale, true, true);
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
-  CallMaskCopy mask_copy;  // device tables a tile regroups: one copy for this call's launches
-  mask_copy.stream = st;
+  CallMaskCopy mask_copy(st);  // device tables a tile regroups: one copy for this call's launches
   // Kernel f's launch on this call, its function and arguments resolved up front (the
   // autotuner times these with no host work between launches).
   struct PrefillLaunch {
@@ -897,8 +896,7 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
                       Stream stream) const {
   // Device tables (BlockMask::from_device_kv_blocks): the transposed tables the dK/dV walk reads
   // come from a copy of them as they are now, and so do the kv tables, so both agree.
-  CallMaskCopy mask_copy;
-  mask_copy.stream = reinterpret_cast<CUstream>(stream);
+  CallMaskCopy mask_copy(reinterpret_cast<CUstream>(stream));
   if (mask_in.valid() && mask_in.on_device()) mask_copy.copy = mask_in.host_copy();
   const BlockMask& mask = mask_copy.copy ? *mask_copy.copy : mask_in;
   // A ragged call runs on [B, H, Lmax, D]-shaped views of the packed tensors, as the forward.
