@@ -24,6 +24,12 @@ def main():
     ap.add_argument("--lkv", default="8192,32768")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--backends", default="fajit,flex", help="which of fajit,flex to run")
+    ap.add_argument("--explicit-bh", action="store_true",
+                    help="create the causal mask with B and Hq given (per-head tables) instead of None, None")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile the fajit eager step's host time (cProfile, top functions to "
+                         "$OUT/decode_step_profile.txt)")
     args = ap.parse_args()
 
     import torch
@@ -60,12 +66,20 @@ def main():
         def causal(b, h, q_idx, kv_idx):
             return q_idx >= kv_idx
 
-        masks = {"fajit": ft.create_block_mask(causal, None, None, S, S),
-                 "flex": create_block_mask(causal, None, None, S, S, device="cuda")}
+        mb, mh = (B, Hq) if args.explicit_bh else (None, None)
+        masks = {"fajit": ft.create_block_mask(causal, mb, mh, S, S)}
+        try:
+            if "flex" not in args.backends.split(","):
+                raise RuntimeError("not asked for")  # torch's eager builder materialises [B, H, S, S] (1 TiB at 32k with B, H given): compiled then
+            masks["flex"] = create_block_mask(causal, mb, mh, S, S, device="cuda", _compile=args.explicit_bh)
+        except Exception as e:  # noqa: BLE001 - reported in the flex column
+            masks["flex"] = e
         attn = {"fajit": lambda q, m: ft.flex_attention(q, k, v, block_mask=m, enable_gqa=True),
                 "flex": lambda q, m: flex(q, k, v, block_mask=m, enable_gqa=True)}
 
         def step(name):
+            if isinstance(masks[name], Exception):
+                raise masks[name]
             m = masks[name][:, :, where[name] // 128]
             m.mask_mod = mods[name]
             m.seq_lengths = (1, S)
@@ -76,7 +90,7 @@ def main():
         kk, vv = (t.float().repeat_interleave(Hq // Hkv, dim=1) for t in (k, v))
         want = F.scaled_dot_product_attention(q.float(), kk, vv)
         row = {"Lkv": S}
-        for name in ("fajit", "flex"):
+        for name in [b for b in ("fajit", "flex") if b in args.backends.split(",")]:
             try:
                 out = step(name)
                 err = ((out.float() - want).norm() / want.norm()).item()
@@ -108,10 +122,29 @@ def main():
                 row[name + " graph"] = f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
         rows.append(row)
         print(row, flush=True)
+        if args.profile and not str(row.get("fajit", "n/a")).startswith("n/a"):
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            torch.cuda.synchronize()
+            prof.enable()
+            for i in range(args.steps):
+                place(last - (i % 64))
+                step("fajit")
+            torch.cuda.synchronize()
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(35)
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "decode_step_profile.txt"), "a") as f:
+                f.write(f"# Lkv {S}, {args.steps} eager fajit steps\n{text.getvalue()}\n")
 
     cols = ["Lkv", "fajit", "fajit graph", "flex", "flex graph"]
     md = [f"# gpt-fast decoding step, {dev}, {datetime.date.today()}",
-          f"B={B} Hq={Hq} Hkv={Hkv} D={D} bf16, one query, causal at the position; us per step "
+          f"B={B} Hq={Hq} Hkv={Hkv} D={D} bf16, one query, causal at the position "
+          f"(mask made with B, H = {'B, Hq' if args.explicit_bh else 'None, None'}); us per step "
           f"(mean of {args.steps} back-to-back steps; the position's fill_ between steps included)", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]

@@ -278,10 +278,13 @@ def _register_mask(tables, info, handle):
 
 def _kv_tables(mask):
     """A BlockMask's (fajit's or torch's) kv tables as fajit reads them: the counts and indices,
-    then the full ones where it has them."""
+    then the full ones where it has them; a fajit BlockMask's without the batch / head dimensions
+    they broadcast (BlockMask._unbroadcast_tables: views made once, not at every call)."""
     tables = [mask.kv_num_blocks, mask.kv_indices]
     if mask.full_kv_num_blocks is not None:
         tables += [mask.full_kv_num_blocks, mask.full_kv_indices]
+    if isinstance(mask, BlockMask):
+        return mask._unbroadcast_tables(tables)
     return tables
 
 
@@ -308,8 +311,14 @@ def _check_tables(tables, info):
     for name, t in zip(names, tables):
         want = (bm, hm, nq) if name.endswith("num_blocks") else (bm, hm, nq, nkv)
         if tuple(t.shape) != want:
-            raise ValueError(f"block_mask: {name} has shape {tuple(t.shape)}; Q_LEN={len_q}, KV_LEN={len_kv} in "
-                             f"blocks of {qb}x{kvb} need {list(want)}")
+            # The blocks a (batch, head) holds, as "(..., rows, cols)": a fajit mask's tables come here
+            # without the batch / head dimensions they broadcast, which the caller sees.
+            have, need = tuple(t.shape), list(want)
+            if have[2:] != want[2:]:
+                have = "(..., " + ", ".join(str(n) for n in have[2:]) + ")"
+                need = "[..., " + ", ".join(str(n) for n in want[2:]) + "]"
+            raise ValueError(f"block_mask: {name} has shape {have}; Q_LEN={len_q}, KV_LEN={len_kv} in "
+                             f"blocks of {qb}x{kvb} need {need}")
 
 
 def _unbroadcast(tables):
@@ -427,6 +436,16 @@ class BlockMask:
     def _info(self):
         return (self.seq_lengths[0], self.seq_lengths[1], self.BLOCK_SIZE[0], self.BLOCK_SIZE[1])
 
+    def _unbroadcast_tables(self, tables):
+        """_unbroadcast(tables) for this mask's kv tables `tables`, kept while they are the same
+        tensors (a decoding step's mask is used once; a training mask at every call)."""
+        kept = self.__dict__.get("_unbroadcast_kept")
+        if kept is not None and len(kept[0]) == len(tables) and all(a is b for a, b in zip(kept[0], tables)):
+            return kept[1]
+        src = _unbroadcast(tables)
+        self.__dict__["_unbroadcast_kept"] = (tables, src)
+        return src
+
     @property
     def _handle(self):
         """fajit's mask of these tables at the current seq_lengths (built from a host copy of the
@@ -439,6 +458,34 @@ class BlockMask:
         tables = {name: getattr(mask, name, None) for name in _capi.TABLES}
         return cls(None, tables, seq_lengths, mask.BLOCK_SIZE, mask.mask_mod)
 
+    def _pick_row(self, src, ix):
+        """Tables src (one (batch, head) row: [1, 1, nq] counts, [1, 1, nq, nkv] indices) at query
+        block ix (a one-element index tensor, negative from the end): one launch and views of its
+        result, contiguous as the kernels read tables in place. The tables are stacked once, twice
+        over (rows -nq..nq-1 then need no wrap, and an index outside it fails as indexing does),
+        again when they change; not while a CUDA graph captures, whose replays must read the
+        tables as they are then, not a stacked copy."""
+        kept = None
+        if not (src[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+            versions = tuple(t._version for t in src)
+            kept = self.__dict__.get("_stacked_rows")
+            if kept is None or kept[2] != versions or len(kept[0]) != len(src) or \
+                    any(a is not b for a, b in zip(kept[0], src)):
+                cols = [t.unsqueeze(-1) if t.dim() == 3 else t for t in src]
+                one = torch.cat(cols, dim=-1) if all(t.dtype == cols[0].dtype for t in cols) else None
+                kept = (src, None if one is None else torch.cat([one, one], dim=2), versions)
+                self.__dict__["_stacked_rows"] = kept
+        if kept is None or kept[1] is None:  # capturing, or tables of different dtypes
+            ix = torch.where(ix < 0, ix + src[0].shape[2], ix)
+            return [t.index_select(2, ix) for t in src]
+        row = kept[1].index_select(2, ix.reshape(1) + src[0].shape[2])
+        out, at = [], 0
+        for t in src:
+            width = 1 if t.dim() == 3 else t.shape[3]
+            out.append(row[..., at] if t.dim() == 3 else row[..., at:at + width])
+            at += width
+        return out
+
     def __getitem__(self, index):
         """torch's BlockMask indexing over (batch, head, query block): the mask of the rows picked,
         with seq_lengths kept and, as torch's, a mask_mod that raises until the caller sets one. An
@@ -449,60 +496,65 @@ class BlockMask:
             raise IndexError("block_mask indices: at most 3 (batch, head, query block), no Ellipsis; "
                              f"got {len(index)}")
         sizes = self.kv_num_blocks.shape
-
-        def keep(i, n, what):
-            if torch.is_tensor(i) and i.dim() == 0:
-                return i.reshape(1)
-            if isinstance(i, bool) or torch.is_tensor(i) or i is None or isinstance(i, slice):
-                return i
-            j = operator.index(i)
-            if not -n <= j < n:
-                raise IndexError(f"block_mask index {j} is out of range for {what} of size {n}")
-            j = j + n if j < 0 else j
-            return slice(j, j + 1)
-
-        index = tuple(keep(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads",
-                                                                             "the query blocks")))
-        index = index + (slice(None),) * (3 - len(index))
+        Tensor_ = torch.Tensor
+        kept = []
+        for i, n, what in zip(index, sizes, ("the batch", "the heads", "the query blocks")):
+            if isinstance(i, Tensor_):
+                kept.append(i.reshape(1) if i.dim() == 0 else i)
+            elif isinstance(i, (bool, slice)) or i is None:
+                kept.append(i)
+            else:  # an int keeps its dimension
+                j = operator.index(i)
+                if not -n <= j < n:
+                    raise IndexError(f"block_mask index {j} is out of range for {what} of size {n}")
+                j = j + n if j < 0 else j
+                kept.append(slice(j, j + 1))
+        index = tuple(kept) + (slice(None),) * (3 - len(kept))
         # Batch / head dimensions every table broadcasts (stride 0: fajit's own masks in torch's
-        # shape) stay broadcast: picked from one row and expanded to the picked size, so fajit's
-        # mask of the slice keeps one row (a decoding kernel shares a GQA group's K/V read then).
+        # shape) stay broadcast where a slice picks them: picked from one row and expanded to the
+        # picked size, so fajit's mask of the slice keeps one row (a decoding kernel shares a GQA
+        # group's K/V read then). _kv_tables gives them with such dimensions already narrowed.
         src = _kv_tables(self)
-        shape_out = []
+        shape_out = [None, None]
         for d in (0, 1):
-            i, n = index[d], sizes[d]
-            if n > 1 and isinstance(i, slice) and all(t.stride(d) == 0 for t in src):
-                shape_out.append(len(range(*i.indices(n))))
-                src = [t.narrow(d, 0, 1) for t in src]
-                index = index[:d] + (slice(None),) + index[d + 1:]
-            else:
-                shape_out.append(None)
-        tensors = [d for d, i in enumerate(index) if torch.is_tensor(i)]
+            if sizes[d] > 1 and src[0].shape[d] == 1:  # broadcast by every table
+                i = index[d]
+                if isinstance(i, slice):
+                    shape_out[d] = len(range(*i.indices(sizes[d])))
+                    index = index[:d] + (slice(None),) + index[d + 1:]
+                else:  # picked by a tensor, None or a bool: indexed in torch's shape
+                    src = [t.expand(*[sizes[e] if e == d else t.shape[e] for e in range(t.dim())]) for t in src]
+        tensors = [d for d, i in enumerate(index) if isinstance(i, Tensor_)]
         ix = index[tensors[0]] if len(tensors) == 1 else None
         one = (ix is not None and ix.dim() == 1 and ix.dtype in (torch.int32, torch.int64)
                and ix.device == self.kv_num_blocks.device
-               and all(isinstance(i, slice) for i in index if not torch.is_tensor(i)))
-        if one:
-            d = tensors[0]
-            rest = tuple(i if k != d else slice(None) for k, i in enumerate(index))
-            whole = all(i == slice(None) for i in rest)
-            ix = torch.where(ix < 0, ix + sizes[d], ix)  # Python's negative indices, as t[index] takes them
-            index = index[:d] + (ix,) + index[d + 1:]
-
-        def pick(t):
+               and all(isinstance(i, slice) for k, i in enumerate(index) if k != tensors[0]))
+        if one and tensors[0] == 2 and ix.numel() == 1 and src[0].shape[:2] == (1, 1) and shape_out[0] != 0 \
+                and shape_out[1] != 0 and all(i == slice(None) for i in index[:2]):
+            # The decoding recipe's mask[:, :, pos // 128] on a mask of one (batch, head) row: one
+            # index_select of all tables at once (_stacked_rows), its row's tables are views.
+            picked = self._pick_row(src, ix)
+        elif one:
             # One integer index tensor among slices (the decoding recipe's mask[:, :, pos // 128]):
             # index_select, half the host time of advanced indexing; the same result.
-            if one:
-                return (t if whole else t[rest]).index_select(d, index[d])
-            return t[index]
-
-        def widen(t):
-            sizes_out = [shape_out[d] if shape_out[d] is not None else t.shape[d] for d in (0, 1)]
-            return t if list(t.shape[:2]) == sizes_out else t.expand(*sizes_out, *t.shape[2:])
-
-        num, idx, fnum, fidx = ([widen(pick(t)) for t in src] + [None, None])[:4]  # full ones may be missing
+            d = tensors[0]
+            rest = tuple(i if k != d else slice(None) for k, i in enumerate(index))
+            ix = torch.where(ix < 0, ix + sizes[d], ix)  # Python's negative indices, as t[index] takes them
+            if all(i == slice(None) for i in rest):
+                picked = [t.index_select(d, ix) for t in src]
+            else:
+                picked = [t[rest].index_select(d, ix) for t in src]
+        else:
+            picked = [t[index] for t in src]
+        widened = picked
+        if shape_out != [None, None]:
+            bh = [shape_out[d] if shape_out[d] is not None else picked[0].shape[d] for d in (0, 1)]
+            widened = [t.expand(*bh, *t.shape[2:]) for t in picked]
+        num, idx, fnum, fidx = (widened + [None, None])[:4]  # full ones may be missing
         tables = {"kv_num_blocks": num, "kv_indices": idx, "full_kv_num_blocks": fnum, "full_kv_indices": fidx}
-        return BlockMask(None, tables, self.seq_lengths, self.BLOCK_SIZE, _sliced_mask_mod_error, lazy_q=True)
+        out = BlockMask(None, tables, self.seq_lengths, self.BLOCK_SIZE, _sliced_mask_mod_error, lazy_q=True)
+        out.__dict__["_unbroadcast_kept"] = (widened, _unbroadcast(picked))
+        return out
 
     def _adjust(self, new_q_len, new_kv_len):
         """torch's BlockMask._adjust: this mask cropped to its upper-left [new_q_len, new_kv_len]

@@ -407,12 +407,24 @@ def test_block_mask_tables_without_a_gpu():
     two = wide[1:, 0:3, torch.tensor([2, -1])]
     assert tuple(two.kv_indices.shape) == (1, 3, 2, 8) and two.kv_indices.stride(1) == 0
     assert torch.equal(two.kv_indices, base.kv_indices.expand(B, H, -1, -1)[1:, 0:3][:, :, [2, -1]])
+    # one query block of a mask of one (batch, head) row, picked by a one-element tensor (the
+    # decoding step's form): torch's indexing, negatives from the end, tables changed in place seen
+    counts = base.kv_num_blocks.clone()
+    live = ft.BlockMask(None, dict(tables, kv_num_blocks=counts.expand(B, H, -1)), (S, S), (128, 128), causal)
+    for i in (torch.tensor(0), torch.tensor([-1]), torch.tensor(5, dtype=torch.int32), torch.tensor(-8)):
+        got = live[:, :, i]
+        assert tuple(got.kv_indices.shape) == (B, H, 1, 8)
+        for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+            assert torch.equal(getattr(got, name), getattr(live, name)[:, :, i.reshape(-1)]), (name, i)
+        assert all(t.is_contiguous() for t in ft._kv_tables(got))  # read in place by a decoding kernel
+    counts[0, 0, 5] = 3
+    assert live[:, :, torch.tensor(5)].kv_num_blocks[1, 2, 0] == 3
     again = wide[:, :, 1]
     again.seq_lengths = (1, S)
     assert again._handle is step._handle  # the view made again finds its handle
     step.seq_lengths = (1, S // 2)
-    with pytest.raises(ValueError, match=r"kv_indices has shape \(2, 4, 1, 8\); Q_LEN=1, KV_LEN=500 in blocks "
-                                         r"of 128x128 need \[2, 4, 1, 4\]"):
+    with pytest.raises(ValueError, match=r"kv_indices has shape \(\.\.\., 1, 8\); Q_LEN=1, KV_LEN=500 in "
+                                         r"blocks of 128x128 need \[\.\.\., 1, 4\]"):
         step._handle
     # _adjust crops (keeping the broadcast) to what a mask for the smaller lengths holds, never grows
     assert handle_shape(wide._adjust(500, 700)) == (1, 1)
@@ -476,8 +488,8 @@ def test_block_mask_indexing_and_the_decoding_recipe():
     with pytest.raises(ValueError, match="block_mask was created for Q_LEN=1, KV_LEN=1000"):
         ft.flex_attention(q, k, v, block_mask=step)
     step.seq_lengths = (1, S // 2)  # tables for 1000 keys are not tables for 500
-    with pytest.raises(ValueError, match=r"kv_indices has shape \(2, 4, 1, 8\); Q_LEN=1, KV_LEN=500 in blocks "
-                                         r"of 128x128 need \[2, 4, 1, 4\]"):
+    with pytest.raises(ValueError, match=r"kv_indices has shape \(\.\.\., 1, 8\); Q_LEN=1, KV_LEN=500 in "
+                                         r"blocks of 128x128 need \[\.\.\., 1, 4\]"):
         ft.flex_attention(q[:, :, :1], k[:, :, :S // 2], v[:, :, :S // 2], block_mask=step)
     # a mask that ignores b and h stays broadcast in fajit's handle of its slices
     sliced = mask[:, :, 1]
