@@ -466,25 +466,26 @@ class BlockMask:
         again when they change; not while a CUDA graph captures, whose replays must read the
         tables as they are then, not a stacked copy."""
         kept = None
-        if not (src[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+        if not (torch.compiler.is_compiling() or (src[0].is_cuda and torch.cuda.is_current_stream_capturing())):
             versions = tuple(t._version for t in src)
             kept = self.__dict__.get("_stacked_rows")
             if kept is None or kept[2] != versions or len(kept[0]) != len(src) or \
                     any(a is not b for a, b in zip(kept[0], src)):
                 cols = [t.unsqueeze(-1) if t.dim() == 3 else t for t in src]
-                one = torch.cat(cols, dim=-1) if all(t.dtype == cols[0].dtype for t in cols) else None
-                kept = (src, None if one is None else torch.cat([one, one], dim=2), versions)
+                stacked, plan, at = None, [], 0
+                if all(t.dtype == cols[0].dtype for t in cols):
+                    one = torch.cat(cols, dim=-1)
+                    stacked = torch.cat([one, one], dim=2)
+                    for t in src:  # (column, width) of each table; width 0: a count (one column, no dim)
+                        plan.append((at, 0 if t.dim() == 3 else t.shape[3]))
+                        at += 1 if t.dim() == 3 else t.shape[3]
+                kept = (src, stacked, versions, plan)
                 self.__dict__["_stacked_rows"] = kept
-        if kept is None or kept[1] is None:  # capturing, or tables of different dtypes
+        if kept is None or kept[1] is None:  # compiling or capturing, or tables of different dtypes
             ix = torch.where(ix < 0, ix + src[0].shape[2], ix)
             return [t.index_select(2, ix) for t in src]
-        row = kept[1].index_select(2, ix.reshape(1) + src[0].shape[2])
-        out, at = [], 0
-        for t in src:
-            width = 1 if t.dim() == 3 else t.shape[3]
-            out.append(row[..., at] if t.dim() == 3 else row[..., at:at + width])
-            at += width
-        return out
+        row = kept[1].index_select(2, ix + src[0].shape[2])
+        return [row.select(3, at) if width == 0 else row.narrow(3, at, width) for at, width in kept[3]]
 
     def __getitem__(self, index):
         """torch's BlockMask indexing over (batch, head, query block): the mask of the rows picked,
