@@ -345,11 +345,18 @@ def _mask_for(tables, info, batch, heads, device, in_place=False):
             _capi.check(_capi.lib().fajit_block_mask_all_full(1, 1, len_q, len_kv, qb, kvb, C.byref(h)), "block_mask")
             hit = _MASKS[key] = (None, 0, _MaskHandle(h))
         return hit[2]
+    # The same table tensors as a call before (a mask used by every layer of a model): found by
+    # identity, without the checks and the key of views below.
+    ident = (tuple(map(id, tables)), tuple(info))
+    seen = _MASKS_SEEN.get(ident)
+    if seen is not None and all(r() is t for r, t in zip(seen[0], tables)) and seen[1] == _table_state(tables):
+        return seen[2]
     _check_tables(tables, info)
     hit = _MASKS.get(_tables_key(tables, info))
     if hit is not None:
         refs, versions, handle = hit
         if all(r() is not None for r in refs) and versions == tuple(t._version for t in tables):
+            _remember_tables(ident, tables, handle)
             return handle
     src = _unbroadcast(tables)
     # In place only for tables the kernels can read as they are: a converted copy would be a
@@ -365,7 +372,28 @@ def _mask_for(tables, info, batch, heads, device, in_place=False):
     _capi.check(make(src[0].shape[0], src[0].shape[1], len_q, len_kv, qb, kvb, *ptrs, C.byref(h)), "block_mask")
     handle = _MaskHandle(h)
     _register_mask(tables, info, handle)
+    _remember_tables(ident, tables, handle)
     return handle
+
+
+# (ids of a call's table tensors, mask info) -> (weakrefs to them, their _versions, _MaskHandle):
+# _mask_for's first look, entries going with the tensors.
+_MASKS_SEEN = {}
+
+
+def _remember_tables(ident, tables, handle):
+    def forget(ref):
+        entry = _MASKS_SEEN.get(ident)
+        if entry is not None and any(r is ref for r in entry[0]):
+            del _MASKS_SEEN[ident]
+
+    _MASKS_SEEN[ident] = ([weakref.ref(t, forget) for t in tables], _table_state(tables), handle)
+
+
+def _table_state(tables):
+    """What may change under a tensor object: its contents (_version), and its storage and layout
+    (`t.data = ...` moves a tensor without a new version)."""
+    return tuple((t._version, t.data_ptr(), t.shape, t.stride()) for t in tables)
 
 
 def _mask_tables(handle, device):
@@ -725,36 +753,42 @@ def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, variant: str, scale: float, 
                    want_max: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """out, the LSE, and with want_max each row's largest score [B, Hq, Lq] (else an empty
     tensor): fajit's row-max kernels, compiled on the first call that asks."""
+    out, lse, mx = _forward(q, k, v, variant, scale, tables, mask_info, buffers, scalars, want_max, True)
+    return out, lse, mx if want_max else torch.empty((0,), dtype=torch.float32, device=q.device)
+
+
+def _forward(q, k, v, variant, scale, tables, mask_info, buffers, scalars, want_max, want_lse):
+    """_flex_fwd_impl's work, the LSE and the row maxima only where wanted (else None): an
+    inference call allocates out alone."""
     B, Hq, Lq, D = q.shape
     Dv = v.shape[3]
-    out = torch.empty((B, Hq, Lq, Dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
-    mx = torch.empty((B, Hq, Lq) if want_max else (0,), dtype=torch.float32, device=q.device)
+    device = q.device
+    out = torch.empty((B, Hq, Lq, Dv), dtype=q.dtype, device=device)
+    lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=device) if want_lse else None
+    mx = torch.empty((B, Hq, Lq), dtype=torch.float32, device=device) if want_max else None
     var = _VARIANTS[variant]
     keep = []
-    with _on_device(q.device):
-        kern = _kernel(var, q.dtype, D, Dv, q.device)
+    with _on_device(device):
+        kern = _kernel(var, q.dtype, D, Dv, device)
         # A short query (the decoding kernel's) or a CUDA-graph capture reads the tables in place.
-        mask = _mask_for(tables, mask_info, B, Hq, q.device,
+        mask = _mask_for(tables, mask_info, B, Hq, device,
                          in_place=Lq <= _DECODE_MAX_LEN_Q or torch.cuda.is_current_stream_capturing())
         caps = _ccaptures(var, buffers, scalars, keep)
-        ts = [_ctensor(t) for t in (q, k, v, out, lse)]
+        ts = [C.byref(_ctensor(t)) for t in (q, k, v, out)] + [C.byref(_ctensor(lse)) if want_lse else None]
         if not want_max:
             _capi.check(_capi.lib().fajit_kernel_forward(
-                kern.handle, *[C.byref(t) for t in ts], scale, mask.h, C.byref(caps), _stream(q.device)),
-                "flex_attention")
+                kern.handle, *ts, scale, mask.h, C.byref(caps), _stream(device)), "flex_attention")
         else:
             opts = _capi.forward_options()
             opts.scale = scale
             cmx = _ctensor(mx)
             opts.max_scores = C.pointer(cmx)
             _capi.check(_capi.lib().fajit_kernel_forward_ex(
-                kern.handle, *[C.byref(t) for t in ts], C.byref(opts), mask.h, C.byref(caps), _stream(q.device)),
-                "flex_attention")
+                kern.handle, *ts, C.byref(opts), mask.h, C.byref(caps), _stream(device)), "flex_attention")
     return out, lse, mx
 
 
-# The op for torch.compile; eager calls run _flex_fwd_impl directly, or through _FlexFunction
+# The op for torch.compile; eager calls run _forward directly, or _flex_fwd_impl through _FlexFunction
 # when autograd records them (the custom op's dispatch costs more host time than a short decode).
 _flex_fwd = torch.library.custom_op("fajit::flex_fwd", mutates_args=())(_flex_fwd_impl)
 
@@ -904,6 +938,9 @@ def _check_cuda(name, t):
         raise ValueError(f"{name} must be a CUDA tensor, got one on {t.device}")
 
 
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+
+
 def _check_dtype(name, t):
     if t.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"{name} must be float16 or bfloat16, got {t.dtype}")
@@ -949,12 +986,15 @@ def _check_scale(scale):
 
 
 def _check_inputs(query, key, value, enable_gqa):
-    _check_types((("query", query), ("key", key), ("value", value)))
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_cuda(name, t)
+    named = (("query", query), ("key", key), ("value", value))
+    _check_types(named)
+    for name, t in named:
+        if not t.is_cuda:
+            _check_cuda(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dimensions [B, H, L, E], got shape {list(t.shape)}")
-        _check_dtype(name, t)
+        if t.dtype not in _HALF_TYPES:
+            _check_dtype(name, t)
     _check_one_device(query, key, value)
     _check_one_dtype(query, key, value)
     B = query.shape[0]
@@ -1028,7 +1068,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         out, lse, mx = _FlexFunction.apply(*args[:5], info, want_max, len(tables), len(buffers), *tables, *buffers,
                                            *scalars)
     else:
-        out, lse, mx = _flex_fwd_impl(*args)
+        out, lse, mx = _forward(*args, bool(return_lse or (return_aux is not None and return_aux.lse)))
     if return_aux is not None:
         return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=mx if want_max else None)
     if return_lse:

@@ -391,6 +391,15 @@ def test_block_mask_tables_without_a_gpu():
     assert torch.equal(hm[0:1, 0:1].kv_indices[0, 0], hm.kv_indices[0, 0])
     with pytest.raises(RuntimeError, match=r"this BlockMask was indexed"):
         hm[0:1].mask_mod(0, 0, 0, 0)
+    # a mask's handle is found again while its tables stay as they were, and made again when they
+    # change in place or move (`.data =` moves a tensor without a new version)
+    first = hm._handle
+    assert hm._handle is first
+    hm.kv_num_blocks[0, 0, 0] = hm.kv_num_blocks[0, 0, 0].clone()
+    second = hm._handle
+    assert second is not first and hm._handle is second
+    hm.kv_indices.data = hm.kv_indices.clone()
+    assert hm._handle is not second
     # fajit's own broadcast masks come expanded to torch's shape and stay broadcast in fajit
     base = ft.BlockMask.from_torch(torch_create_block_mask(causal, 1, 1, S, S, device="cpu"))
     tables = {n: getattr(base, n).expand(B, H, *getattr(base, n).shape[2:]) for n in ft._capi.TABLES}
