@@ -400,16 +400,25 @@ def _mask_tables(handle, device):
     lib = _capi.lib()
     info = _capi.BlockMaskInfo()
     _capi.check(lib.fajit_block_mask_get_info(handle.h, C.byref(info)))
-    out = {}
-    for i, name in enumerate(_capi.TABLES):
+    sizes = []
+    for i in range(len(_capi.TABLES)):
         size = C.c_size_t()
         _capi.check(lib.fajit_block_mask_table(handle.h, i, None, 0, C.byref(size)))
-        host = torch.empty(size.value, dtype=torch.int32)
-        _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(host.data_ptr()), size.value, None))
+        sizes.append(size.value)
+    # One host buffer, one copy to the device, the tables views of it.
+    host = torch.empty(sum(sizes), dtype=torch.int32, pin_memory=device.type == "cuda")
+    at = 0
+    for i, size in enumerate(sizes):
+        _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(host.data_ptr() + 4 * at), size, None))
+        at += size
+    moved = host.to(device)
+    out, at = {}, 0
+    for name, size in zip(_capi.TABLES, sizes):
         rows = info.num_q_blocks if name.startswith(("kv", "full_kv")) else info.num_kv_blocks
         cols = info.num_kv_blocks if name.startswith(("kv", "full_kv")) else info.num_q_blocks
         shape = (info.batch, info.heads, rows) + ((cols,) if name.endswith("indices") else ())
-        out[name] = host.view(shape).to(device)
+        out[name] = moved[at:at + size].view(shape)
+        at += size
     return info, out
 
 

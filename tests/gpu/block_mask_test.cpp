@@ -127,5 +127,25 @@ TEST(BlockMaskStandalone, CreateBlockMaskMatchesKernel) {
   EXPECT_EQ(a.kv_indices(), b.kv_indices());
 }
 
+// fa::BlockMaskFactory, one per mask_mod, builds a new document packing each call (the GPU
+// builder, compiled once) as Kernel::block_mask builds it.
+TEST(BlockMaskStandalone, FactoryBuildsEachPackingAsTheKernelDoes) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const Variant& var = variant("document2d_causal");
+  const fa::BlockMaskFactory factory(var.mask());
+  const fa::Kernel k = fa::compile(var.score(), var.mask());
+  std::mt19937 rng(48);
+  const Dims d{3, 2, 1000, 1000};
+  for (int step = 0; step < 3; ++step) {
+    CaptureSet caps;
+    var.fill(caps, d, 64 + 200 * step, rng);
+    const fa::BlockMask a = factory.build(d.B, d.H, d.Lq, d.Lkv, caps.captures());
+    const fa::BlockMask b = k.block_mask(d.B, d.H, d.Lq, d.Lkv, caps.captures());
+    EXPECT_EQ(a.batch(), d.B);
+    EXPECT_EQ(a.kinds(), b.kinds()) << "packing " << step;
+    EXPECT_EQ(a.kv_indices(), b.kv_indices()) << "packing " << step;
+  }
+}
+
 }  // namespace
 }  // namespace fa_gpu_test

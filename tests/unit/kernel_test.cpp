@@ -1,5 +1,6 @@
-// fa::create_block_mask (fajit/kernel.h) on the CPU: a mask the analysis decides completely
-// compiles nothing, in particular no forward kernel; bad options fail as fa::compile's do.
+// fa::create_block_mask and fa::BlockMaskFactory (fajit/kernel.h) on the CPU: a mask the
+// analysis decides completely compiles nothing, in particular no forward kernel; bad options
+// fail as fa::compile's do; a factory builds what create_block_mask builds, call after call.
 #include "fajit/kernel.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +31,24 @@ TEST(CreateBlockMask, ChecksTheOptionsLikeCompile) {
   o.head_dim_qk = 100;
   EXPECT_EQ(fa::test::error_of([&] { fa::create_block_mask(fa::mods::causal(), 1, 1, 256, 256, {}, {}, o); }),
             "head_dim_qk must be a multiple of 8 from 32 to 256, got 100");
+}
+
+TEST(BlockMaskFactory, BuildsWhatCreateBlockMaskBuildsForEachCallsSizesAndScalars) {
+  const fa::BlockMaskFactory factory(fa::mods::sliding_window());
+  const fa::BlockMaskFactory copy = factory;  // shares the traced mask_mod
+  for (int window : {100, 300, 1000}) {
+    fa::Captures cap;
+    cap.scalar("window", window);
+    for (int64_t len : {256, 1000, 4097}) {
+      const fa::BlockMask want = fa::create_block_mask(fa::mods::sliding_window(), 1, 1, len, len, cap);
+      const fa::BlockMask got = (window == 300 ? copy : factory).build(1, 1, len, len, cap);
+      ASSERT_TRUE(got.valid());
+      EXPECT_EQ(got.kinds(), want.kinds()) << "window " << window << ", length " << len;
+      EXPECT_EQ(got.num_q_blocks(), want.num_q_blocks());
+    }
+  }
+  EXPECT_EQ(fa::test::error_of([&] { factory.build(0, 1, 256, 256); }),
+            "block mask needs positive sizes, got B=0 H=1 Lq=256 Lkv=256");
 }
 
 }  // namespace

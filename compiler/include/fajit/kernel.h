@@ -248,7 +248,25 @@ Kernel compile(S&& score, M&& mask, const Options& options = {}) {
                  options);
 }
 
+// The block masks of one mask_mod, built as often as its captures or sizes change (a new
+// document packing every training step, say): the mask_mod is traced and analysed once, and
+// its GPU builder compiled once (on first use), where fa::create_block_mask does all of that at
+// every call. Copies share one builder; build() may be called from several threads.
+class FA_API BlockMaskFactory {
+ public:
+  explicit BlockMaskFactory(const MaskMod& mask, const Options& compile_options = {});
+  // fa::create_block_mask's result for these sizes and captures.
+  BlockMask build(int batch, int heads, int64_t len_q, int64_t len_kv, const Captures& captures = {},
+                  const BlockMaskOptions& options = {}, Stream stream = nullptr) const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
 // fa::create_block_mask(mask, B, H, Lq, Lkv): the block mask alone (compiles only the builder).
+// BlockMaskFactory(mask, compile_options).build(...): a mask_mod used again is better held as one.
 FA_API BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q, int64_t len_kv,
                                    const Captures& captures = {}, const BlockMaskOptions& options = {},
                                    const Options& compile_options = {}, Stream stream = nullptr);

@@ -4,7 +4,10 @@
 
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,11 +31,23 @@ struct fajit_block_mask {
   std::string text;  // fajit_block_mask_to_string
 };
 
+// What fajit_program_block_mask builds a program's masks with, made on its first call for a set
+// of options: a BlockMaskFactory over the replayed mask_mod, or a kernel where it cannot be
+// replayed.
+struct fajit_mask_source {
+  std::optional<fa::BlockMaskFactory> factory;
+  std::optional<fa::Kernel> kernel;
+};
+
 struct fajit_program {
+  explicit fajit_program(fa::Program p) : program(std::move(p)) {}
   fa::Program program;
   std::string mlir;
   std::string grad_mlir;
   std::vector<std::string> gradient_buffers;
+  // fajit_program_block_mask's sources, by dtype, head dims and arch (the options they read).
+  mutable std::mutex mask_sources_mutex;
+  mutable std::map<std::string, std::shared_ptr<const fajit_mask_source>> mask_sources;
 };
 
 namespace {
@@ -120,7 +135,9 @@ fa::BlockMaskOptions mask_options(int q_block, int kv_block) {
 }
 
 fajit_program* new_program(fa::Program p) {
-  auto* r = new fajit_program{p, p.to_mlir(), {}, fa::detail::gradient_buffers(p)};
+  auto* r = new fajit_program(p);
+  r->mlir = p.to_mlir();
+  r->gradient_buffers = fa::detail::gradient_buffers(p);
   return r;
 }
 
@@ -394,13 +411,28 @@ fajit_status fajit_program_block_mask(const fajit_program* p, int batch, int hea
     fa::Options o = to_options(options);
     fa::Captures cap = to_captures(captures);
     auto stream = static_cast<fa::Stream>(cu_stream);
-    fa::BlockMask m;
-    try {
-      m = fa::create_block_mask(replay_mask(p->program), batch, heads, len_q, len_kv, cap, bo, o, stream);
-    } catch (const Unreplayable&) {
-      // The frontend cannot express an op of this mask_mod: build it beside a kernel instead.
-      m = fa::compile(p->program, o).block_mask(batch, heads, len_q, len_kv, cap, bo, stream);
+    // The mask_mod is traced and its builder compiled once per program and options, not at every
+    // call (a training loop builds a new document mask each step).
+    std::shared_ptr<const fajit_mask_source> source;
+    {
+      std::lock_guard<std::mutex> lock(p->mask_sources_mutex);
+      std::shared_ptr<const fajit_mask_source>& slot = p->mask_sources[fmt::format(
+          "{}/{}/{}/{}", static_cast<int>(o.dtype), o.head_dim_qk, o.head_dim_v, o.arch)];
+      if (!slot) {
+        auto made = std::make_shared<fajit_mask_source>();
+        try {
+          made->factory.emplace(replay_mask(p->program), o);
+        } catch (const Unreplayable&) {
+          // The frontend cannot express an op of this mask_mod: build it beside a kernel instead.
+          made->kernel.emplace(fa::compile(p->program, o));
+        }
+        slot = std::move(made);
+      }
+      source = slot;
     }
+    fa::BlockMask m = source->factory
+                          ? source->factory->build(batch, heads, len_q, len_kv, cap, bo, stream)
+                          : source->kernel->block_mask(batch, heads, len_q, len_kv, cap, bo, stream);
     *out = new fajit_block_mask{std::move(m), {}};
   });
 }

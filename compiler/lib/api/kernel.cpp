@@ -1034,14 +1034,29 @@ Kernel compile(const ScoreMod& score, const MaskMod& mask, const Options& option
   return compile(trace(score, mask), options);
 }
 
+struct BlockMaskFactory::Impl {
+  explicit Impl(Program program) : builder(std::move(program)) {}
+  MaskBuilder builder;
+};
+
+BlockMaskFactory::BlockMaskFactory(const MaskMod& mask, const Options& compile_options)
+    : impl_(std::make_shared<Impl>(trace(identity_score(), mask))) {
+  // Only the builder: the forward spec is resolved (checking the options as fa::compile does)
+  // for the builder's element type, head dims and arch, and no forward kernel is generated.
+  impl_->builder.set_spec(spec_beside(forward_spec(compile_options).resolved(), KernelKind::kBlockMask));
+}
+
+BlockMask BlockMaskFactory::build(int batch, int heads, int64_t len_q, int64_t len_kv,
+                                  const Captures& captures, const BlockMaskOptions& options,
+                                  Stream stream) const {
+  return impl_->builder.build(batch, heads, len_q, len_kv, captures, options, stream);
+}
+
 BlockMask create_block_mask(const MaskMod& mask, int batch, int heads, int64_t len_q, int64_t len_kv,
                             const Captures& captures, const BlockMaskOptions& options,
                             const Options& compile_options, Stream stream) {
-  // Only the builder: the forward spec is resolved (checking the options as fa::compile does)
-  // for the builder's element type, head dims and arch, and no forward kernel is generated.
-  MaskBuilder builder(trace(identity_score(), mask));
-  builder.set_spec(spec_beside(forward_spec(compile_options).resolved(), KernelKind::kBlockMask));
-  return builder.build(batch, heads, len_q, len_kv, captures, options, stream);
+  return BlockMaskFactory(mask, compile_options)
+      .build(batch, heads, len_q, len_kv, captures, options, stream);
 }
 
 }  // namespace fa
