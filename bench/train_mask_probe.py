@@ -43,8 +43,10 @@ def main():
         doc = torch.zeros(B, S, dtype=torch.int32, device="cuda")
 
         def repack(step):
-            # 4-12 documents a row, boundaries random: ids = number of boundaries at or before each token
-            cuts = torch.randint(1, S, (B, 4 + step % 9), generator=g, device="cuda")
+            # 4-12 documents a row, boundaries random (the same for the same step): ids = number of
+            # boundaries at or before each token
+            cuts = torch.randint(1, S, (B, 4 + step % 9), generator=torch.Generator(device="cuda").manual_seed(step),
+                                 device="cuda")
             pos = torch.arange(S, device="cuda")
             doc.copy_((pos[None, :, None] >= cuts[:, None, :]).sum(-1).to(torch.int32))
 

@@ -139,6 +139,7 @@ TEST(BlockMaskStandalone, FactoryBuildsEachPackingAsTheKernelDoes) {
   for (int step = 0; step < 3; ++step) {
     CaptureSet caps;
     var.fill(caps, d, 64 + 200 * step, rng);
+    caps.upload();
     const fa::BlockMask a = factory.build(d.B, d.H, d.Lq, d.Lkv, caps.captures());
     const fa::BlockMask b = k.block_mask(d.B, d.H, d.Lq, d.Lkv, caps.captures());
     EXPECT_EQ(a.batch(), d.B);
