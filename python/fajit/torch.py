@@ -273,7 +273,7 @@ def _register_mask(tables, info, handle):
             del _MASKS[key]
 
     refs = [weakref.ref(_owner(t), forget) for t in tables]
-    _MASKS[key] = (refs, tuple(t._version for t in tables), handle)
+    _MASKS[key] = (refs, tuple(_version_of(t) for t in tables), handle)
 
 
 def _kv_tables(mask):
@@ -355,7 +355,7 @@ def _mask_for(tables, info, batch, heads, device, in_place=False):
     hit = _MASKS.get(_tables_key(tables, info))
     if hit is not None:
         refs, versions, handle = hit
-        if all(r() is not None for r in refs) and versions == tuple(t._version for t in tables):
+        if all(r() is not None for r in refs) and versions == tuple(_version_of(t) for t in tables):
             _remember_tables(ident, tables, handle)
             return handle
     src = _unbroadcast(tables)
@@ -393,7 +393,17 @@ def _remember_tables(ident, tables, handle):
 def _table_state(tables):
     """What may change under a tensor object: its contents (_version), and its storage and layout
     (`t.data = ...` moves a tensor without a new version)."""
-    return tuple((t._version, t.data_ptr(), t.shape, t.stride()) for t in tables)
+    return tuple((_version_of(t), t.data_ptr(), t.shape, t.stride()) for t in tables)
+
+
+def _layouts(tables):
+    return tuple((t.data_ptr(), t.shape, t.stride()) for t in tables)
+
+
+def _version_of(t):
+    """t._version; 0 for an inference tensor (torch.inference_mode), which has none: tables made
+    there and then changed in place are not noticed (a new mask is)."""
+    return 0 if t.is_inference() else t._version
 
 
 def _mask_tables(handle, device):
@@ -475,12 +485,13 @@ class BlockMask:
 
     def _unbroadcast_tables(self, tables):
         """_unbroadcast(tables) for this mask's kv tables `tables`, kept while they are the same
-        tensors (a decoding step's mask is used once; a training mask at every call)."""
+        tensors over the same memory (views see in-place changes; `t.data = ...` moves a tensor)."""
         kept = self.__dict__.get("_unbroadcast_kept")
-        if kept is not None and len(kept[0]) == len(tables) and all(a is b for a, b in zip(kept[0], tables)):
-            return kept[1]
+        if kept is not None and len(kept[0]) == len(tables) and all(a is b for a, b in zip(kept[0], tables)) \
+                and kept[1] == _layouts(tables):
+            return kept[2]
         src = _unbroadcast(tables)
-        self.__dict__["_unbroadcast_kept"] = (tables, src)
+        self.__dict__["_unbroadcast_kept"] = (tables, _layouts(tables), src)
         return src
 
     @property
@@ -494,35 +505,6 @@ class BlockMask:
         """A BlockMask over torch BlockMask `mask`'s tables (no fajit handle until one is needed)."""
         tables = {name: getattr(mask, name, None) for name in _capi.TABLES}
         return cls(None, tables, seq_lengths, mask.BLOCK_SIZE, mask.mask_mod)
-
-    def _pick_row(self, src, ix):
-        """Tables src (one (batch, head) row: [1, 1, nq] counts, [1, 1, nq, nkv] indices) at query
-        block ix (a one-element index tensor, negative from the end): one launch and views of its
-        result, contiguous as the kernels read tables in place. The tables are stacked once, twice
-        over (rows -nq..nq-1 then need no wrap, and an index outside it fails as indexing does),
-        again when they change; not while a CUDA graph captures, whose replays must read the
-        tables as they are then, not a stacked copy."""
-        kept = None
-        if not (torch.compiler.is_compiling() or (src[0].is_cuda and torch.cuda.is_current_stream_capturing())):
-            versions = tuple(t._version for t in src)
-            kept = self.__dict__.get("_stacked_rows")
-            if kept is None or kept[2] != versions or len(kept[0]) != len(src) or \
-                    any(a is not b for a, b in zip(kept[0], src)):
-                cols = [t.unsqueeze(-1) if t.dim() == 3 else t for t in src]
-                stacked, plan, at = None, [], 0
-                if all(t.dtype == cols[0].dtype for t in cols):
-                    one = torch.cat(cols, dim=-1)
-                    stacked = torch.cat([one, one], dim=2)
-                    for t in src:  # (column, width) of each table; width 0: a count (one column, no dim)
-                        plan.append((at, 0 if t.dim() == 3 else t.shape[3]))
-                        at += 1 if t.dim() == 3 else t.shape[3]
-                kept = (src, stacked, versions, plan)
-                self.__dict__["_stacked_rows"] = kept
-        if kept is None or kept[1] is None:  # compiling or capturing, or tables of different dtypes
-            ix = torch.where(ix < 0, ix + src[0].shape[2], ix)
-            return [t.index_select(2, ix) for t in src]
-        row = kept[1].index_select(2, ix + src[0].shape[2])
-        return [row.select(3, at) if width == 0 else row.narrow(3, at, width) for at, width in kept[3]]
 
     def __getitem__(self, index):
         """torch's BlockMask indexing over (batch, head, query block): the mask of the rows picked,
@@ -567,12 +549,7 @@ class BlockMask:
         one = (ix is not None and ix.dim() == 1 and ix.dtype in (torch.int32, torch.int64)
                and ix.device == self.kv_num_blocks.device
                and all(isinstance(i, slice) for k, i in enumerate(index) if k != tensors[0]))
-        if one and tensors[0] == 2 and ix.numel() == 1 and src[0].shape[:2] == (1, 1) and shape_out[0] != 0 \
-                and shape_out[1] != 0 and all(i == slice(None) for i in index[:2]):
-            # The decoding recipe's mask[:, :, pos // 128] on a mask of one (batch, head) row: one
-            # index_select of all tables at once (_stacked_rows), its row's tables are views.
-            picked = self._pick_row(src, ix)
-        elif one:
+        if one:
             # One integer index tensor among slices (the decoding recipe's mask[:, :, pos // 128]):
             # index_select, half the host time of advanced indexing; the same result.
             d = tensors[0]
@@ -591,7 +568,8 @@ class BlockMask:
         num, idx, fnum, fidx = (widened + [None, None])[:4]  # full ones may be missing
         tables = {"kv_num_blocks": num, "kv_indices": idx, "full_kv_num_blocks": fnum, "full_kv_indices": fidx}
         out = BlockMask(None, tables, self.seq_lengths, self.BLOCK_SIZE, _sliced_mask_mod_error, lazy_q=True)
-        out.__dict__["_unbroadcast_kept"] = (widened, _unbroadcast(picked))
+        if 0 not in shape_out:  # (an empty slice's tables are its own, not one row)
+            out.__dict__["_unbroadcast_kept"] = (widened, _layouts(widened), _unbroadcast(picked))
         return out
 
     def _adjust(self, new_q_len, new_kv_len):

@@ -417,7 +417,8 @@ def test_block_mask_tables_without_a_gpu():
     assert tuple(two.kv_indices.shape) == (1, 3, 2, 8) and two.kv_indices.stride(1) == 0
     assert torch.equal(two.kv_indices, base.kv_indices.expand(B, H, -1, -1)[1:, 0:3][:, :, [2, -1]])
     # one query block of a mask of one (batch, head) row, picked by a one-element tensor (the
-    # decoding step's form): torch's indexing, negatives from the end, tables changed in place seen
+    # decoding step's form): torch's indexing, negatives from the end, out of range refused, tables
+    # changed in place or moved (`.data =`) seen, an empty slice's tables empty
     counts = base.kv_num_blocks.clone()
     live = ft.BlockMask(None, dict(tables, kv_num_blocks=counts.expand(B, H, -1)), (S, S), (128, 128), causal)
     for i in (torch.tensor(0), torch.tensor([-1]), torch.tensor(5, dtype=torch.int32), torch.tensor(-8)):
@@ -428,6 +429,23 @@ def test_block_mask_tables_without_a_gpu():
         assert all(t.is_contiguous() for t in ft._kv_tables(got))  # read in place by a decoding kernel
     counts[0, 0, 5] = 3
     assert live[:, :, torch.tensor(5)].kv_num_blocks[1, 2, 0] == 3
+    for bad in (torch.tensor(8), torch.tensor([-9])):
+        with pytest.raises(IndexError):
+            live[:, :, bad]
+    counts.copy_(base.kv_num_blocks)
+    before = live._handle
+    moved = counts.clone()
+    moved[0, 0, 5] = 0  # row 5 without its partial (diagonal) block
+    live.kv_num_blocks.data = moved.expand(B, H, -1)
+    assert live[:, :, torch.tensor(5)].kv_num_blocks[0, 0, 0] == 0 and live._handle is not before
+    empty = live[2:2]
+    assert tuple(ft._kv_tables(empty)[0].shape) == (0, 1, 8)  # heads still broadcast, no batch
+    assert tuple(empty[:, :, torch.tensor(0)].kv_num_blocks.shape) == (0, H, 1)
+    # under torch.inference_mode (tensors without a version counter) masks are made, used and sliced
+    with torch.inference_mode():
+        made = ft.BlockMask.from_torch(torch_create_block_mask(causal, 1, 1, S, S, device="cpu"))
+        assert handle_shape(made) == (1, 1) and made._handle is made._handle
+        assert torch.equal(made[:, :, torch.tensor(1)].kv_indices, made.kv_indices[:, :, 1:2])
     again = wide[:, :, 1]
     again.seq_lengths = (1, S)
     assert again._handle is step._handle  # the view made again finds its handle

@@ -229,5 +229,46 @@ int main(int argc, char** argv) {
   fajit_block_mask_destroy(m2);
   fajit_block_mask_destroy(m);
   fajit_program_destroy(p);
+
+  /* A program's masks, call after call (its builder is made once per options): each call takes
+   * its own captures and sizes, another dtype gets its own builder, bad options still fail. */
+  if (fajit_program_parse("fa.mask_mod @sliding(%b: i32, %h: i32, %q: i32, %kv: i32) -> i1 {\n"
+                          "  %w = fa.scalar \"window\" : i32\n  %c = arith.cmpi sge, %q, %kv : i32\n"
+                          "  %d = arith.subi %q, %kv : i32\n  %in = arith.cmpi sle, %d, %w : i32\n"
+                          "  %r = arith.andi %c, %in : i1\n  fa.yield %r : i1\n}\n",
+                          &p) != FAJIT_OK) {
+    fprintf(stderr, "parse failed: %s\n", fajit_last_error());
+    return 1;
+  }
+  const int windows[] = {100, 1000, 100, 300};
+  const int32_t want_row3[] = {2, 1, 2, 3}; /* row 3 (rows 384..511): partial blocks */
+  const int32_t want_full3[] = {0, 3, 0, 1};
+  for (int call = 0; call < 4; ++call) {
+    fajit_scalar_capture window = {"window", 0, 0.0f, windows[call]};
+    fajit_captures caps = {NULL, 0, &window, 1};
+    fajit_options oc = fajit_default_options();
+    oc.dtype = call == 3 ? FAJIT_F16 : FAJIT_BF16;
+    int32_t n[8], fn[8];
+    if (fajit_program_block_mask(p, 1, 1, 1000, 1000, 0, 0, &caps, &oc, NULL, &m) != FAJIT_OK ||
+        fajit_block_mask_table(m, FAJIT_KV_NUM_BLOCKS, n, 8, NULL) != FAJIT_OK ||
+        fajit_block_mask_table(m, FAJIT_FULL_KV_NUM_BLOCKS, fn, 8, NULL) != FAJIT_OK) {
+      fprintf(stderr, "sliding mask, call %d: %s\n", call, fajit_last_error());
+      return 1;
+    }
+    if (n[3] != want_row3[call] || fn[3] != want_full3[call]) {
+      fprintf(stderr, "sliding mask, window %d: row 3 has %d partial, %d full blocks:\n%s\n", windows[call],
+              n[3], fn[3], fajit_block_mask_to_string(m, 0, 0));
+      return 1;
+    }
+    fajit_block_mask_destroy(m);
+  }
+  fajit_options bad = fajit_default_options();
+  bad.head_dim_qk = 100;
+  if (fajit_program_block_mask(p, 1, 1, 1000, 1000, 0, 0, NULL, &bad, NULL, &m) != FAJIT_ERROR_INVALID_ARGUMENT ||
+      strstr(fajit_last_error(), "head_dim_qk must be a multiple of 8") == NULL) {
+    fprintf(stderr, "expected a head-dim error, got: %s\n", fajit_last_error());
+    return 1;
+  }
+  fajit_program_destroy(p);
   return 0;
 }

@@ -18,6 +18,8 @@
 #include "fajit/detail/program_impl.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
+#include "fajit/runtime/device.h"
+#include "fajit/runtime/driver.h"
 
 struct fajit_kernel {
   fa::Kernel kernel;
@@ -132,6 +134,15 @@ fa::BlockMaskOptions mask_options(int q_block, int kv_block) {
   if (q_block) o.q_block = q_block;
   if (kv_block) o.kv_block = kv_block;
   return o;
+}
+
+// The compute capability of the current context's device ("cc90"), or "none" without a GPU:
+// what an empty Options::arch resolves by.
+std::string current_arch() {
+  if (!fa::rt::cuda_available()) return "none";
+  fa::rt::ContextGuard guard;
+  const fa::rt::DeviceInfo& d = fa::rt::current_device_info();
+  return fmt::format("cc{}{}", d.cc_major, d.cc_minor);
 }
 
 fajit_program* new_program(fa::Program p) {
@@ -412,23 +423,26 @@ fajit_status fajit_program_block_mask(const fajit_program* p, int batch, int hea
     fa::Captures cap = to_captures(captures);
     auto stream = static_cast<fa::Stream>(cu_stream);
     // The mask_mod is traced and its builder compiled once per program and options, not at every
-    // call (a training loop builds a new document mask each step).
+    // call (a training loop builds a new document mask each step). The key holds what the source
+    // depends on: the options and, where they leave the arch to the GPU, the current device's.
+    const std::string key = fmt::format("{}/{}/{}/{}", static_cast<int>(o.dtype), o.head_dim_qk, o.head_dim_v,
+                                        o.arch.empty() ? current_arch() : o.arch);
     std::shared_ptr<const fajit_mask_source> source;
     {
       std::lock_guard<std::mutex> lock(p->mask_sources_mutex);
-      std::shared_ptr<const fajit_mask_source>& slot = p->mask_sources[fmt::format(
-          "{}/{}/{}/{}", static_cast<int>(o.dtype), o.head_dim_qk, o.head_dim_v, o.arch)];
-      if (!slot) {
-        auto made = std::make_shared<fajit_mask_source>();
-        try {
-          made->factory.emplace(replay_mask(p->program), o);
-        } catch (const Unreplayable&) {
-          // The frontend cannot express an op of this mask_mod: build it beside a kernel instead.
-          made->kernel.emplace(fa::compile(p->program, o));
-        }
-        slot = std::move(made);
+      auto it = p->mask_sources.find(key);
+      if (it != p->mask_sources.end()) source = it->second;
+    }
+    if (!source) {  // made outside the lock (a kernel compile takes seconds); the first one made stays
+      auto made = std::make_shared<fajit_mask_source>();
+      try {
+        made->factory.emplace(replay_mask(p->program), o);
+      } catch (const Unreplayable&) {
+        // The frontend cannot express an op of this mask_mod: build it beside a kernel instead.
+        made->kernel.emplace(fa::compile(p->program, o));
       }
-      source = slot;
+      std::lock_guard<std::mutex> lock(p->mask_sources_mutex);
+      source = p->mask_sources.emplace(key, std::move(made)).first->second;
     }
     fa::BlockMask m = source->factory
                           ? source->factory->build(batch, heads, len_q, len_kv, cap, bo, stream)
