@@ -415,13 +415,16 @@ def _mask_tables(handle, device):
         size = C.c_size_t()
         _capi.check(lib.fajit_block_mask_table(handle.h, i, None, 0, C.byref(size)))
         sizes.append(size.value)
-    # One host buffer, one copy to the device, the tables views of it.
-    host = torch.empty(sum(sizes), dtype=torch.int32, pin_memory=device.type == "cuda")
+    # One pinned host buffer, one copy to the device that does not wait for it (torch's pinned
+    # allocator keeps the buffer until the copy is done), the tables views of it: a mask the
+    # symbolic analysis decides (causal, sliding, prefix, ...) is made without a sync.
+    pinned = device.type == "cuda"
+    host = torch.empty(sum(sizes), dtype=torch.int32, pin_memory=pinned)
     at = 0
     for i, size in enumerate(sizes):
         _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(host.data_ptr() + 4 * at), size, None))
         at += size
-    moved = host.to(device)
+    moved = host.to(device, non_blocking=pinned)
     out, at = {}, 0
     for name, size in zip(_capi.TABLES, sizes):
         rows = info.num_q_blocks if name.startswith(("kv", "full_kv")) else info.num_kv_blocks
