@@ -1,6 +1,6 @@
 // fa::create_block_mask and fa::BlockMaskFactory (fajit/kernel.h) on the CPU: a mask the
 // analysis decides completely compiles nothing, in particular no forward kernel; bad options
-// fail as fa::compile's do; a factory builds what create_block_mask builds, call after call.
+// fail as fa::compile's do; a factory builds each call's mask (checked against brute force).
 #include "fajit/kernel.h"
 
 #include <gtest/gtest.h>
