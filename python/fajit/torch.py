@@ -489,6 +489,8 @@ class BlockMask:
     def _unbroadcast_tables(self, tables):
         """_unbroadcast(tables) for this mask's kv tables `tables`, kept while they are the same
         tensors over the same memory (views see in-place changes; `t.data = ...` moves a tensor)."""
+        if torch.compiler.is_compiling():  # dynamo cannot compare data pointers; views are free in a graph
+            return _unbroadcast(tables)
         kept = self.__dict__.get("_unbroadcast_kept")
         if kept is not None and len(kept[0]) == len(tables) and all(a is b for a, b in zip(kept[0], tables)) \
                 and kept[1] == _layouts(tables):
@@ -571,7 +573,7 @@ class BlockMask:
         num, idx, fnum, fidx = (widened + [None, None])[:4]  # full ones may be missing
         tables = {"kv_num_blocks": num, "kv_indices": idx, "full_kv_num_blocks": fnum, "full_kv_indices": fidx}
         out = BlockMask(None, tables, self.seq_lengths, self.BLOCK_SIZE, _sliced_mask_mod_error, lazy_q=True)
-        if 0 not in shape_out:  # (an empty slice's tables are its own, not one row)
+        if 0 not in shape_out and not torch.compiler.is_compiling():  # (an empty slice's tables are its own)
             out.__dict__["_unbroadcast_kept"] = (widened, _layouts(widened), _unbroadcast(picked))
         return out
 

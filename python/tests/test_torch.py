@@ -366,6 +366,27 @@ def test_document_mask_with_captured_ids_and_alibi():
     _close(out2, out, "out with torch's BlockMask", 1e-3)
 
 
+def test_block_mask_slices_trace_in_torch_compile_without_a_gpu():
+    """A fajit BlockMask, its decoding-step slice and the tables fajit reads, inside
+    torch.compile(fullgraph=True) (eager backend, CPU tables): the same as eager."""
+    import fajit.torch as ft
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+
+    base = ft.BlockMask.from_torch(torch_create_block_mask(causal, 1, 1, 1000, 1000, device="cpu"))
+    wide = ft.BlockMask(None, {n: getattr(base, n).expand(2, 4, *getattr(base, n).shape[2:]) for n in ft._capi.TABLES},
+                        (1000, 1000), (128, 128), causal)
+
+    def tables_at(m, pos):
+        return [t.clone() for t in ft._kv_tables(m[:, :, pos // 128])]
+
+    compiled = torch.compile(tables_at, backend="eager", fullgraph=True)
+    for p in (0, 300, 999):
+        pos = torch.tensor(p)
+        want = tables_at(wide, pos)  # eager first: the mask's kept views exist when dynamo traces
+        for got, w in zip(compiled(wide, pos), want):
+            assert torch.equal(got, w), p
+
+
 def test_block_mask_tables_without_a_gpu():
     """BlockMask indexing, handles and checks on CPU tables (torch's create_block_mask on CPU):
     what the GPU test's flex_attention calls rest on, runnable wherever torch is."""
