@@ -19,9 +19,11 @@ traced and raises TraceError naming the construct and the source line.
 from __future__ import annotations
 
 import builtins
+import functools
 import inspect
 import linecache
 import math
+import numbers
 import os
 import struct
 import sys
@@ -800,11 +802,49 @@ def _make_mode():
 
 # ---- captured names -------------------------------------------------------------------------
 
-def _name_hints(fns):
+def _plain(obj):
+    """obj as a comparable record if it is a plain value a trace bakes in as a constant (a number,
+    a string, None, a short tuple / list / dict of those), else _NOT_PLAIN."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj if not isinstance(obj, str) or len(obj) <= 256 else _NOT_PLAIN
+    if isinstance(obj, numbers.Number) and type(obj).__name__ not in ("Tensor", "Parameter"):
+        return (type(obj).__name__, repr(obj))  # repr: exact for floats, and NaN equals itself
+    if isinstance(obj, (list, tuple)) and len(obj) <= 64:
+        items = tuple(_plain(o) for o in obj)
+        return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items) else (type(obj).__name__, items)
+    if isinstance(obj, dict) and len(obj) <= 64:
+        items = tuple((k, _plain(v)) for k, v in obj.items() if isinstance(k, str))
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for _, v in items) else ("dict", items)
+    return _NOT_PLAIN
+
+
+_NOT_PLAIN = object()
+
+
+def _name_hints(fns, values=None):
     """id(obj) -> variable name for what the mods reach through closures and globals (also
-    through functions they call, a few levels deep): names for captured tensors."""
+    through functions they call, a few levels deep): names for captured tensors. With `values`
+    (a list), also appends (name, record) for every plain value they reach there (numbers,
+    strings, their short containers, an object's plain attributes, a method's owner's): what a
+    trace bakes in as constants, so that a changed one is seen (fajit.torch traces again)."""
     hints = {}
     seen = set()
+
+    def keep_value(name, obj):
+        if values is None:
+            return False
+        rec = _plain(obj)
+        if rec is not _NOT_PLAIN:
+            values.append((name, rec))
+            return True
+        return False
+
+    def keep_attributes(name, owner, read):
+        # the plain attributes of `owner` (an object's __dict__) named in `read` (what the code reads)
+        if values is not None and isinstance(owner, dict):
+            for k in sorted(read):
+                if k in owner:
+                    keep_value(f"{name}.{k}", owner[k])
 
     def visit(fn, depth):
         if isinstance(fn, types.MethodType):
@@ -816,6 +856,8 @@ def _name_hints(fns):
                         if isinstance(name, str) and type(obj).__name__ in ("Tensor", "Parameter"):
                             hints.setdefault(id(obj), name)
             fn = fn.__func__
+            if isinstance(fn, types.FunctionType):
+                keep_attributes("self", owner, _code_names(fn.__code__))
         if not isinstance(fn, types.FunctionType) or id(fn) in seen or depth > 4:
             if hasattr(fn, "func") and hasattr(fn, "args") and depth <= 4:  # functools.partial
                 for a in list(fn.args) + list((fn.keywords or {}).values()):
@@ -824,25 +866,32 @@ def _name_hints(fns):
             return
         seen.add(id(fn))
         code = fn.__code__
+        if values is not None and (fn.__defaults__ or fn.__kwdefaults__):
+            keep_value(f"{fn.__qualname__}.__defaults__", fn.__defaults__)
+            keep_value(f"{fn.__qualname__}.__kwdefaults__", fn.__kwdefaults__)
+        read = _code_names(code)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
-                note(name, cell.cell_contents, depth)
+                note(name, cell.cell_contents, depth, read)
             except ValueError:  # empty cell
                 pass
         g = fn.__globals__
-        for name in _code_names(code):
+        for name in read:
             if name in g:
-                note(name, g[name], depth)
+                note(name, g[name], depth, read)
 
-    def note(name, obj, depth):
+    def note(name, obj, depth, read=frozenset()):
         if callable(obj) and not isinstance(obj, type):
             visit(obj, depth + 1)
         elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
             for o in obj:
                 if callable(o):
                     visit(o, depth + 1)
+            keep_value(name, obj)
         elif type(obj).__name__ in ("Tensor", "Parameter") or isinstance(obj, (Buffer, Scalar)):
             hints.setdefault(id(obj), name)
+        elif not keep_value(name, obj) and values is not None and not isinstance(obj, (types.ModuleType, type)):
+            keep_attributes(name, getattr(obj, "__dict__", None), read)  # a config object: cfg.window
 
     for f in fns:
         if f is not None:
@@ -850,12 +899,14 @@ def _name_hints(fns):
     return hints
 
 
+@functools.lru_cache(maxsize=4096)
 def _code_names(code):
+    """The names a code object (and the code nested in it) reads: globals and attributes."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _code_names(c)
-    return names
+    return frozenset(names)
 
 
 # ---- printing -------------------------------------------------------------------------------

@@ -98,8 +98,11 @@ _MAX_VARIANTS = 4096
 
 
 def _snapshot(score_mod, mask_mod):
-    hints = _name_hints([score_mod, mask_mod])
-    return tuple(sorted(hints))  # ids of the tensors/declarations the mods reach
+    values = []
+    hints = _name_hints([score_mod, mask_mod], values)
+    # ids of the tensors/declarations the mods reach, and the plain values (numbers, strings) they
+    # read, which the trace bakes in: another value traces again
+    return tuple(sorted(hints)), tuple(values)
 
 
 def _trace_variant(score_mod, mask_mod):
@@ -119,6 +122,20 @@ def _trace_variant(score_mod, mask_mod):
     ident = ",".join(f"{n}={id(t.objects[n])}" for n in buffers + scalars)
     key = hashlib.sha1((t.text + "\0" + ident).encode()).hexdigest()
     return _Variant(key, t.text, buffers, scalars, bkinds, skinds, t.objects)
+
+
+def _guard_mods(score_mod, mask_mod, device):
+    """Inside torch.compile: the mods run once on zeros (every call's domain holds b = h = q = kv
+    = 0), their result unused, so that dynamo guards on the Python values they read (a global
+    softcap, self.window) as it does for torch's flex_attention: _variant_key is a constant to
+    the graph, and a changed value then recompiles instead of running the old trace."""
+    if not torch.compiler.is_compiling():
+        return
+    z = torch.zeros((), dtype=torch.int32, device=device)
+    if score_mod is not None:
+        score_mod(torch.zeros((), dtype=torch.float32, device=device), z, z, z, z)
+    if mask_mod is not None:
+        mask_mod(z, z, z, z)
 
 
 @torch.compiler.assume_constant_result
@@ -1050,6 +1067,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     S = key.shape[2]
     scale = _check_scale(scale)
     mask_mod, tables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _FLEX_NOTES)
+    _guard_mods(score_mod, mask_mod, query.device)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
     want_max = bool(return_aux is not None and return_aux.max_scores)

@@ -69,6 +69,89 @@ def test_arithmetic_on_a_captured_scalar_is_traced_not_computed():
     assert 'fa.scalar "cap" : f32' in ir and ir.count("arith.mulf") == 2, ir
 
 
+SOFTCAP = 30.0
+
+
+def test_a_changed_python_constant_a_mod_reads_traces_again():
+    """Python numbers the mods read (globals, closure cells, a method's self attributes, a
+    config object's attributes, defaults) are baked into the trace as constants: fajit.torch
+    traces again when one changes, and keeps the variant while none does."""
+    import types
+
+    import fajit.torch as ft
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return SOFTCAP * torch.tanh(score / SOFTCAP)
+
+    def text(score_mod, mask_mod):
+        return ft._VARIANTS[ft._variant_key(score_mod, mask_mod)].text
+
+    global SOFTCAP
+    first = text(softcap, None)
+    assert text(softcap, None) == first
+    SOFTCAP = 50.0
+    try:
+        assert text(softcap, None) != first
+    finally:
+        SOFTCAP = 30.0
+    assert text(softcap, None) == first
+
+    class Sliding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.window = 256
+
+        def mask(self, b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (q_idx - kv_idx < self.window)
+
+    m = Sliding()
+    before = text(None, m.mask)
+    m.window = 64
+    assert text(None, m.mask) != before
+
+    cfg = types.SimpleNamespace(window=100)
+
+    def configured(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx < cfg.window
+
+    before = text(None, configured)
+    cfg.window = 200
+    assert text(None, configured) != before
+
+    def with_default(b, h, q_idx, kv_idx, w=8):
+        return q_idx - kv_idx < w
+
+    before = text(None, with_default)
+    with_default.__defaults__ = (9,)
+    assert text(None, with_default) != before
+
+    # inside torch.compile the variant is a constant of the graph: the mods' dry run on zeros
+    # makes dynamo guard on what they read, so a changed value recompiles (as torch's flex does)
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def guarded(x):
+        ft._guard_mods(softcap, m.mask, x.device)
+        return x + 1
+
+    x = torch.ones(3)
+    guarded(x)
+    guarded(x)
+    assert len(compiles) == 1
+    SOFTCAP = 40.0
+    try:
+        guarded(x)
+    finally:
+        SOFTCAP = 30.0
+    m.window = 32
+    guarded(x)
+    assert len(compiles) == 3
+
+
 def test_a_captured_0d_tensor_off_the_cpu_is_a_buffer_read_at_0():
     """A 0-d tensor on a device (here torch's meta device, no GPU needed) is read there as a
     one-element buffer, never copied to the host; a CPU one stays a runtime scalar."""
