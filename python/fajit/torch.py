@@ -528,11 +528,22 @@ class BlockMask:
         tables = {name: getattr(mask, name, None) for name in _capi.TABLES}
         return cls(None, tables, seq_lengths, mask.BLOCK_SIZE, mask.mask_mod)
 
+    def _sliced_len_q(self, i):
+        """The query length of the rows index i picks (torch's rule): the picked blocks' lengths
+        (the last one clipped) for a slice, the picked count times the block for a tensor."""
+        len_q, bq = self.seq_lengths[0], self.BLOCK_SIZE[0]
+        if isinstance(i, slice):
+            return sum(min(bq, len_q - r * bq) for r in range(*i.indices(-(-len_q // bq))))
+        if isinstance(i, torch.Tensor) and i.dtype != torch.bool:
+            return i.numel() * bq
+        return len_q
+
     def __getitem__(self, index):
         """torch's BlockMask indexing over (batch, head, query block): the mask of the rows picked,
-        with seq_lengths kept and, as torch's, a mask_mod that raises until the caller sets one. An
-        int keeps its dimension (block_mask[0] is [1, H, ...]); torch's decoding recipe sets
-        seq_lengths = (1, KV_LEN) and a mask_mod offset by the position afterwards."""
+        with the query length of the rows picked (torch's rule: a slice's blocks, the last one
+        clipped; a tensor's count times the block) and, as torch's, a mask_mod that raises until
+        the caller sets one. An int keeps its dimension (block_mask[0] is [1, H, ...]); torch's
+        decoding recipe sets seq_lengths = (1, KV_LEN) and a mask_mod offset by the position."""
         index = index if isinstance(index, tuple) else (index,)
         if len(index) > 3 or any(i is Ellipsis for i in index):
             raise IndexError("block_mask indices: at most 3 (batch, head, query block), no Ellipsis; "
@@ -589,7 +600,8 @@ class BlockMask:
             widened = [t.expand(*bh, *t.shape[2:]) for t in picked]
         num, idx, fnum, fidx = (widened + [None, None])[:4]  # full ones may be missing
         tables = {"kv_num_blocks": num, "kv_indices": idx, "full_kv_num_blocks": fnum, "full_kv_indices": fidx}
-        out = BlockMask(None, tables, self.seq_lengths, self.BLOCK_SIZE, _sliced_mask_mod_error, lazy_q=True)
+        out = BlockMask(None, tables, (self._sliced_len_q(index[2]), self.seq_lengths[1]), self.BLOCK_SIZE,
+                        _sliced_mask_mod_error, lazy_q=True)
         if 0 not in shape_out and not torch.compiler.is_compiling():  # (an empty slice's tables are its own)
             out.__dict__["_unbroadcast_kept"] = (widened, _layouts(widened), _unbroadcast(picked))
         return out

@@ -495,6 +495,11 @@ def test_block_mask_tables_without_a_gpu():
     assert torch.equal(hm[0:1, 0:1].kv_indices[0, 0], hm.kv_indices[0, 0])
     with pytest.raises(RuntimeError, match=r"this BlockMask was indexed"):
         hm[0:1].mask_mod(0, 0, 0, 0)
+    # picked query blocks carry their query length (torch's rule): a slice's blocks, the last one
+    # clipped; a tensor's count times the block; so a decoding step's mask prints as it is
+    assert hm[:, :, 2:4].shape == (B, H, 256, S) and hm[:, :, 7].shape == (B, H, S - 7 * 128, S)
+    assert hm[:, :, torch.tensor([1, 7])].shape == (B, H, 256, S) and hm[0:1, 1:2].shape == (1, 1, S, S)
+    assert "Lq=128" in repr(hm[:, :, 1]) and hm[:, :, 1].sparsity() >= 0
     # a mask's handle is found again while its tables stay as they were, and made again when they
     # change in place or move (`.data =` moves a tensor without a new version)
     first = hm._handle
