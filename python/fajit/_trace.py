@@ -197,6 +197,35 @@ class Value:
     def logical_not(self): return _invert(_convert(self, I1))
     def logical_and(self, o): return _bitwise("and", _convert(self, I1), _convert(_coerce(o), I1))
     def logical_or(self, o): return _bitwise("or", _convert(self, I1), _convert(_coerce(o), I1))
+    def masked_fill(self, mask, value): return _where_(mask, value, self)
+    def clamp_min(self, m): return _clamp(self, m, None)
+    def clamp_max(self, m): return _clamp(self, None, m)
+
+    # what mods read of a tensor without computing on it (torch's noop_mask passes b.device on)
+    @property
+    def device(self):
+        return None  # a traced value lives in the kernel; new_ones(device=...) ignores it
+
+    @property
+    def dtype(self):
+        t = sys.modules.get("torch")
+        if t is None:
+            return self.kind
+        return {F32: t.float32, I32: t.int32, I1: t.bool}[self.kind]
+
+    @property
+    def shape(self):
+        return ()  # one element: the score or index of one (q, kv) pair
+
+    def dim(self):
+        return 0
+
+    def __getattr__(self, name):  # anything else a tensor has: named, with the line
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _fail(f"`.{name}` of a traced value: fajit traces elementwise torch operations on the score and "
+              "indices (arithmetic, comparisons, where, exp/log/tanh/..., clamp, new_ones, to, captured "
+              "tensors indexed by them), not this one")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

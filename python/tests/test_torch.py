@@ -184,6 +184,29 @@ def test_torchs_own_and_or_masks_trace():
     assert "arith.ori" in fajit.mlir(mask_mod=or_masks(causal, near))
 
 
+def test_torchs_noop_mask_and_tensor_attributes_trace():
+    """torch's noop_mask (b.new_ones(..., device=b.device)), .dtype, masked_fill and clamp_min
+    trace; an attribute fajit cannot trace is a TraceError naming it and the line."""
+    from torch.nn.attention.flex_attention import and_masks, noop_mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    assert "arith.constant true" in fajit.mlir(mask_mod=noop_mask)
+    assert "arith.cmpi sge, %q, %kv" in fajit.mlir(mask_mod=and_masks(causal, noop_mask))
+
+    def filled(score, b, h, q_idx, kv_idx):
+        return score.masked_fill(q_idx < kv_idx, -1e9).clamp_min(-100.0).to(score.dtype)
+
+    assert "arith.select" in fajit.mlir(filled)
+
+    def item(score, b, h, q_idx, kv_idx):
+        return score.item()
+
+    with pytest.raises(fajit.TraceError, match=r"`\.item` of a traced value.*test_torch.py"):
+        fajit.mlir(item)
+
+
 def test_unsupported_torch_function_names_itself_and_the_line():
     def bad(score, b, h, q_idx, kv_idx):
         return torch.cumsum(score, 0)
