@@ -691,19 +691,30 @@ def noop_mask(b, h, q_idx, kv_idx):
     return b == b  # constant true after simplification
 
 
+def _check_mask_mods(mask_mods):
+    if not all(callable(m) for m in mask_mods):
+        raise RuntimeError(f"All inputs should be callable mask_mods: {mask_mods}")  # torch's message
+
+
 def and_masks(*mask_mods):
+    """torch's and_masks: the intersection of mask_mods (all true for none)."""
+    _check_mask_mods(mask_mods)
+
     def and_mask(b, h, q_idx, kv_idx):
-        r = mask_mods[0](b, h, q_idx, kv_idx)
-        for m in mask_mods[1:]:
+        r = b.new_ones((), dtype=torch.bool)
+        for m in mask_mods:
             r = r & m(b, h, q_idx, kv_idx)
         return r
     return and_mask
 
 
 def or_masks(*mask_mods):
+    """torch's or_masks: the union of mask_mods (all false for none)."""
+    _check_mask_mods(mask_mods)
+
     def or_mask(b, h, q_idx, kv_idx):
-        r = mask_mods[0](b, h, q_idx, kv_idx)
-        for m in mask_mods[1:]:
+        r = b.new_zeros((), dtype=torch.bool)
+        for m in mask_mods:
             r = r | m(b, h, q_idx, kv_idx)
         return r
     return or_mask
@@ -732,18 +743,34 @@ def _bind(key, device, what):
     return out, list(scalars)
 
 
+def _positive_int(name, v, alternatives=""):
+    """v as an int (a Python or numpy integer, a 0-d integer tensor) >= 1."""
+    try:
+        n = None if isinstance(v, bool) else operator.index(v)
+    except TypeError:
+        n = None
+    if n is None or n < 1:
+        raise ValueError(f"{name} must be a positive int{alternatives}, got {v!r}")
+    return n
+
+
+def _block_size(block_size):
+    """BLOCK_SIZE as (q, kv): an int, or a pair (tuple or list) of ints, positive multiples of 16."""
+    pair = tuple(block_size) if isinstance(block_size, (tuple, list)) else (block_size, block_size)
+    if len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 and n % 16 == 0
+                                 for n in pair):
+        raise ValueError(f"BLOCK_SIZE must be a positive multiple of 16 or a pair of them (q, kv), got {block_size!r}")
+    return pair
+
+
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=128, _compile=False):
     """torch's create_block_mask: the block mask of mask_mod for [B, H, Q_LEN, KV_LEN] (B or H
     None = broadcast). Blocks the symbolic analysis decides need no GPU work; the rest are
     evaluated by a kernel generated from the mask_mod."""
     check_mod(mask_mod, "mask_mod", "mask_mod")
-    for name, v in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    for name, v in (("B", B), ("H", H)):
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise ValueError(f"{name} must be a positive int or None, got {v!r}")
-    bs = BLOCK_SIZE if isinstance(BLOCK_SIZE, tuple) else (BLOCK_SIZE, BLOCK_SIZE)
+    Q_LEN, KV_LEN = (_positive_int(name, v) for name, v in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)))
+    B, H = (None if v is None else _positive_int(name, v, " or None") for name, v in (("B", B), ("H", H)))
+    bs = _block_size(BLOCK_SIZE)
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")

@@ -230,6 +230,22 @@ def test_bad_inputs_name_the_argument():
 
     with pytest.raises(TypeError, match=r"mask_mod must take 4 arguments \(b, h, q_idx, kv_idx\); f takes 2"):
         ft.create_block_mask(f, 1, 1, 128, 128)
+    # create_block_mask's sizes, checked before any GPU work (torch's types: ints, integer-likes, a
+    # BLOCK_SIZE int or pair as a tuple or list)
+    for bad, message in (((128, 64, 32), "BLOCK_SIZE must be a positive multiple of 16 or a pair"),
+                         (0, "BLOCK_SIZE"), ("128", "BLOCK_SIZE"), ([128, 100], "BLOCK_SIZE"), (128.0, "BLOCK_SIZE")):
+        with pytest.raises(ValueError, match=message):
+            ft.create_block_mask(causal, 1, 1, 128, 128, BLOCK_SIZE=bad)
+    with pytest.raises(ValueError, match="Q_LEN must be a positive int, got 0"):
+        ft.create_block_mask(causal, 1, 1, 0, 128)
+    with pytest.raises(ValueError, match="H must be a positive int or None, got 2.0"):
+        ft.create_block_mask(causal, 1, 2.0, 128, 128)
+    assert ft._block_size([64, 128]) == (64, 128) and ft._positive_int("Q_LEN", torch.tensor(7)) == 7
+    # torch's and_masks / or_masks: callables only; with none, everything / nothing
+    with pytest.raises(RuntimeError, match="All inputs should be callable mask_mods"):
+        ft.and_masks(causal, 2)
+    assert "arith.constant true" in fajit.mlir(mask_mod=ft.and_masks())
+    assert "arith.constant false" in fajit.mlir(mask_mod=ft.or_masks())
 
     # return_aux (torch's AuxRequest, or fajit.torch's where torch has none) is checked first
     with pytest.raises(ValueError, match="pass return_lse or return_aux, not both"):
