@@ -452,6 +452,25 @@ def _mask_tables(handle, device):
     return info, out
 
 
+def _shrink_grid(grid, rows_max, cols_max):
+    """A block grid (lines of #, +, .) with at most rows_max x cols_max cells: each cell covers
+    whole blocks, and shows their kind, or + where they differ."""
+    if not grid:
+        return []
+    rs = -(-len(grid) // rows_max)
+    cs = -(-len(grid[0]) // cols_max)
+    if rs == 1 and cs == 1:
+        return list(grid)
+    out = []
+    for r0 in range(0, len(grid), rs):
+        line = []
+        for c0 in range(0, len(grid[0]), cs):
+            kinds = {ch for row in grid[r0:r0 + rs] for ch in row[c0:c0 + cs]}
+            line.append(kinds.pop() if len(kinds) == 1 else "+")
+        out.append("".join(line))
+    return out
+
+
 def _sliced_mask_mod_error(b, h, q_idx, kv_idx):
     """The mask_mod of an indexed BlockMask until its caller sets one (torch's rule)."""
     raise RuntimeError("block_mask: this BlockMask was indexed (block_mask[...]), which keeps its tables but not "
@@ -649,8 +668,29 @@ class BlockMask:
         _capi.check(_capi.lib().fajit_block_mask_density(self._handle.h, C.byref(frac), None, None, None))
         return 100.0 * (1.0 - frac.value)
 
-    def to_string(self, b=0, h=0):
-        return _capi.text(_capi.lib().fajit_block_mask_to_string(self._handle.h, b, h))
+    def to_string(self, grid_size=(20, 20), limit=4):
+        """torch's BlockMask.to_string: the block grids (# full, + partial, . empty) of the first
+        `limit` (batch, head) pairs, each shrunk to at most grid_size (rows, cols) characters (a
+        cell covering blocks of more than one kind shows +)."""
+        rows_max, cols_max = grid_size if isinstance(grid_size, (tuple, list)) else (grid_size, grid_size)
+        if int(limit) < 1 or int(rows_max) < 1 or int(cols_max) < 1:
+            raise ValueError(f"to_string: grid_size and limit must be positive, got {grid_size!r}, {limit!r}")
+        handle = self._handle
+        info = _capi.BlockMaskInfo()
+        _capi.check(_capi.lib().fajit_block_mask_get_info(handle.h, C.byref(info)))
+        B, H = self.kv_num_blocks.shape[:2]
+        out = [repr(self)]
+        pairs = [(b, h) for b in range(B) for h in range(H)]
+        for b, h in pairs[:int(limit)]:
+            text = _capi.text(_capi.lib().fajit_block_mask_to_string(
+                handle.h, b if info.batch > 1 else 0, h if info.heads > 1 else 0))
+            grid = text.splitlines()[1:]
+            out.append(f"({b}, {h})")
+            out += _shrink_grid(grid, int(rows_max), int(cols_max))
+        if len(pairs) > int(limit):
+            out.append(f"... {len(pairs) - int(limit)} more (batch, head) pairs: to_string(limit=N) shows them, "
+                       "or index the mask (block_mask[b, h])")
+        return "\n".join(out) + "\n"
 
     def to_dense(self):
         """[B, H, num_q_blocks, num_kv_blocks] int32, 1 where a block is computed (partial or full),
@@ -667,7 +707,9 @@ class BlockMask:
         return self.to_torch().as_tuple(flatten)
 
     def __repr__(self):
-        return self.to_string().splitlines()[0]
+        B, H, Lq, Lkv = self.shape
+        return (f"BlockMask(B={B}, H={H}, Lq={Lq}, Lkv={Lkv}, block={self.BLOCK_SIZE[0]}x{self.BLOCK_SIZE[1]}, "
+                f"sparsity={self.sparsity():.2f}%)")
 
     def to_torch(self):
         """torch.nn.attention.flex_attention.BlockMask with the same tables."""

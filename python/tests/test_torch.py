@@ -539,6 +539,11 @@ def test_block_mask_tables_without_a_gpu():
     assert hm[:, :, 2:4].shape == (B, H, 256, S) and hm[:, :, 7].shape == (B, H, S - 7 * 128, S)
     assert hm[:, :, torch.tensor([1, 7])].shape == (B, H, 256, S) and hm[0:1, 1:2].shape == (1, 1, S, S)
     assert "Lq=128" in repr(hm[:, :, 1]) and hm[:, :, 1].sparsity() >= 0
+    # torch's to_string(grid_size, limit): the first pairs' grids, shrunk; a cell of mixed kinds is +
+    text = hm.to_string(grid_size=(4, 4), limit=2).splitlines()
+    assert text[0] == repr(hm) and text[1] == "(0, 0)" and text[6] == "(0, 1)" and len(text[2]) == 4
+    assert text[2] == "+..." and "6 more (batch, head) pairs" in text[-1], text
+    assert ft._shrink_grid(["#+..", "##+.", "###+", "####"], 2, 2) == ["++", "#+"]
     # a mask's handle is found again while its tables stay as they were, and made again when they
     # change in place or move (`.data =` moves a tensor without a new version)
     first = hm._handle
