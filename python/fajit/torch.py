@@ -418,8 +418,9 @@ def _layouts(tables):
 
 
 def _version_of(t):
-    """t._version; 0 for an inference tensor (torch.inference_mode), which has none: tables made
-    there and then changed in place are not noticed (a new mask is)."""
+    """t._version; 0 for an inference tensor (made under torch.inference_mode), which has none:
+    such tables changed in place are not noticed (a new mask is). fajit.torch's own tables are
+    normal tensors even there."""
     return 0 if t.is_inference() else t._version
 
 
@@ -435,13 +436,15 @@ def _mask_tables(handle, device):
     # One pinned host buffer, one copy to the device that does not wait for it (torch's pinned
     # allocator keeps the buffer until the copy is done), the tables views of it: a mask the
     # symbolic analysis decides (causal, sliding, prefix, ...) is made without a sync.
+    # Normal tensors even under torch.inference_mode: their version counter shows in-place edits.
     pinned = device.type == "cuda"
-    host = torch.empty(sum(sizes), dtype=torch.int32, pin_memory=pinned)
-    at = 0
-    for i, size in enumerate(sizes):
-        _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(host.data_ptr() + 4 * at), size, None))
-        at += size
-    moved = host.to(device, non_blocking=pinned)
+    with torch.inference_mode(False):
+        host = torch.empty(sum(sizes), dtype=torch.int32, pin_memory=pinned)
+        at = 0
+        for i, size in enumerate(sizes):
+            _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(host.data_ptr() + 4 * at), size, None))
+            at += size
+        moved = host.to(device, non_blocking=pinned)
     out, at = {}, 0
     for name, size in zip(_capi.TABLES, sizes):
         rows = info.num_q_blocks if name.startswith(("kv", "full_kv")) else info.num_kv_blocks

@@ -599,6 +599,10 @@ def test_block_mask_tables_without_a_gpu():
         made = ft.BlockMask.from_torch(torch_create_block_mask(causal, 1, 1, S, S, device="cpu"))
         assert handle_shape(made) == (1, 1) and made._handle is made._handle
         assert torch.equal(made[:, :, torch.tensor(1)].kv_indices, made.kv_indices[:, :, 1:2])
+        assert not made.kv_num_blocks.is_inference()  # fajit's own tables keep a version counter
+        first = made._handle
+        made.kv_num_blocks[0, 0, 3] = 0
+        assert made._handle is not first  # an in-place edit there is seen
     again = wide[:, :, 1]
     again.seq_lengths = (1, S)
     assert again._handle is step._handle  # the view made again finds its handle
