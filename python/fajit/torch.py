@@ -574,6 +574,8 @@ class BlockMask:
         Tensor_ = torch.Tensor
         kept = []
         for i, n, what in zip(index, sizes, ("the batch", "the heads", "the query blocks")):
+            if isinstance(i, list):  # a list of indices or bools: torch's advanced indexing
+                i = torch.tensor(i, device=self.kv_num_blocks.device)
             if isinstance(i, Tensor_):
                 kept.append(i.reshape(1) if i.dim() == 0 else i)
             elif isinstance(i, (bool, slice)) or i is None:

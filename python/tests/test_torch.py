@@ -534,6 +534,12 @@ def test_block_mask_tables_without_a_gpu():
     assert torch.equal(hm[0:1, 0:1].kv_indices[0, 0], hm.kv_indices[0, 0])
     with pytest.raises(RuntimeError, match=r"this BlockMask was indexed"):
         hm[0:1].mask_mod(0, 0, 0, 0)
+    # a list picks as torch's advanced indexing does
+    theirs_list = torch_create_block_mask(by_head, B, H, S, S, device="cpu")
+    for index in ([1, 0], (slice(None), [0, 3]), (0, slice(None), [2, -1])):
+        got, want = hm[index], theirs_list[index]
+        assert torch.equal(got.kv_num_blocks, want.kv_num_blocks), index
+        assert torch.equal(got.to_dense().bool(), want.to_dense().bool()), index
     # picked query blocks carry their query length (torch's rule): a slice's blocks, the last one
     # clipped; a tensor's count times the block; so a decoding step's mask prints as it is
     assert hm[:, :, 2:4].shape == (B, H, 256, S) and hm[:, :, 7].shape == (B, H, S - 7 * 128, S)
