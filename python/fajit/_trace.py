@@ -833,18 +833,22 @@ def _make_mode():
 
 def _plain(obj):
     """obj as a comparable record if it is a plain value a trace bakes in as a constant (a number,
-    a string, None, a short tuple / list / dict of those), else _NOT_PLAIN."""
+    a string, None, a flat tuple / list / dict of up to 16 of those), else _NOT_PLAIN."""
     if obj is None or isinstance(obj, (bool, str)):
         return obj if not isinstance(obj, str) or len(obj) <= 256 else _NOT_PLAIN
     if isinstance(obj, numbers.Number) and type(obj).__name__ not in ("Tensor", "Parameter"):
         return (type(obj).__name__, repr(obj))  # repr: exact for floats, and NaN equals itself
-    if isinstance(obj, (list, tuple)) and len(obj) <= 64:
-        items = tuple(_plain(o) for o in obj)
+    if isinstance(obj, (list, tuple)) and len(obj) <= 16:  # flat and short: a per-call cost
+        items = tuple(_plain_scalar(o) for o in obj)
         return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items) else (type(obj).__name__, items)
-    if isinstance(obj, dict) and len(obj) <= 64:
-        items = tuple((k, _plain(v)) for k, v in obj.items() if isinstance(k, str))
+    if isinstance(obj, dict) and len(obj) <= 16:
+        items = tuple((k, _plain_scalar(v)) for k, v in obj.items() if isinstance(k, str))
         return _NOT_PLAIN if any(v is _NOT_PLAIN for _, v in items) else ("dict", items)
     return _NOT_PLAIN
+
+
+def _plain_scalar(obj):
+    return _plain(obj) if not isinstance(obj, (list, tuple, dict)) else _NOT_PLAIN
 
 
 _NOT_PLAIN = object()

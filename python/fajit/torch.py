@@ -131,11 +131,23 @@ def _guard_mods(score_mod, mask_mod, device):
     the graph, and a changed value then recompiles instead of running the old trace."""
     if not torch.compiler.is_compiling():
         return
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+
     z = torch.zeros((), dtype=torch.int32, device=device)
-    if score_mod is not None:
-        score_mod(torch.zeros((), dtype=torch.float32, device=device), z, z, z, z)
-    if mask_mod is not None:
-        mask_mod(z, z, z, z)
+    # Captured tensors indexed by the zeros as torch's flex_attention indexes them (no .item()).
+    # A mod torch cannot run (fajit's own helpers, an integer to a negative power) is left out:
+    # fajit's tracer takes it, and the guards are then what dynamo saw before the failure.
+    with TransformGetItemToIndex():
+        if score_mod is not None:
+            try:
+                score_mod(torch.zeros((), dtype=torch.float32, device=device), z, z, z, z)
+            except Exception:  # noqa: BLE001
+                pass
+        if mask_mod is not None:
+            try:
+                mask_mod(z, z, z, z)
+            except Exception:  # noqa: BLE001
+                pass
 
 
 @torch.compiler.assume_constant_result
@@ -455,6 +467,25 @@ def _mask_tables(handle, device):
     return info, out
 
 
+def _slice_range(sl, n):
+    """range(*sl.indices(n)), in plain Python (torch 2.11's dynamo cannot trace slice.indices)."""
+    step = 1 if sl.step is None else operator.index(sl.step)
+    if step == 0:
+        raise ValueError("slice step cannot be zero")
+
+    def clip(v, default, low, high):
+        if v is None:
+            return default
+        v = operator.index(v)
+        if v < 0:
+            v += n
+        return min(max(v, low), high)
+
+    if step > 0:
+        return range(clip(sl.start, 0, 0, n), clip(sl.stop, n, 0, n), step)
+    return range(clip(sl.start, n - 1, -1, n - 1), clip(sl.stop, -1, -1, n - 1), step)
+
+
 def _shrink_grid(grid, rows_max, cols_max):
     """A block grid (lines of #, +, .) with at most rows_max x cols_max cells: each cell covers
     whole blocks, and shows their kind, or + where they differ."""
@@ -550,15 +581,13 @@ class BlockMask:
         tables = {name: getattr(mask, name, None) for name in _capi.TABLES}
         return cls(None, tables, seq_lengths, mask.BLOCK_SIZE, mask.mask_mod)
 
-    def _sliced_len_q(self, i):
-        """The query length of the rows index i picks (torch's rule): the picked blocks' lengths
-        (the last one clipped) for a slice, the picked count times the block for a tensor."""
+    def _sliced_len_q(self, i, picked):
+        """The query length of the `picked` rows index i picks (torch's rule): the picked blocks'
+        lengths (the last one clipped) for a slice, their count times the block otherwise."""
         len_q, bq = self.seq_lengths[0], self.BLOCK_SIZE[0]
         if isinstance(i, slice):
-            return sum(min(bq, len_q - r * bq) for r in range(*i.indices(-(-len_q // bq))))
-        if isinstance(i, torch.Tensor) and i.dtype != torch.bool:
-            return i.numel() * bq
-        return len_q
+            return sum(min(bq, len_q - r * bq) for r in _slice_range(i, -(-len_q // bq)))
+        return picked * bq
 
     def __getitem__(self, index):
         """torch's BlockMask indexing over (batch, head, query block): the mask of the rows picked,
@@ -597,7 +626,7 @@ class BlockMask:
             if sizes[d] > 1 and src[0].shape[d] == 1:  # broadcast by every table
                 i = index[d]
                 if isinstance(i, slice):
-                    shape_out[d] = len(range(*i.indices(sizes[d])))
+                    shape_out[d] = len(_slice_range(i, sizes[d]))
                     index = index[:d] + (slice(None),) + index[d + 1:]
                 else:  # picked by a tensor, None or a bool: indexed in torch's shape
                     src = [t.expand(*[sizes[e] if e == d else t.shape[e] for e in range(t.dim())]) for t in src]
@@ -624,7 +653,7 @@ class BlockMask:
             widened = [t.expand(*bh, *t.shape[2:]) for t in picked]
         num, idx, fnum, fidx = (widened + [None, None])[:4]  # full ones may be missing
         tables = {"kv_num_blocks": num, "kv_indices": idx, "full_kv_num_blocks": fnum, "full_kv_indices": fidx}
-        out = BlockMask(None, tables, (self._sliced_len_q(index[2]), self.seq_lengths[1]), self.BLOCK_SIZE,
+        out = BlockMask(None, tables, (self._sliced_len_q(index[2], num.shape[2]), self.seq_lengths[1]), self.BLOCK_SIZE,
                         _sliced_mask_mod_error, lazy_q=True)
         if 0 not in shape_out and not torch.compiler.is_compiling():  # (an empty slice's tables are its own)
             out.__dict__["_unbroadcast_kept"] = (widened, _layouts(widened), _unbroadcast(picked))
@@ -1153,6 +1182,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     S = key.shape[2]
     scale = _check_scale(scale)
     mask_mod, tables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _FLEX_NOTES)
+    if mask_mod is _sliced_mask_mod_error:  # its error as is, not from inside a compiled dry run
+        _sliced_mask_mod_error(0, 0, 0, 0)
     _guard_mods(score_mod, mask_mod, query.device)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")

@@ -151,6 +151,25 @@ def test_a_changed_python_constant_a_mod_reads_traces_again():
     guarded(x)
     assert len(compiles) == 3
 
+    # the dry run indexes captured tensors as torch's flex does (no .item(), so fullgraph holds),
+    # and a mod torch cannot run (fajit's own helpers) is left to fajit's tracer
+    bias, doc = torch.rand(64), torch.zeros(64, dtype=torch.int32)
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return score + bias[kv_idx]
+
+    def documents(b, h, q_idx, kv_idx):
+        return doc[q_idx] == doc[kv_idx]
+
+    def helper(score, b, h, q_idx, kv_idx):
+        return fajit.tanh(score)
+
+    for score_mod, mask_mod in ((biased, documents), (helper, None)):
+        torch._dynamo.reset()
+        dry = torch.compile(lambda x: (ft._guard_mods(score_mod, mask_mod, x.device), x + 1)[1], backend="aot_eager",
+                            fullgraph=True)
+        assert torch.equal(dry(x), x + 1)
+
 
 def test_a_captured_0d_tensor_off_the_cpu_is_a_buffer_read_at_0():
     """A 0-d tensor on a device (here torch's meta device, no GPU needed) is read there as a
@@ -544,6 +563,9 @@ def test_block_mask_tables_without_a_gpu():
     # clipped; a tensor's count times the block; so a decoding step's mask prints as it is
     assert hm[:, :, 2:4].shape == (B, H, 256, S) and hm[:, :, 7].shape == (B, H, S - 7 * 128, S)
     assert hm[:, :, torch.tensor([1, 7])].shape == (B, H, 256, S) and hm[0:1, 1:2].shape == (1, 1, S, S)
+    picks = [True, False, True, False, False, False, False, True]
+    assert hm[:, :, picks].shape == (B, H, 384, S) and hm[:, :, torch.tensor(picks)].kv_num_blocks.shape[2] == 3
+    assert hm[:, :, -1:].shape == (B, H, S - 7 * 128, S) and hm[:, :, ::3].shape == (B, H, 3 * 128, S)
     assert "Lq=128" in repr(hm[:, :, 1]) and hm[:, :, 1].sparsity() >= 0
     # torch's to_string(grid_size, limit): the first pairs' grids, shrunk; a cell of mixed kinds is +
     text = hm.to_string(grid_size=(4, 4), limit=2).splitlines()
