@@ -528,6 +528,73 @@ def test_block_mask_slices_trace_in_torch_compile_without_a_gpu():
             assert torch.equal(got, w), p
 
 
+def test_the_compiled_call_traces_without_a_gpu(monkeypatch):
+    """torch.compile(fullgraph) through fajit.torch.flex_attention on CPU tensors, the kernels
+    stubbed out: the input checks, BlockMask slicing, the mods' dry run and the custom op trace
+    into one graph; a runtime scalar's new value does not recompile, a changed Python constant
+    does; the decoding recipe's step is one graph."""
+    import torch._dynamo.testing
+
+    import fajit.torch as ft
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+
+    def fake_forward(q, k, v, variant, scale, tables, info, buffers, scalars, want_max, want_lse):
+        B, H, L, _ = q.shape
+        return (torch.zeros(B, H, L, v.shape[3], dtype=q.dtype), torch.zeros(B, H, L),
+                torch.zeros(B, H, L) if want_max else None)
+
+    monkeypatch.setattr(ft, "_check_cuda", lambda name, t: None)
+    monkeypatch.setattr(ft, "_forward", fake_forward)
+    B, H, L, D = 1, 4, 256, 64
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.bfloat16) for _ in range(3))
+    cap, bias = torch.tensor(10.0), torch.rand(L)
+    consts = {"soft": 20.0}
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    def biased(score, b, h, q_idx, kv_idx):
+        return consts["soft"] * torch.tanh(score / consts["soft"]) + bias[kv_idx]
+
+    mask = ft.BlockMask.from_torch(torch_create_block_mask(causal, None, None, L, L, device="cpu"))
+    wide = ft.BlockMask(None, {n: getattr(mask, n).expand(B, H, *getattr(mask, n).shape[2:]) for n in ft._capi.TABLES},
+                        (L, L), (128, 128), causal)
+    for score_mod, m in ((softcap, mask), (biased, mask), (softcap, wide)):
+        torch._dynamo.reset()
+        counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        f = torch.compile(lambda q, k, v: ft.flex_attention(q, k, v, score_mod=score_mod, block_mask=m).sum(),
+                          fullgraph=True, backend=counter)
+        f(q, k, v)
+        cap.fill_(3.0)
+        f(q, k, v)
+        assert counter.frame_count == 1, "a new runtime scalar value recompiled"
+        consts["soft"] = 30.0
+        try:
+            f(q, k, v)
+        finally:
+            consts["soft"] = 20.0
+        # a changed constant recompiles (dynamo may compile twice for a float: it first tries it dynamic)
+        assert (counter.frame_count >= 2) if score_mod is biased else (counter.frame_count == 1)
+
+    pos = torch.tensor(200, dtype=torch.int32)
+
+    def at_pos(b, h, q_idx, kv_idx):
+        return q_idx + pos >= kv_idx
+
+    def step(q1):
+        s = wide[:, :, pos // 128]
+        s.mask_mod, s.seq_lengths = at_pos, (1, L)
+        return ft.flex_attention(q1, k, v, block_mask=s)
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    g = torch.compile(step, fullgraph=True, backend=counter)
+    g(q[:, :, :1])
+    pos.fill_(100)
+    g(q[:, :, :1])
+    assert counter.frame_count == 1
+
+
 def test_block_mask_tables_without_a_gpu():
     """BlockMask indexing, handles and checks on CPU tables (torch's create_block_mask on CPU):
     what the GPU test's flex_attention calls rest on, runnable wherever torch is."""
