@@ -600,12 +600,11 @@ class BlockMask:
             raise IndexError("block_mask indices: at most 3 (batch, head, query block), no Ellipsis; "
                              f"got {len(index)}")
         sizes = self.kv_num_blocks.shape
-        Tensor_ = torch.Tensor
         kept = []
         for i, n, what in zip(index, sizes, ("the batch", "the heads", "the query blocks")):
             if isinstance(i, list):  # a list of indices or bools: torch's advanced indexing
                 i = torch.tensor(i, device=self.kv_num_blocks.device)
-            if isinstance(i, Tensor_):
+            if isinstance(i, Tensor):
                 kept.append(i.reshape(1) if i.dim() == 0 else i)
             elif isinstance(i, (bool, slice)) or i is None:
                 kept.append(i)
@@ -630,7 +629,7 @@ class BlockMask:
                     index = index[:d] + (slice(None),) + index[d + 1:]
                 else:  # picked by a tensor, None or a bool: indexed in torch's shape
                     src = [t.expand(*[sizes[e] if e == d else t.shape[e] for e in range(t.dim())]) for t in src]
-        tensors = [d for d, i in enumerate(index) if isinstance(i, Tensor_)]
+        tensors = [d for d, i in enumerate(index) if isinstance(i, Tensor)]
         ix = index[tensors[0]] if len(tensors) == 1 else None
         one = (ix is not None and ix.dim() == 1 and ix.dtype in (torch.int32, torch.int64)
                and ix.device == self.kv_num_blocks.device
