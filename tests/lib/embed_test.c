@@ -262,6 +262,13 @@ int main(int argc, char** argv) {
     }
     fajit_block_mask_destroy(m);
   }
+  /* a capture count without its array is refused, not read */
+  fajit_captures no_array = {NULL, 3, NULL, 0};
+  if (fajit_program_block_mask(p, 1, 1, 300, 300, 0, 0, &no_array, NULL, NULL, &m) != FAJIT_ERROR_INVALID_ARGUMENT ||
+      strcmp(fajit_last_error(), "captures: buffers is NULL with num_buffers = 3") != 0) {
+    fprintf(stderr, "expected a NULL-array error, got: %s\n", fajit_last_error());
+    return 1;
+  }
   fajit_options bad = fajit_default_options();
   bad.head_dim_qk = 100;
   if (fajit_program_block_mask(p, 1, 1, 1000, 1000, 0, 0, NULL, &bad, NULL, &m) != FAJIT_ERROR_INVALID_ARGUMENT ||

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "fajit/detail/interp.h"
+#include "fajit/detail/mask_analysis.h"
 #include "fajit/detail/reference.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
@@ -230,8 +231,8 @@ struct CaptureData {
         cap.scalar(c.name, static_cast<float>(v));
         env.scalar_f32(c.name, static_cast<float>(v));
       } else {
-        cap.scalar(c.name, static_cast<int32_t>(v));
-        env.scalar_i32(c.name, static_cast<int32_t>(v));
+        cap.scalar(c.name, fa::i32_scalar_value(c.name, v));
+        env.scalar_i32(c.name, fa::i32_scalar_value(c.name, v));
       }
     }
   }

@@ -2,6 +2,8 @@
 // evaluation (step, Evaluator) and fa::MaskRangeProgram.
 #include "fajit/analysis/range_program.h"
 
+#include <cmath>
+#include <cstdint>
 #include <optional>
 
 #include <fmt/format.h>
@@ -459,11 +461,18 @@ ScalarValues scalar_values_of(const std::map<std::string, double>& preset_values
       v.f = static_cast<float>(x);
     } else {
       v.type = ScalarType::kI32;
-      v.i = static_cast<int32_t>(x);
+      v.i = i32_scalar_value(name, x);
     }
     out[name] = v;
   }
   return out;
+}
+
+int32_t i32_scalar_value(const std::string& name, double x) {
+  if (!(x >= double(INT32_MIN) && x <= double(INT32_MAX)) || x != std::floor(x))
+    throw Error(fmt::format("scalar '{}' is an i32: {} is not an integer in [{}, {}]", name, x, INT32_MIN,
+                            INT32_MAX));
+  return static_cast<int32_t>(x);
 }
 
 MaskRangeProgram MaskRangeProgram::compile(mlir::Operation* mask_mod) {

@@ -106,6 +106,13 @@ fa::TensorView to_view(const fajit_tensor* t, const char* what) {
 fa::Captures to_captures(const fajit_captures* c) {
   fa::Captures r;
   if (!c) return r;
+  if (c->num_buffers < 0 || c->num_scalars < 0)
+    throw fa::Error(fmt::format("captures: num_buffers and num_scalars must be >= 0, got {} and {}",
+                                c->num_buffers, c->num_scalars));
+  if (c->num_buffers > 0 && !c->buffers)
+    throw fa::Error(fmt::format("captures: buffers is NULL with num_buffers = {}", c->num_buffers));
+  if (c->num_scalars > 0 && !c->scalars)
+    throw fa::Error(fmt::format("captures: scalars is NULL with num_scalars = {}", c->num_scalars));
   for (int i = 0; i < c->num_buffers; ++i) {
     if (!c->buffers[i].name) throw fa::Error("captures: buffer " + std::to_string(i) + " has no name");
     r.buffer(c->buffers[i].name, to_view(&c->buffers[i].tensor, c->buffers[i].name));

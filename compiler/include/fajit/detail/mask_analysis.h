@@ -61,6 +61,9 @@ using ScalarValues = std::map<std::string, ScalarValue, std::less<>>;
 ScalarValues scalar_values_of(const Captures& captures);
 ScalarValues scalar_values_of(const std::map<std::string, double>& preset_values,
                               const Program& program);  // types from the program
+// x as the value of i32 scalar `name`: an integer within int32's range, else fa::Error naming it
+// (a command line's 1e10, 1.5 or nan is refused, not wrapped or truncated).
+int32_t i32_scalar_value(const std::string& name, double x);
 
 namespace detail {
 struct RangeFields;
