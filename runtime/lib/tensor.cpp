@@ -353,12 +353,38 @@ bool overlaps(const TensorView& a, const TensorView& b) {
   return reachable(terms.data(), terms.size(), d - x.size, d + y.size, budget) == 1;
 }
 
+namespace {
+// Whether two elements of v may share memory: a dimension of stride 0 (size > 1), or, taking the
+// dimensions by stride, one whose stride does not clear the span of those below it (a safe
+// test: it refuses some exotic interleavings that happen not to collide).
+bool overlaps_itself(const TensorView& v) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of dimensions of size > 1
+  for (int d = 0; d < v.rank; ++d)
+    if (v.shape[d] > 1) dims.push_back({v.stride[d] < 0 ? -v.stride[d] : v.stride[d], v.shape[d]});
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements below the next dimension's stride
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return true;
+    span = stride * (size - 1) + span;
+  }
+  return false;
+}
+}  // namespace
+
 void check_outputs_apart(const std::vector<NamedView>& outputs, const std::vector<NamedView>& inputs) {
   auto text = [](const NamedView& n) {
     return n.key ? fmt::format(fmt::runtime(n.name), *n.key) : std::string(n.name);
   };
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
     if (!out->view) continue;
+    if (overlaps_itself(*out->view)) {
+      const TensorView& v = *out->view;
+      throw Error(
+          fmt::format("{}: its elements overlap one another (shape [{}], strides [{}]); give it a layout in "
+                      "which every element has memory of its own",
+                      text(*out), fmt::join(v.shape, v.shape + v.rank, ", "),
+                      fmt::join(v.stride, v.stride + v.rank, ", ")));
+    }
     auto check = [&](const NamedView& other) {
       if (other.view && overlaps(*out->view, *other.view))
         throw Error(fmt::format("{}: its memory overlaps that of {}; give it a buffer of its own", text(*out),

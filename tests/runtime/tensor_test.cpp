@@ -411,6 +411,30 @@ TEST(Overlaps, InterleavedViewsShareNoElement) {
   EXPECT_FALSE(fa::overlaps(v, fa::TensorView(pool + (L * Ht * D + Hq * D) * 2, fa::DType::f32, {4})));
 }
 
+// check_outputs_apart refuses an output whose own elements share memory (a stride of 0, rows
+// closer than a row) and takes the usual layouts, transposed and strided ones included.
+TEST(Overlaps, AnOutputOverlappingItselfIsRefused) {
+  alignas(16) static char pool[1 << 16];
+  auto error_of = [&](const fa::TensorView& o) {
+    try {
+      fa::check_outputs_apart({{"o", &o}}, {});
+    } catch (const fa::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of(fa::TensorView(pool, fa::DType::bf16, {1, 2, 16, 64}, {0, 1024, 0, 1})),
+            "o: its elements overlap one another (shape [1, 2, 16, 64], strides [0, 1024, 0, 1]); give it a "
+            "layout in which every element has memory of its own");
+  EXPECT_NE(error_of(fa::TensorView(pool, fa::DType::bf16, {1, 2, 16, 64}, {2048, 1024, 32, 1})), "");
+  EXPECT_EQ(error_of(fa::TensorView(pool, fa::DType::bf16, {1, 2, 16, 64})), "");
+  EXPECT_EQ(error_of(fa::TensorView(pool, fa::DType::bf16, {2, 4, 16, 64}, {4096, 64, 256, 1})), "");  // BLHD
+  EXPECT_EQ(error_of(fa::TensorView(pool, fa::DType::bf16, {1, 2, 16, 64}, {9999, 2048, 128, 1})),
+            "");  // padded
+  EXPECT_EQ(error_of(fa::TensorView(pool, fa::DType::f32, {3, 1, 16}, {16, 0, 1})),
+            "");  // size-1 dim, stride 0
+}
+
 // overlaps against brute force on random small views of one pool: shapes 1-4 per dimension,
 // strides -9..9 elements (0 included), offsets, bf16 or f32; every element's bytes enumerated.
 TEST(Overlaps, AgreesWithBruteForce) {
