@@ -1,5 +1,6 @@
 #include "mod_args.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -12,6 +13,9 @@
 
 namespace fajit_cli {
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw fa::Error(fmt::format("'{}' is a directory, not a file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw fa::Error(fmt::format("cannot open '{}'", path));
   std::stringstream ss;
