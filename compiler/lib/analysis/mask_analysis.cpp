@@ -162,6 +162,11 @@ MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int 
   a.num_kv_blocks = static_cast<int>((len_kv + kv_block - 1) / kv_block);
   a.reads_buffers = f.reads_buffers;
   const size_t per = size_t(a.num_q_blocks) * a.num_kv_blocks;
+  if (size_t(a.batch) * a.heads * per > size_t(std::numeric_limits<int32_t>::max()))
+    throw Error(
+        fmt::format("block mask: {} x {} x {} x {} tiles exceed the int32 range (larger blocks or "
+                    "shorter lengths)",
+                    a.batch, a.heads, a.num_q_blocks, a.num_kv_blocks));
   a.kinds.resize(size_t(a.batch) * a.heads * per);  // every block is written below
   detail::Evaluator ev(f, scalars);
   for (int bi = 0; bi < a.batch; ++bi)

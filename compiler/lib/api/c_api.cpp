@@ -2,6 +2,7 @@
 // plus a thread-local message.
 #include "fajit/fajit_c.h"
 
+#include <climits>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -546,9 +547,14 @@ fajit_status fajit_block_mask_from_kv_blocks(int batch, int heads, int64_t len_q
     if (batch < 1 || heads < 1 || len_q < 1 || len_kv < 1)
       throw fa::Error(fmt::format("block mask needs positive sizes, got B={} H={} Lq={} Lkv={}", batch, heads,
                                   len_q, len_kv));
+    if (len_q > INT32_MAX || len_kv > INT32_MAX)  // before the tables are read (as BlockMask checks)
+      throw fa::Error(
+          fmt::format("block mask: lengths exceed the int32 range, got Lq={}, Lkv={}", len_q, len_kv));
     const size_t nq = static_cast<size_t>((len_q + bo.q_block - 1) / bo.q_block);
     const size_t nkv = static_cast<size_t>((len_kv + bo.kv_block - 1) / bo.kv_block);
     const size_t rows = static_cast<size_t>(batch) * heads * nq;
+    if (rows * nkv > size_t(INT32_MAX))
+      throw fa::Error(fmt::format("block mask: {} tiles exceed the int32 range", rows * nkv));
     std::vector<int32_t> num(kv_num_blocks, kv_num_blocks + rows), idx(kv_indices, kv_indices + rows * nkv);
     std::vector<int32_t> fnum, fidx;
     if (full_kv_num_blocks) {
