@@ -836,7 +836,7 @@ def _plain(obj):
     a string, None, a flat tuple / list / dict of up to 16 of those), else _NOT_PLAIN."""
     if obj is None or isinstance(obj, (bool, str)):
         return obj if not isinstance(obj, str) or len(obj) <= 256 else _NOT_PLAIN
-    if isinstance(obj, numbers.Number) and type(obj).__name__ not in ("Tensor", "Parameter"):
+    if isinstance(obj, numbers.Number):  # (a tensor is not a numbers.Number)
         return (type(obj).__name__, repr(obj))  # repr: exact for floats, and NaN equals itself
     if isinstance(obj, (list, tuple)) and len(obj) <= 16:  # flat and short: a per-call cost
         items = tuple(_plain_scalar(o) for o in obj)

@@ -359,8 +359,6 @@ def flex_attention_varlen(query, key, value, cu_seqlens_q=None, cu_seqlens_k=Non
          if cu_seqlens_k is not None else (seqlens_k if seqlens_k is not None else page_table).shape[0])
     Hq = query.shape[1]
     mask_mod, mtables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _NOTES)
-    if mask_mod is _sliced_mask_mod_error:  # its error as is, not from inside a compiled dry run
-        _sliced_mask_mod_error(0, 0, 0, 0)
     _guard_mods(score_mod, mask_mod, query.device)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
@@ -399,7 +397,7 @@ def _no_backward(what, table):
 
 
 # fajit.torch's helpers, read when called (this module is imported at the end of fajit.torch)
-from .torch import (_VARIANTS, AuxOutput, _bind, _guard_mods, _sliced_mask_mod_error, _block_mask_args, _cbuffer_grads, _ccaptures,  # noqa: E402
+from .torch import (_VARIANTS, AuxOutput, _bind, _block_mask_args, _cbuffer_grads, _ccaptures, _guard_mods,  # noqa: E402
                     _check_aux, _check_cuda,
                     _check_dtype, _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale,
                     _check_types, _ctensor, _grad_buffers, _kernel, _mask_for, _on_device, _records_grad, _rows,

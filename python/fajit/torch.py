@@ -125,10 +125,14 @@ def _trace_variant(score_mod, mask_mod):
 
 
 def _guard_mods(score_mod, mask_mod, device):
-    """Inside torch.compile: the mods run once on zeros (every call's domain holds b = h = q = kv
-    = 0), their result unused, so that dynamo guards on the Python values they read (a global
-    softcap, self.window) as it does for torch's flex_attention: _variant_key is a constant to
-    the graph, and a changed value then recompiles instead of running the old trace."""
+    """A call's mods before _variant_key: a sliced BlockMask's mask_mod not set again raises its
+    error here (not from inside a compiled dry run). Inside torch.compile the mods run once on
+    zeros (every call's domain holds b = h = q = kv = 0), their result unused, so that dynamo
+    guards on the Python values they read (a global softcap, self.window) as it does for torch's
+    flex_attention: _variant_key is a constant to the graph, and a changed value then recompiles
+    instead of running the old trace."""
+    if mask_mod is _sliced_mask_mod_error:
+        _sliced_mask_mod_error(0, 0, 0, 0)
     if not torch.compiler.is_compiling():
         return
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
@@ -293,16 +297,20 @@ def _owner(t):
     return t._base if t._base is not None else t
 
 
-def _register_mask(tables, info, handle):
-    key = _tables_key(tables, info)
-
+def _weak_entry(registry, key, objects, *rest):
+    """registry[key] = (weakrefs to objects, *rest), removed when one of the objects goes (and
+    the entry is still the one made here)."""
     def forget(ref):
-        entry = _MASKS.get(key)
+        entry = registry.get(key)
         if entry is not None and any(r is ref for r in entry[0]):
-            del _MASKS[key]
+            del registry[key]
 
-    refs = [weakref.ref(_owner(t), forget) for t in tables]
-    _MASKS[key] = (refs, tuple(_version_of(t) for t in tables), handle)
+    registry[key] = ([weakref.ref(o, forget) for o in objects], *rest)
+
+
+def _register_mask(tables, info, handle):
+    _weak_entry(_MASKS, _tables_key(tables, info), [_owner(t) for t in tables],
+                tuple(_version_of(t) for t in tables), handle)
 
 
 def _kv_tables(mask):
@@ -411,22 +419,17 @@ _MASKS_SEEN = {}
 
 
 def _remember_tables(ident, tables, handle):
-    def forget(ref):
-        entry = _MASKS_SEEN.get(ident)
-        if entry is not None and any(r is ref for r in entry[0]):
-            del _MASKS_SEEN[ident]
-
-    _MASKS_SEEN[ident] = ([weakref.ref(t, forget) for t in tables], _table_state(tables), handle)
-
-
-def _table_state(tables):
-    """What may change under a tensor object: its contents (_version), and its storage and layout
-    (`t.data = ...` moves a tensor without a new version)."""
-    return tuple((_version_of(t), t.data_ptr(), t.shape, t.stride()) for t in tables)
+    _weak_entry(_MASKS_SEEN, ident, tables, _table_state(tables), handle)
 
 
 def _layouts(tables):
+    """Where the tensors' elements are: storage and layout (`t.data = ...` moves a tensor)."""
     return tuple((t.data_ptr(), t.shape, t.stride()) for t in tables)
+
+
+def _table_state(tables):
+    """What may change under a tensor object: its contents (_version), and where they are."""
+    return tuple(_version_of(t) for t in tables), _layouts(tables)
 
 
 def _version_of(t):
@@ -1065,7 +1068,7 @@ _HALF_TYPES = (torch.float16, torch.bfloat16)
 
 
 def _check_dtype(name, t):
-    if t.dtype not in (torch.float16, torch.bfloat16):
+    if t.dtype not in _HALF_TYPES:
         raise ValueError(f"{name} must be float16 or bfloat16, got {t.dtype}")
 
 
@@ -1181,8 +1184,6 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     S = key.shape[2]
     scale = _check_scale(scale)
     mask_mod, tables, info = _block_mask_args(block_mask, B, Hq, L, S, query.device, _FLEX_NOTES)
-    if mask_mod is _sliced_mask_mod_error:  # its error as is, not from inside a compiled dry run
-        _sliced_mask_mod_error(0, 0, 0, 0)
     _guard_mods(score_mod, mask_mod, query.device)
     vkey = _variant_key(score_mod, mask_mod)
     buffers, scalars = _bind(vkey, query.device, "score_mod")
