@@ -85,6 +85,7 @@ FwdCase with(FwdCase c, const std::string& tag, std::function<void(FwdCase&)> f)
 
 // The mma.sync kernel on a device whose default is the wgmma one (Hopper).
 void mma_family(FwdCase& c) { c.family = fa::KernelFamily::kMmaSync; }
+void on_device_tables(FwdCase& c) { c.device_tables = true; }
 
 // Three consumer warpgroups with 112 keys a tile (between head dims 64 and 96).
 void tile192x112(FwdCase& c) {
@@ -155,14 +156,10 @@ const std::vector<FwdCase>& cases() {
       // The kv tables read in place on the device (BlockMask::from_device_kv_blocks): decoding
       // (GQA groups sharing a tile, per-head tables), prefill on the mask's own tile, and at d64
       // (whose 192-row tile does not divide the blocks: the 128x128 twin reads them in place).
-      with({"causal_offset", bf16, 128, 128, 1, 32, 4, 2, 131072}, "devtables",
-           [](FwdCase& c) { c.device_tables = true; }),
-      with({"head_sliding", f16, 128, 128, 2, 8, 2, 3, 5000}, "devtables",
-           [](FwdCase& c) { c.device_tables = true; }),
-      with({"document_softcap", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "devtables",
-           [](FwdCase& c) { c.device_tables = true; }),
-      with({"sliding", f16, 64, 64, 2, 4, 1, 1000, 1000, 100}, "devtables",
-           [](FwdCase& c) { c.device_tables = true; }),
+      with({"causal_offset", bf16, 128, 128, 1, 32, 4, 2, 131072}, "devtables", on_device_tables),
+      with({"head_sliding", f16, 128, 128, 2, 8, 2, 3, 5000}, "devtables", on_device_tables),
+      with({"document_softcap", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "devtables", on_device_tables),
+      with({"sliding", f16, 64, 64, 2, 4, 1, 1000, 1000, 100}, "devtables", on_device_tables),
       // captured buffers the 32-bit, contiguous-innermost offsets cannot address (innermost
       // stride 2, poison between): the wide-captures twins of the forward (wgmma and mma.sync),
       // decoding and block-mask builder kernels
@@ -892,10 +889,10 @@ TEST(DeviceTables, HostViewsComeFromOneCheckedCopy) {
 // full tiles, then every tile full, under a kernel without mask_mod.
 TEST(DeviceTables, KernelsReadTheTablesAsTheyAreAtEachCall) {
   if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
-  const fa::Program block_causal = fa::trace(
-      fa::identity_score(), {"block_causal", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
-                               return kv / fa::Index(128) <= q / fa::Index(128);
-                             }});
+  const fa::Program block_causal =
+      fa::trace(fa::identity_score(), {"block_causal", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                                         return kv / fa::Index(128) <= q / fa::Index(128);
+                                       }});
   ModPrograms progs = mod_programs(block_causal);
   for (const int dv : {128, 256}) {
     SCOPED_TRACE("dv " + std::to_string(dv));
@@ -919,8 +916,8 @@ TEST(DeviceTables, KernelsReadTheTablesAsTheyAreAtEachCall) {
     };
     fa::rt::DeviceBuffer buf(size_t(2 * n + 2 * n * n) * 4);
     const int32_t* at = buf.as<const int32_t>();
-    const fa::BlockMask m =
-        fa::BlockMask::from_device_kv_blocks(1, 1, c.Lq, c.Lkv, at, at + n, at + n + n * n, at + 2 * n + n * n);
+    const fa::BlockMask m = fa::BlockMask::from_device_kv_blocks(1, 1, c.Lq, c.Lkv, at, at + n,
+                                                                 at + n + n * n, at + 2 * n + n * n);
     std::vector<int32_t> t = tables(false);
     buf.upload(t.data(), t.size() * 4);
     expect_good(c, launch_and_check(c, *p->kernel, *p, m, p->captures, ref_bc));
