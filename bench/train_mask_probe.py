@@ -9,7 +9,7 @@ inside it, back to back with no synchronization (what a training loop does). The
 between the last two is what the per-step mask costs.
 
     FAJIT_LIBRARY=$PWD/.device-build/lib/libfajit.so PYTHONPATH=$PWD/python \\
-        python3 bench/train_mask_probe.py [--shapes 4x16x4096x128,1x16x16384x128] [--steps 20]
+        python3 bench/train_mask_probe.py [--shapes 4x16x4096x128,1x16x16384x128] [--steps 20] [--backends fajit]
 Writes the table to stdout and as markdown to $OUT/train_mask.md (or --out).
 """
 import argparse
@@ -23,6 +23,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4x16x4096x128,1x16x16384x128", help="BxHxSxD, comma-separated")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--backends", default="fajit,flex", help="comma-separated: fajit, flex")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
 
@@ -31,6 +32,8 @@ def main():
 
     import fajit.torch as ft
 
+    if set(args.backends.split(",")) - {"fajit", "flex"}:
+        ap.error(f"--backends: fajit and/or flex, got {args.backends}")
     dev = torch.cuda.get_device_name()
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
@@ -62,7 +65,7 @@ def main():
             torch.autograd.grad(out, (q, k, v), do)
 
         want = None
-        for name in ("fajit", "flex"):
+        for name in args.backends.split(","):
             row = {"shape": shape, "lib": name}
             try:
                 repack(0)  # the documents the first library's output was computed with

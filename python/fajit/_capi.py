@@ -131,6 +131,8 @@ _SIGNATURES = {
     "fajit_block_mask_destroy": (None, [_P]),
     "fajit_block_mask_get_info": (C.c_int, [_P, C.POINTER(BlockMaskInfo)]),
     "fajit_block_mask_table": (C.c_int, [_P, C.c_int, _P, C.c_size_t, C.POINTER(C.c_size_t)]),
+    "fajit_block_mask_copy_tables": (C.c_int, [_P, _P, C.c_size_t, _P]),
+    "fajit_block_mask_built_on_device": (C.c_int, [_P, C.POINTER(C.c_int)]),
     "fajit_block_mask_to_string": (C.c_char_p, [_P, C.c_int, C.c_int]),
     "fajit_block_mask_density": (C.c_int, [_P, C.POINTER(C.c_double), C.POINTER(C.c_int64),
                                            C.POINTER(C.c_int64), C.POINTER(C.c_int64)]),

@@ -443,28 +443,29 @@ def _mask_tables(handle, device):
     lib = _capi.lib()
     info = _capi.BlockMaskInfo()
     _capi.check(lib.fajit_block_mask_get_info(handle.h, C.byref(info)))
-    sizes = []
-    for i in range(len(_capi.TABLES)):
-        size = C.c_size_t()
-        _capi.check(lib.fajit_block_mask_table(handle.h, i, None, 0, C.byref(size)))
-        sizes.append(size.value)
-    # One pinned host buffer, one copy to the device that does not wait for it (torch's pinned
-    # allocator keeps the buffer until the copy is done), the tables views of it: a mask the
-    # symbolic analysis decides (causal, sliding, prefix, ...) is made without a sync.
+    groups, nq, nkv = info.batch * info.heads, info.num_q_blocks, info.num_kv_blocks
+    shapes = {}
+    for name in _capi.TABLES:
+        rows, cols = (nq, nkv) if name.startswith(("kv", "full_kv")) else (nkv, nq)
+        shapes[name] = (info.batch, info.heads, rows) + ((cols,) if name.endswith("indices") else ())
+    sizes = [groups * (s[2] * (s[3] if len(s) > 3 else 1)) for s in shapes.values()]
     # Normal tensors even under torch.inference_mode: their version counter shows in-place edits.
-    pinned = device.type == "cuda"
     with torch.inference_mode(False):
-        host = torch.empty(sum(sizes), dtype=torch.int32, pin_memory=pinned)
-        at = 0
-        for i, size in enumerate(sizes):
-            _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(host.data_ptr() + 4 * at), size, None))
-            at += size
-        moved = host.to(device, non_blocking=pinned)
+        if device.type == "cuda":
+            # One copy on the current stream that waits for nothing: device to device for a mask the
+            # GPU built (a document mask made every training step costs no sync), through a pinned
+            # buffer for one the symbolic analysis decided (causal, sliding, prefix, ...).
+            moved = torch.empty(sum(sizes), dtype=torch.int32, device=device)
+            _capi.check(lib.fajit_block_mask_copy_tables(handle.h, C.c_void_p(moved.data_ptr()), moved.numel(),
+                                                         _stream(device)), "block_mask")
+        else:
+            moved = torch.empty(sum(sizes), dtype=torch.int32)
+            at = 0
+            for i, size in enumerate(sizes):
+                _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(moved.data_ptr() + 4 * at), size, None))
+                at += size
     out, at = {}, 0
-    for name, size in zip(_capi.TABLES, sizes):
-        rows = info.num_q_blocks if name.startswith(("kv", "full_kv")) else info.num_kv_blocks
-        cols = info.num_kv_blocks if name.startswith(("kv", "full_kv")) else info.num_q_blocks
-        shape = (info.batch, info.heads, rows) + ((cols,) if name.endswith("indices") else ())
+    for (name, shape), size in zip(shapes.items(), sizes):
         out[name] = moved[at:at + size].view(shape)
         at += size
     return info, out

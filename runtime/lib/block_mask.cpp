@@ -16,6 +16,7 @@
 
 #include "fajit/error.h"
 #include "fajit/params.h"
+#include "fajit/runtime/block_mask_builder.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
 #include "fajit/runtime/memory.h"
@@ -66,6 +67,9 @@ struct BlockMask::State {
     const int32_t *num = nullptr, *idx = nullptr, *full_num = nullptr, *full_idx = nullptr;
   };
   std::optional<DeviceKv> device_kv;
+  // A mask built on the device (from_device_kinds): its kinds and tables there; `kinds` (and a
+  // regrouped one's sub_kinds) filled from one copy when first needed (ensure_kinds).
+  std::shared_ptr<const DeviceKinds> device_kinds;
   std::once_flag kinds_once;
 
   std::mutex mutex;
@@ -202,9 +206,15 @@ void check_device_kv_context(const State& s, CUcontext ctx) {
 // s.kinds, filled first for a device-table mask: a snapshot of its tables at the first call that
 // needs them on the host, checked (what the kernels read comes from host_copy() at each call).
 const State& ensure_kinds(const State& cs) {
-  if (!cs.device_kv) return cs;
+  if (!cs.device_kv && !cs.device_kinds) return cs;
   State& s = const_cast<State&>(cs);
-  std::call_once(s.kinds_once, [&] { s.kinds = kinds_of_device_tables(s); });
+  std::call_once(s.kinds_once, [&] {
+    if (s.device_kinds)
+      s.kinds =
+          rt::download_device_kinds(*s.device_kinds, size_t(s.batch) * s.heads * s.nq * s.nkv, &s.sub_kinds);
+    else
+      s.kinds = kinds_of_device_tables(s);
+  });
   return s;
 }
 
@@ -449,6 +459,12 @@ std::vector<uint8_t> partial_sub_kinds(const State& s) {
 BlockMaskDeviceTables device_tables_of(const State& cs, bool with_q, const unsigned char** sub = nullptr) {
   State& s = const_cast<State&>(cs);
   rt::ContextGuard guard;
+  if (s.device_kinds) {  // every table built with the mask
+    if (guard.context() != s.device_kinds->context)
+      throw Error("block mask: it was built on the device of another CUDA context; use it on that device");
+    if (sub) *sub = s.device_kinds->kv_sub_kinds;
+    return s.device_kinds->tables;
+  }
   if (s.device_kv) check_device_kv_context(s, guard.context());
   std::lock_guard<std::mutex> lock(s.mutex);
   State::Device& dev = s.devices[guard.context()];
@@ -580,11 +596,22 @@ BlockMask BlockMask::from_device_kv_blocks(int batch, int heads, int64_t len_q, 
 
 bool BlockMask::on_device() const { return state().device_kv.has_value(); }
 
+bool BlockMask::built_on_device() const { return state().device_kinds != nullptr; }
+
+BlockMask BlockMask::from_device_kinds(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block,
+                                       int kv_block, std::shared_ptr<const DeviceKinds> kinds) {
+  auto s = make_state(batch, heads, len_q, len_kv, q_block, kv_block);
+  if (!kinds || !kinds->kinds) throw Error("block mask: no device kinds");
+  s->device_kinds = std::move(kinds);
+  return BlockMask(std::move(s));
+}
+
 BlockMask BlockMask::host_copy() const {
   const State& s = state();
-  if (!s.device_kv) return *this;
+  if (!s.device_kv && !s.device_kinds) return *this;
   BlockMask m =
-      from_kinds(s.batch, s.heads, s.len_q, s.len_kv, kinds_of_device_tables(s), s.q_block, s.kv_block);
+      from_kinds(s.batch, s.heads, s.len_q, s.len_kv,
+                 s.device_kv ? kinds_of_device_tables(s) : ensure_kinds(s).kinds, s.q_block, s.kv_block);
   m.state_->matches_mask_mod = s.matches_mask_mod;
   return m;
 }
@@ -603,7 +630,7 @@ int BlockMask::kv_block() const { return state().kv_block; }
 int BlockMask::num_q_blocks() const { return state().nq; }
 int BlockMask::num_kv_blocks() const { return state().nkv; }
 const std::vector<uint8_t>& BlockMask::kinds() const { return ensure_kinds(state()).kinds; }
-const std::vector<uint8_t>& BlockMask::sub_kinds() const { return state().sub_kinds; }
+const std::vector<uint8_t>& BlockMask::sub_kinds() const { return ensure_kinds(state()).sub_kinds; }
 const std::vector<int32_t>& BlockMask::kv_num_blocks() const { return kv_tables(state()).num; }
 const std::vector<int32_t>& BlockMask::kv_indices() const { return kv_tables(state()).idx; }
 const std::vector<int32_t>& BlockMask::full_kv_num_blocks() const { return kv_tables(state()).full_num; }
@@ -618,7 +645,7 @@ bool BlockMask::matches_mask_mod() const { return state().matches_mask_mod; }
 bool BlockMask::regroupable() const {
   const State& s = state();
   if (s.matches_mask_mod) return true;
-  if (s.device_kv) return false;  // its kinds would cost a copy and a sync: not asked for
+  if (s.device_kv || s.device_kinds) return false;  // its kinds would cost a copy and a sync: not asked for
   std::call_once(state_->uniform_once, [&] {
     state_->uniform = std::all_of(s.kinds.begin(), s.kinds.end(), [&](uint8_t k) { return k == s.kinds[0]; });
   });
@@ -632,6 +659,12 @@ BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
 }
 
 const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
+  const State& s = state();
+  return regrouped(q_block, kv_block,
+                   s.device_kinds ? reinterpret_cast<Stream>(s.device_kinds->stream) : nullptr);
+}
+
+const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) const {
   const State& s = state();
   if (q_block == s.q_block && kv_block == s.kv_block) return *this;
   if (s.device_kv)  // a kept regrouping would be a snapshot the kernels read after the tables changed
@@ -653,6 +686,18 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
   if (auto it = state_->regrouped.find(key); it != state_->regrouped.end()) return it->second;
   auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, kv_block);
   r->matches_mask_mod = s.matches_mask_mod;
+  // 64-row sub-blocks (the Hopper forward's consumer warpgroups) of blocks regrouped along q:
+  // kinds of their own, so a warpgroup skips a tile its rows do not see (rows past len_q see
+  // nothing).
+  constexpr int kSub = 64;
+  const int n_sub = q_block / kSub;
+  const bool with_sub = q_block != s.q_block && q_block % kSub == 0 && n_sub >= 2 && n_sub <= 4;
+  if (s.device_kinds) {  // on the device, in the call's stream order
+    r->device_kinds =
+        rt::regroup_device_kinds(*s.device_kinds, s.batch * s.heads, s.len_q, s.len_kv, s.q_block, s.kv_block,
+                                 q_block, kv_block, with_sub ? n_sub : 0, reinterpret_cast<CUstream>(stream));
+    return state_->regrouped.emplace(key, BlockMask(std::move(r))).first->second;
+  }
   // The source blocks [first, last] a new block of `block` overlaps along one axis (positions
   // past the length are not part of any tile).
   auto span = [](int i, int block, int64_t len, int source) {
@@ -672,12 +717,6 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
         if (src[kb] != join) join = uint8_t(BlockKind::kPartial);
     return join;
   };
-  // 64-row sub-blocks (the Hopper forward's consumer warpgroups) of blocks regrouped along q:
-  // kinds of their own, so a warpgroup skips a tile its rows do not see (rows past len_q see
-  // nothing).
-  constexpr int kSub = 64;
-  const int n_sub = q_block / kSub;
-  const bool with_sub = q_block != s.q_block && q_block % kSub == 0 && n_sub >= 2 && n_sub <= 4;
   if (with_sub) r->sub_kinds.resize(r->kinds.size());
   for (int64_t g = 0; g < groups; ++g)
     for (int i = 0; i < r->nq; ++i) {

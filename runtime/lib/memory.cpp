@@ -1,11 +1,14 @@
 #include "fajit/runtime/memory.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -76,6 +79,90 @@ CUdeviceptr stream_alloc(size_t bytes, CUstream stream, std::string_view what) {
   else
     check_allocation(driver().cuMemAllocAsync(&ptr, bytes, stream), bytes, what);
   return ptr;
+}
+
+StreamBuffer::StreamBuffer(size_t bytes, CUstream stream, std::string_view what) : stream_(stream) {
+  if (bytes == 0) return;
+  ContextGuard guard;
+  ptr_ = stream_alloc(bytes, stream, what);
+  size_ = bytes;
+  ctx_ = guard.context();
+}
+
+StreamBuffer::~StreamBuffer() { reset(); }
+
+StreamBuffer::StreamBuffer(StreamBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, 0)),
+      size_(std::exchange(other.size_, 0)),
+      stream_(std::exchange(other.stream_, nullptr)),
+      ctx_(std::exchange(other.ctx_, nullptr)) {}
+
+StreamBuffer& StreamBuffer::operator=(StreamBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    ptr_ = std::exchange(other.ptr_, 0);
+    size_ = std::exchange(other.size_, 0);
+    stream_ = std::exchange(other.stream_, nullptr);
+    ctx_ = std::exchange(other.ctx_, nullptr);
+  }
+  return *this;
+}
+
+void StreamBuffer::reset() noexcept {
+  if (!ptr_) return;
+  try {
+    const DriverApi& d = driver();
+    CUcontext cur = nullptr;
+    bool pushed = false;
+    if (d.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx_)
+      pushed = d.cuCtxPushCurrent(ctx_) == CUDA_SUCCESS;
+    (void)d.cuMemFreeAsync(ptr_, stream_);
+    if (pushed) d.cuCtxPopCurrent(&cur);
+  } catch (...) {
+  }
+  ptr_ = 0;
+  size_ = 0;
+  ctx_ = nullptr;
+}
+
+namespace {
+
+// Page-locked staging buffers of one context, each with the event of its last copy.
+struct Staging {
+  void* host = nullptr;
+  size_t size = 0;
+  CUevent done = nullptr;
+};
+
+}  // namespace
+
+void upload_staged(CUdeviceptr dst, const void* host, size_t bytes, CUstream stream) {
+  if (bytes == 0) return;
+  static std::mutex mu;
+  static std::map<CUcontext, std::vector<Staging>> staging;  // never freed: copies may be queued at exit
+  ContextGuard guard;
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<Staging>& list = staging[guard.context()];
+  Staging* use = nullptr;
+  for (Staging& s : list)
+    if (s.size >= bytes && driver().cuEventQuery(s.done) == CUDA_SUCCESS) {
+      use = &s;
+      break;
+    }
+  if (!use) {
+    Staging s;
+    s.size = std::max<size_t>(bytes, size_t(64) << 10);
+    FA_CU(cuMemHostAlloc, &s.host, s.size, 0);
+    if (CUresult r = driver().cuEventCreate(&s.done, CU_EVENT_DISABLE_TIMING); r != CUDA_SUCCESS) {
+      driver().cuMemFreeHost(s.host);
+      check(r, "cuEventCreate");
+    }
+    list.push_back(s);
+    use = &list.back();
+  }
+  std::memcpy(use->host, host, bytes);
+  FA_CU(cuMemcpyHtoDAsync, dst, use->host, bytes, stream);
+  FA_CU(cuEventRecord, use->done, stream);
 }
 
 void check_allocation(CUresult result, size_t bytes, std::string_view what) {

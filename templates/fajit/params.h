@@ -238,4 +238,42 @@ typedef struct FaBlockMaskParams {
   int q_block, kv_block;
 } FaBlockMaskParams;
 
+// The tables of a mask whose kinds are on the device (block_mask.cuh's <name>_tables kernel):
+// one direction's set from `kinds` [groups, num_q_blocks, num_kv_blocks]. transposed = 0: rows
+// are q blocks and columns kv blocks (kv_num_blocks [groups * num_q_blocks], kv_indices
+// [.., num_kv_blocks], full_*); 1: rows are kv blocks, columns q blocks (the q_* tables). Each
+// row lists its partial / full columns in ascending order, padded with 0 after its count, as
+// fa::BlockMask's host tables. `sub_kinds` (same layout as kinds, or null) gives each tile's
+// 64-row sub-block kinds; sub_out (rows x columns, or null) receives them in kv_indices' order
+// (FaBlockTables::kv_sub_kinds), 0 after the row's last partial tile.
+typedef struct FaBlockTablesParams {
+  const unsigned char* kinds;
+  const unsigned char* sub_kinds;
+  int* num;
+  int* idx;
+  int* full_num;
+  int* full_idx;
+  unsigned char* sub_out;
+  int groups;  // Bm * Hm
+  int num_q_blocks, num_kv_blocks;
+  int transposed;
+} FaBlockTablesParams;
+
+// A device mask regrouped into other blocks (block_mask.cuh's <name>_regroup kernel), as
+// fa::BlockMask::regrouped does on the host: tile (g, i, j) of `out` [groups, out_q_blocks,
+// out_kv_blocks] is the join of the source tiles it overlaps (one kind where they all agree,
+// else partial; positions past len_q / len_kv belong to no tile). With sub_out (same layout as
+// out, or null), each tile's 64-row sub-blocks c < sub_count get the join of the source tiles
+// their rows overlap at bits 2c..2c+1 (0 for sub-blocks past len_q).
+typedef struct FaBlockRegroupParams {
+  const unsigned char* kinds;  // [groups, num_q_blocks, num_kv_blocks]
+  unsigned char* out;
+  unsigned char* sub_out;
+  int groups;
+  int len_q, len_kv;
+  int num_q_blocks, num_kv_blocks, q_block, kv_block;
+  int out_q_blocks, out_kv_blocks, out_q_block, out_kv_block;
+  int sub_count;
+} FaBlockRegroupParams;
+
 #endif  // FAJIT_PARAMS_H

@@ -1058,11 +1058,11 @@ TEST(Autotune, NotTimedWhenOffWhenOHoldsAnInputOrWhileAGraphIsCaptured) {
                        v = view(p->v, c.Hkv, c.Lkv, c.dv);
   fa::rt::DeviceBuffer d_o(size_t(c.B) * c.Hq * c.Lq * c.dv * 2);
   const fa::TensorView o(d_o.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
-  // O in Q's memory: timing would run the kernel on its own output.
-  p->kernel->forward(q, k, v, q, p->mask, p->captures);
-  fa::rt::synchronize(nullptr);
+  // O in Q's memory (timing would run the kernel on its own output) is refused before anything
+  // runs or is timed.
+  EXPECT_EQ(fa::test::error_of([&] { p->kernel->forward(q, k, v, q, p->mask, p->captures); }),
+            "o: its memory overlaps that of q; give it a buffer of its own");
   EXPECT_TRUE(p->kernel->tune_records().empty());
-  d_in.upload(p->in_bits.data(), p->in_bits.size() * 2);  // Q again
 
   // Captured into a graph: no synchronization is allowed, the default kernel is captured.
   CUstream stream = nullptr;

@@ -210,6 +210,18 @@ int main(int argc, char** argv) {
     fprintf(stderr, "expected a count error, got: %s\n", fajit_last_error());
     return 1;
   }
+  /* Decided on the host (causal): not built on the device; the eight tables hold 3+9+3+9 entries
+   * each way, and a copy of another count is refused before anything is copied. */
+  int on_device = -1;
+  if (fajit_block_mask_built_on_device(m, &on_device) != FAJIT_OK || on_device != 0 ||
+      fajit_block_mask_table(m, FAJIT_FULL_Q_INDICES, NULL, 0, &size) != FAJIT_OK || size != 9 ||
+      fajit_block_mask_copy_tables(m, idx, 47, NULL) != FAJIT_ERROR_INVALID_ARGUMENT ||
+      strcmp(fajit_last_error(), "count: the eight tables hold 48 entries, got 47") != 0 ||
+      fajit_block_mask_copy_tables(m, NULL, 48, NULL) != FAJIT_ERROR_INVALID_ARGUMENT ||
+      strcmp(fajit_last_error(), "out is NULL") != 0) {
+    fprintf(stderr, "built_on_device / copy_tables: %d, %s\n", on_device, fajit_last_error());
+    return 1;
+  }
   fajit_block_mask* m2 = NULL;
   if (fajit_block_mask_from_kv_blocks(1, 1, 300, 300, 128, 128, num, idx, fnum, fidx, &m2) != FAJIT_OK ||
       strcmp(fajit_block_mask_to_string(m2, 0, 0), fajit_block_mask_to_string(m, 0, 0)) != 0) {

@@ -297,6 +297,82 @@ std::vector<Case> builder_cases() {
   return cases;
 }
 
+std::vector<int32_t> download_ints(const int* p, size_t n) {
+  std::vector<int32_t> v(n);
+  if (n) FA_CU(cuMemcpyDtoH, v.data(), reinterpret_cast<CUdeviceptr>(p), n * sizeof(int32_t));
+  return v;
+}
+
+std::vector<uint8_t> download_bytes(const unsigned char* p, size_t n) {
+  std::vector<uint8_t> v(n);
+  if (n) FA_CU(cuMemcpyDtoH, v.data(), reinterpret_cast<CUdeviceptr>(p), n);
+  return v;
+}
+
+// The tables a mask built on the device holds there (all eight, and fill()'s sub-block kinds in
+// kv_indices' order) equal those the host derives from the same kinds (`host`, a host mask).
+void expect_same_device_tables(const fa::BlockMask& dev, const fa::BlockMask& host) {
+  ASSERT_TRUE(dev.built_on_device());
+  ASSERT_FALSE(host.built_on_device());
+  fa::rt::ContextGuard guard;
+  const fa::BlockMaskDeviceTables t = dev.device_tables();
+  FA_CU(cuCtxSynchronize);
+  EXPECT_EQ(download_ints(t.kv_num_blocks, host.kv_num_blocks().size()), host.kv_num_blocks());
+  EXPECT_EQ(download_ints(t.kv_indices, host.kv_indices().size()), host.kv_indices());
+  EXPECT_EQ(download_ints(t.full_kv_num_blocks, host.full_kv_num_blocks().size()), host.full_kv_num_blocks());
+  EXPECT_EQ(download_ints(t.full_kv_indices, host.full_kv_indices().size()), host.full_kv_indices());
+  EXPECT_EQ(download_ints(t.q_num_blocks, host.q_num_blocks().size()), host.q_num_blocks());
+  EXPECT_EQ(download_ints(t.q_indices, host.q_indices().size()), host.q_indices());
+  EXPECT_EQ(download_ints(t.full_q_num_blocks, host.full_q_num_blocks().size()), host.full_q_num_blocks());
+  EXPECT_EQ(download_ints(t.full_q_indices, host.full_q_indices().size()), host.full_q_indices());
+  FaBlockTables fd{}, fh{};
+  dev.fill(fd);
+  host.fill(fh);
+  EXPECT_EQ(fd.kv_indices, t.kv_indices);
+  EXPECT_EQ(fd.row_stride_b, fh.row_stride_b);
+  EXPECT_EQ(fd.row_stride_h, fh.row_stride_h);
+  EXPECT_EQ(fd.num_q_blocks, fh.num_q_blocks);
+  EXPECT_EQ(fd.q_block, fh.q_block);
+  ASSERT_EQ(fd.kv_sub_kinds == nullptr, fh.kv_sub_kinds == nullptr);
+  if (fh.kv_sub_kinds) {
+    const size_t tiles = host.kinds().size();
+    EXPECT_EQ(download_bytes(fd.kv_sub_kinds, tiles), download_bytes(fh.kv_sub_kinds, tiles));
+  }
+  FaBlockTables td{}, th{};
+  dev.fill_transposed(td);
+  host.fill_transposed(th);
+  EXPECT_EQ(td.kv_indices, t.q_indices);
+  EXPECT_EQ(td.row_stride_h, th.row_stride_h);
+  EXPECT_EQ(td.num_q_blocks, th.num_q_blocks);
+}
+
+// The same mask built on the device (the builder's tables and regroup kernels): its kinds and
+// tables, and those of every regrouping the forward kernels ask for, equal the host's.
+void expect_built_on_device(const char* name, const FaCaptures& cap, int bm, int hm, const Case& c,
+                            const fa::BlockMask& host_mask, fa::rt::BlockMaskBuildOptions opt) {
+  opt.tables = kernel((std::string(name) + "_tables").c_str());
+  opt.regroup = kernel((std::string(name) + "_regroup").c_str());
+  fa::BlockMask dev = fa::rt::build_block_mask(kernel(name), cap, bm, hm, c.len_q, c.len_kv, opt);
+  ASSERT_TRUE(dev.built_on_device());
+  EXPECT_FALSE(dev.on_device());  // not the caller's tables: nothing is copied back per call
+  EXPECT_FALSE(dev.regroupable());
+  ASSERT_EQ(dev.kinds(), host_mask.kinds());
+  expect_same_device_tables(dev, host_mask);
+  fa::BlockMask host = host_mask.host_copy();
+  EXPECT_EQ(dev.host_copy().kinds(), host.kinds());
+  host.set_matches_mask_mod();
+  dev.set_matches_mask_mod();
+  const int sizes[][2] = {{192, 128}, {192, 112}, {256, 128}, {128, 64}, {64, 64}, {64, 128}, {128, 176}};
+  for (auto [qb, kb] : sizes) {
+    SCOPED_TRACE(::testing::Message() << "regrouped " << qb << "x" << kb);
+    const fa::BlockMask& r = dev.regrouped(qb, kb);
+    EXPECT_EQ(&dev.regrouped(qb, kb), &r);  // once per size
+    ASSERT_EQ(r.kinds(), host.regrouped(qb, kb).kinds());
+    EXPECT_EQ(r.sub_kinds(), host.regrouped(qb, kb).sub_kinds());
+    expect_same_device_tables(r, host.regrouped(qb, kb).host_copy());
+  }
+}
+
 void expect_built(const char* name, const FaCaptures& cap, int bm, int hm, const fa::test::MaskFn& ref,
                   const Case& c) {
   SCOPED_TRACE(::testing::Message() << name << " B=" << bm << " H=" << hm << " Lq=" << c.len_q
@@ -309,6 +385,7 @@ void expect_built(const char* name, const FaCaptures& cap, int bm, int hm, const
   ASSERT_EQ(m.kinds(), kinds);
   const auto r = fa::test::reference_tables(kinds, bm, hm, m.num_q_blocks(), m.num_kv_blocks());
   fa::test::expect_tables(m, r);
+  expect_built_on_device(name, cap, bm, hm, c, m, opt);
 }
 
 TEST_F(Gpu, BuildCausal) {
@@ -372,6 +449,15 @@ TEST_F(Gpu, KnownKindsAreNotEvaluated) {
   ref[7 * 8 + 0] = 0;
   ref[0 * 8 + 7] = 2;
   EXPECT_EQ(kinds, ref);
+  // The same on the device: the known kinds go up through a pinned staging buffer.
+  opt.tables = kernel("fa_bm_causal_tables");
+  opt.regroup = kernel("fa_bm_causal_regroup");
+  for (int round = 0; round < 3; ++round) {  // the staging buffer is reused
+    const fa::BlockMask d = fa::rt::build_block_mask(kernel("fa_bm_causal"), cap, 1, 1, 1000, 1000, opt);
+    EXPECT_EQ(d.kinds(), ref);
+    expect_same_device_tables(d, fa::BlockMask::from_kinds(1, 1, 1000, 1000, ref));
+  }
+  opt.tables = opt.regroup = nullptr;
   opt.known.resize(3);
   try {
     fa::rt::classify_blocks(kernel("fa_bm_causal"), cap, 1, 1, 1000, 1000, opt);
@@ -397,8 +483,22 @@ TEST_F(Gpu, BuildLargeCausalAndTime) {
   EXPECT_EQ(d.partial, 256);
   EXPECT_EQ(d.full, 32640);
   EXPECT_EQ(d.empty, 32640);
-  std::printf("causal 32768x32768 block mask: classify %.2f ms, with host tables %.2f ms\n", classify_ms,
-              total_ms);
+  fa::rt::BlockMaskBuildOptions opt;
+  opt.tables = kernel("fa_bm_causal_tables");
+  opt.regroup = kernel("fa_bm_causal_regroup");
+  const auto t0 = std::chrono::steady_clock::now();
+  fa::BlockMask dev = fa::rt::build_block_mask(fn, cap, 1, 1, 32768, 32768, opt);
+  const double launch_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  fa::rt::synchronize(nullptr);
+  const double device_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(dev.kinds(), kinds);
+  expect_same_device_tables(dev, m);
+  std::printf(
+      "causal 32768x32768 block mask: classify %.2f ms, with host tables %.2f ms; built on the device: "
+      "%.3f ms to return, %.2f ms done\n",
+      classify_ms, total_ms, launch_ms, device_ms);
 }
 
 TEST_F(Gpu, BuildOnAStream) {
@@ -410,10 +510,23 @@ TEST_F(Gpu, BuildOnAStream) {
   fa::rt::BlockMaskBuildOptions opt;
   opt.stream = stream;
   opt.q_block = 64;
-  fa::BlockMask m = fa::rt::build_block_mask(kernel("fa_bm_causal"), cap, 1, 1, 3000, 2000, opt);
+  const auto ref =
+      fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1, 3000, 2000, 64, 128);
+  {
+    fa::BlockMask m = fa::rt::build_block_mask(kernel("fa_bm_causal"), cap, 1, 1, 3000, 2000, opt);
+    EXPECT_EQ(m.kinds(), ref);
+    // Built on the device on that stream: the mask's memory is freed on it (the stream outlives it).
+    opt.tables = kernel("fa_bm_causal_tables");
+    opt.regroup = kernel("fa_bm_causal_regroup");
+    fa::BlockMask d = fa::rt::build_block_mask(kernel("fa_bm_causal"), cap, 1, 1, 3000, 2000, opt);
+    d.set_matches_mask_mod();
+    const fa::BlockMask& r = d.regrouped(192, 128);  // on the mask's stream
+    EXPECT_EQ(d.kinds(), ref);
+    expect_same_device_tables(d, m);
+    m.set_matches_mask_mod();
+    expect_same_device_tables(r, m.regrouped(192, 128).host_copy());
+  }
   FA_CU(cuStreamDestroy, stream);
-  EXPECT_EQ(m.kinds(), fa::test::reference_kinds([](int, int, int q, int kv) { return kv <= q; }, 1, 1, 3000,
-                                                 2000, 64, 128));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "fajit/mods.h"
 #include "fajit/runtime/device.h"
 #include "fajit/runtime/driver.h"
+#include "fajit/runtime/memory.h"
 
 struct fajit_kernel {
   fa::Kernel kernel;
@@ -607,11 +608,22 @@ fajit_status fajit_block_mask_get_info(const fajit_block_mask* m, fajit_block_ma
   });
 }
 
+// The number of entries of table `which` (fajit_block_table's order), from the mask's sizes.
+size_t table_entries(const fa::BlockMask& b, int which) {
+  const size_t groups = size_t(b.batch()) * b.heads();
+  const size_t rows = groups * size_t(which < FAJIT_Q_NUM_BLOCKS ? b.num_q_blocks() : b.num_kv_blocks());
+  return which % 2 == 0 ? rows : groups * b.num_q_blocks() * b.num_kv_blocks();
+}
+
 fajit_status fajit_block_mask_table(const fajit_block_mask* m, fajit_block_table which, int32_t* out,
                                     size_t count, size_t* size) {
   return guarded([&] {
     require(m, "mask");
     const fa::BlockMask& b = m->mask;
+    if (which >= FAJIT_KV_NUM_BLOCKS && which <= FAJIT_FULL_Q_INDICES && !out && count == 0) {
+      if (size) *size = table_entries(b, which);  // a size alone: no table is built (or copied back)
+      return;
+    }
     const std::vector<int32_t>* t = nullptr;
     switch (which) {
       case FAJIT_KV_NUM_BLOCKS: t = &b.kv_num_blocks(); break;
@@ -630,6 +642,49 @@ fajit_status fajit_block_mask_table(const fajit_block_mask* m, fajit_block_table
     if (count != t->size())
       throw fa::Error(fmt::format("count: the table holds {} entries, got {}", t->size(), count));
     std::memcpy(out, t->data(), t->size() * sizeof(int32_t));
+  });
+}
+
+fajit_status fajit_block_mask_copy_tables(const fajit_block_mask* m, int32_t* out, size_t count,
+                                          void* cu_stream) {
+  return guarded([&] {
+    require(m, "mask");
+    const fa::BlockMask& b = m->mask;
+    size_t total = 0;
+    for (int i = FAJIT_KV_NUM_BLOCKS; i <= FAJIT_FULL_Q_INDICES; ++i) total += table_entries(b, i);
+    if (count != total)
+      throw fa::Error(fmt::format("count: the eight tables hold {} entries, got {}", total, count));
+    require(out, "out");
+    auto stream = static_cast<CUstream>(cu_stream);
+    fa::rt::ContextGuard guard;
+    const auto dst = reinterpret_cast<CUdeviceptr>(out);
+    if (b.built_on_device()) {
+      const fa::BlockMaskDeviceTables d = b.device_tables();
+      const int* src[] = {d.kv_num_blocks, d.kv_indices, d.full_kv_num_blocks, d.full_kv_indices,
+                          d.q_num_blocks,  d.q_indices,  d.full_q_num_blocks,  d.full_q_indices};
+      size_t at = 0;
+      for (int i = 0; i < 8; ++i) {
+        const size_t bytes = table_entries(b, i) * sizeof(int32_t);
+        if (bytes) FA_CU(cuMemcpyDtoDAsync, dst + at, reinterpret_cast<CUdeviceptr>(src[i]), bytes, stream);
+        at += bytes;
+      }
+      return;
+    }
+    const std::vector<int32_t>* src[] = {&b.kv_num_blocks(),     &b.kv_indices(),    &b.full_kv_num_blocks(),
+                                         &b.full_kv_indices(),   &b.q_num_blocks(),  &b.q_indices(),
+                                         &b.full_q_num_blocks(), &b.full_q_indices()};
+    std::vector<int32_t> all;
+    all.reserve(total);
+    for (const std::vector<int32_t>* t : src) all.insert(all.end(), t->begin(), t->end());
+    fa::rt::upload_staged(dst, all.data(), all.size() * sizeof(int32_t), stream);
+  });
+}
+
+fajit_status fajit_block_mask_built_on_device(const fajit_block_mask* m, int* out) {
+  return guarded([&] {
+    require(m, "mask");
+    require(out, "out");
+    *out = m->mask.built_on_device() ? 1 : 0;
   });
 }
 

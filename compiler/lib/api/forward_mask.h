@@ -14,8 +14,9 @@ namespace fa::detail {
 // mask's kv blocks are always the tile's, wider ones split (exact for any tables). Throws what
 // BlockMask::regrouped throws.
 // A mask over device tables (BlockMask::on_device) that needs regrouping is regrouped from
-// *copy, which is made from the tables at the first such need (`copy` null: an error).
+// *copy, which is made from the tables at the first such need (`copy` null: an error). A mask
+// built on the device (BlockMask::built_on_device) is regrouped there, on `stream`.
 const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask,
-                              std::optional<BlockMask>* copy = nullptr);
+                              std::optional<BlockMask>* copy = nullptr, Stream stream = nullptr);
 
 }  // namespace fa::detail

@@ -66,7 +66,8 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   return c;
 }
 
-const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, std::optional<BlockMask>* copy) {
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, std::optional<BlockMask>* copy,
+                              Stream stream) {
   const TileConfig& t = s.tile;
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
   const int qb = mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m;
@@ -79,7 +80,7 @@ const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, std::o
     from = &**copy;
   }
   // regrouped() returns the mask itself where both sizes stay.
-  const BlockMask& m = from->regrouped(qb, kb);
+  const BlockMask& m = from->built_on_device() ? from->regrouped(qb, kb, stream) : from->regrouped(qb, kb);
   // The kernel's producer and consumers would walk other tiles than the tables list.
   if (one_tile_per_kv_block && m.kv_block() != t.block_n)
     throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
@@ -338,6 +339,9 @@ class MaskBuilder {
     o.kv_block = options.kv_block;
     o.stream = reinterpret_cast<CUstream>(stream);
     o.known = std::move(a.kinds);  // kUndecided: evaluate element by element on the GPU
+    // The tables are built on the GPU too: nothing comes back to the host, nothing waits.
+    o.tables = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_tables");
+    o.regroup = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_regroup");
     return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
   }
 
@@ -443,26 +447,6 @@ struct CallMaskCopy {
     } catch (...) {  // a destructor reports nothing: the launch's own error reaches the caller
     }
   }
-};
-
-// Stream-ordered device scratch (rt::stream_alloc: fajit's pool): allocated on `stream`, freed on
-// it after the work queued so far.
-class StreamScratch {
- public:
-  // `what` names the use in an out-of-memory error ("the backward's fp32 dQ accumulator").
-  StreamScratch(size_t bytes, CUstream stream, std::string_view what) : stream_(stream) {
-    ptr_ = rt::stream_alloc(bytes, stream_, what);
-  }
-  ~StreamScratch() {
-    if (ptr_) rt::driver().cuMemFreeAsync(ptr_, stream_);  // best effort: a destructor reports nothing
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  float* f32() const { return reinterpret_cast<float*>(static_cast<uintptr_t>(ptr_)); }
-
- private:
-  CUdeviceptr ptr_ = 0;
-  CUstream stream_;
 };
 
 // The FaGradBuffers block of BackwardOptions::buffer_grads: each name must be a captured f32
@@ -739,9 +723,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     dp.splits = static_cast<int>(splits);
     const size_t part_rows = size_t(shape.batch) * shape.heads_q * shape.len_q;
     const size_t per_row = size_t(shape.dim_v) + (row_max ? 3 : 2);  // O, m, l (and the part's max)
-    StreamScratch scratch(size_t(splits) * part_rows * per_row * sizeof(float), st,
-                          fmt::format("the decoding kernel's {} fp32 partial results", splits));
-    dp.o_part = scratch.f32();
+    rt::StreamBuffer scratch(size_t(splits) * part_rows * per_row * sizeof(float), st,
+                             fmt::format("the decoding kernel's {} fp32 partial results", splits));
+    dp.o_part = scratch.as<float>();
     dp.m_part = dp.o_part + size_t(splits) * part_rows * shape.dim_v;
     dp.l_part = dp.m_part + size_t(splits) * part_rows;
     dp.x_part = row_max ? dp.l_part + size_t(splits) * part_rows : nullptr;
@@ -778,10 +762,10 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     CUstream st;
     bool persistent;  // the persistent Hopper forward: its work counter, zeroed on the stream
     void operator()() {
-      std::optional<StreamScratch> counter;
+      std::optional<rt::StreamBuffer> counter;
       if (persistent) {
         counter.emplace(sizeof(int), st, "the persistent forward's work counter");
-        params.tile_counter = reinterpret_cast<int*>(counter->f32());
+        params.tile_counter = counter->as<int>();
         FA_CU(cuMemsetD32Async, reinterpret_cast<CUdeviceptr>(params.tile_counter), 0u, 1, st);
       }
       void* args[] = {&params, cap, &maps, &qmaps};
@@ -818,7 +802,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
                     maps,
                     qmaps,
                     with_max(with_sequences(rt::make_fwd_params(
-                        q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.copy)))),
+                        q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.copy, stream)))),
                     cap.data(),
                     st,
                     persistent};
@@ -952,9 +936,9 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
                                : size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
   const size_t accum_floats = det ? 0 : rows * size_t(shape.dim_qk);
-  StreamScratch scratch((delta_floats + accum_floats) * sizeof(float), st,
-                        "the backward's fp32 scratch (delta, dQ accumulator)");
-  float* delta = scratch.f32();
+  rt::StreamBuffer scratch((delta_floats + accum_floats) * sizeof(float), st,
+                           "the backward's fp32 scratch (delta, dQ accumulator)");
+  float* delta = scratch.as<float>();
   float* dq_accum = det ? nullptr : delta + delta_floats;
   const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, dlse};
   FaBwdParams p = rt::make_bwd_params(t, scale, mask, delta, dq_accum);

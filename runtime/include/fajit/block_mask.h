@@ -27,6 +27,7 @@
 
 #include "fajit/export.h"
 #include "fajit/params.h"
+#include "fajit/types.h"
 
 namespace fa {
 
@@ -109,6 +110,22 @@ class FA_API BlockMask {
   // lags the tables; inside a CUDA-graph capture that copy fails with the driver's error.
   BlockMask host_copy() const;
 
+  // Whether the mask was classified on the device with its tables built there: what
+  // fa::create_block_mask, BlockMaskFactory::build and Kernel::block_mask return where the GPU
+  // evaluates mask_mod. Building one copies nothing to the host and waits for nothing, so a
+  // mask made every training step costs no sync; the kernels read its tables in place (the
+  // backward's transposed ones too) and regrouped() regroups it on the device. Its memory is
+  // ordered on the stream it was built on: use the mask there (or order other streams after it)
+  // and keep that stream alive while the mask lives. kinds(), density(), to_string() and the
+  // host getters read one copy of its kinds, made at the first such call (after
+  // cuCtxSynchronize); host_copy() is a host mask of them.
+  bool built_on_device() const;
+  // A built-on-device mask over `kinds` (fajit/runtime/block_mask_builder.h), of Bm = batch and
+  // Hm = heads, in the current context. fa::rt::build_block_mask makes them.
+  struct DeviceKinds;
+  static BlockMask from_device_kinds(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block,
+                                     int kv_block, std::shared_ptr<const DeviceKinds> kinds);
+
   // Every tile full (no mask_mod).
   static BlockMask all_full(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block = kDefaultBlock,
                             int kv_block = kDefaultBlock);
@@ -165,7 +182,10 @@ class FA_API BlockMask {
   // It also splits wider kv blocks to its BLOCK_N (one tile a block): a mask of 128-key blocks
   // on a 64-key tile (V head dims above 128) holds a second set of tables (8 bytes a tile, built
   // and uploaded on the first call with that tile: ~20 ms a million tiles on the 2-core build box).
+  // A built-on-device mask is regrouped on the device, on the stream it was built on, or with
+  // the second form on `stream` (a kernel call's), each size once.
   const BlockMask& regrouped(int q_block, int kv_block) const;
+  const BlockMask& regrouped(int q_block, int kv_block, Stream stream) const;
   // Whether regrouped() may merge the mask's blocks: matches_mask_mod(), or every tile has the
   // same kind (an all-full mask regroups exactly whatever the mask_mod; not looked for in device
   // tables, whose kinds would cost a sync: false there). Splitting needs neither.

@@ -53,6 +53,9 @@ namespace fa::rt {
   X(cuMemcpyDtoH)                   \
   X(cuMemcpyHtoDAsync)              \
   X(cuMemcpyDtoHAsync)              \
+  X(cuMemcpyDtoDAsync)              \
+  X(cuMemHostAlloc)                 \
+  X(cuMemFreeHost)                  \
   X(cuMemsetD8)                     \
   X(cuMemsetD32)                    \
   X(cuMemsetD8Async)                \
@@ -68,6 +71,7 @@ namespace fa::rt {
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \
   X(cuEventSynchronize)             \
+  X(cuEventQuery)                   \
   X(cuEventElapsedTime)             \
   X(cuTensorMapEncodeTiled)
 

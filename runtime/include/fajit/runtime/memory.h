@@ -27,6 +27,44 @@ void check_allocation(CUresult result, size_t bytes, std::string_view what);
 // cuMemAllocAsync. Out of memory throws check_allocation's error.
 CUdeviceptr stream_alloc(size_t bytes, CUstream stream, std::string_view what);
 
+// A move-only owner of stream_alloc'ed memory: allocated on `stream` in the current (or primary)
+// context, freed on the same stream (after the work queued there) in that context. The stream
+// must outlive the buffer.
+class StreamBuffer {
+ public:
+  StreamBuffer() = default;
+  StreamBuffer(size_t bytes, CUstream stream, std::string_view what);
+  ~StreamBuffer();  // failures are not reported: the memory goes back to the pool or is lost
+  StreamBuffer(StreamBuffer&& other) noexcept;
+  StreamBuffer& operator=(StreamBuffer&& other) noexcept;
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+
+  CUdeviceptr ptr() const { return ptr_; }
+  template <typename T>
+  T* as(size_t offset = 0) const {
+    return reinterpret_cast<T*>(static_cast<uintptr_t>(ptr_ + offset));
+  }
+  size_t size() const { return size_; }
+  CUstream stream() const { return stream_; }
+  CUcontext context() const { return ctx_; }
+  explicit operator bool() const { return ptr_ != 0; }
+
+  void reset() noexcept;  // frees now (on its stream)
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  size_t size_ = 0;
+  CUstream stream_ = nullptr;
+  CUcontext ctx_ = nullptr;
+};
+
+// Copies `bytes` of pageable host memory to device address `dst` on `stream` without waiting for
+// the stream: through a page-locked staging buffer of the current context, reused once the copy
+// from it is done (an event per buffer). An asynchronous copy straight from pageable memory may
+// wait for the work queued on the stream first.
+void upload_staged(CUdeviceptr dst, const void* host, size_t bytes, CUstream stream);
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
