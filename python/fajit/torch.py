@@ -31,6 +31,7 @@ captured tensors reach the graph from a module-level registry.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes as C
 import hashlib
 import math
@@ -762,7 +763,8 @@ class BlockMask:
         bs = mask.BLOCK_SIZE if isinstance(mask.BLOCK_SIZE, tuple) else (mask.BLOCK_SIZE, mask.BLOCK_SIZE)
         device = mask.kv_num_blocks.device
         handle = _mask_for(_kv_tables(mask), (int(lens[0]), int(lens[1]), int(bs[0]), int(bs[1])), 0, 0, device)
-        _, t = _mask_tables(handle, device)
+        with _on_device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _, t = _mask_tables(handle, device)
         return cls(handle, t, lens, bs, mask.mask_mod)
 
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include <sys/mman.h>
@@ -75,6 +76,8 @@ struct BlockMask::State {
   std::mutex mutex;
   std::map<CUcontext, Device> devices;
   std::map<std::pair<int, int>, BlockMask> regrouped;  // by (q_block, kv_block) (under mutex)
+  // A built-on-device mask's, by (q_block, kv_block, stream) (under mutex).
+  std::map<std::tuple<int, int, CUstream>, BlockMask> device_regrouped;
 };
 
 namespace {
@@ -658,6 +661,49 @@ BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
   return *this;
 }
 
+namespace {
+
+// Throws unless a mask of s's blocks may be regrouped into q_block x kv_block (`regroupable`: its
+// blocks may merge).
+void check_regroup_of(const State& s, bool regroupable, int q_block, int kv_block) {
+  if (s.device_kv)  // a kept regrouping would be a snapshot the kernels read after the tables changed
+    throw Error(fmt::format(
+        "block mask: its tables are on the device (from_device_kv_blocks), so its {}x{} blocks are not "
+        "regrouped into {}x{}; regroup a host_copy() (the tables as they are now)",
+        s.q_block, s.kv_block, q_block, kv_block));
+  // Splitting blocks (each new one inside one source block) keeps every tile's kind whatever the
+  // tables say: a full block's parts are full, an empty one's empty, a partial one's partial.
+  const bool splits = q_block > 0 && kv_block > 0 && s.q_block % q_block == 0 && s.kv_block % kv_block == 0;
+  if (!splits && !regroupable)
+    throw Error(fmt::format(
+        "block mask: its {}x{} blocks can be regrouped into {}x{} only when the tables agree with mask_mod "
+        "(a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; given tables, "
+        "build them with blocks {}x{}",
+        s.q_block, s.kv_block, q_block, kv_block, q_block, kv_block));
+}
+
+// How many 64-row sub-blocks (the Hopper forward's consumer warpgroups) a mask of s's blocks
+// regrouped along q into q_block rows keeps kinds of (0: none).
+int sub_blocks(const State& s, int q_block) {
+  const int n = q_block / 64;
+  return q_block != s.q_block && q_block % 64 == 0 && n >= 2 && n <= 4 ? n : 0;
+}
+
+}  // namespace
+
+BlockMask BlockMask::regrouped_now(int q_block, int kv_block, Stream stream) const {
+  const State& s = state();
+  if (!s.device_kinds || (q_block == s.q_block && kv_block == s.kv_block))
+    return regrouped(q_block, kv_block);
+  check_regroup_of(s, regroupable(), q_block, kv_block);
+  auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, kv_block);
+  r->matches_mask_mod = s.matches_mask_mod;
+  r->device_kinds =
+      rt::regroup_device_kinds(*s.device_kinds, s.batch * s.heads, s.len_q, s.len_kv, s.q_block, s.kv_block,
+                               q_block, kv_block, sub_blocks(s, q_block), reinterpret_cast<CUstream>(stream));
+  return BlockMask(std::move(r));
+}
+
 const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
   const State& s = state();
   return regrouped(q_block, kv_block,
@@ -667,20 +713,17 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
 const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) const {
   const State& s = state();
   if (q_block == s.q_block && kv_block == s.kv_block) return *this;
-  if (s.device_kv)  // a kept regrouping would be a snapshot the kernels read after the tables changed
-    throw Error(fmt::format(
-        "block mask: its tables are on the device (from_device_kv_blocks), so its {}x{} blocks are not "
-        "regrouped into {}x{}; regroup a host_copy() (the tables as they are now)",
-        s.q_block, s.kv_block, q_block, kv_block));
-  // Splitting blocks (each new one inside one source block) keeps every tile's kind whatever the
-  // tables say: a full block's parts are full, an empty one's empty, a partial one's partial.
-  const bool splits = q_block > 0 && kv_block > 0 && s.q_block % q_block == 0 && s.kv_block % kv_block == 0;
-  if (!splits && !regroupable())
-    throw Error(fmt::format(
-        "block mask: its {}x{} blocks can be regrouped into {}x{} only when the tables agree with mask_mod "
-        "(a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile; given tables, "
-        "build them with blocks {}x{}",
-        s.q_block, s.kv_block, q_block, kv_block, q_block, kv_block));
+  check_regroup_of(s, regroupable(), q_block, kv_block);
+  if (s.device_kinds) {  // on the device, once per stream: later uses there are ordered after it
+    if (rt::stream_is_capturing(reinterpret_cast<CUstream>(stream)))
+      throw Error(
+          "block mask: a mask built on the device is not kept regrouped from inside a CUDA-graph capture; "
+          "use regrouped_now()");
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const auto key = std::make_tuple(q_block, kv_block, reinterpret_cast<CUstream>(stream));
+    if (auto it = state_->device_regrouped.find(key); it != state_->device_regrouped.end()) return it->second;
+    return state_->device_regrouped.emplace(key, regrouped_now(q_block, kv_block, stream)).first->second;
+  }
   std::lock_guard<std::mutex> lock(state_->mutex);
   const std::pair<int, int> key{q_block, kv_block};
   if (auto it = state_->regrouped.find(key); it != state_->regrouped.end()) return it->second;
@@ -689,15 +732,7 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) 
   // 64-row sub-blocks (the Hopper forward's consumer warpgroups) of blocks regrouped along q:
   // kinds of their own, so a warpgroup skips a tile its rows do not see (rows past len_q see
   // nothing).
-  constexpr int kSub = 64;
-  const int n_sub = q_block / kSub;
-  const bool with_sub = q_block != s.q_block && q_block % kSub == 0 && n_sub >= 2 && n_sub <= 4;
-  if (s.device_kinds) {  // on the device, in the call's stream order
-    r->device_kinds =
-        rt::regroup_device_kinds(*s.device_kinds, s.batch * s.heads, s.len_q, s.len_kv, s.q_block, s.kv_block,
-                                 q_block, kv_block, with_sub ? n_sub : 0, reinterpret_cast<CUstream>(stream));
-    return state_->regrouped.emplace(key, BlockMask(std::move(r))).first->second;
-  }
+  const int n_sub = sub_blocks(s, q_block);
   // The source blocks [first, last] a new block of `block` overlaps along one axis (positions
   // past the length are not part of any tile).
   auto span = [](int i, int block, int64_t len, int source) {
@@ -717,6 +752,8 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) 
         if (src[kb] != join) join = uint8_t(BlockKind::kPartial);
     return join;
   };
+  const bool with_sub = n_sub > 0;
+  constexpr int kSub = 64;
   if (with_sub) r->sub_kinds.resize(r->kinds.size());
   for (int64_t g = 0; g < groups; ++g)
     for (int i = 0; i < r->nq; ++i) {

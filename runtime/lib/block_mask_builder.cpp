@@ -175,6 +175,10 @@ BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int 
                                       [](uint8_t k) { return k != uint8_t(BlockKind::kUndecided); });
   const int groups = batch * heads;
   ContextGuard guard;
+  if (stream_is_capturing(options.stream))
+    throw Error(
+        "block mask: not built while its stream is capturing a CUDA graph; build it before the capture (the "
+        "graph's launches read its tables in place)");
   auto d = std::make_shared<BlockMask::DeviceKinds>();
   d->context = guard.context();
   d->stream = options.stream;

@@ -143,12 +143,10 @@ void upload_staged(CUdeviceptr dst, const void* host, size_t bytes, CUstream str
   ContextGuard guard;
   std::lock_guard<std::mutex> lock(mu);
   std::vector<Staging>& list = staging[guard.context()];
-  Staging* use = nullptr;
+  Staging* use = nullptr;  // the smallest free one that holds the copy
   for (Staging& s : list)
-    if (s.size >= bytes && driver().cuEventQuery(s.done) == CUDA_SUCCESS) {
+    if (s.size >= bytes && (!use || s.size < use->size) && driver().cuEventQuery(s.done) == CUDA_SUCCESS)
       use = &s;
-      break;
-    }
   if (!use) {
     Staging s;
     s.size = std::max<size_t>(bytes, size_t(64) << 10);
@@ -162,7 +160,10 @@ void upload_staged(CUdeviceptr dst, const void* host, size_t bytes, CUstream str
   }
   std::memcpy(use->host, host, bytes);
   FA_CU(cuMemcpyHtoDAsync, dst, use->host, bytes, stream);
-  FA_CU(cuEventRecord, use->done, stream);
+  if (const CUresult r = driver().cuEventRecord(use->done, stream); r != CUDA_SUCCESS) {
+    use->size = 0;  // the copy may still be queued: the buffer is never handed out again
+    check(r, "cuEventRecord");
+  }
 }
 
 void check_allocation(CUresult result, size_t bytes, std::string_view what) {

@@ -22,9 +22,11 @@
 #define FA_BLOCK_MASK_THREADS 256
 // Elements each thread evaluates between two CTA-wide votes; a tile stops early once it has
 // seen both a true and a false element (it is partial whatever the rest holds).
-#define FA_BLOCK_MASK_ELEMS_PER_VOTE 4
+#define FA_BLOCK_MASK_ELEMS_PER_VOTE 8
 
-// Kind of one tile, computed by the whole CTA (every thread returns the same value).
+// Kind of one tile, computed by the whole CTA (every thread returns the same value). Elements go
+// row-major within the tile, neighbouring threads on neighbouring kv positions; each thread
+// steps its (row, column) by the CTA's width without a division per element.
 template <class Mods>
 __device__ __forceinline__ int fa_block_mask_tile(const FaBlockMaskParams& p, const FaCaptures& cap, int b,
                                                   int h, int qb, int kb) {
@@ -35,19 +37,23 @@ __device__ __forceinline__ int fa_block_mask_tile(const FaBlockMaskParams& p, co
   const int kv_count = p.len_kv - kv0 < p.kv_block ? p.len_kv - kv0 : p.kv_block;
   const int elems = q_count * kv_count;
   const int step = FA_BLOCK_MASK_THREADS * FA_BLOCK_MASK_ELEMS_PER_VOTE;
+  const int row_step = FA_BLOCK_MASK_THREADS / kv_count, col_step = FA_BLOCK_MASK_THREADS % kv_count;
+  int qi = (int)threadIdx.x / kv_count, ki = (int)threadIdx.x % kv_count;
   int any_true = 0, any_false = 0;
   int seen_true = 0, seen_false = 0;
   for (int base = 0; base < elems; base += step) {
 #pragma unroll
     for (int j = 0; j < FA_BLOCK_MASK_ELEMS_PER_VOTE; ++j) {
-      // Row-major within the tile: neighbouring threads read neighbouring kv positions.
-      const int e = base + j * FA_BLOCK_MASK_THREADS + (int)threadIdx.x;
-      if (e < elems) {
-        const int qi = e / kv_count;
-        const int ki = e - qi * kv_count;
+      if (base + j * FA_BLOCK_MASK_THREADS + (int)threadIdx.x < elems) {
         const bool keep = Mods::mask_mod(b, h, q0 + qi, kv0 + ki, cap);
         any_true |= keep ? 1 : 0;
         any_false |= keep ? 0 : 1;
+      }
+      qi += row_step;
+      ki += col_step;
+      if (ki >= kv_count) {
+        ki -= kv_count;
+        ++qi;
       }
     }
     seen_true = __syncthreads_or(any_true);

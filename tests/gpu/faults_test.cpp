@@ -1,6 +1,7 @@
 // Out of device memory (issue 13's runtime faults): with the GPU's memory taken by a hog, the
-// calls that allocate — a block mask's tables (uploaded by the first forward that uses them), the backward's
-// fp32 scratch, the decoding kernel's partial results — throw fa::Error naming the allocation; nothing leaks
+// calls that allocate — a block mask's tables (uploaded by the first forward that uses them, or built
+// on the GPU), the backward's fp32 scratch, the decoding kernel's partial results — throw fa::Error
+// naming the allocation; nothing leaks
 // (a second hog gets as much memory as the first); and once the hog is gone the same calls
 // give the same bits as before it.
 #include <gtest/gtest.h>
@@ -108,6 +109,12 @@ TEST(Faults, OutOfDeviceMemoryIsAClearErrorAndTheProcessKeepsWorking) {
     return std::vector<std::vector<uint16_t>>{b.bits(b.o), b.bits(b.dq), b.bits(b.dk), b.bits(b.dv)};
   };
   const fa::BlockMask mask = kern.block_mask(B, H, L, L, cap), mask1 = kern.block_mask(B, H, 1, L, cap);
+  // A mask the GPU builds, tables and all (dilated: the symbolic analysis leaves its tiles to the
+  // GPU), its builder compiled before the hog.
+  const fa::BlockMaskFactory dilated(fa::mods::dilated_sliding_window(), opts);
+  fa::Captures dcap;
+  dcap.scalar("window", 300).scalar("dilation", 3);
+  ASSERT_TRUE(dilated.build(B, H, L, L, dcap).built_on_device());
   const auto before = run(mask);
   // One query row through the decoding kernel, once before the hog so mask1's tables are on
   // the device: under the hog only the decoder's own scratch is left to allocate.
@@ -139,6 +146,7 @@ TEST(Faults, OutOfDeviceMemoryIsAClearErrorAndTheProcessKeepsWorking) {
       const fa::BlockMask fresh = kern.block_mask(B, H, L, L, cap);
       kern.forward(b.t(b.q), b.t(b.k), b.t(b.v), b.t(b.o), fresh, cap, fo);
     });
+    expect_oom("the block mask's kinds and tables", [&] { (void)dilated.build(B, H, L, L, dcap); });
     expect_oom("the backward's fp32 scratch", [&] {
       kern.backward(b.t(b.q), b.t(b.k), b.t(b.v), b.t(b.o), lse, b.t(b.dout), b.t(b.dq), b.t(b.dk), b.t(b.dv),
                     mask, cap, bo);

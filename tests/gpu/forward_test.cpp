@@ -882,6 +882,95 @@ TEST(DeviceTables, HostViewsComeFromOneCheckedCopy) {
             "block mask: kv_num_blocks and kv_indices are required (device tables)");
 }
 
+// A mask the GPU builds (document: its tiles are the GPU's to decide) has its tables built there
+// too, and the d64 Hopper forward's 192x128 tile regroups it there: kept per stream; inside a
+// CUDA-graph capture, made for the captured launch (its memory and kernels part of the graph),
+// whose replay gives the eager call's bits. A mask is not built while its stream captures.
+TEST(DeviceBuiltMask, RegroupedPerStreamAndInsideAGraph) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  const FwdCase c{"document", bf16, 64, 64, 2, 4, 2, 1000, 1000};
+  std::shared_ptr<Prepared> p = start(c).get();
+  ASSERT_TRUE(p->mask.built_on_device());
+  fa::rt::ContextGuard guard;
+  CUstream s1 = nullptr, s2 = nullptr, s3 = nullptr;
+  for (CUstream* s : {&s1, &s2, &s3}) FA_CU(cuStreamCreate, s, CU_STREAM_NON_BLOCKING);
+  const auto st1 = reinterpret_cast<fa::Stream>(s1), st2 = reinterpret_cast<fa::Stream>(s2);
+  // A mask of the test's own, built on s1 (its memory freed there: it goes before the streams).
+  std::optional<fa::BlockMask> own(p->kernel->block_mask(c.B, c.Hq, c.Lq, c.Lkv, p->captures, {}, st1));
+  const fa::BlockMask& mask = *own;
+  ASSERT_TRUE(mask.built_on_device());
+  EXPECT_FALSE(mask.on_device());
+  EXPECT_TRUE(mask.regroupable());  // built from the kernel's mask_mod
+  EXPECT_EQ(mask.kinds(), p->mask.kinds());
+  {
+    const fa::BlockMask& r1 = mask.regrouped(192, 128, st1);
+    EXPECT_EQ(&mask.regrouped(192, 128, st1), &r1);  // once per stream
+    EXPECT_NE(&mask.regrouped(192, 128, st2), &r1);
+    EXPECT_TRUE(r1.built_on_device());
+    EXPECT_EQ(r1.kinds(), mask.host_copy().set_matches_mask_mod().regrouped(192, 128).kinds());
+  }
+  fa::rt::DeviceBuffer d_in(p->in_bits.size() * 2);
+  d_in.upload(p->in_bits.data(), p->in_bits.size() * 2);
+  auto* base = d_in.as<uint16_t>();
+  auto view = [&](const Operand& o, int H, int L, int D) {
+    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D},
+                          {o.stride[0], o.stride[1], o.stride[2], 1});
+  };
+  const fa::TensorView q = view(p->q, c.Hq, c.Lq, c.dqk), k = view(p->k, c.Hkv, c.Lkv, c.dqk),
+                       v = view(p->v, c.Hkv, c.Lkv, c.dv);
+  const size_t o_elems = size_t(c.B) * c.Hq * c.Lq * c.dv;
+  fa::rt::DeviceBuffer d_eager(o_elems * 2), d_graph(o_elems * 2);
+  const fa::TensorView o_eager(d_eager.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv}),
+      o_graph(d_graph.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
+  p->kernel->forward(q, k, v, o_eager, mask, p->captures, {}, st1);
+  fa::rt::synchronize(s1);
+  std::vector<uint16_t> eager(o_elems), graphed(o_elems);
+  d_eager.download(eager.data(), o_elems * 2);
+
+  // On s3, where the mask was never regrouped: the captured launch gets a regrouping of its own.
+  d_graph.memset8(0xff);
+  FA_CU(cuStreamBeginCapture, s3, CU_STREAM_CAPTURE_MODE_RELAXED);
+  std::string captured_error;
+  try {
+    p->kernel->forward(q, k, v, o_graph, mask, p->captures, {}, reinterpret_cast<fa::Stream>(s3));
+  } catch (const fa::Error& e) {
+    captured_error = e.what();
+  }
+  CUgraph graph = nullptr;
+  FA_CU(cuStreamEndCapture, s3, &graph);
+  ASSERT_EQ(captured_error, "");
+  ASSERT_NE(graph, nullptr);
+  CUgraphExec exec = nullptr;
+  FA_CU(cuGraphInstantiateWithFlags, &exec, graph, 0);
+  for (int replay = 0; replay < 2; ++replay) {
+    FA_CU(cuGraphLaunch, exec, s3);
+    fa::rt::synchronize(s3);
+    d_graph.download(graphed.data(), o_elems * 2);
+    EXPECT_EQ(graphed, eager) << "replay " << replay;
+    d_graph.memset8(0xff);
+  }
+  FA_CU(cuGraphExecDestroy, exec);
+  FA_CU(cuGraphDestroy, graph);
+
+  // Building a mask inside a capture is refused, naming what to do.
+  FA_CU(cuStreamBeginCapture, s3, CU_STREAM_CAPTURE_MODE_RELAXED);
+  const std::string build_error = error_of([&] {
+    (void)p->kernel->block_mask(c.B, c.Hq, c.Lq, c.Lkv, p->captures, {}, reinterpret_cast<fa::Stream>(s3));
+  });
+  graph = nullptr;
+  FA_CU(cuStreamEndCapture, s3, &graph);
+  if (graph) FA_CU(cuGraphDestroy, graph);
+  EXPECT_EQ(
+      build_error,
+      "block mask: not built while its stream is capturing a CUDA graph; build it before the capture (the "
+      "graph's launches read its tables in place)");
+  own.reset();  // the mask and its regroupings are freed on s1 and s2: before those go
+  for (CUstream s : {s1, s2, s3}) {
+    fa::rt::synchronize(s);
+    FA_CU(cuStreamDestroy, s);
+  }
+}
+
 // The kernels read device tables as they are at each call: rewritten between two launches (the
 // same addresses, as a CUDA graph's replays see them), the second launch follows. With the
 // mask's own tile (read in place) and with a tile that splits its kv blocks (V head dim 256:

@@ -381,6 +381,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
 
   auto t0 = std::chrono::steady_clock::now();
   fa::BlockMask mask = k.block_mask(B, Hq, max_q, max_kv, captures.cap);
+  fa::rt::synchronize(nullptr);  // a mask the GPU builds is ready only when its stream has run
   const double mask_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   t0 = std::chrono::steady_clock::now();
@@ -658,6 +659,7 @@ int run_variant(const RunOptions& o) {
 
   t0 = std::chrono::steady_clock::now();
   fa::BlockMask mask = k.block_mask(B, H, L, L, cap);
+  fa::rt::synchronize(nullptr);  // a mask the GPU builds is ready only when its stream has run
   double mask_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   fa::ForwardOptions fo;
   fo.lse = &tl;

@@ -223,14 +223,18 @@ FA_API fajit_status fajit_block_mask_table(const fajit_block_mask* mask, fajit_b
  * fajit_block_mask_table reports (Bm*Hm*rows or Bm*Hm*rows*cols entries), into device memory
  * out[0..count) of the current context, asynchronously on cu_stream: count must be their total.
  * A mask built on the GPU (fajit_block_mask_built_on_device) is copied device to device and a
- * host mask's tables through a pinned staging buffer: neither waits for the stream. */
+ * host mask's tables through a pinned staging buffer: neither waits for the stream (a mask over
+ * device kv tables, fajit_block_mask_from_device_kv_blocks, is read back once first: a sync). */
 FA_API fajit_status fajit_block_mask_copy_tables(const fajit_block_mask* mask, int32_t* out, size_t count,
                                                  void* cu_stream);
 /* *out = 1 where the mask was classified on the GPU with its tables built there (what
  * fajit_program_block_mask and fajit_kernel_block_mask return where the GPU evaluates mask_mod):
- * its tables stay on the device, made without a sync, ordered on the stream it was built on (use
- * it there, and keep that stream alive while the mask lives); table getters, density and
- * to_string copy its tile kinds to the host once (a sync). 0 otherwise. */
+ * its tables stay on the device, made without a sync and ordered on the stream it was built on,
+ * as a stream-ordered allocation is: the captures are read there after the call returns, the
+ * tables are ready once that stream has run, and their memory is freed there when the mask is
+ * destroyed (order that stream after uses on other streams first; keep it alive meanwhile).
+ * Table getters, density and to_string copy its tile kinds to the host once (a sync). Such a
+ * mask is not built while its stream captures a CUDA graph. 0 otherwise. */
 FA_API fajit_status fajit_block_mask_built_on_device(const fajit_block_mask* mask, int* out);
 /* One line per q block of batch b, head h: '#' full, '+' partial, '.' empty (owned by the
  * mask until the next call on it). */

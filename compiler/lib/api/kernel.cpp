@@ -79,7 +79,15 @@ const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, std::o
     if (!*copy) *copy = mask.host_copy();
     from = &**copy;
   }
-  // regrouped() returns the mask itself where both sizes stay.
+  // A mask built on the device is regrouped there, kept per stream; inside a CUDA-graph capture
+  // for this call only (its memory and kernels part of the graph). regrouped() returns the mask
+  // itself where both sizes stay.
+  if (mask.built_on_device() && (qb != mask.q_block() || kb != mask.kv_block()) &&
+      rt::stream_is_capturing(reinterpret_cast<CUstream>(stream))) {
+    if (!copy) throw Error("internal: a regrouping for a graph capture without a place for it");
+    *copy = mask.regrouped_now(qb, kb, stream);
+    from = &**copy;
+  }
   const BlockMask& m = from->built_on_device() ? from->regrouped(qb, kb, stream) : from->regrouped(qb, kb);
   // The kernel's producer and consumers would walk other tiles than the tables list.
   if (one_tile_per_kv_block && m.kv_block() != t.block_n)
@@ -433,7 +441,9 @@ bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
 }
 
 // A device-table mask's copy for one call (BlockMask::host_copy: the tables as they are now), and
-// the stream its kernels run on: synchronized before the copy's device tables are freed.
+// the stream its kernels run on: synchronized before the copy's device tables are freed. A mask
+// built on the device regrouped for a captured launch (BlockMask::regrouped_now) needs no wait:
+// its memory is freed on the stream, after the launch.
 struct CallMaskCopy {
   std::optional<BlockMask> copy;
   CUstream stream;
@@ -441,7 +451,7 @@ struct CallMaskCopy {
   CallMaskCopy(const CallMaskCopy&) = delete;
   CallMaskCopy& operator=(const CallMaskCopy&) = delete;
   ~CallMaskCopy() {
-    if (!copy) return;
+    if (!copy || copy->built_on_device()) return;
     try {
       rt::synchronize(stream);
     } catch (...) {  // a destructor reports nothing: the launch's own error reaches the caller

@@ -114,11 +114,16 @@ class FA_API BlockMask {
   // fa::create_block_mask, BlockMaskFactory::build and Kernel::block_mask return where the GPU
   // evaluates mask_mod. Building one copies nothing to the host and waits for nothing, so a
   // mask made every training step costs no sync; the kernels read its tables in place (the
-  // backward's transposed ones too) and regrouped() regroups it on the device. Its memory is
-  // ordered on the stream it was built on: use the mask there (or order other streams after it)
-  // and keep that stream alive while the mask lives. kinds(), density(), to_string() and the
-  // host getters read one copy of its kinds, made at the first such call (after
-  // cuCtxSynchronize); host_copy() is a host mask of them.
+  // backward's transposed ones too) and regrouped() regroups it on the device. It is ordered on
+  // the stream it was built on, as any stream-ordered allocation is: the builder reads the
+  // captures there after the call returns (keep them unchanged until it has run), the tables are
+  // ready once that stream has run it (use the mask there, or order other streams after it), and
+  // its memory is freed there when the mask goes (order that stream after every use on another
+  // one before letting the mask go, and keep it alive while the mask lives). It lives in its
+  // builder's CUDA context (another context's launches get an error). Not built while its stream
+  // captures a CUDA graph (an error): build it before, the graph's launches read it in place.
+  // kinds(), density(), to_string() and the host getters read one copy of its kinds, made at the
+  // first such call (after cuCtxSynchronize); host_copy() is a host mask of them.
   bool built_on_device() const;
   // A built-on-device mask over `kinds` (fajit/runtime/block_mask_builder.h), of Bm = batch and
   // Hm = heads, in the current context. fa::rt::build_block_mask makes them.
@@ -183,9 +188,15 @@ class FA_API BlockMask {
   // on a 64-key tile (V head dims above 128) holds a second set of tables (8 bytes a tile, built
   // and uploaded on the first call with that tile: ~20 ms a million tiles on the 2-core build box).
   // A built-on-device mask is regrouped on the device, on the stream it was built on, or with
-  // the second form on `stream` (a kernel call's), each size once.
+  // the second form on `stream` (a kernel call's), once per size and stream: later uses on that
+  // stream are ordered after it. The regrouping's memory is freed on that stream when the mask
+  // goes. Not while `stream` captures a CUDA graph: use regrouped_now() there.
   const BlockMask& regrouped(int q_block, int kv_block) const;
   const BlockMask& regrouped(int q_block, int kv_block, Stream stream) const;
+  // A regrouping made now on `stream` and kept only by the result (a built-on-device mask's is
+  // freed on `stream` when the result goes): what a launch captured into a CUDA graph reads, its
+  // memory and kernels part of the graph. For other masks, regrouped(q_block, kv_block).
+  BlockMask regrouped_now(int q_block, int kv_block, Stream stream) const;
   // Whether regrouped() may merge the mask's blocks: matches_mask_mod(), or every tile has the
   // same kind (an all-full mask regroups exactly whatever the mask_mod; not looked for in device
   // tables, whose kinds would cost a sync: false there). Splitting needs neither.

@@ -67,6 +67,9 @@ namespace fa::rt {
   X(cuStreamBeginCapture)           \
   X(cuStreamEndCapture)             \
   X(cuGraphDestroy)                 \
+  X(cuGraphInstantiateWithFlags)    \
+  X(cuGraphLaunch)                  \
+  X(cuGraphExecDestroy)             \
   X(cuEventCreate)                  \
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \
