@@ -847,7 +847,9 @@ def _block_size(block_size):
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=128, _compile=False):
     """torch's create_block_mask: the block mask of mask_mod for [B, H, Q_LEN, KV_LEN] (B or H
     None = broadcast). Blocks the symbolic analysis decides need no GPU work; the rest are
-    evaluated by a kernel generated from the mask_mod."""
+    evaluated by a kernel generated from the mask_mod, which builds the tables on the GPU too:
+    on the current stream, with no host sync (a mask made every training step costs only its GPU
+    time). Not inside a CUDA-graph capture (an error): make the mask before it."""
     check_mod(mask_mod, "mask_mod", "mask_mod")
     Q_LEN, KV_LEN = (_positive_int(name, v) for name, v in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)))
     B, H = (None if v is None else _positive_int(name, v, " or None") for name, v in (("B", B), ("H", H)))

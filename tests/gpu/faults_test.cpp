@@ -109,12 +109,16 @@ TEST(Faults, OutOfDeviceMemoryIsAClearErrorAndTheProcessKeepsWorking) {
     return std::vector<std::vector<uint16_t>>{b.bits(b.o), b.bits(b.dq), b.bits(b.dk), b.bits(b.dv)};
   };
   const fa::BlockMask mask = kern.block_mask(B, H, L, L, cap), mask1 = kern.block_mask(B, H, 1, L, cap);
-  // A mask the GPU builds, tables and all (dilated: the symbolic analysis leaves its tiles to the
-  // GPU), its builder compiled before the hog.
-  const fa::BlockMaskFactory dilated(fa::mods::dilated_sliding_window(), opts);
+  // A mask the GPU builds, tables and all (documents of 100 tokens: the symbolic analysis leaves
+  // its tiles to the GPU), its builder compiled before the hog.
+  const fa::BlockMaskFactory documents(fa::mods::document(), opts);
+  std::vector<int32_t> ids(L);
+  for (int i = 0; i < L; ++i) ids[size_t(i)] = i / 100;
+  fa::rt::DeviceBuffer d_ids(ids.size() * sizeof(int32_t));
+  d_ids.upload(ids.data(), ids.size() * sizeof(int32_t));
   fa::Captures dcap;
-  dcap.scalar("window", 300).scalar("dilation", 3);
-  ASSERT_TRUE(dilated.build(B, H, L, L, dcap).built_on_device());
+  dcap.buffer("doc_ids", fa::TensorView(d_ids.as<void>(), fa::DType::i32, {L}));
+  ASSERT_TRUE(documents.build(B, H, L, L, dcap).built_on_device());
   const auto before = run(mask);
   // One query row through the decoding kernel, once before the hog so mask1's tables are on
   // the device: under the hog only the decoder's own scratch is left to allocate.
@@ -146,7 +150,7 @@ TEST(Faults, OutOfDeviceMemoryIsAClearErrorAndTheProcessKeepsWorking) {
       const fa::BlockMask fresh = kern.block_mask(B, H, L, L, cap);
       kern.forward(b.t(b.q), b.t(b.k), b.t(b.v), b.t(b.o), fresh, cap, fo);
     });
-    expect_oom("the block mask's kinds and tables", [&] { (void)dilated.build(B, H, L, L, dcap); });
+    expect_oom("the block mask's kinds and tables", [&] { (void)documents.build(B, H, L, L, dcap); });
     expect_oom("the backward's fp32 scratch", [&] {
       kern.backward(b.t(b.q), b.t(b.k), b.t(b.v), b.t(b.o), lse, b.t(b.dout), b.t(b.dq), b.t(b.dk), b.t(b.dv),
                     mask, cap, bo);

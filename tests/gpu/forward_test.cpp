@@ -882,13 +882,13 @@ TEST(DeviceTables, HostViewsComeFromOneCheckedCopy) {
             "block mask: kv_num_blocks and kv_indices are required (device tables)");
 }
 
-// A mask the GPU builds (document: its tiles are the GPU's to decide) has its tables built there
+// A mask the GPU builds (documents: its tiles are the GPU's to decide) has its tables built there
 // too, and the d64 Hopper forward's 192x128 tile regroups it there: kept per stream; inside a
 // CUDA-graph capture, made for the captured launch (its memory and kernels part of the graph),
 // whose replay gives the eager call's bits. A mask is not built while its stream captures.
 TEST(DeviceBuiltMask, RegroupedPerStreamAndInsideAGraph) {
   if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
-  const FwdCase c{"document", bf16, 64, 64, 2, 4, 2, 1000, 1000};
+  const FwdCase c{"document2d_causal", bf16, 64, 64, 3, 2, 2, 1000, 1000};  // the 192x128 tile
   std::shared_ptr<Prepared> p = start(c).get();
   ASSERT_TRUE(p->mask.built_on_device());
   fa::rt::ContextGuard guard;
