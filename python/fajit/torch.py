@@ -287,7 +287,6 @@ class _MaskHandle:
 # seq_lengths = (1, KV_LEN) on a mask[:, :, i]). An entry lives as long as the tensors its tables
 # view, so a view made again (every decoding step) finds it.
 _MASKS = {}
-_DECODE_MAX_LEN_Q = 64  # the decoding kernel's query rows (fa::kDecodeMaxLenQ)
 
 
 def _tables_key(tables, info):
@@ -368,12 +367,13 @@ def _unbroadcast(tables):
     return list(tables)
 
 
-def _mask_for(tables, info, batch, heads, device, in_place=False):
+def _mask_for(tables, info, batch, heads, device):
     """The fajit mask of flex kv tables [kv_num_blocks, kv_indices, full_kv_num_blocks,
-    full_kv_indices] (full ones may be missing), built the first time: from a host copy (checked,
-    with what fajit derives from the tiles' kinds for its kernels), or with in_place over the
-    tables on the device, read there by the kernels (no copy, no sync; CUDA-graph capture works),
-    as a short query's decoding needs: a decoding step's slice of a mask is new every step."""
+    full_kv_indices] (full ones may be missing), built the first time. int32 contiguous tables on
+    `device` are read in place there by the kernels (no copy, no sync; CUDA-graph capture works;
+    what the backward and tiles that split the blocks need is derived from them on the device):
+    a decoding step's slice of a mask, a torch BlockMask made every training step. Other tables
+    go through a host copy (checked)."""
     len_q, len_kv, qb, kvb = info
     if not tables:
         key = ("full", len_q, len_kv, qb, kvb)
@@ -400,14 +400,17 @@ def _mask_for(tables, info, batch, heads, device, in_place=False):
     # In place only for tables the kernels can read as they are: a converted copy would be a
     # snapshot (a CUDA graph replaying it would not see the tables change). The handle keeps no
     # tables: the registry's entry, and with it the handle, goes when they go.
-    if in_place and all(t.dtype == torch.int32 and t.is_contiguous() for t in src):
+    if device.type == "cuda" and all(t.dtype == torch.int32 and t.is_contiguous() and t.device == device
+                                     for t in src):
         make = _capi.lib().fajit_block_mask_from_device_kv_blocks
     else:
         make = _capi.lib().fajit_block_mask_from_kv_blocks
         src = [t.detach().to("cpu", torch.int32).contiguous() for t in src]
     ptrs = [C.c_void_p(t.data_ptr()) for t in src] + [None] * (4 - len(src))
     h = C.c_void_p()
-    _capi.check(make(src[0].shape[0], src[0].shape[1], len_q, len_kv, qb, kvb, *ptrs, C.byref(h)), "block_mask")
+    with _on_device(device) if device.type == "cuda" else contextlib.nullcontext():  # the tables' context
+        _capi.check(make(src[0].shape[0], src[0].shape[1], len_q, len_kv, qb, kvb, *ptrs, C.byref(h)),
+                    "block_mask")
     handle = _MaskHandle(h)
     _register_mask(tables, info, handle)
     _remember_tables(ident, tables, handle)
@@ -901,9 +904,7 @@ def _forward(q, k, v, variant, scale, tables, mask_info, buffers, scalars, want_
     keep = []
     with _on_device(device):
         kern = _kernel(var, q.dtype, D, Dv, device)
-        # A short query (the decoding kernel's) or a CUDA-graph capture reads the tables in place.
-        mask = _mask_for(tables, mask_info, B, Hq, device,
-                         in_place=Lq <= _DECODE_MAX_LEN_Q or torch.cuda.is_current_stream_capturing())
+        mask = _mask_for(tables, mask_info, B, Hq, device)
         caps = _ccaptures(var, buffers, scalars, keep)
         ts = [C.byref(_ctensor(t)) for t in (q, k, v, out)] + [C.byref(_ctensor(lse)) if want_lse else None]
         if not want_max:

@@ -243,6 +243,44 @@ std::shared_ptr<const BlockMask::DeviceKinds> regroup_device_kinds(const BlockMa
   return d;
 }
 
+BlockMask derive_device_kinds(const BlockMask& mask, CUfunction kinds, CUfunction tables, CUfunction regroup,
+                              CUstream stream) {
+  if (!kinds || !tables || !regroup) throw Error("derive_device_kinds: null kernel");
+  if (!mask.on_device()) throw Error("internal: derive_device_kinds of a mask without device kv tables");
+  ContextGuard guard;
+  // Inside a CUDA-graph capture the kernels and the allocation join the graph: a replay derives
+  // from the tables as they are then.
+  FaBlockTables kv{};
+  mask.fill(kv);  // the caller's tables, in their context (FAJIT_CHECK_DEVICE_TABLES=1 checks them)
+  const int groups = mask.batch() * mask.heads(), nq = mask.num_q_blocks(), nkv = mask.num_kv_blocks();
+  const int64_t tiles = int64_t(groups) * nq * nkv;
+  auto d = std::make_shared<BlockMask::DeviceKinds>();
+  d->context = guard.context();
+  d->stream = stream;
+  d->tables_fn = tables;
+  d->regroup_fn = regroup;
+  const DeviceLayout l(size_t(tiles), size_t(groups) * nq, size_t(groups) * nkv, false, false);
+  d->memory = StreamBuffer(l.total, stream, "the block mask's kinds and tables");
+  auto* base = d->memory.as<unsigned char>();
+  d->kinds = base + l.kinds;
+  FaBlockKindsParams p{};
+  p.num = kv.kv_num_blocks;
+  p.idx = kv.kv_indices;
+  p.full_num = kv.full_kv_num_blocks;
+  p.full_idx = kv.full_kv_num_blocks ? kv.full_kv_indices : nullptr;
+  p.kinds = base + l.kinds;
+  p.groups = groups;
+  p.num_q_blocks = nq;
+  p.num_kv_blocks = nkv;
+  void* args[] = {&p};
+  launch(kinds, Dim3(grid_for(int64_t(groups) * nq, kThreads / 32, guard)), Dim3(kThreads), 0, stream, args);
+  launch_tables(*d, l, groups, nq, nkv, stream, guard);
+  BlockMask out = BlockMask::from_device_kinds(mask.batch(), mask.heads(), mask.len_q(), mask.len_kv(),
+                                               mask.q_block(), mask.kv_block(), std::move(d));
+  out.set_matches_mask_mod(mask.matches_mask_mod());
+  return out;
+}
+
 std::vector<uint8_t> download_device_kinds(const BlockMask::DeviceKinds& d, size_t tiles,
                                            std::vector<uint8_t>* sub) {
   CUcontext cur = nullptr;

@@ -10,10 +10,13 @@
 // defines   extern "C" __global__ void fa_block_mask(FaBlockMaskParams p, FaCaptures cap)
 //           extern "C" __global__ void fa_block_mask_tables(FaBlockTablesParams p)
 //           extern "C" __global__ void fa_block_mask_regroup(FaBlockRegroupParams p)
+//           extern "C" __global__ void fa_block_mask_kinds(FaBlockKindsParams p)
 // each launched with FA_BLOCK_MASK_THREADS threads per CTA and any number of CTAs (grid-stride
 // over tiles, table rows, regrouped tiles; the host uses a few CTAs per SM), no dynamic shared
 // memory. The second and third turn the classification into tables on the device, so that a
-// mask built per training step needs no copy to the host and no sync (fa::rt::build_block_mask).
+// mask built per training step needs no copy to the host and no sync (fa::rt::build_block_mask);
+// the fourth classifies the tiles of kv tables given on the device (a torch BlockMask), so that
+// their transposed tables are built there too (fa::rt::derive_device_kinds).
 #ifndef FAJIT_BLOCK_MASK_CUH
 #define FAJIT_BLOCK_MASK_CUH
 
@@ -127,6 +130,31 @@ __device__ __forceinline__ void fa_block_tables_rows(const FaBlockTablesParams& 
   }
 }
 
+// Tile kinds from kv tables (FaBlockKindsParams), a warp per row: the row cleared, then its
+// partial blocks, then its full ones marked.
+__device__ __forceinline__ void fa_block_kinds_rows(const FaBlockKindsParams& p) {
+  const long long rows = (long long)p.groups * p.num_q_blocks;
+  const int cols = p.num_kv_blocks;
+  const int lane = (int)(threadIdx.x & 31);
+  const long long warps = blockDim.x >> 5;
+  for (long long r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+    unsigned char* kinds = p.kinds + r * cols;
+    for (int c = lane; c < cols; c += 32) kinds[c] = kFaBlockEmpty;
+    __syncwarp();
+    for (int pass = 0; pass < 2; ++pass) {
+      const int* num = pass == 0 ? p.num : p.full_num;
+      if (!num) continue;
+      const int* idx = (pass == 0 ? p.idx : p.full_idx) + r * cols;
+      const int n = min(max(num[r], 0), cols);
+      for (int i = lane; i < n; i += 32) {
+        const int kb = idx[i];
+        if (kb >= 0 && kb < cols) kinds[kb] = (unsigned char)(pass == 0 ? kFaBlockPartial : kFaBlockFull);
+      }
+      __syncwarp();
+    }
+  }
+}
+
 // The join of source tiles [q_first, q_last] x [kv_first, kv_last] of one group: their kind
 // where they all agree, else partial.
 __device__ __forceinline__ int fa_block_join(const unsigned char* kinds, int num_kv_blocks, int q_first,
@@ -180,6 +208,9 @@ __device__ __forceinline__ void fa_block_regroup(const FaBlockRegroupParams& p) 
   extern "C" __global__ void __launch_bounds__(FA_BLOCK_MASK_THREADS)                                  \
       name##_regroup(const FaBlockRegroupParams p) {                                                   \
     fa_block_regroup(p);                                                                               \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(FA_BLOCK_MASK_THREADS) name##_kinds(const FaBlockKindsParams p) { \
+    fa_block_kinds_rows(p);                                                                            \
   }
 
 #endif  // FAJIT_BLOCK_MASK_CUH

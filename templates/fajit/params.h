@@ -259,6 +259,21 @@ typedef struct FaBlockTablesParams {
   int transposed;
 } FaBlockTablesParams;
 
+// Tile kinds from kv tables in flex's layout (block_mask.cuh's <name>_kinds kernel): kinds
+// [groups, num_q_blocks, num_kv_blocks] is empty except where row r's first num[r] entries of
+// idx (partial) and full_num[r] of full_idx (full; null: none) name a block. Counts are clamped to
+// [0, num_kv_blocks] and entries outside [0, num_kv_blocks) skipped: bad tables (the caller's to
+// keep valid; FAJIT_CHECK_DEVICE_TABLES=1 checks them) never make a write out of bounds.
+typedef struct FaBlockKindsParams {
+  const int* num;
+  const int* idx;
+  const int* full_num;
+  const int* full_idx;
+  unsigned char* kinds;
+  int groups;
+  int num_q_blocks, num_kv_blocks;
+} FaBlockKindsParams;
+
 // A device mask regrouped into other blocks (block_mask.cuh's <name>_regroup kernel), as
 // fa::BlockMask::regrouped does on the host: tile (g, i, j) of `out` [groups, out_q_blocks,
 // out_kv_blocks] is the join of the source tiles it overlaps (one kind where they all agree,

@@ -40,7 +40,8 @@ struct BwdCase {
   bool strided_captures = false;  // buffers at an innermost stride of 2: the wide-captures twins
   int kv_block = 0;               // the block mask's kv_block (0: the default, 128)
   bool device_tables = false;     // the mask's kv tables on the device (device_tables_of): the
-                                  // forward reads them in place, the backward's q tables come from a copy
+                                  // forward reads them in place, the backward's q tables are derived
+                                  // from them on the GPU (rt::derive_device_kinds)
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -93,6 +94,12 @@ const std::vector<BwdCase>& cases() {
            [](BwdCase& c) { c.dlse = true; }),
       {"dilated", f16, 64, 128, 1, 4, 1, 4097, 1000, 200},
       with({"document2d_causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "devtables",
+           [](BwdCase& c) { c.device_tables = true; }),
+      // device kv tables whose transposed tables are derived on the GPU: GQA, Lq != Lkv with tail
+      // blocks, deterministic, a broadcast head
+      with({"sliding", f16, 64, 64, 2, 8, 2, 777, 1000, 300}, "devtables_det",
+           [](BwdCase& c) { c.device_tables = true, c.deterministic = true; }),
+      with({"causal", bf16, 128, 128, 1, 4, 4, 1000, 4097}, "devtables",
            [](BwdCase& c) { c.device_tables = true; }),
       with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "noncontig",
            [](BwdCase& c) { c.noncontig = true; }),

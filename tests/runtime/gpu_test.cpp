@@ -501,6 +501,74 @@ TEST_F(Gpu, BuildLargeCausalAndTime) {
       classify_ms, total_ms, launch_ms, device_ms);
 }
 
+// Kv tables given on the device (a torch BlockMask's): their kinds scattered there and all eight
+// tables rebuilt equal what the host derives from the same tables (rows listed in any order, with
+// and without full tables, broadcast or per batch and head); then regrouped on the device (splits).
+TEST_F(Gpu, DeriveFromDeviceKvTables) {
+  std::mt19937 rng(4901);
+  struct Shape {
+    int bm, hm, len_q, len_kv, q_block, kv_block;
+    bool with_full;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1000, 1000, 128, 128, true}, Shape{2, 3, 4097, 1000, 128, 128, true},
+                          Shape{1, 2, 17, 4097, 128, 64, false}, Shape{2, 1, 3000, 3000, 256, 128, true}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << sh.bm << "x" << sh.hm << " " << sh.len_q << "x" << sh.len_kv << " blocks " << sh.q_block
+                 << "x" << sh.kv_block << (sh.with_full ? "" : " no full"));
+    const int nq = (sh.len_q + sh.q_block - 1) / sh.q_block,
+              nkv = (sh.len_kv + sh.kv_block - 1) / sh.kv_block;
+    const size_t rows = size_t(sh.bm) * sh.hm * nq;
+    std::vector<int32_t> num(rows), idx(rows * nkv, 0), fnum(rows), fidx(rows * nkv, 0);
+    for (size_t r = 0; r < rows; ++r) {
+      std::vector<int32_t> blocks(nkv);
+      for (int j = 0; j < nkv; ++j) blocks[j] = j;
+      std::shuffle(blocks.begin(), blocks.end(), rng);  // a row's blocks in any order
+      const int np = int(rng() % (nkv + 1)), nf = sh.with_full ? int(rng() % (nkv - np + 1)) : 0;
+      num[r] = np, fnum[r] = nf;
+      for (int i = 0; i < np; ++i) idx[r * nkv + i] = blocks[i];
+      for (int i = 0; i < nf; ++i) fidx[r * nkv + i] = blocks[np + i];
+    }
+    const fa::BlockMask host = fa::BlockMask::from_kv_blocks(
+        sh.bm, sh.hm, sh.len_q, sh.len_kv, num, idx, sh.with_full ? fnum : std::vector<int32_t>{},
+        sh.with_full ? fidx : std::vector<int32_t>{}, sh.q_block, sh.kv_block);
+    std::vector<int32_t> all = num;
+    for (const auto* t : {&idx, &fnum, &fidx}) all.insert(all.end(), t->begin(), t->end());
+    fa::rt::DeviceBuffer buf(all.size() * sizeof(int32_t));
+    buf.upload(all.data(), all.size() * sizeof(int32_t));
+    const int32_t* at = buf.as<const int32_t>();
+    const fa::BlockMask given = fa::BlockMask::from_device_kv_blocks(
+        sh.bm, sh.hm, sh.len_q, sh.len_kv, at, at + rows, sh.with_full ? at + rows + rows * nkv : nullptr,
+        sh.with_full ? at + 2 * rows + rows * nkv : nullptr, sh.q_block, sh.kv_block);
+    const fa::BlockMask d =
+        fa::rt::derive_device_kinds(given, kernel("fa_bm_causal_kinds"), kernel("fa_bm_causal_tables"),
+                                    kernel("fa_bm_causal_regroup"), nullptr);
+    EXPECT_FALSE(d.matches_mask_mod());  // given tables keep flex's meaning
+    ASSERT_EQ(d.kinds(), host.kinds());
+    expect_same_device_tables(d, host);
+    for (auto [qb, kb] : {std::pair{64, 64}, std::pair{sh.q_block, 64}}) {  // splits: exact for any tables
+      SCOPED_TRACE(::testing::Message() << "split " << qb << "x" << kb);
+      const fa::BlockMask r = d.regrouped_now(qb, kb, nullptr);
+      ASSERT_EQ(r.kinds(), host.regrouped(qb, kb).kinds());
+      expect_same_device_tables(r, host.regrouped(qb, kb).host_copy());
+    }
+  }
+  // Bad entries never write out of bounds: counts past the row and indices outside it are skipped.
+  std::vector<int32_t> bad = {9, -3, 0, 1, 7, 2, 0, 0, 0, 0};  // num [2] = {9, -3}, idx [2, 4]
+  fa::rt::DeviceBuffer b(bad.size() * sizeof(int32_t));
+  b.upload(bad.data(), bad.size() * sizeof(int32_t));
+  const fa::BlockMask g = fa::BlockMask::from_device_kv_blocks(
+      1, 1, 256, 512, b.as<const int32_t>(), b.as<const int32_t>() + 2, nullptr, nullptr, 128, 128);
+  const fa::BlockMask d =
+      fa::rt::derive_device_kinds(g, kernel("fa_bm_causal_kinds"), kernel("fa_bm_causal_tables"),
+                                  kernel("fa_bm_causal_regroup"), nullptr);
+  fa::rt::ContextGuard guard;
+  FA_CU(cuCtxSynchronize);
+  // row 0 lists 0, 1, 7 (skipped), 2 as partial; row 1 nothing.
+  const fa::BlockMaskDeviceTables t = d.device_tables();
+  EXPECT_EQ(download_ints(t.kv_num_blocks, 2), (std::vector<int32_t>{3, 0}));
+  EXPECT_EQ(download_ints(t.kv_indices, 8), (std::vector<int32_t>{0, 1, 2, 0, 0, 0, 0, 0}));
+}
+
 TEST_F(Gpu, BuildOnAStream) {
   // Non-default stream: the classification and the copy back are ordered on it.
   fa::rt::ContextGuard guard;

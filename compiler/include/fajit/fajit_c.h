@@ -181,10 +181,12 @@ FA_API fajit_status fajit_block_mask_from_kv_blocks(int batch, int heads, int64_
 /* The same tables kept on the device (int32, contiguous, device pointers of the current
  * context): the forward and decoding kernels read them in place, so the mask costs no copy and
  * no sync, and a launch with it can be captured in a CUDA graph (a replay reads the tables'
- * values then). The caller keeps them alive while the mask lives and their entries valid: they
- * are checked, from one host copy made after cuCtxSynchronize, only where the host needs them
- * (density, to_string, table getters, the backward's transposed tables, other tile sizes) and on
- * every launch with FAJIT_CHECK_DEVICE_TABLES=1. */
+ * values then). What a call needs beyond them (the backward's transposed tables, a tile that
+ * splits the blocks) is derived from them on the device at each call, with no sync. The caller
+ * keeps them alive while the mask lives and their entries valid: they are checked, from one host
+ * copy made after cuCtxSynchronize, only where the host needs them (density, to_string, table
+ * getters) and on every launch with FAJIT_CHECK_DEVICE_TABLES=1 (elsewhere bad entries are
+ * skipped, never read out of bounds). */
 FA_API fajit_status fajit_block_mask_from_device_kv_blocks(
     int batch, int heads, int64_t len_q, int64_t len_kv, int q_block, int kv_block,
     const int32_t* kv_num_blocks, const int32_t* kv_indices, const int32_t* full_kv_num_blocks,

@@ -1,6 +1,7 @@
 // The block mask a dense forward kernel reads. Private to compiler/lib/api (and its unit test).
 #pragma once
 
+#include <functional>
 #include <optional>
 
 #include "fajit/block_mask.h"
@@ -14,9 +15,12 @@ namespace fa::detail {
 // mask's kv blocks are always the tile's, wider ones split (exact for any tables). Throws what
 // BlockMask::regrouped throws.
 // A mask over device tables (BlockMask::on_device) that needs regrouping is regrouped from
-// *copy, which is made from the tables at the first such need (`copy` null: an error). A mask
-// built on the device (BlockMask::built_on_device) is regrouped there, on `stream`.
+// *copy, which is made from the tables at the first such need (`copy` null: an error): by
+// `derive` on the device (fa::rt::derive_device_kinds: no sync), else BlockMask::host_copy. A
+// mask built on the device (BlockMask::built_on_device) is regrouped there, on `stream`.
+using DeriveOnDevice = std::function<BlockMask(const BlockMask&, Stream)>;
 const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask,
-                              std::optional<BlockMask>* copy = nullptr, Stream stream = nullptr);
+                              std::optional<BlockMask>* copy = nullptr, Stream stream = nullptr,
+                              const DeriveOnDevice& derive = {});
 
 }  // namespace fa::detail

@@ -67,33 +67,39 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
 }
 
 const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, std::optional<BlockMask>* copy,
-                              Stream stream) {
+                              Stream stream, const DeriveOnDevice& derive) {
   const TileConfig& t = s.tile;
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
   const int qb = mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m;
   const int kb = one_tile_per_kv_block || mask.kv_block() % t.block_n != 0 ? t.block_n : mask.kv_block();
-  // Device tables are regrouped from a copy of them as they are at this call (BlockMask::host_copy).
-  const BlockMask* from = &mask;
-  if (mask.on_device() && (qb != mask.q_block() || kb != mask.kv_block())) {
+  if (qb == mask.q_block() && kb == mask.kv_block()) return mask;
+  const BlockMask* m = nullptr;
+  if (mask.on_device()) {
+    // Device tables are regrouped from a copy of them as they are at this call: derived on the
+    // device (no sync; inside a CUDA-graph capture its kernels join the graph, so a replay reads
+    // the tables as they are then), else copied to the host.
     if (!copy) throw Error("internal: device tables to regroup without a place for their copy");
-    if (!*copy) *copy = mask.host_copy();
-    from = &**copy;
-  }
-  // A mask built on the device is regrouped there, kept per stream; inside a CUDA-graph capture
-  // for this call only (its memory and kernels part of the graph). regrouped() returns the mask
-  // itself where both sizes stay.
-  if (mask.built_on_device() && (qb != mask.q_block() || kb != mask.kv_block()) &&
-      rt::stream_is_capturing(reinterpret_cast<CUstream>(stream))) {
+    if (derive) {
+      *copy = derive(mask, stream).regrouped_now(qb, kb, stream);
+    } else {
+      *copy = mask.host_copy();
+      *copy = (*copy)->regrouped(qb, kb);  // a handle: the regrouping's own state
+    }
+    m = &**copy;
+  } else if (mask.built_on_device() && rt::stream_is_capturing(reinterpret_cast<CUstream>(stream))) {
+    // A mask built on the device inside a CUDA-graph capture: regrouped for this call only (its
+    // memory and kernels part of the graph); outside one, kept per stream.
     if (!copy) throw Error("internal: a regrouping for a graph capture without a place for it");
     *copy = mask.regrouped_now(qb, kb, stream);
-    from = &**copy;
+    m = &**copy;
+  } else {
+    m = mask.built_on_device() ? &mask.regrouped(qb, kb, stream) : &mask.regrouped(qb, kb);
   }
-  const BlockMask& m = from->built_on_device() ? from->regrouped(qb, kb, stream) : from->regrouped(qb, kb);
   // The kernel's producer and consumers would walk other tiles than the tables list.
-  if (one_tile_per_kv_block && m.kv_block() != t.block_n)
+  if (one_tile_per_kv_block && m->kv_block() != t.block_n)
     throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
-                            t.block_n, m.kv_block()));
-  return m;
+                            t.block_n, m->kv_block()));
+  return *m;
 }
 
 }  // namespace detail
@@ -355,6 +361,19 @@ class MaskBuilder {
 
   // The builder kernel, compiled now (null for a mask that keeps everything: never needed).
   const Compiled* warm() { return program_.mask_is_noop() ? nullptr : &builder(); }
+
+  // A from_device_kv_blocks mask's tables as they are when `stream` gets there, derived on the
+  // device by the builder module's kernels (rt::derive_device_kinds): what the backward's
+  // transposed tables and a tile that splits the blocks read, with no copy to the host.
+  BlockMask derive(const BlockMask& mask, Stream stream) {
+    const Compiled& b = builder();
+    rt::ContextGuard guard;
+    auto fn = [&](const char* suffix) {
+      return rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + suffix);
+    };
+    return rt::derive_device_kinds(mask, fn("_kinds"), fn("_tables"), fn("_regroup"),
+                                   reinterpret_cast<CUstream>(stream));
+  }
 
  private:
   // The builder kernel; `wide`: its wide-captures twin (KernelSpec::wide_captures).
@@ -759,6 +778,9 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
   rt::ContextGuard guard;
   const CUstream st = reinterpret_cast<CUstream>(stream);
   CallMaskCopy mask_copy(st);  // device tables a tile regroups: one copy for this call's launches
+  const detail::DeriveOnDevice derive = [this](const BlockMask& m, Stream s) {
+    return impl_->mask.derive(m, s);
+  };
   // Kernel f's launch on this call, its function and arguments resolved up front (the
   // autotuner times these with no host work between launches).
   struct PrefillLaunch {
@@ -804,18 +826,19 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     if (const char* cap_env = persistent ? std::getenv("FAJIT_PERSISTENT_CTAS") : nullptr;
         cap_env && *cap_env)
       sms = std::clamp<int64_t>(std::atoll(cap_env), 1, sms);
-    PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
-                    persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
-                               : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
-                    rt::Dim3(static_cast<unsigned>(s.threads())),
-                    static_cast<unsigned>(s.smem_bytes()),
-                    maps,
-                    qmaps,
-                    with_max(with_sequences(rt::make_fwd_params(
-                        q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.copy, stream)))),
-                    cap.data(),
-                    st,
-                    persistent};
+    PrefillLaunch l{
+        rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
+        persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
+                   : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
+        rt::Dim3(static_cast<unsigned>(s.threads())),
+        static_cast<unsigned>(s.smem_bytes()),
+        maps,
+        qmaps,
+        with_max(with_sequences(rt::make_fwd_params(
+            q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.copy, stream, derive)))),
+        cap.data(),
+        st,
+        persistent};
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's
@@ -891,7 +914,7 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
   // Device tables (BlockMask::from_device_kv_blocks): the transposed tables the dK/dV walk reads
   // come from a copy of them as they are now, and so do the kv tables, so both agree.
   CallMaskCopy mask_copy(reinterpret_cast<CUstream>(stream));
-  if (mask_in.valid() && mask_in.on_device()) mask_copy.copy = mask_in.host_copy();
+  if (mask_in.valid() && mask_in.on_device()) mask_copy.copy = impl_->mask.derive(mask_in, stream);
   const BlockMask& mask = mask_copy.copy ? *mask_copy.copy : mask_in;
   // A ragged call runs on [B, H, Lmax, D]-shaped views of the packed tensors, as the forward.
   const Sequences& seq = options.sequences;

@@ -94,9 +94,11 @@ class FA_API BlockMask {
   // tables' values at replay time). The caller keeps the tables alive while the mask lives and
   // their entries valid. They are checked, from a copy (after cuCtxSynchronize), where the host
   // needs them: kinds(), density(), to_string() and the host getters read one snapshot taken at
-  // the first such call; fa::Kernel takes a fresh host_copy() at each call that needs more than
-  // the kv tables (the backward's transposed tables, a tile that splits the blocks); regrouped()
-  // refuses; FAJIT_CHECK_DEVICE_TABLES=1 checks them at every fill().
+  // the first such call; FAJIT_CHECK_DEVICE_TABLES=1 checks them at every fill(). What a call
+  // needs beyond the kv tables (the backward's transposed tables, a tile that splits the blocks)
+  // fa::Kernel derives from them on the device at each call (fa::rt::derive_device_kinds: bad
+  // entries are skipped there, never read out of bounds), in the call's stream order, with no
+  // sync; regrouped() refuses (host_copy() is the tables as they are now).
   static BlockMask from_device_kv_blocks(int batch, int heads, int64_t len_q, int64_t len_kv,
                                          const int32_t* kv_num_blocks, const int32_t* kv_indices,
                                          const int32_t* full_kv_num_blocks, const int32_t* full_kv_indices,
@@ -105,9 +107,7 @@ class FA_API BlockMask {
   bool on_device() const;
   // The mask's tables as they are now, as a host mask: for a device-table mask one copy (after
   // cuCtxSynchronize, in its own context), checked as from_kv_blocks checks; a host mask itself.
-  // What the kernels would otherwise read as a snapshot (the backward's transposed tables, blocks
-  // split for a tile) comes from such a copy made at each call (fa::Kernel does so), so it never
-  // lags the tables; inside a CUDA-graph capture that copy fails with the driver's error.
+  // Inside a CUDA-graph capture that copy fails with the driver's error.
   BlockMask host_copy() const;
 
   // Whether the mask was classified on the device with its tables built there: what

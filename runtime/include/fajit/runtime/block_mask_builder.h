@@ -72,6 +72,15 @@ std::shared_ptr<const BlockMask::DeviceKinds> regroup_device_kinds(const BlockMa
                                                                    int out_kv_block, int sub_count,
                                                                    CUstream stream);
 
+// A built-on-device mask of `mask`'s device kv tables (BlockMask::from_device_kv_blocks) as they
+// are when `stream` reaches it: the tiles' kinds scattered from them (`kinds`: a module's
+// <name>_kinds kernel), then all eight tables built from those (kv rows in ascending order), with
+// the module's <name>_tables and <name>_regroup, ordered on `stream`. What the backward's
+// transposed tables and a tile that splits the blocks read: no copy to the host, no sync (inside a
+// CUDA-graph capture, nodes of the graph: a replay derives from the tables as they are then).
+BlockMask derive_device_kinds(const BlockMask& mask, CUfunction kinds, CUfunction tables, CUfunction regroup,
+                              CUstream stream);
+
 // The kinds (and a regrouped mask's raw sub-block kinds, when `sub` is given) of a built-on-device
 // mask, copied to the host after cuCtxSynchronize in its context.
 std::vector<uint8_t> download_device_kinds(const BlockMask::DeviceKinds& d, size_t tiles,
