@@ -470,9 +470,17 @@ def _mask_tables(handle, device):
                 at += size
     out, at = {}, 0
     for (name, shape), size in zip(shapes.items(), sizes):
-        out[name] = moved[at:at + size].view(shape)
+        out[name] = moved.as_strided(shape, _contiguous_strides(shape), at)  # one op a table
         at += size
     return info, out
+
+
+def _contiguous_strides(shape):
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= d
+    return tuple(reversed(strides))
 
 
 def _slice_range(sl, n):
