@@ -286,6 +286,7 @@ class _MaskHandle:
 # so shapes and strides are part of the key; so are the lengths (torch's decoding recipe sets
 # seq_lengths = (1, KV_LEN) on a mask[:, :, i]). An entry lives as long as the tensors its tables
 # view, so a view made again (every decoding step) finds it.
+_DECODE_MAX_LEN_Q = 64  # the decoding kernel's query rows (fa::kDecodeMaxLenQ)
 _MASKS = {}
 
 
@@ -367,13 +368,15 @@ def _unbroadcast(tables):
     return list(tables)
 
 
-def _mask_for(tables, info, batch, heads, device):
+def _mask_for(tables, info, batch, heads, device, in_place=False):
     """The fajit mask of flex kv tables [kv_num_blocks, kv_indices, full_kv_num_blocks,
-    full_kv_indices] (full ones may be missing), built the first time. int32 contiguous tables on
-    `device` are read in place there by the kernels (no copy, no sync; CUDA-graph capture works;
-    what the backward and tiles that split the blocks need is derived from them on the device):
-    a decoding step's slice of a mask, a torch BlockMask made every training step. Other tables
-    go through a host copy (checked)."""
+    full_kv_indices] (full ones may be missing), built the first time: from a host copy (checked,
+    with what fajit derives from the tiles' kinds for its kernels), or with in_place over int32
+    contiguous tables on `device`, read there by the kernels (no copy, no sync; CUDA-graph capture
+    works; what the backward and tiles that split the blocks need is derived from them on the
+    GPU), as a short query's decoding needs: a decoding step's slice of a mask is new every step.
+    In place the tables are not checked (a bad entry is the caller's), so other calls keep the
+    checked copy."""
     len_q, len_kv, qb, kvb = info
     if not tables:
         key = ("full", len_q, len_kv, qb, kvb)
@@ -400,8 +403,8 @@ def _mask_for(tables, info, batch, heads, device):
     # In place only for tables the kernels can read as they are: a converted copy would be a
     # snapshot (a CUDA graph replaying it would not see the tables change). The handle keeps no
     # tables: the registry's entry, and with it the handle, goes when they go.
-    if device.type == "cuda" and all(t.dtype == torch.int32 and t.is_contiguous() and t.device == device
-                                     for t in src):
+    if in_place and device.type == "cuda" and all(t.dtype == torch.int32 and t.is_contiguous() and
+                                                  t.device == device for t in src):
         make = _capi.lib().fajit_block_mask_from_device_kv_blocks
     else:
         make = _capi.lib().fajit_block_mask_from_kv_blocks
@@ -912,7 +915,9 @@ def _forward(q, k, v, variant, scale, tables, mask_info, buffers, scalars, want_
     keep = []
     with _on_device(device):
         kern = _kernel(var, q.dtype, D, Dv, device)
-        mask = _mask_for(tables, mask_info, B, Hq, device)
+        # A short query (the decoding kernel's) or a CUDA-graph capture reads the tables in place.
+        mask = _mask_for(tables, mask_info, B, Hq, device,
+                         in_place=Lq <= _DECODE_MAX_LEN_Q or torch.cuda.is_current_stream_capturing())
         caps = _ccaptures(var, buffers, scalars, keep)
         ts = [C.byref(_ctensor(t)) for t in (q, k, v, out)] + [C.byref(_ctensor(lse)) if want_lse else None]
         if not want_max:

@@ -1,6 +1,7 @@
 // The block mask a dense forward kernel reads. Private to compiler/lib/api (and its unit test).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <optional>
 
@@ -15,12 +16,18 @@ namespace fa::detail {
 // mask's kv blocks are always the tile's, wider ones split (exact for any tables). Throws what
 // BlockMask::regrouped throws.
 // A mask over device tables (BlockMask::on_device) that needs regrouping is regrouped from
-// *copy, which is made from the tables at the first such need (`copy` null: an error): by
-// `derive` on the device (fa::rt::derive_device_kinds: no sync), else BlockMask::host_copy. A
-// mask built on the device (BlockMask::built_on_device) is regrouped there, on `stream`.
+// copies->base, which is made from the tables at the first such need of a call (`copies` null:
+// an error): by `derive` on the device (fa::rt::derive_device_kinds: no sync), else
+// BlockMask::host_copy. A mask built on the device (BlockMask::built_on_device) is regrouped
+// there, on `stream`, kept per stream; inside a CUDA-graph capture for the call only, in
+// copies->kept. Every mask returned for a call stays valid as long as its `copies` (the
+// autotuner prepares several launches before running them).
+struct CallMasks {
+  std::optional<BlockMask> base;  // device tables as they are at this call
+  std::deque<BlockMask> kept;     // regroupings made for this call only
+};
 using DeriveOnDevice = std::function<BlockMask(const BlockMask&, Stream)>;
-const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask,
-                              std::optional<BlockMask>* copy = nullptr, Stream stream = nullptr,
-                              const DeriveOnDevice& derive = {});
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, CallMasks* copies = nullptr,
+                              Stream stream = nullptr, const DeriveOnDevice& derive = {});
 
 }  // namespace fa::detail

@@ -66,34 +66,34 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   return c;
 }
 
-const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, std::optional<BlockMask>* copy,
-                              Stream stream, const DeriveOnDevice& derive) {
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, CallMasks* copies, Stream stream,
+                              const DeriveOnDevice& derive) {
   const TileConfig& t = s.tile;
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
   const int qb = mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m;
   const int kb = one_tile_per_kv_block || mask.kv_block() % t.block_n != 0 ? t.block_n : mask.kv_block();
   if (qb == mask.q_block() && kb == mask.kv_block()) return mask;
-  const BlockMask* m = nullptr;
+  const BlockMask* from = &mask;
   if (mask.on_device()) {
     // Device tables are regrouped from a copy of them as they are at this call: derived on the
     // device (no sync; inside a CUDA-graph capture its kernels join the graph, so a replay reads
-    // the tables as they are then), else copied to the host.
-    if (!copy) throw Error("internal: device tables to regroup without a place for their copy");
-    if (derive) {
-      *copy = derive(mask, stream).regrouped_now(qb, kb, stream);
+    // the tables as they are then), else copied to the host. One copy for all of a call's launches.
+    if (!copies) throw Error("internal: device tables to regroup without a place for their copy");
+    if (!copies->base) copies->base = derive ? derive(mask, stream) : mask.host_copy();
+    from = &*copies->base;
+  }
+  const BlockMask* m = nullptr;
+  if (from->built_on_device()) {
+    // Regrouped on the device: kept per stream; inside a CUDA-graph capture for this call only
+    // (its memory and kernels part of the graph).
+    if (rt::stream_is_capturing(reinterpret_cast<CUstream>(stream))) {
+      if (!copies) throw Error("internal: a regrouping for a graph capture without a place for it");
+      m = &copies->kept.emplace_back(from->regrouped_now(qb, kb, stream));
     } else {
-      *copy = mask.host_copy();
-      *copy = (*copy)->regrouped(qb, kb);  // a handle: the regrouping's own state
+      m = &from->regrouped(qb, kb, stream);
     }
-    m = &**copy;
-  } else if (mask.built_on_device() && rt::stream_is_capturing(reinterpret_cast<CUstream>(stream))) {
-    // A mask built on the device inside a CUDA-graph capture: regrouped for this call only (its
-    // memory and kernels part of the graph); outside one, kept per stream.
-    if (!copy) throw Error("internal: a regrouping for a graph capture without a place for it");
-    *copy = mask.regrouped_now(qb, kb, stream);
-    m = &**copy;
   } else {
-    m = mask.built_on_device() ? &mask.regrouped(qb, kb, stream) : &mask.regrouped(qb, kb);
+    m = &from->regrouped(qb, kb);
   }
   // The kernel's producer and consumers would walk other tiles than the tables list.
   if (one_tile_per_kv_block && m->kv_block() != t.block_n)
@@ -464,13 +464,13 @@ bool decoding_kernel_fits(int len_q, const BlockMask& mask) {
 // built on the device regrouped for a captured launch (BlockMask::regrouped_now) needs no wait:
 // its memory is freed on the stream, after the launch.
 struct CallMaskCopy {
-  std::optional<BlockMask> copy;
+  detail::CallMasks masks;
   CUstream stream;
   explicit CallMaskCopy(CUstream s) : stream(s) {}
   CallMaskCopy(const CallMaskCopy&) = delete;
   CallMaskCopy& operator=(const CallMaskCopy&) = delete;
   ~CallMaskCopy() {
-    if (!copy || copy->built_on_device()) return;
+    if (!masks.base || masks.base->built_on_device()) return;
     try {
       rt::synchronize(stream);
     } catch (...) {  // a destructor reports nothing: the launch's own error reaches the caller
@@ -835,7 +835,7 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
         maps,
         qmaps,
         with_max(with_sequences(rt::make_fwd_params(
-            q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.copy, stream, derive)))),
+            q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.masks, stream, derive)))),
         cap.data(),
         st,
         persistent};
@@ -912,10 +912,11 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
                       const BlockMask& mask_in, const Captures& captures, const BackwardOptions& options,
                       Stream stream) const {
   // Device tables (BlockMask::from_device_kv_blocks): the transposed tables the dK/dV walk reads
-  // come from a copy of them as they are now, and so do the kv tables, so both agree.
+  // are derived from them on the device as they are when the stream gets there (the kernels'
+  // own builder module: rt::derive_device_kinds; no sync), and so are the kv tables, so both agree.
   CallMaskCopy mask_copy(reinterpret_cast<CUstream>(stream));
-  if (mask_in.valid() && mask_in.on_device()) mask_copy.copy = impl_->mask.derive(mask_in, stream);
-  const BlockMask& mask = mask_copy.copy ? *mask_copy.copy : mask_in;
+  if (mask_in.valid() && mask_in.on_device()) mask_copy.masks.base = impl_->mask.derive(mask_in, stream);
+  const BlockMask& mask = mask_copy.masks.base ? *mask_copy.masks.base : mask_in;
   // A ragged call runs on [B, H, Lmax, D]-shaped views of the packed tensors, as the forward.
   const Sequences& seq = options.sequences;
   check_sequences_given(seq);
