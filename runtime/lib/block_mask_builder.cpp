@@ -56,14 +56,30 @@ unsigned grid_for(int64_t work, int64_t per_cta, const ContextGuard& guard) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min((work + per_cta - 1) / per_cta, max_ctas)));
 }
 
-void check_sizes(int batch, int heads, int64_t len_q, int64_t len_kv, int q_block, int kv_block) {
+// A build's grid of tiles, checked: sizes, the int32 tile count, the known kinds' length.
+struct Grid {
+  int nq, nkv;
+  int64_t tiles;
+};
+Grid checked_grid(CUfunction classify, int batch, int heads, int64_t len_q, int64_t len_kv,
+                  const BlockMaskBuildOptions& o) {
+  if (!classify) throw Error("build_block_mask: null classify kernel");
   if (batch <= 0 || heads <= 0)
     throw Error(fmt::format("block mask: batch and heads must be positive, got B={}, H={}", batch, heads));
   if (len_q <= 0 || len_kv <= 0 || len_q > INT_MAX || len_kv > INT_MAX)
     throw Error(fmt::format("block mask: lengths must be in [1, 2^31), got Lq={}, Lkv={}", len_q, len_kv));
-  if (q_block <= 0 || kv_block <= 0 || q_block % 16 != 0 || kv_block % 16 != 0)
-    throw Error(fmt::format("block mask: block sizes must be positive multiples of 16, got {}x{}", q_block,
-                            kv_block));
+  if (o.q_block <= 0 || o.kv_block <= 0 || o.q_block % 16 != 0 || o.kv_block % 16 != 0)
+    throw Error(fmt::format("block mask: block sizes must be positive multiples of 16, got {}x{}", o.q_block,
+                            o.kv_block));
+  Grid g;
+  g.nq = static_cast<int>((len_q + o.q_block - 1) / o.q_block);
+  g.nkv = static_cast<int>((len_kv + o.kv_block - 1) / o.kv_block);
+  g.tiles = int64_t(batch) * heads * g.nq * g.nkv;
+  if (g.tiles > INT_MAX) throw Error(fmt::format("block mask: {} tiles exceed the int32 range", g.tiles));
+  if (!o.known.empty() && o.known.size() != size_t(g.tiles))
+    throw Error(
+        fmt::format("build_block_mask: known kinds: expected {} entries, got {}", g.tiles, o.known.size()));
+  return g;
 }
 
 // Launches the classifier into `kinds` (device, num_tiles bytes); `known` device or null.
@@ -128,16 +144,7 @@ void launch_tables(BlockMask::DeviceKinds& d, const DeviceLayout& l, int groups,
 
 std::vector<uint8_t> classify_blocks(CUfunction classify, const FaCaptures& captures, int batch, int heads,
                                      int64_t len_q, int64_t len_kv, const BlockMaskBuildOptions& options) {
-  if (!classify) throw Error("build_block_mask: null classify kernel");
-  check_sizes(batch, heads, len_q, len_kv, options.q_block, options.kv_block);
-  const int nq = static_cast<int>((len_q + options.q_block - 1) / options.q_block);
-  const int nkv = static_cast<int>((len_kv + options.kv_block - 1) / options.kv_block);
-  const int64_t tiles = int64_t(batch) * heads * nq * nkv;
-  if (tiles > INT_MAX) throw Error(fmt::format("block mask: {} tiles exceed the int32 range", tiles));
-  if (!options.known.empty() && options.known.size() != size_t(tiles))
-    throw Error(fmt::format("build_block_mask: known kinds: expected {} entries, got {}", tiles,
-                            options.known.size()));
-
+  const auto [nq, nkv, tiles] = checked_grid(classify, batch, heads, len_q, len_kv, options);
   ContextGuard guard;
   DeviceBuffer kinds(static_cast<size_t>(tiles), "the block-mask builder's block kinds");
   DeviceBuffer known;
@@ -161,15 +168,7 @@ BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int 
     return BlockMask::from_kinds(batch, heads, len_q, len_kv, std::move(kinds), options.q_block,
                                  options.kv_block);
   }
-  if (!classify) throw Error("build_block_mask: null classify kernel");
-  check_sizes(batch, heads, len_q, len_kv, options.q_block, options.kv_block);
-  const int nq = static_cast<int>((len_q + options.q_block - 1) / options.q_block);
-  const int nkv = static_cast<int>((len_kv + options.kv_block - 1) / options.kv_block);
-  const int64_t tiles = int64_t(batch) * heads * nq * nkv;
-  if (tiles > INT_MAX) throw Error(fmt::format("block mask: {} tiles exceed the int32 range", tiles));
-  if (!options.known.empty() && options.known.size() != size_t(tiles))
-    throw Error(fmt::format("build_block_mask: known kinds: expected {} entries, got {}", tiles,
-                            options.known.size()));
+  const auto [nq, nkv, tiles] = checked_grid(classify, batch, heads, len_q, len_kv, options);
   // Known kinds that decide nothing are not uploaded: the classifier evaluates every tile anyway.
   const bool with_known = std::any_of(options.known.begin(), options.known.end(),
                                       [](uint8_t k) { return k != uint8_t(BlockKind::kUndecided); });

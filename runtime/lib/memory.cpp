@@ -39,6 +39,24 @@ class ScopedCurrent {
   bool pushed_ = false;
 };
 
+// Runs `free` (a driver call) with `ctx` current, pushed when another one is: for destructors,
+// so nothing throws (a missing driver gives CUDA_ERROR_DEINITIALIZED).
+template <typename F>
+CUresult free_in_context(CUcontext ctx, F&& free) noexcept {
+  try {
+    const DriverApi& d = driver();
+    CUcontext cur = nullptr;
+    bool pushed = false;
+    if (d.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx)
+      pushed = d.cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
+    const CUresult r = free(d);
+    if (pushed) d.cuCtxPopCurrent(&cur);
+    return r;
+  } catch (...) {
+    return CUDA_ERROR_DEINITIALIZED;
+  }
+}
+
 // fajit's scratch pool of `dev` (nullptr where the device has no memory pools), created once.
 CUmemoryPool scratch_pool(CUdevice dev) {
   static std::mutex mu;
@@ -110,16 +128,7 @@ StreamBuffer& StreamBuffer::operator=(StreamBuffer&& other) noexcept {
 
 void StreamBuffer::reset() noexcept {
   if (!ptr_) return;
-  try {
-    const DriverApi& d = driver();
-    CUcontext cur = nullptr;
-    bool pushed = false;
-    if (d.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx_)
-      pushed = d.cuCtxPushCurrent(ctx_) == CUDA_SUCCESS;
-    (void)d.cuMemFreeAsync(ptr_, stream_);
-    if (pushed) d.cuCtxPopCurrent(&cur);
-  } catch (...) {
-  }
+  free_in_context(ctx_, [&](const DriverApi& d) { return d.cuMemFreeAsync(ptr_, stream_); });
   ptr_ = 0;
   size_ = 0;
   ctx_ = nullptr;
@@ -200,19 +209,10 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 
 void DeviceBuffer::reset() noexcept {
   if (!ptr_) return;
-  try {
-    const DriverApi& d = driver();
-    CUcontext cur = nullptr;
-    bool pushed = false;
-    if (d.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx_)
-      pushed = d.cuCtxPushCurrent(ctx_) == CUDA_SUCCESS;
-    CUresult r = d.cuMemFree(ptr_);
-    if (pushed) d.cuCtxPopCurrent(&cur);
-    // At process exit the driver may already be torn down; that is not worth a message.
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
-      std::fprintf(stderr, "fajit: cuMemFree failed: %s\n", describe(r).c_str());
-  } catch (...) {
-  }
+  const CUresult r = free_in_context(ctx_, [&](const DriverApi& d) { return d.cuMemFree(ptr_); });
+  // At process exit the driver may already be torn down; that is not worth a message.
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED && r != CUDA_ERROR_CONTEXT_IS_DESTROYED)
+    std::fprintf(stderr, "fajit: cuMemFree failed: %s\n", describe(r).c_str());
   ptr_ = 0;
   size_ = 0;
   ctx_ = nullptr;

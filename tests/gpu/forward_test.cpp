@@ -882,6 +882,20 @@ TEST(DeviceTables, HostViewsComeFromOneCheckedCopy) {
             "block mask: kv_num_blocks and kv_indices are required (device tables)");
 }
 
+// A prepared case's Q, K and V uploaded once, as views with the case's strides.
+struct DeviceInputs {
+  fa::rt::DeviceBuffer buf;
+  fa::TensorView q, k, v;
+  DeviceInputs(const FwdCase& c, const Prepared& p) : buf(p.in_bits.size() * 2) {
+    buf.upload(p.in_bits.data(), p.in_bits.size() * 2);
+    auto view = [&](const Operand& o, int H, int L, int D) {
+      return fa::TensorView(buf.as<uint16_t>() + o.offset, c.dtype, {c.B, H, L, D},
+                            {o.stride[0], o.stride[1], o.stride[2], 1});
+    };
+    q = view(p.q, c.Hq, c.Lq, c.dqk), k = view(p.k, c.Hkv, c.Lkv, c.dqk), v = view(p.v, c.Hkv, c.Lkv, c.dv);
+  }
+};
+
 // A mask the GPU builds (documents: its tiles are the GPU's to decide) has its tables built there
 // too, and the d64 Hopper forward's 192x128 tile regroups it there: kept per stream; inside a
 // CUDA-graph capture, made for the captured launch (its memory and kernels part of the graph),
@@ -909,15 +923,8 @@ TEST(DeviceBuiltMask, RegroupedPerStreamAndInsideAGraph) {
     EXPECT_TRUE(r1.built_on_device());
     EXPECT_EQ(r1.kinds(), mask.host_copy().set_matches_mask_mod().regrouped(192, 128).kinds());
   }
-  fa::rt::DeviceBuffer d_in(p->in_bits.size() * 2);
-  d_in.upload(p->in_bits.data(), p->in_bits.size() * 2);
-  auto* base = d_in.as<uint16_t>();
-  auto view = [&](const Operand& o, int H, int L, int D) {
-    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D},
-                          {o.stride[0], o.stride[1], o.stride[2], 1});
-  };
-  const fa::TensorView q = view(p->q, c.Hq, c.Lq, c.dqk), k = view(p->k, c.Hkv, c.Lkv, c.dqk),
-                       v = view(p->v, c.Hkv, c.Lkv, c.dv);
+  const DeviceInputs in(c, *p);
+  const fa::TensorView &q = in.q, &k = in.k, &v = in.v;
   const size_t o_elems = size_t(c.B) * c.Hq * c.Lq * c.dv;
   fa::rt::DeviceBuffer d_eager(o_elems * 2), d_graph(o_elems * 2);
   const fa::TensorView o_eager(d_eager.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv}),
@@ -1136,15 +1143,8 @@ TEST(Autotune, NotTimedWhenOffWhenOHoldsAnInputOrWhileAGraphIsCaptured) {
     EXPECT_TRUE(off.tune_records().empty());
   }
   fa::rt::ContextGuard guard;
-  fa::rt::DeviceBuffer d_in(p->in_bits.size() * 2);
-  d_in.upload(p->in_bits.data(), p->in_bits.size() * 2);
-  auto* base = d_in.as<uint16_t>();
-  auto view = [&](const Operand& o, int H, int L, int D) {
-    return fa::TensorView(base + o.offset, c.dtype, {c.B, H, L, D},
-                          {o.stride[0], o.stride[1], o.stride[2], 1});
-  };
-  const fa::TensorView q = view(p->q, c.Hq, c.Lq, c.dqk), k = view(p->k, c.Hkv, c.Lkv, c.dqk),
-                       v = view(p->v, c.Hkv, c.Lkv, c.dv);
+  const DeviceInputs in(c, *p);
+  const fa::TensorView &q = in.q, &k = in.k, &v = in.v;
   fa::rt::DeviceBuffer d_o(size_t(c.B) * c.Hq * c.Lq * c.dv * 2);
   const fa::TensorView o(d_o.as<void>(), c.dtype, {c.B, c.Hq, c.Lq, c.dv});
   // O in Q's memory (timing would run the kernel on its own output) is refused before anything
