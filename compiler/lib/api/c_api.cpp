@@ -662,6 +662,14 @@ fajit_status fajit_block_mask_copy_tables(const fajit_block_mask* m, int32_t* ou
       const fa::BlockMaskDeviceTables d = b.device_tables();
       const int* src[] = {d.kv_num_blocks, d.kv_indices, d.full_kv_num_blocks, d.full_kv_indices,
                           d.q_num_blocks,  d.q_indices,  d.full_q_num_blocks,  d.full_q_indices};
+      // One copy where the mask's tables lie back to back already (each table's size a multiple
+      // of 4 entries, so no alignment padding between them: the usual case), else one a table.
+      bool adjacent = true;
+      for (int i = 1; i < 8; ++i) adjacent = adjacent && src[i] == src[i - 1] + table_entries(b, i - 1);
+      if (adjacent) {
+        FA_CU(cuMemcpyDtoDAsync, dst, reinterpret_cast<CUdeviceptr>(src[0]), total * sizeof(int32_t), stream);
+        return;
+      }
       size_t at = 0;
       for (int i = 0; i < 8; ++i) {
         const size_t bytes = table_entries(b, i) * sizeof(int32_t);
