@@ -228,6 +228,16 @@ TEST(Presets, ErrorsNameTheProblem) {
             "mask preset 'causal:3' takes 0 arguments (usage: causal)");
   EXPECT_EQ(error_of([] { fa::mods::score_preset("softcap:-1"); }),
             "score preset 'softcap:-1': the cap must be positive");
+  // negative counts: an empty window, or a prefix / padding that means nothing
+  EXPECT_EQ(error_of([] { fa::mods::mask_preset("sliding:-5"); }),
+            "mask preset 'sliding:-5': the window must be >= 0, got -5");
+  EXPECT_EQ(error_of([] { fa::mods::mask_preset("prefix_lm:-1"); }),
+            "mask preset 'prefix_lm:-1': the prefix must be >= 0, got -1");
+  EXPECT_EQ(error_of([] { fa::mods::mask_preset("padding:-3"); }),
+            "mask preset 'padding:-3': the padding must be >= 0, got -3");
+  EXPECT_EQ(error_of([] { fa::mods::mask_preset("dilated:-4:2"); }),
+            "mask preset 'dilated:-4:2': the window must be >= 0, got -4");
+  EXPECT_EQ(fa::mods::mask_preset("sliding:0").scalar_values.at("window"), 0);  // the diagonal
   EXPECT_EQ(error_of([] { fa::mods::score_preset("alibi2"); }),
             "unknown score preset 'alibi2'; expected one of: alibi, softcap:C, relative_bias, identity");
 }

@@ -91,6 +91,15 @@ T parse_number(const std::string& text, std::string_view kind, std::string_view 
                           std::is_integral_v<T> ? "an integer" : "a number", usage));
 }
 
+// A preset's count (window, prefix, padding): a negative one would make a mask that is silently
+// empty (a window) or the same as none (a prefix, padding).
+int32_t parse_count(const std::string& text, std::string_view kind, std::string_view spec, std::string_view usage,
+                    std::string_view what) {
+  const int32_t v = parse_number<int32_t>(text, kind, spec, usage);
+  if (v < 0) throw Error(fmt::format("{} preset '{}': {} must be >= 0, got {}", kind, spec, what, v));
+  return v;
+}
+
 void expect_args(const Spec& s, size_t n, std::string_view kind, std::string_view spec,
                  std::string_view usage) {
   if (s.args.size() != n)
@@ -122,22 +131,22 @@ Preset<MaskMod> mask_preset(std::string_view spec) {
   }
   if (s.name == "sliding") {
     expect_args(s, 1, kind, spec, "sliding:W");
-    return {sliding_window(), {{"window", parse_number<int32_t>(s.args[0], kind, spec, "sliding:W")}}};
+    return {sliding_window(), {{"window", parse_count(s.args[0], kind, spec, "sliding:W", "the window")}}};
   }
   if (s.name == "prefix_lm") {
     expect_args(s, 1, kind, spec, "prefix_lm:P");
-    return {prefix_lm(), {{"prefix", parse_number<int32_t>(s.args[0], kind, spec, "prefix_lm:P")}}};
+    return {prefix_lm(), {{"prefix", parse_count(s.args[0], kind, spec, "prefix_lm:P", "the prefix")}}};
   }
   if (s.name == "padding") {
     expect_args(s, 1, kind, spec, "padding:N");
-    return {padding(), {{"n_pad", parse_number<int32_t>(s.args[0], kind, spec, "padding:N")}}};
+    return {padding(), {{"n_pad", parse_count(s.args[0], kind, spec, "padding:N", "the padding")}}};
   }
   if (s.name == "dilated") {
     expect_args(s, 2, kind, spec, "dilated:W:D");
     int32_t d = parse_number<int32_t>(s.args[1], kind, spec, "dilated:W:D");
     if (d <= 0) throw Error(fmt::format("mask preset '{}': dilation must be positive", spec));
     return {dilated_sliding_window(),
-            {{"window", parse_number<int32_t>(s.args[0], kind, spec, "dilated:W:D")}, {"dilation", d}}};
+            {{"window", parse_count(s.args[0], kind, spec, "dilated:W:D", "the window")}, {"dilation", d}}};
   }
   throw Error(fmt::format("unknown mask preset '{}'; expected one of: {}", spec, mask_preset_help()));
 }
