@@ -145,23 +145,23 @@ std::vector<uint8_t> kinds_of_kv_tables(const State& s, const int32_t* num, cons
   return kinds;
 }
 
-// Makes a device-table mask's context current for its scope (pushed when another one is).
-class DeviceKvContext {
+// Makes a device mask's context current for its scope (pushed when another one is).
+class InContext {
  public:
-  explicit DeviceKvContext(const State& s) {
+  explicit InContext(CUcontext ctx) {
     CUcontext cur = nullptr;
     FA_CU(cuCtxGetCurrent, &cur);
-    if (cur != s.device_kv->context) {
-      FA_CU(cuCtxPushCurrent, s.device_kv->context);
+    if (cur != ctx) {
+      FA_CU(cuCtxPushCurrent, ctx);
       pushed_ = true;
     }
   }
-  ~DeviceKvContext() {
+  ~InContext() {
     CUcontext popped = nullptr;
     if (pushed_) (void)rt::driver().cuCtxPopCurrent(&popped);
   }
-  DeviceKvContext(const DeviceKvContext&) = delete;
-  DeviceKvContext& operator=(const DeviceKvContext&) = delete;
+  InContext(const InContext&) = delete;
+  InContext& operator=(const InContext&) = delete;
 
  private:
   bool pushed_ = false;
@@ -171,7 +171,7 @@ class DeviceKvContext {
 // tables' own context). cuCtxSynchronize first: the tables may still be being written on any
 // stream (inside a CUDA-graph capture this fails: the kernels must not read a copy there).
 std::vector<uint8_t> kinds_of_device_tables(const State& s) {
-  DeviceKvContext in_context(s);
+  InContext in_context(s.device_kv->context);
   const State::DeviceKv& d = *s.device_kv;
   const size_t rows = size_t(s.batch) * s.heads * s.nq, cells = rows * size_t(s.nkv);
   std::vector<int32_t> num(rows), idx(cells), full_num, full_idx;
@@ -191,6 +191,22 @@ std::vector<uint8_t> kinds_of_device_tables(const State& s) {
                             d.full_num ? full_idx.data() : nullptr);
 }
 
+// A built-on-device mask's kinds (and a regrouped one's raw sub-block kinds) into s.kinds /
+// s.sub_kinds, one copy after cuCtxSynchronize in its context: they are written on the mask's
+// stream, or a regrouping's.
+void download_device_kinds(State& s) {
+  const BlockMask::DeviceKinds& d = *s.device_kinds;
+  InContext in_context(d.context);
+  const size_t tiles = size_t(s.batch) * s.heads * s.nq * s.nkv;
+  FA_CU(cuCtxSynchronize);
+  s.kinds.resize(tiles);
+  FA_CU(cuMemcpyDtoH, s.kinds.data(), reinterpret_cast<CUdeviceptr>(d.kinds), tiles);
+  if (d.sub_kinds) {
+    s.sub_kinds.resize(tiles);
+    FA_CU(cuMemcpyDtoH, s.sub_kinds.data(), reinterpret_cast<CUdeviceptr>(d.sub_kinds), tiles);
+  }
+}
+
 // FAJIT_CHECK_DEVICE_TABLES=1: fill() checks a device-table mask's entries on every call (a copy
 // and a sync each time).
 bool check_device_tables() {
@@ -206,15 +222,14 @@ void check_device_kv_context(const State& s, CUcontext ctx) {
         "use the mask on that device");
 }
 
-// s.kinds, filled first for a device-table mask: a snapshot of its tables at the first call that
-// needs them on the host, checked (what the kernels read comes from host_copy() at each call).
+// s.kinds, filled first for a mask on the device: a snapshot of its tables (checked) or of its
+// kinds at the first call that needs them on the host (the kernels read the tables themselves).
 const State& ensure_kinds(const State& cs) {
   if (!cs.device_kv && !cs.device_kinds) return cs;
   State& s = const_cast<State&>(cs);
   std::call_once(s.kinds_once, [&] {
     if (s.device_kinds)
-      s.kinds =
-          rt::download_device_kinds(*s.device_kinds, size_t(s.batch) * s.heads * s.nq * s.nkv, &s.sub_kinds);
+      download_device_kinds(s);
     else
       s.kinds = kinds_of_device_tables(s);
   });

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -48,6 +49,23 @@ struct DeviceLayout {
     total = at;
   }
 };
+
+// A device mask's state over one new allocation of layout `l` on `stream` (its kinds at l.kinds,
+// sub-block kinds where the layout has them), in the current context.
+std::shared_ptr<BlockMask::DeviceKinds> new_device_kinds(const DeviceLayout& l, bool with_sub,
+                                                         CUstream stream, CUfunction tables,
+                                                         CUfunction regroup, std::string_view what,
+                                                         const ContextGuard& guard) {
+  auto d = std::make_shared<BlockMask::DeviceKinds>();
+  d->context = guard.context();
+  d->stream = stream;
+  d->tables_fn = tables;
+  d->regroup_fn = regroup;
+  d->memory = StreamBuffer(l.total, stream, what);
+  d->kinds = d->memory.as<unsigned char>(l.kinds);
+  if (with_sub) d->sub_kinds = d->memory.as<unsigned char>(l.sub);
+  return d;
+}
 
 // A grid of at most a few CTAs per SM over `work` items, `per_cta` a CTA.
 unsigned grid_for(int64_t work, int64_t per_cta, const ContextGuard& guard) {
@@ -178,15 +196,10 @@ BlockMask build_block_mask(CUfunction classify, const FaCaptures& captures, int 
     throw Error(
         "block mask: not built while its stream is capturing a CUDA graph; build it before the capture (the "
         "graph's launches read its tables in place)");
-  auto d = std::make_shared<BlockMask::DeviceKinds>();
-  d->context = guard.context();
-  d->stream = options.stream;
-  d->tables_fn = options.tables;
-  d->regroup_fn = options.regroup;
   const DeviceLayout l(size_t(tiles), size_t(groups) * nq, size_t(groups) * nkv, false, with_known);
-  d->memory = StreamBuffer(l.total, options.stream, "the block mask's kinds and tables");
+  auto d = new_device_kinds(l, false, options.stream, options.tables, options.regroup,
+                            "the block mask's kinds and tables", guard);
   auto* base = d->memory.as<unsigned char>();
-  d->kinds = base + l.kinds;
   if (with_known)
     upload_staged(d->memory.ptr() + l.known, options.known.data(), size_t(tiles), options.stream);
   launch_classify(classify, captures, base + l.kinds, with_known ? base + l.known : nullptr, batch, heads,
@@ -209,21 +222,14 @@ std::shared_ptr<const BlockMask::DeviceKinds> regroup_device_kinds(const BlockMa
   ContextGuard guard;
   if (guard.context() != src.context)
     throw Error("block mask: it was built on the device of another CUDA context; use it on that device");
-  auto d = std::make_shared<BlockMask::DeviceKinds>();
-  d->context = src.context;
-  d->stream = stream;
-  d->tables_fn = src.tables_fn;
-  d->regroup_fn = src.regroup_fn;
   const bool with_sub = sub_count > 0;
   const DeviceLayout l(size_t(tiles), size_t(groups) * out_nq, size_t(groups) * out_nkv, with_sub, false);
-  d->memory = StreamBuffer(l.total, stream, "the regrouped block mask's kinds and tables");
-  auto* base = d->memory.as<unsigned char>();
-  d->kinds = base + l.kinds;
-  if (with_sub) d->sub_kinds = base + l.sub;
+  auto d = new_device_kinds(l, with_sub, stream, src.tables_fn, src.regroup_fn,
+                            "the regrouped block mask's kinds and tables", guard);
   FaBlockRegroupParams p{};
   p.kinds = src.kinds;
-  p.out = base + l.kinds;
-  p.sub_out = with_sub ? base + l.sub : nullptr;
+  p.out = d->memory.as<unsigned char>(l.kinds);
+  p.sub_out = with_sub ? d->memory.as<unsigned char>(l.sub) : nullptr;
   p.groups = groups;
   p.len_q = static_cast<int>(len_q);
   p.len_kv = static_cast<int>(len_kv);
@@ -253,21 +259,14 @@ BlockMask derive_device_kinds(const BlockMask& mask, CUfunction kinds, CUfunctio
   mask.fill(kv);  // the caller's tables, in their context (FAJIT_CHECK_DEVICE_TABLES=1 checks them)
   const int groups = mask.batch() * mask.heads(), nq = mask.num_q_blocks(), nkv = mask.num_kv_blocks();
   const int64_t tiles = int64_t(groups) * nq * nkv;
-  auto d = std::make_shared<BlockMask::DeviceKinds>();
-  d->context = guard.context();
-  d->stream = stream;
-  d->tables_fn = tables;
-  d->regroup_fn = regroup;
   const DeviceLayout l(size_t(tiles), size_t(groups) * nq, size_t(groups) * nkv, false, false);
-  d->memory = StreamBuffer(l.total, stream, "the block mask's kinds and tables");
-  auto* base = d->memory.as<unsigned char>();
-  d->kinds = base + l.kinds;
+  auto d = new_device_kinds(l, false, stream, tables, regroup, "the block mask's kinds and tables", guard);
   FaBlockKindsParams p{};
   p.num = kv.kv_num_blocks;
   p.idx = kv.kv_indices;
   p.full_num = kv.full_kv_num_blocks;
   p.full_idx = kv.full_kv_num_blocks ? kv.full_kv_indices : nullptr;
-  p.kinds = base + l.kinds;
+  p.kinds = d->memory.as<unsigned char>(l.kinds);
   p.groups = groups;
   p.num_q_blocks = nq;
   p.num_kv_blocks = nkv;
@@ -278,28 +277,6 @@ BlockMask derive_device_kinds(const BlockMask& mask, CUfunction kinds, CUfunctio
                                                mask.q_block(), mask.kv_block(), std::move(d));
   out.set_matches_mask_mod(mask.matches_mask_mod());
   return out;
-}
-
-std::vector<uint8_t> download_device_kinds(const BlockMask::DeviceKinds& d, size_t tiles,
-                                           std::vector<uint8_t>* sub) {
-  CUcontext cur = nullptr;
-  FA_CU(cuCtxGetCurrent, &cur);
-  const bool push = cur != d.context;
-  if (push) FA_CU(cuCtxPushCurrent, d.context);
-  std::vector<uint8_t> kinds(tiles);
-  try {
-    FA_CU(cuCtxSynchronize);  // written on the mask's stream, or a regrouping's
-    FA_CU(cuMemcpyDtoH, kinds.data(), reinterpret_cast<CUdeviceptr>(d.kinds), tiles);
-    if (sub) {
-      sub->assign(d.sub_kinds ? tiles : 0, 0);
-      if (d.sub_kinds) FA_CU(cuMemcpyDtoH, sub->data(), reinterpret_cast<CUdeviceptr>(d.sub_kinds), tiles);
-    }
-  } catch (...) {
-    if (push) (void)driver().cuCtxPopCurrent(&cur);
-    throw;
-  }
-  if (push) (void)driver().cuCtxPopCurrent(&cur);
-  return kinds;
 }
 
 }  // namespace fa::rt

@@ -347,15 +347,15 @@ class MaskBuilder {
     std::memcpy(&fc, cap.data(), sizeof fc);
     const Compiled& b = builder(wide_captures_needed(slots_, captures));
     rt::ContextGuard guard;
-    CUfunction fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name);
+    CUfunction fn = function_of(b, "");
     rt::BlockMaskBuildOptions o;
     o.q_block = options.q_block;
     o.kv_block = options.kv_block;
     o.stream = reinterpret_cast<CUstream>(stream);
     o.known = std::move(a.kinds);  // kUndecided: evaluate element by element on the GPU
     // The tables are built on the GPU too: nothing comes back to the host, nothing waits.
-    o.tables = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_tables");
-    o.regroup = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_regroup");
+    o.tables = function_of(b, "_tables");
+    o.regroup = function_of(b, "_regroup");
     return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
   }
 
@@ -368,14 +368,17 @@ class MaskBuilder {
   BlockMask derive(const BlockMask& mask, Stream stream) {
     const Compiled& b = builder();
     rt::ContextGuard guard;
-    auto fn = [&](const char* suffix) {
-      return rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + suffix);
-    };
-    return rt::derive_device_kinds(mask, fn("_kinds"), fn("_tables"), fn("_regroup"),
-                                   reinterpret_cast<CUstream>(stream));
+    return rt::derive_device_kinds(mask, function_of(b, "_kinds"), function_of(b, "_tables"),
+                                   function_of(b, "_regroup"), reinterpret_cast<CUstream>(stream));
   }
 
  private:
+  // The builder module's kernel named <kernel_name><suffix> (FAJIT_DEFINE_BLOCK_MASK), in the
+  // current context ("": the classifier itself).
+  static CUfunction function_of(const Compiled& b, const char* suffix) {
+    return rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + suffix);
+  }
+
   // The builder kernel; `wide`: its wide-captures twin (KernelSpec::wide_captures).
   const Compiled& builder(bool wide = false) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -81,10 +81,5 @@ std::shared_ptr<const BlockMask::DeviceKinds> regroup_device_kinds(const BlockMa
 BlockMask derive_device_kinds(const BlockMask& mask, CUfunction kinds, CUfunction tables, CUfunction regroup,
                               CUstream stream);
 
-// The kinds (and a regrouped mask's raw sub-block kinds, when `sub` is given) of a built-on-device
-// mask, copied to the host after cuCtxSynchronize in its context.
-std::vector<uint8_t> download_device_kinds(const BlockMask::DeviceKinds& d, size_t tiles,
-                                           std::vector<uint8_t>* sub = nullptr);
-
 }  // namespace rt
 }  // namespace fa
