@@ -17,6 +17,7 @@
 #include "fa_test_util.h"
 #include "fajit/Dialect/FA/FAOps.h"
 #include "fajit/Dialect/FA/Passes.h"
+#include "fajit/analysis/range_program.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/detail/reference.h"
 #include "fajit/error.h"
@@ -209,6 +210,48 @@ TEST(MaskAnalysis, DependenceKeepsOnlyWhatTheMaskReads) {
   fa::MaskAnalysis c = check_exact(pb, fa::Bindings{}, fa::Captures{}, {3, 4, 300, 300, 32, 64}, "per_batch");
   EXPECT_EQ(c.batch, 3);
   EXPECT_EQ(c.heads, 1);
+}
+
+// A mask reading b (or h) only to pick its loads is decided alike for every (b, h): one is
+// analysed and copied. Where b also reaches the verdict otherwise, each is analysed.
+TEST(MaskAnalysis, BAndHReachingOnlyLoadsAreDecidedOnce) {
+  const int B = 3, H = 2, L = 700;
+  std::vector<int32_t> doc(size_t(B) * L);
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < L; ++i) doc[size_t(b) * L + i] = i / (90 + 70 * b);
+  fa::Bindings env;
+  env.buffer("doc_ids", fa::HostBuffer::i32(doc.data(), {B, L}));
+  fa::MaskMod by_load{"doc2d_causal", [](fa::Index b, fa::Index, fa::Index q, fa::Index kv) {
+                        auto d = fa::buffer<int32_t>("doc_ids", 2);
+                        return q >= kv && d(b, q) == d(b, kv);
+                      }};
+  fa::MaskMod by_b_too{"doc2d_or_prefix", [](fa::Index b, fa::Index h, fa::Index q, fa::Index kv) {
+                         auto d = fa::buffer<int32_t>("doc_ids", 2);
+                         return (kv < (b + fa::Index(1)) * fa::Index(77) || q >= kv + h * fa::Index(200)) &&
+                                d(b, q) == d(b, kv);
+                       }};
+  fa::Program p = fa::trace(fa::identity_score(), by_load);
+  const fa::MaskRangeProgram rp = fa::MaskRangeProgram::compile(p);
+  EXPECT_TRUE(rp.reads_b());
+  EXPECT_FALSE(rp.fields().verdict_reads_b);
+  EXPECT_FALSE(rp.fields().verdict_reads_h);
+  fa::MaskAnalysis a = check_exact(p, env, fa::Captures{}, {B, H, L, L, 64, 64}, "doc2d_causal");
+  EXPECT_EQ(a.batch, B);
+  EXPECT_EQ(a.heads, 1);
+  const size_t per = a.kinds.size() / B;
+  EXPECT_GE(a.decided, B * int64_t(11 * 10 / 2));  // every batch's empty upper triangle
+  EXPECT_EQ(a.undecided, B * std::count(a.kinds.begin(), a.kinds.begin() + per, fa::kUndecidedBlock));
+  fa::Program pb = fa::trace(fa::identity_score(), by_b_too);
+  const fa::MaskRangeProgram rpb = fa::MaskRangeProgram::compile(pb);
+  EXPECT_TRUE(rpb.fields().verdict_reads_b);
+  EXPECT_TRUE(rpb.fields().verdict_reads_h);
+  fa::MaskAnalysis c = check_exact(pb, env, fa::Captures{}, {B, H, L, L, 64, 64}, "doc2d_or_prefix");
+  EXPECT_EQ(c.batch, B);
+  EXPECT_EQ(c.heads, H);
+  // Each (b, h) decided by its own bounds: the tables differ.
+  const size_t per_c = c.kinds.size() / (B * H);
+  EXPECT_FALSE(std::equal(c.kinds.begin(), c.kinds.begin() + per_c, c.kinds.begin() + per_c));
+  EXPECT_FALSE(std::equal(c.kinds.begin(), c.kinds.begin() + per_c, c.kinds.begin() + H * per_c));
 }
 
 TEST(MaskAnalysis, FloatAndUnsignedArithmeticIsSound) {

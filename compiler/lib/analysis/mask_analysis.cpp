@@ -169,11 +169,20 @@ MaskAnalysis analyze_block_mask(const MaskRangeProgram& program, int batch, int 
                     a.batch, a.heads, a.num_q_blocks, a.num_kv_blocks));
   a.kinds.resize(size_t(a.batch) * a.heads * per);  // every block is written below
   detail::Evaluator ev(f, scalars);
+  // A mask reading b or h only through its loads (a document mask's doc[b, q]) keeps one table
+  // per (b, h), but every one is decided alike: the first such is analysed, the rest copied.
+  const int bn = f.verdict_reads_b ? a.batch : 1, hn = f.verdict_reads_h ? a.heads : 1;
   for (int bi = 0; bi < a.batch; ++bi)
     for (int hi = 0; hi < a.heads; ++hi) {
-      detail::Classifier c{
-          ev,     f,       {bi, bi}, {hi, hi},        len_q,
-          len_kv, q_block, kv_block, a.num_kv_blocks, a.kinds.data() + (size_t(bi) * a.heads + hi) * per};
+      uint8_t* kinds = a.kinds.data() + (size_t(bi) * a.heads + hi) * per;
+      if (bi >= bn || hi >= hn) {
+        const uint8_t* same = a.kinds.data() + (size_t(bi % bn) * a.heads + hi % hn) * per;
+        std::memcpy(kinds, same, per);
+        a.undecided += int64_t(std::count(same, same + per, uint8_t(BlockKind::kUndecided)));
+        continue;
+      }
+      detail::Classifier c{ev,     f,       {bi, bi}, {hi, hi},        len_q,
+                           len_kv, q_block, kv_block, a.num_kv_blocks, kinds};
       c.region(0, a.num_q_blocks, 0, a.num_kv_blocks);
       a.undecided += c.undecided;
     }

@@ -298,6 +298,8 @@ class RangeCompiler {
     for (unsigned i = 0; i < 4; ++i) {
       regs_[entry.getArgument(i)] = new_reg(itop(32));
     }
+    taint_[entry.getArgument(0)] = kTaintB;
+    taint_[entry.getArgument(1)] = kTaintH;
     mlir::fa::ModUses uses = mlir::fa::computeUses(mask.getOperation());
     f_.reads_b = uses.b;
     f_.reads_h = uses.h;
@@ -305,6 +307,9 @@ class RangeCompiler {
     for (mlir::Operation& op : entry) {
       if (auto y = llvm::dyn_cast<mlir::fa::YieldOp>(op)) {
         f_.result = reg(y.getValue());
+        const uint8_t t = taint_.lookup(y.getValue());
+        f_.verdict_reads_b = (t & kTaintB) != 0;
+        f_.verdict_reads_h = (t & kTaintH) != 0;
         return;
       }
       compile_op(&op);
@@ -375,19 +380,25 @@ class RangeCompiler {
       in.pred = static_cast<uint8_t>(c.getPredicate());
     else if (auto c = llvm::dyn_cast<mlir::arith::CmpFOp>(op))
       in.pred = static_cast<uint8_t>(c.getPredicate());
-    if (modelled_as_anything(*code)) f_.opaque = true;
+    const bool anything = modelled_as_anything(*code);
+    if (anything) f_.opaque = true;
+    uint8_t taint = 0;  // what the result may depend on: nothing for an op modelled as anything
     for (unsigned i = 0; i < op->getNumOperands() && i < 3; ++i) {
       mlir::Value v = op->getOperand(i);
       if (llvm::isa<mlir::fa::BufferType>(v.getType())) continue;
       in.src[i] = reg(v);
+      if (!anything) taint |= taint_.lookup(v);
     }
+    if (taint) taint_[op->getResult(0)] = taint;
     in.dst = new_reg(top_of(rt));
     regs_[op->getResult(0)] = in.dst;
     f_.code.push_back(in);
   }
 
+  static constexpr uint8_t kTaintB = 1, kTaintH = 2;
   RangeFields& f_;
   llvm::DenseMap<mlir::Value, uint32_t> regs_;
+  llvm::DenseMap<mlir::Value, uint8_t> taint_;  // values that b (kTaintB) / h (kTaintH) may reach
 };
 
 }  // namespace

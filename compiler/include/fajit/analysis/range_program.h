@@ -31,6 +31,10 @@ struct RangeFields {
   uint32_t result = 0;
   bool reads_b = false, reads_h = false, reads_buffers = false;
   bool opaque = false;  // holds ops modelled as "anything" (loads, transcendental math)
+  // Whether the verdict can depend on b / h: false where they reach the result only through ops
+  // modelled as "anything" (doc[b, q] == doc[b, kv]: b picks the load, whose value is unknown
+  // whatever b is), so one (b, h) decides the blocks of all.
+  bool verdict_reads_b = false, verdict_reads_h = false;
 };
 
 // A program with its scalars bound and a private register file.
