@@ -33,7 +33,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes as C
+import functools
 import hashlib
+import itertools
 import math
 import operator
 import threading
@@ -471,11 +473,13 @@ def _mask_tables(handle, device):
             for i, size in enumerate(sizes):
                 _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(moved.data_ptr() + 4 * at), size, None))
                 at += size
-    out, at = {}, 0
-    for (name, shape), size in zip(shapes.items(), sizes):
-        out[name] = moved.as_strided(shape, _contiguous_strides(shape), at)  # one op a table
-        at += size
-    return info, out
+    offsets = dict(zip(shapes, itertools.accumulate([0] + sizes[:-1])))
+
+    def views(names):  # one op a table
+        return {n: moved.as_strided(shapes[n], _contiguous_strides(shapes[n]), offsets[n]) for n in names}
+
+    # The kv tables now; the q_* transposes, copied with them, viewed when first read.
+    return info, views(_KV_TABLES), lambda: views(_Q_TABLES)
 
 
 def _contiguous_strides(shape):
@@ -542,6 +546,7 @@ def _torch_block_mask(num, idx, full_num, full_idx, block_size, mask_mod, seq_le
         return TorchBlockMask.from_kv_blocks(num, idx, **kw)
 
 
+_KV_TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
 _Q_TABLES = ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
 
@@ -551,12 +556,15 @@ class BlockMask:
     the mask_mod they come from, and fajit's own handle. to_torch() / from_torch() convert."""
 
     def __init__(self, handle, tables, seq_lengths, block_size, mask_mod, lazy_q=False):
-        """lazy_q: the q_* transposes are computed from the kv tables when first read (torch's
-        BlockMask.from_kv_blocks, about 2 ms of host time a call): a decoding step's slice
-        (__getitem__) never needs them, as fajit's kernels transpose for themselves."""
+        """lazy_q: the q_* transposes are made when first read, as fajit's kernels transpose for
+        themselves: True, from the kv tables (torch's BlockMask.from_kv_blocks, about 2 ms of host
+        time a call; a decoding step's slice (__getitem__) never needs them); a callable, its dict
+        of them (views of fajit's copy, made only when read: a mask made every training step)."""
         for name in _capi.TABLES:
             if not (lazy_q and name in _Q_TABLES):
                 setattr(self, name, tables.get(name))
+        if callable(lazy_q):
+            self.__dict__["_q_tables_of"] = lazy_q
         self.seq_lengths = tuple(int(n) for n in seq_lengths)
         self.BLOCK_SIZE = tuple(int(n) for n in block_size)
         self.mask_mod = mask_mod
@@ -566,6 +574,10 @@ class BlockMask:
     def __getattr__(self, name):  # only for attributes not set: the lazy q_* tables
         if name not in _Q_TABLES or "kv_num_blocks" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        made = self.__dict__.pop("_q_tables_of", None)
+        if made is not None:
+            self.__dict__.update(made())
+            return self.__dict__[name]
         theirs = _torch_block_mask(self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
                                    self.full_kv_indices, self.BLOCK_SIZE, _sliced_mask_mod_error, self.seq_lengths)
         for n in _Q_TABLES:
@@ -778,8 +790,8 @@ class BlockMask:
         device = mask.kv_num_blocks.device
         handle = _mask_for(_kv_tables(mask), (int(lens[0]), int(lens[1]), int(bs[0]), int(bs[1])), 0, 0, device)
         with _on_device(device) if device.type == "cuda" else contextlib.nullcontext():
-            _, t = _mask_tables(handle, device)
-        return cls(handle, t, lens, bs, mask.mask_mod)
+            _, t, q_tables = _mask_tables(handle, device)
+        return cls(handle, t, lens, bs, mask.mask_mod, lazy_q=q_tables)
 
 
 def noop_mask(b, h, q_idx, kv_idx):
@@ -884,11 +896,17 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
             v.program.handle, B or 1, H or 1, Q_LEN, KV_LEN, bs[0], bs[1], C.byref(caps), None, _stream(device),
             C.byref(h)), "create_block_mask")
         handle = _MaskHandle(h)
-        _, tables = _mask_tables(handle, device)
+        info, tables, q_tables = _mask_tables(handle, device)
     # [B, H] as asked (torch's shape), as views where the mask ignores b or h (fajit keeps 1)
     bh = (B or 1, H or 1)
-    tables = {n: _expand_bh(t, bh) for n, t in tables.items()}
-    return BlockMask(handle, tables, (Q_LEN, KV_LEN), bs, mask_mod)
+    if (info.batch, info.heads) != bh:
+        tables = {n: _expand_bh(t, bh) for n, t in tables.items()}
+        q_tables = functools.partial(_expanded, q_tables, bh)
+    return BlockMask(handle, tables, (Q_LEN, KV_LEN), bs, mask_mod, lazy_q=q_tables)
+
+
+def _expanded(make_tables, bh):
+    return {n: _expand_bh(t, bh) for n, t in make_tables().items()}
 
 
 # ---- the custom ops -------------------------------------------------------------------------

@@ -305,11 +305,12 @@ def _close(a, b, what, tol):
     assert err <= tol * scale, f"{what}: max error {err:.4g} (scale {scale:.3g}, tol {tol})"
 
 
-def _kept(mask):
-    """[Bm, Hm, nq, nkv] bool: the blocks a mask's kv tables list (partial or full)."""
-    n, idx = mask.kv_num_blocks, mask.kv_indices
+def _kept(mask, side="kv"):
+    """[Bm, Hm, nq, nkv] bool: the blocks a mask's kv tables list (partial or full); side "q":
+    [Bm, Hm, nkv, nq], the blocks its q_* transposes list."""
+    n, idx = getattr(mask, f"{side}_num_blocks"), getattr(mask, f"{side}_indices")
     kept = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)
-    for num, ind in ((n, idx), (mask.full_kv_num_blocks, mask.full_kv_indices)):
+    for num, ind in ((n, idx), (getattr(mask, f"full_{side}_num_blocks"), getattr(mask, f"full_{side}_indices"))):
         if num is None:
             continue
         valid = torch.arange(ind.shape[-1], device=ind.device) < num.unsqueeze(-1)
@@ -497,6 +498,13 @@ def test_document_mask_with_captured_ids_and_alibi():
     # fajit, ignoring elements past the length, calls full).
     tmask = _flex()[1](document_causal, None, None, L, L, device="cuda")
     assert torch.equal(_kept(mask), _kept(tmask))
+    # the q_* transposes too (views of fajit's copy, made when first read), in torch's shape where
+    # the mask broadcasts over the B x H asked for
+    for bh in ((None, None), (B, H)):
+        ours, theirs = ft.create_block_mask(document_causal, *bh, L, L), _flex()[1](document_causal, *bh, L, L)
+        assert ours.q_indices.shape == theirs.q_indices.shape, bh
+        assert torch.equal(_kept(ours, "q"), _kept(theirs, "q")), bh
+        assert torch.equal(_kept(ours, "q"), _kept(ours).transpose(-1, -2)), bh
     # to and from torch's BlockMask
     back = ft.BlockMask.from_torch(mask.to_torch())
     assert torch.equal(back.kv_num_blocks, mask.kv_num_blocks)
@@ -615,6 +623,23 @@ def test_block_mask_tables_without_a_gpu():
 
     hm = ft.BlockMask.from_torch(torch_create_block_mask(by_head, B, H, S, S, device="cpu"))
     assert handle_shape(hm) == (2, 4)
+    # all eight tables as torch's, the q_* transposes (viewed when first read) too; broadcast ones
+    # (a mask of q and kv alone for B x H) in torch's shape
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    for mod, bh in ((by_head, (B, H)), (causal, (B, H)), (causal, (1, 1))):
+        theirs = torch_create_block_mask(mod, *bh, S, S, device="cpu")
+        ours = ft.BlockMask.from_torch(theirs)
+        for name in ft._capi.TABLES:
+            got, want = getattr(ours, name), getattr(theirs, name)
+            assert got.shape == want.shape, (mod.__name__, bh, name)
+            if name.endswith("num_blocks"):
+                assert torch.equal(got, want), (mod.__name__, bh, name)
+            else:  # torch leaves the entries past a row's count unspecified
+                count = getattr(ours, name.replace("indices", "num_blocks"))
+                live = torch.arange(got.shape[-1]) < count[..., None]
+                assert torch.equal(got[live], want[live]), (mod.__name__, bh, name)
     # slices starting where their parent does get handles of their own
     assert handle_shape(hm[0:1, 0:2]) == (1, 2) and handle_shape(hm[0:1, 0:1]) == (1, 1)
     assert torch.equal(hm[0:1, 0:1].kv_indices[0, 0], hm.kv_indices[0, 0])
