@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes as C
-import functools
 import hashlib
 import itertools
 import math
@@ -473,13 +472,11 @@ def _mask_tables(handle, device):
             for i, size in enumerate(sizes):
                 _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(moved.data_ptr() + 4 * at), size, None))
                 at += size
-    offsets = dict(zip(shapes, itertools.accumulate([0] + sizes[:-1])))
-
-    def views(names):  # one op a table
-        return {n: moved.as_strided(shapes[n], _contiguous_strides(shapes[n]), offsets[n]) for n in names}
-
-    # The kv tables now; the q_* transposes, copied with them, viewed when first read.
-    return info, views(_KV_TABLES), lambda: views(_Q_TABLES)
+    specs = {n: (shape, _contiguous_strides(shape), at)
+             for (n, shape), at in zip(shapes.items(), itertools.accumulate([0] + sizes[:-1]))}
+    # The kv tables now (one op a table); the q_* transposes, copied with them, viewed when first
+    # read (BlockMask's lazy_q: plain data, so a mask pickles and deep-copies as before).
+    return info, {n: moved.as_strided(*specs[n]) for n in _KV_TABLES}, (moved, specs, None)
 
 
 def _contiguous_strides(shape):
@@ -558,13 +555,14 @@ class BlockMask:
     def __init__(self, handle, tables, seq_lengths, block_size, mask_mod, lazy_q=False):
         """lazy_q: the q_* transposes are made when first read, as fajit's kernels transpose for
         themselves: True, from the kv tables (torch's BlockMask.from_kv_blocks, about 2 ms of host
-        time a call; a decoding step's slice (__getitem__) never needs them); a callable, its dict
-        of them (views of fajit's copy, made only when read: a mask made every training step)."""
+        time a call; a decoding step's slice (__getitem__) never needs them); (copy, specs, bh),
+        as views of fajit's copy of all eight tables (_mask_tables; expanded to bh unless None):
+        a mask made every training step makes four views, not eight."""
         for name in _capi.TABLES:
             if not (lazy_q and name in _Q_TABLES):
                 setattr(self, name, tables.get(name))
-        if callable(lazy_q):
-            self.__dict__["_q_tables_of"] = lazy_q
+        if isinstance(lazy_q, tuple):
+            self.__dict__["_q_views_of"] = lazy_q
         self.seq_lengths = tuple(int(n) for n in seq_lengths)
         self.BLOCK_SIZE = tuple(int(n) for n in block_size)
         self.mask_mod = mask_mod
@@ -574,14 +572,21 @@ class BlockMask:
     def __getattr__(self, name):  # only for attributes not set: the lazy q_* tables
         if name not in _Q_TABLES or "kv_num_blocks" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        made = self.__dict__.pop("_q_tables_of", None)
-        if made is not None:
-            self.__dict__.update(made())
+        # Only the tables not set yet (a q_* table the caller set stays); dynamo traces these forms.
+        views = self.__dict__.get("_q_views_of")
+        if views is not None:
+            moved, specs, bh = views
+            for n in _Q_TABLES:
+                if n not in self.__dict__:
+                    t = moved.as_strided(*specs[n])
+                    self.__dict__[n] = t if bh is None else _expand_bh(t, bh)
+            self.__dict__["_q_views_of"] = None
             return self.__dict__[name]
         theirs = _torch_block_mask(self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
                                    self.full_kv_indices, self.BLOCK_SIZE, _sliced_mask_mod_error, self.seq_lengths)
         for n in _Q_TABLES:
-            self.__dict__[n] = getattr(theirs, n, None)
+            if n not in self.__dict__:
+                self.__dict__[n] = getattr(theirs, n, None)
         return self.__dict__[name]
 
     def _info(self):
@@ -901,12 +906,8 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
     bh = (B or 1, H or 1)
     if (info.batch, info.heads) != bh:
         tables = {n: _expand_bh(t, bh) for n, t in tables.items()}
-        q_tables = functools.partial(_expanded, q_tables, bh)
+        q_tables = q_tables[:2] + (bh,)
     return BlockMask(handle, tables, (Q_LEN, KV_LEN), bs, mask_mod, lazy_q=q_tables)
-
-
-def _expanded(make_tables, bh):
-    return {n: _expand_bh(t, bh) for n, t in make_tables().items()}
 
 
 # ---- the custom ops -------------------------------------------------------------------------

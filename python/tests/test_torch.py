@@ -603,6 +603,52 @@ def test_the_compiled_call_traces_without_a_gpu(monkeypatch):
     assert counter.frame_count == 1
 
 
+def test_block_mask_q_tables_made_when_read_without_a_gpu():
+    """A mask's q_* transposes are views made when first read: pickled, deep-copied and read
+    inside torch.compile(fullgraph=True) as tables set at creation were; one the caller set stays."""
+    import copy
+    import io
+    import pickle
+
+    import fajit.torch as ft
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    theirs = torch_create_block_mask(causal, 2, 1, 512, 512, device="cpu")
+
+    def q_kept(m):
+        live = torch.arange(m.q_indices.shape[-1]) < m.q_num_blocks[..., None]
+        return m.q_indices[live]
+
+    want = q_kept(theirs)
+
+    def saved(m):
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        return torch.load(buf, weights_only=False)
+
+    for how in (lambda m: pickle.loads(pickle.dumps(m)), saved, copy.deepcopy):
+        mine = ft.BlockMask.from_torch(theirs)
+        mine.mask_mod = ft.noop_mask  # (a local function does not pickle)
+        other = how(mine)
+        assert torch.equal(q_kept(other), want)
+        # the copy's q_* views are of its own memory
+        assert other.q_indices.untyped_storage().data_ptr() != mine.kv_indices.untyped_storage().data_ptr()
+    mine = ft.BlockMask.from_torch(theirs)
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def read(x, m):
+        return x + (m.q_num_blocks * 1000).sum() + m.to("cpu").q_num_blocks.sum()
+
+    assert read(torch.zeros(()), mine).item() == 1001 * theirs.q_num_blocks.sum().item()
+    mine = ft.BlockMask.from_torch(theirs)
+    mine.q_indices = set_by_caller = torch.zeros_like(theirs.q_indices)
+    assert torch.equal(mine.q_num_blocks, theirs.q_num_blocks) and mine.q_indices is set_by_caller
+
+
 def test_block_mask_tables_without_a_gpu():
     """BlockMask indexing, handles and checks on CPU tables (torch's create_block_mask on CPU):
     what the GPU test's flex_attention calls rest on, runnable wherever torch is."""

@@ -254,7 +254,7 @@ void step(const RInst& in, AVal* r) {
         d = fval(std::sqrt(a.flo), std::sqrt(a.fhi));
       break;
     case B::CmpF: d = cmpf(in.pred, a, b); break;
-    default:  // the ops modelled_as_anything()
+    default:  // kRangeTop: the ops modelled_as_anything()
       d = in.rw ? itop(in.rw) : ftop();
       break;
   }
@@ -365,8 +365,13 @@ class RangeCompiler {
     if (!code)
       throw Error(fmt::format("mask range analysis: '{}' is not a mask_mod body op",
                               op->getName().getStringRef().str()));
+    const bool anything = modelled_as_anything(*code);
     RInst in{};
-    in.op = static_cast<uint8_t>(*code);
+    // One rule for the value and for what b / h reach: an op modelled as anything is emitted as
+    // kRangeTop, so a transfer function given to it takes effect only once it leaves that list,
+    // and with it b / h start flowing through it.
+    in.op = anything ? kRangeTop : static_cast<uint8_t>(*code);
+    static_assert(mlir::fa::kNumBodyOps <= kRangeTop, "kRangeTop must not be a BodyOp");
     in.rw = static_cast<uint8_t>(rw);
     in.w = static_cast<uint8_t>(rw);
     switch (mlir::fa::getBodyOpKind(*code)) {
@@ -380,7 +385,6 @@ class RangeCompiler {
       in.pred = static_cast<uint8_t>(c.getPredicate());
     else if (auto c = llvm::dyn_cast<mlir::arith::CmpFOp>(op))
       in.pred = static_cast<uint8_t>(c.getPredicate());
-    const bool anything = modelled_as_anything(*code);
     if (anything) f_.opaque = true;
     uint8_t taint = 0;  // what the result may depend on: nothing for an op modelled as anything
     for (unsigned i = 0; i < op->getNumOperands() && i < 3; ++i) {

@@ -12,8 +12,12 @@
 
 namespace fa::detail {
 
+// RInst::op of an op modelled as anything (loads, transcendental math): its result is the
+// top of its type, and b / h reach nothing through it (RangeFields::verdict_reads_b / h).
+constexpr uint8_t kRangeTop = 0xff;
+
 struct RInst {
-  uint8_t op;    // mlir::fa::BodyOp
+  uint8_t op;    // mlir::fa::BodyOp, or kRangeTop: "anything of its type" whatever its operands
   uint8_t w;     // integer width of the result (cmpi, casts from int: of the operand)
   uint8_t rw;    // integer width of the result (0 for f32)
   uint8_t pred;  // cmpi / cmpf predicate
