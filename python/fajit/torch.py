@@ -33,8 +33,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes as C
+import functools
 import hashlib
-import itertools
 import math
 import operator
 import threading
@@ -451,32 +451,37 @@ def _mask_tables(handle, device):
     lib = _capi.lib()
     info = _capi.BlockMaskInfo()
     _capi.check(lib.fajit_block_mask_get_info(handle.h, C.byref(info)))
-    groups, nq, nkv = info.batch * info.heads, info.num_q_blocks, info.num_kv_blocks
-    shapes = {}
-    for name in _capi.TABLES:
-        rows, cols = (nq, nkv) if name.startswith(("kv", "full_kv")) else (nkv, nq)
-        shapes[name] = (info.batch, info.heads, rows) + ((cols,) if name.endswith("indices") else ())
-    sizes = [groups * (s[2] * (s[3] if len(s) > 3 else 1)) for s in shapes.values()]
+    specs, total = _table_specs(info.batch, info.heads, info.num_q_blocks, info.num_kv_blocks)
     # Normal tensors even under torch.inference_mode: their version counter shows in-place edits.
     with torch.inference_mode(False):
         if device.type == "cuda":
             # One copy on the current stream that waits for nothing: device to device for a mask the
             # GPU built (a document mask made every training step costs no sync), through a pinned
             # buffer for one the symbolic analysis decided (causal, sliding, prefix, ...).
-            moved = torch.empty(sum(sizes), dtype=torch.int32, device=device)
+            moved = torch.empty(total, dtype=torch.int32, device=device)
             _capi.check(lib.fajit_block_mask_copy_tables(handle.h, C.c_void_p(moved.data_ptr()), moved.numel(),
                                                          _stream(device)), "block_mask")
         else:
-            moved = torch.empty(sum(sizes), dtype=torch.int32)
-            at = 0
-            for i, size in enumerate(sizes):
-                _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(moved.data_ptr() + 4 * at), size, None))
-                at += size
-    specs = {n: (shape, _contiguous_strides(shape), at)
-             for (n, shape), at in zip(shapes.items(), itertools.accumulate([0] + sizes[:-1]))}
+            moved = torch.empty(total, dtype=torch.int32)
+            for i, (shape, _, at) in enumerate(specs.values()):
+                _capi.check(lib.fajit_block_mask_table(handle.h, i, C.c_void_p(moved.data_ptr() + 4 * at),
+                                                       math.prod(shape), None))
     # The kv tables now (one op a table); the q_* transposes, copied with them, viewed when first
     # read (BlockMask's lazy_q: plain data, so a mask pickles and deep-copies as before).
     return info, {n: moved.as_strided(*specs[n]) for n in _KV_TABLES}, (moved, specs, None)
+
+
+@functools.lru_cache(maxsize=64)
+def _table_specs(batch, heads, nq, nkv):
+    """({table: (shape, strides, offset)} in _capi.TABLES order, total elements): where
+    fajit_block_mask_copy_tables puts a mask's eight tables, one after another."""
+    specs, at = {}, 0
+    for name in _capi.TABLES:
+        rows, cols = (nq, nkv) if name.startswith(("kv", "full_kv")) else (nkv, nq)
+        shape = (batch, heads, rows) + ((cols,) if name.endswith("indices") else ())
+        specs[name] = (shape, _contiguous_strides(shape), at)
+        at += math.prod(shape)
+    return specs, at
 
 
 def _contiguous_strides(shape):
