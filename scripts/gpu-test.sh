@@ -45,10 +45,12 @@ B=.device-build/bin/fajit_gpu_tests
 OUT=\${OUT:-.device-build/out}; mkdir -p "\$OUT"
 CS=\$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 export FAJIT_CACHE_DIR=\${FAJIT_CACHE_DIR:-/tmp/fajit-gpu-test-cache}
-# Argument: suite | backward | rest | sanitizers | (none: suite and sanitizers). On an H200
-# (2026-11-27) the backward cases of both families take ~6.5 min, the rest ~2, the sanitizers
-# over 7 (memcheck ~3, racecheck the rest): one run call (10 min at most) each for
-# \`backward\`, \`rest\` and \`sanitizers\`.
+# Argument: suite | backward | backward-sm90 | backward-mma | rest | sanitizers | (none: suite
+# and sanitizers). On a freshly started H200 (2026-11-29, every variant compiled cold) the
+# backward cases take ~13.5 min: the Hopper ones with the ragged backward (\`backward-sm90\`)
+# ~7, the mma.sync ones (\`backward-mma\`) ~6.5; the rest ~3.5; the sanitizers over 7
+# (memcheck ~3, racecheck the rest). One run call (10 min at most) each for \`backward-sm90\`,
+# \`backward-mma\`, \`rest\` and \`sanitizers\`.
 WHAT="\${*:-suite sanitizers}"
 has() { case " \$WHAT " in *" \$1 "*) return 0 ;; esac; return 1; }
 nvidia-smi -L
@@ -56,6 +58,8 @@ rc=0
 FILTER=
 has suite && FILTER='*'
 has backward && FILTER='*BackwardTest*'
+has backward-sm90 && FILTER='Cases/BackwardTest*:Layouts/*Backward*'
+has backward-mma && FILTER='MmaSync/BackwardTest*'
 has rest && FILTER='-*BackwardTest*'
 if [ -n "\$FILTER" ]; then
 \$B --gtest_filter="\$FILTER" 2>&1 | tee "\$OUT/gpu.log" | grep -v '^\[       OK \]\|^\[ RUN      \]' || rc=1
@@ -79,6 +83,6 @@ it needs; the build tree would overflow the 64 MiB limit), command:
   .device-build/bin/run-gpu-tests.sh
 (the suite to \$OUT/gpu.log, then compute-sanitizer memcheck and racecheck over small subsets to
 \$OUT/memcheck.log and \$OUT/racecheck.log; exit status non-zero if anything failed; ~15 min
-together, over a run call's limit: \`run-gpu-tests.sh backward\` and \`run-gpu-tests.sh rest
-sanitizers\` in two calls split them)
+together, over a run call's limit: \`run-gpu-tests.sh backward-sm90\`, \`backward-mma\`, \`rest\`
+and \`sanitizers\` in four calls split them)
 MSG
