@@ -78,6 +78,54 @@ class Program:
                             else c.rank) for f, _ in _capi.CaptureInfo._fields_})
         return out
 
+    def evaluate(self, b, h, q, kv, score=None, buffers=None, scalars=None):
+        """The mods evaluated on the CPU as fajit's kernels evaluate them (f32 arithmetic, i32
+        indices), at the points (b[i], h[i], q[i], kv[i]): (score_mod results, or None without
+        `score`; mask_mod results as bools). buffers: {name: a float32 or int32 array with the
+        buffer protocol (a numpy array, a CPU tensor's .numpy())}; scalars: {name: number}.
+        For checking a traced mod against its framework's own evaluation."""
+        n = len(b)
+        if not len(h) == len(q) == len(kv) == n or (score is not None and len(score) != n):
+            raise ValueError("evaluate: b, h, q, kv (and score) must have one length")
+        ints = [(_C.c_int32 * n)(*(int(x) for x in xs)) for xs in (b, h, q, kv)]
+        caps, keep = _capi.Captures(), []
+        infos = {c["name"]: c for c in self.captures()}
+        if buffers:
+            arr = (_capi.BufferCapture * len(buffers))()
+            for i, (name, obj) in enumerate(buffers.items()):
+                view = memoryview(obj)
+                kind = {"f": _capi.F32, "i": _capi.I32}.get(view.format.lstrip("<=@"))
+                if kind is None or view.itemsize != 4 or not 1 <= view.ndim <= 4:
+                    raise ValueError(f"evaluate: buffer '{name}' must be float32 or int32 of rank 1 to 4, "
+                                     f"got format {view.format!r}, rank {view.ndim}")
+                raw = (_C.c_char * view.nbytes).from_buffer(obj)  # (a writable buffer: its address)
+                keep += [name.encode(), raw]
+                arr[i].name = keep[-2]
+                arr[i].tensor.data = _C.addressof(raw)
+                arr[i].tensor.dtype = kind
+                arr[i].tensor.rank = view.ndim
+                arr[i].tensor.shape[:view.ndim] = view.shape
+                arr[i].tensor.stride[:view.ndim] = [st // 4 for st in view.strides]
+            caps.buffers, caps.num_buffers = arr, len(buffers)
+            keep.append(arr)
+        if scalars:
+            arr = (_capi.ScalarCapture * len(scalars))()
+            for i, (name, value) in enumerate(scalars.items()):
+                keep.append(name.encode())
+                arr[i].name = keep[-1]
+                if infos.get(name, {}).get("is_float", isinstance(value, float)):
+                    arr[i].is_float, arr[i].f = 1, float(value)
+                else:
+                    arr[i].is_float, arr[i].i = 0, int(value)
+            caps.scalars, caps.num_scalars = arr, len(scalars)
+            keep.append(arr)
+        scores = (_C.c_float * n)(*(float(x) for x in score)) if score is not None else None
+        out = (_C.c_float * n)() if score is not None else None
+        kept = (_C.c_uint8 * n)()
+        _capi.check(self._lib.fajit_program_evaluate(self._h, n, *ints, scores, _C.byref(caps), out, kept),
+                    "evaluate")
+        return (list(out) if out is not None else None), [bool(x) for x in kept]
+
     def __str__(self):
         return self.mlir()
 

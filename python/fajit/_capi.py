@@ -109,6 +109,8 @@ _SIGNATURES = {
     "fajit_program_score_grad_mlir": (C.c_int, [_P, C.POINTER(C.c_char_p)]),
     "fajit_program_num_captures": (C.c_int, [_P]),
     "fajit_program_capture": (C.c_int, [_P, C.c_int, C.POINTER(CaptureInfo)]),
+    "fajit_program_evaluate": (C.c_int, [_P, C.c_int64] + [C.POINTER(C.c_int32)] * 4 +
+                               [C.POINTER(C.c_float), _PC, C.POINTER(C.c_float), C.POINTER(C.c_uint8)]),
     "fajit_compile_program": (C.c_int, [_P, C.POINTER(Options), C.POINTER(_P)]),
     "fajit_compile_program_background": (C.c_int, [_P, C.POINTER(Options), C.c_uint, C.POINTER(_P)]),
     "fajit_program_block_mask": (C.c_int, [_P, C.c_int, C.c_int, C.c_int64, C.c_int64, C.c_int, C.c_int, _PC,

@@ -502,10 +502,27 @@ def _truediv(a, b):
     return Value(a.trace, F32, "arith.divf", (a, b))
 
 
+def _float_mod_parts(a, b):
+    """(fmod(a, b), whether it has the divisor's sign wrong): the first steps of torch's float
+    floor division and remainder (c10's div_floor_floating, remainder), Python's // and %."""
+    mod = Value(a.trace, F32, "arith.remf", (a, b))
+    wrong = _bitwise("and", _compare("ne", mod, 0.0), _compare("ne", _compare("lt", b, 0.0), _compare("lt", mod, 0.0)))
+    return mod, wrong
+
+
 def _floordiv(a, b):
     a, b, k = _promote(a, b)
     if k == F32:
-        return _floor(Value(a.trace, F32, "arith.divf", (a, b)))
+        # torch's (and Python's) float //, not floor(a / b): that rounds a / b first (1.0 // 0.1
+        # is 9, floor(1.0 / 0.1) 10) and gives ±inf for ±inf // b (torch: nan)
+        mod, wrong = _float_mod_parts(a, b)
+        div = Value(a.trace, F32, "arith.divf", (_arith("sub", a, mod), b))
+        div = _where_(wrong, _arith("sub", div, 1.0), div)
+        fl = _floor(div)
+        fl = _where_(_compare("gt", _arith("sub", div, fl), 0.5), _arith("add", fl, 1.0), fl)
+        quotient = Value(a.trace, F32, "arith.divf", (a, b))
+        fl = _where_(_compare("ne", div, 0.0), fl, _arith("mul", quotient, 0.0))  # a zero with a / b's sign
+        return _where_(_compare("eq", b, 0.0), quotient, fl)  # b == 0: IEEE a / b
     return Value(a.trace, I32, "arith.floordivsi", (a, b))
 
 
@@ -513,8 +530,8 @@ def _mod(a, b):
     """Python's (and torch.remainder's) %: the result has the divisor's sign."""
     a, b, k = _promote(a, b)
     if k == F32:
-        q = _floor(Value(a.trace, F32, "arith.divf", (a, b)))
-        return _arith("sub", a, _arith("mul", q, b))
+        mod, wrong = _float_mod_parts(a, b)  # torch's remainder: fmod, moved by b where the signs differ
+        return _where_(wrong, _arith("add", mod, b), mod)
     # Recorded as one node: `x % d == 0` / `!= 0` compares the remainder alone (the sign fix-up
     # cannot change whether it is zero), the C++ frontend's `(q - kv) % d == 0`.
     return Value(a.trace, I32, "floormod", (a, b))
@@ -622,8 +639,13 @@ def _sigmoid(a):
 
 
 def _minmax(op, a, b):
+    """torch.minimum / maximum ("min", "max": a NaN operand gives NaN) and torch.fmin / fmax
+    ("fmin", "fmax": a NaN operand gives the other one)."""
     a, b, k = _promote(a, b)
+    if k != F32:
+        op = op.lstrip("f")
     name = {("min", F32): "arith.minimumf", ("max", F32): "arith.maximumf",
+            ("fmin", F32): "arith.minnumf", ("fmax", F32): "arith.maxnumf",
             ("min", I32): "arith.minsi", ("max", I32): "arith.maxsi"}[(op, k)]
     return Value(a.trace, k, name, (a, b))
 
@@ -689,8 +711,10 @@ def _torch_table():
     add([torch.neg, T.neg, T.__neg__, g(torch, "negative")], lambda x: _neg(x))
     add([torch.square, T.square], lambda x: _arith("mul", x, x))
     add([torch.where, T.where], lambda c, a=None, b=None: _where_(c, a, b))
-    add([torch.minimum, T.minimum, torch.fmin], lambda a, b: _minmax("min", a, b))
-    add([torch.maximum, T.maximum, torch.fmax], lambda a, b: _minmax("max", a, b))
+    add([torch.minimum, T.minimum], lambda a, b: _minmax("min", a, b))
+    add([torch.maximum, T.maximum], lambda a, b: _minmax("max", a, b))
+    add([torch.fmin, T.fmin], lambda a, b: _minmax("fmin", a, b))
+    add([torch.fmax, T.fmax], lambda a, b: _minmax("fmax", a, b))
 
     def minmax2(op):
         def f(a, b=None, *rest, **kw):

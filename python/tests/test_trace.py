@@ -415,3 +415,37 @@ def test_backward_in_background_compiles_beside_the_forward():
                       backward_in_background=True)  # nothing to compile: no error until the backward
     with pytest.raises(fajit.FajitError, match="cannot differentiate score_mod"):
         ks.warm(backward=True)
+
+
+def test_evaluate_runs_the_ir_on_the_cpu_and_checks_its_arguments():
+    """fajit.Program.evaluate (C fajit_program_evaluate): the mods as the kernels compute them,
+    on the CPU; test_trace_fuzz.py compares it with torch on random mods."""
+    import array
+
+    ids = fajit.buffer("ids", 1, dtype="int")
+    bias = fajit.buffer("bias", 2)
+    w = fajit.scalar("w", dtype="float")
+
+    def doc(b, h, q_idx, kv_idx):
+        return (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
+
+    def score(s, b, h, q_idx, kv_idx):
+        return s * w + bias[h, kv_idx]
+
+    prog = fajit.Program(fajit.trace(score, doc).text)
+    id_vals = array.array("i", [0, 0, 1])
+    bias_vals = array.array("f", [0.5, -1.0, 2.0, 0.25, 4.0, -8.0])  # [2, 3] as a flat buffer
+    bufs = {"ids": id_vals, "bias": memoryview(bias_vals).cast("B").cast("f", (2, 3))}
+    got = prog.evaluate([0, 0, 0], [0, 1, 1], [1, 2, 2], [0, 1, 2], score=[1.0, 2.0, -1.0], buffers=bufs,
+                        scalars={"w": 3})
+    assert got == ([3.5, 10.0, -11.0], [True, False, True])
+    only_mask = fajit.Program(fajit.trace(mask_mod=doc).text)
+    assert only_mask.evaluate([0], [0], [0], [2], buffers={"ids": id_vals}) == (None, [False])
+    with pytest.raises(ValueError, match="one length"):
+        prog.evaluate([0], [0], [0, 1], [0])
+    with pytest.raises(fajit.FajitError, match="'ids' index 5 is out of bounds"):
+        only_mask.evaluate([0], [0], [5], [0], buffers={"ids": id_vals})
+    with pytest.raises(fajit.FajitError, match="missing capture 'ids'"):
+        only_mask.evaluate([0], [0], [0], [0])
+    with pytest.raises(ValueError, match="'ids' must be float32 or int32"):
+        only_mask.evaluate([0], [0], [0], [0], buffers={"ids": array.array("d", [0.0])})

@@ -141,6 +141,19 @@ typedef struct fajit_capture_info {
 FA_API int fajit_program_num_captures(const fajit_program* program);
 FA_API fajit_status fajit_program_capture(const fajit_program* program, int index, fajit_capture_info* out);
 
+/* The program's mods evaluated on the CPU as the kernels evaluate them (f32 arithmetic, i32
+ * indices wrapping; fajit's interpreter, the one its float64 reference uses) at n points: with
+ * score_out, score_out[i] = score_mod(score[i], b[i], h[i], q[i], kv[i]); with mask_out,
+ * mask_out[i] = mask_mod(b[i], h[i], q[i], kv[i]) (0 or 1). Either may be NULL, not both; the
+ * identity / noop where the program has none. Captured buffers are host memory here (f32 or
+ * i32, strides in elements). For checking a translated mod against its source framework's
+ * semantics; a load out of a buffer's bounds or an integer division by zero is an error
+ * naming it. */
+FA_API fajit_status fajit_program_evaluate(const fajit_program* program, int64_t n, const int32_t* b,
+                                           const int32_t* h, const int32_t* q, const int32_t* kv,
+                                           const float* score, const fajit_captures* captures, float* score_out,
+                                           uint8_t* mask_out);
+
 FA_API fajit_status fajit_compile_program(const fajit_program* program, const fajit_options* options,
                                           fajit_kernel** out);
 /* fajit_compile_program, with the kernels `background` names (fajit_warm_flag bits: only

@@ -16,6 +16,7 @@
 
 #include "llvm/Support/raw_ostream.h"
 
+#include "fajit/detail/interp.h"
 #include "fajit/detail/program_impl.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
@@ -393,6 +394,62 @@ fajit_status fajit_program_capture(const fajit_program* p, int index, fajit_capt
     for (const std::string& g : p->gradient_buffers) grad = grad || (c.is_buffer && g == c.name);
     *out = fajit_capture_info{c.name.c_str(),  c.is_buffer,    c.is_float, c.rank,
                               c.used_by_score, c.used_by_mask, grad};
+  });
+}
+
+namespace {
+
+// Host captures as the interpreter binds them: f32 / i32 buffers (host memory, strides in
+// elements) and scalars, by name.
+fa::Bindings host_bindings(const fajit_captures* c) {
+  fa::Bindings env;
+  if (!c) return env;
+  (void)to_captures(c);  // the same checks as a launch's (counts, names, ranks)
+  for (int i = 0; i < c->num_buffers; ++i) {
+    const fajit_buffer_capture& b = c->buffers[i];
+    const fajit_tensor& t = b.tensor;
+    if (t.dtype != FAJIT_F32 && t.dtype != FAJIT_I32)
+      throw fa::Error(fmt::format("capture '{}': a buffer must be FAJIT_F32 or FAJIT_I32", b.name));
+    if (!t.data) throw fa::Error(fmt::format("capture '{}': data is NULL", b.name));
+    std::vector<int64_t> shape(t.shape, t.shape + t.rank), strides(t.stride, t.stride + t.rank);
+    env.buffer(b.name, t.dtype == FAJIT_F32
+                           ? fa::HostBuffer::f32(static_cast<const float*>(t.data), shape, strides)
+                           : fa::HostBuffer::i32(static_cast<const int32_t*>(t.data), shape, strides));
+  }
+  for (int i = 0; i < c->num_scalars; ++i) {
+    const fajit_scalar_capture& s = c->scalars[i];
+    if (s.is_float)
+      env.scalar_f32(s.name, s.f);
+    else
+      env.scalar_i32(s.name, s.i);
+  }
+  return env;
+}
+
+}  // namespace
+
+fajit_status fajit_program_evaluate(const fajit_program* p, int64_t n, const int32_t* b, const int32_t* h,
+                                    const int32_t* q, const int32_t* kv, const float* score,
+                                    const fajit_captures* captures, float* score_out, uint8_t* mask_out) {
+  return guarded([&] {
+    require(p, "program");
+    if (n < 0) throw fa::Error(fmt::format("evaluate: n must be >= 0, got {}", n));
+    if (!score_out && !mask_out) throw fa::Error("evaluate: score_out and mask_out are both NULL");
+    if (n == 0) return;
+    require(b, "b");
+    require(h, "h");
+    require(q, "q");
+    require(kv, "kv");
+    if (score_out && !score) throw fa::Error("evaluate: score_out needs the scores; score is NULL");
+    const fa::Bindings env = host_bindings(captures);
+    if (score_out) {
+      const fa::BoundMod m = fa::ModProgram::score_of(p->program).bind(env);
+      for (int64_t i = 0; i < n; ++i) score_out[i] = m.score(score[i], b[i], h[i], q[i], kv[i]);
+    }
+    if (mask_out) {
+      const fa::BoundMod m = fa::ModProgram::mask_of(p->program).bind(env);
+      for (int64_t i = 0; i < n; ++i) mask_out[i] = m.mask(b[i], h[i], q[i], kv[i]) ? 1 : 0;
+    }
   });
 }
 
