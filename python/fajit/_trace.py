@@ -544,7 +544,23 @@ def _fmod(a, b):
 
 
 def _pow(a, b):
-    a, b, _ = _promote(a, b)
+    a, b, k = _promote(a, b)
+    if k != F32:
+        # torch: an integer to a non-negative integer power is an integer (q_idx ** 2 stays exact)
+        e = _const_value(b)
+        if e is None:
+            _fail("an integer to a traced integer power: torch keeps it an integer, which fajit computes only "
+                  "for constant exponents; convert one side with .float()")
+        if e < 0:
+            _fail("Integers to negative integer powers are not allowed (torch's error); use a float base")
+        out, base = _coerce(1), _convert(a, I32)
+        while e:  # square and multiply
+            if e & 1:
+                out = base if _const_value(out) == 1 else _arith("mul", out, base)
+            e >>= 1
+            if e:
+                base = _arith("mul", base, base)
+        return out
     a, b = _convert(a, F32), _convert(b, F32)
     cb = _const_value(b)
     if cb == 2.0:

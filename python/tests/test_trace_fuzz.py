@@ -51,8 +51,17 @@ class Gen:
             return leaf
         op = r.choice(["+", "-", "*", "//", "%", "abs", "neg", "min", "max", "where", "&", "|", "^", ">>",
                        "<<", "clamp", "load", "floor", "const", "fmod", "div", "load2", "scalar", "square",
-                       "clamp1", "where_mixed_int"])
+                       "clamp1", "where_mixed_int", "trunc", "bool_int", "ipow"])
         x = self.int_(d - 1)
+        if op == "trunc":  # a float to an int: torch truncates toward zero (NaN as 0: undefined in torch)
+            f = self.float_(d - 1)
+            conv = r.choice([".int()", ".to(torch.int32)", ".long()"])
+            return f"torch.clamp(torch.where({f} == {f}, {f}, 0.0), -1000.0, 1000.0){conv}"
+        if op == "bool_int":  # booleans in integer arithmetic
+            conv = r.choice([".int()", ""])
+            return f"({self.bool_(d - 1)}{conv} {r.choice(['+', '*', '-'] if conv else ['+', '*'])} {x})"
+        if op == "ipow":
+            return f"(torch.clamp({x}, -9, 9) ** {r.choice([0, 1, 2, 3])})"
         if op == "fmod":
             return f"torch.{r.choice(['fmod', 'remainder'])}({x}, {self.nonzero()})"
         if op == "div":
@@ -127,8 +136,16 @@ class Gen:
         op = r.choice(["+", "-", "*", "/", "exp", "tanh", "sigmoid", "log", "sqrt", "abs", "neg", "where", "min",
                        "max", "clamp", "int_mix", "const", "fmin", "nan", "floordiv", "mod", "pow", "exp2", "log2",
                        "rsqrt", "erf", "sincos", "floorceil", "intdiv", "scalar", "load2", "to", "where_mixed",
-                       "masked_fill", "fmodf", "divmode"])
+                       "masked_fill", "fmodf", "divmode", "type_as", "expit", "fpow", "bool_float"])
         x = self.float_(d - 1)
+        if op == "type_as":
+            return f"({self.int_(d - 1)}).type_as({x})"
+        if op == "expit":
+            return f"torch.special.expit({x})"
+        if op == "fpow":  # a float exponent (a negative base: NaN)
+            return f"(torch.clamp({x}, -4.0, 4.0) ** torch.clamp({self.float_(d - 1)}, -2.0, 2.0))"
+        if op == "bool_float":
+            return f"({self.bool_(d - 1)} * {x})"
         if op == "fmin":
             return f"torch.{r.choice(['fmin', 'fmax'])}({x}, {self.float_(d - 1)})"
         if op == "nan":  # a NaN on some elements: what each op makes of it
@@ -250,8 +267,11 @@ def _run_case(seed, depth=4):
     stable_mask = mask64 == want_mask
     stable = torch.isclose(score64.float(), want_score, rtol=1e-4, atol=1e-3, equal_nan=True) & stable_mask
 
-    t = fajit.trace(score_mod, mask_mod)
-    prog = fajit.Program(t.text)
+    try:
+        t = fajit.trace(score_mod, mask_mod)
+        prog = fajit.Program(t.text)
+    except (fajit.TraceError, fajit.FajitError) as e:
+        raise AssertionError(f"{what}\n  {type(e).__name__}: {e}") from e
     tensors = {name: obj for name, obj in t.objects.items() if isinstance(obj, torch.Tensor)}
     buffers = {name: obj.contiguous().numpy() for name, obj in tensors.items() if obj.dim() > 0}
     scalars = {name: obj.item() for name, obj in tensors.items() if obj.dim() == 0}
@@ -288,8 +308,10 @@ def test_random_mods_trace_to_what_torch_computes():
         try:
             c, n = _run_case(seed)
             compared, points = compared + c, points + n
-        except Exception as e:  # noqa: BLE001 - gathered, reported together
-            failures.append(f"{type(e).__name__}: {e}")
+        except AssertionError as e:
+            failures.append(f"{e}")
+        except Exception as e:  # noqa: BLE001 - gathered, reported together (FAJIT_TRACE_FUZZ_SEED=seed,
+            failures.append(f"seed {seed}: {type(e).__name__}: {e}")  # FAJIT_TRACE_FUZZ_CASES=1 replays)
             if len(failures) >= 5:
                 break
     assert not failures, "\n\n".join(failures)
