@@ -1,0 +1,263 @@
+// The mods codegen emits, run without a GPU: for the fuzzer's random cases (every op of the
+// verifier's table, frontend-traced and MLIR-text cases, kv-linear score_mods and interval
+// masks), the FaMods struct codegen emits is compiled with the host compiler against the
+// embedded modlib.cuh (a stub prelude stands in for the device intrinsics: correctly rounded
+// arithmetic, the saturating float-to-int conversions, the host's libm for expf / logf / ...),
+// run at random points with each case's captured buffers and scalars filled into FaCaptures by
+// the codegen's own slots, and compared with the interpreter (the semantics the float64
+// reference and every GPU test check the kernels against). Masks must agree exactly; scores
+// within the fuzzer's float tolerance (the host libm against the interpreter's constant folding)
+// and NaN / inf exactly. A wrong translation in codegen (an operator, a conversion, a NaN rule,
+// a capture slot) fails here in CI, before a GPU runs it.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "fajit/detail/codegen.h"
+#include "fajit/detail/embedded_templates.h"
+#include "fajit/detail/interp.h"
+#include "fajit/kernel_spec.h"
+#include "fuzz.h"
+
+#ifndef FAJIT_HOST_CXX
+#define FAJIT_HOST_CXX "c++"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// What modlib.cuh and the emitted mods reach of the device, on the host.
+constexpr const char* kStubPrelude = R"(#pragma once
+#include <math.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+static inline float __frcp_rn(float a) { return 1.f / a; }
+static inline float rsqrtf(float a) { return 1.f / std::sqrt(a); }
+// cvt.rzi: truncate, saturate, NaN -> 0
+static inline int __float2int_rz(float a) {
+  if (a != a) return 0;
+  if (a >= 2147483648.f) return 2147483647;
+  if (a <= -2147483648.f) return -2147483647 - 1;
+  return (int)a;
+}
+static inline unsigned __float2uint_rz(float a) {
+  if (a != a || a <= 0.f) return 0u;
+  if (a >= 4294967296.f) return 4294967295u;
+  return (unsigned)a;
+}
+static inline float __int2float_rn(int a) { return (float)a; }
+static inline float __uint2float_rn(unsigned a) { return (float)a; }
+template <class T> static inline T __ldg(const T* p) { return *p; }
+template <class T> static inline T __shfl_sync(unsigned, T v, int) { return v; }
+static inline void red_add_f32(float* p, float v) { *p += v; }
+namespace fa {
+static inline float rcp(float x) { return 1.f / x; }
+static inline float ex2(float x) { return exp2f(x); }
+}
+)";
+
+// Runs Mods over n points (b, h, q, kv, score bits): prints "score-bits mask" a line.
+constexpr const char* kHarness = R"(
+template <typename M>
+static void run(const FaCaptures& cap, const int (*pts)[4], const unsigned* scores, int n) {
+  for (int i = 0; i < n; ++i) {
+    float s;
+    std::memcpy(&s, &scores[i], 4);
+    const float v = M::score_mod(s, pts[i][0], pts[i][1], pts[i][2], pts[i][3], cap);
+    const bool m = M::mask_mod(pts[i][0], pts[i][1], pts[i][2], pts[i][3], cap);
+    unsigned bits;
+    std::memcpy(&bits, &v, 4);
+    std::printf("%08x %d\n", bits, m ? 1 : 0);
+  }
+}
+)";
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+bool same_float(float a, float b) {  // the fuzzer's own rule (tests/fuzz/checks.cpp)
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (std::isinf(a) || std::isinf(b)) return a == b;
+  return std::fabs(a - b) <= 1e-4f * std::max({1.0f, std::fabs(a), std::fabs(b)});
+}
+
+struct Sample {
+  fa_fuzz::Point p;
+  float score;
+};
+
+TEST(HostExec, EmittedModsEqualTheInterpreter) {
+  constexpr uint64_t kSeed = 20261129;
+  constexpr int kCases = 1000, kPoints = 64;
+  std::ostringstream tu, calls;
+  std::vector<fa_fuzz::Case> cases;
+  std::vector<std::vector<Sample>> samples;
+  std::mt19937_64 rng(kSeed);
+  int text_cases = 0;
+  for (int k = 0; k < kCases; ++k) {
+    fa_fuzz::Case c = fa_fuzz::generate_case(kSeed, k, k % 2 == 1, k % 3 == 1);
+    fa::Program p = fa_fuzz::program_of(c);
+    text_cases += c.text;
+    const std::string src = fa::emit_mods(p);
+    const size_t at = src.find("struct FaMods {"), end = src.find("\n};\n", at);
+    ASSERT_NE(end, std::string::npos) << src;
+    tu << replace_all(src.substr(at, end + 4 - at), "struct FaMods {", fmt::format("struct Mods{} {{", k));
+    // The case's captures, in the slots codegen gave them; buffers contiguous, as bits.
+    std::ostringstream fill;
+    for (const fa::CaptureSlot& s : fa::capture_slots(p)) {
+      if (s.is_buffer) {
+        const fa_fuzz::BufferSpec* b = nullptr;
+        for (const auto& x : c.buffers) b = x.name == s.name ? &x : b;
+        ASSERT_NE(b, nullptr) << s.name;
+        std::vector<uint32_t> bits;
+        if (b->is_float)
+          for (float f : b->f) bits.push_back(bits_of(f));
+        else
+          for (int32_t i : b->i) bits.push_back(static_cast<uint32_t>(i));
+        tu << fmt::format("static const unsigned buf{}_{}[] = {{{:#x}}};\n", k, s.slot,
+                          fmt::join(bits, ", "));
+        fill << fmt::format("  cap.buffers[{}].ptr = buf{}_{};\n", s.slot, k, s.slot);
+        int64_t stride = 1;
+        for (int d = static_cast<int>(b->shape.size()) - 1; d >= 0; --d) {
+          fill << fmt::format("  cap.buffers[{}].stride[{}] = {};\n", s.slot, d, stride);
+          stride *= b->shape[d];
+        }
+      } else {
+        const fa_fuzz::ScalarSpec* v = nullptr;
+        for (const auto& x : c.scalars) v = x.name == s.name ? &x : v;
+        ASSERT_NE(v, nullptr) << s.name;
+        if (s.is_float)
+          fill << fmt::format("  cap.scalars[{}].i = (int){:#x};\n", s.slot,
+                              bits_of(static_cast<float>(v->value)));
+        else
+          fill << fmt::format("  cap.scalars[{}].i = {};\n", s.slot, static_cast<int32_t>(v->value));
+      }
+    }
+    // Points in the case's small shape (every buffer index in range there), scores mostly
+    // moderate, some special.
+    std::vector<Sample> pts;
+    std::vector<std::string> pt_text, score_text;
+    for (int i = 0; i < kPoints; ++i) {
+      auto u = [&](int n) { return static_cast<int>(std::uniform_int_distribution<int>(0, n - 1)(rng)); };
+      const fa_fuzz::Shape& sh = c.small;
+      Sample smp{{u(sh.batch), u(sh.heads_q), u(sh.len_q), u(sh.len_kv)}, 0.0f};
+      static const float kSpecial[] = {0.0f,   -0.0f, 1.0f, -1.0f,    50.0f,
+                                       -50.0f, 1e-6f, 0.5f, INFINITY, -INFINITY};
+      smp.score =
+          u(8) == 0 ? kSpecial[u(10)] : static_cast<float>(std::normal_distribution<double>(0, 3)(rng));
+      pt_text.push_back(fmt::format("{{{}, {}, {}, {}}}", smp.p.b, smp.p.h, smp.p.q, smp.p.kv));
+      score_text.push_back(fmt::format("{:#x}", bits_of(smp.score)));
+      pts.push_back(smp);
+    }
+    tu << fmt::format("static const int pts{}[][4] = {{{}}};\nstatic const unsigned scores{}[] = {{{}}};\n",
+                      k, fmt::join(pt_text, ", "), k, fmt::join(score_text, ", "));
+    calls << fmt::format("  {{\n  FaCaptures cap{{}};\n{}  run<Mods{}>(cap, pts{}, scores{}, {});\n  }}\n",
+                         fill.str(), k, k, k, kPoints);
+    cases.push_back(std::move(c));
+    samples.push_back(std::move(pts));
+  }
+  EXPECT_GE(text_cases, kCases / 10) << "the MLIR-text cases (every op of the table) should be among them";
+
+  const fs::path dir = fs::temp_directory_path() / fmt::format("fajit-host-exec-{}", ::getpid());
+  fs::create_directories(dir / "fajit");
+  int n = 0;
+  const fa::detail::EmbeddedHeader* headers = fa::detail::embedded_headers(&n);
+  for (int i = 0; i < n; ++i) {
+    const std::string name = headers[i].name;
+    if (name == "fajit/params.h" || name == "fajit/modlib.cuh") std::ofstream(dir / name) << headers[i].text;
+  }
+  std::ofstream(dir / "fajit/prelude.cuh") << kStubPrelude;
+  {
+    std::ofstream out(dir / "exec.cpp");
+    out << "#define __device__\n#define __forceinline__ inline\n#include <cstdio>\n#include <cstring>\n"
+           "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n"
+        << tu.str() << kHarness << "int main() {\n"
+        << calls.str() << "  return 0;\n}\n";
+  }
+  // -ffp-contract=off: the interpreter rounds each operation, as __fmul_rn / __fadd_rn do.
+  const std::string compile = fmt::format(
+      "{} -std=c++17 -O1 -fwrapv -ffp-contract=off -w -I{} -o {} {} > {} 2>&1", FAJIT_HOST_CXX, dir.string(),
+      (dir / "exec").string(), (dir / "exec.cpp").string(), (dir / "compile.log").string());
+  ASSERT_EQ(std::system(compile.c_str()), 0) << compile << "\n" << read(dir / "compile.log").substr(0, 4000);
+  const std::string run = fmt::format("{} > {} 2>&1", (dir / "exec").string(), (dir / "run.log").string());
+  ASSERT_EQ(std::system(run.c_str()), 0) << read(dir / "run.log").substr(0, 2000);
+
+  std::istringstream log(read(dir / "run.log"));
+  int compared = 0, nonfinite = 0, failures = 0;
+  for (int k = 0; k < kCases && failures < 5; ++k) {
+    const fa_fuzz::Case& c = cases[k];
+    const fa::Program p = fa_fuzz::program_of(c);
+    const fa::Bindings env = fa_fuzz::bindings_of(c);
+    const fa::BoundMod sb = fa::ModProgram::score_of(p).bind(env), mb = fa::ModProgram::mask_of(p).bind(env);
+    std::vector<std::pair<std::string, int>> lines(samples[k].size());  // the case's, read whole
+    for (auto& [bits, mask] : lines)
+      ASSERT_TRUE(log >> bits >> mask) << "case " << k << ": the harness printed too little";
+    for (size_t i = 0; i < samples[k].size(); ++i) {
+      const Sample& s = samples[k][i];
+      const auto& [bits, mask] = lines[i];
+      const float host = float_of(static_cast<uint32_t>(std::stoul(bits, nullptr, 16)));
+      const float want = sb.score(s.score, s.p.b, s.p.h, s.p.q, s.p.kv);
+      const bool want_mask = mb.mask(s.p.b, s.p.h, s.p.q, s.p.kv);
+      ++compared;
+      nonfinite += !std::isfinite(want);
+      if (same_float(host, want) && mask == int(want_mask)) continue;
+      ADD_FAILURE() << fmt::format(
+          "case {} (seed {}) at score={} b={} h={} q={} kv={}: emitted code gives score {} mask {}, the "
+          "interpreter {} / {}\n{}",
+          k, kSeed, s.score, s.p.b, s.p.h, s.p.q, s.p.kv, host, mask, want, int(want_mask),
+          fa_fuzz::describe(c));
+      ++failures;
+      break;
+    }
+  }
+  std::printf("%d cases (%d MLIR text), %d points compared, %d non-finite scores\n", kCases, text_cases,
+              compared, nonfinite);
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
+}  // namespace
