@@ -12,7 +12,10 @@ What a mod may use:
     on a GPU is a one-element buffer read at 0 on the device (its value never leaves it);
   * `fajit.buffer("name", rank, dtype)` or, with torch, a captured tensor indexed by traced
     integers (`bias[h, q_idx - kv_idx]`): a captured buffer (`fa.load`), bound at call time;
-  * torch functions (`torch.where`, `torch.tanh`, ...; see `_torch_table`).
+  * torch functions (`torch.where`, `torch.tanh`, ...; see `_torch_table`) and tensor methods;
+  * torch's dtypes and type promotion (see "torch dtypes" below): captured bool, uint8, int8 and
+    int16 tensors compute as torch's (narrow integers wrap), int64 computes in int32 and float64
+    in float32, and a cast to float16 / bfloat16 rounds as torch's.
 Python control flow on a traced value (`if`, `and`, `or`, `not`, `bool()`, `int()`) cannot be
 traced and raises TraceError naming the construct and the source line.
 """
@@ -82,14 +85,15 @@ def _fail(message):
 class Value:
     """A traced value: an argument of the mod or the result of a recorded operation."""
 
-    __slots__ = ("trace", "kind", "op", "args", "attr", "index", "__weakref__")
+    __slots__ = ("trace", "kind", "op", "args", "attr", "index", "dt", "__weakref__")
 
-    def __init__(self, trace, kind, op, args=(), attr=None):
+    def __init__(self, trace, kind, op, args=(), attr=None, dt=None):
         self.trace = trace
-        self.kind = kind
+        self.kind = kind  # the IR type: f32, i32 or i1
         self.op = op
         self.args = args
         self.attr = attr
+        self.dt = dt  # the torch dtype when narrower than the kind's: "uint8", "int8", "int16", "float16", "bfloat16"
         self.index = len(trace.nodes)
         trace.nodes.append(self)
 
@@ -163,15 +167,18 @@ class Value:
     def __invert__(self): return _invert(self)
 
     # tensor-like methods flex users call
-    def float(self): return _convert(self, F32)
-    def int(self): return _convert(self, I32)
-    def long(self): return _convert(self, I32)
-    def bool(self): return _convert(self, I1)
-    def half(self): return _convert(self, F32)
-    def bfloat16(self): return _convert(self, F32)
-    def double(self): return _convert(self, F32)
+    def float(self): return _convert_dt(self, "float32")
+    def int(self): return _convert_dt(self, "int32")
+    def long(self): return _convert_dt(self, "int32")  # int64 is computed in int32 (fajit's indices are)
+    def short(self): return _convert_dt(self, "int16")
+    def char(self): return _convert_dt(self, "int8")
+    def byte(self): return _convert_dt(self, "uint8")
+    def bool(self): return _convert_dt(self, "bool")
+    def half(self): return _convert_dt(self, "float16")
+    def bfloat16(self): return _convert_dt(self, "bfloat16")
+    def double(self): return _convert_dt(self, "float32")  # float64 is computed in float32
     def to(self, *args, **kwargs): return _to(self, *args, **kwargs)
-    def type_as(self, other): return _convert(self, _coerce(other).kind)
+    def type_as(self, other): return _convert_dt(self, _operand_dtype(other)[0])
     def abs(self): return _abs(self)
     def exp(self): return _unary("exp", self)
     def exp2(self): return _unary("exp2", self)
@@ -197,7 +204,7 @@ class Value:
     def logical_not(self): return _invert(_convert(self, I1))
     def logical_and(self, o): return _bitwise("and", _convert(self, I1), _convert(_coerce(o), I1))
     def logical_or(self, o): return _bitwise("or", _convert(self, I1), _convert(_coerce(o), I1))
-    def masked_fill(self, mask, value): return _where_(mask, value, self)
+    def masked_fill(self, mask, value): return _masked_fill(self, mask, value)
     def clamp_min(self, m): return _clamp(self, m, None)
     def clamp_max(self, m): return _clamp(self, None, m)
 
@@ -210,8 +217,8 @@ class Value:
     def dtype(self):
         t = sys.modules.get("torch")
         if t is None:
-            return self.kind
-        return {F32: t.float32, I32: t.int32, I1: t.bool}[self.kind]
+            return self.dt or self.kind
+        return getattr(t, _dt(self))
 
     @property
     def shape(self):
@@ -220,9 +227,14 @@ class Value:
     def dim(self):
         return 0
 
-    def __getattr__(self, name):  # anything else a tensor has: named, with the line
+    def __getattr__(self, name):  # anything else a tensor has: its torch function, or named, with the line
         if name.startswith("__"):
             raise AttributeError(name)
+        t = sys.modules.get("torch")
+        method = getattr(t.Tensor, name, None) if t is not None else None
+        handler = _torch_table().get(method) if method is not None else None
+        if handler is not None:  # x.neg(), x.remainder(3), x.logical_xor(y), ...: as torch.Tensor's
+            return functools.partial(handler, self)
         _fail(f"`.{name}` of a traced value: fajit traces elementwise torch operations on the score and "
               "indices (arithmetic, comparisons, where, exp/log/tanh/..., clamp, new_ones, to, captured "
               "tensors indexed by them), not this one")
@@ -363,26 +375,30 @@ def _coerce(x, what="operand"):
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         if x.dim() == 0:
-            kind = F32 if x.dtype.is_floating_point else I32
+            dt = _tensor_dt(x.dtype)
             if x.device.type != "cpu":
                 # Read where it lives: a one-element buffer loaded at 0 (no host copy of the value
                 # per call, so no sync and CUDA-graph capture works; a float one gets a gradient).
                 hint = t.names.hints.get(id(x), f"buf{len(t.names.objects)}")
-                return _load(x, hint, 1, kind, (0,))
+                return _load(x, hint, 1, F32 if _DT_KIND[dt] == F32 else I32, (0,), dt)
             name = t.names.name_of(x, f"scalar{len(t.names.objects)}")
-            return _scalar_node(t, name, kind, obj=x)
+            return _scalar_node(t, name, _DT_KIND[dt], obj=x, dt=dt)
         _fail(f"a captured tensor of shape {list(x.shape)} is used without indexing; index it with the "
               "mod's arguments (bias[h, q_idx - kv_idx])")
     _fail(f"{type(x).__name__} {x!r} cannot be used as a traced {what} (expected a traced value, a Python "
           "number, fajit.scalar/fajit.buffer or a captured tensor)")
 
 
-def _scalar_node(t, name, kind, obj=None):
+def _scalar_node(t, name, kind, obj=None, dt=None):
+    # a bool scalar is passed as an int (fa.scalar is f32 or i32) and tested against 0, as torch's
+    # bool tensors are
+    ir_kind = I32 if kind == I1 else kind
     prev = t.names.kinds.get(name)
-    if prev is not None and prev != ("scalar", kind):
+    if prev is not None and prev != ("scalar", ir_kind):
         _fail(f"capture {name!r} is used as {_describe(prev)} and as a {_KIND_NAMES[kind]} scalar")
-    t.names.kinds[name] = ("scalar", kind)
-    return Value(t, kind, "scalar", attr=name)
+    t.names.kinds[name] = ("scalar", ir_kind)
+    v = Value(t, ir_kind, "scalar", attr=name, dt=dt if dt in _NARROW else None)
+    return _compare("ne", v, 0) if kind == I1 else v
 
 
 def _describe(k):
@@ -391,7 +407,8 @@ def _describe(k):
     return f"a rank-{k[2]} {_KIND_NAMES[k[1]]} buffer"
 
 
-def _load(obj, name_hint, rank, kind, idx):
+def _load(obj, name_hint, rank, kind, idx, dt=None):
+    """obj[idx], a `kind` (f32 or i32) buffer holding torch dtype `dt` (bool ones as i32)."""
     t = _Trace.current
     if t is None:
         raise TraceError(f"buffer {name_hint!r} can be indexed only inside a traced score_mod/mask_mod")
@@ -399,7 +416,7 @@ def _load(obj, name_hint, rank, kind, idx):
         idx = (idx,)
     name = t.names.name_of(obj, name_hint)
     if len(idx) < rank and not any(i is None or i is Ellipsis or isinstance(i, slice) for i in idx):
-        return _PartialIndex(obj, name, rank, kind, idx)  # bias[h][q_idx]: indexed again next
+        return _PartialIndex(obj, name, rank, kind, idx, dt)  # bias[h][q_idx]: indexed again next
     if len(idx) != rank:
         _fail(f"buffer {name!r} has {rank} dimension{'s' if rank != 1 else ''} but is indexed with "
               f"{len(idx)} ind{'ices' if len(idx) != 1 else 'ex'} (every dimension needs one traced integer)")
@@ -411,6 +428,9 @@ def _load(obj, name_hint, rank, kind, idx):
         v = _coerce(i, "index")
         if v.kind == F32:
             _fail(f"buffer {name!r} is indexed with a float; convert it with .int() first")
+        if _dt(v) != "int32":  # torch: a bool or uint8 index is a mask, an int8 / int16 one an error
+            _fail(f"buffer {name!r} is indexed with a {_dt(v)} value; torch indexes with int32 / int64 "
+                  "ones only (a bool or uint8 index selects by mask); convert it with .int() first")
         ids.append(_convert(v, I32))
     prev = t.names.kinds.get(name)
     if prev is not None and prev != ("buffer", kind, rank):
@@ -419,18 +439,19 @@ def _load(obj, name_hint, rank, kind, idx):
     if name not in t.buffer_info:
         t.buffers.append(name)
         t.buffer_info[name] = (kind, rank)
-    return Value(t, kind, "load", tuple(ids), attr=name)
+    v = Value(t, kind, "load", tuple(ids), attr=name, dt=dt if dt in _NARROW else None)
+    return _compare("ne", v, 0) if dt == "bool" else v
 
 
 class _PartialIndex:
     """A captured buffer indexed in some of its leading dimensions (`bias[h]` of `bias[h][q]`)."""
 
-    def __init__(self, obj, name, rank, kind, idx):
-        self.obj, self.name, self.rank, self.kind, self.idx = obj, name, rank, kind, idx
+    def __init__(self, obj, name, rank, kind, idx, dt=None):
+        self.obj, self.name, self.rank, self.kind, self.idx, self.dt = obj, name, rank, kind, idx, dt
 
     def __getitem__(self, more):
         more = more if isinstance(more, tuple) else (more,)
-        return _load(self.obj, self.name, self.rank, self.kind, self.idx + more)
+        return _load(self.obj, self.name, self.rank, self.kind, self.idx + more, self.dt)
 
     def __bool__(self):
         _fail(f"buffer {self.name!r} is indexed in {len(self.idx)} of its {self.rank} dimensions")
@@ -440,11 +461,220 @@ class _PartialIndex:
         _fail(f"{_torch_name(func)} of a partly indexed buffer: index every dimension first")
 
 
+# ---- torch dtypes ---------------------------------------------------------------------------
+#
+# A traced value stands for a 0-d tensor: torch's compiled kernels trace the mods on 0-d int32
+# indices and its eager path vmaps them, so values promote among themselves as torch.promote_types
+# does, and Python numbers are torch's weak scalars, which only raise the category (bool < int <
+# float): `u8 + 300` stays uint8, `q_idx * 0.5` is float32. fajit computes in three IR types:
+# int64 as int32 (fajit's indices are int32; eager torch's are int64, so an index product beyond
+# int32 wraps here and not there) and float64 as float32. The narrower
+# dtypes are tracked (Value.dt): uint8, int8 and int16 results wrap as torch's do (and a Python int
+# meeting one is converted, wrapping, as torch converts it), and a cast to float16 or bfloat16 rounds
+# to nearest even as eager torch's does (torch.compile drops a .half().float() round trip).
+# Arithmetic on float16 / bfloat16 values computes in float32 without rounding each result (as
+# torch's compiled kernels do; eager torch rounds every op: a float rounding difference).
+
+_DEFAULT_DT = {F32: "float32", I32: "int32", I1: "bool"}
+_DT_KIND = {"bool": I1, "uint8": I32, "int8": I32, "int16": I32, "int32": I32,
+            "float16": F32, "bfloat16": F32, "float32": F32}
+_NARROW_INTS = {"uint8": (0, 255), "int8": (-128, 127), "int16": (-32768, 32767)}
+_NARROW = ("uint8", "int8", "int16", "float16", "bfloat16")
+_WIDE = {"int64": "int32", "float64": "float32"}  # computed in 32 bits
+_CATEGORY_DT = ("bool", "int32", "float32")  # what a weak scalar of each category becomes
+
+
+def _dt(v):
+    """The torch dtype of a traced value, by name."""
+    return v.dt or _DEFAULT_DT[v.kind]
+
+
+def _category(name):
+    return 0 if name == "bool" else 2 if _DT_KIND[name] == F32 else 1
+
+
+def _promote_types(x, y):
+    if x == y:
+        return x
+    cx, cy = _category(x), _category(y)
+    if cx != cy:
+        return x if cx > cy else y
+    if cx == 2:
+        return "float32"  # float16 with bfloat16, or either with float32
+    if "int32" in (x, y):
+        return "int32"
+    return "int16"  # uint8, int8 and int16 mixed: int16 holds them
+
+
+def _tensor_dt(dtype):
+    """A captured tensor's torch dtype as fajit computes it."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    if name in _DT_KIND or name in _WIDE:
+        return _WIDE.get(name, name)
+    return "float32" if dtype.is_floating_point else "int32"
+
+
+def _dt_name(dtype, what):
+    """A dtype argument (a torch dtype; float, int, bool or their names) as a dtype name."""
+    t = sys.modules.get("torch")
+    if t is not None and isinstance(dtype, t.dtype):
+        name = str(dtype).rsplit(".", 1)[-1]
+        if name not in _DT_KIND and name not in _WIDE:
+            _fail(f"{what}: fajit computes with bool, uint8, int8/16/32/64 and float16/bfloat16/float32/64 "
+                  f"values, not {dtype}")
+        return _WIDE.get(name, name)
+    return _DEFAULT_DT[_kind_of_dtype(dtype, what)]
+
+
+def _operand_dtype(x):
+    """(dtype name, weak) of an operand: Python numbers are weak."""
+    if isinstance(x, Value):
+        return _dt(x), False
+    if isinstance(x, bool):
+        return "bool", True
+    if isinstance(x, builtins.int):
+        return "int32", True
+    if isinstance(x, float):
+        return "float32", True
+    if isinstance(x, Scalar):
+        return _DEFAULT_DT[x.kind], False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _tensor_dt(x.dtype), False
+    return "int32", False  # not an operand: _coerce says why
+
+
+def _result_dtype(*xs):
+    """torch's result dtype for operands xs (torch.result_type of 0-d tensors and scalars)."""
+    strong, weak = None, -1
+    for x in xs:
+        name, is_weak = _operand_dtype(x)
+        if is_weak:
+            weak = max(weak, _category(name))
+        else:
+            strong = name if strong is None else _promote_types(strong, name)
+    if strong is None or weak > _category(strong):
+        return _CATEGORY_DT[weak]
+    return strong
+
+
+def _with_dt(v, name):
+    """v (of name's kind) as a value of torch dtype `name`; an alias node when v keeps its own."""
+    dt = name if name in _NARROW else None
+    if v.dt == dt:
+        return v
+    if v.op == "const":
+        return Value(v.trace, v.kind, "const", attr=v.attr, dt=dt)
+    return Value(v.trace, v.kind, "alias", (v,), dt=dt)
+
+
+def _wrap(v, name):
+    """An i32 value wrapped into a narrow integer dtype's range, as torch's uint8/int8/int16 wrap."""
+    lo, hi = _NARROW_INTS[name]
+    c = _const_value(v)
+    if c is not None:
+        return Value(v.trace, I32, "const", attr=(builtins.int(c) - lo) % (hi - lo + 1) + lo, dt=name)
+    if name == "uint8":
+        return Value(v.trace, I32, "arith.andi", (v, _coerce(255)), dt=name)
+    bits = _coerce(24 if name == "int8" else 16)
+    return Value(v.trace, I32, "arith.shrsi", (Value(v.trace, I32, "arith.shli", (v, bits)), bits), dt=name)
+
+
+def _result(v, name, wraps=True):
+    """An op's result v, computed in its kind, as torch's result dtype `name` (wrapped into a
+    narrow integer dtype's range unless the op cannot leave it)."""
+    if wraps and name in _NARROW_INTS:
+        return _wrap(v, name)
+    return _with_dt(v, name)
+
+
+def _round_const(x, name):
+    if not math.isfinite(x):
+        return x
+    try:
+        x = struct.unpack("<f", struct.pack("<f", x))[0]  # the float32 constant it is
+    except OverflowError:
+        return math.copysign(math.inf, x)
+    if name == "float16":
+        try:
+            return struct.unpack("<e", struct.pack("<e", x))[0]
+        except OverflowError:
+            return math.copysign(math.inf, x)
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF  # to nearest even
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def _round_float(v, name):
+    """An f32 value rounded to float16 / bfloat16 as torch's casts round (to nearest even, beyond
+    the range to infinity, subnormals included), kept in f32: Veltkamp's split (x * (2^s + 1) and
+    two subtractions round x to 24 - s bits) for normal values, a quantum added and taken away
+    for subnormal ones."""
+    c = _const_value(v)
+    if c is not None:
+        return Value(v.trace, F32, "const", attr=_round_const(c, name), dt=name)
+    t = v.trace
+
+    def op(name, *args):
+        return Value(t, F32, name, args)
+
+    def k(x):
+        return _coerce(float(x))
+
+    def sel(cond, a, b):
+        return Value(t, F32, "arith.select", (cond, a, b))
+
+    def cmp(pred, a, b):
+        return Value(t, I1, "cmpf", (a, b), attr=pred)
+
+    a = op("math.absf", v)
+    if name == "float16":
+        x, split = v, k(2.0**13 + 1)
+        tiny, quantum, zero = 2.0**-14, 0.75, 2.0**-25  # 0.75: its ulp is float16's quantum 2^-24
+    else:  # bfloat16 has float32's exponents: the split's product would overflow near the top
+        big = cmp("oge", a, k(2.0**100))
+        x, split = sel(big, op("arith.mulf", v, k(2.0**-64)), v), k(2.0**16 + 1)
+        tiny, quantum, zero = 2.0**-126, 1.5 * 2.0**-110, 2.0**-134  # ulp(1.5 * 2^-110) = 2^-133
+    cx = op("arith.mulf", x, split)
+    hi = op("arith.subf", cx, op("arith.subf", cx, x))
+    if name == "bfloat16":
+        hi = sel(big, op("arith.mulf", hi, k(2.0**64)), hi)
+    sub = op("arith.subf", op("arith.addf", v, k(quantum)), k(quantum))
+    r = sel(cmp("olt", a, k(tiny)), sub, hi)
+    r = sel(cmp("ole", a, k(zero)), op("arith.mulf", v, k(0.0)), r)  # rounds to a zero of x's sign
+    if name == "float16":
+        r = sel(cmp("oge", a, k(65520.0)), op("arith.mulf", v, k(math.inf)), r)  # beyond float16: +-inf
+    else:
+        r = sel(cmp("oeq", a, k(math.inf)), v, r)
+    return _with_dt(r, name)
+
+
+def _convert_dt(v, name):
+    """v converted to torch dtype `name` (.to(dtype)): narrow integers wrap, float16 / bfloat16
+    round, floats truncate toward zero into integers, anything nonzero is True."""
+    v = _coerce(v)
+    src = _dt(v)
+    if src == name:
+        return v
+    w = _convert(v, _DT_KIND[name])
+    if name in _NARROW_INTS:
+        lo, hi = _NARROW_INTS[name]
+        if src == "bool" or (src in _NARROW_INTS and lo <= _NARROW_INTS[src][0] and _NARROW_INTS[src][1] <= hi):
+            return _with_dt(w, name)
+        return _wrap(w, name)
+    if name in ("float16", "bfloat16") and src not in ("bool", "uint8", "int8"):
+        return _round_float(w, name)  # (bools and 8-bit integers are exact in both)
+    return _with_dt(w, name)
+
+
+# ---- operations -----------------------------------------------------------------------------
+
 def _filled(like, size, dtype, value):
     if tuple(size) not in ((), (1,)):
         _fail(f"a traced mod computes scalars; cannot make a tensor of size {tuple(size)}")
-    kind = _coerce(like).kind if dtype is None else _kind_of_dtype(dtype, "dtype")
-    return _coerce(bool(value) if kind == I1 else float(value) if kind == F32 else int(value))
+    name = _operand_dtype(like)[0] if dtype is None else _dt_name(dtype, "dtype")
+    kind = _DT_KIND[name]
+    return _with_dt(_coerce(bool(value) if kind == I1 else float(value) if kind == F32 else int(value)), name)
 
 
 def _const_value(v):
@@ -452,11 +682,12 @@ def _const_value(v):
 
 
 def _convert(v, to):
+    """v as IR kind `to` (f32, i32, i1): the value's conversion, torch dtypes aside."""
     v = _coerce(v)
     if v.kind == to:
         return v
     c = _const_value(v)
-    if c is not None:  # fold constants so `score * 2` stays one mulf by a constant
+    if c is not None and (v.kind != F32 or math.isfinite(c)):  # fold constants: `score * 2` is one mulf
         if to == F32:
             return _coerce(float(c))
         if to == I32:
@@ -474,17 +705,37 @@ def _convert(v, to):
     return Value(v.trace, F32, "uitofp", (v,))  # i1 -> f32
 
 
-def _promote(a, b, floor=I32):
-    """Both operands converted to one kind: f32 if either is float, else i32 (bools widen)."""
-    a, b = _coerce(a), _coerce(b)
-    kinds = (a.kind, b.kind)
-    if F32 in kinds:
-        k = F32
-    elif I32 in kinds or floor == I32:
+def _promote(a, b, floor=I32, rd=None):
+    """Both operands converted to torch's result dtype for them (rd, by default _result_dtype's):
+    (a, b, the kind computed in, rd). Bools compute as i32 (0, 1) unless floor is I1; a Python
+    int meeting a uint8 / int8 / int16 value is converted into its range, as torch converts it."""
+    if rd is None:
+        rd = _result_dtype(a, b)
+    k = _DT_KIND[rd]
+    if k == I1 and floor == I32:
         k = I32
-    else:
-        k = I1
-    return _convert(a, k), _convert(b, k), k
+    out = []
+    for x in (a, b):
+        v = _convert(_coerce(x), k)
+        if rd in _NARROW_INTS and _const_value(v) is not None:
+            v = _wrap(v, rd)
+        out.append(v)
+    return out[0], out[1], k, rd
+
+
+def _is_bool_tensor(x):
+    return _operand_dtype(x) == ("bool", False)
+
+
+def _refuse_bool(what, a):
+    if _is_bool_tensor(a):
+        _fail(f"{what} of a boolean is not supported by torch (not implemented for 'Bool'); convert it "
+              "with .int() or .float() first")
+
+
+def _refuse_bool_result(what, a, b):
+    if _result_dtype(a, b) == "bool":
+        _fail(f"{what} is not supported by torch (not implemented for 'Bool'); convert one with .int() first")
 
 
 _IOPS = {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli"}
@@ -492,14 +743,19 @@ _FOPS = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf"}
 
 
 def _arith(op, a, b):
-    a, b, k = _promote(a, b)
-    return Value(a.trace, k, (_FOPS if k == F32 else _IOPS)[op], (a, b))
+    if op == "sub" and (_is_bool_tensor(a) or _is_bool_tensor(b)):
+        _fail("subtraction with a boolean is not supported by torch (of two booleans, `^` is their "
+              "logical_xor; `~` inverts a mask); convert it with .int() first")
+    a, b, k, rd = _promote(a, b, floor=I1)
+    if k == I1:  # torch: bool + bool is a logical or, bool * bool an and
+        return Value(a.trace, I1, "arith.ori" if op == "add" else "arith.andi", (a, b))
+    return _result(Value(a.trace, k, (_FOPS if k == F32 else _IOPS)[op], (a, b)), rd)
 
 
 def _truediv(a, b):
-    a, b, _ = _promote(a, b)
-    a, b = _convert(a, F32), _convert(b, F32)
-    return Value(a.trace, F32, "arith.divf", (a, b))
+    rd = _result_dtype(a, b)
+    a, b = _convert(_coerce(a), F32), _convert(_coerce(b), F32)
+    return _with_dt(Value(a.trace, F32, "arith.divf", (a, b)), rd if _category(rd) == 2 else "float32")
 
 
 def _float_mod_parts(a, b):
@@ -511,7 +767,8 @@ def _float_mod_parts(a, b):
 
 
 def _floordiv(a, b):
-    a, b, k = _promote(a, b)
+    _refuse_bool_result("`//` of a boolean by a boolean", a, b)
+    a, b, k, rd = _promote(a, b)
     if k == F32:
         # torch's (and Python's) float //, not floor(a / b): that rounds a / b first (1.0 // 0.1
         # is 9, floor(1.0 / 0.1) 10) and gives ±inf for ±inf // b (torch: nan)
@@ -522,73 +779,103 @@ def _floordiv(a, b):
         fl = _where_(_compare("gt", _arith("sub", div, fl), 0.5), _arith("add", fl, 1.0), fl)
         quotient = Value(a.trace, F32, "arith.divf", (a, b))
         fl = _where_(_compare("ne", div, 0.0), fl, _arith("mul", quotient, 0.0))  # a zero with a / b's sign
-        return _where_(_compare("eq", b, 0.0), quotient, fl)  # b == 0: IEEE a / b
-    return Value(a.trace, I32, "arith.floordivsi", (a, b))
+        return _with_dt(_where_(_compare("eq", b, 0.0), quotient, fl), rd)  # b == 0: IEEE a / b
+    if _const_value(b) == -1:
+        return _neg(a)  # torch: INT_MIN // -1 wraps to INT_MIN (arith's floordivsi: undefined)
+    # (int8 -128 // -1 wraps to -128, as torch's does)
+    return _result(Value(a.trace, I32, "arith.floordivsi", (a, b)), rd, wraps=rd != "uint8")
 
 
 def _mod(a, b):
     """Python's (and torch.remainder's) %: the result has the divisor's sign."""
-    a, b, k = _promote(a, b)
+    _refuse_bool_result("`%` of a boolean by a boolean", a, b)
+    a, b, k, rd = _promote(a, b)
     if k == F32:
         mod, wrong = _float_mod_parts(a, b)  # torch's remainder: fmod, moved by b where the signs differ
-        return _where_(wrong, _arith("add", mod, b), mod)
+        return _with_dt(_where_(wrong, _arith("add", mod, b), mod), rd)
+    if _const_value(b) == -1:
+        return _with_dt(_coerce(0), rd)  # torch: INT_MIN % -1 is 0 (arith's remsi: undefined)
     # Recorded as one node: `x % d == 0` / `!= 0` compares the remainder alone (the sign fix-up
     # cannot change whether it is zero), the C++ frontend's `(q - kv) % d == 0`.
-    return Value(a.trace, I32, "floormod", (a, b))
+    return _with_dt(Value(a.trace, I32, "floormod", (a, b)), rd)
 
 
 def _fmod(a, b):
     """torch.fmod: the result has the dividend's sign (C's %)."""
-    a, b, k = _promote(a, b)
-    return Value(a.trace, k, "arith.remf" if k == F32 else "arith.remsi", (a, b))
+    _refuse_bool_result("torch.fmod of a boolean by a boolean", a, b)
+    a, b, k, rd = _promote(a, b)
+    if k == I32 and _const_value(b) == -1:
+        return _with_dt(_coerce(0), rd)  # (INT_MIN's too, as torch's)
+    return _with_dt(Value(a.trace, k, "arith.remf" if k == F32 else "arith.remsi", (a, b)), rd)
 
 
 def _pow(a, b):
-    a, b, k = _promote(a, b)
+    _refuse_bool_result("`**` of a boolean to a boolean power", a, b)
+    e = b if isinstance(b, builtins.int) and not isinstance(b, bool) else None  # (a weak exponent is not converted)
+    a, b, k, rd = _promote(a, b)
     if k != F32:
         # torch: an integer to a non-negative integer power is an integer (q_idx ** 2 stays exact)
-        e = _const_value(b)
+        e = _const_value(b) if e is None else e
         if e is None:
             _fail("an integer to a traced integer power: torch keeps it an integer, which fajit computes only "
                   "for constant exponents; convert one side with .float()")
         if e < 0:
             _fail("Integers to negative integer powers are not allowed (torch's error); use a float base")
-        out, base = _coerce(1), _convert(a, I32)
+        out, base = _coerce(1), a
         while e:  # square and multiply
             if e & 1:
                 out = base if _const_value(out) == 1 else _arith("mul", out, base)
             e >>= 1
             if e:
                 base = _arith("mul", base, base)
-        return out
-    a, b = _convert(a, F32), _convert(b, F32)
-    cb = _const_value(b)
-    if cb == 2.0:
+        return _with_dt(out, rd)  # (each product wrapped into a narrow dtype's range, as torch's)
+    if _const_value(b) == 2.0:
         return _arith("mul", a, a)
-    return Value(a.trace, F32, "math.powf", (a, b))
+    return _with_dt(Value(a.trace, F32, "math.powf", (a, b)), rd)
 
 
 def _neg(a):
     a = _coerce(a)
-    if a.kind == F32:
-        return Value(a.trace, F32, "arith.negf", (a,))
     if a.kind == I1:
-        a = _convert(a, I32)
-    return _arith("sub", 0, a)
+        _fail("negating a boolean is not supported by torch (\"Negation, the `-` operator, on a bool tensor is "
+              "not supported. If you are trying to invert a mask, use the `~` or logical_not() operator "
+              "instead\")")
+    if a.kind == F32:
+        return Value(a.trace, F32, "arith.negf", (a,), dt=a.dt)
+    return _arith("sub", 0, a)  # (a uint8 wraps)
 
 
 def _abs(a):
     a = _coerce(a)
-    if a.kind == I1:
+    _refuse_bool("abs", a)
+    if a.dt == "uint8":
         return a
-    return Value(a.trace, a.kind, "math.absf" if a.kind == F32 else "math.absi", (a,))
+    if a.kind == F32:
+        return Value(a.trace, F32, "math.absf", (a,), dt=a.dt)
+    return _result(Value(a.trace, I32, "math.absi", (a,)), _dt(a))  # (int8's abs(-128) wraps to -128, as torch's)
 
 
 def _shift(op, a, b):
-    a, b, k = _promote(a, b)
-    if k != I32:
+    a, b, k, rd = _promote(a, b)
+    if k != I32 or rd == "bool":
         _fail("shifts need integers")
-    return Value(a.trace, I32, "arith." + op, (a, b))
+    t = a.trace
+    s = _const_value(b)
+    if s is not None and 0 <= s < 32:
+        v = Value(t, I32, "arith." + op, (a, b))
+    elif op == "shli":
+        # torch: a left shift by an amount outside [0, 32) is 0 (arith's shli is poison there)
+        if s is not None:
+            v = _coerce(0)
+        else:
+            ok = Value(t, I1, "cmpi", (b, _coerce(32)), attr="ult")
+            shifted = Value(t, I32, "arith.shli", (a, Value(t, I32, "arith.minui", (b, _coerce(31)))))
+            v = Value(t, I32, "arith.select", (ok, shifted, _coerce(0)))
+    else:
+        # and a right shift by one is the sign's fill (a >> 31): the amount read unsigned, capped
+        v = Value(t, I32, "arith.shrsi", (a, _coerce(31) if s is not None else
+                                          Value(t, I32, "arith.minui", (b, _coerce(31)))))
+    return _result(v, rd, wraps=op == "shli")
 
 
 _PRED_I = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
@@ -596,6 +883,7 @@ _PRED_F = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne"
 
 
 def _compare(op, a, b):
+    rd = _result_dtype(a, b)  # (before coercion: a Python int compared with a uint8 wraps, as in torch)
     a, b = _coerce(a), _coerce(b)
     if op in ("eq", "ne"):
         # x % d == 0: the remainder is zero exactly when C's remainder is.
@@ -606,26 +894,27 @@ def _compare(op, a, b):
                 break
     if a.kind == I1 and b.kind == I1 and op in ("eq", "ne"):
         return Value(a.trace, I1, "cmpi", (a, b), attr=op)
-    a, b, k = _promote(a, b)
+    a, b, k, _ = _promote(a, b, rd=rd)
     if k == F32:
         return Value(a.trace, I1, "cmpf", (a, b), attr=_PRED_F[op])
     return Value(a.trace, I1, "cmpi", (a, b), attr=_PRED_I[op])
 
 
 def _bitwise(op, a, b):
-    a, b, k = _promote(a, b, floor=I1)
+    a, b, k, rd = _promote(a, b, floor=I1)
     if k == F32:
         _fail(f"bitwise `{ {'and': '&', 'or': '|', 'xor': '^'}[op] }` needs booleans or integers, got a float")
     if op == "xor" and k == I1:
         return Value(a.trace, I1, "cmpi", (a, b), attr="ne")
-    return Value(a.trace, k, f"arith.{op}i", (a, b))
+    return _with_dt(Value(a.trace, k, f"arith.{op}i", (a, b)), rd)  # (in the operands' range)
 
 
 def _invert(a):
     a = _coerce(a)
     if a.kind == F32:
         _fail("`~` needs a boolean or an integer, got a float")
-    return Value(a.trace, a.kind, "arith.xori", (a, _coerce(True if a.kind == I1 else -1)))
+    mask = True if a.kind == I1 else 255 if a.dt == "uint8" else -1
+    return Value(a.trace, a.kind, "arith.xori", (a, _coerce(mask)), dt=a.dt)
 
 
 _UNARY = {"exp": "math.exp", "exp2": "math.exp2", "log": "math.log", "log2": "math.log2", "tanh": "math.tanh",
@@ -634,17 +923,19 @@ _UNARY = {"exp": "math.exp", "exp2": "math.exp2", "log": "math.log", "log2": "ma
 
 
 def _unary(op, a):
-    a = _convert(_coerce(a), F32)
-    return Value(a.trace, F32, _UNARY[op], (a,))
+    a = _convert(_coerce(a), F32)  # (of an integer: float32, as torch's)
+    return Value(a.trace, F32, _UNARY[op], (a,), dt=a.dt)
 
 
 def _floor(a):
     a = _coerce(a)
+    _refuse_bool("floor", a)
     return a if a.kind != F32 else _unary("floor", a)
 
 
 def _ceil(a):
     a = _coerce(a)
+    _refuse_bool("ceil", a)
     return a if a.kind != F32 else _unary("ceil", a)
 
 
@@ -657,19 +948,34 @@ def _sigmoid(a):
 def _minmax(op, a, b):
     """torch.minimum / maximum ("min", "max": a NaN operand gives NaN) and torch.fmin / fmax
     ("fmin", "fmax": a NaN operand gives the other one)."""
-    a, b, k = _promote(a, b)
+    a, b, k, rd = _promote(a, b, floor=I1)
+    if k == I1:  # torch: of two booleans, minimum is their and, maximum their or
+        return Value(a.trace, I1, "arith.andi" if op in ("min", "fmin") else "arith.ori", (a, b))
     if k != F32:
         op = op.lstrip("f")
     name = {("min", F32): "arith.minimumf", ("max", F32): "arith.maximumf",
             ("fmin", F32): "arith.minnumf", ("fmax", F32): "arith.maxnumf",
             ("min", I32): "arith.minsi", ("max", I32): "arith.maxsi"}[(op, k)]
-    return Value(a.trace, k, name, (a, b))
+    return _with_dt(Value(a.trace, k, name, (a, b)), rd)
 
 
 def _clamp(a, lo=None, hi=None):
     a = _coerce(a)
     if lo is None and hi is None:
         _fail("clamp needs min or max")
+    rd = _result_dtype(*(x for x in (a, lo, hi) if x is not None))
+    if rd in _NARROW_INTS:
+        # torch (2.15; 2.11 converted them, wrapping, or raised): a Python int bound beyond a
+        # uint8 / int8 / int16 operand's range clamps nothing, or everything (its error)
+        lowest, highest = _NARROW_INTS[rd]
+        for bound, side in ((lo, "min"), (hi, "max")):
+            if isinstance(bound, builtins.int) and not isinstance(bound, bool) and not lowest <= bound <= highest:
+                if (bound > highest) == (side == "min"):
+                    _fail(f"clamp: the {side} value {bound} is outside the range of torch.{rd} (torch's error)")
+        lo = None if isinstance(lo, builtins.int) and not isinstance(lo, bool) and lo < lowest else lo
+        hi = None if isinstance(hi, builtins.int) and not isinstance(hi, bool) and hi > highest else hi
+        if lo is None and hi is None:
+            return a
     if lo is not None:
         a = _minmax("max", a, lo)
     if hi is not None:
@@ -679,8 +985,33 @@ def _clamp(a, lo=None, hi=None):
 
 def _where_(cond, a, b):
     c = _convert(_coerce(cond, "condition"), I1)
-    a, b, k = _promote(a, b, floor=I1)
-    return Value(c.trace, k, "arith.select", (c, a, b))
+    rd = _result_dtype(a, b)
+    _check_fits(a, rd, "torch.where")
+    _check_fits(b, rd, "torch.where")
+    a, b, k, rd = _promote(a, b, floor=I1, rd=rd)
+    return _with_dt(Value(c.trace, k, "arith.select", (c, a, b)), rd)
+
+
+def _masked_fill(x, mask, value):
+    """torch's x.masked_fill(mask, value): value converted to x's dtype (an int tensor filled
+    with 2.7 holds 2), unlike torch.where, which promotes."""
+    x = _coerce(x)
+    _check_fits(value, _dt(x), "masked_fill")
+    return _where_(mask, _convert_dt(value, _dt(x)), x)
+
+
+def _check_fits(x, name, what):
+    """torch.where and masked_fill convert a Python number into a uint8 / int8 / int16
+    operand's dtype checked (a negative int wraps into uint8 down to -255): beyond, its error."""
+    if name not in _NARROW_INTS or isinstance(x, bool) or not isinstance(x, (builtins.int, float)):
+        return
+    lo, hi = _NARROW_INTS[name]
+    if isinstance(x, float):
+        bad = not lo <= x <= hi  # (NaN and inf too)
+    else:
+        bad = x > hi or (x < -hi if name == "uint8" else x < lo)
+    if bad:
+        _fail(f"{what}: the value {x!r} cannot be converted to torch.{name} without overflow (torch's error)")
 
 
 def _to(v, *args, **kwargs):
@@ -691,7 +1022,10 @@ def _to(v, *args, **kwargs):
         dtype = a
     if dtype is None:
         return v
-    return _convert(v, _kind_of_dtype(dtype, ".to()"))
+    t = sys.modules.get("torch")
+    if isinstance(dtype, (Value, Scalar)) or (t is not None and isinstance(dtype, t.Tensor)):
+        return _convert_dt(v, _operand_dtype(dtype)[0])  # .to(other): other's dtype
+    return _convert_dt(v, _dt_name(dtype, ".to()"))
 
 
 # ---- torch functions ------------------------------------------------------------------------
@@ -725,7 +1059,7 @@ def _torch_table():
         lambda x: _sigmoid(x))
     add([torch.abs, T.abs, T.__abs__, g(torch, "absolute")], lambda x: _abs(x))
     add([torch.neg, T.neg, T.__neg__, g(torch, "negative")], lambda x: _neg(x))
-    add([torch.square, T.square], lambda x: _arith("mul", x, x))
+    add([torch.square, T.square], lambda x: _pow(x, 2))  # (of a bool: an int, as torch's)
     add([torch.where, T.where], lambda c, a=None, b=None: _where_(c, a, b))
     add([torch.minimum, T.minimum], lambda a, b: _minmax("min", a, b))
     add([torch.maximum, T.maximum], lambda a, b: _minmax("max", a, b))
@@ -742,6 +1076,8 @@ def _torch_table():
     add([torch.min, T.min], minmax2("min"))
     add([torch.max, T.max], minmax2("max"))
     add([torch.clamp, T.clamp, torch.clip, T.clip], lambda x, min=None, max=None: _clamp(x, min, max))
+    add([g(torch, "clamp_min"), g(T, "clamp_min")], lambda x, min: _clamp(x, min, None))
+    add([g(torch, "clamp_max"), g(T, "clamp_max")], lambda x, max: _clamp(x, None, max))
     add([torch.pow, T.pow, T.__pow__], lambda a, b: _pow(a, b))
     add([T.__rpow__], lambda a, b: _pow(b, a))
     add([torch.add, T.add, T.__add__], lambda a, b, alpha=1: _arith("add", a, b if alpha == 1 else _arith("mul", b, alpha)))
@@ -756,11 +1092,16 @@ def _torch_table():
             return _truediv(a, b)
         if rounding_mode == "floor":
             return _floordiv(a, b)
-        a2, b2, k = _promote(a, b)
-        if k == F32:  # trunc
+        if rounding_mode != "trunc":
+            _fail(f"torch.div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        _refuse_bool_result("torch.div(rounding_mode='trunc') of a boolean by a boolean", a, b)
+        a2, b2, k, rd = _promote(a, b)
+        if k == F32:
             q = _truediv(a2, b2)
-            return _where_(_compare("lt", q, 0.0), _ceil(q), _floor(q))
-        return Value(a2.trace, I32, "arith.divsi", (a2, b2))
+            return _with_dt(_where_(_compare("lt", q, 0.0), _ceil(q), _floor(q)), rd)
+        if _const_value(b2) == -1:
+            return _neg(a2)  # (INT_MIN's: torch's CPU kernel traps)
+        return _result(Value(a2.trace, I32, "arith.divsi", (a2, b2)), rd, wraps=rd != "uint8")
 
     add([torch.div, T.div, torch.true_divide, T.__truediv__, g(T, "__div__")], div)
     add([T.__rtruediv__, g(T, "__rdiv__")], lambda a, b: _truediv(b, a))
@@ -784,12 +1125,13 @@ def _torch_table():
     add([T.__lshift__, g(torch, "bitwise_left_shift")], lambda a, b: _shift("shli", a, b))
     add([T.__rshift__, g(torch, "bitwise_right_shift")], lambda a, b: _shift("shrsi", a, b))
     add([T.to], lambda x, *a, **k: _to(x, *a, **k))
-    add([T.float, T.double, T.half, T.bfloat16], lambda x, *a, **k: _convert(x, F32))
-    add([T.int, T.long, T.short], lambda x, *a, **k: _convert(x, I32))
-    add([T.bool], lambda x, *a, **k: _convert(x, I1))
-    add([T.type_as], lambda x, o: _convert(x, _coerce(o).kind if isinstance(o, Value) else
-                                           _kind_of_dtype(o.dtype, ".type_as()")))
+    for fns, name in (((T.float, T.double), "float32"), ((T.half,), "float16"), ((T.bfloat16,), "bfloat16"),
+                      ((T.int, T.long), "int32"), ((T.short,), "int16"), ((T.char,), "int8"),
+                      ((T.byte,), "uint8"), ((T.bool,), "bool")):
+        add(fns, (lambda name: lambda x, *a, **k: _convert_dt(x, name))(name))
+    add([T.type_as], lambda x, o: _convert_dt(x, _operand_dtype(o)[0]))
     add([T.__getitem__], _torch_getitem)
+    add([T.masked_fill, g(torch, "masked_fill")], lambda x, mask, value: _masked_fill(x, mask, value))
     add([T.new_ones], lambda x, size=(), dtype=None, **k: _filled(x, size, dtype, 1))
     add([T.new_zeros], lambda x, size=(), dtype=None, **k: _filled(x, size, dtype, 0))
     add([torch.ones_like], lambda x, dtype=None, **k: _filled(x, (), dtype, 1))
@@ -807,12 +1149,14 @@ def _torch_getitem(tensor, idx):
         _fail("a 0-d captured tensor cannot be indexed")
     if tensor.dim() > 4:
         _fail(f"captured tensors of rank 1 to 4 can be indexed, got rank {tensor.dim()}")
-    if tensor.dtype == torch.bool or not (tensor.dtype.is_floating_point or tensor.dtype in (
-            torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)):
-        _fail(f"captured tensors of float or integer dtype can be indexed, got {tensor.dtype}")
-    kind = F32 if tensor.dtype.is_floating_point else I32
+    if not (tensor.dtype.is_floating_point or tensor.dtype in (
+            torch.bool, torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)):
+        _fail(f"captured tensors of bool, float or integer dtype can be indexed, got {tensor.dtype}")
+    # bound as float32 or int32 (bools too), what each element is in torch's dtype kept (Value.dt)
+    dt = _tensor_dt(tensor.dtype)
+    kind = F32 if _DT_KIND[dt] == F32 else I32
     t = _Trace.current
-    return _load(tensor, t.names.hints.get(id(tensor), f"buf{len(t.names.objects)}"), tensor.dim(), kind, idx)
+    return _load(tensor, t.names.hints.get(id(tensor), f"buf{len(t.names.objects)}"), tensor.dim(), kind, idx, dt)
 
 
 def _has_value(x):
@@ -1015,6 +1359,9 @@ def _emit(trace, result, kind_name, sym, fixed):
     used_buffers = []
     for n in trace.nodes:
         if n.index not in live or n.op == "arg":
+            continue
+        if n.op == "alias":  # the same value as another dtype (int64 of an int8, ...): no op
+            names[n.index] = names[n.args[0].index]
             continue
         ops = [names[a.index] for a in n.args]
         ty = n.kind

@@ -449,3 +449,181 @@ def test_evaluate_runs_the_ir_on_the_cpu_and_checks_its_arguments():
         only_mask.evaluate([0], [0], [0], [0])
     with pytest.raises(ValueError, match="'ids' must be float32 or int32"):
         only_mask.evaluate([0], [0], [0], [0], buffers={"ids": array.array("d", [0.0])})
+
+
+# ---- torch's semantics the trace fuzzer (test_trace_fuzz.py) checked, one test per finding ----
+
+def evaluate(mod, points, score=None, scalars=None):
+    """mod (a score_mod with `score`, else a mask_mod) traced and evaluated by the library at
+    points [(b, h, q, kv), ...], its captured tensors bound as fajit.torch binds them."""
+    is_score = score is not None
+    t = fajit.trace(score_mod=mod) if is_score else fajit.trace(mask_mod=mod)
+    prog = fajit.Program(t.text)
+    buffers, bound = {}, dict(scalars or {})
+    for name, obj in t.objects.items():
+        if hasattr(obj, "dim"):  # a captured torch tensor
+            torch = __import__("torch")
+            if obj.dim() == 0:
+                bound.setdefault(name, obj.item())  # (a value given wins: a runtime scalar)
+            else:
+                buffers[name] = obj.to(torch.float32 if obj.is_floating_point() else torch.int32).numpy()
+    cols = [[p[i] for p in points] for i in range(4)]
+    got_score, got_mask = prog.evaluate(*cols, score=score, buffers=buffers, scalars=bound)
+    return got_score if is_score else got_mask
+
+
+def test_bool_arithmetic_is_torchs_logic():
+    # torch: bool + bool is their or, bool * bool their and, minimum / maximum and / or (fajit
+    # added them as 0/1 integers: (q > kv) + (h > 0) was 2, and ~ of it bitwise)
+    def add(b, h, q_idx, kv_idx):
+        return ((q_idx > kv_idx) + (h > 0)) == 1
+
+    def mul_not(b, h, q_idx, kv_idx):
+        return ~((q_idx > kv_idx) * (h > 0))
+
+    def maxi(b, h, q_idx, kv_idx):
+        return ~fajit.maximum(q_idx > kv_idx, h > 0)
+
+    pts = [(0, h, q, 1) for h in (0, 1) for q in (0, 2)]
+    assert evaluate(add, pts) == [False, True, True, True]
+    assert evaluate(mul_not, pts) == [True, True, True, False]
+    assert evaluate(maxi, pts) == [True, False, False, False]
+
+    def scaled(score, b, h, q_idx, kv_idx):
+        return score + ((q_idx > kv_idx) + (h > 0)) * 3  # True * 3
+
+    assert evaluate(scaled, pts, score=[0.5] * 4) == [0.5, 3.5, 3.5, 3.5]
+    for bad, what in ((lambda s, b, h, q, kv: s - (q > kv), "subtraction with a boolean"),
+                      (lambda s, b, h, q, kv: s + -(q > kv), "negating a boolean"),
+                      (lambda s, b, h, q, kv: s + abs(q > kv), "abs of a boolean")):
+        with pytest.raises(fajit.TraceError, match=what):
+            fajit.mlir(bad)
+
+
+def test_shifts_beyond_the_width_are_torchs():
+    # torch: << by an amount outside [0, 32) is 0, >> fills with the sign (arith's shifts are
+    # poison there: the interpreter refused, the kernels' were undefined)
+    def shifted(score, b, h, q_idx, kv_idx):
+        s = kv_idx - 4  # -4 .. 4 at these points, and 40 below
+        return ((q_idx - 3) << (s * 10)) + ((q_idx - 3) >> (s * 10)) * 1000 + ((q_idx - 3) << 40) * 7
+
+    pts = [(0, 0, q, kv) for q in (0, 5) for kv in (0, 4, 5, 8)]
+    want = []
+    for q in (0, 5):
+        for kv in (0, 4, 5, 8):
+            s, x = (kv - 4) * 10, q - 3
+            left = (x << s) if 0 <= s < 32 else 0
+            left = (left + 2**31) % 2**32 - 2**31
+            right = x >> min(s, 31) if s >= 0 else x >> 31
+            want.append(float(left + right * 1000))
+    assert evaluate(shifted, pts, score=[0.0] * len(pts)) == want
+
+
+def test_half_and_bfloat16_casts_round_as_torch():
+    # fajit took .half() / .bfloat16() / .to(torch.float16) as float32 (no rounding)
+    torch = pytest.importorskip("torch")
+    xs = [0.1, -3.904, 65504.0, 65519.0, 65520.0, -1e5, 1e-8, -1e-8, 3e-8, 2.0**-24 * 1.5, 2.0**-24 * 2.5,
+          1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 3.3895e38, 3.4e38, 1e-39, -1e-41, float("inf"), float("nan")]
+    xs = torch.tensor(xs, dtype=torch.float32).tolist()
+    pts = [(0, 0, 0, 0)] * len(xs)
+    for cast, dtype in (("half", torch.float16), ("bfloat16", torch.bfloat16)):
+        def mod(score, b, h, q_idx, kv_idx):
+            return getattr(score, cast)().float()
+
+        got = torch.tensor(evaluate(mod, pts, score=xs))
+        want = torch.tensor(xs).to(dtype).float()
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (cast, got, want)
+        assert torch.equal(torch.signbit(got[:-1]), torch.signbit(want[:-1])), cast  # -0.0 stays negative
+    # a constant converted to float16 is folded: masked_fill's value into a float16 buffer's dtype
+    hb = torch.zeros(2, dtype=torch.float16)
+    folded = fajit.mlir(lambda s, b, h, q, kv: s + hb[q].masked_fill(q > kv, 0.1), canonicalize=False)
+    assert f"arith.constant {fajit._trace._f32_literal(torch.tensor(0.1).half().item())} : f32" in folded
+    assert "arith.select" in folded and "arith.mulf" not in folded
+
+
+def test_uint8_int8_int16_captures_wrap_as_torchs():
+    # a captured uint8 / int8 / int16 tensor was computed as int32: u8 - 1 gave -1 (torch 255),
+    # i8 * 2 gave 254 (torch -2), u8 == -1 compared with -1 (torch converts -1 to 255)
+    torch = pytest.importorskip("torch")
+    u8 = torch.tensor([0, 200, 255], dtype=torch.uint8)
+    i8 = torch.tensor([-128, -1, 127], dtype=torch.int8)
+    i16 = torch.tensor([-32768, 30000, 5], dtype=torch.int16)
+    pts = [(0, 0, q, 0) for q in range(3)]
+    zero = [0.0] * 3
+    cases = [
+        (lambda s, b, h, q, kv: s + (u8[q] - 1), lambda q: u8[q] - 1),
+        (lambda s, b, h, q, kv: s + (u8[q] + 300), lambda q: u8[q] + 300),
+        (lambda s, b, h, q, kv: s + i8[q] * 2, lambda q: i8[q] * 2),
+        (lambda s, b, h, q, kv: s + abs(i8[q]), lambda q: abs(i8[q])),
+        (lambda s, b, h, q, kv: s + (-u8[q]), lambda q: -u8[q]),
+        (lambda s, b, h, q, kv: s + ~u8[q], lambda q: ~u8[q]),
+        (lambda s, b, h, q, kv: s + i16[q] * 3, lambda q: i16[q] * 3),
+        (lambda s, b, h, q, kv: s + (u8[q] + i8[q]), lambda q: u8[q] + i8[q]),  # int16: no wrap
+        (lambda s, b, h, q, kv: s + u8[q] // -2, lambda q: u8[q] // -2),
+        (lambda s, b, h, q, kv: s + (u8[q] << 1), lambda q: u8[q] << 1),
+        (lambda s, b, h, q, kv: s + ((q + 1) * 100).to(torch.int8), lambda q: (torch.tensor(q + 1) * 100).to(torch.int8)),
+        (lambda s, b, h, q, kv: s + ((q + 1) * 100).byte(), lambda q: (torch.tensor(q + 1) * 100).byte()),
+        (lambda s, b, h, q, kv: s + (u8[q] == -1) + (i8[q] > 200) * 10, lambda q: (u8[q] == -1) + (i8[q] > 200) * 10),
+        (lambda s, b, h, q, kv: s + torch.where(q > 0, u8[q], -1), lambda q: torch.where(torch.tensor(q > 0), u8[q], -1)),
+        (lambda s, b, h, q, kv: s + torch.clamp(i8[q], min=-1000, max=100), lambda q: min(i8[q], 100)),
+    ]
+    for mod, want in cases:
+        assert evaluate(mod, pts, score=zero) == [float(want(q)) for q in range(3)], fajit.mlir(mod)
+    scal = torch.tensor(200, dtype=torch.uint8)  # a runtime scalar of its dtype too
+    assert evaluate(lambda s, b, h, q, kv: s + (scal + 100), pts[:1], score=[0.0]) == [44.0]
+    with pytest.raises(fajit.TraceError, match=r"the value 300 cannot be converted to torch.uint8 without overflow"):
+        fajit.mlir(lambda s, b, h, q, kv: s + torch.where(q > 0, u8[q], 300))
+    with pytest.raises(fajit.TraceError, match=r"the value -2.5 cannot be converted to torch.uint8"):
+        fajit.mlir(lambda s, b, h, q, kv: s + u8[q].masked_fill(q > 0, -2.5))
+    # clamp by a Python int beyond the range: nothing clamped (torch 2.15; 2.11 wrapped -1 to 255)
+    assert evaluate(lambda s, b, h, q, kv: s + u8[q].clamp_min(-1), pts, score=zero) == [0.0, 200.0, 255.0]
+    with pytest.raises(fajit.TraceError, match=r"clamp: the max value -1 is outside the range of torch.uint8"):
+        fajit.mlir(lambda s, b, h, q, kv: s + torch.clamp(u8[q], max=-1))
+
+
+def test_bool_captures_are_booleans():
+    # a captured bool tensor was refused as a buffer, and as a 0-d one became an int scalar (so
+    # `flag & mask` was an int and `~flag` -1 / -2); fajit.scalar(name, "bool") gave invalid IR
+    torch = pytest.importorskip("torch")
+    allowed = torch.tensor([[True, False], [False, True]])
+    flag = torch.tensor(True)
+    pts = [(0, 0, q, kv) for q in (0, 1) for kv in (0, 1)]
+
+    def table(b, h, q_idx, kv_idx):
+        return allowed[q_idx, kv_idx] | (~flag & (q_idx > kv_idx))
+
+    assert evaluate(table, pts) == [True, False, False, True]
+    assert evaluate(table, pts, scalars={"flag": False}) == [True, False, True, True]
+    declared = fajit.scalar("on", "bool")
+    assert evaluate(lambda b, h, q, kv: declared & (q >= kv), pts, scalars={"on": True}) == [True, False, True, True]
+
+
+def test_masked_fill_keeps_the_dtype_and_indices_are_ints():
+    torch = pytest.importorskip("torch")
+    # torch's masked_fill converts the value to the tensor's dtype (an int one filled with 2.7
+    # holds 2); fajit promoted it as torch.where does (2.7)
+    pts = [(0, 0, 0, kv) for kv in (0, 1)]
+    assert evaluate(lambda s, b, h, q, kv: s + kv.masked_fill(kv > 0, 2.7) * 1.0, pts, score=[0.0, 0.0]) == [0.0, 2.0]
+    # torch indexes with int32 / int64 only: a bool or uint8 index is a mask, int8 an error
+    ids = torch.tensor([3, 1, 2], dtype=torch.uint8)
+    bias = torch.zeros(4)
+    with pytest.raises(fajit.TraceError, match="indexed with a uint8 value"):
+        fajit.mlir(lambda s, b, h, q, kv: s + bias[ids[q]])
+    with pytest.raises(fajit.TraceError, match="indexed with a bool value"):
+        fajit.mlir(lambda s, b, h, q, kv: s + bias[q > kv])
+    assert "fa.load" in fajit.mlir(lambda s, b, h, q, kv: s + bias[ids[q].int()])
+    # tensor methods that are torch functions trace as those (x.neg() was refused)
+    assert evaluate(lambda s, b, h, q, kv: s + kv.neg().remainder(3), pts, score=[0.0, 0.0]) == [0.0, 2.0]
+    with pytest.raises(fajit.TraceError, match="rounding_mode must be None, 'trunc' or 'floor'"):
+        fajit.mlir(lambda s, b, h, q, kv: s + torch.div(q, 2, rounding_mode="round"))
+
+
+def test_integer_division_by_minus_one_is_torchs():
+    # INT_MIN // -1 and INT_MIN % -1 are undefined in arith (the interpreter raised): torch wraps
+    # them to INT_MIN and 0; a constant -1 divisor is a negation / a zero
+    def mod(b, h, q_idx, kv_idx):
+        m = (q_idx + 1) << 31  # INT_MIN at q = 0, 0 at q = 1
+        return ((m // -1) == m) & ((m % -1) == 0) & (fajit.where(h > 0, m, q_idx) // -1 == -fajit.where(h > 0, m, q_idx))
+
+    assert evaluate(mod, [(0, h, q, 0) for h in (0, 1) for q in (0, 1)]) == [True] * 4
+    assert "divsi" not in fajit.mlir(mask_mod=mod) and "rem" not in fajit.mlir(mask_mod=mod)
