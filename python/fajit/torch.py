@@ -243,7 +243,11 @@ def _ccaptures(variant, buffers, scalars, keep):
             if kind == "f32":
                 arr[i].is_float, arr[i].f = 1, float(value)
             else:
-                arr[i].is_float, arr[i].i = 0, int(value)
+                value = int(value)
+                if not -2**31 <= value < 2**31:  # (ctypes would wrap it silently)
+                    raise ValueError(f"captured scalar '{name}' = {value} is outside int32, in which fajit's "
+                                     "kernels compute indices and integer captures")
+                arr[i].is_float, arr[i].i = 0, value
         caps.scalars, caps.num_scalars = arr, len(scalars)
         keep.append(arr)
     return caps

@@ -1190,3 +1190,21 @@ def test_return_aux_max_scores_are_the_rows_largest_modded_scores(compiled, L):
     assert err < 2e-2, f"max_scores off by {err:.3g}"
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_an_int_scalar_beyond_int32_is_refused_without_a_gpu():
+    """A captured 0-d integer tensor is passed as an int32 (fajit's kernels compute integers in
+    32 bits): a value beyond it is an error naming the capture, not a silently wrapped one."""
+    import fajit.torch as ft
+
+    offset = torch.tensor(2**40)
+
+    def shifted(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+
+    key = ft._variant_key(None, shifted)
+    bufs, scalars = ft._bind(key, torch.device("cpu"), "mask_mod")
+    with pytest.raises(ValueError, match=r"captured scalar 'offset' = 1099511627776 is outside int32"):
+        ft._ccaptures(ft._VARIANTS[key], bufs, scalars, [])
+    offset.fill_(-(2**31))  # the ends of int32 pass
+    ft._ccaptures(ft._VARIANTS[key], *ft._bind(key, torch.device("cpu"), "mask_mod"), [])
