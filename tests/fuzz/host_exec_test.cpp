@@ -95,6 +95,31 @@ static void run(const FaCaptures& cap, const int (*pts)[4], const unsigned* scor
 }
 )";
 
+// The backward's hook over the same points (dt per point): prints dS bits a line, then the
+// gradient buffers' elements (bits) the grad_adds accumulated, `nbufs` buffers of sizes[i].
+constexpr const char* kGradHarness = R"(
+template <typename M>
+static void run_grad(const FaCaptures& cap, const FaGradBuffers& grads, const int (*pts)[4],
+                     const unsigned* scores, const unsigned* dts, int n, float* const* bufs, const int* sizes,
+                     int nbufs) {
+  for (int i = 0; i < n; ++i) {
+    float s, dt;
+    std::memcpy(&s, &scores[i], 4);
+    std::memcpy(&dt, &dts[i], 4);
+    const float ds = M::score_grad(s, pts[i][0], pts[i][1], pts[i][2], pts[i][3], dt, cap, grads);
+    unsigned bits;
+    std::memcpy(&bits, &ds, 4);
+    std::printf("%08x\n", bits);
+  }
+  for (int j = 0; j < nbufs; ++j)
+    for (int e = 0; e < sizes[j]; ++e) {
+      unsigned bits;
+      std::memcpy(&bits, &bufs[j][e], 4);
+      std::printf("%08x\n", bits);
+    }
+}
+)";
+
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
     s.replace(at, from.size(), to);
@@ -129,6 +154,7 @@ bool same_float(float a, float b) {  // the fuzzer's own rule (tests/fuzz/checks
 struct Sample {
   fa_fuzz::Point p;
   float score;
+  float dt = 0;
 };
 
 TEST(HostExec, EmittedModsEqualTheInterpreter) {
@@ -137,23 +163,49 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
   std::ostringstream tu, calls;
   std::vector<fa_fuzz::Case> cases;
   std::vector<std::vector<Sample>> samples;
+  std::vector<bool> differentiable;
+  std::vector<std::vector<std::pair<std::string, size_t>>> grad_buffers;
   std::mt19937_64 rng(kSeed);
-  int text_cases = 0;
+  int text_cases = 0, grad_cases = 0;
   for (int k = 0; k < kCases; ++k) {
     fa_fuzz::Case c = fa_fuzz::generate_case(kSeed, k, k % 2 == 1, k % 3 == 1);
     fa::Program p = fa_fuzz::program_of(c);
     text_cases += c.text;
-    const std::string src = fa::emit_mods(p);
+    // The backward's score_grad too where the score_mod has a derivative.
+    bool with_grad = true;
+    try {
+      (void)p.score_grad_mlir();
+    } catch (const fa::Error&) {
+      with_grad = false;
+    }
+    grad_cases += with_grad;
+    differentiable.push_back(with_grad);
+    const std::string src = fa::emit_mods(p, with_grad);
     const size_t at = src.find("struct FaMods {"), end = src.find("\n};\n", at);
     ASSERT_NE(end, std::string::npos) << src;
     tu << replace_all(src.substr(at, end + 4 - at), "struct FaMods {", fmt::format("struct Mods{} {{", k));
     // The case's captures, in the slots codegen gave them; buffers contiguous, as bits.
-    std::ostringstream fill;
+    std::ostringstream fill, grad_fill;
+    std::vector<std::string> grad_arrays, grad_sizes;
+    std::vector<std::pair<std::string, size_t>> grad_bufs;  // (name, elements), in the order printed
     for (const fa::CaptureSlot& s : fa::capture_slots(p)) {
       if (s.is_buffer) {
         const fa_fuzz::BufferSpec* b = nullptr;
         for (const auto& x : c.buffers) b = x.name == s.name ? &x : b;
         ASSERT_NE(b, nullptr) << s.name;
+        if (with_grad && b->is_float) {  // a gradient buffer beside it, zeroed, same layout
+          const size_t elems = b->f.size();
+          tu << fmt::format("static float grad{}_{}[{}];\n", k, s.slot, elems);
+          grad_fill << fmt::format("  grads.buffers[{}].ptr = grad{}_{};\n", s.slot, k, s.slot);
+          int64_t gstride = 1;
+          for (int d = static_cast<int>(b->shape.size()) - 1; d >= 0; --d) {
+            grad_fill << fmt::format("  grads.buffers[{}].stride[{}] = {};\n", s.slot, d, gstride);
+            gstride *= b->shape[d];
+          }
+          grad_arrays.push_back(fmt::format("grad{}_{}", k, s.slot));
+          grad_sizes.push_back(std::to_string(elems));
+          grad_bufs.emplace_back(s.name, elems);
+        }
         std::vector<uint32_t> bits;
         if (b->is_float)
           for (float f : b->f) bits.push_back(bits_of(f));
@@ -181,7 +233,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
     // Points in the case's small shape (every buffer index in range there), scores mostly
     // moderate, some special.
     std::vector<Sample> pts;
-    std::vector<std::string> pt_text, score_text;
+    std::vector<std::string> pt_text, score_text, dt_text;
     for (int i = 0; i < kPoints; ++i) {
       auto u = [&](int n) { return static_cast<int>(std::uniform_int_distribution<int>(0, n - 1)(rng)); };
       const fa_fuzz::Shape& sh = c.small;
@@ -190,16 +242,29 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
                                        -50.0f, 1e-6f, 0.5f, INFINITY, -INFINITY};
       smp.score =
           u(8) == 0 ? kSpecial[u(10)] : static_cast<float>(std::normal_distribution<double>(0, 3)(rng));
+      smp.dt = static_cast<float>(std::normal_distribution<double>(0, 1)(rng));
       pt_text.push_back(fmt::format("{{{}, {}, {}, {}}}", smp.p.b, smp.p.h, smp.p.q, smp.p.kv));
       score_text.push_back(fmt::format("{:#x}", bits_of(smp.score)));
+      dt_text.push_back(fmt::format("{:#x}", bits_of(smp.dt)));
       pts.push_back(smp);
     }
     tu << fmt::format("static const int pts{}[][4] = {{{}}};\nstatic const unsigned scores{}[] = {{{}}};\n",
                       k, fmt::join(pt_text, ", "), k, fmt::join(score_text, ", "));
-    calls << fmt::format("  {{\n  FaCaptures cap{{}};\n{}  run<Mods{}>(cap, pts{}, scores{}, {});\n  }}\n",
+    calls << fmt::format("  {{\n  FaCaptures cap{{}};\n{}  run<Mods{}>(cap, pts{}, scores{}, {});\n",
                          fill.str(), k, k, k, kPoints);
+    if (with_grad) {
+      tu << fmt::format("static const unsigned dts{}[] = {{{}}};\n", k, fmt::join(dt_text, ", "));
+      calls << fmt::format(
+          "  FaGradBuffers grads{{}};\n{}  float* gb[] = {{{}nullptr}};\n  const int gs[] = {{{}0}};\n"
+          "  run_grad<Mods{}>(cap, grads, pts{}, scores{}, dts{}, {}, gb, gs, {});\n",
+          grad_fill.str(), grad_arrays.empty() ? "" : fmt::format("{}, ", fmt::join(grad_arrays, ", ")),
+          grad_sizes.empty() ? "" : fmt::format("{}, ", fmt::join(grad_sizes, ", ")), k, k, k, k, kPoints,
+          grad_arrays.size());
+    }
+    calls << "  }\n";
     cases.push_back(std::move(c));
     samples.push_back(std::move(pts));
+    grad_buffers.push_back(std::move(grad_bufs));
   }
   EXPECT_GE(text_cases, kCases / 10) << "the MLIR-text cases (every op of the table) should be among them";
 
@@ -216,7 +281,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
     std::ofstream out(dir / "exec.cpp");
     out << "#define __device__\n#define __forceinline__ inline\n#include <cstdio>\n#include <cstring>\n"
            "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n"
-        << tu.str() << kHarness << "int main() {\n"
+        << tu.str() << kHarness << kGradHarness << "int main() {\n"
         << calls.str() << "  return 0;\n}\n";
   }
   // -ffp-contract=off: the interpreter rounds each operation, as __fmul_rn / __fadd_rn do.
@@ -228,7 +293,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
   ASSERT_EQ(std::system(run.c_str()), 0) << read(dir / "run.log").substr(0, 2000);
 
   std::istringstream log(read(dir / "run.log"));
-  int compared = 0, nonfinite = 0, failures = 0;
+  int compared = 0, nonfinite = 0, failures = 0, grad_compared = 0, ill_conditioned = 0;
   for (int k = 0; k < kCases && failures < 5; ++k) {
     const fa_fuzz::Case& c = cases[k];
     const fa::Program p = fa_fuzz::program_of(c);
@@ -237,6 +302,14 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
     std::vector<std::pair<std::string, int>> lines(samples[k].size());  // the case's, read whole
     for (auto& [bits, mask] : lines)
       ASSERT_TRUE(log >> bits >> mask) << "case " << k << ": the harness printed too little";
+    std::vector<std::string> grad_lines;
+    if (differentiable[k]) {
+      size_t n_grad = samples[k].size();
+      for (const auto& gb : grad_buffers[k]) n_grad += gb.second;
+      grad_lines.resize(n_grad);
+      for (std::string& g : grad_lines)
+        ASSERT_TRUE(log >> g) << "case " << k << ": the harness printed too few gradient lines";
+    }
     for (size_t i = 0; i < samples[k].size(); ++i) {
       const Sample& s = samples[k][i];
       const auto& [bits, mask] = lines[i];
@@ -254,9 +327,68 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
       ++failures;
       break;
     }
+    if (!differentiable[k] || failures) continue;
+    // The backward's hook: dS at every point, then each buffer's accumulated gradient, against the
+    // interpreter's score_grad with its grad_adds summed in the same order (fp32, as red_add).
+    const fa::BoundMod gbm = fa::ModProgram::grad_of(p).bind(env);
+    std::map<std::string, std::vector<float>> acc;
+    for (const auto& [name, elems] : grad_buffers[k]) acc[name].assign(elems, 0.0f);
+    std::map<std::string, std::vector<int64_t>> strides;
+    for (const auto& b : c.buffers) {
+      std::vector<int64_t> st(b.shape.size(), 1);
+      for (int d = static_cast<int>(b.shape.size()) - 2; d >= 0; --d) st[d] = st[d + 1] * b.shape[d + 1];
+      strides[b.name] = st;
+    }
+    const fa::GradSink sink = [&](const fa::GradAdd& g) {
+      auto it = acc.find(g.capture);
+      if (it == acc.end() || g.value == 0.0f) return;
+      int64_t at = 0;
+      for (int d = 0; d < g.rank; ++d) at += int64_t(g.index[d]) * strides[g.capture][d];
+      it->second[static_cast<size_t>(at)] += g.value;
+    };
+    size_t line = 0;
+    for (const Sample& s : samples[k]) {
+      const float host = float_of(static_cast<uint32_t>(std::stoul(grad_lines[line++], nullptr, 16)));
+      const float want = gbm.score_grad(s.score, s.p.b, s.p.h, s.p.q, s.p.kv, s.dt, sink);
+      ++grad_compared;
+      if (same_float(host, want)) continue;
+      // Ill-conditioned where the derivative moves by more than the tolerance within a few ulps
+      // of the score (cos of a product near 300: the kernels' divf, within 1.5 ulp, and the
+      // interpreter's division may differ there): such a point is not compared.
+      const float up = gbm.score_grad(std::nextafter(std::nextafter(s.score, INFINITY), INFINITY), s.p.b,
+                                      s.p.h, s.p.q, s.p.kv, s.dt),
+                  down = gbm.score_grad(std::nextafter(std::nextafter(s.score, -INFINITY), -INFINITY), s.p.b,
+                                        s.p.h, s.p.q, s.p.kv, s.dt);
+      if (!same_float(up, want) || !same_float(down, want)) {
+        ++ill_conditioned;
+        continue;
+      }
+      ADD_FAILURE() << fmt::format(
+          "case {} (seed {}) score_grad at score={} dt={} b={} h={} q={} kv={}: emitted code gives {}, the "
+          "interpreter {}\n{}",
+          k, kSeed, s.score, s.dt, s.p.b, s.p.h, s.p.q, s.p.kv, host, want, fa_fuzz::describe(c));
+      ++failures;
+      break;
+    }
+    if (failures) continue;
+    for (const auto& [name, elems] : grad_buffers[k])
+      for (size_t e = 0; e < elems; ++e) {
+        const float host = float_of(static_cast<uint32_t>(std::stoul(grad_lines[line++], nullptr, 16)));
+        const float want = acc[name][e];
+        if (same_float(host, want)) continue;
+        ADD_FAILURE() << fmt::format(
+            "case {} (seed {}): gradient of buffer '{}' element {}: emitted code accumulates {}, the "
+            "interpreter {}\n{}",
+            k, kSeed, name, e, host, want, fa_fuzz::describe(c));
+        ++failures;
+        break;
+      }
   }
-  std::printf("%d cases (%d MLIR text), %d points compared, %d non-finite scores\n", kCases, text_cases,
-              compared, nonfinite);
+  std::printf(
+      "%d cases (%d MLIR text, %d with a score_grad), %d points compared (%d of score_grad, %d of them "
+      "ill-conditioned), %d non-finite scores\n",
+      kCases, text_cases, grad_cases, compared, grad_compared, ill_conditioned, nonfinite);
+  EXPECT_GE(grad_cases, kCases / 4) << "many cases should have a derivative";
   if (!HasFailure()) fs::remove_all(dir);
 }
 
