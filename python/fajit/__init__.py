@@ -82,7 +82,8 @@ class Program:
         """The mods evaluated on the CPU as fajit's kernels evaluate them (f32 arithmetic, i32
         indices), at the points (b[i], h[i], q[i], kv[i]): (score_mod results, or None without
         `score`; mask_mod results as bools). buffers: {name: a float32 or int32 array with the
-        buffer protocol (a numpy array, a CPU tensor's .numpy())}; scalars: {name: number}.
+        buffer protocol (a numpy array, a CPU tensor's .numpy(), an array.array; copied, so any
+        layout)}; scalars: {name: number}.
         For checking a traced mod against its framework's own evaluation."""
         n = len(b)
         if not len(h) == len(q) == len(kv) == n or (score is not None and len(score) != n):
@@ -98,14 +99,18 @@ class Program:
                 if kind is None or view.itemsize != 4 or not 1 <= view.ndim <= 4:
                     raise ValueError(f"evaluate: buffer '{name}' must be float32 or int32 of rank 1 to 4, "
                                      f"got format {view.format!r}, rank {view.ndim}")
-                raw = (_C.c_char * view.nbytes).from_buffer(obj)  # (a writable buffer: its address)
+                raw = (_C.c_char * view.nbytes).from_buffer_copy(view.tobytes())  # C order, any layout
                 keep += [name.encode(), raw]
                 arr[i].name = keep[-2]
                 arr[i].tensor.data = _C.addressof(raw)
                 arr[i].tensor.dtype = kind
                 arr[i].tensor.rank = view.ndim
                 arr[i].tensor.shape[:view.ndim] = view.shape
-                arr[i].tensor.stride[:view.ndim] = [st // 4 for st in view.strides]
+                strides, step = [], 1
+                for n_dim in reversed(view.shape):
+                    strides.insert(0, step)
+                    step *= n_dim
+                arr[i].tensor.stride[:view.ndim] = strides
             caps.buffers, caps.num_buffers = arr, len(buffers)
             keep.append(arr)
         if scalars:

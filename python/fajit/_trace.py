@@ -715,8 +715,8 @@ def _promote(a, b, floor=I32, rd=None):
     if k == I1 and floor == I32:
         k = I32
     out = []
-    for x in (a, b):
-        v = _convert(_coerce(x), k)
+    for v in [_coerce(x) for x in (a, b)]:  # both coerced first: their nodes precede the conversions
+        v = _convert(v, k)
         if rd in _NARROW_INTS and _const_value(v) is not None:
             v = _wrap(v, rd)
         out.append(v)
@@ -872,7 +872,8 @@ def _shift(op, a, b):
             shifted = Value(t, I32, "arith.shli", (a, Value(t, I32, "arith.minui", (b, _coerce(31)))))
             v = Value(t, I32, "arith.select", (ok, shifted, _coerce(0)))
     else:
-        # and a right shift by one is the sign's fill (a >> 31): the amount read unsigned, capped
+        # and a right shift by 32 or more (or a negative amount) fills with the sign bit, as a >> 31:
+        # the amount is read unsigned and capped at 31
         v = Value(t, I32, "arith.shrsi", (a, _coerce(31) if s is not None else
                                           Value(t, I32, "arith.minui", (b, _coerce(31)))))
     return _result(v, rd, wraps=op == "shli")
@@ -1002,7 +1003,11 @@ def _masked_fill(x, mask, value):
 
 def _check_fits(x, name, what):
     """torch.where and masked_fill convert a Python number into a uint8 / int8 / int16
-    operand's dtype checked (a negative int wraps into uint8 down to -255): beyond, its error."""
+    operand's dtype checked (a negative int wraps into uint8 down to -255), and a float into an
+    integer one only where it has a value there (not inf or NaN): beyond, torch's error."""
+    if isinstance(x, float) and _category(name) == 1 and not -2.0**31 <= x < 2.0**31:
+        _fail(f"{what}: the value {x!r} cannot be converted to torch.{name} without overflow (torch's error; "
+              "fill a float value, e.g. with .float() first, to mask with -inf)")
     if name not in _NARROW_INTS or isinstance(x, bool) or not isinstance(x, (builtins.int, float)):
         return
     lo, hi = _NARROW_INTS[name]
@@ -1060,7 +1065,8 @@ def _torch_table():
     add([torch.abs, T.abs, T.__abs__, g(torch, "absolute")], lambda x: _abs(x))
     add([torch.neg, T.neg, T.__neg__, g(torch, "negative")], lambda x: _neg(x))
     add([torch.square, T.square], lambda x: _pow(x, 2))  # (of a bool: an int, as torch's)
-    add([torch.where, T.where], lambda c, a=None, b=None: _where_(c, a, b))
+    add([torch.where], lambda c, a=None, b=None: _where_(c, a, b))
+    add([T.where], lambda x, cond, other: _where_(cond, x, other))  # x.where(cond, other)
     add([torch.minimum, T.minimum], lambda a, b: _minmax("min", a, b))
     add([torch.maximum, T.maximum], lambda a, b: _minmax("max", a, b))
     add([torch.fmin, T.fmin], lambda a, b: _minmax("fmin", a, b))
@@ -1083,7 +1089,8 @@ def _torch_table():
     add([torch.add, T.add, T.__add__], lambda a, b, alpha=1: _arith("add", a, b if alpha == 1 else _arith("mul", b, alpha)))
     add([T.__radd__], lambda a, b: _arith("add", b, a))
     add([torch.sub, T.sub, T.__sub__], lambda a, b, alpha=1: _arith("sub", a, b if alpha == 1 else _arith("mul", b, alpha)))
-    add([T.__rsub__, g(torch, "rsub")], lambda a, b, alpha=1: _arith("sub", b, a))
+    add([T.__rsub__, g(torch, "rsub")],  # other - alpha * input
+        lambda a, b, alpha=1: _arith("sub", b, a if alpha == 1 else _arith("mul", a, alpha)))
     add([torch.mul, T.mul, T.__mul__], lambda a, b: _arith("mul", a, b))
     add([T.__rmul__], lambda a, b: _arith("mul", b, a))
 

@@ -627,3 +627,33 @@ def test_integer_division_by_minus_one_is_torchs():
 
     assert evaluate(mod, [(0, h, q, 0) for h in (0, 1) for q in (0, 1)]) == [True] * 4
     assert "divsi" not in fajit.mlir(mask_mod=mod) and "rem" not in fajit.mlir(mask_mod=mod)
+
+
+def test_review_fixes_where_method_rsub_alpha_int_fill_and_node_order():
+    """A captured 0-d tensor's .where(cond, other) is torch's (self where cond, else other);
+    torch.rsub's alpha scales the input; an integer filled with -inf is torch's error (not an
+    undefined float-to-int conversion); a scalar times an index keeps fa.scalar ahead of the
+    conversions (the IR, and so the kernel's cache key, of such mods is unchanged)."""
+    torch = pytest.importorskip("torch")
+    cap = torch.tensor(5.0)
+
+    def where_method(s, b, h, q_idx, kv_idx):
+        return s + cap.where(q_idx > kv_idx, -1.0)
+
+    p = fajit.Program(fajit.trace(where_method).text)
+    name = p.captures()[0]["name"]
+    assert p.evaluate([0, 0], [0, 0], [1, 0], [0, 1], score=[0.0, 0.0], scalars={name: 5.0})[0] == [5.0, -1.0]
+
+    def rsub(s, b, h, q_idx, kv_idx):
+        return torch.rsub(s, 1.0, alpha=2)
+
+    assert fajit.Program(fajit.trace(rsub).text).evaluate([0], [0], [0], [0], score=[0.5])[0] == [0.0]
+
+    def int_fill(s, b, h, q_idx, kv_idx):
+        return s + (q_idx - kv_idx).masked_fill(q_idx < kv_idx, float("-inf"))
+
+    with pytest.raises(fajit.TraceError, match=r"-inf cannot be converted to torch.int32"):
+        fajit.trace(int_fill)
+    slope = fajit.scalar("slope", "float")
+    text = fajit.mlir(score_mod=lambda s, b, h, q_idx, kv_idx: s + (kv_idx - q_idx) * slope)
+    assert text.index('fa.scalar "slope"') < text.index("arith.sitofp"), text
