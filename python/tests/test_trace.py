@@ -9,6 +9,7 @@ import pytest
 
 import fajit
 from fajit import _capi
+from _host_buffer import host_buffer
 
 # ---- IR comparison ---------------------------------------------------------------------------
 
@@ -466,7 +467,7 @@ def evaluate(mod, points, score=None, scalars=None):
             if obj.dim() == 0:
                 bound.setdefault(name, obj.item())  # (a value given wins: a runtime scalar)
             else:
-                buffers[name] = obj.to(torch.float32 if obj.is_floating_point() else torch.int32).numpy()
+                buffers[name] = host_buffer(obj.to(torch.float32 if obj.is_floating_point() else torch.int32))
     cols = [[p[i] for p in points] for i in range(4)]
     got_score, got_mask = prog.evaluate(*cols, score=score, buffers=buffers, scalars=bound)
     return got_score if is_score else got_mask

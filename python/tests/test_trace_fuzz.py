@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fajit  # noqa: E402
+from _host_buffer import host_buffer  # noqa: E402
 
 B, H, L, S = 2, 3, 9, 11
 BUF = 8  # captured buffers' length; every load's index is taken modulo it
@@ -465,7 +466,7 @@ def _run_case(seed, depth=4):
     except (fajit.TraceError, fajit.FajitError) as e:
         raise AssertionError(f"{what}\n  {type(e).__name__}: {e}") from e
     tensors = {name: obj for name, obj in t.objects.items() if isinstance(obj, torch.Tensor)}
-    buffers = {name: obj.to(torch.float32 if obj.is_floating_point() else torch.int32).contiguous().numpy()
+    buffers = {name: host_buffer(obj.to(torch.float32 if obj.is_floating_point() else torch.int32))
                for name, obj in tensors.items() if obj.dim() > 0}  # as fajit.torch binds them
     scalars = {name: obj.item() for name, obj in tensors.items() if obj.dim() == 0}
     pb, ph, pq, pkv = _points()
