@@ -1,4 +1,5 @@
 // The fuzzer's CPU checks and driver (fuzz.h; what each check does: tests/fuzz/README.md).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -15,13 +16,6 @@
 #include "fuzz.h"
 
 namespace fa_fuzz {
-namespace {
-
-// Thrown by a check: the failure text.
-struct Failure {
-  std::string what;
-};
-[[noreturn]] void fail(std::string what) { throw Failure{std::move(what)}; }
 
 bool same_float(float a, float b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
@@ -29,6 +23,14 @@ bool same_float(float a, float b) {
   // Constant folding may round a transcendental differently from the host's float libm.
   return std::fabs(a - b) <= 1e-4f * std::max({1.0f, std::fabs(a), std::fabs(b)});
 }
+
+namespace {
+
+// Thrown by a check: the failure text.
+struct Failure {
+  std::string what;
+};
+[[noreturn]] void fail(std::string what) { throw Failure{std::move(what)}; }
 
 // A random score: mostly moderate, sometimes special.
 float random_score(std::mt19937_64& rng) {
@@ -458,7 +460,8 @@ int run(const Config& cfg, std::ostream& out) {
         "rest (inputs, kernels, comparisons)\n",
         st.gpu_forward, st.gpu_layouts, st.gpu_backward, st.ill_rows, st.ill_cases, st.ill_backward,
         st.unstable_grad_elems, st.unstable_grad_cases, st.strided, st.with_dlse, st.deterministic,
-        st.buffer_grads, st.with_max_scores, st.device_tables, st.t_cpu, st.t_compile, st.t_reference, st.t_gpu_other);
+        st.buffer_grads, st.with_max_scores, st.device_tables, st.t_cpu, st.t_compile, st.t_reference,
+        st.t_gpu_other);
   return failures;
 }
 

@@ -199,6 +199,11 @@ T eval_score(const Case& c, const NodeP& n, T score, const Point& p, std::vector
              double* magnitude = nullptr, bool f32_invariants = false);
 bool eval_mask(const Case& c, const Point& p);
 
+// Two f32 results the same by the fuzzer's rule: NaN with NaN, infinities exactly, else within
+// 1e-4 relative (above 1; absolute below): constant folding and the host's libm may round a
+// transcendental differently.
+bool same_float(float a, float b);
+
 // ---- running -----------------------------------------------------------------------------
 struct Config {
   uint64_t seed = 1;

@@ -1,8 +1,8 @@
 // The mods codegen emits, run without a GPU: for the fuzzer's random cases (every op of the
 // verifier's table, frontend-traced and MLIR-text cases, kv-linear score_mods and interval
 // masks), the FaMods struct codegen emits is compiled with the host compiler against the
-// embedded modlib.cuh (a stub prelude stands in for the device intrinsics: correctly rounded
-// arithmetic, the saturating float-to-int conversions, the host's libm for expf / logf / ...),
+// embedded modlib.cuh (tests/common/host_mods.h: a stub prelude stands in for the device
+// intrinsics, the host's libm for expf / logf / ...),
 // run at random points with each case's captured buffers and scalars filled into FaCaptures by
 // the codegen's own slots, and compared with the interpreter (the semantics the float64
 // reference and every GPU test check the kernels against). Masks must agree exactly; scores
@@ -11,15 +11,9 @@
 // a capture slot) fails here in CI, before a GPU runs it.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 #include <sstream>
@@ -29,55 +23,12 @@
 #include <fmt/format.h>
 
 #include "fajit/detail/codegen.h"
-#include "fajit/detail/embedded_templates.h"
 #include "fajit/detail/interp.h"
 #include "fajit/kernel_spec.h"
 #include "fuzz.h"
-
-#ifndef FAJIT_HOST_CXX
-#define FAJIT_HOST_CXX "c++"
-#endif
+#include "host_mods.h"
 
 namespace {
-
-namespace fs = std::filesystem;
-
-// What modlib.cuh and the emitted mods reach of the device, on the host.
-constexpr const char* kStubPrelude = R"(#pragma once
-#include <math.h>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-static inline float __frcp_rn(float a) { return 1.f / a; }
-static inline float rsqrtf(float a) { return 1.f / std::sqrt(a); }
-// cvt.rzi: truncate, saturate, NaN -> 0
-static inline int __float2int_rz(float a) {
-  if (a != a) return 0;
-  if (a >= 2147483648.f) return 2147483647;
-  if (a <= -2147483648.f) return -2147483647 - 1;
-  return (int)a;
-}
-static inline unsigned __float2uint_rz(float a) {
-  if (a != a || a <= 0.f) return 0u;
-  if (a >= 4294967296.f) return 4294967295u;
-  return (unsigned)a;
-}
-static inline float __int2float_rn(int a) { return (float)a; }
-static inline float __uint2float_rn(unsigned a) { return (float)a; }
-template <class T> static inline T __ldg(const T* p) { return *p; }
-template <class T> static inline T __shfl_sync(unsigned, T v, int) { return v; }
-static inline void red_add_f32(float* p, float v) { *p += v; }
-namespace fa {
-static inline float rcp(float x) { return 1.f / x; }
-static inline float ex2(float x) { return exp2f(x); }
-}
-)";
 
 // Runs Mods over n points (b, h, q, kv, score bits): prints "score-bits mask" a line.
 constexpr const char* kHarness = R"(
@@ -120,19 +71,6 @@ static void run_grad(const FaCaptures& cap, const FaGradBuffers& grads, const in
 }
 )";
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-    s.replace(at, from.size(), to);
-  return s;
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 uint32_t bits_of(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -143,12 +81,6 @@ float float_of(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
-}
-
-bool same_float(float a, float b) {  // the fuzzer's own rule (tests/fuzz/checks.cpp)
-  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
-  if (std::isinf(a) || std::isinf(b)) return a == b;
-  return std::fabs(a - b) <= 1e-4f * std::max({1.0f, std::fabs(a), std::fabs(b)});
 }
 
 struct Sample {
@@ -181,9 +113,9 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
     grad_cases += with_grad;
     differentiable.push_back(with_grad);
     const std::string src = fa::emit_mods(p, with_grad);
-    const size_t at = src.find("struct FaMods {"), end = src.find("\n};\n", at);
-    ASSERT_NE(end, std::string::npos) << src;
-    tu << replace_all(src.substr(at, end + 4 - at), "struct FaMods {", fmt::format("struct Mods{} {{", k));
+    const std::string mods = fa_test::mods_struct(src, fmt::format("Mods{}", k));
+    ASSERT_FALSE(mods.empty()) << src;
+    tu << mods;
     // The case's captures, in the slots codegen gave them; buffers contiguous, as bits.
     std::ostringstream fill, grad_fill;
     std::vector<std::string> grad_arrays, grad_sizes;
@@ -193,15 +125,21 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
         const fa_fuzz::BufferSpec* b = nullptr;
         for (const auto& x : c.buffers) b = x.name == s.name ? &x : b;
         ASSERT_NE(b, nullptr) << s.name;
+        // Contiguous strides, set for the buffer in `what` (cap, grads).
+        auto strides = [&](const char* what) {
+          std::string out;
+          int64_t stride = 1;
+          for (int d = static_cast<int>(b->shape.size()) - 1; d >= 0; --d) {
+            out += fmt::format("  {}.buffers[{}].stride[{}] = {};\n", what, s.slot, d, stride);
+            stride *= b->shape[d];
+          }
+          return out;
+        };
         if (with_grad && b->is_float) {  // a gradient buffer beside it, zeroed, same layout
           const size_t elems = b->f.size();
           tu << fmt::format("static float grad{}_{}[{}];\n", k, s.slot, elems);
-          grad_fill << fmt::format("  grads.buffers[{}].ptr = grad{}_{};\n", s.slot, k, s.slot);
-          int64_t gstride = 1;
-          for (int d = static_cast<int>(b->shape.size()) - 1; d >= 0; --d) {
-            grad_fill << fmt::format("  grads.buffers[{}].stride[{}] = {};\n", s.slot, d, gstride);
-            gstride *= b->shape[d];
-          }
+          grad_fill << fmt::format("  grads.buffers[{}].ptr = grad{}_{};\n", s.slot, k, s.slot)
+                    << strides("grads");
           grad_arrays.push_back(fmt::format("grad{}_{}", k, s.slot));
           grad_sizes.push_back(std::to_string(elems));
           grad_bufs.emplace_back(s.name, elems);
@@ -213,12 +151,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
           for (int32_t i : b->i) bits.push_back(static_cast<uint32_t>(i));
         tu << fmt::format("static const unsigned buf{}_{}[] = {{{:#x}}};\n", k, s.slot,
                           fmt::join(bits, ", "));
-        fill << fmt::format("  cap.buffers[{}].ptr = buf{}_{};\n", s.slot, k, s.slot);
-        int64_t stride = 1;
-        for (int d = static_cast<int>(b->shape.size()) - 1; d >= 0; --d) {
-          fill << fmt::format("  cap.buffers[{}].stride[{}] = {};\n", s.slot, d, stride);
-          stride *= b->shape[d];
-        }
+        fill << fmt::format("  cap.buffers[{}].ptr = buf{}_{};\n", s.slot, k, s.slot) << strides("cap");
       } else {
         const fa_fuzz::ScalarSpec* v = nullptr;
         for (const auto& x : c.scalars) v = x.name == s.name ? &x : v;
@@ -268,31 +201,13 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
   }
   EXPECT_GE(text_cases, kCases / 10) << "the MLIR-text cases (every op of the table) should be among them";
 
-  const fs::path dir = fs::temp_directory_path() / fmt::format("fajit-host-exec-{}", ::getpid());
-  fs::create_directories(dir / "fajit");
-  int n = 0;
-  const fa::detail::EmbeddedHeader* headers = fa::detail::embedded_headers(&n);
-  for (int i = 0; i < n; ++i) {
-    const std::string name = headers[i].name;
-    if (name == "fajit/params.h" || name == "fajit/modlib.cuh") std::ofstream(dir / name) << headers[i].text;
-  }
-  std::ofstream(dir / "fajit/prelude.cuh") << kStubPrelude;
-  {
-    std::ofstream out(dir / "exec.cpp");
-    out << "#define __device__\n#define __forceinline__ inline\n#include <cstdio>\n#include <cstring>\n"
-           "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n"
-        << tu.str() << kHarness << kGradHarness << "int main() {\n"
-        << calls.str() << "  return 0;\n}\n";
-  }
-  // -ffp-contract=off: the interpreter rounds each operation, as __fmul_rn / __fadd_rn do.
-  const std::string compile = fmt::format(
-      "{} -std=c++17 -O1 -fwrapv -ffp-contract=off -w -I{} -o {} {} > {} 2>&1", FAJIT_HOST_CXX, dir.string(),
-      (dir / "exec").string(), (dir / "exec.cpp").string(), (dir / "compile.log").string());
-  ASSERT_EQ(std::system(compile.c_str()), 0) << compile << "\n" << read(dir / "compile.log").substr(0, 4000);
-  const std::string run = fmt::format("{} > {} 2>&1", (dir / "exec").string(), (dir / "run.log").string());
-  ASSERT_EQ(std::system(run.c_str()), 0) << read(dir / "run.log").substr(0, 2000);
+  const fa_test::HostRun run =
+      fa_test::run_on_host("fajit-host-exec", tu.str() + kHarness + kGradHarness + "int main() {\n" +
+                                                  calls.str() + "  return 0;\n}\n");
+  ASSERT_TRUE(run.compiled) << run.command << "\n" << run.compile_log.substr(0, 4000);
+  ASSERT_EQ(run.rc, 0) << run.output.substr(0, 2000);
 
-  std::istringstream log(read(dir / "run.log"));
+  std::istringstream log(run.output);
   int compared = 0, nonfinite = 0, failures = 0, grad_compared = 0, ill_conditioned = 0;
   for (int k = 0; k < kCases && failures < 5; ++k) {
     const fa_fuzz::Case& c = cases[k];
@@ -318,7 +233,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
       const bool want_mask = mb.mask(s.p.b, s.p.h, s.p.q, s.p.kv);
       ++compared;
       nonfinite += !std::isfinite(want);
-      if (same_float(host, want) && mask == int(want_mask)) continue;
+      if (fa_fuzz::same_float(host, want) && mask == int(want_mask)) continue;
       ADD_FAILURE() << fmt::format(
           "case {} (seed {}) at score={} b={} h={} q={} kv={}: emitted code gives score {} mask {}, the "
           "interpreter {} / {}\n{}",
@@ -351,7 +266,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
       const float host = float_of(static_cast<uint32_t>(std::stoul(grad_lines[line++], nullptr, 16)));
       const float want = gbm.score_grad(s.score, s.p.b, s.p.h, s.p.q, s.p.kv, s.dt, sink);
       ++grad_compared;
-      if (same_float(host, want)) continue;
+      if (fa_fuzz::same_float(host, want)) continue;
       // Ill-conditioned where the derivative moves by more than the tolerance within a few ulps
       // of the score (cos of a product near 300: the kernels' divf, within 1.5 ulp, and the
       // interpreter's division may differ there): such a point is not compared.
@@ -359,7 +274,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
                                       s.p.h, s.p.q, s.p.kv, s.dt),
                   down = gbm.score_grad(std::nextafter(std::nextafter(s.score, -INFINITY), -INFINITY), s.p.b,
                                         s.p.h, s.p.q, s.p.kv, s.dt);
-      if (!same_float(up, want) || !same_float(down, want)) {
+      if (!fa_fuzz::same_float(up, want) || !fa_fuzz::same_float(down, want)) {
         ++ill_conditioned;
         continue;
       }
@@ -375,7 +290,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
       for (size_t e = 0; e < elems; ++e) {
         const float host = float_of(static_cast<uint32_t>(std::stoul(grad_lines[line++], nullptr, 16)));
         const float want = acc[name][e];
-        if (same_float(host, want)) continue;
+        if (fa_fuzz::same_float(host, want)) continue;
         ADD_FAILURE() << fmt::format(
             "case {} (seed {}): gradient of buffer '{}' element {}: emitted code accumulates {}, the "
             "interpreter {}\n{}",
@@ -389,7 +304,7 @@ TEST(HostExec, EmittedModsEqualTheInterpreter) {
       "ill-conditioned), %d non-finite scores\n",
       kCases, text_cases, grad_cases, compared, grad_compared, ill_conditioned, nonfinite);
   EXPECT_GE(grad_cases, kCases / 4) << "many cases should have a derivative";
-  if (!HasFailure()) fs::remove_all(dir);
+  if (!HasFailure()) run.remove();
 }
 
 }  // namespace

@@ -10,11 +10,7 @@
 // pins the interval form to it exactly, without a GPU.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
+#include <algorithm>
 #include <random>
 #include <sstream>
 #include <string>
@@ -23,17 +19,11 @@
 #include <fmt/format.h>
 
 #include "fajit/detail/codegen.h"
-#include "fajit/detail/embedded_templates.h"
 #include "fajit/detail/expr.h"
 #include "fajit/frontend.h"
-
-#ifndef FAJIT_HOST_CXX
-#define FAJIT_HOST_CXX "c++"
-#endif
+#include "host_mods.h"
 
 namespace {
-
-namespace fs = std::filesystem;
 
 // Random masks in the CLI's expression syntax (fa::parse_mask_mod), from a seeded generator.
 struct MaskGen {
@@ -79,28 +69,6 @@ struct MaskGen {
   }
 };
 
-// What modlib.cuh reaches of the device prelude, on the host.
-constexpr const char* kStubPrelude = R"(#pragma once
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __frcp_rn(float a) { return 1.f / a; }
-static inline int __float2int_rz(float a) { return (int)a; }
-static inline unsigned __float2uint_rz(float a) { return (unsigned)a; }
-static inline float __int2float_rn(int a) { return (float)a; }
-static inline float __uint2float_rn(unsigned a) { return (float)a; }
-template <class T> static inline T __ldg(const T* p) { return *p; }
-template <class T> static inline T __shfl_sync(unsigned, T v, int) { return v; }
-static inline void red_add_f32(float* p, float v) { *p += v; }
-namespace fa {
-static inline float rcp(float x) { return 1.f / x; }
-static inline float ex2(float x) { return exp2f(x); }
-}
-)";
-
 // The harness: for mask struct M, mask_kv_range against mask_mod over the grid; prints
 // "MISMATCH ..." for the first few, then "checked N bad K".
 constexpr const char* kHarness = R"(
@@ -144,19 +112,6 @@ static long long check(const char* name, unsigned seed, long long* checked) {
 }
 )";
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-    s.replace(at, from.size(), to);
-  return s;
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 TEST(KvRangeHost, BoundsEqualTheMaskEverywhere) {
   fa::ExprCaptureTypes types;
   for (const char* w : {"w0", "w1", "w2", "ids"}) types.types[w] = false;  // i32
@@ -178,10 +133,11 @@ TEST(KvRangeHost, BoundsEqualTheMaskEverywhere) {
         fa::emit_mods(fa::trace(fa::identity_score(), fa::parse_mask_mod(masks[i], types)));
     if (src.find("kMaskKvRange = true") == std::string::npos) continue;
     ++recognised, recognised_random += i >= fixed;
-    const size_t at = src.find("struct FaMods {"), end = src.find("\n};\n", at);
-    ASSERT_NE(end, std::string::npos) << src;
-    tu << replace_all(src.substr(at, end + 4 - at), "struct FaMods {", fmt::format("struct Mods{} {{", i));
-    std::string quoted = replace_all(masks[i], "\"", "'");
+    const std::string mods = fa_test::mods_struct(src, fmt::format("Mods{}", i));
+    ASSERT_FALSE(mods.empty()) << src;
+    tu << mods;
+    std::string quoted = masks[i];
+    std::replace(quoted.begin(), quoted.end(), '"', '\'');
     calls << fmt::format("  bad += check<Mods{}>(\"{}\", {}u, &checked);\n", i, quoted, 7919u * (i + 1));
   }
   // The presets and hand-written forms that are intervals are found; the refused ones are not.
@@ -192,37 +148,19 @@ TEST(KvRangeHost, BoundsEqualTheMaskEverywhere) {
   }
   EXPECT_GE(recognised_random, 80) << "the generator should make many interval masks";
 
-  const fs::path dir = fs::temp_directory_path() / fmt::format("fajit-kv-range-{}", ::getpid());
-  fs::create_directories(dir / "fajit");
-  int n = 0;
-  const fa::detail::EmbeddedHeader* headers = fa::detail::embedded_headers(&n);
-  for (int i = 0; i < n; ++i) {
-    const std::string name = headers[i].name;
-    if (name == "fajit/params.h" || name == "fajit/modlib.cuh") std::ofstream(dir / name) << headers[i].text;
-  }
-  std::ofstream(dir / "fajit/prelude.cuh") << kStubPrelude;
-  {
-    std::ofstream out(dir / "check.cpp");
-    out << "#define __device__\n#define __forceinline__ inline\n#include <cstdio>\n#include <vector>\n"
-           "#include \"fajit/params.h\"\n#include \"fajit/prelude.cuh\"\n#include \"fajit/modlib.cuh\"\n"
-        << tu.str() << kHarness
-        << "int main() {\n  for (int i = 0; i < 64; ++i) for (int j = 0; j < 64; ++j)\n"
-           "    g_ids[i][j] = kExt[(i * 7 + j * 13) % (sizeof kExt / sizeof *kExt)];\n"
-           "  long long bad = 0, checked = 0;\n"
-        << calls.str()
-        << "  std::printf(\"checked %lld bad %lld\\n\", checked, bad);\n  return bad != 0;\n}\n";
-  }
-  const std::string compile =
-      fmt::format("{} -std=c++17 -O1 -fwrapv -w -I{} -o {} {} > {} 2>&1", FAJIT_HOST_CXX, dir.string(),
-                  (dir / "check").string(), (dir / "check.cpp").string(), (dir / "compile.log").string());
-  ASSERT_EQ(std::system(compile.c_str()), 0) << compile << "\n" << read(dir / "compile.log").substr(0, 4000);
-  const std::string run = fmt::format("{} > {} 2>&1", (dir / "check").string(), (dir / "run.log").string());
-  const int rc = std::system(run.c_str());
-  const std::string log = read(dir / "run.log");
-  EXPECT_EQ(rc, 0) << log.substr(0, 4000);
-  EXPECT_NE(log.find(" bad 0\n"), std::string::npos) << log.substr(0, 4000);
-  std::printf("%d masks recognised (%d random), %s", recognised, recognised_random, log.c_str());
-  if (rc == 0) fs::remove_all(dir);
+  const fa_test::HostRun r = fa_test::run_on_host(
+      "fajit-kv-range",
+      tu.str() + kHarness +
+          "int main() {\n  for (int i = 0; i < 64; ++i) for (int j = 0; j < 64; ++j)\n"
+          "    g_ids[i][j] = kExt[(i * 7 + j * 13) % (sizeof kExt / sizeof *kExt)];\n"
+          "  long long bad = 0, checked = 0;\n" +
+          calls.str() +
+          "  std::printf(\"checked %lld bad %lld\\n\", checked, bad);\n  return bad != 0;\n}\n");
+  ASSERT_TRUE(r.compiled) << r.command << "\n" << r.compile_log.substr(0, 4000);
+  EXPECT_EQ(r.rc, 0) << r.output.substr(0, 4000);
+  EXPECT_NE(r.output.find(" bad 0\n"), std::string::npos) << r.output.substr(0, 4000);
+  std::printf("%d masks recognised (%d random), %s", recognised, recognised_random, r.output.c_str());
+  if (r.rc == 0) r.remove();
 }
 
 }  // namespace
