@@ -74,6 +74,17 @@ class Gen:
         buf = self.rng.choice(["u8b", "i8b", "i16b", "i64b"])
         return f"{buf}[{self.index(d)}]" if d > 0 else f"{buf}[kv_idx % {BUF}]"
 
+    def same_form(self, op, x, other, d):
+        """The ops written alike for integers and floats: x's kind, `other` drawing the second
+        operand of that kind."""
+        if op == "abs":
+            return f"abs({x})"
+        if op == "neg":
+            return f"(-{x})"
+        if op == "where":
+            return f"torch.where({self.bool_(d - 1)}, {x}, {other(d - 1)})"
+        return f"torch.{'minimum' if op == 'min' else 'maximum'}({x}, {other(d - 1)})"
+
     # Every expression reads an index, the score or a buffer (never constants alone), so torch
     # sees tensors where its functions want them; constants come in as the second operand.
     def int_(self, d):
@@ -167,14 +178,8 @@ class Gen:
             return f"({x} {op} {self.int_(d - 1)})"
         if op in ("//", "%"):
             return f"({x} {op} {self.nonzero()})"
-        if op == "abs":
-            return f"abs({x})"
-        if op == "neg":
-            return f"(-{x})"
-        if op in ("min", "max"):
-            return f"torch.{'minimum' if op == 'min' else 'maximum'}({x}, {self.int_(d - 1)})"
-        if op == "where":
-            return f"torch.where({self.bool_(d - 1)}, {x}, {self.int_(d - 1)})"
+        if op in ("abs", "neg", "min", "max", "where"):
+            return self.same_form(op, x, self.int_, d)
         if op in (">>", "<<"):
             return f"({x} {op} {r.randint(0, 3)})"
         if op == "clamp":
@@ -350,14 +355,8 @@ class Gen:
             return f"torch.log(abs({x}) + 1.0)"
         if op == "sqrt":
             return f"torch.sqrt(abs({x}))"
-        if op == "abs":
-            return f"abs({x})"
-        if op == "neg":
-            return f"(-{x})"
-        if op == "where":
-            return f"torch.where({self.bool_(d - 1)}, {x}, {self.float_(d - 1)})"
-        if op in ("min", "max"):
-            return f"torch.{'minimum' if op == 'min' else 'maximum'}({x}, {self.float_(d - 1)})"
+        if op in ("abs", "neg", "min", "max", "where"):
+            return self.same_form(op, x, self.float_, d)
         if op == "clamp":
             lo = r.uniform(-4.0, 1.0)
             return f"torch.clamp({x}, min={lo:.2f}, max={lo + r.uniform(0.0, 5.0):.2f})"
