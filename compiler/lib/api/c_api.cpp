@@ -403,25 +403,21 @@ namespace {
 // elements) and scalars, by name.
 fa::Bindings host_bindings(const fajit_captures* c) {
   fa::Bindings env;
-  if (!c) return env;
-  (void)to_captures(c);  // the same checks as a launch's (counts, names, ranks)
-  for (int i = 0; i < c->num_buffers; ++i) {
-    const fajit_buffer_capture& b = c->buffers[i];
-    const fajit_tensor& t = b.tensor;
-    if (t.dtype != FAJIT_F32 && t.dtype != FAJIT_I32)
-      throw fa::Error(fmt::format("capture '{}': a buffer must be FAJIT_F32 or FAJIT_I32", b.name));
-    if (!t.data) throw fa::Error(fmt::format("capture '{}': data is NULL", b.name));
+  const fa::Captures cap = to_captures(c);  // the same checks as a launch's (counts, names, ranks)
+  for (const auto& [name, t] : cap.buffers()) {
+    if (t.dtype != fa::DType::f32 && t.dtype != fa::DType::i32)
+      throw fa::Error(fmt::format("capture '{}': a buffer must be FAJIT_F32 or FAJIT_I32", name));
+    if (!t.data) throw fa::Error(fmt::format("capture '{}': data is NULL", name));
     std::vector<int64_t> shape(t.shape, t.shape + t.rank), strides(t.stride, t.stride + t.rank);
-    env.buffer(b.name, t.dtype == FAJIT_F32
-                           ? fa::HostBuffer::f32(static_cast<const float*>(t.data), shape, strides)
-                           : fa::HostBuffer::i32(static_cast<const int32_t*>(t.data), shape, strides));
+    env.buffer(name, t.dtype == fa::DType::f32
+                         ? fa::HostBuffer::f32(static_cast<const float*>(t.data), shape, strides)
+                         : fa::HostBuffer::i32(static_cast<const int32_t*>(t.data), shape, strides));
   }
-  for (int i = 0; i < c->num_scalars; ++i) {
-    const fajit_scalar_capture& s = c->scalars[i];
-    if (s.is_float)
-      env.scalar_f32(s.name, s.f);
+  for (const auto& [name, v] : cap.scalars()) {
+    if (v.is_float)
+      env.scalar_f32(name, v.f);
     else
-      env.scalar_i32(s.name, s.i);
+      env.scalar_i32(name, v.i);
   }
   return env;
 }
