@@ -243,6 +243,19 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { tile192x112(c), c.tile.stages = 2, c.persistent_ctas = 3; }),
       with({"none", f16, 64, 64, 2, 4, 2, 1000, 1000}, "noncontig_ctas3",
            [](FwdCase& c) { c.noncontig = true, c.persistent_ctas = 3; }),
+      // Two-consumer tiles (128 rows) with capped CTAs: a block's last P·V joins the next block's
+      // first S where this warpgroup computes that tile (kCarryPv), else it goes alone before the
+      // next block: Lq past a block's second half (rows all past len_q skip every tile), walks
+      // whose first tile one warpgroup skips (document, sliding), a score_mod, GQA, Lq != Lkv.
+      with({"none", bf16, 128, 128, 2, 4, 2, 900, 4097}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"document_softcap", f16, 128, 128, 1, 4, 2, 1000, 1000}, "ctas2",
+           [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"sliding", bf16, 128, 128, 2, 4, 4, 2000, 2000, 100}, "ctas3",
+           [](FwdCase& c) { c.persistent_ctas = 3; }),
+      with({"causal_alibi", f16, 128, 128, 1, 8, 4, 1000, 1000}, "ctas2",
+           [](FwdCase& c) { c.persistent_ctas = 2; }),
+      with({"padding", bf16, 96, 96, 2, 4, 1, 1000, 1000, 333}, "ctas3",
+           [](FwdCase& c) { c.persistent_ctas = 3; }),
       // Column values gathered across the warp (key_pad_bias: a float for score_mod, a bool for
       // mask_mod): the three-consumer tile (4 slots of 32 columns), 192x112 (the last slot
       // half used), 128x128 at d128, tails (Lkv 777, 17), GQA, persistent and not.
