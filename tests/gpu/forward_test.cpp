@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "../../compiler/lib/api/autotune.h"
+#include "fajit/detail/codegen.h"
 #include "fajit/jit/cache.h"
 #include "fajit/runtime/device.h"
 #include "gpu_harness.h"
@@ -90,6 +91,12 @@ void on_device_tables(FwdCase& c) { c.device_tables = true; }
 // Three consumer warpgroups with 112 keys a tile (between head dims 64 and 96).
 void tile192x112(FwdCase& c) {
   c.tile = fa::TileConfig{192, 112, 16, 3}, c.family = fa::KernelFamily::kWgmma;
+}
+
+// Two consumer warpgroups, two stages: the persistent form at head dims 72-128 (FAJIT_PERSISTENT_CTAS
+// caps its CTAs only there), forced where a score_mod or no mask_mod makes 128x128 s3 the default.
+void tile128x128s2(FwdCase& c) {
+  c.tile = fa::TileConfig{128, 128, 12, 2}, c.family = fa::KernelFamily::kWgmma;
 }
 
 // A covering set, not the cross product: every library mod at both dtypes, every head-dim pair
@@ -243,18 +250,21 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { tile192x112(c), c.tile.stages = 2, c.persistent_ctas = 3; }),
       with({"none", f16, 64, 64, 2, 4, 2, 1000, 1000}, "noncontig_ctas3",
            [](FwdCase& c) { c.noncontig = true, c.persistent_ctas = 3; }),
-      // Two-consumer tiles (128 rows) with capped CTAs: a block's last P·V joins the next block's
-      // first S where this warpgroup computes that tile (kCarryPv), else it goes alone before the
-      // next block: Lq past a block's second half (rows all past len_q skip every tile), walks
-      // whose first tile one warpgroup skips (document, sliding), a score_mod, GQA, Lq != Lkv.
-      with({"none", bf16, 128, 128, 2, 4, 2, 900, 4097}, "ctas2", [](FwdCase& c) { c.persistent_ctas = 2; }),
-      with({"document_softcap", f16, 128, 128, 1, 4, 2, 1000, 1000}, "ctas2",
-           [](FwdCase& c) { c.persistent_ctas = 2; }),
-      with({"sliding", bf16, 128, 128, 2, 4, 4, 2000, 2000, 100}, "ctas3",
-           [](FwdCase& c) { c.persistent_ctas = 3; }),
-      with({"causal_alibi", f16, 128, 128, 1, 8, 4, 1000, 1000}, "ctas2",
-           [](FwdCase& c) { c.persistent_ctas = 2; }),
-      with({"padding", bf16, 96, 96, 2, 4, 1, 1000, 1000, 333}, "ctas3",
+      // Two-consumer persistent tiles (128 rows; at d128 only 128x128 s2 leaves room for the
+      // second Q region, so it is forced where the default is s3) with capped CTAs: a block whose
+      // second warpgroup has no live rows (Lq 900: rows 960.. of the last block), masks built at
+      // 64-row blocks, whose regrouped tiles carry sub-block kinds, so one warpgroup skips tiles
+      // the other computes (document; sliding 48, where the second warpgroup skips each walk's
+      // first tile), a score_mod, GQA, Lq != Lkv.
+      with({"none", bf16, 128, 128, 2, 4, 2, 900, 4097}, "tile128x128s2_ctas2",
+           [](FwdCase& c) { tile128x128s2(c), c.persistent_ctas = 2; }),
+      with({"document_softcap", f16, 128, 128, 1, 4, 2, 1000, 1000}, "qb64_tile128x128s2_ctas2",
+           [](FwdCase& c) { tile128x128s2(c), c.q_block = 64, c.persistent_ctas = 2; }),
+      with({"sliding", bf16, 128, 128, 2, 4, 4, 2000, 2000, 48}, "qb64_ctas3",
+           [](FwdCase& c) { c.q_block = 64, c.persistent_ctas = 3; }),
+      with({"causal_alibi", f16, 128, 128, 1, 8, 4, 1000, 1000}, "tile128x128s2_ctas2",
+           [](FwdCase& c) { tile128x128s2(c), c.persistent_ctas = 2; }),
+      with({"padding", bf16, 96, 96, 2, 4, 1, 900, 1000, 333}, "ctas3",
            [](FwdCase& c) { c.persistent_ctas = 3; }),
       // Column values gathered across the warp (key_pad_bias: a float for score_mod, a bool for
       // mask_mod): the three-consumer tile (4 slots of 32 columns), 192x112 (the last slot
@@ -588,7 +598,14 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
   CUstream stream = nullptr;
   if (c.own_stream) FA_CU(cuStreamCreate, &stream, CU_STREAM_NON_BLOCKING);
   if (c.cp_async_kv) setenv("FAJIT_TMA", "0", 1);
-  if (c.persistent_ctas > 0) setenv("FAJIT_PERSISTENT_CTAS", std::to_string(c.persistent_ctas).c_str(), 1);
+  if (c.persistent_ctas > 0) {
+    // The cap applies to the persistent form only: a case whose tile is not persistent tests nothing of it.
+    if (kernel.spec().arch == "sm_90a") {
+      EXPECT_TRUE(fa::sm90_forward_persistent(kernel.spec()))
+          << "capped CTAs on a tile that is not persistent: " << kernel.spec().to_string();
+    }
+    setenv("FAJIT_PERSISTENT_CTAS", std::to_string(c.persistent_ctas).c_str(), 1);
+  }
   auto t0 = std::chrono::steady_clock::now();
   kernel.forward(q, k, v, o, mask, captures, fo, reinterpret_cast<fa::Stream>(stream));
   if (c.cp_async_kv) unsetenv("FAJIT_TMA");
