@@ -117,7 +117,9 @@ int run_dump(const DumpOptions& o) {
   std::string tool = find_tool({"cuobjdump", "nvdisasm"});
   if (tool.empty())
     throw fa::Error(fmt::format(
-        "--sass needs cuobjdump or nvdisasm (from the CUDA toolkit) on PATH or in {}; neither was found",
+        "--sass needs cuobjdump or nvdisasm (from the CUDA toolkit) on PATH or in {}; neither was found "
+        "(without the toolkit: pip install nvidia-cuda-nvdisasm nvidia-cuda-cuobjdump, then put their "
+        "nvidia/cu13/bin on PATH)",
         toolkit_bin_dir()));
   char tmpl[] = "/tmp/fajit-sass-XXXXXX.cubin";
   int fd = ::mkstemps(tmpl, 6);
