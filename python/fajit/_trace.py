@@ -1250,9 +1250,19 @@ def _name_hints(fns, values=None):
     through functions they call, a few levels deep): names for captured tensors. With `values`
     (a list), also appends (name, record) for every plain value they reach there (numbers,
     strings, their short containers, an object's plain attributes, a method's owner's): what a
-    trace bakes in as constants, so that a changed one is seen (fajit.torch traces again)."""
+    trace bakes in as constants, so that a changed one is seen (fajit.torch traces again).
+
+    Tensors are looked for wherever the mods can read one: closures, globals, the attributes the
+    code reads of objects and modules (and of their attributes, a few levels: `batch.doc_ids`,
+    `cfg.sub.bias`), short dicts, lists and tuples (`D["ids"]`), a callable object's own
+    attributes (its __call__ or an nn.Module's forward). fajit.torch keys its cached trace on
+    their ids: a tensor replaced anywhere there is a new trace, never a stale binding."""
     hints = {}
     seen = set()
+    limit = 16  # nesting (and_masks of and_masks ..., objects in objects); `seen` stops cycles
+
+    def is_tensor(obj):
+        return type(obj).__name__ in ("Tensor", "Parameter") or isinstance(obj, (Buffer, Scalar))
 
     def keep_value(name, obj):
         if values is None:
@@ -1263,14 +1273,56 @@ def _name_hints(fns, values=None):
             return True
         return False
 
-    def keep_attributes(name, owner, read):
-        # the plain attributes of `owner` (an object's __dict__) named in `read` (what the code reads)
-        if values is not None and isinstance(owner, dict):
-            for k in sorted(read):
-                if k in owner:
-                    keep_value(f"{name}.{k}", owner[k])
+    def keep_attributes(name, owner, read, depth):
+        # the attributes of `owner` (an object's or a module's __dict__) named in `read` (what the
+        # code reads): tensors as hints, plain values as values, objects and containers looked into
+        if not isinstance(owner, dict) or depth > limit:
+            return
+        for k in sorted(read):
+            if k in owner:
+                inner(f"{name}.{k}", k, owner[k], depth + 1, read)
+
+    def inner(name, short, obj, depth, read):
+        # a value read through an attribute or a container: not called unless it is callable
+        if is_tensor(obj):
+            hints.setdefault(id(obj), short)
+        elif callable(obj) and not isinstance(obj, type):
+            if isinstance(obj, (types.FunctionType, types.MethodType)) or hasattr(obj, "func"):
+                visit(obj, depth + 1)
+        elif isinstance(obj, (list, tuple, dict)):
+            container(name, obj, depth, read)
+        elif not keep_value(name, obj) and not isinstance(obj, (types.ModuleType, type)) and id(obj) not in seen:
+            seen.add(id(obj))
+            keep_attributes(name, getattr(obj, "__dict__", None), read, depth)  # cfg.window, batch.doc_ids
+
+    def container(name, obj, depth, read):
+        if len(obj) > 64 or depth > limit or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for k, o in items:
+            short = k if isinstance(k, str) else name.rsplit(".", 1)[-1]
+            if is_tensor(o):
+                hints.setdefault(id(o), short)
+            elif callable(o) and not isinstance(o, type):
+                visit(o, depth + 1)
+            elif isinstance(o, (list, tuple, dict)):
+                container(f"{name}[{k!r}]", o, depth + 1, read)
+            elif _plain(o) is _NOT_PLAIN and not isinstance(o, (types.ModuleType, type)) and id(o) not in seen:
+                seen.add(id(o))
+                keep_attributes(f"{name}[{k!r}]", getattr(o, "__dict__", None), read, depth + 1)
+        keep_value(name, obj)
 
     def visit(fn, depth):
+        if depth > limit:
+            return
+        if not isinstance(fn, (types.FunctionType, types.MethodType)) and not hasattr(fn, "func"):
+            # a callable object: what calling it runs (an nn.Module's forward, else __call__)
+            call = getattr(type(fn), "forward" if hasattr(fn, "_parameters") else "__call__", None)
+            if isinstance(call, types.FunctionType) and id(fn) not in seen:
+                seen.add(id(fn))
+                visit(types.MethodType(call, fn), depth + 1)
+            return
         if isinstance(fn, types.MethodType):
             # a method of an nn.Module (say): its tensors, parameters and buffers by attribute
             owner = getattr(fn.__self__, "__dict__", {})
@@ -1281,9 +1333,9 @@ def _name_hints(fns, values=None):
                             hints.setdefault(id(obj), name)
             fn = fn.__func__
             if isinstance(fn, types.FunctionType):
-                keep_attributes("self", owner, _code_names(fn.__code__))
-        if not isinstance(fn, types.FunctionType) or id(fn) in seen or depth > 4:
-            if hasattr(fn, "func") and hasattr(fn, "args") and depth <= 4:  # functools.partial
+                keep_attributes("self", owner, _code_names(fn.__code__), depth)
+        if not isinstance(fn, types.FunctionType) or id(fn) in seen:
+            if hasattr(fn, "func") and hasattr(fn, "args"):  # functools.partial
                 for a in list(fn.args) + list((fn.keywords or {}).values()):
                     note("arg", a, depth)
                 visit(fn.func, depth + 1)
@@ -1305,22 +1357,30 @@ def _name_hints(fns, values=None):
                 note(name, g[name], depth, read)
 
     def note(name, obj, depth, read=frozenset()):
-        if callable(obj) and not isinstance(obj, type):
-            visit(obj, depth + 1)
-        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
-            for o in obj:
-                if callable(o):
-                    visit(o, depth + 1)
-            keep_value(name, obj)
-        elif type(obj).__name__ in ("Tensor", "Parameter") or isinstance(obj, (Buffer, Scalar)):
+        if is_tensor(obj):
             hints.setdefault(id(obj), name)
-        elif not keep_value(name, obj) and values is not None and not isinstance(obj, (types.ModuleType, type)):
-            keep_attributes(name, getattr(obj, "__dict__", None), read)  # a config object: cfg.window
+        elif callable(obj) and not isinstance(obj, type):
+            visit(obj, depth + 1)
+        elif isinstance(obj, (list, tuple, dict)):
+            container(name, obj, depth, read)
+        elif isinstance(obj, types.ModuleType):
+            # a module's attributes the code reads (state.IDS): not torch's or another library's
+            if not obj.__name__.split(".")[0] in _LIBRARY_MODULES and id(obj) not in seen:
+                seen.add(id(obj))
+                keep_attributes(name, obj.__dict__, read, depth)
+        elif not keep_value(name, obj) and not isinstance(obj, type) and id(obj) not in seen:
+            seen.add(id(obj))
+            keep_attributes(name, getattr(obj, "__dict__", None), read, depth)  # a config object: cfg.window
 
     for f in fns:
         if f is not None:
             visit(f, 0)
     return hints
+
+
+# Modules whose attributes the mods read as API (torch.where, math.pi): never captures of theirs.
+_LIBRARY_MODULES = frozenset({"torch", "math", "numpy", "operator", "functools", "builtins", "fajit",
+                              "triton", "cmath", "random"})
 
 
 @functools.lru_cache(maxsize=4096)

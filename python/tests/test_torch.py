@@ -1208,3 +1208,72 @@ def test_an_int_scalar_beyond_int32_is_refused_without_a_gpu():
         ft._ccaptures(ft._VARIANTS[key], bufs, scalars, [])
     offset.fill_(-(2**31))  # the ends of int32 pass
     ft._ccaptures(ft._VARIANTS[key], *ft._bind(key, torch.device("cpu"), "mask_mod"), [])
+
+
+class _Batch:
+    def __init__(self, doc_ids):
+        self.doc_ids = doc_ids
+
+
+class _Window:
+    def __init__(self, lo):
+        self.lo = lo
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return kv_idx >= self.lo[q_idx]
+
+
+_STATE = {"ids": torch.zeros(8, dtype=torch.int32)}
+_BATCH = _Batch(torch.zeros(8, dtype=torch.int32))
+
+
+def test_a_captured_tensor_replaced_anywhere_the_mods_read_it_is_bound_anew():
+    """Captured tensors are bound per call: one the mods reach through an object's attribute, a
+    dict, a module attribute, a callable object or nested and_masks, replaced by another between
+    calls, is the one the next call binds (the cached trace was kept before: silently stale)."""
+    import sys
+    import types
+
+    import fajit.torch as ft
+
+    def bound(score_mod, mask_mod):
+        key = ft._variant_key(score_mod, mask_mod)
+        return ft._CAPTURES[key][0]
+
+    def by_attribute(b, h, q_idx, kv_idx):
+        return _BATCH.doc_ids[q_idx] == _BATCH.doc_ids[kv_idx]
+
+    def by_dict(b, h, q_idx, kv_idx):
+        return _STATE["ids"][q_idx] == _STATE["ids"][kv_idx]
+
+    mod = types.ModuleType("fajit_test_state")
+    mod.IDS = torch.zeros(8, dtype=torch.int32)
+    sys.modules[mod.__name__] = mod
+    by_module = eval("lambda b, h, q_idx, kv_idx: state.IDS[q_idx] == state.IDS[kv_idx]", {"state": mod})
+
+    def bias_by_dict(score, b, h, q_idx, kv_idx):
+        return score + _STATE["bias"][h]
+
+    global _BATCH
+    try:
+        _STATE["bias"] = torch.zeros(4)
+        window = _Window(torch.zeros(8, dtype=torch.int32))
+        nested = window
+        for _ in range(6):
+            nested = ft.and_masks(nested, ft.noop_mask)
+        for step in range(2):
+            new = torch.full((8,), step, dtype=torch.int32)
+            _BATCH = _Batch(new.clone())
+            _STATE["ids"] = new.clone()
+            mod.IDS = new.clone()
+            window.lo = new.clone()
+            _STATE["bias"] = torch.full((4,), float(step))
+            assert bound(None, by_attribute)[0] is _BATCH.doc_ids
+            assert bound(None, by_dict)[0] is _STATE["ids"]
+            assert bound(None, by_module)[0] is mod.IDS
+            assert bound(None, window)[0] is window.lo
+            assert bound(None, nested)[0] is window.lo
+            assert bound(bias_by_dict, None)[0] is _STATE["bias"]
+    finally:
+        sys.modules.pop(mod.__name__, None)
+        _STATE.pop("bias", None)
