@@ -35,6 +35,7 @@ import contextlib
 import ctypes as C
 import functools
 import hashlib
+import inspect
 import math
 import operator
 import threading
@@ -94,7 +95,9 @@ class _Variant:
 _VARIANTS = collections.OrderedDict()  # key -> _Variant (least recently used first)
 _CAPTURES = {}  # key -> (buffer tensors, scalar tensors): read by flex_attention (and by dynamo)
 _PROGRAMS = {}  # text_key -> (fajit.Program, {buffer name: has a gradient})
-_BY_FUNCS = collections.OrderedDict()  # (score_mod, mask_mod) -> (key, hints snapshot)
+# (id(score_mod), id(mask_mod)) -> (key, hints snapshot, score_mod, mask_mod): by identity, as a
+# mod object need not be hashable (a dataclass with __eq__ is not); the entry keeps both alive
+_BY_FUNCS = collections.OrderedDict()
 _MAX_FUNCS = 1024
 _MAX_VARIANTS = 4096
 
@@ -161,10 +164,11 @@ def _variant_key(score_mod, mask_mod):
     """The variant of (score_mod, mask_mod), traced on first use (again when what the mods
     capture changes); its captured tensors are put in _CAPTURES[key]."""
     with _lock:
-        fkey = (score_mod, mask_mod)
+        fkey = (id(score_mod), id(mask_mod))
         snap = _snapshot(score_mod, mask_mod)
         hit = _BY_FUNCS.get(fkey)
-        if hit is not None and hit[1] == snap and hit[0] in _CAPTURES:
+        if (hit is not None and hit[2] is score_mod and hit[3] is mask_mod and hit[1] == snap
+                and hit[0] in _CAPTURES):
             _BY_FUNCS.move_to_end(fkey)
             _VARIANTS.move_to_end(hit[0])
             return hit[0]
@@ -180,7 +184,7 @@ def _variant_key(score_mod, mask_mod):
         _VARIANTS[v.key] = v
         _VARIANTS.move_to_end(v.key)
         _CAPTURES[v.key] = (tuple(v.objects[n] for n in v.buffer_names), tuple(v.objects[n] for n in v.scalar_names))
-        _BY_FUNCS[fkey] = (v.key, snap)
+        _BY_FUNCS[fkey] = (v.key, snap, score_mod, mask_mod)
         while len(_BY_FUNCS) > _MAX_FUNCS:
             _BY_FUNCS.popitem(last=False)
         # Keep the captured tensors of the most recent variants only (the rest is small and stays:
@@ -660,6 +664,20 @@ class BlockMask:
                 j = j + n if j < 0 else j
                 kept.append(slice(j, j + 1))
         index = tuple(kept) + (slice(None),) * (3 - len(kept))
+        picks = [(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads", "the query blocks"))
+                 if isinstance(i, Tensor)]
+        if len(picks) > 1:
+            raise IndexError("block_mask indices: index lists or tensors in more than one of (batch, head, query "
+                             "block) are not supported (torch's indexing folds them into one dimension, which no "
+                             "kernel takes); index one dimension at a time")
+        # A CPU index is checked here; a CUDA one by the device, as torch's indexing does (no sync),
+        # and under torch.compile by the graph's own indexing (no data-dependent branch).
+        for i, n, what in picks if not torch.compiler.is_compiling() else ():
+            if i.device.type == "cpu" and i.dtype not in (torch.bool, torch.uint8) and i.numel():
+                lo, hi = int(i.min()), int(i.max())
+                if lo < -n or hi >= n:
+                    raise IndexError(f"block_mask index {hi if hi >= n else lo} is out of range for {what} of "
+                                     f"size {n}")
         # Batch / head dimensions every table broadcasts (stride 0: fajit's own masks in torch's
         # shape) stay broadcast where a slice picks them: picked from one row and expanded to the
         # picked size, so fajit's mask of the slice keeps one row (a decoding kernel shares a GQA
@@ -742,6 +760,9 @@ class BlockMask:
 
     def sparsity(self):
         """Percentage of blocks skipped (torch's BlockMask.sparsity)."""
+        if self.kv_num_blocks.numel() == 0:
+            raise ValueError(f"block_mask: the sparsity of an empty mask (tables of shape "
+                             f"{tuple(self.kv_num_blocks.shape)}: a batch, head or query-block slice picked none)")
         frac = C.c_double()
         _capi.check(_capi.lib().fajit_block_mask_density(self._handle.h, C.byref(frac), None, None, None))
         return 100.0 * (1.0 - frac.value)
@@ -749,24 +770,32 @@ class BlockMask:
     def to_string(self, grid_size=(20, 20), limit=4):
         """torch's BlockMask.to_string: the block grids (# full, + partial, . empty) of the first
         `limit` (batch, head) pairs, each shrunk to at most grid_size (rows, cols) characters (a
-        cell covering blocks of more than one kind shows +)."""
+        cell covering blocks of more than one kind shows +). As torch's: a grid size of -1 (or any
+        size below 1) is the whole grid, a negative limit every pair, limit 0 none."""
         rows_max, cols_max = grid_size if isinstance(grid_size, (tuple, list)) else (grid_size, grid_size)
-        if int(limit) < 1 or int(rows_max) < 1 or int(cols_max) < 1:
-            raise ValueError(f"to_string: grid_size and limit must be positive, got {grid_size!r}, {limit!r}")
+        try:
+            rows_max, cols_max, limit = int(rows_max), int(cols_max), int(limit)
+        except (TypeError, ValueError):
+            raise ValueError(f"to_string: grid_size is an int or a (rows, cols) pair and limit an int, got "
+                             f"{grid_size!r}, {limit!r}") from None
+        rows_max, cols_max = (n if n >= 1 else 2**31 for n in (rows_max, cols_max))
+        if self.kv_num_blocks.numel() == 0:
+            return repr(self) + "\n"
         handle = self._handle
         info = _capi.BlockMaskInfo()
         _capi.check(_capi.lib().fajit_block_mask_get_info(handle.h, C.byref(info)))
         B, H = self.kv_num_blocks.shape[:2]
         out = [repr(self)]
         pairs = [(b, h) for b in range(B) for h in range(H)]
-        for b, h in pairs[:int(limit)]:
+        shown = pairs if limit < 0 else pairs[:limit]
+        for b, h in shown:
             text = _capi.text(_capi.lib().fajit_block_mask_to_string(
                 handle.h, b if info.batch > 1 else 0, h if info.heads > 1 else 0))
             grid = text.splitlines()[1:]
             out.append(f"({b}, {h})")
-            out += _shrink_grid(grid, int(rows_max), int(cols_max))
-        if len(pairs) > int(limit):
-            out.append(f"... {len(pairs) - int(limit)} more (batch, head) pairs: to_string(limit=N) shows them, "
+            out += _shrink_grid(grid, rows_max, cols_max)
+        if len(pairs) > len(shown):
+            out.append(f"... {len(pairs) - len(shown)} more (batch, head) pairs: to_string(limit=N) shows them, "
                        "or index the mask (block_mask[b, h])")
         return "\n".join(out) + "\n"
 
@@ -786,8 +815,9 @@ class BlockMask:
 
     def __repr__(self):
         B, H, Lq, Lkv = self.shape
+        empty = self.kv_num_blocks.numel() == 0
         return (f"BlockMask(B={B}, H={H}, Lq={Lq}, Lkv={Lkv}, block={self.BLOCK_SIZE[0]}x{self.BLOCK_SIZE[1]}, "
-                f"sparsity={self.sparsity():.2f}%)")
+                + ("empty)" if empty else f"sparsity={self.sparsity():.2f}%)"))
 
     def to_torch(self):
         """torch.nn.attention.flex_attention.BlockMask with the same tables."""
@@ -806,6 +836,25 @@ class BlockMask:
         with _on_device(device) if device.type == "cuda" else contextlib.nullcontext():
             _, t, q_tables = _mask_tables(handle, device)
         return cls(handle, t, lens, bs, mask.mask_mod, lazy_q=q_tables)
+
+
+    @classmethod
+    def from_kv_blocks(cls, kv_num_blocks, kv_indices, full_kv_num_blocks=None, full_kv_indices=None,
+                       BLOCK_SIZE=128, mask_mod=None, seq_lengths=None, compute_q_blocks=True):
+        """torch's BlockMask.from_kv_blocks: a mask from its kv tables (partial blocks, then full
+        ones); seq_lengths default to the tables' blocks times BLOCK_SIZE, mask_mod to keep-all.
+        fajit derives its own query-side tables (compute_q_blocks is accepted and not needed)."""
+        from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+
+        args = dict(BLOCK_SIZE=BLOCK_SIZE, mask_mod=mask_mod, seq_lengths=seq_lengths)
+        if "compute_q_blocks" in inspect.signature(TorchBlockMask.from_kv_blocks).parameters:
+            args["compute_q_blocks"] = False
+        return cls.from_torch(TorchBlockMask.from_kv_blocks(kv_num_blocks, kv_indices, full_kv_num_blocks,
+                                                            full_kv_indices, **args))
+
+    def __str__(self):
+        """As torch's: the shape and sparsity, then the block grids (to_string)."""
+        return self.to_string().rstrip("\n")
 
 
 def noop_mask(b, h, q_idx, kv_idx):
@@ -884,7 +933,7 @@ def _block_size(block_size):
     return pair
 
 
-def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=128, _compile=False):
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128, _compile=False):
     """torch's create_block_mask: the block mask of mask_mod for [B, H, Q_LEN, KV_LEN] (B or H
     None = broadcast). Blocks the symbolic analysis decides need no GPU work; the rest are
     evaluated by a kernel generated from the mask_mod, which builds the tables on the GPU too:
@@ -894,7 +943,9 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cuda", BLOCK_SIZE=1
     Q_LEN, KV_LEN = (_positive_int(name, v) for name, v in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)))
     B, H = (None if v is None else _positive_int(name, v, " or None") for name, v in (("B", B), ("H", H)))
     bs = _block_size(BLOCK_SIZE)
-    device = torch.device(device)
+    # None: the current accelerator, as torch's (fajit's kernels need it to be a CUDA one)
+    device = torch.device(device) if device is not None else (
+        torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None) or torch.device("cpu")
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
     if device.index is None:

@@ -1277,3 +1277,74 @@ def test_a_captured_tensor_replaced_anywhere_the_mods_read_it_is_bound_anew():
     finally:
         sys.modules.pop(mod.__name__, None)
         _STATE.pop("bias", None)
+
+
+def test_block_mask_api_edges_as_torchs_without_a_gpu():
+    """torch's BlockMask API at its edges (found in review): from_kv_blocks; to_string with
+    grid_size -1 (the whole grid) and limit 0; str() with the grids; index lists in two
+    dimensions, an index past a dimension (CPU index) and an empty slice answer with errors that
+    name the problem."""
+    import dataclasses
+
+    import fajit.torch as ft
+    from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+
+    num = torch.tensor([[[2, 1, 1]]], dtype=torch.int32)
+    idx = torch.tensor([[[[0, 2, 1], [1, 0, 2], [2, 0, 1]]]], dtype=torch.int32)
+    fnum = torch.tensor([[[0, 1, 0]]], dtype=torch.int32)
+    fidx = torch.tensor([[[[0, 1, 2], [0, 1, 2], [0, 1, 2]]]], dtype=torch.int32)
+    for args in ((num, idx), (num, idx, fnum, fidx)):
+        mine, theirs = ft.BlockMask.from_kv_blocks(*args), TorchBlockMask.from_kv_blocks(*args)
+        assert mine.shape == theirs.shape == (1, 1, 384, 384)
+        assert torch.equal(mine.to_dense(), theirs.to_dense())
+    mine = ft.BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=(64, 128), seq_lengths=(150, 300))
+    assert mine.shape == (1, 1, 150, 300) and mine.BLOCK_SIZE == (64, 128)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    mask = ft.BlockMask.from_torch(torch_create_block_mask(causal, 2, 4, 1000, 1000, device="cpu"))
+    whole = mask.to_string(grid_size=-1, limit=1).splitlines()
+    assert whole[1] == "(0, 0)" and whole[2] == "+......." and len(whole) == 2 + 8 + 1
+    assert whole[-1].startswith("... 7 more (batch, head) pairs")
+    assert mask.to_string(limit=0).splitlines()[1].startswith("... 8 more (batch, head) pairs")
+    assert len(mask.to_string(limit=-1).splitlines()) == 1 + 8 * 9
+    assert str(mask).startswith(repr(mask)) and "(0, 0)" in str(mask)
+    with pytest.raises(ValueError, match="grid_size is an int or a"):
+        mask.to_string(grid_size="big")
+
+    with pytest.raises(IndexError, match="more than one of .batch, head, query block"):
+        mask[[0, 1], [1, 2]]
+    with pytest.raises(IndexError, match="block_mask index 9 is out of range for the query blocks of size 8"):
+        mask[:, :, torch.tensor([9])]
+    empty = mask[:, :, 8:]
+    assert repr(empty).endswith("empty)") and empty.to_string() == repr(empty) + "\n"
+    with pytest.raises(ValueError, match="sparsity of an empty mask"):
+        empty.sparsity()
+
+    @dataclasses.dataclass
+    class Window:  # __eq__ without __hash__: unhashable, as torch allows a mask_mod to be
+        window: int
+
+        def __call__(self, b, h, q_idx, kv_idx):
+            return (q_idx - kv_idx).abs() <= self.window
+
+    w = Window(64)
+    first = ft._VARIANTS[ft._variant_key(None, w)].text
+    w.window = 32
+    assert ft._VARIANTS[ft._variant_key(None, w)].text != first  # a changed attribute traces again
+
+
+@needs_gpu
+def test_create_block_mask_without_a_device_takes_the_current_accelerator():
+    """device=None (torch 2.11's default): the current accelerator, as torch's create_block_mask."""
+    import fajit.torch as ft
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    a = ft.create_block_mask(causal, 1, 2, 300, 300)
+    b = ft.create_block_mask(causal, 1, 2, 300, 300, device="cuda")
+    assert a.kv_num_blocks.device.type == "cuda"
+    assert torch.equal(a.to_dense(), b.to_dense())
