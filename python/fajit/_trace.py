@@ -1245,137 +1245,251 @@ def _plain_scalar(obj):
 _NOT_PLAIN = object()
 
 
-def _name_hints(fns, values=None):
+def _name_hints(fns, values=None, reached=None):
     """id(obj) -> variable name for what the mods reach through closures and globals (also
     through functions they call, a few levels deep): names for captured tensors. With `values`
     (a list), also appends (name, record) for every plain value they reach there (numbers,
     strings, their short containers, an object's plain attributes, a method's owner's): what a
-    trace bakes in as constants, so that a changed one is seen (fajit.torch traces again).
+    trace bakes in as constants, so that a changed one is seen (fajit.torch traces again). With
+    `reached` (a set), also adds the id of every tensor found, named or not.
 
-    Tensors are looked for wherever the mods can read one: closures, globals, the attributes the
-    code reads of objects and modules (and of their attributes, a few levels: `batch.doc_ids`,
-    `cfg.sub.bias`), short dicts, lists and tuples (`D["ids"]`), a callable object's own
-    attributes (its __call__ or an nn.Module's forward). fajit.torch keys its cached trace on
-    their ids: a tensor replaced anywhere there is a new trace, never a stale binding."""
-    hints = {}
-    seen = set()
-    limit = 16  # nesting (and_masks of and_masks ..., objects in objects); `seen` stops cycles
+    Tensors are looked for where the mods can read one: closures, globals, function defaults,
+    a partial's arguments; the attributes the code names (an attribute, or a string constant:
+    getattr(obj, "ids"), D["ids"]) of objects (their __dict__, slots, class attributes, an
+    nn.Module's parameters, buffers and submodules) and of user modules, a few levels deep
+    (batch.doc_ids, cfg.sub.bias); short containers' elements (dicts: the keys the code names,
+    or all of a short one); the methods the code names, as bound methods; a callable object
+    passed as a mod, through its __call__ (an nn.Module's forward). fajit.torch keys its cached
+    trace on what is found: a tensor replaced there is a new trace, not a stale binding. Bounded
+    (a per-call cost): at most 256 attributes and elements a snapshot, 16 levels; numbers and
+    strings inside containers are skipped (a short container of them is a value). Not looked into:
+    properties (their getters are code), an nn.Module's forward unless it is the mod itself,
+    containers past 64 elements."""
+    walker = _HintWalker(values, reached)
+    for f in fns:
+        if f is not None:
+            walker.visit(f, 0, top=True)
+    return walker.hints
 
+
+class _HintWalker:
+    """_name_hints' walk (its methods made once: the walk runs on every fajit.torch call)."""
+
+    LIMIT = 16  # nesting (and_masks of and_masks ..., objects in objects); `seen` stops cycles
+
+    def __init__(self, values, reached):
+        self.hints = {}
+        self.seen = set()
+        self.budget = 256
+        self.values = values
+        self.reached = reached
+
+    def spend(self):
+        self.budget -= 1
+        return self.budget >= 0
+
+    def found(self, obj, short):
+        if self.reached is not None:
+            self.reached.add(id(obj))
+        if isinstance(short, str) and short.isidentifier() and short.isascii():
+            self.hints.setdefault(id(obj), short)
+
+    @staticmethod
     def is_tensor(obj):
         return type(obj).__name__ in ("Tensor", "Parameter") or isinstance(obj, (Buffer, Scalar))
 
-    def keep_value(name, obj):
-        if values is None:
+    def keep_value(self, name, obj):
+        if self.values is None:
             return False
         rec = _plain(obj)
         if rec is not _NOT_PLAIN:
-            values.append((name, rec))
+            self.values.append((name, rec))
             return True
         return False
 
-    def keep_attributes(name, owner, read, depth):
-        # the attributes of `owner` (an object's or a module's __dict__) named in `read` (what the
-        # code reads): tensors as hints, plain values as values, objects and containers looked into
-        if not isinstance(owner, dict) or depth > limit:
-            return
-        for k in sorted(read):
-            if k in owner:
-                inner(f"{name}.{k}", k, owner[k], depth + 1, read)
+    @staticmethod
+    def attribute(obj, k):
+        # obj's attribute k where reading it runs no user code (instance dict, an nn.Module's
+        # tables, a slot, a class attribute that is no descriptor), else _NOT_PLAIN
+        if isinstance(obj, type):  # a class: its own (and its bases') attributes
+            for cls in obj.__mro__:
+                v = cls.__dict__.get(k, _NOT_PLAIN)
+                if v is not _NOT_PLAIN:
+                    return _NOT_PLAIN if hasattr(type(v), "__get__") and not isinstance(v, types.FunctionType) else v
+            return _NOT_PLAIN
+        try:
+            d = object.__getattribute__(obj, "__dict__")
+        except Exception:  # noqa: BLE001 - no __dict__, or a hook that raises
+            d = None
+        if isinstance(d, dict):
+            if k in d:
+                return d[k]
+            for table in ("_parameters", "_buffers", "_modules"):
+                t = d.get(table)
+                if isinstance(t, dict) and k in t:
+                    return t[k]
+        for cls in type(obj).__mro__:
+            cd = cls.__dict__
+            if k in cd:
+                v = cd[k]
+                if isinstance(v, types.MemberDescriptorType):  # a slot
+                    try:
+                        return v.__get__(obj, type(obj))
+                    except Exception:  # noqa: BLE001 - an unset slot
+                        return _NOT_PLAIN
+                if isinstance(v, types.FunctionType):
+                    return types.MethodType(v, obj)  # a method the code names: its reads too
+                if isinstance(v, (property, staticmethod, classmethod)) or hasattr(type(v), "__get__"):
+                    return _NOT_PLAIN
+                return v
+        return _NOT_PLAIN
 
-    def inner(name, short, obj, depth, read):
-        # a value read through an attribute or a container: not called unless it is callable
-        if is_tensor(obj):
-            hints.setdefault(id(obj), short)
-        elif callable(obj) and not isinstance(obj, type):
-            if isinstance(obj, (types.FunctionType, types.MethodType)) or hasattr(obj, "func"):
-                visit(obj, depth + 1)
+    def keep_attributes(self, name, obj, read, depth):
+        # the attributes of `obj` (an object or a module) that the code names
+        if depth > self.LIMIT or (id(obj), read) in self.seen:
+            return
+        self.seen.add((id(obj), read))
+        if isinstance(obj, types.ModuleType):
+            d = obj.__dict__
+            items = [(k, d[k]) for k in sorted(read) if k in d]
+        else:
+            items = [(k, self.attribute(obj, k)) for k in sorted(read)]
+        for k, v in items:
+            if v is not _NOT_PLAIN and self.spend():
+                self.inner(f"{name}.{k}", k, v, depth + 1, read)
+
+    def inner(self, name, short, obj, depth, read):
+        # a value read through an attribute or a container
+        if self.is_tensor(obj):
+            self.found(obj, short)
+        elif isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
+            self.visit(obj, depth + 1)
         elif isinstance(obj, (list, tuple, dict)):
-            container(name, obj, depth, read)
-        elif not keep_value(name, obj) and not isinstance(obj, (types.ModuleType, type)) and id(obj) not in seen:
-            seen.add(id(obj))
-            keep_attributes(name, getattr(obj, "__dict__", None), read, depth)  # cfg.window, batch.doc_ids
+            self.container(name, obj, depth, read)
+        elif isinstance(obj, types.ModuleType):
+            if obj.__name__.split(".")[0] not in _LIBRARY_MODULES:
+                self.keep_attributes(name, obj, read, depth)
+        elif not self.keep_value(name, obj) and not isinstance(obj, type):
+            if callable(obj):
+                self.visit(obj, depth + 1)  # a callable object's __call__ (not an nn.Module's forward)
+            self.keep_attributes(name, obj, read, depth)  # cfg.window, batch.doc_ids, a module's tensors
 
-    def container(name, obj, depth, read):
-        if len(obj) > 64 or depth > limit or id(obj) in seen:
+    def container(self, name, obj, depth, read):
+        try:
+            n = len(obj)
+        except Exception:  # noqa: BLE001 - a container whose len() raises: not looked into
             return
-        seen.add(id(obj))
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        if n > 64 or depth > self.LIMIT or id(obj) in self.seen:
+            return
+        self.seen.add(id(obj))
+        if isinstance(obj, dict):
+            # the keys the code names (D["ids"]) where it names any, else a short dict whole
+            named = [(k, obj[k]) for k in sorted(read) if k in obj]
+            items = named if named or n > 16 else list(obj.items())
+        elif n and _is_number(obj[0]) and _is_number(obj[-1]):
+            items = ()  # a list of numbers (configuration data): a value if short, no tensor in it
+        else:
+            items = list(enumerate(obj))
         for k, o in items:
-            short = k if isinstance(k, str) else name.rsplit(".", 1)[-1]
-            if is_tensor(o):
-                hints.setdefault(id(o), short)
-            elif callable(o) and not isinstance(o, type):
-                visit(o, depth + 1)
-            elif isinstance(o, (list, tuple, dict)):
-                container(f"{name}[{k!r}]", o, depth + 1, read)
-            elif _plain(o) is _NOT_PLAIN and not isinstance(o, (types.ModuleType, type)) and id(o) not in seen:
-                seen.add(id(o))
-                keep_attributes(f"{name}[{k!r}]", getattr(o, "__dict__", None), read, depth + 1)
-        keep_value(name, obj)
+            if o is None or isinstance(o, (bool, int, float, complex, str, bytes)):
+                if isinstance(obj, dict) and isinstance(k, str) and k in read:
+                    self.keep_value(f"{name}[{k!r}]", o)  # CFG["window"]: a constant the trace bakes in
+                continue  # (other numbers and strings: the container's own value, if short)
+            if not self.spend():
+                return
+            label = f"{name}[{k!r}]" if isinstance(k, (str, int)) else f"{name}[?]"
+            if self.is_tensor(o):
+                self.found(o, k if isinstance(k, str) else None)
+            else:
+                self.inner(label, None, o, depth + 1, read)
+        self.keep_value(name, obj)
 
-    def visit(fn, depth):
-        if depth > limit:
+    def visit(self, fn, depth, top=False):
+        if depth > self.LIMIT:
             return
-        if not isinstance(fn, (types.FunctionType, types.MethodType)) and not hasattr(fn, "func"):
-            # a callable object: what calling it runs (an nn.Module's forward, else __call__)
-            call = getattr(type(fn), "forward" if hasattr(fn, "_parameters") else "__call__", None)
-            if isinstance(call, types.FunctionType) and id(fn) not in seen:
-                seen.add(id(fn))
-                visit(types.MethodType(call, fn), depth + 1)
+        seen = self.seen
+        if isinstance(fn, functools.partial):
+            if id(fn) in seen:
+                return
+            seen.add(id(fn))
+            func = fn.func
+            read = _code_names(func.__code__) if isinstance(func, types.FunctionType) else frozenset()
+            for a in list(fn.args) + list((fn.keywords or {}).values()):
+                self.note("arg", a, depth, read)
+            self.visit(func, depth + 1)
+            return
+        if not isinstance(fn, (types.FunctionType, types.MethodType)):
+            # A callable object: what calling it runs. An nn.Module's forward only as the mod itself
+            # (a module a mod reads attributes of often counts steps in its forward: a new trace
+            # every call); other callable objects' __call__ wherever they are reached.
+            module = hasattr(type(fn), "_call_impl")
+            if top or not module:
+                call = getattr(type(fn), "forward" if module else "__call__", None)
+                if isinstance(call, types.FunctionType) and id(fn) not in seen:
+                    seen.add(id(fn))
+                    self.visit(types.MethodType(call, fn), depth + 1)
             return
         if isinstance(fn, types.MethodType):
             # a method of an nn.Module (say): its tensors, parameters and buffers by attribute
-            owner = getattr(fn.__self__, "__dict__", {})
+            owner_obj = fn.__self__
+            owner = getattr(owner_obj, "__dict__", None)
+            owner = owner if isinstance(owner, dict) else {}
             for d in (owner, owner.get("_parameters") or {}, owner.get("_buffers") or {}):
                 if isinstance(d, dict):
                     for name, obj in d.items():
                         if isinstance(name, str) and type(obj).__name__ in ("Tensor", "Parameter"):
-                            hints.setdefault(id(obj), name)
+                            self.found(obj, name)
             fn = fn.__func__
-            if isinstance(fn, types.FunctionType):
-                keep_attributes("self", owner, _code_names(fn.__code__), depth)
+            if isinstance(fn, types.FunctionType) and id(fn) not in seen:
+                self.keep_attributes("self", owner_obj, _code_names(fn.__code__), depth)
         if not isinstance(fn, types.FunctionType) or id(fn) in seen:
-            if hasattr(fn, "func") and hasattr(fn, "args"):  # functools.partial
-                for a in list(fn.args) + list((fn.keywords or {}).values()):
-                    note("arg", a, depth)
-                visit(fn.func, depth + 1)
             return
         seen.add(id(fn))
         code = fn.__code__
-        if values is not None and (fn.__defaults__ or fn.__kwdefaults__):
-            keep_value(f"{fn.__qualname__}.__defaults__", fn.__defaults__)
-            keep_value(f"{fn.__qualname__}.__kwdefaults__", fn.__kwdefaults__)
+        if fn.__defaults__ or fn.__kwdefaults__:
+            self.keep_value(f"{fn.__qualname__}.__defaults__", fn.__defaults__)
+            self.keep_value(f"{fn.__qualname__}.__kwdefaults__", fn.__kwdefaults__)
+            for d in list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values()):
+                if self.is_tensor(d):
+                    self.found(d, None)
         read = _code_names(code)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             try:
-                note(name, cell.cell_contents, depth, read)
+                self.note(name, cell.cell_contents, depth, read)
             except ValueError:  # empty cell
                 pass
         g = fn.__globals__
         for name in read:
             if name in g:
-                note(name, g[name], depth, read)
+                self.note(name, g[name], depth, read)
 
-    def note(name, obj, depth, read=frozenset()):
-        if is_tensor(obj):
-            hints.setdefault(id(obj), name)
-        elif callable(obj) and not isinstance(obj, type):
-            visit(obj, depth + 1)
-        elif isinstance(obj, (list, tuple, dict)):
-            container(name, obj, depth, read)
-        elif isinstance(obj, types.ModuleType):
-            # a module's attributes the code reads (state.IDS): not torch's or another library's
-            if not obj.__name__.split(".")[0] in _LIBRARY_MODULES and id(obj) not in seen:
-                seen.add(id(obj))
-                keep_attributes(name, obj.__dict__, read, depth)
-        elif not keep_value(name, obj) and not isinstance(obj, type) and id(obj) not in seen:
-            seen.add(id(obj))
-            keep_attributes(name, getattr(obj, "__dict__", None), read, depth)  # a config object: cfg.window
+    def note(self, name, obj, depth, read=frozenset()):
+        try:
+            if self.is_tensor(obj):
+                self.found(obj, name)
+            elif isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
+                self.visit(obj, depth + 1)
+            elif isinstance(obj, (list, tuple, dict)):
+                self.container(name, obj, depth, read)
+            elif isinstance(obj, types.ModuleType):
+                # a module's attributes the code reads (state.IDS): not torch's or another library's
+                if obj.__name__.split(".")[0] not in _LIBRARY_MODULES:
+                    self.keep_attributes(name, obj, read, depth)
+            elif isinstance(obj, type):
+                if obj.__module__.split(".")[0] not in _LIBRARY_MODULES | {"builtins"}:
+                    self.keep_attributes(name, obj, read, depth)  # a user class's attributes: C.table
+            elif not self.keep_value(name, obj):
+                if callable(obj):
+                    self.visit(obj, depth + 1)  # a callable object's __call__ (not an nn.Module's forward)
+                self.keep_attributes(name, obj, read, depth)  # cfg.window; an object a closure holds
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001 - an object whose introspection raises is not looked into
+            pass
 
-    for f in fns:
-        if f is not None:
-            visit(f, 0)
-    return hints
+
+def _is_number(x):
+    return isinstance(x, (int, float, complex)) and not isinstance(x, bool) or x is None
 
 
 # Modules whose attributes the mods read as API (torch.where, math.pi): never captures of theirs.
@@ -1384,12 +1498,16 @@ _LIBRARY_MODULES = frozenset({"torch", "math", "numpy", "operator", "functools",
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def _code_names(code):
-    """The names a code object (and the code nested in it) reads: globals and attributes."""
+    """The names a code object (and the code nested in it) reads: globals and attributes, and its
+    short string constants (dict keys, getattr's names)."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _code_names(c)
+        elif isinstance(c, str) and len(c) <= 64:
+            names.add(c)
     return frozenset(names)
 
 

@@ -103,11 +103,11 @@ _MAX_VARIANTS = 4096
 
 
 def _snapshot(score_mod, mask_mod):
-    values = []
-    hints = _name_hints([score_mod, mask_mod], values)
+    values, reached = [], set()
+    _name_hints([score_mod, mask_mod], values, reached)
     # ids of the tensors/declarations the mods reach, and the plain values (numbers, strings) they
     # read, which the trace bakes in: another value traces again
-    return tuple(sorted(hints)), tuple(values)
+    return tuple(sorted(reached)), tuple(values)
 
 
 def _trace_variant(score_mod, mask_mod):
@@ -945,7 +945,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
     bs = _block_size(BLOCK_SIZE)
     # None: the current accelerator, as torch's (fajit's kernels need it to be a CUDA one)
     device = torch.device(device) if device is not None else (
-        torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None) or torch.device("cpu")
+        torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None) or torch.device("cuda")
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
     if device.index is None:

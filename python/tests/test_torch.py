@@ -1279,6 +1279,112 @@ def test_a_captured_tensor_replaced_anywhere_the_mods_read_it_is_bound_anew():
         _STATE.pop("bias", None)
 
 
+class _Table:
+    table = torch.zeros(8)  # a class attribute
+
+
+class _Slotted:
+    __slots__ = ("ids",)
+
+    def __init__(self, ids):
+        self.ids = ids
+
+
+class _Rel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Linear(1, 1)  # a submodule whose tensors the mod reads
+        self.steps = 0
+
+    def forward(self, x):
+        self.steps += 1  # (a counter the mod never reads: no new trace per call)
+        return x
+
+
+def test_captures_found_where_the_mods_read_them_and_nowhere_else():
+    """The trace cache sees a replaced tensor through a class attribute, a slot, an nn.Module's
+    submodule, a partial's argument and a callable object the mod calls; a value a dict key the
+    mod names changes is a new trace; what the mod does not read (another key of that dict, a
+    counter a module's forward bumps) is not, and a long numeric list is not walked."""
+    import functools
+
+    import fajit.torch as ft
+
+    calls = []
+    real = ft._trace_variant
+
+    def counting(*a):
+        calls.append(1)
+        return real(*a)
+
+    slot = _Slotted(torch.zeros(8, dtype=torch.int32))
+    rel = _Rel()
+
+    class Lookup:
+        def __init__(self, t):
+            self.t = t
+
+        def __call__(self, i):
+            return self.t[i]
+
+    look = Lookup(torch.zeros(8))
+    cfg = {"window": 3, "history": [0.5] * 50, "cache": torch.zeros(2)}
+
+    def by_class(score, b, h, q_idx, kv_idx):
+        return score + _Table.table[q_idx]
+
+    def by_slot(b, h, q_idx, kv_idx):
+        return slot.ids[q_idx] == slot.ids[kv_idx]
+
+    def by_submodule(score, b, h, q_idx, kv_idx):
+        return score + rel.bias.weight[b, 0]
+
+    def by_partial(obj, b, h, q_idx, kv_idx):
+        return obj.ids[q_idx] >= kv_idx
+
+    partial = functools.partial(by_partial, slot)
+
+    def by_call(score, b, h, q_idx, kv_idx):
+        return score + look(q_idx)
+
+    def by_dict(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= cfg["window"]
+
+    def bound(score_mod, mask_mod):
+        key = ft._variant_key(score_mod, mask_mod)
+        return ft._CAPTURES[key][0][0] if ft._CAPTURES[key][0] else None
+
+    old = _Table.table
+    ft._trace_variant = counting
+    try:
+        for step in range(2):
+            _Table.table = torch.full((8,), float(step))
+            slot.ids = torch.full((8,), step, dtype=torch.int32)
+            rel.bias = torch.nn.Linear(1, 1)
+            look.t = torch.full((8,), float(step))
+            assert bound(by_class, None) is _Table.table
+            assert bound(None, by_slot) is slot.ids
+            assert bound(by_submodule, None) is rel.bias.weight
+            assert bound(None, partial) is slot.ids
+            assert bound(by_call, None) is look.t
+        ft._variant_key(None, by_dict)
+        rel(0)
+        calls.clear()
+        for _ in range(3):
+            cfg["history"].append(1.0)  # not read by the mod
+            cfg["cache"] = torch.zeros(2)
+            rel(0)  # its forward counts its steps
+            ft._variant_key(None, by_dict)
+            ft._variant_key(by_submodule, None)
+        assert not calls  # nothing the mods read changed: no new trace
+        cfg["window"] = 5
+        ft._variant_key(None, by_dict)
+        assert len(calls) == 1  # the named key's value changed: traced again
+    finally:
+        ft._trace_variant = real
+        _Table.table = old
+
+
 def test_block_mask_api_edges_as_torchs_without_a_gpu():
     """torch's BlockMask API at its edges (found in review): from_kv_blocks; to_string with
     grid_size -1 (the whole grid) and limit 0; str() with the grids; index lists in two
