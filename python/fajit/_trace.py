@@ -1356,23 +1356,7 @@ class _HintWalker:
             items = [(k, self.attribute(obj, k)) for k in sorted(read)]
         for k, v in items:
             if v is not _NOT_PLAIN and self.spend():
-                self.inner(f"{name}.{k}", k, v, depth + 1, read)
-
-    def inner(self, name, short, obj, depth, read):
-        # a value read through an attribute or a container
-        if self.is_tensor(obj):
-            self.found(obj, short)
-        elif isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
-            self.visit(obj, depth + 1)
-        elif isinstance(obj, (list, tuple, dict)):
-            self.container(name, obj, depth, read)
-        elif isinstance(obj, types.ModuleType):
-            if obj.__name__.split(".")[0] not in _LIBRARY_MODULES:
-                self.keep_attributes(name, obj, read, depth)
-        elif not self.keep_value(name, obj) and not isinstance(obj, type):
-            if callable(obj):
-                self.visit(obj, depth + 1)  # a callable object's __call__ (not an nn.Module's forward)
-            self.keep_attributes(name, obj, read, depth)  # cfg.window, batch.doc_ids, a module's tensors
+                self.note(f"{name}.{k}", v, depth + 1, read, hint=k)
 
     def container(self, name, obj, depth, read):
         try:
@@ -1398,10 +1382,7 @@ class _HintWalker:
             if not self.spend():
                 return
             label = f"{name}[{k!r}]" if isinstance(k, (str, int)) else f"{name}[?]"
-            if self.is_tensor(o):
-                self.found(o, k if isinstance(k, str) else None)
-            else:
-                self.inner(label, None, o, depth + 1, read)
+            self.note(label, o, depth + 1, read, hint=k if isinstance(k, str) else None)
         self.keep_value(name, obj)
 
     def visit(self, fn, depth, top=False):
@@ -1463,10 +1444,12 @@ class _HintWalker:
             if name in g:
                 self.note(name, g[name], depth, read)
 
-    def note(self, name, obj, depth, read=frozenset()):
+    def note(self, name, obj, depth, read=frozenset(), hint=""):
+        # what the mods reach by `name` (a closure or global; with `hint`, an attribute or a
+        # container's element, named by `hint` if it is a tensor: None, no name)
         try:
             if self.is_tensor(obj):
-                self.found(obj, name)
+                self.found(obj, name if hint == "" else hint)
             elif isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
                 self.visit(obj, depth + 1)
             elif isinstance(obj, (list, tuple, dict)):

@@ -664,18 +664,19 @@ class BlockMask:
                 j = j + n if j < 0 else j
                 kept.append(slice(j, j + 1))
         index = tuple(kept) + (slice(None),) * (3 - len(kept))
-        picks = [(i, n, what) for i, n, what in zip(index, sizes, ("the batch", "the heads", "the query blocks"))
-                 if isinstance(i, Tensor)]
-        if len(picks) > 1:
+        tensors = [d for d, i in enumerate(index) if isinstance(i, Tensor)]  # (the loop below keeps them)
+        if len(tensors) > 1:
             raise IndexError("block_mask indices: index lists or tensors in more than one of (batch, head, query "
                              "block) are not supported (torch's indexing folds them into one dimension, which no "
                              "kernel takes); index one dimension at a time")
         # A CPU index is checked here; a CUDA one by the device, as torch's indexing does (no sync),
         # and under torch.compile by the graph's own indexing (no data-dependent branch).
-        for i, n, what in picks if not torch.compiler.is_compiling() else ():
+        for d in tensors if not torch.compiler.is_compiling() else ():
+            i, n = index[d], sizes[d]
             if i.device.type == "cpu" and i.dtype not in (torch.bool, torch.uint8) and i.numel():
                 lo, hi = int(i.min()), int(i.max())
                 if lo < -n or hi >= n:
+                    what = ("the batch", "the heads", "the query blocks")[d]
                     raise IndexError(f"block_mask index {hi if hi >= n else lo} is out of range for {what} of "
                                      f"size {n}")
         # Batch / head dimensions every table broadcasts (stride 0: fajit's own masks in torch's
@@ -692,8 +693,7 @@ class BlockMask:
                     index = index[:d] + (slice(None),) + index[d + 1:]
                 else:  # picked by a tensor, None or a bool: indexed in torch's shape
                     src = [t.expand(*[sizes[e] if e == d else t.shape[e] for e in range(t.dim())]) for t in src]
-        tensors = [d for d, i in enumerate(index) if isinstance(i, Tensor)]
-        ix = index[tensors[0]] if len(tensors) == 1 else None
+        ix = index[tensors[0]] if tensors else None
         one = (ix is not None and ix.dim() == 1 and ix.dtype in (torch.int32, torch.int64)
                and ix.device == self.kv_num_blocks.device
                and all(isinstance(i, slice) for k, i in enumerate(index) if k != tensors[0]))
@@ -758,9 +758,14 @@ class BlockMask:
         b, h = self.kv_num_blocks.shape[:2]
         return (b, h) + self.seq_lengths
 
+    @property
+    def _empty(self):
+        """No blocks at all (a batch, head or query-block slice that picked none)."""
+        return self.kv_num_blocks.numel() == 0
+
     def sparsity(self):
         """Percentage of blocks skipped (torch's BlockMask.sparsity)."""
-        if self.kv_num_blocks.numel() == 0:
+        if self._empty:
             raise ValueError(f"block_mask: the sparsity of an empty mask (tables of shape "
                              f"{tuple(self.kv_num_blocks.shape)}: a batch, head or query-block slice picked none)")
         frac = C.c_double()
@@ -779,7 +784,7 @@ class BlockMask:
             raise ValueError(f"to_string: grid_size is an int or a (rows, cols) pair and limit an int, got "
                              f"{grid_size!r}, {limit!r}") from None
         rows_max, cols_max = (n if n >= 1 else 2**31 for n in (rows_max, cols_max))
-        if self.kv_num_blocks.numel() == 0:
+        if self._empty:
             return repr(self) + "\n"
         handle = self._handle
         info = _capi.BlockMaskInfo()
@@ -815,9 +820,8 @@ class BlockMask:
 
     def __repr__(self):
         B, H, Lq, Lkv = self.shape
-        empty = self.kv_num_blocks.numel() == 0
         return (f"BlockMask(B={B}, H={H}, Lq={Lq}, Lkv={Lkv}, block={self.BLOCK_SIZE[0]}x{self.BLOCK_SIZE[1]}, "
-                + ("empty)" if empty else f"sparsity={self.sparsity():.2f}%)"))
+                + ("empty)" if self._empty else f"sparsity={self.sparsity():.2f}%)"))
 
     def to_torch(self):
         """torch.nn.attention.flex_attention.BlockMask with the same tables."""
@@ -836,7 +840,6 @@ class BlockMask:
         with _on_device(device) if device.type == "cuda" else contextlib.nullcontext():
             _, t, q_tables = _mask_tables(handle, device)
         return cls(handle, t, lens, bs, mask.mask_mod, lazy_q=q_tables)
-
 
     @classmethod
     def from_kv_blocks(cls, kv_num_blocks, kv_indices, full_kv_num_blocks=None, full_kv_indices=None,
