@@ -42,6 +42,7 @@ struct BlockMask::State {
   int64_t len_q = 0, len_kv = 0;
   int q_block = 0, kv_block = 0;
   int nq = 0, nkv = 0;
+  int q_offset = 0;  // rows of the first query block before query 0 (regrouped_led)
   std::vector<uint8_t> kinds;
   // A regrouped mask's tiles split into 64-row sub-blocks, 2 bits each (params.h,
   // FaBlockTables::kv_sub_kinds), where regrouped() changed q_block to 128, 192 or 256 rows;
@@ -75,7 +76,7 @@ struct BlockMask::State {
 
   std::mutex mutex;
   std::map<CUcontext, Device> devices;
-  std::map<std::pair<int, int>, BlockMask> regrouped;  // by (q_block, kv_block) (under mutex)
+  std::map<std::tuple<int, int, int>, BlockMask> regrouped;  // by (q_block, kv_block, q_offset) (under mutex)
   // A built-on-device mask's, by (q_block, kv_block, stream) (under mutex).
   std::map<std::tuple<int, int, CUstream>, BlockMask> device_regrouped;
 };
@@ -698,10 +699,11 @@ void check_regroup_of(const State& s, bool regroupable, int q_block, int kv_bloc
 }
 
 // How many 64-row sub-blocks (the Hopper forward's consumer warpgroups) a mask of s's blocks
-// regrouped along q into q_block rows keeps kinds of (0: none).
-int sub_blocks(const State& s, int q_block) {
+// regrouped along q into q_block rows (its first block starting q_offset rows early) keeps kinds
+// of (0: none).
+int sub_blocks(const State& s, int q_block, int q_offset = 0) {
   const int n = q_block / 64;
-  return q_block != s.q_block && q_block % 64 == 0 && n >= 2 && n <= 4 ? n : 0;
+  return (q_block != s.q_block || q_offset != 0) && q_block % 64 == 0 && n >= 2 && n <= 4 ? n : 0;
 }
 
 }  // namespace
@@ -729,6 +731,8 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) 
   const State& s = state();
   if (q_block == s.q_block && kv_block == s.kv_block) return *this;
   check_regroup_of(s, regroupable(), q_block, kv_block);
+  if (s.q_offset != 0)
+    throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
   if (s.device_kinds) {  // on the device, once per stream: later uses there are ordered after it
     if (rt::stream_is_capturing(reinterpret_cast<CUstream>(stream)))
       throw Error(
@@ -739,19 +743,47 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) 
     if (auto it = state_->device_regrouped.find(key); it != state_->device_regrouped.end()) return it->second;
     return state_->device_regrouped.emplace(key, regrouped_now(q_block, kv_block, stream)).first->second;
   }
+  return regrouped_on_host(q_block, kv_block, 0);
+}
+
+const BlockMask& BlockMask::regrouped_led(int q_block, int kv_block, int q_offset) const {
+  const State& s = state();
+  if (q_offset == 0) return regrouped(q_block, kv_block);
+  if (q_offset < 0 || q_offset % 64 != 0 || q_offset >= q_block)
+    throw Error(
+        fmt::format("block mask: a first block's q offset must be a multiple of 64 below the block's {} "
+                    "rows, got {}",
+                    q_block, q_offset));
+  if (s.device_kinds)
+    throw Error(
+        "block mask: a mask built on the device is not regrouped with a q offset (its kinds are there)");
+  check_regroup_of(s, regroupable(), q_block, kv_block);
+  if (s.q_offset != 0)
+    throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+  return regrouped_on_host(q_block, kv_block, q_offset);
+}
+
+int BlockMask::q_offset() const { return state().q_offset; }
+
+const BlockMask& BlockMask::regrouped_on_host(int q_block, int kv_block, int q_offset) const {
+  const State& s = state();
   std::lock_guard<std::mutex> lock(state_->mutex);
-  const std::pair<int, int> key{q_block, kv_block};
+  const std::tuple<int, int, int> key{q_block, kv_block, q_offset};
   if (auto it = state_->regrouped.find(key); it != state_->regrouped.end()) return it->second;
   auto r = make_state(s.batch, s.heads, s.len_q, s.len_kv, q_block, kv_block);
   r->matches_mask_mod = s.matches_mask_mod;
+  r->q_offset = q_offset;
+  r->nq = blocks_for(s.len_q + q_offset, q_block);
   // 64-row sub-blocks (the Hopper forward's consumer warpgroups) of blocks regrouped along q:
-  // kinds of their own, so a warpgroup skips a tile its rows do not see (rows past len_q see
-  // nothing).
-  const int n_sub = sub_blocks(s, q_block);
-  // The source blocks [first, last] a new block of `block` overlaps along one axis (positions
-  // past the length are not part of any tile).
-  auto span = [](int i, int block, int64_t len, int source) {
-    const int64_t p0 = int64_t(i) * block, p1 = std::min<int64_t>(p0 + block, len) - 1;
+  // kinds of their own, so a warpgroup skips a tile its rows do not see (rows before 0 or past
+  // len_q see nothing).
+  const int n_sub = sub_blocks(s, q_block, q_offset);
+  // The source blocks [first, last] a new block of `block` overlaps along one axis, the new
+  // blocks starting `lead` positions before 0 (positions outside [0, len) are not part of any
+  // tile; a new block always holds some).
+  auto span = [](int i, int block, int64_t len, int source, int lead = 0) {
+    const int64_t start = int64_t(i) * block - lead;
+    const int64_t p0 = std::max<int64_t>(start, 0), p1 = std::min<int64_t>(start + block, len) - 1;
     return std::pair<int, int>{int(p0 / source), int(p1 / source)};
   };
   std::vector<std::pair<int, int>> cols(size_t(r->nkv));
@@ -772,14 +804,14 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) 
   if (with_sub) r->sub_kinds.resize(r->kinds.size());
   for (int64_t g = 0; g < groups; ++g)
     for (int i = 0; i < r->nq; ++i) {
-      const auto [first, last] = span(i, q_block, s.len_q, s.q_block);
+      const auto [first, last] = span(i, q_block, s.len_q, s.q_block, q_offset);
       uint8_t* out = r->kinds.data() + (g * r->nq + i) * r->nkv;
       for (int j = 0; j < r->nkv; ++j) out[j] = join_of(g, first, last, j);
       if (!with_sub) continue;
       uint8_t* sub = r->sub_kinds.data() + (g * r->nq + i) * r->nkv;
       for (int c = 0; c < n_sub; ++c) {
-        const int64_t row0 = int64_t(i) * q_block + int64_t(c) * kSub;
-        if (row0 >= s.len_q) continue;  // kFaBlockEmpty
+        const int64_t row0 = int64_t(i) * q_block - q_offset + int64_t(c) * kSub;
+        if (row0 < 0 || row0 >= s.len_q) continue;  // kFaBlockEmpty
         const auto [sf, sl] = span(int(row0 / kSub), kSub, s.len_q, s.q_block);
         for (int j = 0; j < r->nkv; ++j) sub[j] |= uint8_t(join_of(g, sf, sl, j) << (2 * c));
       }
@@ -866,6 +898,7 @@ void BlockMask::fill(FaBlockTables& t) const {
   t.q_block = s.q_block;
   t.kv_block = s.kv_block;
   t.kv_sub_kinds = sub;
+  t.q_offset = s.q_offset;
 }
 
 void BlockMask::fill_transposed(FaBlockTables& t) const {
@@ -882,6 +915,7 @@ void BlockMask::fill_transposed(FaBlockTables& t) const {
   t.q_block = s.kv_block;
   t.kv_block = s.q_block;
   t.kv_sub_kinds = nullptr;
+  t.q_offset = 0;
 }
 
 }  // namespace fa

@@ -1051,16 +1051,22 @@ __device__ __forceinline__ void stage_packed(u32 tile, const u32 (&a)[kK][4], in
         st_shared_b32(tile + Layout::offset(row0 + 8 * hh, 2 * kk + half) + lane_t * 4, a[kk][2 * half + hh]);
 }
 
+// Whether row r is one of rows 0..len-1: one unsigned compare, so rows before 0 (the persistent
+// forward's first block with a q offset, FaBlockTables::q_offset) are out as rows past len are.
+__device__ __forceinline__ bool in_rows(int r, int len) {
+  return static_cast<unsigned>(r) < static_cast<unsigned>(len);
+}
+
 // Rows row_begin..row_begin+kRows-1 of a staged tile, chunks 0..kChunks-1 of each (a row's
 // global chunks: HeadRow::kChunks), to global rows q0 + row (row stride `stride` elements) with
-// 16-byte stores by kThreads threads (`tid` the thread's index among them); rows at or past
-// `len` are not written.
+// 16-byte stores by kThreads threads (`tid` the thread's index among them); rows before 0 or at
+// or past `len` are not written.
 template <int kRows, int kChunks, int kThreads, typename Layout, typename E>
 __device__ __forceinline__ void store_rows(E* dst, long long stride, u32 tile, int row_begin, int q0, int len,
                                            int tid) {
   for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {
     const int r = row_begin + idx / kChunks, c = idx % kChunks;
-    if (q0 + r < len)
+    if (in_rows(q0 + r, len))
       st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, ld_shared_v4(tile + Layout::offset(r, c)));
   });
 }
@@ -1087,7 +1093,7 @@ __device__ __forceinline__ void store_rows_read_first(E* dst, long long stride, 
     E* const d = dst + (long long)(q0 + row) * stride + c * 8;
 #pragma unroll
     for (int i = 0; i < kRounds; ++i)
-      if (q0 + row + i * kStep < len) st_global_v4(d + i * kStep * stride, v[i]);
+      if (in_rows(q0 + row + i * kStep, len)) st_global_v4(d + i * kStep * stride, v[i]);
   } else {
     for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {
       v[(idx - tid) / kThreads] =
@@ -1096,14 +1102,15 @@ __device__ __forceinline__ void store_rows_read_first(E* dst, long long stride, 
     read();
     for_each_strided<kRows * kChunks, kThreads>(tid, [&](int idx) {
       const int r = row_begin + idx / kChunks, c = idx % kChunks;
-      if (q0 + r < len) st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, v[(idx - tid) / kThreads]);
+      if (in_rows(q0 + r, len))
+        st_global_v4(dst + (long long)(q0 + r) * stride + c * 8, v[(idx - tid) / kThreads]);
     });
   }
 }
 
 // The LSE of rows q0 + row0 and q0 + row0 + 8 of (b, h) after rows.finish(), and with kRowMax
 // their largest scores, written by lane t == 0 of each quad when the caller asked for them
-// (p.lse, p.max_scores not null) and the row exists.
+// (p.lse, p.max_scores not null) and the row exists (in_rows).
 template <typename Mods>
 __device__ __forceinline__ void store_row_stats(const FaFwdParams& p, int b, int h, int q0, int row0,
                                                 int lane_t, const SoftmaxRows& rows, float sl2) {
@@ -1112,7 +1119,7 @@ __device__ __forceinline__ void store_row_stats(const FaFwdParams& p, int b, int
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int q = q0 + row0 + 8 * hh;
-      if (q < p.len_q) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = rows.lse(hh, sl2);
+      if (in_rows(q, p.len_q)) p.lse[b * p.lse_stride_b + h * p.lse_stride_h + q] = rows.lse(hh, sl2);
     }
   }
   if constexpr (kRowMax) {
@@ -1121,7 +1128,8 @@ __device__ __forceinline__ void store_row_stats(const FaFwdParams& p, int b, int
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int q = q0 + row0 + 8 * hh;
-      if (q < p.len_q) p.max_scores[b * p.max_stride_b + h * p.max_stride_h + q] = rows.max_score(hh, nat);
+      if (in_rows(q, p.len_q))
+        p.max_scores[b * p.max_stride_b + h * p.max_stride_h + q] = rows.max_score(hh, nat);
     }
   }
 }

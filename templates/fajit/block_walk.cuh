@@ -25,7 +25,8 @@ struct BlockWalk {
   const int* full_idx;
 
   // The walk of the row block that starts at `row0` (a query row in the forward, a key row
-  // in the backward) of (batch b, query head h).
+  // in the backward) of (batch b, query head h); row0 may be negative where the tables' first
+  // block starts before query 0 (FaBlockTables::q_offset).
   __device__ __forceinline__ BlockWalk(const FaBlockTables& bt, int b, int h, int row0)
       : BlockWalk(bt, b, h, row0, bt.kv_num_blocks[row_of(bt, b, h, row0)],
                   bt.full_kv_num_blocks ? bt.full_kv_num_blocks[row_of(bt, b, h, row0)] : 0) {}
@@ -43,7 +44,7 @@ struct BlockWalk {
     n_tiles = n_blocks * tiles_per_block;
   }
   __device__ __forceinline__ static long long row_of(const FaBlockTables& bt, int b, int h, int row0) {
-    return b * bt.row_stride_b + h * bt.row_stride_h + row0 / bt.q_block;
+    return b * bt.row_stride_b + h * bt.row_stride_h + (row0 + bt.q_offset) / bt.q_block;
   }
   // Column block index of sparse block `sb` of the walk.
   __device__ __forceinline__ int block_index(int sb) const {

@@ -218,14 +218,21 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   // every block, in grid_tile's order: heaviest first). With it, the same blocks in the same
   // order as one list: block blockIdx.x first, then gridDim.x + a counter's next value, until
   // none is left; the load balances itself, and the CTA's start costs once per SM.
-  const int n_qblocks = (len_q + kBM - 1) / kBM;
+  // PERSISTENT: the tables' first block may start q_off rows (a multiple of 64) before query 0,
+  // so that a length's one partial block comes first, where a causal-like walk is shortest
+  // (FaBlockTables::q_offset; the host sets it for this form only). Rows before 0 are rows no
+  // warpgroup computes or stores, like rows past len_q.
+  const int q_off = Cfg::kPersistent ? p.mask.q_offset : 0;
+  const int n_qblocks = (len_q + q_off + kBM - 1) / kBM;
   const int n_blocks = Cfg::kPersistent ? n_qblocks * p.batch * p.heads_q : 1;
   auto block_cta = [&](int block) {
-    if constexpr (Cfg::kPersistent)
-      return QueryBlockCta(grid_tile<true>(block, n_qblocks, p.batch * p.heads_q), kBM, p.heads_q,
-                           p.heads_kv);
-    else
+    if constexpr (Cfg::kPersistent) {
+      QueryBlockCta c(grid_tile<true>(block, n_qblocks, p.batch * p.heads_q), kBM, p.heads_q, p.heads_kv);
+      c.q0 -= q_off;
+      return c;
+    } else {
       return QueryBlockCta(kBM, p.heads_q, p.heads_kv);
+    }
   };
 
   if (tid == 0) {
@@ -523,9 +530,10 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     const BlockWalk<kBN> walk = walk_of();
     // This warpgroup's rows along the walk: a tile none of them sees is skipped (an empty
     // sub-block of a regrouped mask's partial tile, or rows all past len_q), a full sub-block
-    // needs no mask_mod. `live` masks the kinds to empty for rows all past len_q.
+    // needs no mask_mod. `live` masks the kinds to empty for rows all past len_q (or, PERSISTENT
+    // with a q offset, all before query 0: one compare as unsigned).
     const unsigned char* kinds_row = BlockCursor<kBN>::kinds_row(p.mask, b, h, q0);
-    const unsigned live = q0 + cw * kRows < len_q ? 3u : 0u;
+    const unsigned live = static_cast<unsigned>(q0 + cw * kRows) < static_cast<unsigned>(len_q) ? 3u : 0u;
     auto first_tile = [&] {
       if constexpr (Cfg::kPersistent)
         return BlockCursor<kBN>(walk, kinds_row, len_kv, index0, index1,
@@ -537,7 +545,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int q = q0 + row_base + 8 * hh;
-      q_idx[hh] = q < len_q ? q : len_q - 1;  // mods never see q >= len_q
+      q_idx[hh] = q < 0 ? 0 : q < len_q ? q : len_q - 1;  // mods never see q outside [0, len_q)
     }
     if (live) mod_rows.gather(q_idx, b, h, cap);  // (no tile is computed for rows all past len_q)
     zero_frags(o);

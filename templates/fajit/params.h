@@ -5,7 +5,7 @@
 #ifndef FAJIT_PARAMS_H
 #define FAJIT_PARAMS_H
 
-#define FAJIT_ABI_VERSION 7
+#define FAJIT_ABI_VERSION 8
 
 #define FA_MAX_BUFFERS 16
 #define FA_MAX_BUFFER_RANK 4
@@ -38,7 +38,9 @@ typedef struct FaCaptures {
 //   full_kv_num_blocks [Bm, Hm, num_q_blocks]             (null: no full blocks)
 //   full_kv_indices    [Bm, Hm, num_q_blocks, num_kv_blocks]
 // Bm is 1 or B, Hm is 1 or Hq; row(b, h, qb) = b*row_stride_b + h*row_stride_h + qb,
-// with row_stride_b/h = 0 where the table is broadcast.
+// with row_stride_b/h = 0 where the table is broadcast. Query block qb holds rows
+// qb*q_block - q_offset .. (qb+1)*q_block - q_offset - 1 (q_offset 0 but for a mask regrouped
+// for the persistent Hopper forward with its partial block first: BlockMask::regrouped_led).
 //   kv_sub_kinds       [Bm, Hm, num_q_blocks, num_kv_blocks] uint8 (null: none), beside
 //                      kv_indices: entry i of a row gives the kinds of the 64-row sub-blocks
 //                      of that row's i-th partial tile, 2 bits each (sub-block c at bits
@@ -58,6 +60,7 @@ typedef struct FaBlockTables {
   int kv_block;  // sparse block size along kv (a multiple of the kernel's BLOCK_N; the wgmma forward's
                  // BLOCK_N)
   const unsigned char* kv_sub_kinds;
+  int q_offset;  // rows of the first query block before query 0 (a multiple of 64, below q_block)
 } FaBlockTables;
 
 // Forward attention. Element strides; the last (head) dimension is contiguous.

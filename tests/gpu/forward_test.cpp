@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "../../compiler/lib/api/autotune.h"
+#include "../../compiler/lib/api/forward_mask.h"
 #include "fajit/detail/codegen.h"
 #include "fajit/jit/cache.h"
 #include "fajit/runtime/device.h"
@@ -57,6 +58,7 @@ struct FwdCase {
   int persistent_ctas = 0;        // > 0: FAJIT_PERSISTENT_CTAS, the persistent forward's CTAs capped
   bool max_scores = false;        // ForwardOptions::max_scores too (the row-max twins), checked
   bool device_tables = false;     // the mask's kv tables read in place on the device (device_tables_of)
+  int lead = -1;  // >= 0 (sm_90a): the rows the persistent forward's first block starts early, checked
 
   std::string name() const {
     std::string n = variant + "_" + fa::dtype_name(dtype) + "_d" + std::to_string(dqk) + "x" +
@@ -266,6 +268,28 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { tile128x128s2(c), c.persistent_ctas = 2; }),
       with({"padding", bf16, 96, 96, 2, 4, 1, 900, 1000, 333}, "ctas3",
            [](FwdCase& c) { c.persistent_ctas = 3; }),
+      // The persistent forward with its partial query block first (detail::lead_rows: 192-row tiles,
+      // Lq % 192 == 64, a causal-like mask; the tables' first block starts 128 rows before query
+      // 0): capped CTAs and not, GQA, Lq != Lkv, f16 and bf16, max_scores, 192x112 s2 at d96; Lq %
+      // 192 == 128, 128-row tiles (d128 s2, d64 with a score_mod), a full mask and a mask on device
+      // tables keep 0.
+      with({"causal", bf16, 64, 64, 2, 4, 2, 1024, 1024}, "led", [](FwdCase& c) { c.lead = 128; }),
+      with({"causal", f16, 64, 64, 1, 8, 2, 448, 448}, "led_ctas3",
+           [](FwdCase& c) { c.lead = 128, c.persistent_ctas = 3; }),
+      with({"sliding", bf16, 64, 64, 2, 4, 4, 1024, 1000, 100}, "led_ctas2",
+           [](FwdCase& c) { c.lead = 128, c.persistent_ctas = 2; }),
+      with({"prefix_lm", f16, 64, 64, 1, 4, 1, 1024, 1024, 300}, "led", [](FwdCase& c) { c.lead = 128; }),
+      with({"causal", bf16, 64, 64, 1, 4, 1, 1024, 1024}, "led_max_ctas3",
+           [](FwdCase& c) { c.lead = 128, c.max_scores = true, c.persistent_ctas = 3; }),
+      with({"sliding", f16, 96, 96, 1, 4, 2, 832, 832, 100}, "led_tile192x112s2",
+           [](FwdCase& c) { tile192x112(c), c.tile.stages = 2, c.lead = 128; }),
+      with({"causal", f16, 64, 64, 1, 4, 2, 896, 896}, "led", [](FwdCase& c) { c.lead = 0; }),
+      with({"causal", bf16, 128, 128, 1, 4, 2, 960, 960}, "led_ctas2",
+           [](FwdCase& c) { c.lead = 0, c.persistent_ctas = 2; }),
+      with({"causal_alibi", f16, 64, 64, 2, 4, 2, 960, 960}, "led", [](FwdCase& c) { c.lead = 0; }),
+      with({"none", bf16, 64, 64, 1, 4, 1, 1024, 1024}, "led", [](FwdCase& c) { c.lead = 0; }),
+      with({"causal", bf16, 64, 64, 1, 4, 1, 1024, 1024}, "led_device_tables",
+           [](FwdCase& c) { c.lead = 0, on_device_tables(c); }),
       // Column values gathered across the warp (key_pad_bias: a float for score_mod, a bool for
       // mask_mod): the three-consumer tile (4 slots of 32 columns), 192x112 (the last slot
       // half used), 128x128 at d128, tails (Lkv 777, 17), GQA, persistent and not.
@@ -605,6 +629,9 @@ Stats launch_and_check(const FwdCase& c, const fa::Kernel& kernel, const Prepare
           << "capped CTAs on a tile that is not persistent: " << kernel.spec().to_string();
     }
     setenv("FAJIT_PERSISTENT_CTAS", std::to_string(c.persistent_ctas).c_str(), 1);
+  }
+  if (c.lead >= 0 && kernel.spec().arch == "sm_90a") {
+    EXPECT_EQ(fa::detail::lead_rows(kernel.spec(), mask), c.lead) << kernel.spec().to_string();
   }
   auto t0 = std::chrono::steady_clock::now();
   kernel.forward(q, k, v, o, mask, captures, fo, reinterpret_cast<fa::Stream>(stream));

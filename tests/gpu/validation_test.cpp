@@ -127,6 +127,15 @@ TEST_F(ForwardValidation, BlockMaskForOtherBatch) {
                   "block mask was built for B=3; got B=2 (expected 1 or 2)");
 }
 
+// The persistent forward's own regrouping (its first block before query 0) is not a mask to pass.
+TEST_F(ForwardValidation, LedBlockMask) {
+  const fa::BlockMask causal = fa::create_block_mask(fa::mods::causal(), 1, 1, kL, kL);
+  expect_rejected(
+      args(), causal.regrouped_led(192, 128, 128), good(),
+      "block mask: its first block starts before query 0 (BlockMask::regrouped_led); pass the mask "
+      "it was regrouped from");
+}
+
 TEST_F(ForwardValidation, EmptyBlockMask) {
   expect_rejected(args(), fa::BlockMask(), good(),
                   "block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");

@@ -503,7 +503,8 @@ void bench(Env& env, int D, Mod mod, const std::string& cfg, std::mt19937& rng) 
             t.nkb,
             c.q_block,
             c.kv_block,
-            nullptr};
+            nullptr,
+            0};
   FaCaptures cap;
   std::memset(&cap, 0, sizeof cap);
   cap.buffers[0].ptr = (const void*)dslopes.p;

@@ -485,6 +485,126 @@ TEST(MaskAnalysis, RegroupedMasksAreSound) {
             "block mask: block sizes must be positive multiples of 16, got 100x128");
 }
 
+// BlockMask::regrouped_led: blocks of q_block rows, the first starting q_offset rows before query
+// 0 (the persistent Hopper forward with its partial block first). Each tile joins the source
+// tiles over its rows in [0, Lq); its 64-row sub-blocks are empty before query 0 and past Lq and
+// sound elsewhere (an empty or full one is what brute force finds there); a full or empty tile
+// is what its sub-blocks' brute-force kinds join to.
+TEST(MaskAnalysis, LedRegroupingsAreSound) {
+  const fa::MaskMod band{"band", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) {
+                           return kv <= q + fa::Index(200) && kv + fa::Index(300) >= q;
+                         }};
+  const int len_kv = 777;
+  int checked = 0;
+  for (const fa::MaskMod& mm : {fa::mods::causal(), band})
+    for (int source : {64, 128, 256})
+      for (const auto& [len_q, qb] : {std::pair{1024, 192}, std::pair{896, 192}, std::pair{320, 192},
+                                      std::pair{960, 128}, std::pair{64, 192}})
+        for (int kvb : {128, 112}) {
+          const int off = qb - len_q % qb;
+          const std::string what = mm.name + " Lq " + std::to_string(len_q) + " from " +
+                                   std::to_string(source) + " to " + std::to_string(qb) + "x" +
+                                   std::to_string(kvb) + " led " + std::to_string(off);
+          fa::BlockMaskOptions bo;
+          bo.q_block = source;
+          const fa::BlockMask m = fa::create_block_mask(mm, 1, 1, len_q, len_kv, {}, bo);
+          const fa::BlockMask& r = m.regrouped_led(qb, kvb, off);
+          EXPECT_EQ(&m.regrouped_led(qb, kvb, off), &r) << what;  // built once
+          EXPECT_NE(&m.regrouped(qb, kvb), &r) << what;           // apart from the plain one
+          EXPECT_EQ(&m.regrouped_led(qb, kvb, 0), &m.regrouped(qb, kvb)) << what;
+          EXPECT_EQ(r.q_offset(), off) << what;
+          EXPECT_EQ(m.q_offset(), 0) << what;
+          EXPECT_TRUE(r.matches_mask_mod()) << what;
+          ASSERT_EQ(r.num_q_blocks(), (len_q + off + qb - 1) / qb) << what;
+          ASSERT_EQ(r.sub_kinds().size(), r.kinds().size()) << what;
+          const std::vector<uint8_t> exact64 = fa::brute_force_block_classes(
+              mask_program(fa::trace(fa::identity_score(), mm)), {}, 1, 1, len_q, len_kv, 64, kvb);
+          for (int i = 0; i < r.num_q_blocks(); ++i)
+            for (int j = 0; j < r.num_kv_blocks(); ++j) {
+              const int r0 = std::max(qb * i - off, 0), r1 = std::min(qb * (i + 1) - off, len_q) - 1;
+              ASSERT_LE(r0, r1) << what;  // every block holds rows
+              const int c0 = kvb * j / 128, c1 = (std::min(kvb * (j + 1), len_kv) - 1) / 128;
+              fa::BlockKind join = m.kind(0, 0, r0 / source, c0);
+              for (int s = r0 / source; s <= r1 / source; ++s)
+                for (int c = c0; c <= c1; ++c)
+                  if (m.kind(0, 0, s, c) != join) join = fa::BlockKind::kPartial;
+              const fa::BlockKind got = r.kind(0, 0, i, j);
+              EXPECT_EQ(got, join) << what << " tile " << i << "," << j;
+              const uint8_t sub = r.sub_kinds()[size_t(i) * r.num_kv_blocks() + j];
+              std::optional<uint8_t> exact;  // the join of the sub-blocks' brute-force kinds
+              for (int c = 0; c < qb / 64; ++c) {
+                const auto k = uint8_t((sub >> (2 * c)) & 3);
+                const int row0 = qb * i - off + 64 * c;
+                if (row0 < 0 || row0 >= len_q) {
+                  EXPECT_EQ(k, uint8_t(fa::BlockKind::kEmpty))
+                      << what << " tile " << i << "," << j << " sub " << c;
+                  continue;
+                }
+                const uint8_t e = exact64[size_t(row0 / 64) * r.num_kv_blocks() + j];
+                if (k != uint8_t(fa::BlockKind::kPartial)) {
+                  EXPECT_EQ(k, e) << what << " tile " << i << "," << j;
+                }
+                exact = !exact || *exact == e ? e : uint8_t(fa::BlockKind::kPartial);
+              }
+              if (got != fa::BlockKind::kPartial) {
+                EXPECT_EQ(uint8_t(got), *exact) << what << " tile " << i << "," << j;
+              }
+              ++checked;
+            }
+        }
+  EXPECT_GT(checked, 1000);
+  // Bad offsets, and masks it does not take.
+  const fa::BlockMask causal = fa::create_block_mask(fa::mods::causal(), 1, 1, 1024, 1024);
+  EXPECT_EQ(
+      fa::test::error_of([&] { causal.regrouped_led(192, 128, 96); }),
+      "block mask: a first block's q offset must be a multiple of 64 below the block's 192 rows, got 96");
+  EXPECT_EQ(
+      fa::test::error_of([&] { causal.regrouped_led(192, 128, 192); }),
+      "block mask: a first block's q offset must be a multiple of 64 below the block's 192 rows, got 192");
+  EXPECT_EQ(fa::test::error_of([&] { causal.regrouped_led(192, 128, 128).regrouped(128, 128); }),
+            "block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+}
+
+// Where the persistent Hopper forward's mask starts early (detail::lead_rows): the 192-row tiles
+// at Lq % 192 == 64, a host mask whose first query block walks fewer key blocks than its last;
+// never on the other tiles and kernels, full masks, masks walking more keys first, given tables.
+TEST(MaskAnalysis, LeadRowsPutThePartialBlockWhereTheWalkIsShortest) {
+  auto spec = [](fa::KernelFamily family, fa::TileConfig tile, int d) {
+    fa::KernelSpec s;
+    s.family = family, s.tile = tile, s.head_dim_qk = s.head_dim_v = d;
+    return s;
+  };
+  const fa::KernelSpec three = spec(fa::KernelFamily::kWgmma, {192, 128, 16, 3}, 64),
+                       two = spec(fa::KernelFamily::kWgmma, {128, 128, 12, 2}, 128),
+                       one_block = spec(fa::KernelFamily::kWgmma, {128, 128, 12, 3}, 128),
+                       mma = spec(fa::KernelFamily::kMmaSync, {128, 64, 4, 2}, 64);
+  ASSERT_TRUE(fa::sm90_forward_persistent(three));
+  ASSERT_TRUE(fa::sm90_forward_persistent(two));
+  ASSERT_FALSE(fa::sm90_forward_persistent(one_block));
+  auto causal = [](int64_t len) { return fa::create_block_mask(fa::mods::causal(), 1, 1, len, len); };
+  const fa::MaskMod anti{"anti", [](fa::Index, fa::Index, fa::Index q, fa::Index kv) { return kv >= q; }};
+  EXPECT_EQ(fa::detail::lead_rows(three, causal(4096)), 128);  // 4096 = 21 * 192 + 64
+  EXPECT_EQ(fa::detail::lead_rows(three, causal(448)), 128);
+  EXPECT_EQ(fa::detail::lead_rows(three, causal(8192)), 0);  // 42 * 192 + 128: two live warpgroups
+  EXPECT_EQ(fa::detail::lead_rows(three, causal(4032)), 0);  // 21 * 192
+  EXPECT_EQ(fa::detail::lead_rows(three, causal(4000)), 0);  // not a multiple of 64
+  EXPECT_EQ(fa::detail::lead_rows(two, causal(4032)), 0);    // 31 * 128 + 64: 128-row tiles keep 0
+  EXPECT_EQ(fa::detail::lead_rows(one_block, causal(4032)), 0);
+  EXPECT_EQ(fa::detail::lead_rows(mma, causal(4096)), 0);
+  EXPECT_EQ(fa::detail::lead_rows(three, fa::BlockMask::all_full(1, 1, 4096, 4096)), 0);
+  EXPECT_EQ(fa::detail::lead_rows(three, fa::create_block_mask(anti, 1, 1, 4096, 4096)), 0);
+  const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 4096, 4096, causal(4096).kinds());
+  EXPECT_EQ(fa::detail::lead_rows(three, given), 0);  // not regroupable
+  // forward_mask hands the persistent forward the led regrouping, and its tables the offset.
+  const fa::BlockMask m = causal(4096);
+  const fa::BlockMask& fm = fa::detail::forward_mask(three, m);
+  EXPECT_EQ(&fm, &m.regrouped_led(192, 128, 128));
+  EXPECT_EQ(fm.num_q_blocks(), 22);
+  EXPECT_EQ(fm.kind(0, 0, 0, 0), fa::BlockKind::kPartial);  // rows 0..63
+  EXPECT_EQ(fm.kind(0, 0, 0, 1), fa::BlockKind::kEmpty);
+  EXPECT_EQ(fa::detail::forward_mask(three, causal(4032)).q_offset(), 0);
+}
+
 // The mask each forward family reads (detail::forward_mask): the wgmma forward always gets kv
 // blocks of its BLOCK_N (split whatever the tables, merged only where regroupable), query
 // blocks it divides or regrouped ones; the mma.sync forward takes any blocks its tile divides.

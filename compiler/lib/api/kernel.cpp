@@ -66,8 +66,34 @@ Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view
   return c;
 }
 
-const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, CallMasks* copies, Stream stream,
-                              const DeriveOnDevice& derive) {
+int lead_rows(const KernelSpec& s, const BlockMask& mask) {
+  const int bm = s.tile.block_m;
+  const int64_t len_q = mask.len_q();
+  if (s.kind != KernelKind::kForward || s.family != KernelFamily::kWgmma || !sm90_forward_persistent(s) ||
+      bm != 192 || len_q % bm != 64 || mask.q_block() % 64 != 0)
+    return 0;
+  if (mask.on_device() || mask.built_on_device() || !mask.regroupable()) return 0;
+  // Key blocks the first and the last query block walk, over (up to 64 of) the mask's (b, h).
+  const int nq = mask.num_q_blocks(), nkv = mask.num_kv_blocks();
+  const int groups = std::min(mask.batch() * mask.heads(), 64);
+  int64_t first = 0, last = 0;
+  for (int g = 0; g < groups; ++g) {
+    const int b = g / mask.heads(), h = g % mask.heads();
+    for (int j = 0; j < nkv; ++j) {
+      first += mask.kind(b, h, 0, j) != BlockKind::kEmpty;
+      last += mask.kind(b, h, nq - 1, j) != BlockKind::kEmpty;
+    }
+  }
+  return first < last ? 128 : 0;
+}
+
+namespace {
+
+// forward_mask without a lead. (Its own function: grown in place, forward_mask stopped inlining
+// std::deque<BlockMask>::emplace_back, whose demangled name, "fa::BlockMask& std::deque<...",
+// the version script's fa::* then exported: tests/lib, lib.self_contained.)
+const BlockMask& forward_mask_from_zero(const KernelSpec& s, const BlockMask& mask, CallMasks* copies,
+                                        Stream stream, const DeriveOnDevice& derive) {
   const TileConfig& t = s.tile;
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
   const int qb = mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m;
@@ -100,6 +126,14 @@ const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, CallMa
     throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
                             t.block_n, m->kv_block()));
   return *m;
+}
+
+}  // namespace
+
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, CallMasks* copies, Stream stream,
+                              const DeriveOnDevice& derive) {
+  if (const int lead = lead_rows(s, mask)) return mask.regrouped_led(s.tile.block_m, s.tile.block_n, lead);
+  return forward_mask_from_zero(s, mask, copies, stream, derive);
 }
 
 }  // namespace detail
@@ -426,6 +460,10 @@ float check_call(const KernelSpec& s, const char* what, const AttentionShape& sh
   if (!mask.valid())
     throw Error("block mask is empty; build one with Kernel::block_mask or fa::create_block_mask");
   mask.check_compatible(shape.batch, shape.heads_q, shape.len_q, shape.len_kv);
+  if (mask.q_offset() != 0)  // the persistent forward's own regrouping (detail::forward_mask)
+    throw Error(
+        "block mask: its first block starts before query 0 (BlockMask::regrouped_led); pass the mask it was "
+        "regrouped from");
   if (check_tile && !(regroups ? forward_takes(s.tile, mask) : tile_divides(s.tile, mask)))
     throw Error(fmt::format("block mask block sizes {}x{} must be multiples of the {} tile {}x{}",
                             mask.q_block(), mask.kv_block(), what, s.tile.block_m, s.tile.block_n));
@@ -823,25 +861,25 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
     // The persistent forward: one CTA per SM (at most one per query block), y = 1;
     // FAJIT_PERSISTENT_CTAS=N caps the CTAs (tests: many blocks per CTA on small shapes).
     const bool persistent = sm90_forward_persistent(s);
-    const int64_t q_blocks = (shape.len_q + t.block_m - 1) / t.block_m,
+    // (the persistent form's first block may start before query 0: detail::lead_rows)
+    const BlockMask& fmask = detail::forward_mask(s, mask, &mask_copy.masks, stream, derive);
+    const int64_t q_blocks = (shape.len_q + fmask.q_offset() + t.block_m - 1) / t.block_m,
                   bh = int64_t(shape.batch) * shape.heads_q;
     int64_t sms = persistent ? std::max(1, rt::current_device_info().sm_count) : 0;
     if (const char* cap_env = persistent ? std::getenv("FAJIT_PERSISTENT_CTAS") : nullptr;
         cap_env && *cap_env)
       sms = std::clamp<int64_t>(std::atoll(cap_env), 1, sms);
-    PrefillLaunch l{
-        rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
-        persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
-                   : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
-        rt::Dim3(static_cast<unsigned>(s.threads())),
-        static_cast<unsigned>(s.smem_bytes()),
-        maps,
-        qmaps,
-        with_max(with_sequences(rt::make_fwd_params(
-            q, k, v, o, lse, scale, detail::forward_mask(s, mask, &mask_copy.masks, stream, derive)))),
-        cap.data(),
-        st,
-        persistent};
+    PrefillLaunch l{rt::load_function(f.key, f.entry->cubin, f.gen.kernel_name),
+                    persistent ? rt::Dim3(static_cast<unsigned>(std::min(q_blocks * bh, sms)), 1u)
+                               : rt::Dim3(static_cast<unsigned>(q_blocks), static_cast<unsigned>(bh)),
+                    rt::Dim3(static_cast<unsigned>(s.threads())),
+                    static_cast<unsigned>(s.smem_bytes()),
+                    maps,
+                    qmaps,
+                    with_max(with_sequences(rt::make_fwd_params(q, k, v, o, lse, scale, fmask))),
+                    cap.data(),
+                    st,
+                    persistent};
     return l;
   };
   // The tuner's candidates are narrow (a wide call runs the default tile) and tile the mask's

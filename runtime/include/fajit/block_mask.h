@@ -197,6 +197,15 @@ class FA_API BlockMask {
   // freed on `stream` when the result goes): what a launch captured into a CUDA graph reads, its
   // memory and kernels part of the graph. For other masks, regrouped(q_block, kv_block).
   BlockMask regrouped_now(int q_block, int kv_block, Stream stream) const;
+  // regrouped(q_block, kv_block) with the first block starting q_offset rows before query 0 (a
+  // multiple of 64 below q_block; 0 is regrouped()): block i holds rows i·q_block - q_offset ..,
+  // so where Lq is not a multiple of q_block the one partial block can come first. The
+  // persistent Hopper forward runs a causal-like mask this way (its first rows walk the fewest
+  // key blocks, so its idle warpgroups cost least there); FaBlockTables::q_offset carries it.
+  // Host kinds only (not a mask built on the device or over device tables); not regrouped again.
+  const BlockMask& regrouped_led(int q_block, int kv_block, int q_offset) const;
+  // The rows of the first query block before query 0 (regrouped_led; else 0).
+  int q_offset() const;
   // Whether regrouped() may merge the mask's blocks: matches_mask_mod(), or every tile has the
   // same kind (an all-full mask regroups exactly whatever the mask_mod; not looked for in device
   // tables, whose kinds would cost a sync: false there). Splitting needs neither.
@@ -221,6 +230,7 @@ class FA_API BlockMask {
 
  private:
   explicit BlockMask(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  const BlockMask& regrouped_on_host(int q_block, int kv_block, int q_offset) const;
   const State& state() const;
   std::shared_ptr<State> state_;
 };
