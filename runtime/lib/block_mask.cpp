@@ -729,10 +729,10 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
 
 const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) const {
   const State& s = state();
-  if (q_block == s.q_block && kv_block == s.kv_block) return *this;
-  check_regroup_of(s, regroupable(), q_block, kv_block);
   if (s.q_offset != 0)
     throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+  if (q_block == s.q_block && kv_block == s.kv_block) return *this;
+  check_regroup_of(s, regroupable(), q_block, kv_block);
   if (s.device_kinds) {  // on the device, once per stream: later uses there are ordered after it
     if (rt::stream_is_capturing(reinterpret_cast<CUstream>(stream)))
       throw Error(
@@ -754,12 +754,19 @@ const BlockMask& BlockMask::regrouped_led(int q_block, int kv_block, int q_offse
         fmt::format("block mask: a first block's q offset must be a multiple of 64 below the block's {} "
                     "rows, got {}",
                     q_block, q_offset));
+  if (s.q_offset != 0)
+    throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
   if (s.device_kinds)
     throw Error(
         "block mask: a mask built on the device is not regrouped with a q offset (its kinds are there)");
   check_regroup_of(s, regroupable(), q_block, kv_block);
-  if (s.q_offset != 0)
-    throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+  // Shifted, the new blocks straddle the source's even where q_block divides them: a merge.
+  if (!regroupable())
+    throw Error(
+        fmt::format("block mask: its {}x{} blocks can be regrouped with a q offset only when the tables "
+                    "agree with mask_mod "
+                    "(a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile",
+                    s.q_block, s.kv_block));
   return regrouped_on_host(q_block, kv_block, q_offset);
 }
 
@@ -903,6 +910,8 @@ void BlockMask::fill(FaBlockTables& t) const {
 
 void BlockMask::fill_transposed(FaBlockTables& t) const {
   const State& s = state();
+  if (s.q_offset != 0)  // its columns would be query blocks before query 0: the forward's own
+    throw Error("block mask: a mask regrouped with its first block before query 0 has no transposed tables");
   const BlockMaskDeviceTables d = device_tables_of(s, /*with_q=*/true);
   t.kv_num_blocks = d.q_num_blocks;
   t.kv_indices = d.q_indices;

@@ -270,7 +270,8 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.persistent_ctas = 3; }),
       // The persistent forward with its partial query block first (detail::lead_rows: 192-row tiles,
       // Lq % 192 == 64, a causal-like mask; the tables' first block starts 128 rows before query
-      // 0): capped CTAs and not, GQA, Lq != Lkv, f16 and bf16, max_scores, 192x112 s2 at d96; Lq %
+      // 0): capped CTAs and not, GQA, Lq != Lkv, f16 and bf16, max_scores, 192x112 s2 at d96, a
+      // mask of every head (head_sliding); Lq %
       // 192 == 128, 128-row tiles (d128 s2, d64 with a score_mod), a full mask and a mask on device
       // tables keep 0.
       with({"causal", bf16, 64, 64, 2, 4, 2, 1024, 1024}, "led", [](FwdCase& c) { c.lead = 128; }),
@@ -283,6 +284,8 @@ const std::vector<FwdCase>& cases() {
            [](FwdCase& c) { c.lead = 128, c.max_scores = true, c.persistent_ctas = 3; }),
       with({"sliding", f16, 96, 96, 1, 4, 2, 832, 832, 100}, "led_tile192x112s2",
            [](FwdCase& c) { tile192x112(c), c.tile.stages = 2, c.lead = 128; }),
+      with({"head_sliding", bf16, 64, 64, 2, 4, 2, 1024, 1024, 100}, "led_ctas3",
+           [](FwdCase& c) { c.lead = 128, c.persistent_ctas = 3; }),
       with({"causal", f16, 64, 64, 1, 4, 2, 896, 896}, "led", [](FwdCase& c) { c.lead = 0; }),
       with({"causal", bf16, 128, 128, 1, 4, 2, 960, 960}, "led_ctas2",
            [](FwdCase& c) { c.lead = 0, c.persistent_ctas = 2; }),

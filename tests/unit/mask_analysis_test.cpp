@@ -561,8 +561,42 @@ TEST(MaskAnalysis, LedRegroupingsAreSound) {
   EXPECT_EQ(
       fa::test::error_of([&] { causal.regrouped_led(192, 128, 192); }),
       "block mask: a first block's q offset must be a multiple of 64 below the block's 192 rows, got 192");
-  EXPECT_EQ(fa::test::error_of([&] { causal.regrouped_led(192, 128, 128).regrouped(128, 128); }),
-            "block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+  const fa::BlockMask& led = causal.regrouped_led(192, 128, 128);
+  for (auto again : std::vector<std::function<void()>>{
+           [&] { led.regrouped(128, 128); }, [&] { led.regrouped(192, 128); },  // its own sizes
+           [&] { led.regrouped_led(192, 128, 0); }, [&] { led.regrouped_led(192, 128, 64); }})
+    EXPECT_EQ(fa::test::error_of(again),
+              "block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+  FaBlockTables transposed{};
+  EXPECT_EQ(fa::test::error_of([&] { led.fill_transposed(transposed); }),
+            "block mask: a mask regrouped with its first block before query 0 has no transposed tables");
+  // Shifted, 384-row blocks regrouped into 192 merge halves: only masks that may merge.
+  std::vector<uint8_t> mixed(3 * 8, 1);
+  mixed[0] = 2;  // a full tile among partial ones: not one kind
+  const fa::BlockMask given = fa::BlockMask::from_kinds(1, 1, 1024, 1024, mixed, 384, 128);
+  EXPECT_EQ(fa::test::error_of([&] { given.regrouped_led(192, 128, 128); }),
+            "block mask: its 384x128 blocks can be regrouped with a q offset only when the tables agree with "
+            "mask_mod (a mask built by Kernel::block_mask or create_block_mask) or hold one kind of tile");
+  // A mask of several heads: each head's tiles regrouped alike.
+  const fa::MaskMod head_band{"head_band", [](fa::Index, fa::Index h, fa::Index q, fa::Index kv) {
+                                return kv <= q && q - kv <= fa::Index(100) + h * fa::Index(300);
+                              }};
+  const fa::BlockMask heads = fa::create_block_mask(head_band, 1, 3, 1024, 1024);
+  ASSERT_EQ(heads.heads(), 3);
+  const fa::BlockMask& hl = heads.regrouped_led(192, 128, 128);
+  for (int h = 0; h < 3; ++h) {
+    const fa::BlockMask one = fa::create_block_mask(
+        fa::MaskMod{"one", [h](fa::Index, fa::Index, fa::Index q,
+                               fa::Index kv) { return kv <= q && q - kv <= fa::Index(100 + 300 * h); }},
+        1, 1, 1024, 1024);
+    const fa::BlockMask& ol = one.regrouped_led(192, 128, 128);
+    for (int i = 0; i < hl.num_q_blocks(); ++i)
+      for (int j = 0; j < hl.num_kv_blocks(); ++j) {
+        EXPECT_EQ(hl.kind(0, h, i, j), ol.kind(0, 0, i, j)) << "head " << h << " tile " << i << "," << j;
+        const size_t at = (size_t(h) * hl.num_q_blocks() + i) * hl.num_kv_blocks() + j;
+        EXPECT_EQ(hl.sub_kinds()[at], ol.sub_kinds()[size_t(i) * ol.num_kv_blocks() + j]) << "head " << h;
+      }
+  }
 }
 
 // Where the persistent Hopper forward's mask starts early (detail::lead_rows): the 192-row tiles

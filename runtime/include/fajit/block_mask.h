@@ -202,7 +202,9 @@ class FA_API BlockMask {
   // so where Lq is not a multiple of q_block the one partial block can come first. The
   // persistent Hopper forward runs a causal-like mask this way (its first rows walk the fewest
   // key blocks, so its idle warpgroups cost least there); FaBlockTables::q_offset carries it.
-  // Host kinds only (not a mask built on the device or over device tables); not regrouped again.
+  // Host kinds only (not a mask built on the device or over device tables), regroupable() (a
+  // shifted block straddles the source's); not regrouped again, and no transposed tables: the
+  // forward's own, which Kernel calls refuse as an argument.
   const BlockMask& regrouped_led(int q_block, int kv_block, int q_offset) const;
   // The rows of the first query block before query 0 (regrouped_led; else 0).
   int q_offset() const;
