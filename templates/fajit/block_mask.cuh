@@ -7,6 +7,9 @@
 //   #include "fajit/block_mask.cuh"
 //   FAJIT_DEFINE_BLOCK_MASK(fa_block_mask, FaMods)
 //
+// (or FAJIT_DEFINE_BLOCK_MASK_CLASSIFIER(fa_block_mask, FaMods) for the first kernel alone and
+// FAJIT_DEFINE_BLOCK_TABLES(fa_block_mask) for the other three, which read no mods: fajit compiles
+// those once for every mask_mod, a module of 3/4 of the builder's NVRTC time)
 // defines   extern "C" __global__ void fa_block_mask(FaBlockMaskParams p, FaCaptures cap)
 //           extern "C" __global__ void fa_block_mask_tables(FaBlockTablesParams p)
 //           extern "C" __global__ void fa_block_mask_regroup(FaBlockRegroupParams p)
@@ -197,11 +200,15 @@ __device__ __forceinline__ void fa_block_regroup(const FaBlockRegroupParams& p) 
   }
 }
 
-#define FAJIT_DEFINE_BLOCK_MASK(name, Mods)                                                            \
+// The classifier alone (what depends on the mask_mod), and the three table kernels alone (the
+// same for every mask: fajit compiles them once, as a module of their own, codegen's
+// generate_block_tables), or all four together.
+#define FAJIT_DEFINE_BLOCK_MASK_CLASSIFIER(name, Mods)                                                 \
   extern "C" __global__ void __launch_bounds__(FA_BLOCK_MASK_THREADS)                                  \
       name(const FaBlockMaskParams p, const FaCaptures cap) {                                          \
     fa_block_mask_classify<Mods>(p, cap);                                                              \
-  }                                                                                                    \
+  }
+#define FAJIT_DEFINE_BLOCK_TABLES(name)                                                                \
   extern "C" __global__ void __launch_bounds__(FA_BLOCK_MASK_THREADS) name##_tables(const FaBlockTablesParams p) { \
     fa_block_tables_rows(p);                                                                           \
   }                                                                                                    \
@@ -212,5 +219,8 @@ __device__ __forceinline__ void fa_block_regroup(const FaBlockRegroupParams& p) 
   extern "C" __global__ void __launch_bounds__(FA_BLOCK_MASK_THREADS) name##_kinds(const FaBlockKindsParams p) { \
     fa_block_kinds_rows(p);                                                                            \
   }
+#define FAJIT_DEFINE_BLOCK_MASK(name, Mods)      \
+  FAJIT_DEFINE_BLOCK_MASK_CLASSIFIER(name, Mods) \
+  FAJIT_DEFINE_BLOCK_TABLES(name)
 
 #endif  // FAJIT_BLOCK_MASK_CUH

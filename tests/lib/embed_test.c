@@ -35,10 +35,11 @@ int main(int argc, char** argv) {
   }
   printf("compiled %s: %zu-byte cubin (%s)\n", fajit_kernel_cache_key(k), size, fajit_kernel_origin(k));
 
-  /* fajit_kernel_warm: the lazily compiled kernels now (forward + block-mask builder + decode). */
+  /* fajit_kernel_warm: the lazily compiled kernels now (forward + block-mask builder, its
+   * classifier and its table kernels + decode). */
   {
     int n = 0;
-    if (fajit_kernel_warm(k, FAJIT_WARM_BLOCK_MASK | FAJIT_WARM_DECODE, &n) != FAJIT_OK || n != 3) {
+    if (fajit_kernel_warm(k, FAJIT_WARM_BLOCK_MASK | FAJIT_WARM_DECODE, &n) != FAJIT_OK || n != 4) {
       fprintf(stderr, "fajit_kernel_warm: %d kernels, %s\n", n, fajit_last_error());
       return 1;
     }

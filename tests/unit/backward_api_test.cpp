@@ -126,10 +126,12 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   fa::WarmOptions w;
   w.backward = w.decode = w.ragged = true;
   const fa::WarmReport r = k.warm(w);
-  EXPECT_EQ(r.kernels, 7);  // forward, builder, backward, decode, ragged prefill, decode and backward
+  // forward, builder (its classifier and its table kernels), backward, decode, ragged prefill,
+  // decode and backward
+  EXPECT_EQ(r.kernels, 8);
   EXPECT_EQ(r.compiled + r.from_disk + r.from_memory, r.kernels);
   const fa::WarmReport again = k.warm(w);
-  EXPECT_EQ(again.kernels, 7);
+  EXPECT_EQ(again.kernels, 8);
   EXPECT_EQ(again.compiled, r.compiled);
   EXPECT_EQ(k.backward_spec().kind, fa::KernelKind::kBackward);
   EXPECT_EQ(k.decode_spec().kind, fa::KernelKind::kDecode);
@@ -143,7 +145,7 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   const fa::ScoreMod stepped{
       "stepped", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s + fa::floor(s); }};
   const fa::Kernel ks = fa::compile(stepped, fa::mods::causal(), opts(64, 64));
-  EXPECT_EQ(ks.warm().kernels, 2);
+  EXPECT_EQ(ks.warm().kernels, 3);
   fa::WarmOptions bw;
   bw.backward = true;
   const std::string e = error_of([&] { ks.warm(bw); });

@@ -360,8 +360,17 @@ TEST(Codegen, BlockMaskKernel) {
   EXPECT_EQ(g.kernel_name, "fajit_block_mask");
   EXPECT_HAS(g.source, "// fajit generated: block_mask sm_80\n");
   EXPECT_HAS(g.source, "#include \"fajit/block_mask.cuh\"\n");
-  EXPECT_HAS(g.source, "FAJIT_DEFINE_BLOCK_MASK(fajit_block_mask, FaMods)\n");
+  EXPECT_HAS(g.source, "FAJIT_DEFINE_BLOCK_MASK_CLASSIFIER(fajit_block_mask, FaMods)\n");
   EXPECT_LACKS(g.source, "forward.cuh");
+  EXPECT_LACKS(g.source, "FAJIT_DEFINE_BLOCK_TABLES");
+  // The table kernels read no mods: one module for every mask_mod of an arch (same source, key).
+  const fa::GeneratedKernel t = fa::generate_block_tables("sm_80");
+  EXPECT_EQ(t.kernel_name, "fajit_block_mask");
+  EXPECT_EQ(t.spec.kind, fa::KernelKind::kBlockMask);
+  EXPECT_EQ(t.spec.to_string(), "block_mask sm_80");
+  EXPECT_HAS(t.source, "FAJIT_DEFINE_BLOCK_TABLES(fajit_block_mask)\n");
+  EXPECT_LACKS(t.source, "FaMods");
+  EXPECT_EQ(fa::generate_block_tables("sm_90a").source, t.source);
 }
 
 TEST(Codegen, DtypeAndHeadDimsReachTheConfig) {
@@ -752,8 +761,13 @@ TEST(CodegenNvrtc, EveryForwardVariantAndBlockMaskCompile) {
     }
   std::vector<std::function<std::string()>> jobs;
   for (const Case& c : cases) jobs.push_back([&p, c] { return compile_generated(fa::generate(p, c.spec)); });
+  // the builder's table kernels, a module of their own for every mask_mod
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    cases.push_back({fmt::format("block_mask tables {}", arch), {}});
+    jobs.push_back([arch] { return compile_generated(fa::generate_block_tables(arch)); });
+  }
   std::vector<std::string> errors = run_parallel(jobs);
-  ASSERT_EQ(cases.size(), 30u);
+  ASSERT_EQ(cases.size(), 32u);
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(errors[i], "") << cases[i].name;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <list>
 #include <map>
 #include <mutex>
@@ -382,7 +383,14 @@ class MaskBuilder {
                                    options.kv_block);
     FaCaptures fc;
     std::memcpy(&fc, cap.data(), sizeof fc);
+    // The classifier and the table kernels, two modules: on a first build the latter's compile
+    // (3/4 of the two) runs on a thread of its own beside the former's; later builds (every
+    // training step's) find both compiled and start no thread.
+    const Compiled* tb = tables_ready_.load(std::memory_order_acquire) ? tables_.get() : nullptr;
+    std::future<const Compiled*> t;
+    if (!tb) t = std::async(std::launch::async, [this] { return &tables(); });
     const Compiled& b = builder(wide_captures_needed(slots_, captures));
+    if (!tb) tb = t.get();
     rt::ContextGuard guard;
     CUfunction fn = function_of(b, "");
     rt::BlockMaskBuildOptions o;
@@ -391,29 +399,45 @@ class MaskBuilder {
     o.stream = reinterpret_cast<CUstream>(stream);
     o.known = std::move(a.kinds);  // kUndecided: evaluate element by element on the GPU
     // The tables are built on the GPU too: nothing comes back to the host, nothing waits.
-    o.tables = function_of(b, "_tables");
-    o.regroup = function_of(b, "_regroup");
+    o.tables = function_of(*tb, "_tables");
+    o.regroup = function_of(*tb, "_regroup");
     return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
   }
 
-  // The builder kernel, compiled now (null for a mask that keeps everything: never needed).
-  const Compiled* warm() { return program_.mask_is_noop() ? nullptr : &builder(); }
+  // The builder's modules, compiled now (none for a mask that keeps everything: never needed):
+  // the classifier, then the table kernels.
+  std::vector<const Compiled*> warm() {
+    if (program_.mask_is_noop()) return {};
+    return {&builder(), &tables()};
+  }
 
   // A from_device_kv_blocks mask's tables as they are when `stream` gets there, derived on the
-  // device by the builder module's kernels (rt::derive_device_kinds): what the backward's
-  // transposed tables and a tile that splits the blocks read, with no copy to the host.
+  // device by the table kernels (rt::derive_device_kinds; no mask_mod, so no classifier to
+  // compile): what the backward's transposed tables and a tile that splits the blocks read, with
+  // no copy to the host.
   BlockMask derive(const BlockMask& mask, Stream stream) {
-    const Compiled& b = builder();
+    const Compiled& tb = tables();
     rt::ContextGuard guard;
-    return rt::derive_device_kinds(mask, function_of(b, "_kinds"), function_of(b, "_tables"),
-                                   function_of(b, "_regroup"), reinterpret_cast<CUstream>(stream));
+    return rt::derive_device_kinds(mask, function_of(tb, "_kinds"), function_of(tb, "_tables"),
+                                   function_of(tb, "_regroup"), reinterpret_cast<CUstream>(stream));
   }
 
  private:
-  // The builder module's kernel named <kernel_name><suffix> (FAJIT_DEFINE_BLOCK_MASK), in the
-  // current context ("": the classifier itself).
+  // The kernel named <kernel_name><suffix> of a builder module (FAJIT_DEFINE_BLOCK_MASK_CLASSIFIER:
+  // "", FAJIT_DEFINE_BLOCK_TABLES: "_tables", "_regroup", "_kinds"), in the current context.
   static CUfunction function_of(const Compiled& b, const char* suffix) {
     return rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + suffix);
+  }
+
+  // The table kernels' module (codegen's generate_block_tables): the same for every mask_mod of
+  // an arch, so after a process's first it is a memory hit.
+  const Compiled& tables() {
+    std::call_once(tables_once_, [this] {
+      tables_ = std::make_unique<Compiled>(
+          compile_generated(generate_block_tables(spec_.arch), false, "block-mask tables"));
+      tables_ready_.store(true, std::memory_order_release);
+    });
+    return *tables_;
   }
 
   // The builder kernel; `wide`: its wide-captures twin (KernelSpec::wide_captures).
@@ -435,6 +459,9 @@ class MaskBuilder {
   KernelSpec spec_;
   std::mutex mutex_;
   std::unique_ptr<Compiled> builders_[2];  // narrow, wide captures
+  std::once_flag tables_once_;
+  std::unique_ptr<Compiled> tables_;
+  std::atomic<bool> tables_ready_{false};
 };
 
 // Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
@@ -927,7 +954,8 @@ WarmReport Kernel::warm(const WarmOptions& options) const {
     if (options.row_max) count(&impl_->row_max_twin(c, true));
   };
   forward_side(impl_->fwd);
-  if (options.block_mask) count(impl_->mask.warm());
+  if (options.block_mask)
+    for (const Compiled* c : impl_->mask.warm()) count(c);
   if (options.backward) count(&impl_->backward_kernel(false));
   if (options.deterministic) count(&impl_->backward_kernel(true));
   if (options.decode) forward_side(impl_->decode_kernel(SequenceLayout::kDense));

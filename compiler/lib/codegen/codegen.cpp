@@ -933,9 +933,24 @@ GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   } else {
     g.kernel_name = "fajit_block_mask";
     os << "#include \"fajit/block_mask.cuh\"\n";
-    os << "FAJIT_DEFINE_BLOCK_MASK(" << g.kernel_name << ", FaMods)\n";
+    os << "FAJIT_DEFINE_BLOCK_MASK_CLASSIFIER(" << g.kernel_name << ", FaMods)\n";
   }
   g.source = os.str();
+  return g;
+}
+
+GeneratedKernel generate_block_tables(const std::string& arch) {
+  GeneratedKernel g;
+  g.spec.kind = KernelKind::kBlockMask;
+  g.spec.arch = arch;
+  g.spec = g.spec.resolved(false, false);
+  g.kernel_name = "fajit_block_mask";
+  g.source =
+      "// fajit block-mask tables: the builder's kernels that read no mods, one module for every mask_mod\n"
+      "#include \"fajit/params.h\"\n"
+      "#include \"fajit/block_mask.cuh\"\n"
+      "FAJIT_DEFINE_BLOCK_TABLES(" +
+      g.kernel_name + ")\n";
   return g;
 }
 

@@ -97,5 +97,9 @@ bool score_mod_weighs(const Program& program, KernelKind kind);
 
 // The full source of the kernel `spec` selects.
 GeneratedKernel generate(const Program& program, const KernelSpec& spec);
+// The block-mask builder's table kernels (<name>_tables, _regroup, _kinds: FAJIT_DEFINE_BLOCK_TABLES),
+// which read no mods: one module per arch for every mask_mod. generate() for a kBlockMask spec
+// gives the classifier alone (FAJIT_DEFINE_BLOCK_MASK_CLASSIFIER).
+GeneratedKernel generate_block_tables(const std::string& arch);
 
 }  // namespace fa
