@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include <unistd.h>
@@ -383,12 +384,19 @@ class MaskBuilder {
                                    options.kv_block);
     FaCaptures fc;
     std::memcpy(&fc, cap.data(), sizeof fc);
-    // The classifier and the table kernels, two modules: on a first build the latter's compile
-    // (3/4 of the two) runs on a thread of its own beside the former's; later builds (every
-    // training step's) find both compiled and start no thread.
-    const Compiled* tb = tables_ready_.load(std::memory_order_acquire) ? tables_.get() : nullptr;
+    // The classifier and the table kernels, two modules: on the process's first build of an
+    // arch the latter's compile (3/4 of the two) runs on a thread of its own beside the former's
+    // (here where no thread can be had); later builds, a training step's or a new mask_mod's,
+    // find the table kernels compiled and start no thread.
+    const Compiled* tb = compiled_tables(spec_.arch);
     std::future<const Compiled*> t;
-    if (!tb) t = std::async(std::launch::async, [this] { return &tables(); });
+    if (!tb) {
+      try {
+        t = std::async(std::launch::async, [this] { return &tables(); });
+      } catch (const std::system_error&) {
+        tb = &tables();
+      }
+    }
     const Compiled& b = builder(wide_captures_needed(slots_, captures));
     if (!tb) tb = t.get();
     rt::ContextGuard guard;
@@ -406,9 +414,14 @@ class MaskBuilder {
 
   // The builder's modules, compiled now (none for a mask that keeps everything: never needed):
   // the classifier, then the table kernels.
-  std::vector<const Compiled*> warm() {
+  // Where each came from: the table kernels as this builder first found them (memory where
+  // another builder of the process had compiled them), so `fajit cache warm` counts them once.
+  std::vector<CacheOrigin> warm() {
     if (program_.mask_is_noop()) return {};
-    return {&builder(), &tables()};
+    const CacheOrigin classifier = builder().origin;
+    tables();
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {classifier, *tables_origin_};
   }
 
   // A from_device_kv_blocks mask's tables as they are when `stream` gets there, derived on the
@@ -430,14 +443,38 @@ class MaskBuilder {
   }
 
   // The table kernels' module (codegen's generate_block_tables): the same for every mask_mod of
-  // an arch, so after a process's first it is a memory hit.
+  // an arch, so one per process (never freed, as the cache's entries), compiled by the first
+  // builder of the arch that needs it (two at once: the cache's flight makes it one compile).
+  struct TablesModules {
+    std::mutex mutex;
+    std::map<std::string, std::unique_ptr<Compiled>> by_arch;
+  };
+  static TablesModules& tables_modules() {
+    static TablesModules* m = new TablesModules;
+    return *m;
+  }
+  // This arch's table kernels if compiled already, else null.
+  static const Compiled* compiled_tables(const std::string& arch) {
+    TablesModules& m = tables_modules();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    const auto it = m.by_arch.find(arch);
+    return it == m.by_arch.end() ? nullptr : it->second.get();
+  }
   const Compiled& tables() {
-    std::call_once(tables_once_, [this] {
-      tables_ = std::make_unique<Compiled>(
-          compile_generated(generate_block_tables(spec_.arch), false, "block-mask tables"));
-      tables_ready_.store(true, std::memory_order_release);
-    });
-    return *tables_;
+    if (const Compiled* c = compiled_tables(spec_.arch)) {
+      note_tables(CacheOrigin::kMemory);
+      return *c;
+    }
+    auto c = std::make_unique<Compiled>(
+        compile_generated(generate_block_tables(spec_.arch), false, "block-mask tables"));
+    note_tables(c->origin);
+    TablesModules& m = tables_modules();
+    std::lock_guard<std::mutex> lock(m.mutex);
+    return *m.by_arch.emplace(spec_.arch, std::move(c)).first->second;
+  }
+  void note_tables(CacheOrigin o) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!tables_origin_) tables_origin_ = o;
   }
 
   // The builder kernel; `wide`: its wide-captures twin (KernelSpec::wide_captures).
@@ -458,10 +495,8 @@ class MaskBuilder {
   std::vector<CaptureSlot> slots_;
   KernelSpec spec_;
   std::mutex mutex_;
-  std::unique_ptr<Compiled> builders_[2];  // narrow, wide captures
-  std::once_flag tables_once_;
-  std::unique_ptr<Compiled> tables_;
-  std::atomic<bool> tables_ready_{false};
+  std::unique_ptr<Compiled> builders_[2];     // narrow, wide captures
+  std::optional<CacheOrigin> tables_origin_;  // the table kernels as this builder first found them
 };
 
 // Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
@@ -955,7 +990,10 @@ WarmReport Kernel::warm(const WarmOptions& options) const {
   };
   forward_side(impl_->fwd);
   if (options.block_mask)
-    for (const Compiled* c : impl_->mask.warm()) count(c);
+    for (CacheOrigin o : impl_->mask.warm()) {
+      ++r.kernels;
+      (o == CacheOrigin::kCompiled ? r.compiled : o == CacheOrigin::kDisk ? r.from_disk : r.from_memory)++;
+    }
   if (options.backward) count(&impl_->backward_kernel(false));
   if (options.deterministic) count(&impl_->backward_kernel(true));
   if (options.decode) forward_side(impl_->decode_kernel(SequenceLayout::kDense));

@@ -1,6 +1,7 @@
 // Building a BlockMask on the GPU with the kernels compiled from templates/fajit/block_mask.cuh
-// (FAJIT_DEFINE_BLOCK_MASK: <name>, <name>_tables, <name>_regroup). The caller compiles them and
-// fills the captures; this file launches them.
+// (FAJIT_DEFINE_BLOCK_MASK: <name>, <name>_tables, <name>_regroup, <name>_kinds; fajit compiles
+// the classifier <name> per mask_mod and the three others, which read no mods, once per arch as a
+// module of their own). The caller compiles them and fills the captures; this file launches them.
 //
 //   CUfunction fn = fa::rt::load_function(key, cubin, "fa_block_mask");
 //   fa::BlockMask m = fa::rt::build_block_mask(fn, captures, B, H, Lq, Lkv);    // host tables
