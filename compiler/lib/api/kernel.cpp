@@ -92,14 +92,10 @@ int lead_rows(const KernelSpec& s, const BlockMask& mask) {
   return first < last ? 128 : 0;
 }
 
-namespace {
-
-// forward_mask without a lead. (Its own function: grown in place, forward_mask stopped inlining
-// std::deque<BlockMask>::emplace_back, whose demangled name, "fa::BlockMask& std::deque<...",
-// the version script's fa::* then exported: tests/lib, lib.self_contained.)
-const BlockMask& forward_mask_from_zero(const KernelSpec& s, const BlockMask& mask, CallMasks* copies,
-                                        Stream stream, const DeriveOnDevice& derive) {
+const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, CallMasks* copies, Stream stream,
+                              const DeriveOnDevice& derive) {
   const TileConfig& t = s.tile;
+  if (const int lead = lead_rows(s, mask)) return mask.regrouped_led(t.block_m, t.block_n, lead);
   const bool one_tile_per_kv_block = s.family == KernelFamily::kWgmma;
   const int qb = mask.q_block() % t.block_m == 0 ? mask.q_block() : t.block_m;
   const int kb = one_tile_per_kv_block || mask.kv_block() % t.block_n != 0 ? t.block_n : mask.kv_block();
@@ -131,14 +127,6 @@ const BlockMask& forward_mask_from_zero(const KernelSpec& s, const BlockMask& ma
     throw Error(fmt::format("internal: the wgmma forward (BLOCK_N {}) was given {}-key mask blocks",
                             t.block_n, m->kv_block()));
   return *m;
-}
-
-}  // namespace
-
-const BlockMask& forward_mask(const KernelSpec& s, const BlockMask& mask, CallMasks* copies, Stream stream,
-                              const DeriveOnDevice& derive) {
-  if (const int lead = lead_rows(s, mask)) return mask.regrouped_led(s.tile.block_m, s.tile.block_n, lead);
-  return forward_mask_from_zero(s, mask, copies, stream, derive);
 }
 
 }  // namespace detail
