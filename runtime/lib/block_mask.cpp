@@ -679,6 +679,13 @@ BlockMask& BlockMask::set_matches_mask_mod(bool matches) {
 
 namespace {
 
+// A mask regrouped with its first block before query 0 (regrouped_led) is the persistent forward's
+// own: never regrouped again.
+void refuse_led(const State& s) {
+  if (s.q_offset != 0)
+    throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+}
+
 // Throws unless a mask of s's blocks may be regrouped into q_block x kv_block (`regroupable`: its
 // blocks may merge).
 void check_regroup_of(const State& s, bool regroupable, int q_block, int kv_block) {
@@ -729,8 +736,7 @@ const BlockMask& BlockMask::regrouped(int q_block, int kv_block) const {
 
 const BlockMask& BlockMask::regrouped(int q_block, int kv_block, Stream stream) const {
   const State& s = state();
-  if (s.q_offset != 0)
-    throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+  refuse_led(s);
   if (q_block == s.q_block && kv_block == s.kv_block) return *this;
   check_regroup_of(s, regroupable(), q_block, kv_block);
   if (s.device_kinds) {  // on the device, once per stream: later uses there are ordered after it
@@ -754,8 +760,7 @@ const BlockMask& BlockMask::regrouped_led(int q_block, int kv_block, int q_offse
         fmt::format("block mask: a first block's q offset must be a multiple of 64 below the block's {} "
                     "rows, got {}",
                     q_block, q_offset));
-  if (s.q_offset != 0)
-    throw Error("block mask: a mask regrouped with its first block before query 0 is not regrouped again");
+  refuse_led(s);
   if (s.device_kinds)
     throw Error(
         "block mask: a mask built on the device is not regrouped with a q offset (its kinds are there)");

@@ -407,9 +407,8 @@ class MaskBuilder {
   std::vector<CacheOrigin> warm() {
     if (program_.mask_is_noop()) return {};
     const CacheOrigin classifier = builder().origin;
-    tables();
-    std::lock_guard<std::mutex> lock(mutex_);
-    return {classifier, *tables_origin_};
+    tables();  // (its call_once below orders tables_origin_'s write before this read)
+    return {classifier, tables_origin_};
   }
 
   // A from_device_kv_blocks mask's tables as they are when `stream` gets there, derived on the
@@ -460,9 +459,9 @@ class MaskBuilder {
     std::lock_guard<std::mutex> lock(m.mutex);
     return *m.by_arch.emplace(spec_.arch, std::move(c)).first->second;
   }
+  // Its own once, not mutex_: builder() holds that through a whole compile.
   void note_tables(CacheOrigin o) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!tables_origin_) tables_origin_ = o;
+    std::call_once(tables_noted_, [&] { tables_origin_ = o; });
   }
 
   // The builder kernel; `wide`: its wide-captures twin (KernelSpec::wide_captures).
@@ -483,8 +482,9 @@ class MaskBuilder {
   std::vector<CaptureSlot> slots_;
   KernelSpec spec_;
   std::mutex mutex_;
-  std::unique_ptr<Compiled> builders_[2];     // narrow, wide captures
-  std::optional<CacheOrigin> tables_origin_;  // the table kernels as this builder first found them
+  std::unique_ptr<Compiled> builders_[2];  // narrow, wide captures
+  std::once_flag tables_noted_;
+  CacheOrigin tables_origin_ = CacheOrigin::kMemory;  // the table kernels as this builder first found them
 };
 
 // Whether a dense forward of tile `t` runs `mask`: its blocks hold whole tiles, or the mask
