@@ -390,10 +390,12 @@ int run(const Config& cfg, std::ostream& out) {
   Stats st;
   for (int k = first; k < last; ++k) {
     if (cfg.seconds > 0 && std::chrono::duration<double>(clock::now() - t0).count() > cfg.seconds) break;
-    Case c = generate_case(cfg.seed, k, cfg.kv_linear, cfg.kv_range);
+    Case c = generate_case(cfg.seed, k, cfg.kv_linear, cfg.kv_range, cfg.tile_edges);
     st.text_cases += c.text;
     st.kv_linear += c.kv_linear;
     st.kv_range += c.kv_range;
+    st.tile_edges += c.tile_edges;
+    st.led += c.shape.len_q % 192 == 64;
     st.identity_scores += c.score->op == Op::kScoreArg;
     st.gqa += c.shape.heads_q != c.shape.heads_kv;
     st.long_seqs += std::max(c.shape.len_q, c.shape.len_kv) > 2048;
@@ -429,7 +431,7 @@ int run(const Config& cfg, std::ostream& out) {
     out << fmt::format("FAIL seed {} case {}: {}\n{}{}replay: {} fuzz --seed {} --case {}{}\n\n", cfg.seed, k,
                        err, describe(c), mlir, cfg.self, cfg.seed, k,
                        std::string(cfg.gpu ? " --gpu" : "") + (cfg.kv_linear ? " --kv-linear" : "") +
-                           (cfg.kv_range ? " --kv-range" : ""));
+                           (cfg.kv_range ? " --kv-range" : "") + (cfg.tile_edges ? " --tile-edges" : ""));
     out << std::flush;
   }
   double secs = std::chrono::duration<double>(clock::now() - t0).count();
@@ -442,11 +444,11 @@ int run(const Config& cfg, std::ostream& out) {
       "  codegen: {} sources generated, {} NVRTC compiles\n"
       "  mix: {} MLIR-text cases, {} identity score_mods, {} GQA shapes, {} with a length > 2048, {} "
       "kv-linear score_mods (--kv-linear; {} found so by codegen), {} interval masks (--kv-range; {} forward "
-      "sources with one)\n",
+      "sources with one), {} tile-edge lengths (--tile-edges; {} cases with Lq % 192 = 64)\n",
       ran, ran == 1 ? "" : "s", failures, failures == 1 ? "" : "s", secs, st.points, st.nonfinite_scores,
       st.blocks, st.undecided, st.fd_checked, st.fd_skipped, st.no_derivative, st.sources, st.nvrtc,
       st.text_cases, st.identity_scores, st.gqa, st.long_seqs, st.kv_linear, st.kv_linear_found, st.kv_range,
-      st.kv_range_found);
+      st.kv_range_found, st.tile_edges, st.led);
   if (cfg.gpu)
     out << fmt::format(
         "  gpu: {} forwards, {} ragged/paged layouts, {} backwards compared with the float64 reference; {} "

@@ -157,8 +157,9 @@ struct Case {
   // Built as fa-dialect MLIR text and parsed (Program::parse), which allows the ops the frontend
   // cannot emit; else traced through the frontend.
   bool text = false;
-  bool kv_linear = false;  // the score_mod rewritten as score ± rate·(kv − q) (generate_case)
-  bool kv_range = false;   // the mask_mod rewritten as an interval of keys a row (generate_case)
+  bool kv_linear = false;   // the score_mod rewritten as score ± rate·(kv − q) (generate_case)
+  bool kv_range = false;    // the mask_mod rewritten as an interval of keys a row (generate_case)
+  bool tile_edges = false;  // the lengths moved to a tile's edge (generate_case)
 };
 
 // Case `index` of a seed. With kv_linear (fajit fuzz --kv-linear), half the cases get their
@@ -167,8 +168,12 @@ struct Case {
 // part of the case is the one the plain run draws (and the recorded regressions replay). With
 // kv_range (--kv-range) likewise half the mask_mods become an interval of keys a row: compares of
 // kv, kv − q or q − kv with values free of kv, some at int32's ends (codegen's kMaskKvRange,
-// which the kernels apply by two bounds a row).
-Case generate_case(uint64_t seed, int index, bool kv_linear = false, bool kv_range = false);
+// which the kernels apply by two bounds a row). With tile_edges (--tile-edges) half the cases get
+// their lengths moved to the kernels' tile edges: a multiple of 192, 128, 112 or 64, or one
+// of them and 64 or 128 rows more (Lq % 192 = 64: the persistent forward's partial block first,
+// detail::lead_rows), or a row either side; the uniform draw rarely lands there.
+Case generate_case(uint64_t seed, int index, bool kv_linear = false, bool kv_range = false,
+                   bool tile_edges = false);
 std::string to_string(const NodeP& n);  // C++-like text of the graph
 std::string describe(const Case& c);    // mods as expressions, captures, shapes
 
@@ -215,6 +220,7 @@ struct Config {
   bool verbose = false;        // print every case
   bool kv_linear = false;      // generate_case's kv-linear rewrite
   bool kv_range = false;       // generate_case's interval-mask rewrite
+  bool tile_edges = false;     // generate_case's tile-edge lengths
   std::string self = "fajit";  // the replay command's program name
 };
 
@@ -233,6 +239,8 @@ struct Stats {
   int64_t kv_linear_found = 0;  // cases whose forward source codegen made kv-linear (any mod)
   int64_t kv_range = 0;         // cases with generate_case's interval-mask rewrite
   int64_t kv_range_found = 0;   // cases whose forward source codegen made an interval mask (any mask)
+  int64_t tile_edges = 0;       // cases with generate_case's tile-edge lengths
+  int64_t led = 0;              // of all cases, those with Lq % 192 == 64 (the led partial block's lengths)
   // GPU mode: cases whose forward / ragged-paged layouts / backward were compared, and where the
   // time went (seconds: CPU checks, fa::compile incl. NVRTC, float64 references, the rest).
   int64_t gpu_forward = 0, gpu_layouts = 0, gpu_backward = 0;

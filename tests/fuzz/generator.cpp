@@ -403,9 +403,20 @@ int length(Gen& g) {
   return g.uniform(1, 5000);
 }
 
+// A length near `len` on a tile's edge (generate_case's tile_edges): a multiple of a block
+// height the kernels use, 64 or 128 rows more on the 192-row tiles (most often 64: the
+// persistent forward leads such a partial block), or a row either side.
+int edge_length(Gen& g, int len) {
+  static constexpr int kBlocks[] = {192, 128, 112, 64};
+  const int block = g.chance(0.5) ? 192 : kBlocks[g.uniform(1, 3)];
+  const int base = block * std::max(1, len / block);
+  if (block == 192 && g.chance(0.6)) return base + (g.chance(0.7) ? 64 : 128);
+  return std::max(1, base + g.uniform(-1, 1));
+}
+
 }  // namespace
 
-Case generate_case(uint64_t seed, int index, bool kv_linear, bool kv_range) {
+Case generate_case(uint64_t seed, int index, bool kv_linear, bool kv_range, bool tile_edges) {
   Gen g(seed, index);
   Case c;
   c.seed = seed;
@@ -447,6 +458,15 @@ Case generate_case(uint64_t seed, int index, bool kv_linear, bool kv_range) {
   s.heads_q = s.heads_kv * (g.chance(0.5) ? 1 : g.uniform(2, 4));
   s.len_q = length(g);
   s.len_kv = g.chance(0.2) ? s.len_q : length(g);
+  if (tile_edges) {
+    Gen k = rewrite_stream(0x74696c6565646765ull);
+    if (k.chance(0.5)) {
+      const bool same = s.len_kv == s.len_q;
+      s.len_q = edge_length(k, s.len_q);
+      s.len_kv = same ? s.len_q : k.chance(0.5) ? edge_length(k, s.len_kv) : s.len_kv;
+      c.tile_edges = true;
+    }
+  }
   if (g.chance(0.6)) {  // the common head dims (and the Hopper kernels' only ones)
     s.dim_qk = g.chance(0.5) ? 64 : 128;
     s.dim_v = g.chance(0.7) ? s.dim_qk : 192 - s.dim_qk;

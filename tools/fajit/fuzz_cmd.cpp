@@ -37,6 +37,10 @@ CLI::App* add_fuzz_command(CLI::App& app) {
       "rewrite half the cases' mask_mods as an interval of keys a row (compares of kv, kv − q or q − kv "
       "with values free of kv, some at int32's ends: the form the kernels apply by two bounds a row); "
       "the rest of each case is drawn as without it");
+  cmd->add_flag("--tile-edges", g_fuzz.tile_edges,
+                "move half the cases' lengths to the kernels' tile edges (multiples of 192, 128, 112, 64; "
+                "Lq % 192 = 64, the persistent forward's led partial block; a row either side); the rest of "
+                "each case is drawn as without it");
   cmd->add_flag("-v,--verbose", g_fuzz.verbose, "print every case");
   return cmd;
 }
