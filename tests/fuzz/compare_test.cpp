@@ -147,6 +147,14 @@ TEST(FuzzCompare, UnstableRowsAreTheChaoticOnes) {
   const RowContext u{chaos.c, chaos.score, chaos.mask, chaos.q, chaos.k, chaos.v};
   EXPECT_FALSE(fa_fuzz::unstable_row(c, {0, 0, 5, 40}));
   EXPECT_TRUE(fa_fuzz::unstable_row(u, {0, 0, 5, 40}));
+  // Steep: 1e6·score moves by far more than 0.5 under the f32 moves though only by 1e-6 of
+  // itself (a softmax's P by e^±k): unstable, as for the backward; 10·score is not.
+  for (float slope : {1e6f, 10.f}) {
+    Problem p(fa::ScoreMod{
+        "steep", [slope](fa::Score x, fa::Index, fa::Index, fa::Index, fa::Index) { return x * slope; }});
+    const RowContext x{p.c, p.score, p.mask, p.q, p.k, p.v};
+    EXPECT_EQ(fa_fuzz::unstable_row(x, {0, 0, 5, 40}), slope > 100) << slope;
+  }
 }
 
 // The backward's unverifiable pairs: |s| has a kink at 0 (its derivative jumps from -1 to 1),
