@@ -183,6 +183,36 @@ bool unstable_row(const RowContext& x, const RowId& r) {
   return false;
 }
 
+// How far the row's scores that matter (finite, within 20 of its largest) lie from the same
+// score_mod evaluated in double at the same f32 input: the f32 rounding of the mod's own
+// operations. A device's transcendentals (CUDA's exp2f, powf: a few ulps from the host's libm)
+// round differently, and a mod may amplify that: pow(q, exp2(c)) at 1.6e5 moved the kernel's
+// top scores, and with them its LSE, by 0.12 (8 of its ulps; seed 5317 case 5 of --tile-edges
+// --kv-range --kv-linear).
+double mod_rounding(const RowContext& x, const RowId& r) {
+  if (!x.c.score) return 0;  // (a case without the graph: compare_test's traced mods)
+  struct Kept {
+    int j;
+    float in, sc;
+  };
+  std::vector<Kept> kept;
+  float top = -INFINITY;
+  for_each_score<1>(
+      x, r, [](size_t) { return 0.0; },
+      [&](int j, const std::array<float, 1>& in, const std::array<float, 1>& v) {
+        if (!std::isfinite(v[0])) return;
+        kept.push_back({j, in[0], v[0]});
+        top = std::max(top, v[0]);
+      });
+  double worst = 0;
+  for (const Kept& k : kept) {
+    if (k.sc < top - 20) continue;
+    const double d = eval_score<double>(x.c, x.c.score, double(k.in), Point{r.b, r.h, r.i, k.j});
+    if (std::isfinite(d)) worst = std::max(worst, std::fabs(d - double(k.sc)));
+  }
+  return worst;
+}
+
 UnstableGradients unstable_gradients(const RowContext& x, const fa::BoundMod& grad,
                                      const std::vector<double>& lse) {
   const Shape& s = x.c.shape;
@@ -287,7 +317,8 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
                             double tol, std::mt19937_64& rng, Stats* st) {
   const size_t DV = size_t(x.c.shape.dim_v), n = rows.size();
   std::vector<double> num(n, 0), den(n, 0);
-  std::vector<char> bad(n, 0);  // a non-finite mismatch or an LSE over its bound
+  std::vector<char> bad(n, 0);       // a non-finite mismatch or an LSE over its bound
+  std::vector<char> lse_only(n, 0);  // of those, a finite LSE over its bound and nothing else
   for (size_t r = 0; r < n; ++r) {
     for (size_t d = 0; d < DV; ++d) {
       const double g = got[r * DV + d], w = ref[r * DV + d];
@@ -298,8 +329,10 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
       num[r] += (g - w) * (g - w), den[r] += w * w;
     }
     const double gl = got_lse[r], wl = ref_lse[r];
-    bad[r] |=
-        std::isfinite(gl) && std::isfinite(wl) ? std::fabs(gl - wl) > lse_bound(wl) : !same_nonfinite(gl, wl);
+    const bool finite = std::isfinite(gl) && std::isfinite(wl);
+    const bool lse_off = finite ? std::fabs(gl - wl) > lse_bound(wl) : !same_nonfinite(gl, wl);
+    lse_only[r] = finite && lse_off && !bad[r];
+    bad[r] |= lse_off;
   }
   std::vector<char> left_out(n, 0);
   auto verdict = [&](size_t* worst_row) {
@@ -332,6 +365,13 @@ std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
   for (size_t k = 0; k < suspects.size() && pairs < 20000000; ++k) {
     const size_t r = suspects[k];
     pairs += rows[r].len_kv;
+    // An LSE off by what the device's rounding of the mod's own operations may move its top
+    // scores (8 times the host's f32 against double: a few ulps each side) is within its bound.
+    if (lse_only[r] &&
+        std::fabs(got_lse[r] - ref_lse[r]) <= lse_bound(ref_lse[r]) + 8 * mod_rounding(x, rows[r])) {
+      bad[r] = 0;
+      if (num[r] <= tol * tol * den[r] + 1e-12) continue;
+    }
     if (inside_envelope(x, rows[r], &got[r * DV], got_lse[r], &ref[r * DV], ref_lse[r], tol, rng) ||
         unstable_row(x, rows[r]))
       left_out[r] = 1, ++ill;

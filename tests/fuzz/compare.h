@@ -43,6 +43,9 @@ struct RowContext {
   const fa::RoundedTensor &q, &k, &v;
 };
 
+// How far the row's scores that matter lie from its score_mod evaluated in double at the same
+// f32 inputs: the f32 rounding of the mod's own operations (compare_forward's LSE slack).
+double mod_rounding(const RowContext& x, const RowId& r);
 // What the float64 reference saw in query row r: masked keys, NaN and ±inf scores and the range
 // of the finite ones.
 std::string describe_row(const RowContext& x, const RowId& r);

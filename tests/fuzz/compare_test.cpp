@@ -157,6 +157,33 @@ TEST(FuzzCompare, UnstableRowsAreTheChaoticOnes) {
   }
 }
 
+// The forward LSE's slack for a mod's own f32 rounding (mod_rounding): pow(q, exp2(c)) at 1.6e5
+// (seed 5317 case 5 of --tile-edges --kv-range --kv-linear, where CUDA's exp2f and powf moved
+// the kernel's LSE by 8 of its ulps) rounds far from its double value; the identity not at all.
+TEST(FuzzCompare, ModRoundingIsTheModsOwnF32Rounding) {
+  auto rounding = [](const fa_fuzz::Case& c, int row) {
+    const fa::Program program = fa_fuzz::program_of(c);
+    const fa::Bindings env = fa_fuzz::bindings_of(c);
+    const fa::ModProgram sp = fa::ModProgram::score_of(program), mp = fa::ModProgram::mask_of(program);
+    const fa::BoundMod score = sp.bind(env), mask = mp.bind(env);
+    const fa_fuzz::Shape& s = c.shape;
+    std::mt19937_64 rng(3);
+    const fa::RoundedTensor q = fa::random_rounded(size_t(s.batch) * s.heads_q * s.len_q * s.dim_qk, s.dtype,
+                                                   rng),
+                            k = fa::random_rounded(size_t(s.batch) * s.heads_kv * s.len_kv * s.dim_qk,
+                                                   s.dtype, rng),
+                            v = fa::random_rounded(size_t(s.batch) * s.heads_kv * s.len_kv * s.dim_v, s.dtype,
+                                                   rng);
+    const RowContext x{c, score, mask, q, k, v};
+    return fa_fuzz::mod_rounding(x, {0, 0, row, s.len_kv});
+  };
+  const fa_fuzz::Case steep = fa_fuzz::generate_case(5317, 5, true, true, true);
+  EXPECT_GT(rounding(steep, 5), 1e-3);  // 0.045 (3 ulps of 1.6e5)
+  int identity = 0;
+  while (fa_fuzz::generate_case(5317, identity).score->op != fa_fuzz::Op::kScoreArg) ++identity;
+  EXPECT_EQ(rounding(fa_fuzz::generate_case(5317, identity), 0), 0.0);
+}
+
 // The backward's unverifiable pairs: |s| has a kink at 0 (its derivative jumps from -1 to 1),
 // so a key whose q·k is exactly 0 — k_0 = (q_1, -q_0, 0, ...) against query 0 of head 0 — has
 // no derivative f32 can pin: dQ row (0, 0, 0) and K/V row 0 are left out, nothing else; a
