@@ -453,6 +453,7 @@ int run(const Config& cfg, std::ostream& out) {
     out << fmt::format(
         "  gpu: {} forwards, {} ragged/paged layouts, {} backwards compared with the float64 reference; {} "
         "rows in {} cases over the bound but inside the reference's f32 envelope (ill-conditioned), {} "
+        "rows whose LSE only a device's transcendentals moved past the bound, {} "
         "backwards within the reference's own spread, {} gradient elements in {} cases with no answer at "
         "f32\n"
         "  gpu variety: {} cases with strided operands, {} backwards with a dLSE, {} deterministic, {} "
@@ -460,10 +461,10 @@ int run(const Config& cfg, std::ostream& out) {
         "  time: {:.1f} s CPU checks, {:.1f} s fa::compile (NVRTC), {:.1f} s float64 references, {:.1f} s "
         "the "
         "rest (inputs, kernels, comparisons)\n",
-        st.gpu_forward, st.gpu_layouts, st.gpu_backward, st.ill_rows, st.ill_cases, st.ill_backward,
-        st.unstable_grad_elems, st.unstable_grad_cases, st.strided, st.with_dlse, st.deterministic,
-        st.buffer_grads, st.with_max_scores, st.device_tables, st.t_cpu, st.t_compile, st.t_reference,
-        st.t_gpu_other);
+        st.gpu_forward, st.gpu_layouts, st.gpu_backward, st.ill_rows, st.ill_cases, st.lse_mod_rows,
+        st.ill_backward, st.unstable_grad_elems, st.unstable_grad_cases, st.strided, st.with_dlse,
+        st.deterministic, st.buffer_grads, st.with_max_scores, st.device_tables, st.t_cpu, st.t_compile,
+        st.t_reference, st.t_gpu_other);
   return failures;
 }
 

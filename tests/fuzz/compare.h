@@ -43,8 +43,9 @@ struct RowContext {
   const fa::RoundedTensor &q, &k, &v;
 };
 
-// How far the row's scores that matter lie from its score_mod evaluated in double at the same
-// f32 inputs: the f32 rounding of the mod's own operations (compare_forward's LSE slack).
+// How far a device may put the row's scores that matter (within 20 of the top) from the host's
+// f32 evaluation: the score_mod with every transcendental's result moved by ±4 ulps
+// (compare_forward's LSE slack).
 double mod_rounding(const RowContext& x, const RowId& r);
 // What the float64 reference saw in query row r: masked keys, NaN and ±inf scores and the range
 // of the finite ones.
@@ -55,7 +56,9 @@ void reference_row(const RowContext& x, const RowId& r, int dir, std::mt19937_64
                    double* lse, double* max_score = nullptr);
 // Whether the row holds a key whose score those moves change by more than 1e-3 (relative from
 // 1) or tip into or out of NaN/±inf — at their ends or at a score of exactly 0 between them,
-// where an f32 sum may land (h / s · s) — while it matters (within 20 of the row max).
+// where an f32 sum may land (h / s · s) — while it matters (within 20 of the row max), or a
+// second key that some move brings within 20 of the top key's lowest while the two move by more
+// than 0.5 together (a steep or chaotic mod: P's ratio moves by e^0.5 whatever the scores' size).
 bool unstable_row(const RowContext& x, const RowId& r);
 // The backward's pairs with no answer at f32: (b, h, i, j) whose score or derivative
 // (score_grad with dt = 1) the moves above change by more than 1e-3 (relative from 1 on) or
@@ -83,8 +86,10 @@ bool same_nonfinite(double got, double ref);
 bool inside_envelope(const RowContext& x, const RowId& r, const double* got, double got_lse,
                      const double* ref, double ref_lse, double tol, std::mt19937_64& rng);
 // The forward's verdict over rows (out [rows][Dv], lse [rows]): "" or the failure text. Rows
-// over the bound are re-evaluated (worst first, up to 2e7 query-key pairs) and those inside the
-// envelope or unstable are left out, counted in st->ill_rows / ill_cases.
+// over the bound are re-evaluated (worst first, up to 2e7 query-key pairs): one whose output is
+// within the bound and whose LSE is within the bound plus 2·mod_rounding passes (counted in
+// st->lse_mod_rows); those inside the envelope or unstable are left out, counted in
+// st->ill_rows / ill_cases.
 std::string compare_forward(const RowContext& x, const std::vector<RowId>& rows,
                             const std::vector<double>& got, const std::vector<double>& ref,
                             const std::vector<double>& got_lse, const std::vector<double>& ref_lse,

@@ -195,13 +195,16 @@ fa::Bindings bindings_of(const Case& c);  // refers to c's buffers
 // interpreter compute it, so a difference quotient in the score (or a buffer element) meets the
 // same constants as the f32 derivative it checks (cos(w·kv) at w·kv = 7158: f32's rounding of
 // the product moves the cosine near its zero by 15 %; the replay seed 4242 case 12785).
+// `ulps`: every transcendental's finite result (pow, exp, exp2, log, log2, tanh, rsqrt, sin, cos,
+// erf, sigmoid; not sqrt, which the device rounds correctly too) moved by that many ulps of T,
+// as a device's libm within a few ulps of the host's may give it (compare.cpp, mod_rounding).
 struct Point {
   int b = 0, h = 0, q = 0, kv = 0;
 };
 template <typename T>
 T eval_score(const Case& c, const NodeP& n, T score, const Point& p, std::vector<int64_t>* branches = nullptr,
              const std::map<std::pair<std::string, int64_t>, double>* perturb = nullptr,
-             double* magnitude = nullptr, bool f32_invariants = false);
+             double* magnitude = nullptr, bool f32_invariants = false, int ulps = 0);
 bool eval_mask(const Case& c, const Point& p);
 
 // Two f32 results the same by the fuzzer's rule: NaN with NaN, infinities exactly, else within
@@ -247,6 +250,9 @@ struct Stats {
   // Forward rows over the bound but inside the reference's f32 rounding envelope (gpu.cpp
   // compare_forward: ill-conditioned score_mods), and the cases that had any.
   int64_t ill_rows = 0, ill_cases = 0;
+  // Forward rows whose only fault was an LSE a device's transcendentals may move (compare.cpp's
+  // mod_rounding slack): passed, counted so a slack that swallows too much shows.
+  int64_t lse_mod_rows = 0;
   // Backwards over the bound but within the reference's spread under those moves; gradient
   // elements left out as having no answer at f32 (fed by a pair compare.h's unstable_gradients
   // finds, or non-finite in a moved reference where the reference is finite), and the cases

@@ -475,8 +475,9 @@ Case generate_case(uint64_t seed, int index, bool kv_linear, bool kv_range, bool
     s.dim_v = g.chance(0.5) ? s.dim_qk : 8 * g.uniform(4, 32);
   }
   s.dtype = g.chance(0.5) ? fa::DType::bf16 : fa::DType::f16;
-  // The float64 reference of the GPU mode costs B * Hq * Lq * Lkv * D: at most 2e7 pairs, so
-  // long sequences come with few heads.
+  // The float64 reference of the GPU mode costs B * Hq * Lq * Lkv * D: about 2e7 pairs at most
+  // (2.6e7 where one head of two tile-edge lengths already passes it), so long sequences come
+  // with few heads.
   while (int64_t(s.batch) * s.heads_q * s.len_q * s.len_kv > 20000000 && s.batch * s.heads_q > 1) {
     if (s.batch > 1)
       --s.batch;
@@ -805,7 +806,16 @@ struct Evaluator {
   std::vector<int64_t>* br;
   const std::map<std::pair<std::string, int64_t>, double>* perturb;
   bool f32_invariants = false;  // float subtrees free of the score and perturbed buffers: in f32
+  int ulps = 0;                 // each transcendental's finite result moved by this many ulps
   double magnitude = 0;         // the largest finite |float value| computed
+
+  // A transcendental's result as a device's libm may give it: `ulps` ulps away (0: as is).
+  T dev(T x) const {
+    if (ulps == 0 || !std::isfinite(x)) return x;
+    const T to = ulps > 0 ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity();
+    for (int k = 0; k < std::abs(ulps); ++k) x = std::nextafter(x, to);
+    return x;
+  }
 
   void note(int64_t v) {
     if (br) br->push_back(v);
@@ -929,7 +939,7 @@ struct Evaluator {
       }
       case Op::kPowF: {
         T x = F(0), y = F(1);
-        v.f = std::pow(x, y);
+        v.f = dev(std::pow(x, y));
         note_sign(x);
         break;
       }
@@ -940,23 +950,23 @@ struct Evaluator {
         note(x > 0 ? 1 : x < 0 ? -1 : 0);
         break;
       }
-      case Op::kExp: v.f = std::exp(F(0)); break;
-      case Op::kExp2: v.f = std::exp2(F(0)); break;
-      case Op::kLog: v.f = std::log(sing(F(0))); break;
-      case Op::kLog2: v.f = std::log2(sing(F(0))); break;
-      case Op::kTanh: v.f = std::tanh(F(0)); break;
-      case Op::kSqrt: v.f = std::sqrt(sing(F(0))); break;
-      case Op::kRsqrt: v.f = T(1) / std::sqrt(sing(F(0))); break;
-      case Op::kSin: v.f = std::sin(F(0)); break;
-      case Op::kCos: v.f = std::cos(F(0)); break;
+      case Op::kExp: v.f = dev(std::exp(F(0))); break;
+      case Op::kExp2: v.f = dev(std::exp2(F(0))); break;
+      case Op::kLog: v.f = dev(std::log(sing(F(0)))); break;
+      case Op::kLog2: v.f = dev(std::log2(sing(F(0)))); break;
+      case Op::kTanh: v.f = dev(std::tanh(F(0))); break;
+      case Op::kSqrt: v.f = std::sqrt(sing(F(0))); break;  // correctly rounded on the device too
+      case Op::kRsqrt: v.f = dev(T(1) / std::sqrt(sing(F(0)))); break;
+      case Op::kSin: v.f = dev(std::sin(F(0))); break;
+      case Op::kCos: v.f = dev(std::cos(F(0))); break;
       case Op::kFloor:
       case Op::kCeil: {
         v.f = n->op == Op::kFloor ? std::floor(F(0)) : std::ceil(F(0));
         note(static_cast<int64_t>(to_i32(v.f)));
         break;
       }
-      case Op::kErf: v.f = std::erf(F(0)); break;
-      case Op::kSigmoid: v.f = T(1) / (T(1) + std::exp(-F(0))); break;
+      case Op::kErf: v.f = dev(std::erf(F(0))); break;
+      case Op::kSigmoid: v.f = dev(T(1) / (T(1) + std::exp(-F(0)))); break;
       case Op::kCmpI: {
         int32_t x = I(0), y = I(1);
         const bool r[] = {x<y, x <= y, x> y, x >= y, x == y, x != y};
@@ -1083,16 +1093,18 @@ struct Evaluator {
 template <typename T>
 T eval_score(const Case& c, const NodeP& n, T score, const Point& p, std::vector<int64_t>* branches,
              const std::map<std::pair<std::string, int64_t>, double>* perturb, double* magnitude,
-             bool f32_invariants) {
-  Evaluator<T> e{c, score, p, branches, perturb, f32_invariants};
+             bool f32_invariants, int ulps) {
+  Evaluator<T> e{c, score, p, branches, perturb, f32_invariants, ulps};
   T r = e.run(n).f;
   if (magnitude) *magnitude = e.magnitude;
   return r;
 }
 template float eval_score<float>(const Case&, const NodeP&, float, const Point&, std::vector<int64_t>*,
-                                 const std::map<std::pair<std::string, int64_t>, double>*, double*, bool);
+                                 const std::map<std::pair<std::string, int64_t>, double>*, double*, bool,
+                                 int);
 template double eval_score<double>(const Case&, const NodeP&, double, const Point&, std::vector<int64_t>*,
-                                   const std::map<std::pair<std::string, int64_t>, double>*, double*, bool);
+                                   const std::map<std::pair<std::string, int64_t>, double>*, double*, bool,
+                                   int);
 
 bool eval_mask(const Case& c, const Point& p) {
   Evaluator<float> e{c, 0.0f, p, nullptr, nullptr};

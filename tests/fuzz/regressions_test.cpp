@@ -166,6 +166,43 @@ TEST(FuzzRegression, KvRangeRewriteKeepsTheRestOfTheCase) {
   EXPECT_LE(rewritten, 30);
 }
 
+// --tile-edges moves about half the cases' lengths onto tile edges, from a stream of its own:
+// mods, captures, head dims, dtype, arch and the small shape are the plain run's, a moved Lq is
+// a multiple of 192, 128, 112 or 64, one row either side, or 64 / 128 past a multiple of 192,
+// and the cases pass the CPU checks.
+TEST(FuzzRegression, TileEdgesKeepTheRestOfTheCase) {
+  int moved = 0, led = 0;
+  for (int k = 0; k < 40; ++k) {
+    fa_fuzz::Case plain = fa_fuzz::generate_case(42, k),
+                  edged = fa_fuzz::generate_case(42, k, false, false, true);
+    EXPECT_EQ(fa_fuzz::to_string(plain.score), fa_fuzz::to_string(edged.score));
+    EXPECT_EQ(fa_fuzz::to_string(plain.mask), fa_fuzz::to_string(edged.mask));
+    EXPECT_EQ(plain.shape.dim_qk, edged.shape.dim_qk);
+    EXPECT_EQ(plain.shape.dim_v, edged.shape.dim_v);
+    EXPECT_EQ(plain.shape.dtype, edged.shape.dtype);
+    EXPECT_EQ(plain.small.len_q, edged.small.len_q);
+    EXPECT_EQ(plain.arch, edged.arch);
+    if (!edged.tile_edges) {
+      EXPECT_EQ(fa_fuzz::describe(plain), fa_fuzz::describe(edged));
+      continue;
+    }
+    ++moved;
+    const int lq = edged.shape.len_q;
+    bool on_edge = false;
+    for (int block : {192, 128, 112, 64})
+      for (int off : {-1, 0, 1}) on_edge |= (lq - off) % block == 0;
+    on_edge |= lq % 192 == 64 || lq % 192 == 128;
+    EXPECT_TRUE(on_edge) << lq;
+    EXPECT_GE(lq, 1);
+    led += lq % 192 == 64;
+    fa_fuzz::Stats st;
+    EXPECT_EQ(fa_fuzz::check_cpu(edged, /*nvrtc=*/false, &st), "") << fa_fuzz::describe(edged);
+  }
+  EXPECT_GE(moved, 10);
+  EXPECT_LE(moved, 30);
+  EXPECT_GE(led, 1);
+}
+
 // Hand-built graphs through every CPU check: the derivative check sees checked points.
 TEST(FuzzRegression, HandBuiltGraphsPassEveryCheck) {
   using fa_fuzz::Node;
