@@ -964,12 +964,12 @@ void Kernel::forward(const TensorView& q_in, const TensorView& k_in, const Tenso
 
 WarmReport Kernel::warm(const WarmOptions& options) const {
   WarmReport r;
-  auto count = [&r](const Compiled* c) {
-    if (!c) return;
+  auto tally = [&r](CacheOrigin o) {
     ++r.kernels;
-    (c->origin == CacheOrigin::kCompiled ? r.compiled
-     : c->origin == CacheOrigin::kDisk   ? r.from_disk
-                                         : r.from_memory)++;
+    (o == CacheOrigin::kCompiled ? r.compiled : o == CacheOrigin::kDisk ? r.from_disk : r.from_memory)++;
+  };
+  auto count = [&tally](const Compiled* c) {
+    if (c) tally(c->origin);
   };
   // A forward-side kernel, and with row_max its row-max twin.
   auto forward_side = [&](const Compiled& c) {
@@ -978,10 +978,7 @@ WarmReport Kernel::warm(const WarmOptions& options) const {
   };
   forward_side(impl_->fwd);
   if (options.block_mask)
-    for (CacheOrigin o : impl_->mask.warm()) {
-      ++r.kernels;
-      (o == CacheOrigin::kCompiled ? r.compiled : o == CacheOrigin::kDisk ? r.from_disk : r.from_memory)++;
-    }
+    for (CacheOrigin o : impl_->mask.warm()) tally(o);
   if (options.backward) count(&impl_->backward_kernel(false));
   if (options.deterministic) count(&impl_->backward_kernel(true));
   if (options.decode) forward_side(impl_->decode_kernel(SequenceLayout::kDense));
