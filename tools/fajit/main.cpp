@@ -44,6 +44,7 @@ struct DumpOptions {
   std::string family = "auto";
   std::string layout = "dense";  // dense, ragged or paged (fa::SequenceLayout)
   bool row_max = false;          // the twin that writes each row's largest score (KernelSpec::row_max)
+  std::string tile;              // the forward tile, MxNwWsS; empty: the default
 };
 
 fa::KernelSpec spec_for(const DumpOptions& o) {
@@ -69,6 +70,7 @@ fa::KernelSpec spec_for(const DumpOptions& o) {
              : o.layout == "paged" ? fa::SequenceLayout::kPaged
                                    : fa::SequenceLayout::kDense;
   s.row_max = o.row_max;
+  s.tile = fajit_cli::parse_tile(o.tile);
   return s;  // generate() resolves it (the default tile depends on the mods)
 }
 
@@ -301,6 +303,10 @@ int main(int argc, char** argv) {
   dump_cmd->add_flag("--row-max", dump.row_max,
                      "the forward / decoding kernel's twin that also writes each row's largest score "
                      "(ForwardOptions::max_scores)");
+  dump_cmd->add_option(
+      "--tile", dump.tile,
+      "forward tile MxNwWsS (e.g. 192x128w16s3; wgmma: one of its list for the head dims, with "
+      "--kernel wgmma); default: per head dims and mods");
   dump_cmd->add_option("file", dump.mods.file, "an .mlir file with a fa.score_mod and/or fa.mask_mod");
 
   fajit_cli::RunOptions run;

@@ -587,6 +587,15 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
 
 }  // namespace
 
+fa::TileConfig parse_tile(const std::string& text) {
+  fa::TileConfig t;
+  if (text.empty()) return t;
+  char end = 0;
+  if (std::sscanf(text.c_str(), "%dx%dw%ds%d%c", &t.block_m, &t.block_n, &t.warps, &t.stages, &end) != 4)
+    throw fa::Error(fmt::format("--tile must read MxNwWsS (e.g. 128x64w12s3), got '{}'", text));
+  return t;
+}
+
 fa::KernelFamily kernel_family(const std::string& name) {
   return name == "wgmma" ? fa::KernelFamily::kWgmma
          : name == "mma" ? fa::KernelFamily::kMmaSync
@@ -601,12 +610,7 @@ int run_variant(const RunOptions& o) {
   copts.head_dim_v = DV;
   copts.family = kernel_family(o.kernel);
   if (o.autotune != "env") copts.autotune = o.autotune == "on";
-  if (!o.tile.empty()) {
-    fa::TileConfig& t = copts.tile;
-    char end = 0;
-    if (std::sscanf(o.tile.c_str(), "%dx%dw%ds%d%c", &t.block_m, &t.block_n, &t.warps, &t.stages, &end) != 4)
-      throw fa::Error(fmt::format("--tile must read MxNwWsS (e.g. 128x64w12s3), got '{}'", o.tile));
-  }
+  copts.tile = parse_tile(o.tile);
   // The mods and their captures' data, checked before any GPU work (so also without a GPU).
   fa::Program program = program_of(o.mods);
   const ModData mods = mod_data(o);

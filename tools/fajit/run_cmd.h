@@ -37,6 +37,8 @@ struct RunOptions {
 
 // The kernel family a --kernel value names: "mma", "wgmma", else auto.
 fa::KernelFamily kernel_family(const std::string& name);
+// A forward tile as the CLI spells it, MxNwWsS (e.g. 128x64w12s3); empty: the default.
+fa::TileConfig parse_tile(const std::string& text);
 
 // Compile, run on random data, check against the float64 reference, time (the backward too
 // with `backward`: every gradient checked). 0 = OK or no GPU.
