@@ -21,8 +21,9 @@
 //             P·V an N of DV rounded up to 16, over zero-filled columns; above 128 P·V is two
 //             wgmmas per k-step, split at a 64-column block of V)
 //   BLOCK_N   key/value rows per pipeline tile (the wgmma N of S = Q·Kᵀ): a multiple of 16 from
-//             64 to 128; 128 where O and S fit the consumers' registers, 112 with three
-//             consumers above head dim 64, 64 above DV 128 (O's 256 columns and S share them)
+//             64 to 128; 128 where O and S fit the consumers' registers (with three consumers
+//             above DV 64, P through shared memory: see CONSUMERS), 112 with three consumers
+//             above head dim 64, 64 above DV 128 (O's 256 columns and S share them)
 //   STAGES    K/V shared-memory stages (2..4, within 227 KiB)
 //   OVERLAP   issue S_{j+1} = Q·K_{j+1}ᵀ before the softmax of S_{j+1} runs against P_j·V_j
 //             (FA-3 intra-warpgroup pipelining); false: S, softmax, P·V strictly in turn
@@ -34,8 +35,11 @@
 //             (K and V) goes back after its P·V, and K_j, V_j are copied in turn.
 //   CONSUMERS consumer warpgroups of 64 query rows each, 2 or 3: BLOCK_M = 64 * CONSUMERS.
 //             Three (192 rows, FA-3's d64 tile) give each softmax two other warpgroups' GEMMs
-//             to run under; they share 160 registers a thread (2: 232), so only narrow heads
-//             (BLOCK_N 128 up to 64, 112 up to 96).
+//             to run under; they share 160 registers a thread (2: 232), so S, P and O fit only
+//             narrow heads (BLOCK_N 128 up to DV 64, 112 up to 96). At BLOCK_N 128 above DV 64
+//             each consumer stages P in shared memory (kPFromSmem: a 64 x 128 tile of its own)
+//             and P·V reads it from there (SS), so S and O alone hold registers: 192 x 128 up
+//             to DV 128 (FlashAttention-3 names it beside its own d128 tile; 2 stages fit).
 //   CP_ASYNC_KV false (default): K/V come by TMA only (the launch's tensor maps must be
 //             enabled); true: the producer warpgroup copies them with cp.async and the maps
 //             are not read (the twin for tensors the driver cannot map, and the ragged and
@@ -57,7 +61,8 @@
 //           PERSISTENT: ( min(ceil(len_q / BLOCK_M) * batch * heads_q, SMs), 1, 1 )
 //   block = ( 128 * (1 + CONSUMERS), 1, 1 )                    == Config::kThreads
 //   dynamic shared memory bytes                                == Config::kSmemBytes
-//         = 1024 (alignment slack) + 2 * (R * BLOCK_M * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV))
+//         = 1024 (alignment slack) + 2 * (R * BLOCK_M * max(PQK, PV) + STAGES * BLOCK_N * (PQK + PV)
+//                                         + (P from shared memory) CONSUMERS * 64 * 128)
 //           (P = the head dim rounded up to 64; R = 2 Q regions with PERSISTENT, else 1)
 //           + 8 * (1 + 4 * STAGES)                             (mbarriers)
 //           PERSISTENT: + 8 * 3 + 72                           (q and q_empty barriers, slots)
@@ -88,7 +93,8 @@
 //   setmaxnreg up to 232, 160 with three): 64 query rows each; S = Q·Kᵀ by wgmma m64n{BLOCK_N}k16 with Q and
 //   K from shared memory; score_mod/mask_mod and the online softmax (exp2, scale·log2e folded) on the
 //   accumulator registers; P converted to 16-bit in registers and used as the A operand of O += P·V (wgmma
-//   m64n{DV}k16, V MN-major from shared memory); each warp arrives on empty_v[s] once its P·V has completed
+//   m64n{DV}k16, V MN-major from shared memory; kPFromSmem: P staged by stmatrix in the warpgroup's P tile
+//   and read from there); each warp arrives on empty_v[s] once its P·V has completed
 //   (with EARLY_K, on empty_k[s] once its S has). A consumer whose 64 rows see none of a tile (all past
 //   len_q, or an empty sub-block in mask.kv_sub_kinds) computes nothing there: it waits for the tile's
 //   stage, releases it and passes its turns on; a full sub-block skips mask_mod. The mods come
@@ -126,6 +132,9 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   // on behind the current block's, so the pipeline neither drains nor refills between blocks.
   static constexpr bool kPersistent = kPersistent_;
   static constexpr int kQRegions = kPersistent_ ? 2 : 1;
+  // Three consumers at 128 keys above DV 64: P·V takes P from shared memory, each consumer
+  // warpgroup staging its 64 rows of P (128B-swizzled, as Q) after the softmax.
+  static constexpr bool kPFromSmem = kConsumers_ == 3 && kBlockN_ == 128 && kHeadDimV_ > 64;
 
   static constexpr int kConsumerRows = kBlockM / kConsumerWarpgroups;  // 64: one wgmma M
   static constexpr int kThreads = sm90::kWarpgroupThreads * (1 + kConsumerWarpgroups);
@@ -140,7 +149,10 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static constexpr int kSmemQOBytes = kBlockM * kMaxRowBytes;            // a Q tile, then O staging
   static constexpr int kSmemKBytes = kBlockN * Shape::RowQK::kRowBytes;  // one K stage
   static constexpr int kSmemVBytes = kBlockN * Shape::RowV::kRowBytes;   // one V stage
-  static constexpr int kSmemBarOffset = kQRegions * kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes);
+  // P of one consumer warpgroup (kPFromSmem): 64 rows of two 64-column swizzle blocks
+  static constexpr int kSmemPBytes = kPFromSmem ? 64 * 2 * sm90::kSw128RowBytes : 0;
+  static constexpr int kSmemBarOffset =
+      kQRegions * kSmemQOBytes + kStages * (kSmemKBytes + kSmemVBytes) + kConsumers_ * kSmemPBytes;
   // q, full_k, full_v, empty_v, empty_k; PERSISTENT: the second region's q and both regions'
   // q_empty, then each region's published block (kSlotInts ints)
   static constexpr int kNumBarriers = 1 + 4 * kStages + (kPersistent_ ? 3 : 0);
@@ -153,6 +165,9 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static_assert(kHeadDimV <= 128 || kBlockN == 64, "DV above 128 needs BLOCK_N 64 (O and S in registers)");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 128,
                 "BLOCK_N must be a multiple of 16 from 64 to 128 (sm90 kernel)");
+  static_assert(!kPFromSmem || (kPingPong_ && kOverlap_),
+                "P from shared memory (three consumers above DV 64) needs ping-pong and overlap: the turn "
+                "barrier orders a warpgroup's staged P before its P·V");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
   static_assert(kConsumers_ == 2 || kConsumers_ == 3, "CONSUMERS must be 2 or 3");
   static_assert(!kPersistent_ || kTmaKv, "PERSISTENT needs K/V by TMA (CP_ASYNC_KV false)");
@@ -388,7 +403,9 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const int row_base = cw * kRows + warp * 16 + g;  // this thread's rows: row_base, row_base + 8
   const float sl2 = softmax_log2_scale(Mods::kHasScoreMod, p.scale);
   float o[Cfg::kDT][4];
-  u32 pa[Cfg::kKP][4];  // P as the register A operand of P·V
+  u32 pa[Cfg::kKP][4];  // P as the register A operand of P·V (kPFromSmem: packed to be staged)
+  // kPFromSmem: this warpgroup's P tile (after the K/V stages), the A operand of P·V
+  const u32 sP = sV + kStages * Cfg::kSmemVBytes + cw * Cfg::kSmemPBytes;
 
   // ---- the two GEMMs, each one commit group. Q (K-major, this warpgroup's rows of the query
   // block's region) and K (K-major) from shared memory for S = Q·Kᵀ; P from registers and V
@@ -396,6 +413,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   u64 dq = 0;
   const u64 dk = desc_sw128(sK, 16, kSwizzleAtomBytes);
   const u64 dv = desc_sw128(sV, kBN * kSw128RowBytes, kSwizzleAtomBytes);
+  const u64 dp = desc_sw128(sP, 16, kSwizzleAtomBytes);
   auto issue_s = [&](float(&s)[Cfg::kNT][4], int stage) {
     const u64 dks = desc_advance(dk, stage * Cfg::kSmemKBytes);  // then constant steps
 #pragma unroll
@@ -415,6 +433,11 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKP; ++kk) {
       const u64 vk = desc_advance(dvs, mnmajor_kstep_offset(kk));
+      if constexpr (Cfg::kPFromSmem) {  // P K-major from its staging, V MN-major
+        wgmma_ss<0, 1, 0, Cfg::kDT>(Tag<E, kPvN0>(), o, desc_advance(dp, kmajor_kstep_offset<kRows>(kk)), vk,
+                                    1);
+        continue;
+      }
       wgmma_rs_cols<E, kPvN0, 0, Cfg::kDT>(o, pa[kk], vk, 1);
       if constexpr (kPvN1 > 0)
         wgmma_rs_cols<E, kPvN1, kPvN0 / 8, Cfg::kDT>(o, pa[kk],
@@ -479,7 +502,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   auto pv_done = [&](int stage, bool keep = false) {
     wgmma_wait<0>();
     pin(o);
-    pin(pa);
+    if constexpr (!Cfg::kPFromSmem) pin(pa);
     if (!keep) release(bar_empty_v(stage));
   };
   // A tile this warpgroup's rows do not see: its stage goes back once loaded (so the release
@@ -495,6 +518,15 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
     wait_loaded(bar_full_v(stage), phase);
     issue_turn([&] { issue_pv(stage); });
     pv_done(stage);
+  };
+  // P for the next P·V, packed in pa: with kPFromSmem also staged in this warpgroup's P tile.
+  // wgmma reads it through the async proxy after the turn barrier, which every warp of the
+  // warpgroup reaches after its fence (so P·V sees all four warps' rows).
+  auto stage_p = [&] {
+    if constexpr (Cfg::kPFromSmem) {
+      stage_packed_x4<Sw128Blocks<kRows>>(sP, pa, warp * 16);
+      fence_proxy_async();
+    }
   };
   int q_idx[2], b = 0, h = 0;  // the current query block's rows, batch and head
   using Split = SplitMods<Mods>;
@@ -574,6 +606,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         mods(s, start, is_full, cols);
         if (rows.step(s, alpha, sl2)) scale_rows(o, alpha);
         pack_a<E>(pa, s);
+        stage_p();
         gemm_pv(ring.stage, ring.phase);
         ring.advance();
       }
@@ -588,6 +621,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         for (int kk = 0; kk < Cfg::kKP; ++kk)
 #pragma unroll
           for (int i = 0; i < 4; ++i) pa[kk][i] = 0u;
+        stage_p();
       };
       zero_p();
       StageRing<kStages> prev = ring;  // the previous tile's stage
@@ -634,6 +668,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         pv_done(prev.stage, first);  // P_{j-1}·V_{j-1} done
         if (rescale) scale_rows(o, alpha);
         pack_a<E>(pa, s);
+        stage_p();
         prev = ring;
         ring.advance();
         first = false;

@@ -95,6 +95,11 @@ void tile192x112(FwdCase& c) {
   c.tile = fa::TileConfig{192, 112, 16, 3}, c.family = fa::KernelFamily::kWgmma;
 }
 
+// Three consumer warpgroups with 128 keys a tile above DV 64: P through shared memory, 2 stages.
+void tile192x128s2(FwdCase& c) {
+  c.tile = fa::TileConfig{192, 128, 16, 2}, c.family = fa::KernelFamily::kWgmma;
+}
+
 // Two consumer warpgroups, two stages: the persistent form at head dims 72-128 (FAJIT_PERSISTENT_CTAS
 // caps its CTAs only there), forced where a score_mod or no mask_mod makes 128x128 s3 the default.
 void tile128x128s2(FwdCase& c) {
@@ -293,6 +298,23 @@ const std::vector<FwdCase>& cases() {
       with({"none", bf16, 64, 64, 1, 4, 1, 1024, 1024}, "led", [](FwdCase& c) { c.lead = 0; }),
       with({"causal", bf16, 64, 64, 1, 4, 1, 1024, 1024}, "led_device_tables",
            [](FwdCase& c) { c.lead = 0, on_device_tables(c); }),
+      // Three consumers at 128 keys above DV 64 (192x128 s2, P staged in shared memory for P·V; the
+      // default at d97-d128 without mods): no mask (Lq != Lkv), causal at 4097 (regrouped from 128-row
+      // blocks, sub-blocks skipped), a document mask (its column loads), padding with Lkv 17 (masked
+      // rows), sliding at d112, ALiBi at d96 and d80 with GQA (a score_mod above 96 spills: not a tile
+      // there), f16 and bf16, max_scores, V narrower than QK (72), 128/64 (P in
+      // registers there).
+      with({"none", bf16, 128, 128, 2, 4, 2, 1000, 4097}, "tile192x128s2", tile192x128s2),
+      with({"causal", f16, 128, 128, 1, 4, 1, 4097, 4097}, "tile192x128s2", tile192x128s2),
+      with({"document2d_causal", bf16, 128, 128, 2, 8, 2, 1000, 1000}, "tile192x128s2", tile192x128s2),
+      with({"padding", f16, 128, 128, 2, 4, 4, 1000, 17, 5}, "tile192x128s2", tile192x128s2),
+      with({"sliding", bf16, 112, 112, 2, 4, 4, 1000, 1000, 100}, "tile192x128s2", tile192x128s2),
+      with({"causal_alibi", f16, 96, 96, 1, 8, 4, 1000, 1000}, "tile192x128s2", tile192x128s2),
+      with({"alibi_slopes", bf16, 80, 80, 2, 4, 2, 777, 1000}, "tile192x128s2", tile192x128s2),
+      with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "tile192x128s2_max",
+           [](FwdCase& c) { tile192x128s2(c), c.max_scores = true; }),
+      with({"prefix_lm", f16, 112, 72, 1, 4, 1, 1000, 1000, 300}, "tile192x128s2", tile192x128s2),
+      with({"none", bf16, 128, 64, 1, 4, 2, 1000, 1000}, "tile192x128s2", tile192x128s2),
       // Column values gathered across the warp (key_pad_bias: a float for score_mod, a bool for
       // mask_mod): the three-consumer tile (4 slots of 32 columns), 192x112 (the last slot
       // half used), 128x128 at d128, tails (Lkv 777, 17), GQA, persistent and not.
@@ -826,18 +848,18 @@ TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
 // ---- query rows of the tile vs the mask's blocks ---------------------------------------------
 
 // Hopper's forward runs 192 query rows a CTA up to head dim 96 (192x128 to 64, 192x112 above
-// without mods); masks built from the kernel's mask_mod are regrouped to that
-// (BlockMask::regrouped, covered by every such case above). Tables given as such keep
-// flex_attention's meaning, where a full or empty tile overrides mask_mod, so they run on the
-// 128x128 kernel instead: here block-causal tables (the diagonal tiles full) with a kernel
-// whose mask_mod keeps everything must give block-causal attention, which a regrouping (a
-// partial tile evaluating mask_mod) would not. Kv blocks of 256 are split into the wgmma
-// kernel's BLOCK_N (one tile a block), which is exact for any tables.
+// without mods) and, without mods, up to 128 (192x128 s2, P through shared memory); masks built from the
+// kernel's mask_mod are regrouped to that (BlockMask::regrouped, covered by every such case above). Tables
+// given as such keep flex_attention's meaning, where a full or empty tile overrides mask_mod, so they run on
+// the 128x128 kernel instead: here block-causal tables (the diagonal tiles full) with a kernel whose mask_mod
+// keeps everything must give block-causal attention, which a regrouping (a partial tile evaluating mask_mod)
+// would not. Kv blocks of 256 are split into the wgmma kernel's BLOCK_N (one tile a block), which is exact
+// for any tables.
 TEST(ForwardTiles, GivenTablesKeepTheirMeaningOnTheWideTileKernel) {
   if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
   for (const auto& [d, tile] : {std::pair{64, fa::TileConfig{192, 128, 16, 3}},
                                 {96, fa::TileConfig{192, 112, 16, 3}},
-                                {128, fa::TileConfig{128, 128, 12, 2}}})
+                                {128, fa::TileConfig{192, 128, 16, 2}}})
     for (const int kvb : {128, 256}) {
       SCOPED_TRACE("d" + std::to_string(d) + " kv_block " + std::to_string(kvb));
       const FwdCase c{"none", bf16, d, d, 1, 2, 2, 1000, 1000};

@@ -32,17 +32,34 @@ TEST(Autotune, CandidatesOnSm90aStartWithTheDefaultThenEveryWgmmaTileThenMmaSync
   const fa::KernelSpec def = forward(128, 128);
   const std::vector<fa::KernelSpec> c = fa::forward_tune_candidates(def, false);
   // A mask_mod without a score_mod above 64: 2 stages first (the persistent form's second Q
-  // region fits beside them).
+  // region fits beside them); three consumers with P through shared memory last.
   EXPECT_EQ(texts(c), (std::vector<std::string>{
                           "forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a",
                           "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a",
                           "forward bf16 qk128 v128 wgmma tile128x64w12s2 sm_90a",
                           "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a",
+                          "forward bf16 qk128 v128 wgmma tile192x128w16s2 sm_90a",
                           "forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a",
                           "forward bf16 qk128 v128 mma tile64x64w4s2 sm_90a",
                       }));
   for (const fa::KernelSpec& s : c) EXPECT_EQ(s.resolved(), s) << s.to_string();  // each a resolved spec
-  // A score_mod on d128 takes 8 warps on mma.sync (4 spill).
+  // Without mods, three consumers (192x128, 2 stages, P through shared memory) are the default.
+  fa::KernelSpec plain;
+  plain.head_dim_qk = plain.head_dim_v = 128;
+  const fa::KernelSpec def_plain = plain.resolved(false, false);
+  EXPECT_EQ(def_plain.to_string(), "forward bf16 qk128 v128 wgmma tile192x128w16s2 sm_90a");
+  EXPECT_EQ(def_plain.smem_bytes(), 230472);  // 48 KiB of Q, two 64 KiB stages, three 16 KiB P tiles
+  EXPECT_EQ(texts(fa::forward_tune_candidates(def_plain, false, false)),
+            (std::vector<std::string>{
+                "forward bf16 qk128 v128 wgmma tile192x128w16s2 sm_90a",
+                "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a",
+                "forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a",
+                "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a",
+                "forward bf16 qk128 v128 wgmma tile128x64w12s2 sm_90a",
+                "forward bf16 qk128 v128 mma tile128x64w4s2 sm_90a",
+                "forward bf16 qk128 v128 mma tile64x64w4s2 sm_90a",
+            }));
+  // A score_mod on d128 takes 8 warps on mma.sync (4 spill), and no three-consumer tile (it spills).
   EXPECT_EQ(fa::forward_tune_candidates(def, true)[4].to_string(),
             "forward bf16 qk128 v128 mma tile128x64w8s2 sm_90a");
 }
@@ -68,7 +85,8 @@ TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
                 "forward bf16 qk64 v64 mma tile64x64w4s2 sm_90a",
             }));
   // Between 64 and 96: 192x112 (three consumers) first without a score_mod or mask_mod, else
-  // after the 128-row tiles; its 2-stage ring too.
+  // after the 128-row tiles; its 2-stage ring too, and 192x128 with P through shared memory
+  // (eight candidates at most: the last mma.sync tile is left out).
   const std::vector<std::string> d96_masked{
       "forward bf16 qk96 v96 wgmma tile128x128w12s2 sm_90a",
       "forward bf16 qk96 v96 wgmma tile128x128w12s3 sm_90a",
@@ -76,8 +94,8 @@ TEST(Autotune, CandidatesKeepToWhatSharedMemoryAndTheHeadDimsAllow) {
       "forward bf16 qk96 v96 wgmma tile128x64w12s3 sm_90a",
       "forward bf16 qk96 v96 wgmma tile192x112w16s3 sm_90a",
       "forward bf16 qk96 v96 wgmma tile192x112w16s2 sm_90a",
+      "forward bf16 qk96 v96 wgmma tile192x128w16s2 sm_90a",
       "forward bf16 qk96 v96 mma tile128x64w4s2 sm_90a",
-      "forward bf16 qk96 v96 mma tile64x64w4s2 sm_90a",
   };
   EXPECT_EQ(texts(fa::forward_tune_candidates(forward(96, 96), false)), d96_masked);
   fa::KernelSpec plain96;

@@ -630,7 +630,8 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   fa::KernelSpec s = spec();
   s.family = fa::KernelFamily::kAuto;
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s2 sm_90a");
-  EXPECT_EQ(s.resolved(false, false).to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
+  // without mods, three consumers (P through shared memory)
+  EXPECT_EQ(s.resolved(false, false).to_string(), "forward bf16 qk128 v128 wgmma tile192x128w16s2 sm_90a");
   EXPECT_EQ(s.resolved(true, true).to_string(), "forward bf16 qk128 v128 wgmma tile128x128w12s3 sm_90a");
   s.head_dim_qk = s.head_dim_v = 64;  // three consumer warpgroups, 192 query rows
   EXPECT_EQ(s.resolved().to_string(), "forward bf16 qk64 v64 wgmma tile192x128w16s3 sm_90a");
@@ -650,10 +651,10 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   EXPECT_EQ(error_of([&] { w.resolved(); }), "the wgmma kernel needs arch sm_90a, got sm_80");
   w.arch = "sm_90a";
   w.tile = {64, 32, 4, 3};
-  EXPECT_EQ(
-      error_of([&] { w.resolved(); }),
-      "the wgmma forward kernel takes tiles 128x128w12s2, 128x128w12s3, 128x64w12s2, 128x64w12s3 at head "
-      "dims 128/128, got 64x32w4s3");
+  EXPECT_EQ(error_of([&] { w.resolved(); }),
+            "the wgmma forward kernel takes tiles 128x128w12s2, 128x128w12s3, 128x64w12s2, 128x64w12s3, "
+            "192x128w16s2 "
+            "at head dims 128/128, got 64x32w4s3");
   w.tile = {128, 64, 12, 3};  // a listed tile other than the default
   EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a");
 

@@ -29,12 +29,25 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 //   d96 full 0.822 -> 0.753 ms, d80 0.780 -> 0.712, causal 1-2.5 % faster, but document 15-25 %
 //   slower (112-key tiles across its 128-key blocks make more of them partial). First without a
 //   mask_mod or score_mod, else candidates after the 128-row tiles.
+// - above 64 up to 128, 192x128 in 2 stages with P through shared memory (RS would spill): first
+//   above 96 without mods (see below), else a candidate.
 std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod, bool has_mask_mod,
                                             bool dense = true) {
   std::vector<TileConfig> tiles;
   const int widest = std::max(head_dim_mma(dqk), head_dim_mma(dv));
   const bool three128 = widest <= 64, three112 = widest > 64 && widest <= 96;
   const TileConfig rows192{192, 128, 16, 3}, rows192n112{192, 112, 16, 3}, rows192n112s2{192, 112, 16, 2};
+  // Three consumers at 128 keys above head dim 64: P through shared memory, 2 stages (3 do not
+  // fit). First at d97-d128 without mods: H200, bf16 B4 H16 S4096, d128 full 0.962 -> 0.893 ms
+  // against 128x128 s3, B1 S16384 3.67 -> 3.50; causal 0.509 -> 0.485 against 128x128 s2, but
+  // sliding 0.259 -> 0.281 and document 0.170 -> 0.199 (short walks: 192-row blocks regrouped
+  // from 128-row masks), so a mask_mod keeps 128 rows first and tuning decides.
+  const TileConfig rows192s2{192, 128, 16, 2};
+  // (ragged and paged: not measured; a score_mod above 96 spills at 160 registers: d128 softcap
+  // causal 116 B, document + softcap 256 B, ALiBi 12 B)
+  const bool wide_three = dense && widest > 64 && widest <= 128 && (widest <= 96 || !has_score_mod);
+  const bool wide_three_first = wide_three && widest > 96 && !has_score_mod && !has_mask_mod;
+  if (wide_three_first) tiles.push_back(rows192s2);
   // the three-consumer tile of these head dims, first where it was measured faster
   const bool three_first = three128 ? !has_score_mod : !has_score_mod && !has_mask_mod;
   if (three128 && three_first) tiles.push_back(rows192);
@@ -53,6 +66,7 @@ std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod,
   if (three128 && !three_first) tiles.push_back(rows192);
   if (three112 && !three_first) tiles.push_back(rows192n112);
   if (three112) tiles.push_back(rows192n112s2);
+  if (wide_three && !wide_three_first) tiles.push_back(rows192s2);
   return tiles;
 }
 
@@ -121,12 +135,15 @@ bool sm90_forward_early_k(const TileConfig& tile) { return tile.stages == 2; }
 // (Two-consumer tiles had measured 11-50 % slower: ~0.1 ms of that was the work counter's
 // allocation in host-timed runs, now from rt::stream_alloc's pool, and 8 % a tile was the epilogue
 // pushing the tile cursor off ptxas's uniform datapath, fixed in store_rows_read_first.)
-// Sm90FwdConfig::kSmemBytes: alignment slack, a Q region per query block, the K/V stages, mbarriers.
+// Sm90FwdConfig::kSmemBytes: alignment slack, a Q region per query block, the K/V stages, the
+// consumers' P tiles where three consumers take P·V's P from shared memory (128 keys above DV 64),
+// mbarriers.
 static int sm90_forward_smem_bytes(const KernelSpec& s, bool persistent) {
   const int pq = head_dim_pitch(s.head_dim_qk), pv = head_dim_pitch(s.head_dim_v);
   const TileConfig& t = s.tile;
   const int q_regions = persistent ? 2 : 1;
-  return 1024 + 2 * (q_regions * t.block_m * std::max(pq, pv) + t.stages * t.block_n * (pq + pv)) +
+  const int p_tiles = t.block_m == 192 && t.block_n == 128 && s.head_dim_v > 64 ? 3 * 64 * 128 : 0;
+  return 1024 + 2 * (q_regions * t.block_m * std::max(pq, pv) + t.stages * t.block_n * (pq + pv) + p_tiles) +
          8 * (1 + 4 * t.stages + (persistent ? 3 : 0)) + (persistent ? 72 : 0);
 }
 
