@@ -648,7 +648,8 @@ struct Kernel::Impl {
   }
 
   // The prefill kernel for a layout: fwd when dense, else fwd's kernel compiled for it (the
-  // wgmma forward then copies K/V with cp.async: KernelSpec::resolved), or the mma.sync one
+  // wgmma forward then copies K/V with cp.async: KernelSpec::resolved) on fwd's tile where the
+  // layout takes it (else the layout's default: the dense-only 192x128 s2), or the mma.sync one
   // where the wgmma kernel's paged copy is slow (sm90_forward_gathers_rows).
   const Compiled& prefill_kernel(SequenceLayout layout) {
     if (layout == SequenceLayout::kDense) return fwd;
@@ -662,6 +663,14 @@ struct Kernel::Impl {
         spec.tile = TileConfig{};
       }
       spec.layout = layout;
+      if (spec.family == KernelFamily::kWgmma) {
+        const Program& p = mask.program();
+        try {
+          (void)spec.resolved(score_mod_weighs(p, KernelKind::kForward), !p.mask_is_noop());
+        } catch (const Error&) {
+          spec.tile = TileConfig{};
+        }
+      }
       slot = compile_beside(spec, layout == SequenceLayout::kPaged ? "paged forward" : "ragged forward");
     }
     return *slot;
