@@ -299,7 +299,7 @@ const std::vector<FwdCase>& cases() {
       with({"causal", bf16, 64, 64, 1, 4, 1, 1024, 1024}, "led_device_tables",
            [](FwdCase& c) { c.lead = 0, on_device_tables(c); }),
       // Three consumers at 128 keys above DV 64 (192x128 s2, P staged in shared memory for P·V; the
-      // default at d97-d128 without mods): no mask (Lq != Lkv), causal at 4097 (regrouped from 128-row
+      // default at d113-d128 without mods): no mask (Lq != Lkv), causal at 4097 (regrouped from 128-row
       // blocks, sub-blocks skipped), a document mask (its column loads), padding with Lkv 17 (masked
       // rows), sliding at d112, ALiBi at d96 and d80 with GQA (a score_mod above 96 spills: not a tile
       // there), f16 and bf16, max_scores, V narrower than QK (72), 128/64 (P in

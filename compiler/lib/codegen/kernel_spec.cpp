@@ -30,7 +30,7 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 //   slower (112-key tiles across its 128-key blocks make more of them partial). First without a
 //   mask_mod or score_mod, else candidates after the 128-row tiles.
 // - above 64 up to 128, 192x128 in 2 stages with P through shared memory (RS would spill): first
-//   above 96 without mods (see below), else a candidate.
+//   at d113-d128 without mods (see below), else a candidate.
 std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod, bool has_mask_mod,
                                             bool dense = true) {
   std::vector<TileConfig> tiles;
@@ -38,15 +38,16 @@ std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod,
   const bool three128 = widest <= 64, three112 = widest > 64 && widest <= 96;
   const TileConfig rows192{192, 128, 16, 3}, rows192n112{192, 112, 16, 3}, rows192n112s2{192, 112, 16, 2};
   // Three consumers at 128 keys above head dim 64: P through shared memory, 2 stages (3 do not
-  // fit). First at d97-d128 without mods: H200, bf16 B4 H16 S4096, d128 full 0.962 -> 0.893 ms
+  // fit). First at d113-d128 without mods: H200, bf16 B4 H16 S4096, d128 full 0.962 -> 0.893 ms
   // against 128x128 s3, B1 S16384 3.67 -> 3.50; causal 0.509 -> 0.485 against 128x128 s2, but
   // sliding 0.259 -> 0.281 and document 0.170 -> 0.199 (short walks: 192-row blocks regrouped
-  // from 128-row masks), so a mask_mod keeps 128 rows first and tuning decides.
+  // from 128-row masks), so a mask_mod keeps 128 rows first and tuning decides. At d112 the
+  // tuner took 128x128 s2 over it (full 0.861 ms), at d80 / d96 192x112 s3: candidates there.
   const TileConfig rows192s2{192, 128, 16, 2};
   // (ragged and paged: not measured; a score_mod above 96 spills at 160 registers: d128 softcap
   // causal 116 B, document + softcap 256 B, ALiBi 12 B)
   const bool wide_three = dense && widest > 64 && widest <= 128 && (widest <= 96 || !has_score_mod);
-  const bool wide_three_first = wide_three && widest > 96 && !has_score_mod && !has_mask_mod;
+  const bool wide_three_first = wide_three && widest == 128 && !has_score_mod && !has_mask_mod;
   if (wide_three_first) tiles.push_back(rows192s2);
   // the three-consumer tile of these head dims, first where it was measured faster
   const bool three_first = three128 ? !has_score_mod : !has_score_mod && !has_mask_mod;
