@@ -165,9 +165,10 @@ struct Sm90FwdConfig : AttentionTileShape<kBlockN_, kHeadDimQK_, kHeadDimV_> {
   static_assert(kHeadDimV <= 128 || kBlockN == 64, "DV above 128 needs BLOCK_N 64 (O and S in registers)");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 128,
                 "BLOCK_N must be a multiple of 16 from 64 to 128 (sm90 kernel)");
-  static_assert(!kPFromSmem || (kPingPong_ && kOverlap_),
-                "P from shared memory (three consumers above DV 64) needs ping-pong and overlap: the turn "
-                "barrier orders a warpgroup's staged P before its P·V");
+  static_assert(
+      !kPFromSmem || kPingPong_,
+      "P from shared memory (three consumers above DV 64) needs ping-pong: the turn barrier orders a "
+      "warpgroup's staged P before its P·V");
   static_assert(kStages >= 2 && kStages <= 4, "STAGES must be 2, 3 or 4");
   static_assert(kConsumers_ == 2 || kConsumers_ == 3, "CONSUMERS must be 2 or 3");
   static_assert(!kPersistent_ || kTmaKv, "PERSISTENT needs K/V by TMA (CP_ASYNC_KV false)");
@@ -408,8 +409,8 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   const u32 sP = sV + kStages * Cfg::kSmemVBytes + cw * Cfg::kSmemPBytes;
 
   // ---- the two GEMMs, each one commit group. Q (K-major, this warpgroup's rows of the query
-  // block's region) and K (K-major) from shared memory for S = Q·Kᵀ; P from registers and V
-  // (MN-major) for O += P·V.
+  // block's region) and K (K-major) from shared memory for S = Q·Kᵀ; P from registers (with
+  // kPFromSmem from its staging, K-major) and V (MN-major) for O += P·V.
   u64 dq = 0;
   const u64 dk = desc_sw128(sK, 16, kSwizzleAtomBytes);
   const u64 dv = desc_sw128(sV, kBN * kSw128RowBytes, kSwizzleAtomBytes);
@@ -521,12 +522,18 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
   };
   // P for the next P·V, packed in pa: with kPFromSmem also staged in this warpgroup's P tile.
   // wgmma reads it through the async proxy after the turn barrier, which every warp of the
-  // warpgroup reaches after its fence (so P·V sees all four warps' rows).
+  // warpgroup reaches after its fence (so P·V sees all four warps' rows). Rewriting the tile
+  // needs no barrier: each warp stores only its own 16 rows, which only its own part of the m64
+  // P·V reads, and only after its own wgmma_wait<0> on that P·V (as FlashAttention-3 assumes).
   auto stage_p = [&] {
     if constexpr (Cfg::kPFromSmem) {
       stage_packed_x4<Sw128Blocks<kRows>>(sP, pa, warp * 16);
       fence_proxy_async();
     }
+  };
+  auto set_p = [&](const float(&s)[Cfg::kNT][4]) {
+    pack_a<E>(pa, s);
+    stage_p();
   };
   int q_idx[2], b = 0, h = 0;  // the current query block's rows, batch and head
   using Split = SplitMods<Mods>;
@@ -605,8 +612,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         cur.next(walk, kinds_row, len_kv);
         mods(s, start, is_full, cols);
         if (rows.step(s, alpha, sl2)) scale_rows(o, alpha);
-        pack_a<E>(pa, s);
-        stage_p();
+        set_p(s);
         gemm_pv(ring.stage, ring.phase);
         ring.advance();
       }
@@ -667,8 +673,7 @@ __device__ __forceinline__ void forward_kernel(const FaFwdParams& p, const FaCap
         const bool rescale = rows.step(s, alpha, sl2);
         pv_done(prev.stage, first);  // P_{j-1}·V_{j-1} done
         if (rescale) scale_rows(o, alpha);
-        pack_a<E>(pa, s);
-        stage_p();
+        set_p(s);
         prev = ring;
         ring.advance();
         first = false;

@@ -302,8 +302,8 @@ const std::vector<FwdCase>& cases() {
       // default at d113-d128 without mods): no mask (Lq != Lkv), causal at 4097 (regrouped from 128-row
       // blocks, sub-blocks skipped), a document mask (its column loads), padding with Lkv 17 (masked
       // rows), sliding at d112, ALiBi at d96 and d80 with GQA (a score_mod above 96 spills: not a tile
-      // there), f16 and bf16, max_scores, V narrower than QK (72), 128/64 (P in
-      // registers there).
+      // there), f16 and bf16, max_scores, V narrower than QK (72), the cp.async twin (K/V the driver
+      // cannot map) on non-contiguous tensors.
       with({"none", bf16, 128, 128, 2, 4, 2, 1000, 4097}, "tile192x128s2", tile192x128s2),
       with({"causal", f16, 128, 128, 1, 4, 1, 4097, 4097}, "tile192x128s2", tile192x128s2),
       with({"document2d_causal", bf16, 128, 128, 2, 8, 2, 1000, 1000}, "tile192x128s2", tile192x128s2),
@@ -314,7 +314,8 @@ const std::vector<FwdCase>& cases() {
       with({"causal", bf16, 128, 128, 2, 4, 2, 1000, 1000}, "tile192x128s2_max",
            [](FwdCase& c) { tile192x128s2(c), c.max_scores = true; }),
       with({"prefix_lm", f16, 112, 72, 1, 4, 1, 1000, 1000, 300}, "tile192x128s2", tile192x128s2),
-      with({"none", bf16, 128, 64, 1, 4, 2, 1000, 1000}, "tile192x128s2", tile192x128s2),
+      with({"none", f16, 128, 128, 1, 4, 2, 1000, 1000}, "tile192x128s2_cpasync_noncontig",
+           [](FwdCase& c) { tile192x128s2(c), c.cp_async_kv = true, c.noncontig = true; }),
       // Column values gathered across the warp (key_pad_bias: a float for score_mod, a bool for
       // mask_mod): the three-consumer tile (4 slots of 32 columns), 192x112 (the last slot
       // half used), 128x128 at d128, tails (Lkv 777, 17), GQA, persistent and not.
@@ -848,7 +849,7 @@ TEST(ForwardScalars, WindowChangesWithoutRecompiling) {
 // ---- query rows of the tile vs the mask's blocks ---------------------------------------------
 
 // Hopper's forward runs 192 query rows a CTA up to head dim 96 (192x128 to 64, 192x112 above
-// without mods) and, without mods, up to 128 (192x128 s2, P through shared memory); masks built from the
+// without mods) and, without mods, at 113-128 (192x128 s2, P through shared memory); masks built from the
 // kernel's mask_mod are regrouped to that (BlockMask::regrouped, covered by every such case above). Tables
 // given as such keep flex_attention's meaning, where a full or empty tile overrides mask_mod, so they run on
 // the 128x128 kernel instead: here block-causal tables (the diagonal tiles full) with a kernel whose mask_mod

@@ -529,9 +529,10 @@ TEST(Codegen, EveryHeadDimResolves) {
   fa::KernelSpec w = spec(fa::DType::bf16, 256, 256);
   w.family = fa::KernelFamily::kWgmma;
   w.tile = {128, 128, 12, 2};
-  EXPECT_EQ(
-      error_of([&] { w.resolved(); }),
-      "the wgmma forward kernel takes tiles 128x64w12s3, 128x64w12s2 at head dims 256/256, got 128x128w12s2");
+  EXPECT_EQ(error_of([&] { w.resolved(); }),
+            "the wgmma forward kernel takes tiles 128x64w12s3, 128x64w12s2 at head dims 256/256 with a "
+            "mask_mod on the "
+            "dense layout, got 128x128w12s2");
   w.tile = {128, 64, 12, 3};
   EXPECT_EQ(
       error_of([&] { w.resolved(); }),
@@ -653,8 +654,7 @@ TEST(Codegen, WgmmaKernelIsTheDefaultOnSm90a) {
   w.tile = {64, 32, 4, 3};
   EXPECT_EQ(error_of([&] { w.resolved(); }),
             "the wgmma forward kernel takes tiles 128x128w12s2, 128x128w12s3, 128x64w12s2, 128x64w12s3, "
-            "192x128w16s2 "
-            "at head dims 128/128, got 64x32w4s3");
+            "192x128w16s2 at head dims 128/128 with a mask_mod on the dense layout, got 64x32w4s3");
   w.tile = {128, 64, 12, 3};  // a listed tile other than the default
   EXPECT_EQ(w.resolved().to_string(), "forward bf16 qk128 v128 wgmma tile128x64w12s3 sm_90a");
 

@@ -612,6 +612,7 @@ struct Kernel::Impl {
   explicit Impl(Program program) : mask(std::move(program)) {}
   MaskBuilder mask;
   Compiled fwd;
+  bool tile_given = false;  // fwd's tile is the caller's (Options::tile), not a default
   std::mutex bwd_mutex;
   // The backward kernels per layout (dense, ragged) and dQ path (atomic, deterministic), on first
   // use, and what a backward not asked to be deterministic runs in each layout.
@@ -649,8 +650,10 @@ struct Kernel::Impl {
 
   // The prefill kernel for a layout: fwd when dense, else fwd's kernel compiled for it (the
   // wgmma forward then copies K/V with cp.async: KernelSpec::resolved) on fwd's tile where the
-  // layout takes it (else the layout's default: the dense-only 192x128 s2), or the mma.sync one
-  // where the wgmma kernel's paged copy is slow (sm90_forward_gathers_rows).
+  // layout takes it, else, unless the caller asked for that tile (Options::tile: refused then,
+  // naming the layout), the layout's default (fwd's may be the dense-only 192x128 s2, chosen by
+  // default or by the tuner), or the mma.sync one where the wgmma kernel's paged copy is slow
+  // (sm90_forward_gathers_rows).
   const Compiled& prefill_kernel(SequenceLayout layout) {
     if (layout == SequenceLayout::kDense) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
@@ -663,14 +666,10 @@ struct Kernel::Impl {
         spec.tile = TileConfig{};
       }
       spec.layout = layout;
-      if (spec.family == KernelFamily::kWgmma) {
-        const Program& p = mask.program();
-        try {
-          (void)spec.resolved(score_mod_weighs(p, KernelKind::kForward), !p.mask_is_noop());
-        } catch (const Error&) {
-          spec.tile = TileConfig{};
-        }
-      }
+      const Program& p = mask.program();
+      if (spec.family == KernelFamily::kWgmma && !tile_given &&
+          !sm90_forward_takes_tile(spec, score_mod_weighs(p, KernelKind::kForward), !p.mask_is_noop()))
+        spec.tile = TileConfig{};
       slot = compile_beside(spec, layout == SequenceLayout::kPaged ? "paged forward" : "ragged forward");
     }
     return *slot;
@@ -1146,6 +1145,7 @@ Kernel compile(const Program& program, const Options& options) {
   GeneratedKernel gen = generate(program, spec);
   if (options.backward_in_background) start_backward_compile(program, gen.spec, options.line_info);
   impl->fwd = compile_generated(std::move(gen), options.line_info, what);
+  impl->tile_given = !options.tile.is_default();
   impl->mask.set_spec(spec_beside(impl->fwd.gen.spec, KernelKind::kBlockMask));
   impl->tuner = std::make_unique<detail::ForwardTuner>(impl->mask.program(), impl->fwd,
                                                        detail::autotune_enabled(options));

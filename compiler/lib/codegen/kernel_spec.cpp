@@ -29,25 +29,30 @@ int round_up(int v, int m) { return (v + m - 1) / m * m; }
 //   d96 full 0.822 -> 0.753 ms, d80 0.780 -> 0.712, causal 1-2.5 % faster, but document 15-25 %
 //   slower (112-key tiles across its 128-key blocks make more of them partial). First without a
 //   mask_mod or score_mod, else candidates after the 128-row tiles.
-// - above 64 up to 128, 192x128 in 2 stages with P through shared memory (RS would spill): first
-//   at d113-d128 without mods (see below), else a candidate.
+// - above DV 64 up to 128, 192x128 in 2 stages with P through shared memory (in registers it
+//   would spill): first at d113-d128 without mods (see below), else a candidate (not with a
+//   score_mod above 96).
 std::vector<TileConfig> wgmma_forward_tiles(int dqk, int dv, bool has_score_mod, bool has_mask_mod,
                                             bool dense = true) {
   std::vector<TileConfig> tiles;
   const int widest = std::max(head_dim_mma(dqk), head_dim_mma(dv));
   const bool three128 = widest <= 64, three112 = widest > 64 && widest <= 96;
   const TileConfig rows192{192, 128, 16, 3}, rows192n112{192, 112, 16, 3}, rows192n112s2{192, 112, 16, 2};
-  // Three consumers at 128 keys above head dim 64: P through shared memory, 2 stages (3 do not
-  // fit). First at d113-d128 without mods: H200, bf16 B4 H16 S4096, d128 full 0.962 -> 0.893 ms
+  // Three consumers at 128 keys above DV 64: P through shared memory, 2 stages (3 do not fit).
+  // First at d113-d128 (QK and V) without mods: H200, bf16 B4 H16 S4096, d128 full 0.962 -> 0.893 ms
   // against 128x128 s3, B1 S16384 3.67 -> 3.50; causal 0.509 -> 0.485 against 128x128 s2, but
   // sliding 0.259 -> 0.281 and document 0.170 -> 0.199 (short walks: 192-row blocks regrouped
   // from 128-row masks), so a mask_mod keeps 128 rows first and tuning decides. At d112 the
   // tuner took 128x128 s2 over it (full 0.861 ms), at d80 / d96 192x112 s3: candidates there.
   const TileConfig rows192s2{192, 128, 16, 2};
-  // (ragged and paged: not measured; a score_mod above 96 spills at 160 registers: d128 softcap
-  // causal 116 B, document + softcap 256 B, ALiBi 12 B)
-  const bool wide_three = dense && widest > 64 && widest <= 128 && (widest <= 96 || !has_score_mod);
-  const bool wide_three_first = wide_three && widest == 128 && !has_score_mod && !has_mask_mod;
+  // Only where P goes through shared memory (at DV 64 and below P stays in registers and a
+  // score_mod spills: 96/64 softcap causal 8 B), not on the ragged and paged layouts (not
+  // measured), not with a score_mod above 96 (it spills at 160 registers: d128 softcap causal
+  // 116 B, document + softcap 256 B, ALiBi 12 B).
+  const bool wide_three =
+      dense && widest <= 128 && sm90_forward_p_in_smem(rows192s2, dv) && (widest <= 96 || !has_score_mod);
+  const bool wide_three_first =
+      wide_three && head_dim_mma(dqk) == 128 && head_dim_mma(dv) == 128 && !has_score_mod && !has_mask_mod;
   if (wide_three_first) tiles.push_back(rows192s2);
   // the three-consumer tile of these head dims, first where it was measured faster
   const bool three_first = three128 ? !has_score_mod : !has_score_mod && !has_mask_mod;
@@ -143,7 +148,7 @@ static int sm90_forward_smem_bytes(const KernelSpec& s, bool persistent) {
   const int pq = head_dim_pitch(s.head_dim_qk), pv = head_dim_pitch(s.head_dim_v);
   const TileConfig& t = s.tile;
   const int q_regions = persistent ? 2 : 1;
-  const int p_tiles = t.block_m == 192 && t.block_n == 128 && s.head_dim_v > 64 ? 3 * 64 * 128 : 0;
+  const int p_tiles = sm90_forward_p_in_smem(t, s.head_dim_v) ? 3 * 64 * 128 : 0;
   return 1024 + 2 * (q_regions * t.block_m * std::max(pq, pv) + t.stages * t.block_n * (pq + pv) + p_tiles) +
          8 * (1 + 4 * t.stages + (persistent ? 3 : 0)) + (persistent ? 72 : 0);
 }
@@ -152,6 +157,16 @@ bool sm90_forward_persistent(const KernelSpec& s) {
   const bool may = s.kind == KernelKind::kForward && s.family == KernelFamily::kWgmma &&
                    s.layout == SequenceLayout::kDense && !s.cp_async_kv;
   return may && sm90_forward_smem_bytes(s, true) <= jit::max_dynamic_smem(s.arch);
+}
+
+bool sm90_forward_p_in_smem(const TileConfig& tile, int head_dim_v) {
+  return tile.block_m == 192 && tile.block_n == 128 && head_dim_v > 64;
+}
+
+bool sm90_forward_takes_tile(const KernelSpec& s, bool has_score_mod, bool has_mask_mod) {
+  const std::vector<TileConfig> tiles = wgmma_forward_tiles(s.head_dim_qk, s.head_dim_v, has_score_mod,
+                                                            has_mask_mod, s.layout == SequenceLayout::kDense);
+  return std::find(tiles.begin(), tiles.end(), s.tile) != tiles.end();
 }
 
 bool sm90_forward_gathers_rows(int head_dim_qk, int head_dim_v) {
@@ -270,8 +285,17 @@ KernelSpec KernelSpec::resolved(bool has_score_mod, bool has_mask_mod) const {
     if (std::find(tiles.begin(), tiles.end(), s.tile) == tiles.end()) {
       std::string list;
       for (const TileConfig& t : tiles) list += (list.empty() ? "" : ", ") + tile_text(t);
-      throw Error(fmt::format("the wgmma forward kernel takes tiles {} at head dims {}/{}, got {}", list,
-                              s.head_dim_qk, s.head_dim_v, tile_text(s.tile)));
+      // what the list depends on besides the head dims: the mods and the layout
+      const char* mods = has_score_mod && has_mask_mod ? "a score_mod and a mask_mod"
+                         : has_score_mod               ? "a score_mod"
+                         : has_mask_mod                ? "a mask_mod"
+                                                       : "no mods";
+      const char* layout = s.layout == SequenceLayout::kRagged  ? "ragged"
+                           : s.layout == SequenceLayout::kPaged ? "paged"
+                                                                : "dense";
+      throw Error(fmt::format(
+          "the wgmma forward kernel takes tiles {} at head dims {}/{} with {} on the {} layout, got {}", list,
+          s.head_dim_qk, s.head_dim_v, mods, layout, tile_text(s.tile)));
     }
     fit({s.tile}, true);
     return s;

@@ -69,6 +69,16 @@ bool sm90_forward_persistent(const KernelSpec& spec);
 // looks a page up per row in turn: 0.74-0.78x of the mma.sync kernel's speed (H200, d80), so the
 // ragged and paged prefill run mma.sync there (both, so paged stays bit-identical to packed).
 bool sm90_forward_gathers_rows(int head_dim_qk, int head_dim_v);
+// Whether the Hopper forward at this tile stages each consumer's P in shared memory for an SS
+// P·V (templates/fajit/forward_sm90.cuh, Sm90FwdConfig::kPFromSmem): three consumer warpgroups
+// at 128 keys above a V head dim of 64, where S, P and O do not fit 160 registers together.
+bool sm90_forward_p_in_smem(const TileConfig& tile, int head_dim_v);
+// Whether the dense or sequence-layout (`spec.layout`) wgmma forward with these mods takes
+// `spec.tile` (one of its list: KernelSpec::resolved refuses the others).
+bool sm90_forward_takes_tile(const KernelSpec& spec, bool has_score_mod, bool has_mask_mod);
+// KernelSpec::resolved with the mods of `program` (score_mod_weighs for the spec's kind, and
+// whether its mask_mod does anything).
+KernelSpec resolved_for(const KernelSpec& spec, const Program& program);
 // Whether a backward not asked to be deterministic still takes the deterministic kernels (dQ
 // in its own kernel over the KV tables, no fp32 reductions from the dK/dV kernel): where that is
 // measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (what sm_80/86 and an mma.sync
