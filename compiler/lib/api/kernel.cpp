@@ -651,9 +651,9 @@ struct Kernel::Impl {
   // The prefill kernel for a layout: fwd when dense, else fwd's kernel compiled for it (the
   // wgmma forward then copies K/V with cp.async: KernelSpec::resolved) on fwd's tile where the
   // layout takes it, else, unless the caller asked for that tile (Options::tile: refused then,
-  // naming the layout), the layout's default (fwd's may be the dense-only 192x128 s2, chosen by
-  // default or by the tuner), or the mma.sync one where the wgmma kernel's paged copy is slow
-  // (sm90_forward_gathers_rows).
+  // naming the layout), the layout's default (fwd's default may be the dense-only 192x128 s2; a
+  // tuned tile runs dense calls only), or the mma.sync one where the wgmma kernel's paged copy is
+  // slow (sm90_forward_gathers_rows).
   const Compiled& prefill_kernel(SequenceLayout layout) {
     if (layout == SequenceLayout::kDense) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
