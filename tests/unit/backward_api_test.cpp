@@ -142,6 +142,19 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   rm.row_max = true;
   EXPECT_EQ(noop.warm(rm).kernels, 2);  // and its row-max twin (ForwardOptions::max_scores)
 
+  // d128 without mods: the dense forward's 192x128 s2 (by default, or asked for) is dense-only;
+  // the ragged and paged prefill kernels compile on their layout's own default instead.
+  fa::WarmOptions seq;
+  seq.ragged = seq.paged = true;
+  fa::Options wide = opts(128, 128);
+  for (const bool given : {false, true}) {
+    SCOPED_TRACE(given ? "Options::tile 192x128w16s2" : "default tile");
+    if (given) wide.family = fa::KernelFamily::kWgmma, wide.tile = {192, 128, 16, 2};
+    const fa::Kernel k128 = fa::compile(fa::identity_score(), fa::noop_mask(), wide);
+    EXPECT_EQ(k128.spec().tile, (fa::TileConfig{192, 128, 16, 2}));
+    EXPECT_EQ(k128.warm(seq).kernels, 5);  // forward; ragged prefill and decoding; paged ones
+  }
+
   const fa::ScoreMod stepped{
       "stepped", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s + fa::floor(s); }};
   const fa::Kernel ks = fa::compile(stepped, fa::mods::causal(), opts(64, 64));

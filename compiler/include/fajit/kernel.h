@@ -32,7 +32,9 @@ struct Options {
   int head_dim_qk = 128;
   int head_dim_v = 128;
   KernelFamily family = KernelFamily::kAuto;  // wgmma on sm_90a, mma.sync elsewhere
-  TileConfig tile;         // default: per head dims; with kWgmma one of its list (kernel_spec.h)
+  TileConfig tile;         // default: per head dims; with kWgmma one of its list (kernel_spec.h).
+                           // The dense forward's: the ragged / paged prefill kernels take it where
+                           // their layout's list has it, else their own default
   std::string arch;        // "" = the current GPU's; sm_90a when there is no GPU
   bool line_info = false;  // NVRTC -lineinfo (for profilers)
   // Autotuning of the dense forward (family kAuto and the default tile only): the first

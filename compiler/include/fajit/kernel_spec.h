@@ -121,12 +121,12 @@ FA_API int head_dim_pitch(int head_dim);
 // (32 rows each, Q re-read from shared memory) in general, 8 warps with Q in registers when a
 // score_mod runs on d128, where 4 warps spill. wgmma (templates/NOTES-sm90.md): 128x128 with
 // 12 warps (a producer and two consumer warpgroups), 3 stages; up to head dim 64 192x128 with
-// three consumer warpgroups, between 64 and 96 192x112 and at 113-128 (QK and V) 192x128 with 2
-// stages (P through shared memory) when there is neither a score_mod nor a mask_mod; between 64 and 128 on
-// the dense layout a mask_mod without a score_mod takes 2 stages first, which leave room for the persistent
-// form (kernel_spec.cpp: wgmma_forward_tiles has the measurements). Above a V head dim of 128 (O of up to 256
-// columns in the consumers' registers) BLOCK_N is 64; tiles that
-// shared memory cannot hold fall back in order (3 stages, then 2; BLOCK_N 128, then 64):
+// three consumer warpgroups, between 64 and 96 192x112 and at 113-128 (QK and V, dense layout
+// only) 192x128 with 2 stages (P through shared memory) when there is neither a score_mod nor a
+// mask_mod; between 64 and 128 on the dense layout a mask_mod without a score_mod takes 2 stages
+// first, which leave room for the persistent form (kernel_spec.cpp: wgmma_forward_tiles has the
+// measurements). Above a V head dim of 128 (O of up to 256 columns in the consumers' registers)
+// BLOCK_N is 64; tiles that shared memory cannot hold fall back in order (3 stages, then 2; BLOCK_N 128, then 64):
 // 192/128 takes 128x128 with 2 stages, 256/256 128x64 with 2. An explicit wgmma tile must be
 // one of that list.
 // Backward (mma.sync, templates/fajit/backward.cuh): block_m query rows per step, warps x 16

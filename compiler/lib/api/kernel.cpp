@@ -612,7 +612,6 @@ struct Kernel::Impl {
   explicit Impl(Program program) : mask(std::move(program)) {}
   MaskBuilder mask;
   Compiled fwd;
-  bool tile_given = false;  // fwd's tile is the caller's (Options::tile), not a default
   std::mutex bwd_mutex;
   // The backward kernels per layout (dense, ragged) and dQ path (atomic, deterministic), on first
   // use, and what a backward not asked to be deterministic runs in each layout.
@@ -650,10 +649,10 @@ struct Kernel::Impl {
 
   // The prefill kernel for a layout: fwd when dense, else fwd's kernel compiled for it (the
   // wgmma forward then copies K/V with cp.async: KernelSpec::resolved) on fwd's tile where the
-  // layout takes it, else, unless the caller asked for that tile (Options::tile: refused then,
-  // naming the layout), the layout's default (fwd's default may be the dense-only 192x128 s2; a
-  // tuned tile runs dense calls only), or the mma.sync one where the wgmma kernel's paged copy is
-  // slow (sm90_forward_gathers_rows).
+  // layout takes it, else on the layout's default (fwd's tile, its default or Options::tile, may
+  // be the dense-only 192x128 s2; a tuned tile runs dense calls only), or the mma.sync one on its
+  // default where the wgmma kernel's paged copy is slow (sm90_forward_gathers_rows). So
+  // Options::tile is the dense forward's (kernel.h).
   const Compiled& prefill_kernel(SequenceLayout layout) {
     if (layout == SequenceLayout::kDense) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
@@ -667,7 +666,7 @@ struct Kernel::Impl {
       }
       spec.layout = layout;
       const Program& p = mask.program();
-      if (spec.family == KernelFamily::kWgmma && !tile_given &&
+      if (spec.family == KernelFamily::kWgmma &&
           !sm90_forward_takes_tile(spec, score_mod_weighs(p, KernelKind::kForward), !p.mask_is_noop()))
         spec.tile = TileConfig{};
       slot = compile_beside(spec, layout == SequenceLayout::kPaged ? "paged forward" : "ragged forward");
@@ -1145,7 +1144,6 @@ Kernel compile(const Program& program, const Options& options) {
   GeneratedKernel gen = generate(program, spec);
   if (options.backward_in_background) start_backward_compile(program, gen.spec, options.line_info);
   impl->fwd = compile_generated(std::move(gen), options.line_info, what);
-  impl->tile_given = !options.tile.is_default();
   impl->mask.set_spec(spec_beside(impl->fwd.gen.spec, KernelKind::kBlockMask));
   impl->tuner = std::make_unique<detail::ForwardTuner>(impl->mask.program(), impl->fwd,
                                                        detail::autotune_enabled(options));
