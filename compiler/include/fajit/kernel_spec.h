@@ -126,9 +126,9 @@ FA_API int head_dim_pitch(int head_dim);
 // mask_mod; between 64 and 128 on the dense layout a mask_mod without a score_mod takes 2 stages
 // first, which leave room for the persistent form (kernel_spec.cpp: wgmma_forward_tiles has the
 // measurements). Above a V head dim of 128 (O of up to 256 columns in the consumers' registers)
-// BLOCK_N is 64; tiles that shared memory cannot hold fall back in order (3 stages, then 2; BLOCK_N 128, then 64):
-// 192/128 takes 128x128 with 2 stages, 256/256 128x64 with 2. An explicit wgmma tile must be
-// one of that list.
+// BLOCK_N is 64; tiles that shared memory cannot hold fall back in order (3 stages, then 2;
+// BLOCK_N 128, then 64): 192/128 takes 128x128 with 2 stages, 256/256 128x64 with 2. An
+// explicit wgmma tile must be one of that list.
 // Backward (mma.sync, templates/fajit/backward.cuh): block_m query rows per step, warps x 16
 // keys per CTA (block_n = 16 * warps), 2 stages: 64 x 64 with 4 warps at 64/64, 64 x 128 with
 // 8 warps when a head dim is above 64 (a first choice, to be measured).

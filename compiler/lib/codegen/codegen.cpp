@@ -829,13 +829,9 @@ bool score_mod_weighs(const Program& program, KernelKind kind) {
   return !program.score_is_identity();
 }
 
-KernelSpec resolved_for(const KernelSpec& spec, const Program& program) {
-  return spec.resolved(score_mod_weighs(program, spec.kind), !program.mask_is_noop());
-}
-
 GeneratedKernel generate(const Program& program, const KernelSpec& spec_in) {
   GeneratedKernel g;
-  g.spec = resolved_for(spec_in, program);
+  g.spec = spec_in.resolved(score_mod_weighs(program, spec_in.kind), !program.mask_is_noop());
   g.slots = capture_slots(program);
   std::ostringstream os;
   os << "// fajit generated: " << g.spec.to_string() << "\n";

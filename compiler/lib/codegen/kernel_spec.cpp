@@ -148,7 +148,7 @@ static int sm90_forward_smem_bytes(const KernelSpec& s, bool persistent) {
   const int pq = head_dim_pitch(s.head_dim_qk), pv = head_dim_pitch(s.head_dim_v);
   const TileConfig& t = s.tile;
   const int q_regions = persistent ? 2 : 1;
-  const int p_tiles = sm90_forward_p_in_smem(t, s.head_dim_v) ? 3 * 64 * 128 : 0;
+  const int p_tiles = sm90_forward_p_in_smem(t, s.head_dim_v) ? t.block_m * 128 : 0;  // P's rows x 128 keys
   return 1024 + 2 * (q_regions * t.block_m * std::max(pq, pv) + t.stages * t.block_n * (pq + pv) + p_tiles) +
          8 * (1 + 4 * t.stages + (persistent ? 3 : 0)) + (persistent ? 72 : 0);
 }

@@ -183,9 +183,9 @@ class FA_API BlockMask {
   // mask's) whatever the tables, since each part keeps its block's kind; merges them only where
   // regroupable(). The Hopper forward runs 128x128 masks this way on its 192x128 tile (head dims
   // up to 64; up to 128 with P through shared memory: the default at 113-128 without mods, else
-  // where the tuner takes it) and its 192x112
-  // tile (up to 96); its consumer warpgroups (64 rows each) skip the
-  // partial tiles whose sub-block (sub_kinds()) is empty, and apply no mask_mod where it is full.
+  // where the tuner takes it) and its 192x112 tile (up to 96); its consumer warpgroups (64 rows
+  // each) skip the partial tiles whose sub-block (sub_kinds()) is empty, and apply no mask_mod
+  // where it is full.
   // It also splits wider kv blocks to its BLOCK_N (one tile a block): a mask of 128-key blocks
   // on a 64-key tile (V head dims above 128) holds a second set of tables (8 bytes a tile, built
   // and uploaded on the first call with that tile: ~20 ms a million tiles on the 2-core build box).

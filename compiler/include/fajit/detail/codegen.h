@@ -76,9 +76,6 @@ bool sm90_forward_p_in_smem(const TileConfig& tile, int head_dim_v);
 // Whether the dense or sequence-layout (`spec.layout`) wgmma forward with these mods takes
 // `spec.tile` (one of its list: KernelSpec::resolved refuses the others).
 bool sm90_forward_takes_tile(const KernelSpec& spec, bool has_score_mod, bool has_mask_mod);
-// KernelSpec::resolved with the mods of `program` (score_mod_weighs for the spec's kind, and
-// whether its mask_mod does anything).
-KernelSpec resolved_for(const KernelSpec& spec, const Program& program);
 // Whether a backward not asked to be deterministic still takes the deterministic kernels (dQ
 // in its own kernel over the KV tables, no fp32 reductions from the dK/dV kernel): where that is
 // measured faster. H200, bf16, B=4 H=16 S=4096, mma.sync (what sm_80/86 and an mma.sync
