@@ -1179,6 +1179,32 @@ TEST(Autotune, ChoosesOncePerShapeClassAndFindsTheChoiceAgainInTheCache) {
   EXPECT_EQ(r2[0].device, r[0].device);
 }
 
+// With autotuning on, fa::compile starts the candidates' compiles on background threads beside
+// the default's (kernel.cpp, start_candidate_compiles), so the first call of a shape class finds
+// them compiled, or waits for compiles already running, instead of compiling them itself. A
+// fresh variant has none of them in the cache: every candidate the background slots took
+// (half the hardware threads; one allowed busy with an earlier test's last job) is not compiled
+// at the call.
+TEST(Autotune, CompilesTheCandidatesBesideTheDefault) {
+  if (!fa::rt::cuda_available()) GTEST_SKIP() << "no CUDA device: " << fa::rt::cuda_unavailable_reason();
+  FwdCase c{"causal", bf16, 64, 64, 1, 4, 2, 1000, 1000};
+  c.autotune = true, c.salt = fresh_salt();
+  std::shared_ptr<Prepared> p = prepare(c);
+  const fa::Kernel& k = *p->kernel;
+  EXPECT_EQ(k.origin(), fa::CacheOrigin::kCompiled) << "a fresh variant";
+  expect_good(c, launch_and_check(c, k, *p, p->mask, p->captures, p->ref));
+  const std::vector<fa::TuneRecord> r = k.tune_records();
+  ASSERT_EQ(r.size(), 1u);
+  std::printf("[ autotune ] %s\n", fa::to_string(r[0]).c_str());
+  ASSERT_EQ(r[0].origin, fa::TuneRecord::Origin::kTuned);
+  const int others = static_cast<int>(fa::forward_tune_candidates(k.spec(), true).size()) - 1;
+  const int slots = static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / 2)) - 1;
+  ASSERT_GE(others, 2);
+  EXPECT_LE(r[0].compiled_at_call, std::max(0, others - slots))
+      << others << " candidates, " << slots << " slots";
+  EXPECT_LT(r[0].compiled_at_call, others);
+}
+
 // A choice an earlier process stored (written into the cache here first) that is not the
 // default: the forward runs it without timing anything, and its output is right.
 TEST(Autotune, RunsAStoredChoiceThatIsNotTheDefault) {

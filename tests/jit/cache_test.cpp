@@ -363,6 +363,28 @@ TEST_F(CacheTest, ClaimedFlightIsWaitedFor) {
   EXPECT_EQ(other.get_or_compile(kKey, [] { return std::string("again"); }).entry->cubin, "again");
 }
 
+// A child forked while a compile was in flight (claimed, its thread not run yet: fa::compile's
+// background compiles) inherits the flight but not the thread that ends it. There the key is no
+// flight: the child compiles it itself instead of waiting for good.
+TEST_F(CacheTest, ChildForkedMidFlightDoesNotWaitForTheParentsCompile) {
+  Cache cache("");  // memory only: the child's compile stays in the child
+  std::function<void()> job = cache.claim(
+      kKey, [] { return kCubin; }, "parent");
+  ASSERT_TRUE(job);
+  const pid_t pid = ::fork();
+  ASSERT_NE(pid, -1);
+  if (pid == 0) {
+    ::alarm(20);  // a child that waits on the parent's flight dies here: not status 0
+    const fa::jit::Lookup l = cache.get_or_compile(kKey, [] { return std::string("child"); });
+    ::_exit(l.origin == Origin::kCompiled && l.entry->cubin == "child" ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  job();  // the parent's flight ends as before
+  EXPECT_EQ(cache.get_or_compile(kKey, [] { return std::string("again"); }).entry->cubin, kCubin);
+}
+
 TEST_F(CacheTest, EightProcessesRaceOnOneKey) {
   race_processes(8, [&](int) {
     Cache cache(dir_);

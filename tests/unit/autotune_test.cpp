@@ -191,7 +191,7 @@ TEST(Autotune, StoredRecordsNameOneOfTheCandidates) {
   EXPECT_FALSE(fa::detail::parse_tune_choice("choice forward bf16 qk128", c));
   EXPECT_EQ(fa::to_string(r),
             "bh64 q4096 kv4096 blk128x128: tuned wgmma 128x64w12s2 (wgmma 128x128w12s2 1.250 ms, wgmma "
-            "128x64w12s2 1.125 ms, compile 0.00 s, timing 0.00 s) on NVIDIA H200");
+            "128x64w12s2 1.125 ms, compile 0.00 s, 0 at the call, timing 0.00 s) on NVIDIA H200");
   r.origin = fa::TuneRecord::Origin::kStored;
   r.timed.clear();
   EXPECT_EQ(fa::to_string(r), "bh64 q4096 kv4096 blk128x128: stored wgmma 128x64w12s2 on NVIDIA H200");

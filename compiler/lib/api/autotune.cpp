@@ -31,7 +31,8 @@ std::string to_string(const TuneRecord& r) {
   std::string detail;
   if (r.origin == TuneRecord::Origin::kTuned) {
     for (const auto& [spec, ms] : r.timed) detail += fmt::format("{} {:.3f} ms, ", brief(spec), ms);
-    detail += fmt::format("compile {:.2f} s, timing {:.2f} s", r.compile_s, r.time_s);
+    detail += fmt::format("compile {:.2f} s, {} at the call, timing {:.2f} s", r.compile_s,
+                          r.compiled_at_call, r.time_s);
   } else if (r.origin == TuneRecord::Origin::kSkipped) {
     detail = "not timed: " + r.note;
   }
@@ -181,7 +182,8 @@ const Compiled* ForwardTuner::compiled(const KernelSpec& spec) {
   return compile_all({spec}).front();  // the default itself, or null when it did not compile
 }
 
-std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelSpec>& specs) {
+std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelSpec>& specs,
+                                                       int* compiled_now) {
   // Generation runs here, one at a time (callers hold tuning_, which also orders kernels_'
   // insertions); NVRTC (thread-safe, the cache too) in parallel.
   std::vector<const Compiled*> out(specs.size(), nullptr);
@@ -222,6 +224,9 @@ std::vector<const Compiled*> ForwardTuner::compile_all(const std::vector<KernelS
     JoinAll pool;
     for (size_t j = 0; j < todo.size(); ++j) pool.threads.emplace_back(work, j);
   }
+  if (compiled_now)
+    *compiled_now = static_cast<int>(std::count_if(
+        made.begin(), made.end(), [](const auto& c) { return c && c->origin == CacheOrigin::kCompiled; }));
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t j = 0; j < todo.size(); ++j) {
     if (!made[j]) {
@@ -363,7 +368,8 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
   }
   if (!may_time()) return fwd_;  // nothing remembered: a later ordinary call tunes the class
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<const Compiled*> kernels = compile_all(specs);
+  int compiled_at_call = 0;
+  std::vector<const Compiled*> kernels = compile_all(specs, &compiled_at_call);
   const double compile_s = seconds_since(t0);
   kernels.erase(std::remove(kernels.begin(), kernels.end(), nullptr), kernels.end());
   if (kernels.size() < 2) {
@@ -375,6 +381,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
     chosen = compiled(record.chosen);  // one of the kernels just timed
   }
   record.compile_s = compile_s;
+  record.compiled_at_call = compiled_at_call;
   if (record.origin == TuneRecord::Origin::kTuned) {
     const std::string text = tune_record_text(record);
     cache.get_or_compile(

@@ -71,7 +71,8 @@ class ForwardTuner {
  private:
   // A candidate compiled once (null when it does not compile); callers hold tuning_.
   const Compiled* compiled(const KernelSpec& spec);
-  std::vector<const Compiled*> compile_all(const std::vector<KernelSpec>& specs);  // null: did not compile
+  // null: did not compile; `compiled_now`: how many of them this call compiled itself
+  std::vector<const Compiled*> compile_all(const std::vector<KernelSpec>& specs, int* compiled_now = nullptr);
   TuneRecord time_candidates(const std::vector<const Compiled*>& kernels, CUstream stream,
                              const Prepare& prepare);
 

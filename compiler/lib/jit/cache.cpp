@@ -221,8 +221,15 @@ struct Cache::Impl {
   mutable std::shared_mutex mem_mu;
   std::unordered_map<std::string, EntryPtr> mem;
 
+  // A flight belongs to the process that started it: a child forked while a compile ran (a
+  // background one, say) inherits the entry but not the thread that would end it, so there it
+  // counts as no flight and the child leads its own.
+  struct InFlight {
+    std::shared_future<EntryPtr> done;
+    pid_t pid;
+  };
   std::mutex flight_mu;
-  std::unordered_map<std::string, std::shared_future<EntryPtr>> in_flight;
+  std::unordered_map<std::string, InFlight> in_flight;
 
   std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, misses{0}, corrupt{0}, write_failures{0};
 
@@ -261,11 +268,12 @@ struct Cache::Impl {
     if ((f.found = memory_find(key))) return f;
     std::lock_guard<std::mutex> lock(flight_mu);
     if ((f.found = memory_find(key))) return f;  // finished while we took the lock
+    const pid_t self = ::getpid();
     auto it = in_flight.find(key);
-    if (it != in_flight.end()) {
-      f.waiting = it->second;
+    if (it != in_flight.end() && it->second.pid == self) {
+      f.waiting = it->second.done;
     } else {
-      in_flight.emplace(key, promise.get_future().share());
+      in_flight.insert_or_assign(key, InFlight{promise.get_future().share(), self});
       f.leader = true;
     }
     return f;
