@@ -25,6 +25,7 @@
 #include "fajit/detail/codegen.h"
 #include "fajit/detail/expr.h"
 #include "fajit/frontend.h"
+#include "fajit/jit/arch.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/nvrtc.h"
 #include "fajit/kernel.h"
@@ -40,7 +41,8 @@ struct DumpOptions {
   std::string arch, dtype = "bf16";
   int head_dim_qk = 128, head_dim_v = 0;  // 0: same as head_dim_qk
   bool block_mask = false;
-  bool backward = false;  // the backward kernels (KernelKind::kBackward)
+  bool block_tables = false;  // the builder's table kernels (codegen's generate_block_tables)
+  bool backward = false;      // the backward kernels (KernelKind::kBackward)
   std::string family = "auto";
   std::string layout = "dense";  // dense, ragged or paged (fa::SequenceLayout)
   bool row_max = false;          // the twin that writes each row's largest score (KernelSpec::row_max)
@@ -97,13 +99,23 @@ std::string find_tool(std::initializer_list<const char*> names) {
   return "";
 }
 
+// The block-mask builder's table kernels (kinds, tables, regrouping): one module per arch, the
+// same for every mask_mod, so none of the variant's options but --arch apply.
+fa::GeneratedKernel block_tables_of(const DumpOptions& o) {
+  if (o.block_mask || o.backward || o.family == "decode")
+    throw fa::Error(
+        "--block-tables is a module of its own: not with --block-mask, --backward or --kernel decode");
+  if (o.mlir) throw fa::Error("--block-tables has no IR (it reads no mods): give --cuda, --ptx or --sass");
+  return fa::generate_block_tables(o.arch.empty() ? "sm_90a" : fa::jit::validate_arch(o.arch));
+}
+
 int run_dump(const DumpOptions& o) {
   fa::Program p = fajit_cli::program_of(o.mods);
-  if (o.mlir) {
+  if (o.mlir && !o.block_tables) {
     std::cout << (o.backward ? p.score_grad_mlir() : p.to_mlir());  // --backward: the derivative
     return 0;
   }
-  fa::GeneratedKernel g = fa::generate(p, spec_for(o));
+  fa::GeneratedKernel g = o.block_tables ? block_tables_of(o) : fa::generate(p, spec_for(o));
   if (o.cuda) {
     std::cout << g.source;
     return 0;
@@ -291,7 +303,11 @@ int main(int argc, char** argv) {
                    "decoding for short queries)")
       ->check(CLI::IsMember({"auto", "mma", "wgmma", "decode"}));
   dump_cmd->add_flag("--block-mask", dump.block_mask,
-                     "the block-mask builder kernel instead of the forward kernel");
+                     "the block-mask builder's classifier (evaluates mask_mod on partial blocks) instead of "
+                     "the forward kernel");
+  dump_cmd->add_flag("--block-tables", dump.block_tables,
+                     "the block-mask builder's table kernels (kinds to tables, regrouping; one module per "
+                     "arch, the same for every mask_mod) instead of the forward kernel");
   dump_cmd->add_flag("--backward", dump.backward,
                      "the backward kernels (preprocess, dK/dV, dQ) instead of the forward kernel");
   dump_cmd
