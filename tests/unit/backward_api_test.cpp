@@ -137,10 +137,14 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   EXPECT_EQ(k.decode_spec().kind, fa::KernelKind::kDecode);
 
   const fa::Kernel noop = fa::compile(fa::identity_score(), fa::noop_mask(), opts(64, 64));
-  EXPECT_EQ(noop.warm().kernels, 1);  // the forward only: nothing to build for a no-op mask
+  // the forward and the builder's table kernels (they derive a device-given mask's tables): no
+  // classifier, nothing to evaluate for a no-op mask
+  EXPECT_EQ(noop.warm().kernels, 2);
   fa::WarmOptions rm;
   rm.row_max = true;
-  EXPECT_EQ(noop.warm(rm).kernels, 2);  // and its row-max twin (ForwardOptions::max_scores)
+  EXPECT_EQ(noop.warm(rm).kernels, 3);  // and the forward's row-max twin (ForwardOptions::max_scores)
+  rm.block_mask = false;
+  EXPECT_EQ(noop.warm(rm).kernels, 2);
 
   // d128 without mods: the dense forward's 192x128 s2 (by default, or asked for) is dense-only;
   // the ragged and paged prefill kernels compile on their layout's own default instead.
@@ -152,7 +156,7 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
     if (given) wide.family = fa::KernelFamily::kWgmma, wide.tile = {192, 128, 16, 2};
     const fa::Kernel k128 = fa::compile(fa::identity_score(), fa::noop_mask(), wide);
     EXPECT_EQ(k128.spec().tile, (fa::TileConfig{192, 128, 16, 2}));
-    EXPECT_EQ(k128.warm(seq).kernels, 5);  // forward; ragged prefill and decoding; paged ones
+    EXPECT_EQ(k128.warm(seq).kernels, 6);  // forward; table kernels; ragged prefill and decoding; paged ones
   }
 
   const fa::ScoreMod stepped{

@@ -97,7 +97,7 @@ FA_API fajit_status fajit_kernel_ptx(fajit_kernel* kernel, const char** ptx);
 
 /* The kernels fajit_kernel_warm compiles now instead of on first use (flags, OR-ed). */
 typedef enum fajit_warm_flag {
-  FAJIT_WARM_BLOCK_MASK = 1,    /* the block-mask builder (none for a mask that keeps everything) */
+  FAJIT_WARM_BLOCK_MASK = 1,    /* the block-mask builder: classifier (none for a no-op mask), table kernels */
   FAJIT_WARM_BACKWARD = 2,      /* the backward kernels */
   FAJIT_WARM_DETERMINISTIC = 4, /* the backward kernels of deterministic mode */
   FAJIT_WARM_DECODE = 8,        /* the split-KV decoding kernel */

@@ -140,7 +140,8 @@ struct BlockMaskOptions {
 
 // Which of a kernel's lazily compiled kernels Kernel::warm compiles now.
 struct WarmOptions {
-  bool block_mask = true;      // the block-mask builder (none for a mask that keeps everything)
+  bool block_mask = true;      // the block-mask builder: its classifier (none for a mask that keeps
+                               // everything) and its table kernels (one module per arch, shared)
   bool backward = false;       // the backward kernels (dQ by atomics)
   bool deterministic = false;  // the backward kernels of deterministic mode
   bool decode = false;         // the split-KV decoding kernel (dense layout)

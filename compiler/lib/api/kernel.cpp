@@ -441,15 +441,17 @@ class MaskBuilder {
     return rt::build_block_mask(fn, fc, a.batch, a.heads, len_q, len_kv, o);
   }
 
-  // The builder's modules, compiled now (none for a mask that keeps everything: never needed):
-  // the classifier, then the table kernels.
-  // Where each came from: the table kernels as this builder first found them (memory where
-  // another builder of the process had compiled them), so `fajit cache warm` counts them once.
+  // The builder's modules, compiled now: the classifier (not for a mask that keeps everything:
+  // nothing to evaluate), then the table kernels (a no-op mask_mod too: they derive the tables of
+  // masks given on the device, torch BlockMasks, for the backward and for tiles that split the
+  // blocks). Where each came from: the table kernels as this builder first found them (memory
+  // where another builder of the process had compiled them), so `fajit cache warm` counts them once.
   std::vector<CacheOrigin> warm() {
-    if (program_.mask_is_noop()) return {};
-    const CacheOrigin classifier = builder().origin;
+    std::vector<CacheOrigin> out;
+    if (!program_.mask_is_noop()) out.push_back(builder().origin);
     tables();  // (its call_once below orders tables_origin_'s write before this read)
-    return {classifier, tables_origin_};
+    out.push_back(tables_origin_);
+    return out;
   }
 
   // A from_device_kv_blocks mask's tables as they are when `stream` gets there, derived on the
