@@ -37,12 +37,13 @@ struct Options {
                            // their layout's list has it, else their own default
   std::string arch;        // "" = the current GPU's; sm_90a when there is no GPU
   bool line_info = false;  // NVRTC -lineinfo (for profilers)
-  // Autotuning of the dense forward (family kAuto and the default tile only): with a device
-  // present, fa::compile starts the candidates of fa::forward_tune_candidates compiling on
-  // background threads beside the default (as far as half the hardware threads allow, at a
-  // lower priority; joined at exit); the first forward call of each shape class (B x Hq, Lq,
-  // Lkv rounded up to powers of two, the mask's block sizes) on a device waits for those and
-  // compiles the rest (in parallel, through the cache), times them on the call's own tensors for about 200 ms in
+  // Autotuning of the dense forward (family kAuto and the default tile only): for the current
+  // GPU (arch empty), fa::compile starts the candidates of fa::forward_tune_candidates compiling
+  // on background threads beside the default (within half the hardware threads, one kept for a
+  // backward_in_background; joined at exit; CPU time spent even if no dense forward ever runs);
+  // the first forward call of each shape class (B x Hq, Lq, Lkv rounded up to powers of two,
+  // the mask's block sizes) on a device waits for those and compiles the rest (in parallel,
+  // through the cache), times them on the call's own tensors for about 200 ms in
   // all, and runs the fastest from then on (the default unless another is >= 2 % faster). The
   // choice is kept in the cache directory beside the cubins, keyed by variant, device name and
   // shape class, so later processes skip the timing. That first call synchronizes its stream;
@@ -72,10 +73,10 @@ struct TuneRecord {
   Origin origin = Origin::kTuned;
   std::vector<std::pair<KernelSpec, float>> timed;  // kTuned: each candidate's ms per launch
   double compile_s = 0, time_s = 0;                 // kTuned: compiling the candidates, timing them
+  std::string note;                                 // kSkipped: why nothing was timed
   // kTuned: how many candidates the call compiled itself. The others were in memory, on disk, or
   // compiling since fa::compile started them beside the default (compile_s waited for those).
   int compiled_at_call = 0;
-  std::string note;                                 // kSkipped: why nothing was timed
 };
 // One line: "bh64 q4096 kv4096 blk128x128: tuned wgmma 128x128w12s3 (wgmma 128x128w12s3 1.021 ms,
 // ..., compile 1.52 s, timing 0.18 s) on NVIDIA H200".

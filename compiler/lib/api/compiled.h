@@ -28,4 +28,9 @@ jit::KernelRequest kernel_request(const GeneratedKernel& gen, bool line_info, st
 // `gen` through the global cache (memory, disk, NVRTC); `what` goes into the entry's meta.
 Compiled compile_generated(GeneratedKernel gen, bool line_info, std::string_view what);
 
+// The compiles fa::compile starts on background threads (backward_in_background, autotuning's
+// candidates): how many may run at once, and a wait for all still running (for tests).
+unsigned background_compile_slots();
+void wait_for_background_compiles();
+
 }  // namespace fa::detail

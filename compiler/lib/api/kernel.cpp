@@ -19,8 +19,6 @@
 #include <system_error>
 #include <thread>
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -251,15 +249,17 @@ KernelSpec backward_spec_beside(const Program& p, const KernelSpec& forward, boo
   return spec;
 }
 
-// Compiles started ahead of their first use (Options::backward_in_background). The request's
-// cache flight is claimed on the calling thread (jit::claim_compile): a first use arriving at
-// any time waits for this compile instead of starting its own (and gets its error, if any),
-// while the compile runs on a thread of its own. At most half the hardware threads run such
-// compiles at once; past that nothing is started and the first use compiles as it did. At exit
+// Compiles started ahead of their first use (Options::backward_in_background, and autotuning's
+// candidates: start_candidate_compiles). The request's cache flight is claimed on the calling
+// thread (jit::claim_compile): a first use arriving at any time waits for this compile instead
+// of starting its own (and gets its error, if any), while the compile runs on a thread of its
+// own. At most half the hardware threads run such compiles at once (so the caller's own compile
+// always has a core); past that nothing is started and the first use compiles as it did. At exit
 // the running ones are joined, before NVRTC's library object goes (the join is registered after
-// it). A forked child starts none and never joins its parent's threads; a key its parent had in
-// flight at the fork is no flight there (jit::Cache: flights belong to their process), so the
-// child compiles it itself if it needs it.
+// it). A forked child starts none and never joins its parent's threads, and takes no lock to
+// find that out; a key its parent had in flight at the fork is no flight there (jit::Cache:
+// flights belong to their process), so the child compiles it itself if it needs it. (A fork
+// while another thread holds one of the cache's locks, a moment, is not covered.)
 class BackgroundCompiles {
  public:
   static BackgroundCompiles& get() {
@@ -271,26 +271,28 @@ class BackgroundCompiles {
     }();
     return *jobs;
   }
-  // Whether a thread took the request (false: closed, a forked child, or every slot busy; a
-  // request in memory or in flight already counts as taken).
-  bool start(const jit::KernelRequest& req) {
+  // Whether a thread took the request (false: closed, a forked child, or no slot free with
+  // `keep_free` of them left over; a request in memory or in flight already counts as taken).
+  bool start(const jit::KernelRequest& req, unsigned keep_free = 0) {
+    if (getpid() != pid_) return false;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_ || getpid() != pid_) return false;
-    for (auto it = jobs_.begin(); it != jobs_.end();) {  // join the finished ones
-      if (it->done) {
-        it->thread.join();
-        it = jobs_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (jobs_.size() >= std::max(1u, std::thread::hardware_concurrency() / 2)) return false;
-    std::function<void()> job = jit::claim_compile(req);
-    if (!job) return true;          // in memory, or in flight already
+    if (closed_) return false;
+    join_finished();
+    if (jobs_.size() + keep_free >= slots()) return false;
     Job& j = jobs_.emplace_back();  // a list node: stays put while its thread runs
+    std::function<void()> job;
+    try {
+      job = jit::claim_compile(req);
+    } catch (...) {
+      jobs_.pop_back();
+      throw;
+    }
+    if (!job) {  // in memory, or in flight already
+      jobs_.pop_back();
+      return true;
+    }
     try {
       j.thread = std::thread([job, &done = j.done] {
-        yield_to_callers();
         job();
         done = true;
       });
@@ -300,26 +302,37 @@ class BackgroundCompiles {
     }
     return true;
   }
-  void close() {
+  // Joins every compile still running (a test's clean slate; fa::compile never waits here).
+  void wait() {
+    if (getpid() != pid_) return;
     std::list<Job> running;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      closed_ = true;
-      if (getpid() != pid_) return;
       running.swap(jobs_);
     }
     for (Job& j : running) j.thread.join();
   }
+  void close() {
+    if (getpid() != pid_) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+    }
+    wait();
+  }
+  static unsigned slots() { return std::max(1u, std::thread::hardware_concurrency() / 2); }
 
  private:
   BackgroundCompiles() = default;
-  // A background compile runs at a lower priority than the threads that wait for their own
-  // (nice +10, this thread only on Linux): where cores are short, fa::compile's forward goes
-  // first. Best effort: a refusal changes nothing.
-  static void yield_to_callers() {
-#if defined(__linux__)
-    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
-#endif
+  void join_finished() {
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      if (it->done) {
+        it->thread.join();
+        it = jobs_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
   struct Job {
     std::thread thread;
@@ -330,6 +343,13 @@ class BackgroundCompiles {
   bool closed_ = false;
   const pid_t pid_ = getpid();
 };
+
+}  // namespace
+
+unsigned detail::background_compile_slots() { return BackgroundCompiles::slots(); }
+void detail::wait_for_background_compiles() { BackgroundCompiles::get().wait(); }
+
+namespace {
 
 // Options::backward_in_background: the dense backward of a forward spec, generated here (the
 // IR is not for other threads) and compiled on a background thread. A score_mod without a
@@ -350,9 +370,10 @@ void start_backward_compile(const Program& p, const KernelSpec& forward, bool li
 // only times them (~0.2 s) instead of compiling them first (1.5-1.9 s on the H200 host, seven
 // kernels in parallel). In the tuner's order (forward_tune_candidates: the measured favourites
 // first, mma.sync last), as far as BackgroundCompiles has threads to spare; the rest compile at
-// the first call as before. Only where a device is present: without one nothing tunes (and a
-// build machine compiling for another GPU has no use for them). Generated here: the IR is not
-// for other threads.
+// the first call as before, and one slot stays free for a later variant's backward. Only for the
+// current GPU (the caller checks): without one nothing tunes, and a kernel for another arch is
+// never tuned here. Generated here: the IR is not for other threads. They cost CPU time even if
+// no dense forward of the variant ever runs (decoding only, say): FAJIT_AUTOTUNE=0 starts none.
 void start_candidate_compiles(const Program& p, const KernelSpec& def, bool line_info) {
   try {
     const std::vector<KernelSpec> specs =
@@ -365,7 +386,8 @@ void start_candidate_compiles(const Program& p, const KernelSpec& def, bool line
       } catch (const std::exception&) {  // a candidate codegen refuses: the tuner drops it too
         continue;
       }
-      if (!BackgroundCompiles::get().start(detail::kernel_request(gen, line_info, what))) return;
+      // one slot kept for the next variant's backward_in_background
+      if (!BackgroundCompiles::get().start(detail::kernel_request(gen, line_info, what), 1)) return;
     }
   } catch (...) {  // an optimisation only: fa::compile goes on without it
   }
@@ -1187,7 +1209,10 @@ Kernel compile(const Program& program, const Options& options) {
   GeneratedKernel gen = generate(program, spec);
   const bool autotune = detail::autotune_enabled(options);
   if (options.backward_in_background) start_backward_compile(program, gen.spec, options.line_info);
-  if (autotune && rt::cuda_available()) start_candidate_compiles(program, gen.spec, options.line_info);
+  // (only for the current GPU's arch: resolve_arch asked the device; an explicit arch may be
+  // another GPU's, and asking the driver here would be new for such a compile)
+  if (autotune && options.arch.empty() && rt::cuda_available())
+    start_candidate_compiles(program, gen.spec, options.line_info);
   impl->fwd = compile_generated(std::move(gen), options.line_info, what);
   impl->mask.set_spec(spec_beside(impl->fwd.gen.spec, KernelKind::kBlockMask));
   impl->tuner = std::make_unique<detail::ForwardTuner>(impl->mask.program(), impl->fwd, autotune);
