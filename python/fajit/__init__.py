@@ -208,14 +208,16 @@ class Kernel:
         return _capi.text(self._lib.fajit_kernel_autotune_report(self._h))
 
     def warm(self, backward=False, deterministic=False, decode=False, ragged=False, paged=False, block_mask=True,
-             row_max=False):
+             row_max=False, candidates=False):
         """Compiles now, through the caches, the kernels otherwise compiled on first use (a server
         warms them at start; no GPU needed); row_max: also the forward-side kernels' twins that
-        write max_scores. Returns how many kernels the variant has, the forward included."""
+        write max_scores; candidates: the dense forward's autotuning candidates (a first call
+        that tunes then only times them). Returns how many kernels the variant has, the forward
+        included."""
         flags = ((_capi.WARM_BLOCK_MASK if block_mask else 0) | (_capi.WARM_BACKWARD if backward else 0) |
                  (_capi.WARM_DETERMINISTIC if deterministic else 0) | (_capi.WARM_DECODE if decode else 0) |
                  (_capi.WARM_RAGGED if ragged else 0) | (_capi.WARM_PAGED if paged else 0) |
-                 (_capi.WARM_ROW_MAX if row_max else 0))
+                 (_capi.WARM_ROW_MAX if row_max else 0) | (_capi.WARM_CANDIDATES if candidates else 0))
         n = _C.c_int(0)
         _capi.check(self._lib.fajit_kernel_warm(self._h, flags, _C.byref(n)))
         return n.value

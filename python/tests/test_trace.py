@@ -401,6 +401,18 @@ def test_warm_compiles_the_lazy_kernels_without_a_gpu():
         ks.warm(backward=True)
 
 
+def test_warm_compiles_the_autotune_candidates():
+    def scaled(score, b, h, q_idx, kv_idx):
+        return score * 0.90625
+
+    k = fajit.compile(scaled, causal, head_dim_qk=64, arch="sm_80")
+    # sm_80: mma.sync tiles of 128 and 64 rows, the default's BLOCK_N and 32, 2 and 3 stages (the
+    # default among them): the forward and seven others
+    assert k.warm(block_mask=False, candidates=True) == 8
+    assert k.warm(block_mask=False, candidates=True) == 8  # once
+    assert k.warm(block_mask=False) == 1
+
+
 def test_backward_in_background_compiles_beside_the_forward():
     def halved(score, b, h, q_idx, kv_idx):
         return score * 0.53125

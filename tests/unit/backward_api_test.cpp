@@ -169,6 +169,29 @@ TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   EXPECT_EQ(e.rfind("cannot differentiate score_mod @stepped:\n", 0), 0u) << e;
 }
 
+// WarmOptions::candidates compiles the dense forward's autotuning candidates (every one but the
+// default, which the forward is) through the cache, so a later first call only times them; no
+// GPU needed (an explicit arch). Once: a second warm finds them where they first came from.
+TEST(KernelWarm, CompilesTheAutotuneCandidates) {
+  const fa::ScoreMod scaled{
+      "warm_candidates", [](fa::Score s, fa::Index, fa::Index, fa::Index, fa::Index) { return s * 0.875f; }};
+  const fa::Kernel k = fa::compile(scaled, fa::mods::causal(), opts(64, 64));
+  const std::vector<fa::KernelSpec> specs = fa::forward_tune_candidates(k.spec(), true, true);
+  ASSERT_GE(specs.size(), 3u);
+  EXPECT_EQ(specs[0], k.spec());
+  fa::WarmOptions w;
+  w.block_mask = false;
+  w.candidates = true;
+  const fa::WarmReport r = k.warm(w);
+  EXPECT_EQ(r.kernels, static_cast<int>(specs.size()));  // the forward and every other candidate
+  EXPECT_EQ(r.compiled + r.from_disk + r.from_memory, r.kernels);
+  const fa::WarmReport again = k.warm(w);
+  EXPECT_EQ(again.kernels, r.kernels);
+  EXPECT_EQ(again.compiled, r.compiled);
+  w.candidates = false;
+  EXPECT_EQ(k.warm(w).kernels, 1);
+}
+
 // Options::backward_in_background compiles the backward on a thread of its own while the forward
 // compiles: a later Kernel::warm finds it in the process's memory cache (finished, or joined in
 // flight) instead of compiling it or reading it from disk. The score_mod is this test's own, so

@@ -177,9 +177,11 @@ void warm_line(WarmLine& w) {
   app.add_option("--kernel", o.family, "forward kernel: auto, mma or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}));
   app.add_option("--with", with,
-                 "also: backward, deterministic, decode, ragged, paged, row_max (comma-separated)")
+                 "also: backward, deterministic, decode, ragged, paged, row_max, candidates (the "
+                 "dense forward's autotuning candidates; comma-separated)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"backward", "deterministic", "decode", "ragged", "paged", "row_max"}));
+      ->check(
+          CLI::IsMember({"backward", "deterministic", "decode", "ragged", "paged", "row_max", "candidates"}));
   try {
     app.parse(w.text, false);
   } catch (const CLI::ParseError& e) {
@@ -201,6 +203,7 @@ void warm_line(WarmLine& w) {
     auto has = [&](const char* x) { return std::find(with.begin(), with.end(), x) != with.end(); };
     wo.backward = has("backward"), wo.deterministic = has("deterministic"), wo.decode = has("decode");
     wo.ragged = has("ragged"), wo.paged = has("paged"), wo.row_max = has("row_max");
+    wo.candidates = has("candidates");
     w.report = k.warm(wo);
     w.summary = fmt::format("score_mod @{} mask_mod @{} {}", p.score_mod_name(), p.mask_mod_name(),
                             k.spec().to_string());
@@ -397,7 +400,7 @@ int main(int argc, char** argv) {
                         "warm: variants to compile ahead of time, one per line as fajit dump's options "
                         "(--mask, --score, --mask-mod, --score-mod, --capture, --arch, --dtype, --head-dim, "
                         "--head-dim-v, --kernel auto|mma|wgmma) plus --with backward,deterministic,decode,"
-                        "ragged,paged; # comments");
+                        "ragged,paged,row_max,candidates; # comments");
   cache_cmd->add_option("--jobs,-j", warm_jobs, "warm: variants compiled at once (default: the CPU count)")
       ->check(CLI::Range(1, 256));
 

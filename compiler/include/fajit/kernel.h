@@ -151,6 +151,9 @@ struct WarmOptions {
   bool paged = false;          // the paged-KV prefill and decoding kernels
   bool row_max = false;        // also the row-max twins (ForwardOptions::max_scores) of the forward
                                // and of the decoding, ragged and paged kernels named above
+  bool candidates = false;     // the dense forward's autotuning candidates (forward_tune_candidates):
+                               // a first call that tunes then only times them (with the cache
+                               // directory shipped, in a fresh process too)
 };
 
 // What Kernel::warm compiled, by where each kernel came from (the forward included).

@@ -68,7 +68,13 @@ class ForwardTuner {
 
   std::vector<TuneRecord> records() const;
 
+  // The candidates other than the default, compiled now (in parallel, through the cache) as a
+  // first tuning would: Kernel::warm. Those that do not compile are left out.
+  std::vector<const Compiled*> compile_candidates();
+
  private:
+  // The candidates as choose() times them, the default first.
+  std::vector<KernelSpec> candidate_specs() const;
   // A candidate compiled once (null when it does not compile); callers hold tuning_.
   const Compiled* compiled(const KernelSpec& spec);
   // null: did not compile; `compiled_now`: how many of them this call compiled itself

@@ -548,7 +548,8 @@ fajit_status fajit_kernel_warm(const fajit_kernel* k, unsigned flags, int* kerne
   return guarded([&] {
     require(k, "kernel");
     constexpr unsigned kAll = FAJIT_WARM_BLOCK_MASK | FAJIT_WARM_BACKWARD | FAJIT_WARM_DETERMINISTIC |
-                              FAJIT_WARM_DECODE | FAJIT_WARM_RAGGED | FAJIT_WARM_PAGED | FAJIT_WARM_ROW_MAX;
+                              FAJIT_WARM_DECODE | FAJIT_WARM_RAGGED | FAJIT_WARM_PAGED | FAJIT_WARM_ROW_MAX |
+                              FAJIT_WARM_CANDIDATES;
     if (flags & ~kAll)
       throw fa::Error(
           fmt::format("flags: unknown bits {:#x} (known: fajit_warm_flag, {:#x})", flags & ~kAll, kAll));
@@ -560,6 +561,7 @@ fajit_status fajit_kernel_warm(const fajit_kernel* k, unsigned flags, int* kerne
     w.ragged = flags & FAJIT_WARM_RAGGED;
     w.paged = flags & FAJIT_WARM_PAGED;
     w.row_max = flags & FAJIT_WARM_ROW_MAX;
+    w.candidates = flags & FAJIT_WARM_CANDIDATES;
     const fa::WarmReport r = k->kernel.warm(w);
     if (kernels) *kernels = r.kernels;
   });

@@ -1061,6 +1061,8 @@ WarmReport Kernel::warm(const WarmOptions& options) const {
   }
   if (options.ragged && options.backward) count(&impl_->backward_kernel(false, SequenceLayout::kRagged));
   if (options.ragged && options.deterministic) count(&impl_->backward_kernel(true, SequenceLayout::kRagged));
+  if (options.candidates)
+    for (const detail::Compiled* c : impl_->tuner->compile_candidates()) count(c);
   return r;
 }
 
