@@ -752,10 +752,10 @@ int run_variant(const RunOptions& o) {
   t0 = std::chrono::steady_clock::now();
   k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap);
   fa::rt::synchronize(nullptr);
-  const double first_ms =
+  const double first_bwd_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::cout << fmt::format("backward: {} (first call, compile included: {:.0f} ms)\n",
-                           k.backward_spec().to_string(), first_ms);
+                           k.backward_spec().to_string(), first_bwd_ms);
   bool gok = true;
   if (o.no_check) {
     std::cout << "gradients not checked (--no-check)\n";
