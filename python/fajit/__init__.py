@@ -212,7 +212,8 @@ class Kernel:
         """Compiles now, through the caches, the kernels otherwise compiled on first use (a server
         warms them at start; no GPU needed); row_max: also the forward-side kernels' twins that
         write max_scores; candidates: the dense forward's autotuning candidates (a first call
-        that tunes then only times them). Returns how many kernels the variant has, the forward
+        that tunes then only times them; compiled whatever this kernel's autotune setting, for
+        the cache's sake). Returns how many kernels the variant has, the forward
         included."""
         flags = ((_capi.WARM_BLOCK_MASK if block_mask else 0) | (_capi.WARM_BACKWARD if backward else 0) |
                  (_capi.WARM_DETERMINISTIC if deterministic else 0) | (_capi.WARM_DECODE if decode else 0) |

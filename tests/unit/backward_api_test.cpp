@@ -11,6 +11,7 @@
 #include "fa_test_util.h"
 #include "fajit/error.h"
 #include "fajit/frontend.h"
+#include "fajit/jit/cache.h"
 #include "fajit/kernel.h"
 #include "fajit/mods.h"
 
@@ -119,8 +120,8 @@ TEST(BackwardApi, ScoreModWithoutDerivativeIsRefusedNamingTheOp) {
 
 // Kernel::warm compiles the kernels otherwise compiled on first use, once: a second warm finds
 // the same ones (the counts are of where each first came from), and the sources it compiled
-// are those the first use would take. A no-op mask has no builder; a score_mod without a
-// derivative fails the backward as its first use would.
+// are those the first use would take. A no-op mask has no classifier (its table kernels still
+// warm); a score_mod without a derivative fails the backward as its first use would.
 TEST(KernelWarm, CompilesTheLazyKernelsOnce) {
   const fa::Kernel k = fa::compile(fa::mods::softcap(), fa::mods::causal(), opts(64, 64));
   fa::WarmOptions w;
@@ -185,9 +186,13 @@ TEST(KernelWarm, CompilesTheAutotuneCandidates) {
   const fa::WarmReport r = k.warm(w);
   EXPECT_EQ(r.kernels, static_cast<int>(specs.size()));  // the forward and every other candidate
   EXPECT_EQ(r.compiled + r.from_disk + r.from_memory, r.kernels);
+  const fa::jit::CacheStats before = fa::jit::Cache::global().stats();
   const fa::WarmReport again = k.warm(w);
+  const fa::jit::CacheStats after = fa::jit::Cache::global().stats();
   EXPECT_EQ(again.kernels, r.kernels);
   EXPECT_EQ(again.compiled, r.compiled);
+  EXPECT_EQ(after.misses, before.misses) << "the second warm compiled nothing";
+  EXPECT_EQ(after.disk_hits, before.disk_hits) << "nor read anything from disk: the tuner holds them";
   w.candidates = false;
   EXPECT_EQ(k.warm(w).kernels, 1);
 }

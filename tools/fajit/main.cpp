@@ -106,7 +106,12 @@ fa::GeneratedKernel block_tables_of(const DumpOptions& o) {
     throw fa::Error(
         "--block-tables is a module of its own: not with --block-mask, --backward or --kernel decode");
   if (o.mlir) throw fa::Error("--block-tables has no IR (it reads no mods): give --cuda, --ptx or --sass");
-  return fa::generate_block_tables(o.arch.empty() ? "sm_90a" : fa::jit::validate_arch(o.arch));
+  if (o.row_max || o.layout != "dense" || !o.tile.empty() || o.family != "auto")
+    throw fa::Error(
+        "--block-tables takes no forward options (--row-max, --layout, --tile, --kernel): the table kernels "
+        "are one module per arch");
+  (void)spec_for(o).resolved();  // the variant's options checked as for any other kernel (dtype, head dims, arch)
+  return fa::generate_block_tables(o.arch.empty() ? "sm_90a" : o.arch);
 }
 
 int run_dump(const DumpOptions& o) {

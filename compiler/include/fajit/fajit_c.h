@@ -104,7 +104,8 @@ typedef enum fajit_warm_flag {
   FAJIT_WARM_RAGGED = 16,       /* the packed (cu_seqlens) prefill and decoding kernels */
   FAJIT_WARM_PAGED = 32,        /* the paged-KV prefill and decoding kernels */
   FAJIT_WARM_ROW_MAX = 64,      /* also the row-max twins (max_scores) of the forward-side kernels named */
-  FAJIT_WARM_CANDIDATES = 128   /* the dense forward's autotuning candidates (a first tuning only times them) */
+  FAJIT_WARM_CANDIDATES = 128   /* the dense forward's autotuning candidates (a first tuning only times them;
+                                   compiled whatever the kernel's autotune setting) */
 } fajit_warm_flag;
 /* Compiles now, through the memory and disk caches, the kernels `flags` names (fa::Kernel::warm).
  * *kernels (optional) gets how many kernels the variant has compiled or found, the forward

@@ -153,7 +153,9 @@ struct WarmOptions {
                                // and of the decoding, ragged and paged kernels named above
   bool candidates = false;     // the dense forward's autotuning candidates (forward_tune_candidates):
                                // a first call that tunes then only times them (with the cache
-                               // directory shipped, in a fresh process too)
+                               // directory shipped, in a fresh process too). Compiled whatever this
+                               // kernel's own autotune setting, for the cache's sake; not their
+                               // row-max twins. Forward calls wait while they compile.
 };
 
 // What Kernel::warm compiled, by where each kernel came from (the forward included).
