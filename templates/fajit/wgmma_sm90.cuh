@@ -128,7 +128,7 @@ struct StridedRows {
 };
 // Paged rows (FaFwdParams' paged layout): key row r is row r % page_size of page
 // pages[r / page_size] of a pool at `base`, page and row strides in bytes (each < 2^31, checked
-// on the host). Gathered: where threads keep their rows (D 64, 128, 256), each lane of a warp
+// on the host). Gathered: where threads keep their rows (load_rows_sw128), each lane of a warp
 // looks up one of the warp's rows per tile (offset()) and the others take it by shuffle, so a
 // tile costs one page-table load per lane instead of one, in turn, per row. Otherwise a cursor
 // keeps (page slot, row in page): one division where it starts, and a page-table load (an L1
@@ -170,15 +170,20 @@ struct PagedRows {
 // PagedRows), into the swizzled column blocks of kRows x 128 B (Sw128Blocks): a row's
 // Row::kUsed chunks, those past its Row::kChunks (D 72: the 16-column k-step's last 8) and rows
 // >= len zero-filled (neither read from global memory); chunks past kUsed (the pitch padding)
-// are never written: no wgmma reads them. D 64 and 128 (whole column blocks): consecutive threads
-// take consecutive chunks of a row and keep their chunk, walking rows with a running cursor.
+// are never written: no wgmma reads them. D 64 and 128 (whole column blocks), and any D whose
+// pitch the threads of a row divide when the rows are gathered (PagedRows: D 72-128, 200-256;
+// not 136-192): consecutive threads take consecutive chunks of a row and keep their chunk,
+// walking rows with a running cursor (gathered: one page lookup a row, shuffled).
 template <int kRows, typename Row, int kThreads, typename Rows>
 __device__ __forceinline__ void load_rows_sw128(u32 dst, const Rows& rows, int row0, int len, int tid) {
   constexpr int kChunks = Row::kPitch;
   // Threads per row: enough for rows to advance by a multiple of 8 (the swizzle phase stays
   // put), at most one per chunk; each takes chunks c, c + kPerRow, ... of its rows.
   constexpr int kPerRow = kThreads / 8 < kChunks ? kThreads / 8 : kChunks;
-  if constexpr (Row::kChunks == kChunks && kPerRow % 8 == 0 && kChunks % kPerRow == 0 &&
+  // A padded row (D 80: 10 of 16 chunks) leaves the threads of its pitch padding idle; only
+  // gathered rows take that over the padded walk below, whose per-chunk page lookups cost more.
+  constexpr bool kWhole = Row::kChunks == kChunks;
+  if constexpr ((kWhole || Rows::kGathered) && kPerRow % 8 == 0 && kChunks % kPerRow == 0 &&
                 kThreads % kPerRow == 0) {
     constexpr int kRowStep = kThreads / kPerRow;  // rows per pass; a thread keeps its chunks
     constexpr int kMine = kChunks / kPerRow;      // chunks per row and thread, 64 columns apart
@@ -210,9 +215,15 @@ __device__ __forceinline__ void load_rows_sw128(u32 dst, const Rows& rows, int r
         g = valid ? cur.ptr() : rows.any();
       }
 #pragma unroll
-      for (int m = 0; m < kMine; ++m)  // chunk c + m·kPerRow: same swizzle column, next block
-        cp_async_16(d + m * (kPerRow / 8) * (kRows * kSw128RowBytes),
-                    valid ? g + m * kPerRow * 8 : rows.any(), valid);
+      for (int m = 0; m < kMine; ++m) {  // chunk c + m·kPerRow: same swizzle column, next block
+        // padded rows: chunks past kUsed not written, those past kChunks zero-filled
+        const int cm = c + m * kPerRow;
+        if (kWhole || cm < Row::kUsed) {
+          const bool has = valid && (kWhole || cm < Row::kChunks);
+          cp_async_16(d + m * (kPerRow / 8) * (kRows * kSw128RowBytes), has ? g + m * kPerRow * 8 : rows.any(),
+                      has);
+        }
+      }
       if constexpr (!Rows::kGathered) cur.advance(kRowStep);
       d += kRowStep * kSw128RowBytes;
       left -= kRowStep;

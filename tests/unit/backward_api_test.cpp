@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fa_test_util.h"
@@ -195,6 +196,25 @@ TEST(KernelWarm, CompilesTheAutotuneCandidates) {
   EXPECT_EQ(after.disk_hits, before.disk_hits) << "nor read anything from disk: the tuner holds them";
   w.candidates = false;
   EXPECT_EQ(k.warm(w).kernels, 1);
+}
+
+// The ragged and paged prefill on Hopper: the wgmma kernel (K/V by cp.async) wherever its paged
+// copy gathers the rows (one page lookup a row and tile: load_rows_sw128), the padded head dims
+// up to 128 included (d80, d96, d112: their pitch splits evenly over a row's threads); at
+// D 136-192 (pitch 192) mma.sync, for both layouts alike (paged stays bit-identical to packed).
+// Compiled here by NVRTC, so the gathered padded copy is compiled in CI.
+TEST(KernelWarm, SequenceLayoutsTakeTheWgmmaPrefillWhereRowsAreGathered) {
+  for (auto [dqk, dv, wgmma] :
+       {std::tuple{80, 80, true}, {96, 96, true}, {112, 48, true}, {160, 160, false}}) {
+    SCOPED_TRACE(::testing::Message() << dqk << "/" << dv);
+    const fa::Kernel k = fa::compile(fa::mods::alibi(), fa::mods::causal(), opts(dqk, dv));
+    for (fa::SequenceLayout l : {fa::SequenceLayout::kRagged, fa::SequenceLayout::kPaged}) {
+      const fa::KernelSpec& s = k.prefill_spec(l);
+      EXPECT_EQ(s.layout, l);
+      EXPECT_EQ(s.family, wgmma ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync) << s.to_string();
+      EXPECT_EQ(s.tile, k.prefill_spec(fa::SequenceLayout::kRagged).tile) << "both layouts on one tile";
+    }
+  }
 }
 
 // Options::backward_in_background compiles the backward on a thread of its own while the forward

@@ -218,6 +218,9 @@ class FA_API Kernel {
   // The decoding kernel's generated CUDA source and spec (compiled on first request).
   const std::string& decode_cuda_source() const;
   const KernelSpec& decode_spec() const;
+  // The prefill (Lq > 64) kernel's spec for a sequence layout (compiled on first request): the
+  // dense forward's for kDense; for kRagged / kPaged its family and tile as those layouts run it.
+  const KernelSpec& prefill_spec(SequenceLayout layout) const;
   // The backward's generated CUDA source and spec (compiled on first request).
   const std::string& backward_cuda_source() const;
   const KernelSpec& backward_spec() const;

@@ -1071,6 +1071,9 @@ bool Kernel::autotunes() const { return impl_->tuner->enabled(); }
 
 const std::string& Kernel::decode_cuda_source() const { return impl_->decode_kernel().gen.source; }
 const KernelSpec& Kernel::decode_spec() const { return impl_->decode_kernel().gen.spec; }
+const KernelSpec& Kernel::prefill_spec(SequenceLayout layout) const {
+  return impl_->prefill_kernel(layout).gen.spec;
+}
 
 const std::string& Kernel::backward_cuda_source() const { return impl_->backward_kernel().gen.source; }
 const KernelSpec& Kernel::backward_spec() const { return impl_->backward_kernel().gen.spec; }
