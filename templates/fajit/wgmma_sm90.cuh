@@ -170,16 +170,19 @@ struct PagedRows {
 // PagedRows), into the swizzled column blocks of kRows x 128 B (Sw128Blocks): a row's
 // Row::kUsed chunks, those past its Row::kChunks (D 72: the 16-column k-step's last 8) and rows
 // >= len zero-filled (neither read from global memory); chunks past kUsed (the pitch padding)
-// are never written: no wgmma reads them. D 64 and 128 (whole column blocks), and any D whose
-// pitch the threads of a row divide when the rows are gathered (PagedRows: D 72-128, 200-256;
-// not 136-192): consecutive threads take consecutive chunks of a row and keep their chunk,
-// walking rows with a running cursor (gathered: one page lookup a row, shuffled).
+// are never written: no wgmma reads them. D 64, 128 and 256 (whole column blocks whose pitch the
+// threads of a row divide), and any D when the rows are gathered (PagedRows): consecutive
+// threads take consecutive chunks of a row and keep their chunk, walking rows with a running
+// cursor (gathered: one page lookup a row and tile, shuffled).
 template <int kRows, typename Row, int kThreads, typename Rows>
 __device__ __forceinline__ void load_rows_sw128(u32 dst, const Rows& rows, int row0, int len, int tid) {
   constexpr int kChunks = Row::kPitch;
   // Threads per row: enough for rows to advance by a multiple of 8 (the swizzle phase stays
   // put), at most one per chunk; each takes chunks c, c + kPerRow, ... of its rows.
-  constexpr int kPerRow = kThreads / 8 < kChunks ? kThreads / 8 : kChunks;
+  // Gathered rows of a pitch 16 threads do not divide (24 chunks: D 136-192) take 8 threads a
+  // row, three chunks each, 64 columns apart.
+  constexpr int kPerRow0 = kThreads / 8 < kChunks ? kThreads / 8 : kChunks;
+  constexpr int kPerRow = kChunks % kPerRow0 == 0 || !Rows::kGathered ? kPerRow0 : 8;
   // A padded row (D 80: 10 of 16 chunks) leaves the threads of its pitch padding idle; only
   // gathered rows take that over the padded walk below, whose per-chunk page lookups cost more.
   constexpr bool kWhole = Row::kChunks == kChunks;

@@ -91,17 +91,15 @@ std::vector<SeqCase> cases() {
       with_max({"none", bf16, 128, 128, 32, 4, {1, 1, 1, 1}, {1, 8191, 0, 33000}, 16, true}),
       with_max({"key_keep_bias", f16, 64, 64, 4, 2, {1, 16, 0, 5}, {3000, 700, 12, 64}, 16}),
   };
-  // the first two prefill cases on mma.sync too (the Hopper default is wgmma), d80 there too
-  // (the host takes wgmma there since its paged copy gathers padded rows), and the wgmma kernel
-  // asked for where the host picks mma.sync (Hopper only: D 192 rows copied with a page lookup
-  // per chunk, sm90_forward_gathers_rows)
+  // the first two prefill cases on mma.sync too (the Hopper default is wgmma at every head dim:
+  // its paged copy gathers padded rows and rows of pitch 192 too), and d80 and 192/128 there
   // (and the mods' values gathered on mma.sync: document2d by (b, q) and (b, kv), key_keep_bias)
   for (auto [i, family] : {std::pair{0, fa::KernelFamily::kMmaSync},
                            {1, fa::KernelFamily::kMmaSync},
                            {2, fa::KernelFamily::kMmaSync},
                            {16, fa::KernelFamily::kMmaSync},
                            {3, fa::KernelFamily::kMmaSync},
-                           {5, fa::KernelFamily::kWgmma}}) {
+                           {5, fa::KernelFamily::kMmaSync}}) {
     SeqCase c = all[size_t(i)];
     c.family = family;
     all.push_back(c);

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "fa_test_util.h"
@@ -198,20 +197,19 @@ TEST(KernelWarm, CompilesTheAutotuneCandidates) {
   EXPECT_EQ(k.warm(w).kernels, 1);
 }
 
-// The ragged and paged prefill on Hopper: the wgmma kernel (K/V by cp.async) wherever its paged
-// copy gathers the rows (one page lookup a row and tile: load_rows_sw128), the padded head dims
-// up to 128 included (d80, d96, d112: their pitch splits evenly over a row's threads); at
-// D 136-192 (pitch 192) mma.sync, for both layouts alike (paged stays bit-identical to packed).
-// Compiled here by NVRTC, so the gathered padded copy is compiled in CI.
-TEST(KernelWarm, SequenceLayoutsTakeTheWgmmaPrefillWhereRowsAreGathered) {
-  for (auto [dqk, dv, wgmma] :
-       {std::tuple{80, 80, true}, {96, 96, true}, {112, 48, true}, {160, 160, false}}) {
+// The ragged and paged prefill on Hopper: the wgmma kernel (K/V by cp.async) at every head dim,
+// its paged copy gathering the rows (one page lookup a row and tile: load_rows_sw128) padded ones
+// (d80, d96, d112, d160) and those of pitch 192 (8 threads a row) included; both layouts alike
+// (paged stays bit-identical to packed). Compiled here by NVRTC, so those copies compile in CI.
+TEST(KernelWarm, SequenceLayoutsTakeTheWgmmaPrefillAtEveryHeadDim) {
+  for (auto [dqk, dv] : {std::pair{80, 80}, {96, 96}, {112, 48}, {160, 160}, {192, 128}}) {
     SCOPED_TRACE(::testing::Message() << dqk << "/" << dv);
     const fa::Kernel k = fa::compile(fa::mods::alibi(), fa::mods::causal(), opts(dqk, dv));
     for (fa::SequenceLayout l : {fa::SequenceLayout::kRagged, fa::SequenceLayout::kPaged}) {
       const fa::KernelSpec& s = k.prefill_spec(l);
       EXPECT_EQ(s.layout, l);
-      EXPECT_EQ(s.family, wgmma ? fa::KernelFamily::kWgmma : fa::KernelFamily::kMmaSync) << s.to_string();
+      EXPECT_EQ(s.family, fa::KernelFamily::kWgmma) << s.to_string();
+      EXPECT_TRUE(s.cp_async_kv) << s.to_string();
       EXPECT_EQ(s.tile, k.prefill_spec(fa::SequenceLayout::kRagged).tile) << "both layouts on one tile";
     }
   }

@@ -715,20 +715,14 @@ struct Kernel::Impl {
   // The prefill kernel for a layout: fwd when dense, else fwd's kernel compiled for it (the
   // wgmma forward then copies K/V with cp.async: KernelSpec::resolved) on fwd's tile where the
   // layout takes it, else on the layout's default (fwd's tile, its default or Options::tile, may
-  // be the dense-only 192x128 s2; a tuned tile runs dense calls only), or the mma.sync one on its
-  // default where the wgmma kernel's paged copy is slow (sm90_forward_gathers_rows). So
-  // Options::tile is the dense forward's (kernel.h).
+  // be the dense-only 192x128 s2; a tuned tile runs dense calls only). So Options::tile is the
+  // dense forward's (kernel.h).
   const Compiled& prefill_kernel(SequenceLayout layout) {
     if (layout == SequenceLayout::kDense) return fwd;
     std::lock_guard<std::mutex> lock(bwd_mutex);
     std::unique_ptr<Compiled>& slot = prefill[static_cast<int>(layout)];
     if (!slot) {
       KernelSpec spec = fwd.gen.spec;
-      if (spec.family == KernelFamily::kWgmma &&
-          !sm90_forward_gathers_rows(spec.head_dim_qk, spec.head_dim_v)) {
-        spec.family = KernelFamily::kMmaSync;
-        spec.tile = TileConfig{};
-      }
       spec.layout = layout;
       const Program& p = mask.program();
       if (spec.family == KernelFamily::kWgmma &&

@@ -169,13 +169,6 @@ bool sm90_forward_takes_tile(const KernelSpec& s, bool has_score_mod, bool has_m
   return std::find(tiles.begin(), tiles.end(), s.tile) != tiles.end();
 }
 
-bool sm90_forward_gathers_rows(int head_dim_qk, int head_dim_v) {
-  // load_rows_sw128 (wgmma_sm90.cuh): 16 of the producer's 128 threads a row at most, so a pitch of
-  // 8, 16 or 32 chunks (64, 128, 256 columns) is split evenly; 24 (D 136-192) is not
-  auto splits = [](int d) { return head_dim_pitch(d) != 192; };
-  return splits(head_dim_qk) && splits(head_dim_v);
-}
-
 int head_dim_mma(int d) { return round_up(d, 16); }
 int head_dim_pitch(int d) { return round_up(d, 64); }
 

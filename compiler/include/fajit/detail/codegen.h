@@ -63,13 +63,6 @@ bool sm90_forward_early_k(const TileConfig& tile);
 // per SM (at most one per query block) with FaFwdParams::tile_counter zeroed and Q as a fourth
 // (TMA map) argument.
 bool sm90_forward_persistent(const KernelSpec& spec);
-// Whether the Hopper forward gathers paged K/V rows at these head dims with one page-table load
-// per lane and tile (templates/fajit/wgmma_sm90.cuh, load_rows_sw128: rows whose pitch the
-// producer's threads divide, the padded ones included: D up to 128 and 200-256). At D 136-192 its
-// paged copy looks a page up per chunk in turn (d80 measured so: 0.74-0.78x of the mma.sync
-// kernel's speed on the H200), so the ragged and paged prefill run mma.sync there (both, so paged
-// stays bit-identical to packed).
-bool sm90_forward_gathers_rows(int head_dim_qk, int head_dim_v);
 // Whether the Hopper forward at this tile stages each consumer's P in shared memory for an SS
 // P·V (templates/fajit/forward_sm90.cuh, Sm90FwdConfig::kPFromSmem): three consumer warpgroups
 // at 128 keys above a V head dim of 64, where S, P and O do not fit 160 registers together.
