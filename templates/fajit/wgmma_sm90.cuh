@@ -130,9 +130,8 @@ struct StridedRows {
 // pages[r / page_size] of a pool at `base`, page and row strides in bytes (each < 2^31, checked
 // on the host). Gathered: where threads keep their rows (load_rows_sw128), each lane of a warp
 // looks up one of the warp's rows per tile (offset()) and the others take it by shuffle, so a
-// tile costs one page-table load per lane instead of one, in turn, per row. Otherwise a cursor
-// keeps (page slot, row in page): one division where it starts, and a page-table load (an L1
-// hit after the first) for each row it copies.
+// tile costs one page-table load per lane instead of one, in turn, per chunk. (The cursor, which
+// keeps (page slot, row in page), serves only a copy that walks rows itself.)
 template <typename E>
 struct PagedRows {
   static constexpr bool kGathered = true;
@@ -236,6 +235,7 @@ __device__ __forceinline__ void load_rows_sw128(u32 dst, const Rows& rows, int r
             // division or 64-bit multiply per chunk (the producer shares the SM's issue slots
             // with the consumers), and not prelude.cuh's load_tile_async, which unrolls fully
             // (272 B of spills at D 80 in the producer's 40 registers)
+    static_assert(!Rows::kGathered, "gathered rows take the path above (a lookup per chunk here)");
     constexpr int kUsed = Row::kUsed;
     constexpr int kDr = kThreads / kUsed, kDc = kThreads % kUsed;  // rows, chunks per step
     int r = tid / kUsed, c = tid % kUsed;

@@ -467,7 +467,7 @@ Case generate_case(uint64_t seed, int index, bool kv_linear, bool kv_range, bool
       c.tile_edges = true;
     }
   }
-  if (g.chance(0.6)) {  // the common head dims (and the Hopper kernels' only ones)
+  if (g.chance(0.6)) {  // the common head dims
     s.dim_qk = g.chance(0.5) ? 64 : 128;
     s.dim_v = g.chance(0.7) ? s.dim_qk : 192 - s.dim_qk;
   } else {  // any multiple of 8 from 32 to 256 (the mma.sync kernels)

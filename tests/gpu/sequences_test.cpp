@@ -3,8 +3,8 @@
 // mods seeing positions from 0 and its own b), on fresh random inputs with O and LSE poisoned;
 // the same K/V scattered over shuffled pages of a pool gives bit-identical results; lengths
 // 0 and 1 included; the short-query cases take the decoding kernel, the others the prefill
-// (on Hopper the wgmma forward with K/V by cp.async at D 64/128/256, else mma.sync, and the
-// other family where a case asks for it).
+// (on Hopper the wgmma forward with K/V by cp.async at every head dim, and mma.sync where a case
+// asks for it).
 #include <numeric>
 #include <optional>
 
@@ -54,7 +54,7 @@ std::vector<SeqCase> cases() {
       {"document2d_causal", bf16, 64, 64, 2, 1, {200, 77, 333}, {250, 77, 333}, 32},  // mods read b
       {"alibi_slopes", f16, 80, 80, 4, 2, {70, 1, 260}, {90, 2, 260}, 1},             // page size 1
       // the wgmma prefill's other tiles (Hopper): BLOCK_N 64 at d256, QK != V, softcap at d96
-      // (192x112 tiles over 128-key blocks), a page smaller than a row step
+      // (128x128 with a score_mod and a mask_mod), a page smaller than a row step
       {"causal", f16, 256, 256, 4, 4, {300, 0, 129}, {300, 5, 200}, 16},
       {"none", bf16, 192, 128, 8, 2, {257, 64}, {1100, 66}, 8},
       {"document_softcap", bf16, 96, 96, 4, 1, {500, 193}, {520, 193}, 3, false, 60},
@@ -90,6 +90,11 @@ std::vector<SeqCase> cases() {
                fa::KernelFamily::kMmaSync),
       with_max({"none", bf16, 128, 128, 32, 4, {1, 1, 1, 1}, {1, 8191, 0, 33000}, 16, true}),
       with_max({"key_keep_bias", f16, 64, 64, 4, 2, {1, 16, 0, 5}, {3000, 700, 12, 64}, 16}),
+      // padded rows gathered through the page table (load_rows_sw128): QK's odd chunk zero-filled
+      // (D 72) beside V's partial third block (D 136: pitch 192, 8 threads a row), and the 192x112
+      // tile that the sequence layouts' prefill takes at d96 without mods, pages not a power of 2
+      {"causal", bf16, 72, 136, 4, 2, {300, 1, 129}, {333, 7, 700}, 3},
+      {"none", f16, 96, 96, 4, 4, {700, 17, 2}, {900, 17, 64}, 5},
   };
   // the first two prefill cases on mma.sync too (the Hopper default is wgmma at every head dim:
   // its paged copy gathers padded rows and rows of pitch 192 too), and d80 and 192/128 there

@@ -451,7 +451,10 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
       "B={} Hq={} Hkv={} Lq={} Lkv={} D={}/{}{}{}  kernel: {}  block mask in {:.2f} ms\n", B, Hq, Hkv, max_q,
       max_kv, DQK, DV, o.varlen ? "  ragged (lengths random)" : "",
       ps ? fmt::format("  paged (page size {}, {} pages)", ps, num_pages) : "",
-      decode ? "split-KV decoding" : "prefill", mask_ms);
+      decode ? "split-KV decoding"
+             : "prefill " +
+                   k.prefill_spec(ps ? fa::SequenceLayout::kPaged : fa::SequenceLayout::kRagged).to_string(),
+      mask_ms);
   std::cout << fmt::format("first call (kernel compile included): {:.0f} ms\n", first_ms);
   if (o.no_check)
     std::cout << "not checked (--no-check)\n";
