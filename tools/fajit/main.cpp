@@ -25,7 +25,6 @@
 #include "fajit/detail/codegen.h"
 #include "fajit/detail/expr.h"
 #include "fajit/frontend.h"
-#include "fajit/jit/arch.h"
 #include "fajit/jit/cache.h"
 #include "fajit/jit/nvrtc.h"
 #include "fajit/kernel.h"
@@ -110,8 +109,8 @@ fa::GeneratedKernel block_tables_of(const DumpOptions& o) {
     throw fa::Error(
         "--block-tables takes no forward options (--row-max, --layout, --tile, --kernel): the table kernels "
         "are one module per arch");
-  (void)spec_for(o).resolved();  // the variant's options checked as for any other kernel (dtype, head dims, arch)
-  return fa::generate_block_tables(o.arch.empty() ? "sm_90a" : o.arch);
+  // the variant's options checked as for any other kernel (dtype, head dims, arch); its arch
+  return fa::generate_block_tables(spec_for(o).resolved().arch);
 }
 
 int run_dump(const DumpOptions& o) {

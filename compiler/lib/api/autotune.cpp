@@ -178,14 +178,14 @@ std::vector<TuneRecord> ForwardTuner::records() const {
   return out;
 }
 
-std::vector<KernelSpec> ForwardTuner::candidate_specs() const {
-  const bool has_score_mod = score_mod_weighs(program_, KernelKind::kForward);  // as generate() resolves
-  return forward_tune_candidates(fwd_.gen.spec, has_score_mod, !program_.mask_is_noop());
+std::vector<KernelSpec> tune_candidates(const Program& program, const KernelSpec& def) {
+  const bool has_score_mod = score_mod_weighs(program, KernelKind::kForward);  // as generate() resolves
+  return forward_tune_candidates(def, has_score_mod, !program.mask_is_noop());
 }
 
 std::vector<const Compiled*> ForwardTuner::compile_candidates() {
   std::lock_guard<std::mutex> tuning(tuning_);
-  std::vector<const Compiled*> out = compile_all(candidate_specs());
+  std::vector<const Compiled*> out = compile_all(tune_candidates(program_, fwd_.gen.spec));
   out.erase(out.begin());  // the default
   out.erase(std::remove(out.begin(), out.end(), nullptr), out.end());
   return out;
@@ -354,7 +354,7 @@ const Compiled& ForwardTuner::choose(const TuneShape& shape, CUstream stream,
     return *chosen;
   };
 
-  std::vector<KernelSpec> specs = candidate_specs();
+  std::vector<KernelSpec> specs = tune_candidates(program_, fwd_.gen.spec);
   // Candidates whose tile neither divides the mask's blocks nor may regroup them cannot run it.
   specs.erase(std::remove_if(specs.begin() + 1, specs.end(),
                              [&](const KernelSpec& s) {

@@ -73,8 +73,6 @@ class ForwardTuner {
   std::vector<const Compiled*> compile_candidates();
 
  private:
-  // The candidates as choose() times them, the default first.
-  std::vector<KernelSpec> candidate_specs() const;
   // A candidate compiled once (null when it does not compile); callers hold tuning_.
   const Compiled* compiled(const KernelSpec& spec);
   // null: did not compile; `compiled_now`: how many of them this call compiled itself
@@ -106,5 +104,10 @@ class ForwardTuner {
 // Options::autotune resolved: the value, else on unless $FAJIT_AUTOTUNE is 0, off, false or no;
 // off for an explicit family or tile (and fa::Error when autotune is asked for with one).
 bool autotune_enabled(const Options& options);
+
+// The candidates the tuner times for `program`'s resolved dense forward `def`, the default first
+// (forward_tune_candidates with the mods as generate() resolves them): ForwardTuner and
+// fa::compile's background compiles, whose kernels the tuner must find by the same keys.
+std::vector<KernelSpec> tune_candidates(const Program& program, const KernelSpec& def);
 
 }  // namespace fa::detail

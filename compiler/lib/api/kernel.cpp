@@ -376,8 +376,7 @@ void start_backward_compile(const Program& p, const KernelSpec& forward, bool li
 // no dense forward of the variant ever runs (decoding only, say): FAJIT_AUTOTUNE=0 starts none.
 void start_candidate_compiles(const Program& p, const KernelSpec& def, bool line_info) {
   try {
-    const std::vector<KernelSpec> specs =
-        forward_tune_candidates(def, score_mod_weighs(p, KernelKind::kForward), !p.mask_is_noop());
+    const std::vector<KernelSpec> specs = detail::tune_candidates(p, def);
     const std::string what = "autotune candidate of " + detail::variant_name(p);
     for (size_t i = 1; i < specs.size(); ++i) {  // [0] is the default, compiled by the caller
       GeneratedKernel gen;
