@@ -266,7 +266,10 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dims", default="64,128")
-    ap.add_argument("--no-gqa", action="store_true", help="skip Hq=32 Hkv=8 d128 full/causal")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--no-gqa", action="store_true", help="skip Hq=2*heads Hkv=heads/2 d128 full/causal")
     ap.add_argument("--baseline-lib", default=None,
                     help="a second libfajit.so timed on the same tensors (columns base ms, fajit/base)")
     ap.add_argument("--ab-rounds", type=int, default=3,
@@ -295,9 +298,10 @@ def main():
     device = torch.cuda.get_device_name()
     print(f"device: {device}; torch {torch.__version__}; lib {args.lib}; baseline {args.baseline_lib}", flush=True)
     cases = [c for c in args.cases.split(",") if c]
-    plan = [(c, 4, 16, 16, 4096, int(d)) for d in args.dims.split(",") for c in cases]
+    B, H, S = args.batch, args.heads, args.seq
+    plan = [(c, B, H, H, S, int(d)) for d in args.dims.split(",") for c in cases]
     if not args.no_gqa:
-        plan += [(c, 4, 32, 8, 4096, 128) for c in ("full", "causal")]
+        plan += [(c, B, 2 * H, H // 2, S, 128) for c in ("full", "causal")]
     rows = []
     t_all = time.perf_counter()
     for (c, B, Hq, Hkv, S, D) in plan:

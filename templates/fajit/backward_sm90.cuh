@@ -71,7 +71,14 @@
 //   a score_mod that has its own derivative above DQK 96, by 64-column blocks instead, each
 //   warpgroup its block of every tile, the second block's columns past DQK dropped).
 //   Epilogue: dK·scale and dV staged in the K / V tiles, 16-byte stores (zero for keys no
-//   query sees). Deterministic mode leaves dQ to backward.cuh's dq_det kernel.
+//   query sees).
+//   Deterministic mode (kDqOrdered): the same parts, added into dq_accum in a fixed order. Each
+//   64 query rows of a (b, query head) have a counter (FaBwdParams::dq_order); a writer finds its
+//   part's place among the CTAs that add into those rows (their key blocks, ascending, counted
+//   in the forward's tables: DqOrder), waits until the counter reaches it, reduces, waits for
+//   the reduction to complete and counts one more. A CTA waits only on CTAs of lower key blocks
+//   of its own head, which the grid starts first (grid_tile), so the waits cannot close a cycle.
+//   The wide-head kernel's deterministic mode leaves dQ to backward.cuh's dq_det kernel.
 #ifndef FAJIT_BACKWARD_SM90_CUH
 #define FAJIT_BACKWARD_SM90_CUH
 
@@ -133,6 +140,8 @@ struct Sm90BwdConfig
       Base::kConsumerWarpgroups, Base::kSmemOwnOffset, Base::kSmemRowsBytes;
   using typename Base::Shape;
   static constexpr bool kWide = false;  // backward_dkdv_kernel (not the wide-head one)
+  // Deterministic mode: dQ by the writers in a fixed order (above), not by the dq_det kernel.
+  static constexpr bool kDqOrdered = kDeterministic_;
   // Whether the consumers may take each tile from its stage's TileInfo: at BLOCK_M 128, for a
   // mask_mod that reads buffers (backward_dkdv_kernel: Mods::kMaskReadsBuffers). At BLOCK_M 64
   // they walk the tables themselves (there d128 causal ran 0.97x, softcap 0.98x published).
@@ -214,7 +223,8 @@ struct Sm90WideBwdConfig : Sm90BwdTile<Element_, kHeadDimQK_, kHeadDimV_, 64, 64
       Base::kSmemOwnOffset, Base::kSmemRowsBytes;
   using typename Base::Shape;
   static constexpr bool kWide = true;
-  using RowKPitch = typename Shape::RowQK;  // (K's pitch padding is never read for a stored column)
+  static constexpr bool kDqOrdered = false;  // deterministic: dQ by backward.cuh's dq_det kernel
+  using RowKPitch = typename Shape::RowQK;   // (K's pitch padding is never read for a stored column)
 
   // 64-column blocks of a Q / K row and of a V / dO row: the m64 blocks of dKᵀ and dVᵀ (rows
   // past the head dim come from pitch padding and are never stored).
@@ -353,6 +363,30 @@ struct PublishedWalk {
   };
 };
 
+// Deterministic mode's walk of a dK/dV CTA (kDqOrdered), f(hq, q0, full) per query tile: each
+// query head's tiles from the last query block down (DescendingCursor); with a mask the same
+// for every head (mask_t.row_stride_h 0) the GQA group's heads one after the other at each tile.
+// Its dQ parts go in ascending key-block order (dq_order_place), so a CTA reaches each tile about
+// when the CTA of the key block below it has added its part there: at the same step on a full or
+// causal mask (all start at the last query block), a step after it on a sliding window (whose
+// lower key blocks' walks start lower). Walked as the TileCursor order (all heads' tiles of head
+// 0 first, partial blocks before full ones), causal CTAs waited a tile a key block and ran 2x.
+template <int kBM, typename F>
+__device__ __forceinline__ void for_each_ordered_tile(const FaBwdParams& p, int b, int hkv, int kv0, F&& f) {
+  const int group = p.heads_q / p.heads_kv, h0 = hkv * group;
+  if (p.mask_t.row_stride_h == 0) {
+    const BlockWalk<kBM> walk(p.mask_t, b, h0, kv0);
+    for (DescendingCursor<kBM> cur(walk, p.len_q); !cur.done(walk); cur.next(walk, p.len_q))
+      for (int hq = h0; hq < h0 + group; ++hq) f(hq, cur.start, cur.is_full(walk));
+    return;
+  }
+  for (int hq = h0; hq < h0 + group; ++hq) {
+    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+    for (DescendingCursor<kBM> cur(walk, p.len_q); !cur.done(walk); cur.next(walk, p.len_q))
+      f(hq, cur.start, cur.is_full(walk));
+  }
+}
+
 // Producer warps 0, 1 (tid < kLoadThreads): cp.async K and V once (bar_kv), then for each query
 // head of the GQA group and each query tile the transposed tables list, Q and dO by TMA from
 // one thread (cp.async from both warps where the driver refuses a map, or FAJIT_TMA=0, and for
@@ -377,39 +411,45 @@ __device__ __forceinline__ void produce_bwd_tiles(const BwdSmem<Cfg>& sm, const 
   // 24 registers)
   const QueryBoxes<Cfg> boxes(p, b);
   StageRing<Cfg::kStages> ring;
-  for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-    const E* qg = bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq);
-    const E* dog = bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq);
-    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-    for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
-      const int q0 = cur.start;
-      mbar_wait(sm.bar_empty(ring.stage), ring.phase ^ 1u);
-      if (qdo.enabled && boxes.fits(q0, kBM, len_q)) {  // Q and dO by TMA, boxes of 64 columns x
-        if (tid == 0) {  // BLOCK_M rows, one thread; each arms the stage's barrier with its bytes
-          tma_load_tile<kBM, typename Cfg::RowQK>(sm.q(ring.stage), &qdo.a, boxes.row(q0), hq, boxes.b,
-                                                  sm.bar_full(ring.stage));
-          tma_load_tile<kBM, typename Cfg::RowV>(sm.dout(ring.stage), &qdo.b, boxes.row(q0), hq, boxes.b,
-                                                 sm.bar_full(ring.stage));
-        }
-      } else {
-        load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sm.q(ring.stage), qg, p.q_stride_m, q0,
-                                                                     len_q, tid);
-        load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sm.dout(ring.stage), dog, p.do_stride_m,
-                                                                    q0, len_q, tid);
-        if (Cfg::kLayout != kDenseLayout && qdo.enabled) {
-          // a packed sequence's last tile where the barrier expects TMA's two arrivals: the
-          // copies hold the phase open, thread 0 makes the two arrivals
-          mbar_track_cp_async(sm.bar_full(ring.stage));
-          if (tid == 0) mbar_arrive(sm.bar_full(ring.stage)), mbar_arrive(sm.bar_full(ring.stage));
-        } else {
-          mbar_arrive_cp_async(sm.bar_full(ring.stage));
-        }
+  auto load = [&](int hq, int q0, bool full, const E* qg, const E* dog) {
+    mbar_wait(sm.bar_empty(ring.stage), ring.phase ^ 1u);
+    if (qdo.enabled && boxes.fits(q0, kBM, len_q)) {  // Q and dO by TMA, boxes of 64 columns x
+      if (tid == 0) {  // BLOCK_M rows, one thread; each arms the stage's barrier with its bytes
+        tma_load_tile<kBM, typename Cfg::RowQK>(sm.q(ring.stage), &qdo.a, boxes.row(q0), hq, boxes.b,
+                                                sm.bar_full(ring.stage));
+        tma_load_tile<kBM, typename Cfg::RowV>(sm.dout(ring.stage), &qdo.b, boxes.row(q0), hq, boxes.b,
+                                               sm.bar_full(ring.stage));
       }
-      bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sm.lse(ring.stage), sm.delta(ring.stage), p, b, hq, q0,
-                                                   tid);
-      if (kPublish && tid == 0) TileInfo::publish(sm.tile_info(ring.stage), q0, hq, cur.is_full(walk));
-      mbar_arrive(sm.bar_full(ring.stage));
-      ring.advance();
+    } else {
+      load_tile_sw128<kBM, typename Cfg::RowQK, Cfg::kLoadThreads>(sm.q(ring.stage), qg, p.q_stride_m, q0,
+                                                                   len_q, tid);
+      load_tile_sw128<kBM, typename Cfg::RowV, Cfg::kLoadThreads>(sm.dout(ring.stage), dog, p.do_stride_m, q0,
+                                                                  len_q, tid);
+      if (Cfg::kLayout != kDenseLayout && qdo.enabled) {
+        // a packed sequence's last tile where the barrier expects TMA's two arrivals: the
+        // copies hold the phase open, thread 0 makes the two arrivals
+        mbar_track_cp_async(sm.bar_full(ring.stage));
+        if (tid == 0) mbar_arrive(sm.bar_full(ring.stage)), mbar_arrive(sm.bar_full(ring.stage));
+      } else {
+        mbar_arrive_cp_async(sm.bar_full(ring.stage));
+      }
+    }
+    bwd::stage_row_stats<kBM, Cfg::kLoadThreads>(sm.lse(ring.stage), sm.delta(ring.stage), p, b, hq, q0, tid);
+    if (kPublish && tid == 0) TileInfo::publish(sm.tile_info(ring.stage), q0, hq, full);
+    mbar_arrive(sm.bar_full(ring.stage));
+    ring.advance();
+  };
+  auto q_of = [&](int hq) { return bwd::row_base<E>(p.q, p.q_stride_b, p.q_stride_h, b, hq); };
+  auto do_of = [&](int hq) { return bwd::row_base<E>(p.dout, p.do_stride_b, p.do_stride_h, b, hq); };
+  if constexpr (Cfg::kDqOrdered) {
+    for_each_ordered_tile<kBM>(p, b, hkv, kv0,
+                               [&](int hq, int q0, bool full) { load(hq, q0, full, q_of(hq), do_of(hq)); });
+  } else {
+    for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+      const E *qg = q_of(hq), *dog = do_of(hq);
+      const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+      for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q))
+        load(hq, cur.start, cur.is_full(walk), qg, dog);
     }
   }
   if constexpr (kPublish) {  // the end: a stage with no tile, completed by plain arrivals alone
@@ -440,6 +480,53 @@ __device__ __forceinline__ void store_dk_dv(const FaBwdParams& p, u32 sk, u32 sv
                                                                  p.len_kv, wtid);
 }
 
+// Deterministic mode's fixed order of the dQ parts added into 64 query rows (kDqOrdered): the
+// CTAs whose key blocks the forward's tables list for those rows' query block, ascending; a CTA
+// of 128 keys (kBN) is one place, `parts` writers of it take `parts` places in a row. The
+// place of this CTA's part: the listed key blocks below its own (each kv_block / kBN CTAs), then
+// the CTAs of its own block before it. Counted by the writer warp, a lane per entry.
+template <int kBM, int kBN>
+__device__ __forceinline__ int dq_order_place(const FaBlockTables& fm, int b, int hq, int q0, int kv0,
+                                              int lane) {
+  const long long row = BlockWalk<kBM>::row_of(fm, b, hq, q0);
+  const int kb = kv0 / fm.kv_block;
+  const int n_partial = fm.kv_num_blocks[row];
+  const int n_full = fm.full_kv_num_blocks != nullptr ? fm.full_kv_num_blocks[row] : 0;
+  const int* partial = fm.kv_indices + row * fm.num_kv_blocks;
+  const int* full = fm.full_kv_indices + row * fm.num_kv_blocks;
+  int below = 0;
+  for (int i = lane; i < n_partial; i += 32) below += partial[i] < kb ? 1 : 0;
+  for (int i = lane; i < n_full; i += 32) below += full[i] < kb ? 1 : 0;
+  below = __reduce_add_sync(0xffffffffu, below);
+  return below * (fm.kv_block / kBN) + (kv0 % fm.kv_block) / kBN;
+}
+// The writer warp until `count` (acquired by lane 0) has reached `place`. A bound on the wait
+// (2^22 naps of up to 128 ns: ~0.5 s and more) keeps tables that break the order from hanging the GPU: past
+// it the part goes unordered (still summed right).
+__device__ __forceinline__ void dq_order_wait(const int* count, int place, int lane) {
+  if (lane == 0) {
+    unsigned nap = 32;
+    for (int spins = 0; spins < (1 << 22); ++spins) {
+      int now;
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(now) : "l"(count) : "memory");
+      if (now >= place) break;
+      __nanosleep(nap);
+      if (nap < 128) nap *= 2;
+    }
+  }
+  __syncwarp();
+}
+// After the warp's bulk reductions of a part: once they have been performed (not just read
+// their staging), the next place's writer may go (lane 0 releases the count).
+__device__ __forceinline__ void dq_order_pass(int* count, int lane) {
+  bulk_wait<0>();
+  __syncwarp();
+  if (lane == 0) {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
+  }
+}
+
 template <typename Cfg, typename Mods>
 __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const FaCaptures& cap,
                                                      const FaGradBuffers& grads, const FaTmaMap& dq_map,
@@ -456,6 +543,9 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   constexpr bool kDqByTurns = Cfg::kDqMayTurn && !(Mods::kScoreGrad && Cfg::kHeadDimQK > 96);
   constexpr bool kDqSplitCols = Cfg::kDqMayTurn && !kDqByTurns;
   constexpr int kDqN = Cfg::template kDqNFor<kDqByTurns>;
+  // Deterministic mode: the places a CTA's parts take in their rows' order (split by keys or by
+  // columns its two warpgroups' parts go into the same rows).
+  constexpr int kDqOrderParts = Cfg::kDqSplitKeys || kDqSplitCols ? 2 : 1;
 
   extern __shared__ unsigned char smem_raw[];
   const BwdSmem<Cfg> sm(smem_raw);
@@ -489,12 +579,14 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
   // and the consumers' own block-index loads weigh (H200, bf16 B4 H16 S4096 d64: document
   // 1.06x); on an affine mask (causal, sliding 0.985x) the loads hide under the GEMMs and the
   // TileInfo's shared load after the wait costs more.
-  constexpr bool kPublished = Cfg::kPublishTiles && Mods::kMaskReadsBuffers;
+  // Deterministic mode (kDqOrdered) publishes every tile: its walk (for_each_ordered_tile) is the
+  // producer's and the writers' alone.
+  constexpr bool kPublished = (Cfg::kPublishTiles && Mods::kMaskReadsBuffers) || Cfg::kDqOrdered;
   if (warpgroup == 0) {
     // ================= producer ==============================================================
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid >= Cfg::kLoadThreads) {  // warps 2, 3
-      if constexpr (!Cfg::kDeterministic) {
+      {
         // dQ writer of consumer warpgroup `part`: walks the tables as the consumers do (the
         // place of each part: no data from the consumers but the part itself); for each of its
         // parts hands the staging back once the previous part's bulk reductions have read it,
@@ -511,39 +603,56 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         // computed but not reduced
         const int cols = Cfg::kHeadDimQK - col0 < kDqN ? Cfg::kHeadDimQK - col0 : kDqN;
         const QueryBoxes<Cfg> boxes(p, b);
-        wait_for_prior_grids();  // dq_accum zeroed by the preprocess
+        wait_for_prior_grids();  // dq_accum (and deterministic mode's counters) zeroed
         int former = part;       // the warpgroup whose part comes next
-        for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-          const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-          for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) {
-            const int q0 = cur.start + row0;
-            if (kDqByTurns) former ^= 1;  // (tile 0's part: warpgroup 1)
-            bulk_wait_read<0>();
-            __syncwarp();
-            // (by turns a sync, not an arrive: the two warpgroups write one staging, and
-            // racecheck orders stores only through barriers every side waits on)
-            if (kDqByTurns)
-              named_barrier(kBarDqFree + former, kWG + 32);
-            else
-              named_barrier_arrive(kBarDqFree + former, kWG + 32);
-            named_barrier(kBarDqFull + former, kWG + 32);
-            if (dq_map.enabled && boxes.fits(q0, 64, len_q)) {
-              if (lane == 0) {
+        auto write = [&](int hq, int tile_q0) {
+          const int q0 = tile_q0 + row0;
+          if (kDqByTurns) former ^= 1;  // (tile 0's part: warpgroup 1)
+          // deterministic: this part's place in its rows' order (both writers' parts of one
+          // CTA into the same rows, split by keys or columns, take two places, warp 2's first)
+          int* order = nullptr;
+          int place = 0;
+          if constexpr (Cfg::kDqOrdered) {
+            order = p.dq_order + (static_cast<long long>(b) * p.heads_q + hq) * p.dq_order_units + q0 / 64;
+            place = kDqOrderParts * dq_order_place<kBM, kBN>(p.mask, b, hq, tile_q0, kv0, lane) +
+                    (kDqOrderParts == 2 ? part : 0);
+          }
+          bulk_wait_read<0>();
+          __syncwarp();
+          // (by turns a sync, not an arrive: the two warpgroups write one staging, and
+          // racecheck orders stores only through barriers every side waits on)
+          if (kDqByTurns)
+            named_barrier(kBarDqFree + former, kWG + 32);
+          else
+            named_barrier_arrive(kBarDqFree + former, kWG + 32);
+          named_barrier(kBarDqFull + former, kWG + 32);
+          if constexpr (Cfg::kDqOrdered) dq_order_wait(order, place, lane);
+          if (dq_map.enabled && boxes.fits(q0, 64, len_q)) {
+            if (lane == 0) {
 #pragma unroll
-                for (int blk = 0; blk < (kDqN + 31) / 32; ++blk)
-                  if (32 * blk < cols)  // (a box's columns past D are clipped by the map)
-                    tma_reduce_add_4d(&dq_map.map, sDqPart(former) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
-                                      boxes.row(q0), hq, boxes.b);
-                bulk_commit();
-              }
-            } else {  // (a packed sequence's last part comes staged as rows: stage_dq)
-              float* dqa = p.dq_accum + (bwd::stat_row(p, b, hq) + q0) * Cfg::kHeadDimQK + col0;
-#pragma unroll
-              for (int r = lane; r < 64; r += 32)
-                if (q0 + r < len_q)
-                  bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(former) + r * kDqRowPitch, cols * 4);
+              for (int blk = 0; blk < (kDqN + 31) / 32; ++blk)
+                if (32 * blk < cols)  // (a box's columns past D are clipped by the map)
+                  tma_reduce_add_4d(&dq_map.map, sDqPart(former) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
+                                    boxes.row(q0), hq, boxes.b);
               bulk_commit();
             }
+          } else {  // (a packed sequence's last part comes staged as rows: stage_dq)
+            float* dqa = p.dq_accum + (bwd::stat_row(p, b, hq) + q0) * Cfg::kHeadDimQK + col0;
+#pragma unroll
+            for (int r = lane; r < 64; r += 32)
+              if (q0 + r < len_q)
+                bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(former) + r * kDqRowPitch, cols * 4);
+            bulk_commit();
+          }
+          if constexpr (Cfg::kDqOrdered) dq_order_pass(order, lane);
+        };
+        if constexpr (Cfg::kDqOrdered) {  // the producer's order (the consumers take its TileInfo)
+          for_each_ordered_tile<kBM>(p, b, hkv, kv0, [&](int hq, int q0, bool) { write(hq, q0); });
+        } else {
+          for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+            const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+            for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q))
+              write(hq, cur.start);
           }
         }
         bulk_wait<0>();  // done before the CTA's shared memory goes
@@ -772,13 +881,12 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);
 
       // ---- dSᵀ (this warpgroup's 64 key rows) to shared memory, then this warpgroup's part
-      // of the previous tile's dQ = dS·K, by turns the whole part when it is this one's turn
-      // (else dQ comes from backward.cuh's dq_det kernel).
+      // of the previous tile's dQ = dS·K, by turns the whole part when it is this one's turn.
       // One tile late, so a warpgroup waits only for the other to have ended the previous
       // tile, not for it to reach this point of this one: the two need not run in lockstep.
       bool mine = false;
       float dq[kDqN / 8][4];
-      if constexpr (!Cfg::kDeterministic) {
+      {
         // this tile's buffer held dSᵀ of tile n - 2, which the other warpgroup's dQ read in tile
         // n - 1; that tile's end also has its dSᵀ of tile n - 1 staged
         if (n_done > 0) wait_tile_ended(n_done - 1);
@@ -794,13 +902,13 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         }
       }
       // dV and dK done: the stage goes back to the producer (dQ reads no stage), then dQ
-      wgmma_wait<Cfg::kDeterministic || kDqByTurns ? 0 : 1>();
+      wgmma_wait<kDqByTurns ? 0 : 1>();
       pin(dk);
       pin(dv);
       pin(pa);
       pin(da);
       mbar_arrive(sm.bar_empty(stage));
-      if constexpr (kDqByTurns && !Cfg::kDeterministic) {
+      if constexpr (kDqByTurns) {
         if (mine) {  // nothing in flight: the branch holds the whole wgmma (fence to wait)
           wgmma_fence();
           issue_dq(dq, buf ^ 1);
@@ -814,23 +922,20 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         if (mine) stage_dq(dq, dq_q0);
       }
       dq_q0 = q0;
-      if constexpr (!Cfg::kDeterministic && kDqReadsBoth)
-        named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
+      if constexpr (kDqReadsBoth) named_barrier_arrive(kBarTileEnded + 2 * cw + (n_done & 1), 2 * kWG);
       ring.advance();
     }
   }
   if (cw == 0 && n_done == 0) named_barrier_arrive(kBarStagger, 2 * kWG);  // no tiles at all
-  if constexpr (!Cfg::kDeterministic) {                                    // the last tile's dQ part
-    if (n_done > 0) {
-      wait_tile_ended(n_done - 1);
-      if (!kDqByTurns || (n_done & 1) == cw) {  // by turns: the warpgroup whose turn it is
-        float dq[kDqN / 8][4];
-        wgmma_fence();
-        issue_dq(dq, (n_done - 1) & 1);
-        wgmma_wait<0>();
-        pin(dq);
-        stage_dq(dq, dq_q0);
-      }
+  if (n_done > 0) {                                                        // the last tile's dQ part
+    wait_tile_ended(n_done - 1);
+    if (!kDqByTurns || (n_done & 1) == cw) {  // by turns: the warpgroup whose turn it is
+      float dq[kDqN / 8][4];
+      wgmma_fence();
+      issue_dq(dq, (n_done - 1) & 1);
+      wgmma_wait<0>();
+      pin(dq);
+      stage_dq(dq, dq_q0);
     }
   }
 
@@ -1135,7 +1240,7 @@ __device__ __forceinline__ void backward_dkdv(const FaBwdParams& p, const FaCapt
   extern "C" __global__ void __launch_bounds__(Config::kDetThreads)                                   \
       name##_dq_det(const FaBwdParams p, const FaCaptures cap) {                                      \
     fa::wait_for_prior_grids();                                                                       \
-    if constexpr (Config::kDeterministic)                                                             \
+    if constexpr (Config::kDeterministic && !Config::kDqOrdered)                                      \
       fa::backward_dq_det<fa::WithLayout<typename Config::Aux, Config::kLayout>, Mods>(p, cap);       \
   }
 

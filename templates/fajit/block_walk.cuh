@@ -102,6 +102,53 @@ struct TileCursor {
   }
 };
 
+// The tiles of a walk from the last query block down (deterministic mode's backward walk:
+// backward_sm90.cuh, kDqOrdered): the partial and the full list merged from their ends, larger
+// block index first, each block's tiles from its last one inside `len` down. Tables list each
+// kind's blocks ascending, so this is every tile in descending order; any list order still gives
+// every tile once. One table load a block.
+template <int kTile>
+struct DescendingCursor {
+  int partial_left, full_left;  // entries of each list not yet taken (taken from the end)
+  int sub;                      // tile within the block (-1: the walk is done)
+  int start;                    // first row of the tile (valid while !done())
+  bool full;                    // the block is in the full list
+
+  __device__ __forceinline__ DescendingCursor(const BlockWalk<kTile>& w, int len)
+      : partial_left(w.n_partial), full_left(w.n_blocks - w.n_partial), sub(-1), start(0), full(false) {
+    take(w, len);
+  }
+  __device__ __forceinline__ bool done(const BlockWalk<kTile>&) const { return sub < 0; }
+  __device__ __forceinline__ bool is_full(const BlockWalk<kTile>&) const { return full; }
+  __device__ __forceinline__ void next(const BlockWalk<kTile>& w, int len) {
+    if (--sub >= 0) {
+      start -= kTile;
+      return;
+    }
+    take(w, len);
+  }
+
+ private:
+  // The next block with a tile inside len, at its last such tile (sub -1 when none is left).
+  __device__ __forceinline__ void take(const BlockWalk<kTile>& w, int len) {
+    while (partial_left > 0 || full_left > 0) {
+      const int p = partial_left > 0 ? w.partial_idx[partial_left - 1] : -1;
+      const int f = full_left > 0 ? w.full_idx[full_left - 1] : -1;
+      full = f > p;
+      const int first = (full ? f : p) * w.col_block;
+      if (full)
+        --full_left;
+      else
+        --partial_left;
+      if (first >= len) continue;
+      sub = min(w.tiles_per_block - 1, (len - 1 - first) / kTile);
+      start = first + sub * kTile;
+      return;
+    }
+    sub = -1;
+  }
+};
+
 // The walk of a row whose sparse blocks are one tile each (kv_block == kTile: the Hopper
 // forward, whose host splits wider blocks, BlockMask::regrouped), a block a step, with each
 // block's kinds for the 64-row sub-blocks of its row block (the Hopper forward's consumer

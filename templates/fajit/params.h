@@ -198,13 +198,20 @@ typedef struct FaBwdParams {
   int batch, heads_q, heads_kv, len_q, len_kv;
   float scale;
   FaBlockTables mask_t;
-  FaBlockTables mask;  // the forward's tables (the deterministic dQ kernel walks them)
+  FaBlockTables mask;  // the forward's tables (deterministic mode: the dQ kernel walks them, or
+                       // the Hopper dQ writers count a part's place in its rows' order there)
   // The ragged layout (kernels compiled for it; null otherwise), as FaFwdParams': sequence b's
   // queries are rows cu_seqlens_q[b].. of q, o, dout, dq (batch strides 0) and entries
   // cu_seqlens_q[b].. of lse, dlse and delta (their batch strides 0); its keys rows
   // cu_seqlens_k[b].. of k, v, dk, dv. len_q / len_kv are the longest. No paged K/V.
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
+  // Deterministic mode on the Hopper dK/dV kernel (codegen's bwd_orders_dq): one counter per 64
+  // query rows of each (sequence b, query head), [B, Hq, dq_order_units] zeroed before the
+  // launch; the dQ writers add their parts into dq_accum in ascending key-block order, each
+  // waiting for the count of the parts before its own. Null otherwise.
+  int* dq_order;
+  int dq_order_units;  // counters per (b, query head): ceil(len_q / 64), len_q the longest
 } FaBwdParams;
 
 // Gradients of captured float buffers (the backward's third argument): slot i receives the

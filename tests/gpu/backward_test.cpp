@@ -173,7 +173,8 @@ const std::vector<BwdCase>& cases() {
       {"self_ratio", bf16, 128, 128, 1, 4, 2, 1000, 1000},
       with({"self_ratio", bf16, 64, 64, 1, 4, 4, 17, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
-      // Deterministic mode: dQ from its own kernel over the forward tables, no atomics.
+      // Deterministic mode: dQ's sums in a fixed order (sm_90a up to 128: in the dK/dV kernel,
+      // key-block order; mma.sync and wide heads: its own kernel over the forward tables).
       with({"causal", bf16, 128, 128, 2, 8, 2, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
       with({"padding", f16, 64, 64, 2, 4, 4, 1000, 1000, 333}, "det",
@@ -239,6 +240,18 @@ const std::vector<BwdCase>& cases() {
       with({"relative_bias", bf16, 256, 256, 1, 2, 1, 1000, 1000}, "det",
            [](BwdCase& c) { c.deterministic = true; }),
       with({"prefix_lm", bf16, 144, 144, 2, 2, 2, 1000, 700, 300}, "dlse", [](BwdCase& c) { c.dlse = true; }),
+      // Deterministic mode on the Hopper kernel up to 128 (dQ parts added in key-block order, a
+      // counter per 64 query rows): 33 CTAs into every query tile (by turns, GQA 4; split by
+      // rows at BLOCK_M 128), split by columns (softcap at 128), 256-key blocks (two CTAs a
+      // block), row-by-row reductions.
+      with({"none", bf16, 128, 128, 1, 4, 1, 300, 4097}, "det", [](BwdCase& c) { c.deterministic = true; }),
+      with({"causal", f16, 64, 64, 2, 4, 2, 4097, 4097}, "det", [](BwdCase& c) { c.deterministic = true; }),
+      with({"document_softcap", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "det",
+           [](BwdCase& c) { c.deterministic = true; }),
+      with({"causal", bf16, 128, 128, 1, 4, 2, 1000, 1000}, "kvb256_det",
+           [](BwdCase& c) { c.kv_block = 256, c.deterministic = true; }),
+      with({"causal_alibi", bf16, 64, 64, 1, 8, 2, 1000, 1000}, "rowred_det",
+           [](BwdCase& c) { c.row_reductions = true, c.deterministic = true; }),
   };
   return all;
 }

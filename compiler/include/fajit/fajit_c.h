@@ -327,7 +327,8 @@ FA_API fajit_status fajit_kernel_forward_ex(const fajit_kernel* kernel, const fa
  * on cu_stream; fp32 scratch is allocated and freed in stream order. buffer_grads (may be NULL;
  * only its buffers are read) names fp32 tensors, one per captured f32 buffer whose gradient
  * is wanted, of that buffer's shape: the gradient is added to what they hold. deterministic != 0:
- * bit-identical dQ, dK, dV run to run (dQ by its own kernel instead of fp32 atomics). */
+ * bit-identical dQ, dK, dV run to run (dQ's fp32 sums in a fixed order: BackwardOptions::
+ * deterministic in fajit/kernel.h). */
 FA_API fajit_status fajit_kernel_backward(const fajit_kernel* kernel, const fajit_tensor* q,
                                           const fajit_tensor* k, const fajit_tensor* v, const fajit_tensor* o,
                                           const fajit_tensor* lse, const fajit_tensor* dout,

@@ -123,8 +123,10 @@ struct BackwardOptions {
   // (any strides). The gradient is ADDED to what they hold (pass zeros for the plain gradient),
   // as autograd accumulates .grad; buffers not named get none.
   std::map<std::string, TensorView> buffer_grads;
-  // Bit-identical dQ, dK, dV run to run: dQ comes from its own kernel walking the forward's
-  // block tables in a fixed order instead of fp32 atomics (buffer gradients still use atomics).
+  // Bit-identical dQ, dK, dV run to run: dQ's fp32 sums are added in a fixed order. On the
+  // Hopper kernels up to head dims 128 the dK/dV kernel adds each 64 query rows' parts in
+  // ascending key-block order (a counter per 64 rows); elsewhere dQ comes from its own kernel
+  // walking the forward's block tables. Buffer gradients still use atomics.
   bool deterministic = false;
   // A packed (cu_seqlens) batch, as the forward took it (fajit/sequences.h): the same tables and
   // maxima; dout, dq are packed like q and o ([total_q, Hq, D]), dk, dv like k and v

@@ -1109,6 +1109,9 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
       wide_captures_needed(capture_slots(), captures, &options.buffer_grads));
   const KernelSpec& s = b.gen.spec;
   const bool det = s.deterministic;  // asked for, or the faster at these head dims
+  // deterministic with dQ summed in order by the dK/dV kernel (else by its own dq_det kernel)
+  const bool ordered = bwd_orders_dq(s);
+  const bool separate_dq = det && !ordered;
   const float scale = check_call(s, "backward", shape, mask, options.scale);
   {
     std::vector<NamedView> outputs = {{"dq", &dq_in}, {"dk", &dk_in}, {"dv", &dv_in}};
@@ -1128,20 +1131,29 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
   const CUstream st = reinterpret_cast<CUstream>(stream);
   CUfunction pre = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_pre");
   CUfunction dkdv = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + "_dkdv");
-  CUfunction dq_fn = rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + (det ? "_dq_det" : "_dq"));
+  CUfunction dq_fn =
+      rt::load_function(b.key, b.entry->cubin, b.gen.kernel_name + (separate_dq ? "_dq_det" : "_dq"));
   // delta / dq_accum rows: [B, Hq, Lq], or [Hq, total_q] for packed queries
   const bool packed_q = seq.cu_seqlens_q != nullptr;
   const size_t rows = packed_q ? size_t(shape.heads_q) * size_t(q_in.shape[0])
                                : size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
-  const size_t accum_floats = det ? 0 : rows * size_t(shape.dim_qk);
-  rt::StreamBuffer scratch((delta_floats + accum_floats) * sizeof(float), st,
+  const size_t accum_floats = separate_dq ? 0 : rows * size_t(shape.dim_qk);
+  // deterministic, ordered: a counter per 64 query rows of each (sequence, query head)
+  const int order_units = static_cast<int>((shape.len_q + 63) / 64);
+  const size_t order_ints = ordered ? size_t(shape.batch) * shape.heads_q * order_units : 0;
+  rt::StreamBuffer scratch((delta_floats + accum_floats + order_ints) * sizeof(float), st,
                            "the backward's fp32 scratch (delta, dQ accumulator)");
   float* delta = scratch.as<float>();
-  float* dq_accum = det ? nullptr : delta + delta_floats;
+  float* dq_accum = separate_dq ? nullptr : delta + delta_floats;
   const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, dlse};
   FaBwdParams p = rt::make_bwd_params(t, scale, mask, delta, dq_accum);
   if (packed_q) p.delta_stride_b = 0, p.delta_stride_h = q_in.shape[0];
+  if (ordered) {
+    p.dq_order = reinterpret_cast<int*>(delta + delta_floats + accum_floats);
+    p.dq_order_units = order_units;
+    FA_CU(cuMemsetD32Async, reinterpret_cast<CUdeviceptr>(p.dq_order), 0u, order_ints, st);
+  }
   if (!dense) {
     p.cu_seqlens_q = packed_q ? static_cast<const int*>(seq.cu_seqlens_q->data) : nullptr;
     p.cu_seqlens_k = seq.cu_seqlens_k ? static_cast<const int*>(seq.cu_seqlens_k->data) : nullptr;
@@ -1179,7 +1191,7 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
       rt::Dim3(static_cast<unsigned>((shape.len_kv + s.tile.block_n - 1) / s.tile.block_n),
                static_cast<unsigned>(shape.batch * shape.heads_kv), static_cast<unsigned>(bwd_dkdv_parts(s))),
       rt::Dim3(static_cast<unsigned>(s.threads())), static_cast<unsigned>(s.smem_bytes()), st, main_args);
-  if (det) {
+  if (separate_dq) {
     void* det_args[] = {&p, cap.data()};
     rt::launch_dependent(
         dq_fn, rt::Dim3(static_cast<unsigned>((shape.len_q + s.tile.block_m - 1) / s.tile.block_m), bh_q),

@@ -78,6 +78,13 @@ bool sm90_forward_takes_tile(const KernelSpec& spec, bool has_score_mod, bool ha
 inline bool bwd_prefers_separate_dq(const KernelSpec& s) {
   return s.kind == KernelKind::kBackward && s.family == KernelFamily::kMmaSync && s.head_dim_qk > 192;
 }
+// Whether a deterministic backward sums dQ in its dK/dV kernel, each 64 query rows' parts in a
+// fixed order (templates/fajit/backward_sm90.cuh, kDqOrdered: FaBwdParams::dq_order), rather than
+// in the separate dQ kernel (dq_det): the Hopper dK/dV kernel up to head dims 128 (its dQ writers).
+inline bool bwd_orders_dq(const KernelSpec& s) {
+  return s.kind == KernelKind::kBackward && s.deterministic && s.family == KernelFamily::kWgmma &&
+         !sm90_backward_wide(s.head_dim_qk, s.head_dim_v);
+}
 // Rows per CTA of the preprocess (V rows) and dQ-conversion (QK rows) kernels: a power of two
 // lanes per row, one 16-byte chunk each (BwdConfig::kPreRows / kDqRows).
 inline int bwd_aux_rows(int head_dim) {
