@@ -75,10 +75,12 @@
 //   Deterministic mode (kDqOrdered): the same parts, added into dq_accum in a fixed order. Each
 //   64 query rows of a (b, query head) have a counter (FaBwdParams::dq_order); a writer finds its
 //   part's place among the CTAs that add into those rows (their key blocks, ascending, counted
-//   in the forward's tables: DqOrder), waits until the counter reaches it, reduces, waits for
-//   the reduction to complete and counts one more. A CTA waits only on CTAs of lower key blocks
-//   of its own head, which the grid starts first (grid_tile), so the waits cannot close a cycle.
-//   The wide-head kernel's deterministic mode leaves dQ to backward.cuh's dq_det kernel.
+//   in the forward's tables: dq_order_place), waits until the counter reaches it, reduces, waits
+//   for the reduction to complete and counts one more. The wait is bounded (dq_order_wait): tables
+//   that break the order cost about half a second a part and lose the fixed order, not the sum. A CTA waits
+//   only on CTAs of lower key blocks of its own head, which the grid starts first (grid_tile), so the waits
+//   cannot close a cycle. The wide-head kernel's deterministic mode leaves dQ to backward.cuh's dq_det
+//   kernel.
 #ifndef FAJIT_BACKWARD_SM90_CUH
 #define FAJIT_BACKWARD_SM90_CUH
 
@@ -515,16 +517,16 @@ __device__ __forceinline__ void dq_order_wait(const int* count, int place, int l
     }
   }
   __syncwarp();
+  asm volatile("fence.proxy.async.global;" ::: "memory");  // the count acquired before this lane's reductions
 }
 // After the warp's bulk reductions of a part: once they have been performed (not just read
-// their staging), the next place's writer may go (lane 0 releases the count).
+// their staging), the next place's writer may go (lane 0 releases the count). The writer passes
+// a part on at its next part's staging handshake, or after its last.
 __device__ __forceinline__ void dq_order_pass(int* count, int lane) {
   bulk_wait<0>();
+  asm volatile("fence.proxy.async.global;" ::: "memory");  // each lane's reductions before the release
   __syncwarp();
-  if (lane == 0) {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
-  }
+  if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
 }
 
 template <typename Cfg, typename Mods>
@@ -605,11 +607,31 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
         const QueryBoxes<Cfg> boxes(p, b);
         wait_for_prior_grids();  // dq_accum (and deterministic mode's counters) zeroed
         int former = part;       // the warpgroup whose part comes next
+        // deterministic: the counter of the part reduced last, passed on once that part has been
+        // performed: before the next staging handshake where that is a sync (by turns), else
+        // right after it (so the consumers get the staging back as soon as it has been read)
+        int* pending = nullptr;
+        auto pass_pending = [&] {
+          if constexpr (Cfg::kDqOrdered)
+            if (pending != nullptr) dq_order_pass(pending, lane), pending = nullptr;
+        };
         auto write = [&](int hq, int tile_q0) {
           const int q0 = tile_q0 + row0;
           if (kDqByTurns) former ^= 1;  // (tile 0's part: warpgroup 1)
+          bulk_wait_read<0>();
+          __syncwarp();
+          // (by turns a sync, not an arrive: the two warpgroups write one staging, and
+          // racecheck orders stores only through barriers every side waits on)
+          if (kDqByTurns) {
+            pass_pending();
+            named_barrier(kBarDqFree + former, kWG + 32);
+          } else {
+            named_barrier_arrive(kBarDqFree + former, kWG + 32);
+            pass_pending();
+          }
           // deterministic: this part's place in its rows' order (both writers' parts of one
-          // CTA into the same rows, split by keys or columns, take two places, warp 2's first)
+          // CTA into the same rows, split by keys or columns, take two places, warp 2's first),
+          // its table loads while the consumers stage the part
           int* order = nullptr;
           int place = 0;
           if constexpr (Cfg::kDqOrdered) {
@@ -617,14 +639,6 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
             place = kDqOrderParts * dq_order_place<kBM, kBN>(p.mask, b, hq, tile_q0, kv0, lane) +
                     (kDqOrderParts == 2 ? part : 0);
           }
-          bulk_wait_read<0>();
-          __syncwarp();
-          // (by turns a sync, not an arrive: the two warpgroups write one staging, and
-          // racecheck orders stores only through barriers every side waits on)
-          if (kDqByTurns)
-            named_barrier(kBarDqFree + former, kWG + 32);
-          else
-            named_barrier_arrive(kBarDqFree + former, kWG + 32);
           named_barrier(kBarDqFull + former, kWG + 32);
           if constexpr (Cfg::kDqOrdered) dq_order_wait(order, place, lane);
           if (dq_map.enabled && boxes.fits(q0, 64, len_q)) {
@@ -644,7 +658,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
                 bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(former) + r * kDqRowPitch, cols * 4);
             bulk_commit();
           }
-          if constexpr (Cfg::kDqOrdered) dq_order_pass(order, lane);
+          if constexpr (Cfg::kDqOrdered) pending = order;
         };
         if constexpr (Cfg::kDqOrdered) {  // the producer's order (the consumers take its TileInfo)
           for_each_ordered_tile<kBM>(p, b, hkv, kv0, [&](int hq, int q0, bool) { write(hq, q0); });
@@ -655,6 +669,7 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
               write(hq, cur.start);
           }
         }
+        pass_pending();
         bulk_wait<0>();  // done before the CTA's shared memory goes
       }
       return;

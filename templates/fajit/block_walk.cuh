@@ -106,7 +106,8 @@ struct TileCursor {
 // backward_sm90.cuh, kDqOrdered): the partial and the full list merged from their ends, larger
 // block index first, each block's tiles from its last one inside `len` down. Tables list each
 // kind's blocks ascending, so this is every tile in descending order; any list order still gives
-// every tile once. One table load a block.
+// every tile once. A block's step loads each list's last untaken entry (two loads; the one not
+// taken is loaded again at the next block).
 template <int kTile>
 struct DescendingCursor {
   int partial_left, full_left;  // entries of each list not yet taken (taken from the end)

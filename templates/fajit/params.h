@@ -211,7 +211,8 @@ typedef struct FaBwdParams {
   // launch; the dQ writers add their parts into dq_accum in ascending key-block order, each
   // waiting for the count of the parts before its own. Null otherwise.
   int* dq_order;
-  int dq_order_units;  // counters per (b, query head): ceil(len_q / 64), len_q the longest
+  int dq_order_units;  // counters per (b, query head): ceil(len_q / BLOCK_M) * BLOCK_M / 64, len_q
+                       // the longest
 } FaBwdParams;
 
 // Gradients of captured float buffers (the backward's third argument): slot i receives the

@@ -126,7 +126,9 @@ struct BackwardOptions {
   // Bit-identical dQ, dK, dV run to run: dQ's fp32 sums are added in a fixed order. On the
   // Hopper kernels up to head dims 128 the dK/dV kernel adds each 64 query rows' parts in
   // ascending key-block order (a counter per 64 rows); elsewhere dQ comes from its own kernel
-  // walking the forward's block tables. Buffer gradients still use atomics.
+  // walking the forward's block tables. Buffer gradients still use atomics. (The ordered waits
+  // are bounded: tables whose forward and transposed halves disagree, which fajit never builds,
+  // would cost about half a second a dQ part and lose the fixed order, not the sums.)
   bool deterministic = false;
   // A packed (cu_seqlens) batch, as the forward took it (fajit/sequences.h): the same tables and
   // maxima; dout, dq are packed like q and o ([total_q, Hq, D]), dk, dv like k and v
@@ -201,7 +203,8 @@ class FA_API Kernel {
   // dK, dV over the query heads of each KV head. Every argument is validated before launch and
   // errors name it; dq, dk, dv and the buffer gradients must not share memory with what the
   // call reads or with each other. The backward kernels are compiled on the first call. fp32
-  // scratch (Lq x (Dqk + 1) per query head) is allocated and freed in stream order.
+  // scratch (Lq x (Dqk + 1) per query head; deterministic on sm_90a up to head dim 128 also an
+  // int per 64 query rows) is allocated and freed in stream order.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const BlockMask& mask, const Captures& captures = {},

@@ -1139,8 +1139,11 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
                                : size_t(shape.batch) * shape.heads_q * shape.len_q;
   const size_t delta_floats = (rows + 3) / 4 * 4;  // dq_accum rows stay 16-byte aligned
   const size_t accum_floats = separate_dq ? 0 : rows * size_t(shape.dim_qk);
-  // deterministic, ordered: a counter per 64 query rows of each (sequence, query head)
-  const int order_units = static_cast<int>((shape.len_q + 63) / 64);
+  // deterministic, ordered: a counter per 64 query rows of each (sequence, query head), over
+  // whole query tiles (at BLOCK_M 128 the second writer's rows of a last tile may all lie past
+  // len_q: it still takes its places, on a counter of its own)
+  const int order_units =
+      static_cast<int>((shape.len_q + s.tile.block_m - 1) / s.tile.block_m * s.tile.block_m / 64);
   const size_t order_ints = ordered ? size_t(shape.batch) * shape.heads_q * order_units : 0;
   rt::StreamBuffer scratch((delta_floats + accum_floats + order_ints) * sizeof(float), st,
                            "the backward's fp32 scratch (delta, dQ accumulator)");
