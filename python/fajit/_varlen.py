@@ -135,6 +135,7 @@ def _varlen_bwd_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor,
         ts = [_ctensor(t) for t in (q, k, v, out, lse, dout, dq, dk, dv)]
         opts = _capi.backward_options()
         opts.scale, opts.check_tables = scale, int(check_tables)
+        opts.deterministic = _deterministic(buffer_grads)
         _set_tensors(opts, (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("dlse", dlse)), keep)
         opts.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
         opts.max_seqlen_k = max_seqlen_k if cu_seqlens_k is not None else 0
@@ -400,5 +401,6 @@ def _no_backward(what, table):
 from .torch import (_VARIANTS, AuxOutput, _bind, _block_mask_args, _cbuffer_grads, _ccaptures, _guard_mods,  # noqa: E402
                     _check_aux, _check_cuda,
                     _check_dtype, _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale,
-                    _check_types, _ctensor, _grad_buffers, _kernel, _mask_for, _on_device, _records_grad, _rows,
+                    _check_types, _ctensor, _deterministic, _grad_buffers, _kernel, _mask_for, _on_device,
+                    _records_grad, _rows,
                     _stream, _variant_key, _wanted_grads)

@@ -39,6 +39,7 @@ import inspect
 import math
 import operator
 import threading
+import warnings
 import weakref
 from typing import List, NamedTuple, Optional, Tuple
 
@@ -1050,6 +1051,22 @@ def _grad_buffers(buffers, buffer_grads):
             for b, want in zip(buffers, buffer_grads)]
 
 
+def _deterministic(buffer_grads) -> int:
+    """The backward's deterministic flag: on where torch.use_deterministic_algorithms(True) is (dQ,
+    dK, dV bit-identical run to run, as flex_attention's backward gives them). Gradients of captured
+    buffers are still summed by fp32 atomics there: an error says so, as torch's nondeterministic
+    ops do (a warning with warn_only=True)."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return 0
+    if any(buffer_grads):
+        what = ("fajit.torch flex_attention backward: the gradients of captured buffers are summed by fp32 "
+                "atomics, not deterministically, but torch.use_deterministic_algorithms(True) is set")
+        if not torch.is_deterministic_algorithms_warn_only_enabled():
+            raise RuntimeError(what + "; pass warn_only=True to allow it, or detach the buffer")
+        warnings.warn(what, UserWarning, stacklevel=2)
+    return 1
+
+
 def _cbuffer_grads(variant, dbufs, buffer_grads, keep):
     """The wanted gradients of _grad_buffers as the C API's buffer_grads (None: none wanted)."""
     names = [n for n, want in zip(variant.buffer_names, buffer_grads) if want]
@@ -1083,8 +1100,8 @@ def _flex_bwd_impl(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v
         dl = _ctensor(dlse.contiguous()) if dlse is not None else None
         _capi.check(_capi.lib().fajit_kernel_backward(
             kern.handle, *[C.byref(t) for t in ts], C.byref(dl) if dl is not None else None, scale, mask.h,
-            C.byref(caps), C.byref(grads) if grads is not None else None, 0, _stream(q.device)),
-            "flex_attention backward")
+            C.byref(caps), C.byref(grads) if grads is not None else None, _deterministic(buffer_grads),
+            _stream(q.device)), "flex_attention backward")
     return dq, dk, dv, dbufs
 
 

@@ -444,6 +444,44 @@ def test_captured_bias_gradient_matches_flex():
 
 
 @needs_gpu
+def test_deterministic_algorithms_give_bitwise_repeatable_gradients():
+    """Under torch.use_deterministic_algorithms(True) the backward runs in fajit's deterministic
+    mode (dQ, dK, dV the same bits run to run, as flex's); a captured buffer's gradient, summed by
+    atomics, is refused as torch refuses its own nondeterministic ops (a warning with warn_only)."""
+    import fajit.torch as ft
+
+    B, H, L, D = 2, 4, 1000, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=3)
+    dout = torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16)
+    bm = ft.create_block_mask(causal, None, None, L, L)
+    bias = (0.1 * torch.randn(H, 2 * L - 1, device="cuda")).requires_grad_()
+
+    def rel_bias(score, b, h, q_idx, kv_idx):
+        return score + bias[h, q_idx - kv_idx + L - 1]
+
+    def grads(score_mod=None):
+        for t in (q, k, v, bias):
+            t.grad = None
+        ft.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm).backward(dout)
+        return [t.grad.clone() for t in (q, k, v)]
+
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        first, second = grads(), grads()
+        for a, b_, name in zip(first, second, ("dq", "dk", "dv")):
+            assert torch.equal(a.view(torch.int16), b_.view(torch.int16)), f"{name} differs between two runs"
+        with pytest.raises(RuntimeError, match="captured buffers"):
+            grads(rel_bias)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="captured buffers"):
+            grads(rel_bias)
+        assert bias.grad is not None
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+@needs_gpu
 def test_a_buffer_read_only_by_the_mask_mod_gets_no_gradient():
     """A float buffer that requires grad but is read only by the mask_mod has no gradient (as in
     torch): without q, k, v needing one nothing is recorded; with them, its grad stays None."""
