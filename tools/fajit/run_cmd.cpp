@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <numeric>
 #include <optional>
@@ -260,6 +262,31 @@ struct MaxCheck {
 // `fajit run` with per-sequence lengths, GQA, a forced kernel path, a ragged batch or a paged
 // KV cache: every sequence checked against the float64 reference of that sequence alone, then
 // timed; with --backward (not paged) the gradients likewise.
+// --deterministic: the gradients a backward left in `grads`, then again from a second run into
+// re-poisoned buffers, compared bit for bit; prints the verdict.
+bool same_bits_again(std::initializer_list<fa::rt::DeviceBuffer*> grads,
+                     const std::function<void()>& backward) {
+  std::vector<std::vector<unsigned char>> first;
+  for (fa::rt::DeviceBuffer* g : grads) {
+    first.emplace_back(g->size());
+    g->download(first.back().data(), first.back().size());
+    g->memset8(0xff);
+  }
+  backward();
+  fa::rt::synchronize(nullptr);
+  size_t differ = 0, i = 0;
+  for (fa::rt::DeviceBuffer* g : grads) {
+    std::vector<unsigned char> again(g->size());
+    g->download(again.data(), again.size());
+    for (size_t j = 0; j < again.size(); ++j) differ += again[j] != first[i][j] ? 1 : 0;
+    ++i;
+  }
+  std::cout << fmt::format(
+      "deterministic: dq, dk, dv of a second run {}\n",
+      differ ? fmt::format("differ in {} bytes: MISMATCH", differ) : "bit-identical: OK");
+  return differ == 0;
+}
+
 int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& program, const ModData& mods) {
   const int B = o.batch, Hq = o.heads, Hkv = o.heads_kv ? o.heads_kv : o.heads;
   const int max_q = o.len_q ? o.len_q : o.len, max_kv = o.len_kv ? o.len_kv : o.len;
@@ -484,6 +511,7 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
   fa::BackwardOptions bo;
   bo.sequences = seq;
   bo.sequences.check_tables = seq.any();
+  bo.deterministic = o.deterministic;
   for (fa::rt::DeviceBuffer* g : {&d_dq, &d_dk, &d_dv}) g->memset8(0xff);
   fa::rt::synchronize(nullptr);
   t0 = std::chrono::steady_clock::now();
@@ -573,6 +601,12 @@ int run_sequences(const RunOptions& o, const fa::Kernel& k, const fa::Program& p
     std::cout << fmt::format("gradients vs float64 reference (each sequence): rel err {}(bound {:.0e}): {}\n",
                              line, gtol, gok ? "OK" : "MISMATCH");
   }
+  if (o.deterministic) {
+    gok = same_bits_again(
+              {&d_dq, &d_dk, &d_dv},
+              [&] { k.backward(tq4, tk4, tv4, to4, tl, tdo, tdq, tdk, tdv, mask, captures.cap, bo); }) &&
+          gok;
+  }
   bo.sequences.check_tables = false;
   const double bms = median_ms(
       o.iters, [&] { k.backward(tq4, tk4, tv4, to4, tl, tdo, tdq, tdk, tdv, mask, captures.cap, bo); });
@@ -614,6 +648,8 @@ int run_variant(const RunOptions& o) {
   copts.family = kernel_family(o.kernel);
   if (o.autotune != "env") copts.autotune = o.autotune == "on";
   copts.tile = parse_tile(o.tile);
+  if (o.deterministic && !o.backward)
+    throw fa::Error("--deterministic is the backward's mode: give --backward too");
   // The mods and their captures' data, checked before any GPU work (so also without a GPU).
   fa::Program program = program_of(o.mods);
   const ModData mods = mod_data(o);
@@ -752,9 +788,11 @@ int run_variant(const RunOptions& o) {
   for (fa::rt::DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->memset8(0xff);
   fa::TensorView tdo(d_do.as<void>(), o.dtype, {B, H, L, DV}), tdq(d_dq.as<void>(), o.dtype, {B, H, L, DQK}),
       tdk(d_dk.as<void>(), o.dtype, {B, H, L, DQK}), tdv(d_dv.as<void>(), o.dtype, {B, H, L, DV});
+  fa::BackwardOptions bo;
+  bo.deterministic = o.deterministic;
   fa::rt::synchronize(nullptr);
   t0 = std::chrono::steady_clock::now();
-  k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap);
+  k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap, bo);
   fa::rt::synchronize(nullptr);
   const double first_bwd_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -790,8 +828,12 @@ int run_variant(const RunOptions& o) {
     std::cout << fmt::format("gradients vs float64 reference: rel err {}(bound {:.0e}): {}\n", line, gtol,
                              gok ? "OK" : "MISMATCH");
   }
+  if (o.deterministic)
+    gok = same_bits_again({&d_dq, &d_dk, &d_dv},
+                          [&] { k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap, bo); }) &&
+          gok;
   const double bms =
-      median_ms(o.iters, [&] { k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap); });
+      median_ms(o.iters, [&] { k.backward(tq, tk, tv, to, tl, tdo, tdq, tdk, tdv, mask, cap, bo); });
   std::cout << fmt::format(
       "backward: {:.3f} ms (median of {}), {:.1f} TFLOP/s (2.5x the forward's FLOPs, host-timed)\n", bms,
       o.iters, 2.5 * flops / bms / 1e9);

@@ -16,9 +16,10 @@ struct RunOptions {
   std::vector<std::string> buffers;  // --buffer NAME=D1[xD2...][:LO:HI]
   fa::DType dtype = fa::DType::bf16;
   int batch = 2, heads = 8, len = 1024, head_dim = 128, iters = 20;
-  int head_dim_v = 0;       // 0: head_dim
-  bool backward = false;    // also run, check and time the backward
-  bool max_scores = false;  // also ask for each row's largest score (the row-max kernels), checked
+  int head_dim_v = 0;          // 0: head_dim
+  bool backward = false;       // also run, check and time the backward
+  bool deterministic = false;  // with backward: BackwardOptions::deterministic, two runs bit for bit
+  bool max_scores = false;     // also ask for each row's largest score (the row-max kernels), checked
   // Forward-only layouts (run_sequences): per-sequence lengths, GQA, kernel path, ragged, paged.
   int len_q = 0, len_kv = 0, heads_kv = 0;  // 0: len / heads
   std::string path = "auto";
