@@ -7,7 +7,8 @@
 //   fa_test::HostRun r = fa_test::run_on_host("fajit-my-check", tu + "int main() { ... }");
 //   ASSERT_TRUE(r.compiled) << r.compile_log;   // r.rc, r.output: the program's exit status, stdout
 //   if (!HasFailure()) r.remove();
-// Used by tests/unit/kv_range_host_test.cpp and tests/fuzz/host_exec_test.cpp.
+// Used by tests/unit/kv_range_host_test.cpp, tests/unit/block_walk_host_test.cpp and
+// tests/fuzz/host_exec_test.cpp.
 #pragma once
 
 #include <unistd.h>
@@ -92,8 +93,8 @@ struct HostRun {
   void remove() const { std::filesystem::remove_all(dir); }
 };
 
-// Writes params.h, modlib.cuh and the stub prelude into a fresh directory `tag`-<pid> under the
-// temp directory, `source` after a prologue that includes them (with __device__ and
+// Writes params.h, modlib.cuh, block_walk.cuh and the stub prelude into a fresh directory `tag`-<pid> under
+// the temp directory, `source` after a prologue that includes them (with __device__ and
 // __forceinline__ defined away), compiles it with the host compiler (-O1, wrapping signed
 // arithmetic, no FMA contraction: each operation rounded, as __fmul_rn / __fadd_rn and the
 // interpreter round) and runs it.
@@ -106,7 +107,7 @@ inline HostRun run_on_host(const std::string& tag, const std::string& source) {
   const fa::detail::EmbeddedHeader* headers = fa::detail::embedded_headers(&n);
   for (int i = 0; i < n; ++i) {
     const std::string name = headers[i].name;
-    if (name == "fajit/params.h" || name == "fajit/modlib.cuh")
+    if (name == "fajit/params.h" || name == "fajit/modlib.cuh" || name == "fajit/block_walk.cuh")
       std::ofstream(r.dir / name) << headers[i].text;
   }
   std::ofstream(r.dir / "fajit/prelude.cuh") << kHostPrelude;

@@ -1,0 +1,102 @@
+// The block walks of templates/fajit/block_walk.cuh compiled with the host compiler and run,
+// without a GPU: the deterministic backward's DescendingCursor (every role of the Hopper dK/dV
+// kernel walks a CTA's query tiles with it in deterministic mode) must visit exactly the tiles
+// TileCursor visits, each once, with the same full / partial kind, in descending order where
+// the tables list each kind's blocks ascending (as fajit builds them), and every tile once
+// whatever the lists' order. Random rows: block sizes 64 to 512 over tiles of 64 and 128,
+// lengths inside, at and past the blocks' edges, empty lists, and shuffled lists.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "host_mods.h"
+
+namespace {
+
+TEST(BlockWalkHost, DescendingCursorVisitsTileCursorsTilesInDescendingOrder) {
+  const std::string source = R"(
+#include <algorithm>
+#include <random>
+static inline int min(int a, int b) { return a < b ? a : b; }
+#include "fajit/block_walk.cuh"
+
+struct Tile { int start; bool full; };
+
+template <int kTile>
+int check(std::mt19937& rng, int round) {
+  const int col_block = kTile * (1 + int(rng() % 4));  // 1-4 tiles a block
+  const int n_blocks_total = 1 + int(rng() % 40);
+  // each block empty, partial or full
+  std::vector<int> partial, full;
+  for (int i = 0; i < n_blocks_total; ++i) {
+    const unsigned k = rng() % 3;
+    if (k == 1) partial.push_back(i);
+    if (k == 2) full.push_back(i);
+  }
+  const bool shuffled = rng() % 4 == 0;
+  if (shuffled) {
+    std::shuffle(partial.begin(), partial.end(), rng);
+    std::shuffle(full.begin(), full.end(), rng);
+  }
+  // len: anywhere from before the last block to past the row, often at a tile or block edge
+  const int span = n_blocks_total * col_block;
+  int len = 1 + int(rng() % (span + col_block));
+  if (rng() % 3 == 0) len = (len / kTile) * kTile + (int(rng() % 3) - 1);
+  if (len < 1) len = 1;
+  std::vector<int> num_p{int(partial.size())}, num_f{int(full.size())};
+  std::vector<int> idx_p(n_blocks_total, -7), idx_f(n_blocks_total, -7);
+  std::copy(partial.begin(), partial.end(), idx_p.begin());
+  std::copy(full.begin(), full.end(), idx_f.begin());
+  FaBlockTables bt{};
+  bt.kv_num_blocks = num_p.data();
+  bt.kv_indices = idx_p.data();
+  bt.full_kv_num_blocks = num_f.data();
+  bt.full_kv_indices = idx_f.data();
+  bt.num_q_blocks = 1;
+  bt.num_kv_blocks = n_blocks_total;
+  bt.q_block = 128;
+  bt.kv_block = col_block;
+  const fa::BlockWalk<kTile> walk(bt, 0, 0, 0);
+  std::vector<Tile> want, got;
+  for (fa::TileCursor<kTile> c(walk, len); !c.done(walk); c.next(walk, len)) want.push_back({c.start, c.is_full(walk)});
+  for (fa::DescendingCursor<kTile> c(walk, len); !c.done(walk); c.next(walk, len)) {
+    got.push_back({c.start, c.is_full(walk)});
+    if (got.size() > want.size() + 1) break;
+  }
+  auto fail = [&](const char* what) {
+    std::printf("round %d tile %d block %d len %d blocks %d%s: %s (TileCursor %zu tiles, DescendingCursor %zu)\n",
+                round, kTile, col_block, len, n_blocks_total, shuffled ? " shuffled" : "", what, want.size(),
+                got.size());
+    return 1;
+  };
+  if (got.size() != want.size()) return fail("tile counts differ");
+  for (const Tile& t : got)
+    if (t.start < 0 || t.start >= len || t.start % kTile != 0) return fail("a tile outside the row or off the grid");
+  if (!shuffled)
+    for (size_t i = 1; i < got.size(); ++i)
+      if (got[i].start >= got[i - 1].start) return fail("not descending");
+  auto by_start = [](const Tile& a, const Tile& b) { return a.start < b.start; };
+  std::sort(want.begin(), want.end(), by_start);
+  std::sort(got.begin(), got.end(), by_start);
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i].start != want[i].start || got[i].full != want[i].full) return fail("tiles or kinds differ");
+  return 0;
+}
+
+int main() {
+  std::mt19937 rng(5601);
+  int bad = 0;
+  for (int round = 0; round < 20000 && bad < 5; ++round)
+    bad += round % 2 ? check<64>(rng, round) : check<128>(rng, round);
+  std::printf("%s\n", bad ? "FAILED" : "all rounds agree");
+  return bad ? 1 : 0;
+}
+)";
+  fa_test::HostRun r = fa_test::run_on_host("fajit-block-walk", source);
+  ASSERT_TRUE(r.compiled) << r.command << "\n" << r.compile_log;
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("all rounds agree"), std::string::npos) << r.output;
+  if (!HasFailure()) r.remove();
+}
+
+}  // namespace
