@@ -175,10 +175,13 @@ def _varlen_backward(ctx, dout, dlse, dmax=None, bwd=None):
     tables, buffers, scalars = list(rest[:n]), list(rest[n:m]), list(rest[m:])
     if dout is None:  # only the LSE is used
         dout = torch.zeros_like(out)
+    # (_VarlenFunction's inputs: 16 before the tables; the custom op's: buffers are its 14th argument)
+    wanted = _buffer_grads_asked(ctx, flat_first=16 + n) if bwd is not None else \
+        _buffer_grads_asked(ctx, list_index=13)
     dq, dk, dv, dbufs = (bwd or _varlen_bwd)(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.lens, ctx.variant,
-                                             ctx.scale, tables, ctx.mask_info, buffers, scalars, ctx.buffer_grads,
+                                             ctx.scale, tables, ctx.mask_info, buffers, scalars, wanted,
                                              ctx.check_tables)
-    gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
+    gb = [g if want else None for g, want in zip(dbufs, wanted)]
     # one entry per input of the op, tensor lists as long as the input lists (torch checks the structure)
     return (dq, dk, dv) + (None,) * 8 + ([None] * n, None, gb, [None] * len(scalars), None, None, None, None)
 
@@ -398,7 +401,8 @@ def _no_backward(what, table):
 
 
 # fajit.torch's helpers, read when called (this module is imported at the end of fajit.torch)
-from .torch import (_VARIANTS, AuxOutput, _bind, _block_mask_args, _cbuffer_grads, _ccaptures, _guard_mods,  # noqa: E402
+from .torch import (_VARIANTS, AuxOutput, _bind, _block_mask_args, _buffer_grads_asked, _cbuffer_grads,  # noqa: E402
+                    _ccaptures, _guard_mods,
                     _check_aux, _check_cuda,
                     _check_dtype, _check_head_dims, _check_heads, _check_one_device, _check_one_dtype, _check_scale,
                     _check_types, _ctensor, _deterministic, _grad_buffers, _kernel, _mask_for, _on_device,

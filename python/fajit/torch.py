@@ -1125,6 +1125,23 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, *tables, *buffers, *scalars)
 
 
+def _buffer_grads_asked(ctx, flat_first=None, list_index=None):
+    """ctx.buffer_grads narrowed to the buffers this backward is asked for (ctx.needs_input_grad:
+    autograd.grad over q, k, v alone asks for none). flat_first: the first buffer's place among a
+    flattened autograd.Function's inputs; list_index: the buffers' argument of a custom op (a list
+    of flags there). Where the flags have another shape the forward's choice stands."""
+    need = getattr(ctx, "needs_input_grad", None)
+    flags = None
+    if need is not None and flat_first is not None and len(need) >= flat_first + ctx.n_buffers:
+        flags = need[flat_first:flat_first + ctx.n_buffers]
+    elif (need is not None and list_index is not None and list_index < len(need)
+          and isinstance(need[list_index], (list, tuple)) and len(need[list_index]) == ctx.n_buffers):
+        flags = need[list_index]
+    if flags is None:
+        return ctx.buffer_grads
+    return [bool(want and asked) for want, asked in zip(ctx.buffer_grads, flags)]
+
+
 def _backward(ctx, dout, dlse, dmax=None, bwd=None):
     """The custom op's autograd (bwd: the fajit::flex_bwd op, which torch.compile traces with
     fake tensors) and _FlexFunction's (bwd=_flex_bwd_impl)."""
@@ -1134,9 +1151,12 @@ def _backward(ctx, dout, dlse, dmax=None, bwd=None):
     scalars = rest[ctx.n_tables + ctx.n_buffers:]
     if dout is None:
         dout = torch.zeros_like(out)
+    # (_FlexFunction's inputs: 9 before the tables; the custom op's: buffers are its 8th argument)
+    wanted = _buffer_grads_asked(ctx, flat_first=9 + ctx.n_tables) if bwd is not None else \
+        _buffer_grads_asked(ctx, list_index=7)
     dq, dk, dv, dbufs = (bwd or _flex_bwd)(dout, dlse, q, k, v, out, lse, ctx.variant, ctx.scale, list(tables),
-                                  ctx.mask_info, list(buffers), list(scalars), ctx.buffer_grads)
-    gb = [g if want else None for g, want in zip(dbufs, ctx.buffer_grads)]
+                                  ctx.mask_info, list(buffers), list(scalars), wanted)
+    gb = [g if want else None for g, want in zip(dbufs, wanted)]
     # one entry per input, tensor lists as long as the input lists (torch checks the structure)
     return dq, dk, dv, None, None, [None] * len(tables), None, gb, [None] * len(scalars), None
 

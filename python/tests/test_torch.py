@@ -444,11 +444,23 @@ def test_captured_bias_gradient_matches_flex():
 
 
 @needs_gpu
-def test_deterministic_algorithms_give_bitwise_repeatable_gradients():
+def test_deterministic_algorithms_give_bitwise_repeatable_gradients(monkeypatch):
     """Under torch.use_deterministic_algorithms(True) the backward runs in fajit's deterministic
     mode (dQ, dK, dV the same bits run to run, as flex's); a captured buffer's gradient, summed by
-    atomics, is refused as torch refuses its own nondeterministic ops (a warning with warn_only)."""
+    atomics, is refused as torch refuses its own nondeterministic ops (a warning with warn_only),
+    but only where it is asked for (autograd.grad over q, k, v alone asks for none)."""
     import fajit.torch as ft
+    from fajit import _capi
+
+    lib = _capi.lib()
+    real = lib.fajit_kernel_backward
+    modes = []
+
+    def spy(*args):  # the C call's `deterministic` argument (before the stream)
+        modes.append(args[-2])
+        return real(*args)
+
+    monkeypatch.setattr(lib, "fajit_kernel_backward", spy)
 
     B, H, L, D = 2, 4, 1000, 64
     q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16, seed=3)
@@ -467,12 +479,17 @@ def test_deterministic_algorithms_give_bitwise_repeatable_gradients():
 
     was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
+        grads()
+        assert modes == [0], "without torch's flag the backward takes the default mode"
         torch.use_deterministic_algorithms(True)
         first, second = grads(), grads()
+        assert modes[1:] == [1, 1], "under torch.use_deterministic_algorithms(True): deterministic mode"
         for a, b_, name in zip(first, second, ("dq", "dk", "dv")):
             assert torch.equal(a.view(torch.int16), b_.view(torch.int16)), f"{name} differs between two runs"
         with pytest.raises(RuntimeError, match="captured buffers"):
             grads(rel_bias)
+        out = ft.flex_attention(q, k, v, score_mod=rel_bias, block_mask=bm)
+        torch.autograd.grad(out, (q, k, v), dout)  # the bias's gradient not asked for: nothing refused
         torch.use_deterministic_algorithms(True, warn_only=True)
         with pytest.warns(UserWarning, match="captured buffers"):
             grads(rel_bias)

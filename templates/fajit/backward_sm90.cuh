@@ -76,11 +76,11 @@
 //   64 query rows of a (b, query head) have a counter (FaBwdParams::dq_order); a writer finds its
 //   part's place among the CTAs that add into those rows (their key blocks, ascending, counted
 //   in the forward's tables: dq_order_place), waits until the counter reaches it, reduces, waits
-//   for the reduction to complete and counts one more. The wait is bounded (dq_order_wait): tables
-//   that break the order cost about half a second a part and lose the fixed order, not the sum. A CTA waits
-//   only on CTAs of lower key blocks of its own head, which the grid starts first (grid_tile), so the waits
-//   cannot close a cycle. The wide-head kernel's deterministic mode leaves dQ to backward.cuh's dq_det
-//   kernel.
+//   for the reduction to complete and counts one more. The wait is bounded (dq_order_wait):
+//   tables that break the order cost half a second or more a part and lose the fixed order, not
+//   the sum. A CTA waits only on CTAs of lower key blocks of its own head, which the grid starts
+//   first (grid_tile), so the waits cannot close a cycle. The wide-head kernel's deterministic
+//   mode leaves dQ to backward.cuh's dq_det kernel.
 #ifndef FAJIT_BACKWARD_SM90_CUH
 #define FAJIT_BACKWARD_SM90_CUH
 

@@ -346,9 +346,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--dtype", run_dtype, "bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
   run_cmd->add_flag("--backward", run.backward,
                     "also run the backward on random dO, check dQ, dK, dV against float64 and time it");
-  run_cmd->add_flag("--deterministic", run.deterministic,
-                    "with --backward: its deterministic mode (BackwardOptions::deterministic); the "
-                    "gradients of two runs are compared bit for bit, and it is what is timed");
+  run_cmd->add_flag(
+      "--deterministic", run.deterministic,
+      "with --backward: its deterministic mode (BackwardOptions::deterministic); the "
+      "gradients of two runs are compared bit for bit (in their element type), and it is what is "
+      "timed");
   run_cmd->add_flag("--max-scores", run.max_scores,
                     "also write each row's largest score (ForwardOptions::max_scores: the row-max kernels), "
                     "check it against float64, and time the forward with it");

@@ -128,7 +128,7 @@ struct BackwardOptions {
   // ascending key-block order (a counter per 64 rows); elsewhere dQ comes from its own kernel
   // walking the forward's block tables. Buffer gradients still use atomics. (The ordered waits
   // are bounded: tables whose forward and transposed halves disagree, which fajit never builds,
-  // would cost about half a second a dQ part and lose the fixed order, not the sums.)
+  // would cost half a second or more a dQ part and lose the fixed order, not the sums.)
   bool deterministic = false;
   // A packed (cu_seqlens) batch, as the forward took it (fajit/sequences.h): the same tables and
   // maxima; dout, dq are packed like q and o ([total_q, Hq, D]), dk, dv like k and v
