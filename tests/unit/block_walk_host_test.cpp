@@ -1,10 +1,10 @@
 // The block walks of templates/fajit/block_walk.cuh compiled with the host compiler and run,
 // without a GPU: the deterministic backward's DescendingCursor (every role of the Hopper dK/dV
 // kernel walks a CTA's query tiles with it in deterministic mode) must visit exactly the tiles
-// TileCursor visits, each once, with the same full / partial kind, in descending order where
-// the tables list each kind's blocks ascending (as fajit builds them), and every tile once
-// whatever the lists' order. Random rows: block sizes 64 to 512 over tiles of 64 and 128,
-// lengths inside, at and past the blocks' edges, empty lists, and shuffled lists.
+// TileCursor visits (and both the tiles the lists name, counted directly), each once, with the same full /
+// partial kind, in descending order where the tables list each kind's blocks ascending (as fajit builds
+// them), and every tile once whatever the lists' order. Random rows: block sizes 64 to 512 over tiles of 64
+// and 128, lengths inside, at and past the blocks' edges, empty lists, and shuffled lists.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -80,6 +80,16 @@ int check(std::mt19937& rng, int round) {
   std::sort(got.begin(), got.end(), by_start);
   for (size_t i = 0; i < got.size(); ++i)
     if (got[i].start != want[i].start || got[i].full != want[i].full) return fail("tiles or kinds differ");
+  // and both against the rows' tiles counted directly: every listed block's tiles inside len
+  std::vector<Tile> all;
+  for (int f = 0; f < 2; ++f)
+    for (int blk : f ? full : partial)
+      for (int t = 0; t < col_block / kTile; ++t)
+        if (blk * col_block + t * kTile < len) all.push_back({blk * col_block + t * kTile, f == 1});
+  std::sort(all.begin(), all.end(), by_start);
+  if (all.size() != got.size()) return fail("tile count differs from the tables' own");
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].start != got[i].start || all[i].full != got[i].full) return fail("tiles differ from the tables' own");
   return 0;
 }
 
