@@ -375,18 +375,10 @@ struct PublishedWalk {
 // 0 first, partial blocks before full ones), causal CTAs waited a tile a key block and ran 2x.
 template <int kBM, typename F>
 __device__ __forceinline__ void for_each_ordered_tile(const FaBwdParams& p, int b, int hkv, int kv0, F&& f) {
-  const int group = p.heads_q / p.heads_kv, h0 = hkv * group;
-  if (p.mask_t.row_stride_h == 0) {
-    const BlockWalk<kBM> walk(p.mask_t, b, h0, kv0);
-    for (DescendingCursor<kBM> cur(walk, p.len_q); !cur.done(walk); cur.next(walk, p.len_q))
-      for (int hq = h0; hq < h0 + group; ++hq) f(hq, cur.start, cur.is_full(walk));
-    return;
-  }
-  for (int hq = h0; hq < h0 + group; ++hq) {
-    const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-    for (DescendingCursor<kBM> cur(walk, p.len_q); !cur.done(walk); cur.next(walk, p.len_q))
-      f(hq, cur.start, cur.is_full(walk));
-  }
+  const int group = p.heads_q / p.heads_kv;
+  for (GroupTileWalk<kBM> w(p.mask_t, b, hkv * group, group, kv0, p.len_q, p.mask_t.row_stride_h == 0);
+       !w.done(); w.next())
+    f(w.hq, w.start(), w.is_full());
 }
 
 // Producer warps 0, 1 (tid < kLoadThreads): cp.async K and V once (bar_kv), then for each query

@@ -150,6 +150,59 @@ struct DescendingCursor {
   }
 };
 
+// Deterministic mode's walk of a Hopper dK/dV CTA (backward_sm90.cuh, kDqOrdered): the query
+// tiles of the GQA group's `group` heads from h0, each head's from the last query block down
+// (DescendingCursor); with `interleave` (tables the same for every head) the heads one after the
+// other at each tile, else head by head. One cursor, so a walk's body is compiled once (two loop
+// nests, one per order, cost NVRTC half a second more on the d128 kernel).
+template <int kTile>
+struct GroupTileWalk {
+  const FaBlockTables* bt;
+  int b, h0, h_end, row0, len;
+  bool interleave;
+  int hq;  // the tile's head (valid while !done())
+  BlockWalk<kTile> walk;
+  DescendingCursor<kTile> cur;
+
+  __device__ __forceinline__ GroupTileWalk(const FaBlockTables& t, int b_, int h0_, int group, int row0_,
+                                           int len_, bool interleave_)
+      : bt(&t),
+        b(b_),
+        h0(h0_),
+        h_end(h0_ + group),
+        row0(row0_),
+        len(len_),
+        interleave(interleave_),
+        hq(h0_),
+        walk(t, b_, h0_, row0_),
+        cur(walk, len_) {
+    settle();
+  }
+  __device__ __forceinline__ bool done() const { return cur.done(walk); }
+  __device__ __forceinline__ int start() const { return cur.start; }
+  __device__ __forceinline__ bool is_full() const { return cur.is_full(walk); }
+  __device__ __forceinline__ void next() {
+    if (interleave) {
+      if (++hq < h_end) return;
+      hq = h0;
+      cur.next(walk, len);
+      return;
+    }
+    cur.next(walk, len);
+    settle();
+  }
+
+ private:
+  // Head by head: past a head's last tile, the next head with a tile (done() after the last).
+  __device__ __forceinline__ void settle() {
+    while (!interleave && cur.done(walk) && hq + 1 < h_end) {
+      ++hq;
+      walk = BlockWalk<kTile>(*bt, b, hq, row0);
+      cur = DescendingCursor<kTile>(walk, len);
+    }
+  }
+};
+
 // The walk of a row whose sparse blocks are one tile each (kv_block == kTile: the Hopper
 // forward, whose host splits wider blocks, BlockMask::regrouped), a block a step, with each
 // block's kinds for the 64-row sub-blocks of its row block (the Hopper forward's consumer

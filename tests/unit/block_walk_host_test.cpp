@@ -109,4 +109,85 @@ int main() {
   if (!HasFailure()) r.remove();
 }
 
+// Deterministic mode's GroupTileWalk (one cursor over a GQA group's heads) against the two loop
+// nests it stands for: with `interleave` every head at each DescendingCursor tile of head h0's
+// row (tables broadcast over heads), else each head's DescendingCursor walk in turn over tables of
+// its own (heads with no tile, or none at all, included).
+TEST(BlockWalkHost, GroupTileWalkIsTheNestedLoopsOrder) {
+  const std::string source = R"(
+#include <algorithm>
+#include <random>
+#include <tuple>
+static inline int min(int a, int b) { return a < b ? a : b; }
+#include "fajit/block_walk.cuh"
+
+using Step = std::tuple<int, int, bool>;  // head, start, full
+
+template <int kTile>
+int check(std::mt19937& rng, int round) {
+  const int col_block = kTile * (1 + int(rng() % 3));
+  const int nblk = 1 + int(rng() % 24);
+  const int group = 1 + int(rng() % 8), h0 = int(rng() % 3) * group, heads = h0 + group;
+  const bool interleave = rng() % 2 == 0;
+  const int rows = interleave ? 1 : heads;  // broadcast tables: one row for every head
+  std::vector<int> num_p(rows), num_f(rows), idx_p(size_t(rows) * nblk, -7), idx_f(size_t(rows) * nblk, -7);
+  for (int r = 0; r < rows; ++r) {
+    const unsigned density = rng() % 4;  // some heads with nothing at all
+    for (int i = 0; i < nblk; ++i) {
+      const unsigned k = density == 0 ? 0 : rng() % 3;
+      if (k == 1) idx_p[size_t(r) * nblk + num_p[r]++] = i;
+      if (k == 2) idx_f[size_t(r) * nblk + num_f[r]++] = i;
+    }
+  }
+  const int len = 1 + int(rng() % (nblk * col_block + col_block));
+  FaBlockTables bt{};
+  bt.kv_num_blocks = num_p.data();
+  bt.kv_indices = idx_p.data();
+  bt.full_kv_num_blocks = num_f.data();
+  bt.full_kv_indices = idx_f.data();
+  bt.row_stride_b = rows;
+  bt.row_stride_h = interleave ? 0 : 1;
+  bt.num_q_blocks = 1;
+  bt.num_kv_blocks = nblk;
+  bt.q_block = 128;
+  bt.kv_block = col_block;
+  std::vector<Step> want, got;
+  if (interleave) {
+    const fa::BlockWalk<kTile> w(bt, 0, h0, 0);
+    for (fa::DescendingCursor<kTile> c(w, len); !c.done(w); c.next(w, len))
+      for (int h = h0; h < heads; ++h) want.emplace_back(h, c.start, c.is_full(w));
+  } else {
+    for (int h = h0; h < heads; ++h) {
+      const fa::BlockWalk<kTile> w(bt, 0, h, 0);
+      for (fa::DescendingCursor<kTile> c(w, len); !c.done(w); c.next(w, len)) want.emplace_back(h, c.start, c.is_full(w));
+    }
+  }
+  for (fa::GroupTileWalk<kTile> w(bt, 0, h0, group, 0, len, interleave); !w.done(); w.next()) {
+    got.emplace_back(w.hq, w.start(), w.is_full());
+    if (got.size() > want.size() + 1) break;
+  }
+  if (got != want) {
+    std::printf("round %d tile %d block %d len %d group %d from %d %s: %zu steps, want %zu\n", round, kTile,
+                col_block, len, group, h0, interleave ? "interleaved" : "head by head", got.size(), want.size());
+    return 1;
+  }
+  return 0;
+}
+
+int main() {
+  std::mt19937 rng(5602);
+  int bad = 0;
+  for (int round = 0; round < 20000 && bad < 5; ++round)
+    bad += round % 2 ? check<64>(rng, round) : check<128>(rng, round);
+  std::printf("%s\n", bad ? "FAILED" : "all rounds agree");
+  return bad ? 1 : 0;
+}
+)";
+  fa_test::HostRun r = fa_test::run_on_host("fajit-group-walk", source);
+  ASSERT_TRUE(r.compiled) << r.command << "\n" << r.compile_log;
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("all rounds agree"), std::string::npos) << r.output;
+  if (!HasFailure()) r.remove();
+}
+
 }  // namespace
