@@ -178,7 +178,7 @@ struct GroupTileWalk {
         cur(walk, len_) {
     settle();
   }
-  __device__ __forceinline__ bool done() const { return cur.done(walk); }
+  __device__ __forceinline__ bool done() const { return cur.done(walk) || h_end <= h0; }  // (group >= 1)
   __device__ __forceinline__ int start() const { return cur.start; }
   __device__ __forceinline__ bool is_full() const { return cur.is_full(walk); }
   __device__ __forceinline__ void next() {

@@ -112,7 +112,8 @@ int main() {
 // Deterministic mode's GroupTileWalk (one cursor over a GQA group's heads) against the two loop
 // nests it stands for: with `interleave` every head at each DescendingCursor tile of head h0's
 // row (tables broadcast over heads), else each head's DescendingCursor walk in turn over tables of
-// its own (heads with no tile, or none at all, included).
+// its own (heads with no tile, or none at all, included), at any batch and key-block row of
+// tables with several of each, with and without full blocks (null full_* tables).
 TEST(BlockWalkHost, GroupTileWalkIsTheNestedLoopsOrder) {
   const std::string source = R"(
 #include <algorithm>
@@ -129,12 +130,17 @@ int check(std::mt19937& rng, int round) {
   const int nblk = 1 + int(rng() % 24);
   const int group = 1 + int(rng() % 8), h0 = int(rng() % 3) * group, heads = h0 + group;
   const bool interleave = rng() % 2 == 0;
-  const int rows = interleave ? 1 : heads;  // broadcast tables: one row for every head
+  // several batches and query-block rows a head (the walk's own row: batch b, key block row0)
+  const int nb = 1 + int(rng() % 3), nrow = 1 + int(rng() % 3);
+  const int b = int(rng() % nb), row0 = 128 * int(rng() % nrow);
+  const int per_b = (interleave ? 1 : heads) * nrow;  // broadcast tables: one set of rows for every head
+  const int rows = nb * per_b;
   std::vector<int> num_p(rows), num_f(rows), idx_p(size_t(rows) * nblk, -7), idx_f(size_t(rows) * nblk, -7);
+  const bool no_full = rng() % 5 == 0;  // tables without full blocks (null full_*)
   for (int r = 0; r < rows; ++r) {
     const unsigned density = rng() % 4;  // some heads with nothing at all
     for (int i = 0; i < nblk; ++i) {
-      const unsigned k = density == 0 ? 0 : rng() % 3;
+      const unsigned k = density == 0 ? 0 : rng() % (no_full ? 2 : 3);
       if (k == 1) idx_p[size_t(r) * nblk + num_p[r]++] = i;
       if (k == 2) idx_f[size_t(r) * nblk + num_f[r]++] = i;
     }
@@ -143,26 +149,26 @@ int check(std::mt19937& rng, int round) {
   FaBlockTables bt{};
   bt.kv_num_blocks = num_p.data();
   bt.kv_indices = idx_p.data();
-  bt.full_kv_num_blocks = num_f.data();
-  bt.full_kv_indices = idx_f.data();
-  bt.row_stride_b = rows;
-  bt.row_stride_h = interleave ? 0 : 1;
-  bt.num_q_blocks = 1;
+  bt.full_kv_num_blocks = no_full ? nullptr : num_f.data();
+  bt.full_kv_indices = no_full ? nullptr : idx_f.data();
+  bt.row_stride_b = per_b;
+  bt.row_stride_h = interleave ? 0 : nrow;
+  bt.num_q_blocks = nrow;
   bt.num_kv_blocks = nblk;
   bt.q_block = 128;
   bt.kv_block = col_block;
   std::vector<Step> want, got;
   if (interleave) {
-    const fa::BlockWalk<kTile> w(bt, 0, h0, 0);
+    const fa::BlockWalk<kTile> w(bt, b, h0, row0);
     for (fa::DescendingCursor<kTile> c(w, len); !c.done(w); c.next(w, len))
       for (int h = h0; h < heads; ++h) want.emplace_back(h, c.start, c.is_full(w));
   } else {
     for (int h = h0; h < heads; ++h) {
-      const fa::BlockWalk<kTile> w(bt, 0, h, 0);
+      const fa::BlockWalk<kTile> w(bt, b, h, row0);
       for (fa::DescendingCursor<kTile> c(w, len); !c.done(w); c.next(w, len)) want.emplace_back(h, c.start, c.is_full(w));
     }
   }
-  for (fa::GroupTileWalk<kTile> w(bt, 0, h0, group, 0, len, interleave); !w.done(); w.next()) {
+  for (fa::GroupTileWalk<kTile> w(bt, b, h0, group, row0, len, interleave); !w.done(); w.next()) {
     got.emplace_back(w.hq, w.start(), w.is_full());
     if (got.size() > want.size() + 1) break;
   }
