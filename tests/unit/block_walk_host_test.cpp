@@ -13,13 +13,73 @@
 
 namespace {
 
-TEST(BlockWalkHost, DescendingCursorVisitsTileCursorsTilesInDescendingOrder) {
-  const std::string source = R"(
+// What every check program starts with: block_walk.cuh and host block tables built row by row.
+constexpr const char* kPrologue = R"(
 #include <algorithm>
 #include <random>
+#include <tuple>
 static inline int min(int a, int b) { return a < b ? a : b; }
 #include "fajit/block_walk.cuh"
 
+// Host block tables of `rows` rows of `nblk` entries: each row's partial and full lists, in the
+// order added.
+struct Rows {
+  int nblk;
+  std::vector<int> num_p, num_f, idx_p, idx_f;
+  Rows(int rows, int nblk_)
+      : nblk(nblk_), num_p(rows), num_f(rows), idx_p(size_t(rows) * nblk_, -7), idx_f(size_t(rows) * nblk_, -7) {}
+  void add(int row, int blk, bool full) {
+    if (full)
+      idx_f[size_t(row) * nblk + num_f[row]++] = blk;
+    else
+      idx_p[size_t(row) * nblk + num_p[row]++] = blk;
+  }
+  // The tables as the kernels read them (with_full false: null full_* tables).
+  FaBlockTables tables(int col_block, int num_q_blocks, long long stride_b, long long stride_h, bool with_full) {
+    FaBlockTables bt{};
+    bt.kv_num_blocks = num_p.data();
+    bt.kv_indices = idx_p.data();
+    bt.full_kv_num_blocks = with_full ? num_f.data() : nullptr;
+    bt.full_kv_indices = with_full ? idx_f.data() : nullptr;
+    bt.row_stride_b = stride_b;
+    bt.row_stride_h = stride_h;
+    bt.num_q_blocks = num_q_blocks;
+    bt.num_kv_blocks = nblk;
+    bt.q_block = 128;
+    bt.kv_block = col_block;
+    return bt;
+  }
+};
+)";
+
+// Every check program's main: 20000 rounds of check<64> and check<128> from `seed`, stopping at
+// 5 failures; prints "all rounds agree" when none failed.
+std::string driver(int seed) {
+  return R"(
+int main() {
+  std::mt19937 rng()" +
+         std::to_string(seed) + R"();
+  int bad = 0;
+  for (int round = 0; round < 20000 && bad < 5; ++round)
+    bad += round % 2 ? check<64>(rng, round) : check<128>(rng, round);
+  std::printf("%s\n", bad ? "FAILED" : "all rounds agree");
+  return bad ? 1 : 0;
+}
+)";
+}
+
+// Compiles kPrologue + `checks` (defining check<kTile>(rng, round): 0 or 1) + driver(seed) on the
+// host and runs it; the test fails with the program's output unless every round agreed.
+void run_walk_checks(const char* tag, const std::string& checks, int seed) {
+  fa_test::HostRun r = fa_test::run_on_host(tag, kPrologue + checks + driver(seed));
+  ASSERT_TRUE(r.compiled) << r.command << "\n" << r.compile_log;
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("all rounds agree"), std::string::npos) << r.output;
+  if (!::testing::Test::HasFailure()) r.remove();
+}
+
+TEST(BlockWalkHost, DescendingCursorVisitsTileCursorsTilesInDescendingOrder) {
+  run_walk_checks("fajit-block-walk", R"(
 struct Tile { int start; bool full; };
 
 template <int kTile>
@@ -43,19 +103,10 @@ int check(std::mt19937& rng, int round) {
   int len = 1 + int(rng() % (span + col_block));
   if (rng() % 3 == 0) len = (len / kTile) * kTile + (int(rng() % 3) - 1);
   if (len < 1) len = 1;
-  std::vector<int> num_p{int(partial.size())}, num_f{int(full.size())};
-  std::vector<int> idx_p(n_blocks_total, -7), idx_f(n_blocks_total, -7);
-  std::copy(partial.begin(), partial.end(), idx_p.begin());
-  std::copy(full.begin(), full.end(), idx_f.begin());
-  FaBlockTables bt{};
-  bt.kv_num_blocks = num_p.data();
-  bt.kv_indices = idx_p.data();
-  bt.full_kv_num_blocks = num_f.data();
-  bt.full_kv_indices = idx_f.data();
-  bt.num_q_blocks = 1;
-  bt.num_kv_blocks = n_blocks_total;
-  bt.q_block = 128;
-  bt.kv_block = col_block;
+  Rows rows(1, n_blocks_total);
+  for (int blk : partial) rows.add(0, blk, false);
+  for (int blk : full) rows.add(0, blk, true);
+  const FaBlockTables bt = rows.tables(col_block, 1, 0, 0, true);
   const fa::BlockWalk<kTile> walk(bt, 0, 0, 0);
   std::vector<Tile> want, got;
   for (fa::TileCursor<kTile> c(walk, len); !c.done(walk); c.next(walk, len)) want.push_back({c.start, c.is_full(walk)});
@@ -92,21 +143,8 @@ int check(std::mt19937& rng, int round) {
     if (all[i].start != got[i].start || all[i].full != got[i].full) return fail("tiles differ from the tables' own");
   return 0;
 }
-
-int main() {
-  std::mt19937 rng(5601);
-  int bad = 0;
-  for (int round = 0; round < 20000 && bad < 5; ++round)
-    bad += round % 2 ? check<64>(rng, round) : check<128>(rng, round);
-  std::printf("%s\n", bad ? "FAILED" : "all rounds agree");
-  return bad ? 1 : 0;
-}
-)";
-  fa_test::HostRun r = fa_test::run_on_host("fajit-block-walk", source);
-  ASSERT_TRUE(r.compiled) << r.command << "\n" << r.compile_log;
-  EXPECT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("all rounds agree"), std::string::npos) << r.output;
-  if (!HasFailure()) r.remove();
+)",
+                  5601);
 }
 
 // Deterministic mode's GroupTileWalk (one cursor over a GQA group's heads) against the two loop
@@ -115,13 +153,7 @@ int main() {
 // its own (heads with no tile, or none at all, included), at any batch and key-block row of
 // tables with several of each, with and without full blocks (null full_* tables).
 TEST(BlockWalkHost, GroupTileWalkIsTheNestedLoopsOrder) {
-  const std::string source = R"(
-#include <algorithm>
-#include <random>
-#include <tuple>
-static inline int min(int a, int b) { return a < b ? a : b; }
-#include "fajit/block_walk.cuh"
-
+  run_walk_checks("fajit-group-walk", R"(
 using Step = std::tuple<int, int, bool>;  // head, start, full
 
 template <int kTile>
@@ -134,29 +166,17 @@ int check(std::mt19937& rng, int round) {
   const int nb = 1 + int(rng() % 3), nrow = 1 + int(rng() % 3);
   const int b = int(rng() % nb), row0 = 128 * int(rng() % nrow);
   const int per_b = (interleave ? 1 : heads) * nrow;  // broadcast tables: one set of rows for every head
-  const int rows = nb * per_b;
-  std::vector<int> num_p(rows), num_f(rows), idx_p(size_t(rows) * nblk, -7), idx_f(size_t(rows) * nblk, -7);
+  Rows rows(nb * per_b, nblk);
   const bool no_full = rng() % 5 == 0;  // tables without full blocks (null full_*)
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < nb * per_b; ++r) {
     const unsigned density = rng() % 4;  // some heads with nothing at all
     for (int i = 0; i < nblk; ++i) {
       const unsigned k = density == 0 ? 0 : rng() % (no_full ? 2 : 3);
-      if (k == 1) idx_p[size_t(r) * nblk + num_p[r]++] = i;
-      if (k == 2) idx_f[size_t(r) * nblk + num_f[r]++] = i;
+      if (k != 0) rows.add(r, i, k == 2);
     }
   }
   const int len = 1 + int(rng() % (nblk * col_block + col_block));
-  FaBlockTables bt{};
-  bt.kv_num_blocks = num_p.data();
-  bt.kv_indices = idx_p.data();
-  bt.full_kv_num_blocks = no_full ? nullptr : num_f.data();
-  bt.full_kv_indices = no_full ? nullptr : idx_f.data();
-  bt.row_stride_b = per_b;
-  bt.row_stride_h = interleave ? 0 : nrow;
-  bt.num_q_blocks = nrow;
-  bt.num_kv_blocks = nblk;
-  bt.q_block = 128;
-  bt.kv_block = col_block;
+  const FaBlockTables bt = rows.tables(col_block, nrow, per_b, interleave ? 0 : nrow, !no_full);
   std::vector<Step> want, got;
   if (interleave) {
     const fa::BlockWalk<kTile> w(bt, b, h0, row0);
@@ -179,21 +199,8 @@ int check(std::mt19937& rng, int round) {
   }
   return 0;
 }
-
-int main() {
-  std::mt19937 rng(5602);
-  int bad = 0;
-  for (int round = 0; round < 20000 && bad < 5; ++round)
-    bad += round % 2 ? check<64>(rng, round) : check<128>(rng, round);
-  std::printf("%s\n", bad ? "FAILED" : "all rounds agree");
-  return bad ? 1 : 0;
-}
-)";
-  fa_test::HostRun r = fa_test::run_on_host("fajit-group-walk", source);
-  ASSERT_TRUE(r.compiled) << r.command << "\n" << r.compile_log;
-  EXPECT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("all rounds agree"), std::string::npos) << r.output;
-  if (!HasFailure()) r.remove();
+)",
+                  5602);
 }
 
 }  // namespace
