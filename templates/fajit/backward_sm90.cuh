@@ -495,8 +495,8 @@ __device__ __forceinline__ int dq_order_place(const FaBlockTables& fm, int b, in
   return below * (fm.kv_block / kBN) + (kv0 % fm.kv_block) / kBN;
 }
 // The writer warp until `count` (acquired by lane 0) has reached `place`. A bound on the wait
-// (2^22 naps of up to 128 ns: ~0.5 s and more) keeps tables that break the order from hanging the GPU: past
-// it the part goes unordered (still summed right).
+// (2^22 naps of up to 128 ns: ~0.5 s and more) keeps tables that break the order from hanging
+// the GPU: past it the part goes unordered (still summed right).
 __device__ __forceinline__ void dq_order_wait(const int* count, int place, int lane) {
   if (lane == 0) {
     unsigned nap = 32;
@@ -580,90 +580,87 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
     // ================= producer ==============================================================
     setmaxnreg_dec<Cfg::kProducerRegs>();
     if (tid >= Cfg::kLoadThreads) {  // warps 2, 3
-      {
-        // dQ writer of consumer warpgroup `part`: walks the tables as the consumers do (the
-        // place of each part: no data from the consumers but the part itself); for each of its
-        // parts hands the staging back once the previous part's bulk reductions have read it,
-        // waits for the part, then reduces it into dq_accum: two tensor-map boxes from one
-        // lane, else one bulk reduction per row (rows past len_q skipped). The consumers never
-        // wait on the reductions themselves (FlashAttention-3's dQ writer).
-        const int part = tid / 32 - 2, lane = tid & 31;
-        // By turns warp 2 reduces every part, each from the one staging, in the barriers of the
-        // warpgroup that formed it (tile k's part: warpgroup (k + 1) % 2, during tile k + 1);
-        // warp 3 has nothing to do.
-        if (kDqByTurns && part == 1) return;
-        const int row0 = dq_row0(part), col0 = dq_col0(part);
-        // dQ's columns in this part: those past DQK (the second block's, or 72's zero chunk) are
-        // computed but not reduced
-        const int cols = Cfg::kHeadDimQK - col0 < kDqN ? Cfg::kHeadDimQK - col0 : kDqN;
-        const QueryBoxes<Cfg> boxes(p, b);
-        wait_for_prior_grids();  // dq_accum (and deterministic mode's counters) zeroed
-        int former = part;       // the warpgroup whose part comes next
-        // deterministic: the counter of the part reduced last, passed on once that part has been
-        // performed: before the next staging handshake where that is a sync (by turns), else
-        // right after it (so the consumers get the staging back as soon as it has been read)
-        int* pending = nullptr;
-        auto pass_pending = [&] {
-          if constexpr (Cfg::kDqOrdered)
-            if (pending != nullptr) dq_order_pass(pending, lane), pending = nullptr;
-        };
-        auto write = [&](int hq, int tile_q0) {
-          const int q0 = tile_q0 + row0;
-          if (kDqByTurns) former ^= 1;  // (tile 0's part: warpgroup 1)
-          bulk_wait_read<0>();
-          __syncwarp();
-          // (by turns a sync, not an arrive: the two warpgroups write one staging, and
-          // racecheck orders stores only through barriers every side waits on)
-          if (kDqByTurns) {
-            pass_pending();
-            named_barrier(kBarDqFree + former, kWG + 32);
-          } else {
-            named_barrier_arrive(kBarDqFree + former, kWG + 32);
-            pass_pending();
-          }
-          // deterministic: this part's place in its rows' order (both writers' parts of one
-          // CTA into the same rows, split by keys or columns, take two places, warp 2's first),
-          // its table loads while the consumers stage the part
-          int* order = nullptr;
-          int place = 0;
-          if constexpr (Cfg::kDqOrdered) {
-            order = p.dq_order + (static_cast<long long>(b) * p.heads_q + hq) * p.dq_order_units + q0 / 64;
-            place = kDqOrderParts * dq_order_place<kBM, kBN>(p.mask, b, hq, tile_q0, kv0, lane) +
-                    (kDqOrderParts == 2 ? part : 0);
-          }
-          named_barrier(kBarDqFull + former, kWG + 32);
-          if constexpr (Cfg::kDqOrdered) dq_order_wait(order, place, lane);
-          if (dq_map.enabled && boxes.fits(q0, 64, len_q)) {
-            if (lane == 0) {
+      // dQ writer of consumer warpgroup `part`: walks the tables as the consumers do (the
+      // place of each part: no data from the consumers but the part itself); for each of its
+      // parts hands the staging back once the previous part's bulk reductions have read it,
+      // waits for the part, then reduces it into dq_accum: two tensor-map boxes from one
+      // lane, else one bulk reduction per row (rows past len_q skipped). The consumers never
+      // wait on the reductions themselves (FlashAttention-3's dQ writer).
+      const int part = tid / 32 - 2, lane = tid & 31;
+      // By turns warp 2 reduces every part, each from the one staging, in the barriers of the
+      // warpgroup that formed it (tile k's part: warpgroup (k + 1) % 2, during tile k + 1);
+      // warp 3 has nothing to do.
+      if (kDqByTurns && part == 1) return;
+      const int row0 = dq_row0(part), col0 = dq_col0(part);
+      // dQ's columns in this part: those past DQK (the second block's, or 72's zero chunk) are
+      // computed but not reduced
+      const int cols = Cfg::kHeadDimQK - col0 < kDqN ? Cfg::kHeadDimQK - col0 : kDqN;
+      const QueryBoxes<Cfg> boxes(p, b);
+      wait_for_prior_grids();  // dq_accum (and deterministic mode's counters) zeroed
+      int former = part;       // the warpgroup whose part comes next
+      // deterministic: the counter of the part reduced last, passed on once that part has been
+      // performed: before the next staging handshake where that is a sync (by turns), else
+      // right after it (so the consumers get the staging back as soon as it has been read)
+      int* pending = nullptr;
+      auto pass_pending = [&] {
+        if constexpr (Cfg::kDqOrdered)
+          if (pending != nullptr) dq_order_pass(pending, lane), pending = nullptr;
+      };
+      auto write = [&](int hq, int tile_q0) {
+        const int q0 = tile_q0 + row0;
+        if (kDqByTurns) former ^= 1;  // (tile 0's part: warpgroup 1)
+        bulk_wait_read<0>();
+        __syncwarp();
+        // (by turns a sync, not an arrive: the two warpgroups write one staging, and
+        // racecheck orders stores only through barriers every side waits on)
+        if (kDqByTurns) {
+          pass_pending();
+          named_barrier(kBarDqFree + former, kWG + 32);
+        } else {
+          named_barrier_arrive(kBarDqFree + former, kWG + 32);
+          pass_pending();
+        }
+        // deterministic: this part's place in its rows' order (both writers' parts of one
+        // CTA into the same rows, split by keys or columns, take two places, warp 2's first),
+        // its table loads while the consumers stage the part
+        int* order = nullptr;
+        int place = 0;
+        if constexpr (Cfg::kDqOrdered) {
+          order = p.dq_order + (static_cast<long long>(b) * p.heads_q + hq) * p.dq_order_units + q0 / 64;
+          place = kDqOrderParts * dq_order_place<kBM, kBN>(p.mask, b, hq, tile_q0, kv0, lane) +
+                  (kDqOrderParts == 2 ? part : 0);
+        }
+        named_barrier(kBarDqFull + former, kWG + 32);
+        if constexpr (Cfg::kDqOrdered) dq_order_wait(order, place, lane);
+        if (dq_map.enabled && boxes.fits(q0, 64, len_q)) {
+          if (lane == 0) {
 #pragma unroll
-              for (int blk = 0; blk < (kDqN + 31) / 32; ++blk)
-                if (32 * blk < cols)  // (a box's columns past D are clipped by the map)
-                  tma_reduce_add_4d(&dq_map.map, sDqPart(former) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
-                                    boxes.row(q0), hq, boxes.b);
-              bulk_commit();
-            }
-          } else {  // (a packed sequence's last part comes staged as rows: stage_dq)
-            float* dqa = p.dq_accum + (bwd::stat_row(p, b, hq) + q0) * Cfg::kHeadDimQK + col0;
-#pragma unroll
-            for (int r = lane; r < 64; r += 32)
-              if (q0 + r < len_q)
-                bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(former) + r * kDqRowPitch, cols * 4);
+            for (int blk = 0; blk < (kDqN + 31) / 32; ++blk)
+              if (32 * blk < cols)  // (a box's columns past D are clipped by the map)
+                tma_reduce_add_4d(&dq_map.map, sDqPart(former) + blk * Cfg::kDqBoxBytes, col0 + 32 * blk,
+                                  boxes.row(q0), hq, boxes.b);
             bulk_commit();
           }
-          if constexpr (Cfg::kDqOrdered) pending = order;
-        };
-        if constexpr (Cfg::kDqOrdered) {  // the producer's order (the consumers take its TileInfo)
-          for_each_ordered_tile<kBM>(p, b, hkv, kv0, [&](int hq, int q0, bool) { write(hq, q0); });
-        } else {
-          for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
-            const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
-            for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q))
-              write(hq, cur.start);
-          }
+        } else {  // (a packed sequence's last part comes staged as rows: stage_dq)
+          float* dqa = p.dq_accum + (bwd::stat_row(p, b, hq) + q0) * Cfg::kHeadDimQK + col0;
+#pragma unroll
+          for (int r = lane; r < 64; r += 32)
+            if (q0 + r < len_q)
+              bulk_reduce_add_f32(dqa + r * Cfg::kHeadDimQK, sDqPart(former) + r * kDqRowPitch, cols * 4);
+          bulk_commit();
         }
-        pass_pending();
-        bulk_wait<0>();  // done before the CTA's shared memory goes
+        if constexpr (Cfg::kDqOrdered) pending = order;
+      };
+      if constexpr (Cfg::kDqOrdered) {  // the producer's order (the consumers take its TileInfo)
+        for_each_ordered_tile<kBM>(p, b, hkv, kv0, [&](int hq, int q0, bool) { write(hq, q0); });
+      } else {
+        for (int hq = hkv * group; hq < (hkv + 1) * group; ++hq) {
+          const BlockWalk<kBM> walk(p.mask_t, b, hq, kv0);
+          for (TileCursor<kBM> cur(walk, len_q); !cur.done(walk); cur.next(walk, len_q)) write(hq, cur.start);
+        }
       }
+      pass_pending();
+      bulk_wait<0>();  // done before the CTA's shared memory goes
       return;
     }
     produce_bwd_tiles<Cfg, kPublished>(sm, p, qdo, b, hkv, kv0, tid);
@@ -893,20 +890,18 @@ __device__ __forceinline__ void backward_dkdv_kernel(const FaBwdParams& p, const
       // tile, not for it to reach this point of this one: the two need not run in lockstep.
       bool mine = false;
       float dq[kDqN / 8][4];
-      {
-        // this tile's buffer held dSᵀ of tile n - 2, which the other warpgroup's dQ read in tile
-        // n - 1; that tile's end also has its dSᵀ of tile n - 1 staged
-        if (n_done > 0) wait_tile_ended(n_done - 1);
-        stage_packed_x4<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16);
-        fence_proxy_async();
-        if constexpr (kDqByTurns) {  // the previous tile's part, if it is this one's turn
-          mine = n_done > 0 && ((n_done ^ cw) & 1) == 0;
-        } else {
-          // (at the first tile a product of the unused buffer, never staged: a branch around
-          // the wgmma would make ptxas serialize every wgmma of the kernel)
-          issue_dq(dq, buf ^ 1);
-          mine = n_done > 0;
-        }
+      // this tile's buffer held dSᵀ of tile n - 2, which the other warpgroup's dQ read in tile
+      // n - 1; that tile's end also has its dSᵀ of tile n - 1 staged
+      if (n_done > 0) wait_tile_ended(n_done - 1);
+      stage_packed_x4<Sw128Blocks<kBN>>(sDs(buf), da, cw * kKeys + warp * 16);
+      fence_proxy_async();
+      if constexpr (kDqByTurns) {  // the previous tile's part, if it is this one's turn
+        mine = n_done > 0 && ((n_done ^ cw) & 1) == 0;
+      } else {
+        // (at the first tile a product of the unused buffer, never staged: a branch around
+        // the wgmma would make ptxas serialize every wgmma of the kernel)
+        issue_dq(dq, buf ^ 1);
+        mine = n_done > 0;
       }
       // dV and dK done: the stage goes back to the producer (dQ reads no stage), then dQ
       wgmma_wait<kDqByTurns ? 0 : 1>();

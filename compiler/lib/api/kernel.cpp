@@ -1145,8 +1145,8 @@ void Kernel::backward(const TensorView& q_in, const TensorView& k_in, const Tens
   const int order_units =
       static_cast<int>((shape.len_q + s.tile.block_m - 1) / s.tile.block_m * s.tile.block_m / 64);
   const size_t order_ints = ordered ? size_t(shape.batch) * shape.heads_q * order_units : 0;
-  rt::StreamBuffer scratch((delta_floats + accum_floats + order_ints) * sizeof(float), st,
-                           "the backward's fp32 scratch (delta, dQ accumulator)");
+  rt::StreamBuffer scratch((delta_floats + accum_floats) * sizeof(float) + order_ints * sizeof(int), st,
+                           "the backward's fp32 scratch (delta, dQ accumulator, ordering counters)");
   float* delta = scratch.as<float>();
   float* dq_accum = separate_dq ? nullptr : delta + delta_floats;
   const rt::BwdTensors t{&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, dlse};
